@@ -1,0 +1,241 @@
+package throttle
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"time"
+)
+
+// Limit is a rate: Count permits per Period, with bursts of up to Burst
+// permits at one instant. Burst matters to the token bucket and the leaky
+// bucket; the window algorithms admit Count per Period and ignore it.
+//
+// Build one with PerSecond, PerMinute, PerHour, PerDay or Every, and adjust
+// the burst with WithBurst. A Limit is checked when a Limiter is built.
+type Limit struct {
+	Count  int           // permits per Period; at least 1
+	Period time.Duration // at least 1µs, at most MaxPeriod
+	Burst  int           // bucket capacity; at least 1 (for the bucket algorithms)
+}
+
+// Bounds on a Limit, chosen so that every time a script computes stays an
+// exact integer number of microseconds in a Lua double (below 2^53).
+const (
+	// MaxPeriod is the longest Period (and the longest burst horizon,
+	// Burst × Period / Count) a Limit may have.
+	MaxPeriod = 10 * 365 * 24 * time.Hour
+	// MaxCount bounds Count and Burst.
+	MaxCount = 1 << 40
+	// MaxLogCount bounds Count for SlidingLog, which stores one sorted-set
+	// member per permit; use SlidingWindow for larger counts.
+	MaxLogCount = 1_000_000
+	// MaxBuckets bounds Period / Precision for SlidingWindow, which stores
+	// one hash field per bucket.
+	MaxBuckets = 10_000
+)
+
+// PerSecond returns a limit of n permits per second, burst n.
+func PerSecond(n int) Limit { return Limit{Count: n, Period: time.Second, Burst: n} }
+
+// PerMinute returns a limit of n permits per minute, burst n.
+func PerMinute(n int) Limit { return Limit{Count: n, Period: time.Minute, Burst: n} }
+
+// PerHour returns a limit of n permits per hour, burst n.
+func PerHour(n int) Limit { return Limit{Count: n, Period: time.Hour, Burst: n} }
+
+// PerDay returns a limit of n permits per 24 hours, burst n.
+func PerDay(n int) Limit { return Limit{Count: n, Period: 24 * time.Hour, Burst: n} }
+
+// Every returns a limit of one permit per interval, burst 1.
+func Every(interval time.Duration) Limit { return Limit{Count: 1, Period: interval, Burst: 1} }
+
+// WithBurst returns a copy of l whose Burst is b.
+func (l Limit) WithBurst(b int) Limit { l.Burst = b; return l }
+
+// FromRate converts a rate in permits per second, possibly fractional, to a
+// Limit with the given burst: 2.5 becomes 25 per 10s. It returns an error
+// for NaN, infinities, rates ≤ 0 and rates too small or too large to express.
+func FromRate(perSecond float64, burst int) (Limit, error) {
+	if math.IsNaN(perSecond) || math.IsInf(perSecond, 0) || perSecond <= 0 {
+		return Limit{}, fmt.Errorf("throttle: rate %v: must be a finite number of permits per second above 0", perSecond)
+	}
+	// The smallest power-of-ten period that makes the count whole (to
+	// nine significant digits), so 0.5/s is 5 per 10s, not 1 per 2s
+	// approximated.
+	for scale := 1.0; scale <= 1e9; scale *= 10 {
+		c := perSecond * scale
+		if c > MaxCount {
+			break
+		}
+		if r := math.Round(c); r >= 1 && math.Abs(c-r) <= 1e-9*c {
+			l := Limit{Count: int(r), Period: time.Duration(scale * float64(time.Second)), Burst: burst}
+			return l, l.validate(TokenBucket)
+		}
+	}
+	return Limit{}, fmt.Errorf("throttle: rate %v per second cannot be expressed as a whole count per period up to %v", perSecond, MaxPeriod)
+}
+
+// Interval is the time between two permits at the steady rate: Period / Count.
+func (l Limit) Interval() time.Duration {
+	if l.Count <= 0 {
+		return 0
+	}
+	return l.Period / time.Duration(l.Count)
+}
+
+// String describes the limit, such as "20 per 1s (burst 20)".
+func (l Limit) String() string {
+	return fmt.Sprintf("%d per %v (burst %d)", l.Count, l.Period, l.Burst)
+}
+
+// validate reports the first invalid field of l for algorithm a.
+func (l Limit) validate(a Algorithm) error {
+	switch {
+	case l.Count < 1:
+		return fieldError("count", l.Count, "must be at least 1")
+	case l.Count > MaxCount:
+		return fieldError("count", l.Count, fmt.Sprintf("must be at most %d", MaxCount))
+	case l.Period < time.Microsecond:
+		return fieldError("period", l.Period, "must be at least 1µs")
+	case l.Period > MaxPeriod:
+		return fieldError("period", l.Period, fmt.Sprintf("must be at most %v", MaxPeriod))
+	case a == SlidingLog && l.Count > MaxLogCount:
+		return fieldError("count", l.Count, fmt.Sprintf("must be at most %d for sliding_log, which stores every permit; use sliding_window", MaxLogCount))
+	}
+	if a.bucket() {
+		switch {
+		case l.Burst < 1:
+			return fieldError("burst", l.Burst, "must be at least 1 (PerSecond and friends set it to the count)")
+		case l.Burst > MaxCount:
+			return fieldError("burst", l.Burst, fmt.Sprintf("must be at most %d", MaxCount))
+		case float64(l.Burst)*float64(l.Period)/float64(l.Count) > float64(MaxPeriod):
+			return fieldError("burst", l.Burst, fmt.Sprintf("burst × period / count must be at most %v", MaxPeriod))
+		}
+	}
+	return nil
+}
+
+// capacity is the largest request l can ever admit under algorithm a.
+func (l Limit) capacity(a Algorithm) int {
+	if a.bucket() {
+		return l.Burst
+	}
+	return l.Count
+}
+
+// Algorithm selects how a rule counts permits.
+type Algorithm int
+
+// The algorithms. Each is one Lua script that reads Redis TIME.
+const (
+	// FixedWindow counts permits in windows aligned to multiples of Period.
+	// Cheapest; admits up to 2 × Count across a window boundary.
+	FixedWindow Algorithm = iota + 1
+	// SlidingLog remembers every permit for one Period: exact, memory ∝ Count.
+	SlidingLog
+	// SlidingWindow counts permits in buckets of Rule.Precision; never more
+	// than Count in any Period, memory ∝ Period / Precision.
+	SlidingWindow
+	// TokenBucket refills Count tokens per Period up to Burst. Wait reserves.
+	TokenBucket
+	// GCRA is the leaky bucket as the generic cell rate algorithm: one
+	// timestamp per key, smooth pacing at Interval, bursts up to Burst. Wait
+	// reserves.
+	GCRA
+)
+
+var algorithmNames = map[Algorithm]string{
+	FixedWindow:   "fixed_window",
+	SlidingLog:    "sliding_log",
+	SlidingWindow: "sliding_window",
+	TokenBucket:   "token_bucket",
+	GCRA:          "gcra",
+}
+
+// String returns the algorithm's name as used in rules files: fixed_window,
+// sliding_log, sliding_window, token_bucket or gcra.
+func (a Algorithm) String() string {
+	if s, ok := algorithmNames[a]; ok {
+		return s
+	}
+	return fmt.Sprintf("Algorithm(%d)", int(a))
+}
+
+// ParseAlgorithm returns the algorithm named s. It also accepts
+// "leaky_bucket" for GCRA and "sliding_window_counter" for SlidingWindow,
+// with dashes or underscores, in any case.
+func ParseAlgorithm(s string) (Algorithm, error) {
+	norm := strings.ReplaceAll(strings.ToLower(strings.TrimSpace(s)), "-", "_")
+	switch norm {
+	case "leaky_bucket":
+		return GCRA, nil
+	case "sliding_window_counter":
+		return SlidingWindow, nil
+	}
+	for a, name := range algorithmNames {
+		if name == norm {
+			return a, nil
+		}
+	}
+	return 0, fmt.Errorf("throttle: unknown algorithm %q: use fixed_window, sliding_log, sliding_window, token_bucket or gcra (leaky_bucket)", s)
+}
+
+// bucket reports whether a can reserve future permits.
+func (a Algorithm) bucket() bool { return a == TokenBucket || a == GCRA }
+
+// Rule is one named limit over a subject.
+type Rule struct {
+	// Name identifies the rule in keys, results and errors. Non-empty;
+	// unique within a Limiter.
+	Name      string
+	Algorithm Algorithm
+	Limit     Limit
+	// Precision is the bucket width of a SlidingWindow rule. If zero,
+	// Period / 20 is used (at least 1µs). Ignored by other algorithms.
+	Precision time.Duration
+}
+
+// String describes the rule, such as "api: gcra 20 per 1s (burst 20)".
+func (r Rule) String() string {
+	return fmt.Sprintf("%s: %v %v", r.Name, r.Algorithm, r.Limit)
+}
+
+// precision returns the effective bucket width of a SlidingWindow rule.
+func (r Rule) precision() time.Duration {
+	if r.Precision != 0 {
+		return r.Precision
+	}
+	return max(r.Limit.Period/20, time.Microsecond)
+}
+
+// Validate reports whether r is usable, with an error naming the rule and
+// the field.
+func (r Rule) Validate() error {
+	if r.Name == "" {
+		return &ConfigError{Field: "name", Reason: "must not be empty"}
+	}
+	if _, ok := algorithmNames[r.Algorithm]; !ok {
+		return &ConfigError{Rule: r.Name, Field: "algorithm", Reason: fmt.Sprintf("%v is not one of fixed_window, sliding_log, sliding_window, token_bucket, gcra", r.Algorithm)}
+	}
+	if err := r.Limit.validate(r.Algorithm); err != nil {
+		err.(*ConfigError).Rule = r.Name
+		return err
+	}
+	if r.Algorithm == SlidingWindow {
+		p := r.precision()
+		switch {
+		case p < time.Microsecond:
+			return &ConfigError{Rule: r.Name, Field: "precision", Reason: fmt.Sprintf("%v must be at least 1µs", p)}
+		case p > r.Limit.Period:
+			return &ConfigError{Rule: r.Name, Field: "precision", Reason: fmt.Sprintf("%v must not exceed the period %v", p, r.Limit.Period)}
+		case r.Limit.Period/p > MaxBuckets:
+			return &ConfigError{Rule: r.Name, Field: "precision", Reason: fmt.Sprintf("%v gives more than %d buckets per period %v", p, MaxBuckets, r.Limit.Period)}
+		}
+	}
+	return nil
+}
+
+func fieldError(field string, v any, reason string) error {
+	return &ConfigError{Field: field, Reason: fmt.Sprintf("%v %s", v, reason)}
+}

@@ -1,0 +1,370 @@
+package throttle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Options configure a Limiter. The zero value is a fail-closed limiter
+// under DefaultPrefix whose waits are bounded only by their contexts.
+type Options struct {
+	// Prefix starts every key. If empty, DefaultPrefix ("throttle:") is
+	// used. It must not contain '{' or '}', which would break the
+	// subject's hash tag.
+	Prefix string
+	// MaxWait bounds how long Wait may block and how far ahead Reserve may
+	// book. If zero, only the context's deadline bounds them.
+	MaxWait time.Duration
+	// FailOpen admits requests while Redis cannot be reached. If false
+	// (the default), Allow, Reserve and Wait return the error instead.
+	FailOpen bool
+	// Logger receives a warning when a fail-open limiter starts admitting
+	// without Redis, and a note when Redis answers again. If nil,
+	// slog.Default() is used.
+	Logger *slog.Logger
+	// OnRedisError, if set, is called with every error from Redis, after
+	// FailOpen has decided; failedOpen tells whether the request was
+	// admitted anyway. Use it for metrics. It must not block.
+	OnRedisError func(err error, failedOpen bool)
+}
+
+// A Limiter decides, through Redis, whether a subject (a tenant, an API
+// key, a host) may go ahead under one or more rules. Every rule of the
+// limiter is checked and charged together, in one atomic script call: a
+// denied request charges no rule. Limiters on different machines that use
+// the same Redis, prefix and rules share their limits.
+//
+// A Limiter is safe for concurrent use.
+type Limiter struct {
+	rdb        redis.UniversalClient
+	rules      []Rule
+	opts       Options
+	prefix     string
+	keyRules   []string // escaped rule names, the last part of each key
+	ruleArgs   []any    // per rule: algorithm, count, period µs, extra; a ticket follows each
+	script     *redis.Script
+	reservable bool
+
+	failingOpen atomic.Bool
+
+	mu     sync.Mutex
+	queues map[string]*waitQueue // window waits, by encoded subject
+}
+
+// New returns a Limiter that applies every rule to each subject. It returns
+// a *ConfigError if a rule or an option is invalid, naming the rule and
+// field, and an error if rdb is nil or no rule is given.
+func New(rdb redis.UniversalClient, opts Options, rules ...Rule) (*Limiter, error) {
+	if rdb == nil {
+		return nil, errors.New("throttle: nil Redis client")
+	}
+	if len(rules) == 0 {
+		return nil, errors.New("throttle: no rules: give at least one Rule")
+	}
+	if strings.ContainsAny(opts.Prefix, "{}") {
+		return nil, &ConfigError{Field: "prefix", Reason: fmt.Sprintf("%q must not contain '{' or '}'", opts.Prefix)}
+	}
+	if opts.MaxWait < 0 {
+		return nil, &ConfigError{Field: "max_wait", Reason: fmt.Sprintf("%v must not be negative", opts.MaxWait)}
+	}
+	l := &Limiter{
+		rdb:        rdb,
+		rules:      append([]Rule(nil), rules...),
+		opts:       opts,
+		prefix:     opts.Prefix,
+		script:     scriptFor(rules),
+		reservable: true,
+		queues:     map[string]*waitQueue{},
+	}
+	if l.prefix == "" {
+		l.prefix = DefaultPrefix
+	}
+	if l.opts.Logger == nil {
+		l.opts.Logger = slog.Default()
+	}
+	seen := map[string]bool{}
+	for _, r := range rules {
+		if err := r.Validate(); err != nil {
+			return nil, err
+		}
+		if seen[r.Name] {
+			return nil, &ConfigError{Rule: r.Name, Field: "name", Reason: "is used by two rules of one limiter; rule names must be unique"}
+		}
+		seen[r.Name] = true
+		extra := int64(r.Limit.Burst)
+		if r.Algorithm == SlidingWindow {
+			extra = r.precision().Microseconds()
+		}
+		l.keyRules = append(l.keyRules, escape(r.Name))
+		l.ruleArgs = append(l.ruleArgs, r.Algorithm.String(), r.Limit.Count, r.Limit.Period.Microseconds(), extra)
+		l.reservable = l.reservable && r.Algorithm.bucket()
+	}
+	return l, nil
+}
+
+// Rules returns a copy of the limiter's rules.
+func (l *Limiter) Rules() []Rule { return append([]Rule(nil), l.rules...) }
+
+// Result is the outcome of Allow.
+type Result struct {
+	// Allowed reports whether the permits were granted (and charged).
+	Allowed bool
+	// Remaining is how many more permits the tightest rule would grant
+	// right now: after this request if it was allowed.
+	Remaining int
+	// Rule names the rule that decided: the one that denied with the
+	// longest delay, or, if allowed, the one with the fewest remaining.
+	Rule string
+	// Limit is the deciding rule's limit.
+	Limit Limit
+	// RetryAfter is zero if allowed; otherwise how long from now until a
+	// request of the same size would be admitted, if nothing else is
+	// admitted before it.
+	RetryAfter time.Duration
+	// ResetAfter is how long until every rule is back to full capacity.
+	ResetAfter time.Duration
+}
+
+// Allow reports whether one permit for subject is available now, and
+// takes it if so. It is AllowN(ctx, subject, 1).
+func (l *Limiter) Allow(ctx context.Context, subject string) (Result, error) {
+	return l.AllowN(ctx, subject, 1)
+}
+
+// AllowN takes n permits for subject if every rule has them now, and
+// none otherwise. It never waits. It returns a *CapacityError if n is
+// more than a rule can ever admit at once, and an error matching ErrRedis
+// if Redis fails (unless FailOpen, which allows).
+func (l *Limiter) AllowN(ctx context.Context, subject string, n int) (Result, error) {
+	res, _, err := l.decide(ctx, "allow", subject, n, -1)
+	return res, err
+}
+
+// Reserve is ReserveN(ctx, subject, 1).
+func (l *Limiter) Reserve(ctx context.Context, subject string) (*Reservation, error) {
+	return l.ReserveN(ctx, subject, 1)
+}
+
+// ReserveN books n permits for subject at the earliest time every rule
+// can grant them, in one round trip, and returns the reservation: the
+// caller must wait Delay before acting, or Cancel it. Only limiters whose
+// rules are all TokenBucket or GCRA can reserve (else ErrNotReservable).
+//
+// The booking is bounded by the context's deadline and by MaxWait: if the
+// slot is later, nothing is booked and a *DelayError says when it would
+// be (errors.Is(err, context.DeadlineExceeded) when the deadline bounded
+// it).
+func (l *Limiter) ReserveN(ctx context.Context, subject string, n int) (*Reservation, error) {
+	if !l.reservable {
+		return nil, ErrNotReservable
+	}
+	bound, byDeadline := l.waitBound(ctx, time.Now())
+	maxWait := int64(-1)
+	if bound >= 0 {
+		maxWait = bound.Microseconds()
+	}
+	res, r, err := l.decide(ctx, "reserve", subject, n, maxWait)
+	if err != nil {
+		return nil, err
+	}
+	if !res.Allowed {
+		return nil, &DelayError{Rule: res.Rule, RetryAfter: res.RetryAfter, Deadline: byDeadline}
+	}
+	return r, nil
+}
+
+// Wait blocks until one permit for subject is granted. It is
+// WaitN(ctx, subject, 1).
+func (l *Limiter) Wait(ctx context.Context, subject string) error {
+	return l.WaitN(ctx, subject, 1)
+}
+
+// WaitN blocks until n permits for subject are granted, or fails.
+//
+// For token bucket and GCRA limiters it reserves the earliest slot in one
+// round trip and sleeps until it; waiters are served in the order Redis
+// booked them. For window rules, waiters on one subject queue in this
+// process, first come first served, and only the first asks Redis, at the
+// exact time the script says a permit frees.
+//
+// It fails at once, consuming nothing, with a *DelayError if the permits
+// would come after the context's deadline (the error then matches
+// context.DeadlineExceeded) or after MaxWait (matching ErrMaxWait). If the
+// context ends while waiting, the reservation is refunded and ctx.Err()
+// returned. n larger than a rule's capacity is a *CapacityError.
+func (l *Limiter) WaitN(ctx context.Context, subject string, n int) error {
+	r, err := l.acquire(ctx, subject, n)
+	if err != nil {
+		return err
+	}
+	return r.wait(ctx)
+}
+
+// acquire books n permits: a reservation for bucket limiters, or, for
+// window limiters, the permits themselves once the local queue and Redis
+// grant them. It does not sleep until a reservation's time to act.
+func (l *Limiter) acquire(ctx context.Context, subject string, n int) (*Reservation, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if l.reservable {
+		return l.ReserveN(ctx, subject, n)
+	}
+	return l.waitWindow(ctx, subject, n)
+}
+
+// waitBound returns how long a request may wait from now: the tighter of
+// MaxWait and the context's deadline, -1 if neither is set, and whether the
+// deadline is the tighter.
+func (l *Limiter) waitBound(ctx context.Context, now time.Time) (time.Duration, bool) {
+	bound, byDeadline := time.Duration(-1), false
+	if l.opts.MaxWait > 0 {
+		bound = l.opts.MaxWait
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		if left := max(dl.Sub(now), 0); bound < 0 || left < bound {
+			bound, byDeadline = left, true
+		}
+	}
+	return bound, byDeadline
+}
+
+// request is one call's keys and arguments.
+func (l *Limiter) request(op, subject string, n int, maxWait int64, tickets []string) ([]string, []any, error) {
+	if n < 1 {
+		return nil, nil, fmt.Errorf("throttle: n = %d permits: must be at least 1", n)
+	}
+	for _, r := range l.rules {
+		if c := r.Limit.capacity(r.Algorithm); n > c {
+			return nil, nil, &CapacityError{Rule: r.Name, N: n, Capacity: c}
+		}
+	}
+	enc, err := encodeSubject(subject)
+	if err != nil {
+		return nil, nil, err
+	}
+	keys := make([]string, len(l.rules))
+	args := make([]any, 3, 3+5*len(l.rules))
+	args[0], args[1], args[2] = op, n, maxWait
+	for i := range l.rules {
+		keys[i] = key(l.prefix, enc, l.keyRules[i])
+		ticket := ""
+		if tickets != nil {
+			ticket = tickets[i]
+		}
+		args = append(append(args, l.ruleArgs[4*i:4*i+4]...), ticket)
+	}
+	return keys, args, nil
+}
+
+// decide runs one allow or reserve decision. On success with ok=1 it also
+// returns the reservation holding the refund tickets.
+func (l *Limiter) decide(ctx context.Context, op, subject string, n int, maxWait int64) (Result, *Reservation, error) {
+	keys, args, err := l.request(op, subject, n, maxWait, nil)
+	if err != nil {
+		return Result{}, nil, err
+	}
+	reply, err := l.script.Run(ctx, l.rdb, keys, args...).Slice()
+	sent := time.Now()
+	if err != nil {
+		if l.redisFailed(ctx, err) {
+			return Result{Allowed: true, Rule: l.rules[0].Name, Limit: l.rules[0].Limit},
+				&Reservation{lim: l, subject: subject, n: n, at: sent}, nil
+		}
+		return Result{}, nil, &redisError{op: op, err: err}
+	}
+	l.redisOK()
+	res, tickets, err := l.parse(reply)
+	if err != nil {
+		return Result{}, nil, err
+	}
+	if !res.Allowed {
+		return res, nil, nil
+	}
+	delay := res.RetryAfter
+	if op == "allow" {
+		res.RetryAfter = 0
+	}
+	return res, &Reservation{lim: l, subject: subject, n: n, tickets: tickets, delay: delay, at: sent.Add(delay)}, nil
+}
+
+// parse reads the driver's reply (see lua/driver.lua).
+func (l *Limiter) parse(reply []any) (Result, []string, error) {
+	if len(reply) != 5 && len(reply) != 5+len(l.rules) {
+		return Result{}, nil, fmt.Errorf("throttle: unexpected script reply %v", reply)
+	}
+	ints := make([]int64, 5)
+	for i := range ints {
+		v, ok := reply[i].(int64)
+		if !ok {
+			return Result{}, nil, fmt.Errorf("throttle: unexpected script reply %v", reply)
+		}
+		ints[i] = v
+	}
+	decider := int(ints[1]) - 1
+	if decider < 0 || decider >= len(l.rules) {
+		return Result{}, nil, fmt.Errorf("throttle: unexpected script reply %v", reply)
+	}
+	res := Result{
+		Allowed:    ints[0] == 1,
+		Rule:       l.rules[decider].Name,
+		Limit:      l.rules[decider].Limit,
+		Remaining:  int(ints[2]),
+		RetryAfter: time.Duration(ints[3]) * time.Microsecond,
+		ResetAfter: time.Duration(ints[4]) * time.Microsecond,
+	}
+	var tickets []string
+	for _, t := range reply[5:] {
+		s, _ := t.(string)
+		tickets = append(tickets, s)
+	}
+	return res, tickets, nil
+}
+
+// redisFailed reports a Redis error and whether to admit anyway.
+func (l *Limiter) redisFailed(ctx context.Context, err error) bool {
+	open := l.opts.FailOpen && ctx.Err() == nil
+	if open && !l.failingOpen.Swap(true) {
+		l.opts.Logger.Warn("throttle: Redis unreachable, admitting requests (fail open)", "prefix", l.prefix, "error", err)
+	}
+	if l.opts.OnRedisError != nil {
+		l.opts.OnRedisError(err, open)
+	}
+	return open
+}
+
+// redisOK notes that Redis answered, ending a fail-open period.
+func (l *Limiter) redisOK() {
+	if l.failingOpen.Load() && l.failingOpen.Swap(false) {
+		l.opts.Logger.Info("throttle: Redis answers again, limits apply", "prefix", l.prefix)
+	}
+}
+
+// refund gives back the permits of a reservation.
+func (l *Limiter) refund(ctx context.Context, subject string, n int, tickets []string) error {
+	keys, args, err := l.request("refund", subject, n, -1, tickets)
+	if err != nil {
+		return err
+	}
+	if err := l.script.Run(ctx, l.rdb, keys, args...).Err(); err != nil {
+		return &redisError{op: "refund", err: err}
+	}
+	return nil
+}
+
+// String lists the limiter's rules.
+func (l *Limiter) String() string {
+	parts := make([]string, len(l.rules))
+	for i, r := range l.rules {
+		parts[i] = r.String()
+	}
+	return "throttle.Limiter{" + strings.Join(parts, "; ") + "}"
+}

@@ -1,0 +1,40 @@
+-- Shared by every jobthrottle script. The Go side (scripts.go) builds each
+-- script as: prelude.lua, the algorithm files it needs, driver.lua.
+--
+-- Units: every time and duration is in microseconds of Redis TIME, every TTL
+-- given to Redis is in milliseconds. No client clock reaches a script.
+if redis.replicate_commands then redis.replicate_commands() end
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+
+-- int formats an integer-valued number exactly (tostring would switch to
+-- exponent notation above 1e14, and times here are about 1.8e15).
+local function int(x)
+  return string.format('%.0f', x)
+end
+
+-- num formats a fractional number so that tonumber(num(x)) == x.
+local function num(x)
+  return string.format('%.17g', x)
+end
+
+-- ttl_ms turns a horizon in microseconds into a key TTL in milliseconds:
+-- rounded up, never less than 1 (PEXPIRE 0 would delete the key).
+local function ttl_ms(us)
+  local ms = math.ceil(us / 1000)
+  if ms < 1 then ms = 1 end
+  return int(ms)
+end
+
+-- Each algorithm registers check and refund functions here.
+--
+-- check(key, count, period, extra, n, reserve, max_wait) returns a decision:
+--   ok        true if the request can be charged (now, or for reserve within max_wait)
+--   delay     microseconds until a request of n would be admitted (0 if now)
+--   remaining permits left after this request if ok, else permits left now
+--   reset     microseconds until the key is back to full capacity
+--   commit    function that charges the request and returns a refund ticket
+-- refund(key, count, period, extra, n, ticket) gives back what commit took.
+local check = {}
+local refund = {}

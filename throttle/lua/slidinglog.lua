@@ -1,0 +1,44 @@
+-- Sliding log. State: sorted set, one member per admitted permit, scored by
+-- its admission time; a permit counts while score > now - period.
+-- Members are "<time>:<seq>", unique even for several permits in one
+-- microsecond. TTL: one period after the newest permit.
+check['sliding_log'] = function(key, count, period, extra, n)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - period))
+  local c = redis.call('ZCARD', key)
+  if c + n <= count then
+    return {ok = true, delay = 0, remaining = count - c - n, reset = period,
+      commit = function()
+        -- The sequence continues after the newest member of this
+        -- microsecond, so a refund in between cannot cause a collision.
+        local seq = c
+        local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+        if last[2] and tonumber(last[2]) == now then
+          local s = tonumber(string.match(last[1], ':(%d+)$')) or 0
+          if s > seq then seq = s end
+        end
+        local args = {}
+        for i = 1, n do
+          args[#args + 1] = int(now)
+          args[#args + 1] = int(now) .. ':' .. int(seq + i)
+        end
+        redis.call('ZADD', key, unpack(args))
+        redis.call('PEXPIRE', key, ttl_ms(period))
+        return int(now) .. ':' .. int(seq)
+      end}
+  end
+  -- The request fits once the (c + n - count) oldest permits have left.
+  local k = c + n - count
+  local e = redis.call('ZRANGE', key, k - 1, k - 1, 'WITHSCORES')
+  local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  return {ok = false, delay = tonumber(e[2]) + period - now, remaining = count - c,
+    reset = tonumber(newest[2]) + period - now}
+end
+
+-- ticket: "<time>:<seq>"; the request added members <time>:<seq+1..seq+n>.
+refund['sliding_log'] = function(key, count, period, extra, n, ticket)
+  local ts, seq = string.match(ticket, '^(%d+):(%d+)$')
+  if not ts then return end
+  local members = {}
+  for i = 1, n do members[#members + 1] = ts .. ':' .. int(tonumber(seq) + i) end
+  redis.call('ZREM', key, unpack(members))
+end

@@ -1,0 +1,49 @@
+-- Sliding window counter. extra = precision (bucket width, microseconds).
+-- State: hash {bucket index -> permits admitted in that bucket}.
+-- A bucket j counts while any part of it lies inside the window
+-- (now - period, now], i.e. until (j + 1) * precision + period. Counting the
+-- partly-covered oldest bucket whole makes the limit hold in every window of
+-- length period; the price is a throughput of at worst count per
+-- (period + precision). TTL: until the newest bucket stops counting.
+check['sliding_window'] = function(key, count, period, precision, n)
+  local lo = math.floor((now - period) / precision)
+  local cur = math.floor(now / precision)
+  local flat = redis.call('HGETALL', key)
+  local buckets, stale, c = {}, {}, 0
+  for i = 1, #flat, 2 do
+    local j = tonumber(flat[i])
+    local v = tonumber(flat[i + 1])
+    if j < lo then
+      stale[#stale + 1] = flat[i]
+    elseif v > 0 then
+      buckets[#buckets + 1] = {j, v}
+      c = c + v
+    end
+  end
+  if #stale > 0 then redis.call('HDEL', key, unpack(stale)) end
+  local function leaves(j) return (j + 1) * precision + period - now end
+  if c + n <= count then
+    return {ok = true, delay = 0, remaining = count - c - n, reset = leaves(cur),
+      commit = function()
+        redis.call('HINCRBY', key, int(cur), n)
+        redis.call('PEXPIRE', key, ttl_ms(leaves(cur)))
+        return int(cur)
+      end}
+  end
+  table.sort(buckets, function(a, b) return a[1] < b[1] end)
+  local need, freed, delay = c + n - count, 0, 0
+  for _, b in ipairs(buckets) do
+    freed = freed + b[2]
+    if freed >= need then delay = leaves(b[1]); break end
+  end
+  return {ok = false, delay = delay, remaining = count - c,
+    reset = leaves(buckets[#buckets][1])}
+end
+
+-- ticket: the bucket index the permits were counted in.
+refund['sliding_window'] = function(key, count, period, precision, n, ticket)
+  if redis.call('HEXISTS', key, ticket) == 0 then return end
+  if redis.call('HINCRBY', key, ticket, -n) <= 0 then
+    redis.call('HDEL', key, ticket)
+  end
+end

@@ -1,0 +1,71 @@
+package throttle
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// refundTimeout bounds the refund a cancelled Wait sends after its own
+// context has ended.
+const refundTimeout = 2 * time.Second
+
+// A Reservation holds permits granted by Reserve (or acquired by Wait)
+// until the caller acts or cancels.
+type Reservation struct {
+	lim     *Limiter
+	subject string
+	n       int
+	tickets []string // one refund ticket per rule; nil if admitted without Redis (fail open)
+	delay   time.Duration
+	at      time.Time // local monotonic time to act
+
+	once      sync.Once
+	cancelErr error
+}
+
+// Delay is how long the caller had to wait, from the moment Redis
+// granted the reservation, before acting.
+func (r *Reservation) Delay() time.Duration { return r.delay }
+
+// TimeToAct is the local time at which the caller may act.
+func (r *Reservation) TimeToAct() time.Time { return r.at }
+
+// Cancel gives the reserved permits back, as far as no later reservation
+// was granted on the strength of them (as x/time/rate's Cancel does). Use
+// it when the caller will not act. Calling it again does nothing and
+// returns the first call's error.
+func (r *Reservation) Cancel(ctx context.Context) error {
+	r.once.Do(func() {
+		if r.tickets != nil {
+			r.cancelErr = r.lim.refund(ctx, r.subject, r.n, r.tickets)
+		}
+	})
+	return r.cancelErr
+}
+
+// wait sleeps until the reservation's time to act. If ctx ends first, it
+// cancels the reservation and returns ctx.Err().
+func (r *Reservation) wait(ctx context.Context) error {
+	d := time.Until(r.at)
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		r.cancelDetached(ctx)
+		return ctx.Err()
+	}
+}
+
+// cancelDetached refunds after ctx has ended, on a context that keeps
+// ctx's values but not its cancellation.
+func (r *Reservation) cancelDetached(ctx context.Context) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
+	defer cancel()
+	_ = r.Cancel(rctx)
+}

@@ -1,0 +1,64 @@
+package throttle
+
+import (
+	"embed"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The Lua sources. Each algorithm's file documents its state, its TTL and
+// its refund ticket; driver.lua documents KEYS, ARGV and the reply shared
+// by all scripts.
+//
+//go:embed lua/*.lua
+var luaFiles embed.FS
+
+// scripts holds one script per algorithm (prelude + that algorithm +
+// driver), used by single-algorithm limiters, and one with every algorithm
+// for policies that mix them. All are the same driver over the same
+// algorithm code, so a policy's rules are decided in one atomic call
+// whatever their algorithms.
+var (
+	scripts   = map[Algorithm]*redis.Script{}
+	allScript *redis.Script
+)
+
+var algorithmFiles = map[Algorithm]string{
+	FixedWindow:   "fixedwindow.lua",
+	SlidingLog:    "slidinglog.lua",
+	SlidingWindow: "slidingwindow.lua",
+	TokenBucket:   "tokenbucket.lua",
+	GCRA:          "gcra.lua",
+}
+
+func init() {
+	build := func(files ...string) *redis.Script {
+		var b strings.Builder
+		for _, f := range append(append([]string{"prelude.lua"}, files...), "driver.lua") {
+			src, err := luaFiles.ReadFile("lua/" + f)
+			if err != nil {
+				panic(err)
+			}
+			b.Write(src)
+			b.WriteByte('\n')
+		}
+		return redis.NewScript(b.String())
+	}
+	var all []string
+	for a := FixedWindow; a <= GCRA; a++ {
+		scripts[a] = build(algorithmFiles[a])
+		all = append(all, algorithmFiles[a])
+	}
+	allScript = build(all...)
+}
+
+// scriptFor returns the smallest script that covers every rule.
+func scriptFor(rules []Rule) *redis.Script {
+	for _, r := range rules[1:] {
+		if r.Algorithm != rules[0].Algorithm {
+			return allScript
+		}
+	}
+	return scripts[rules[0].Algorithm]
+}
