@@ -4,36 +4,37 @@
 -- TTL: until the bucket is full again (a missing key is a full bucket).
 local tb_eps = 1e-9
 
-local function tb_load(key, rate, burst)
+-- Rates are applied as count / period and durations as tokens * period /
+-- count, multiplying before dividing, so whole-token times are exact.
+local function tb_load(key, count, period, burst)
   local v = redis.call('HMGET', key, 'tk', 'ts', 'ev')
   if not v[1] then return burst, 0 end
   local tokens = tonumber(v[1])
   local ts = tonumber(v[2])
-  if now > ts then tokens = math.min(burst, tokens + (now - ts) * rate) end
+  if now > ts then tokens = math.min(burst, tokens + (now - ts) * count / period) end
   return tokens, tonumber(v[3]) or 0
 end
 
-local function tb_store(key, rate, burst, tokens, ev)
+local function tb_store(key, count, period, burst, tokens, ev)
   redis.call('HSET', key, 'tk', num(tokens), 'ts', int(now), 'ev', int(ev))
-  redis.call('PEXPIRE', key, ttl_ms((burst - tokens) / rate))
+  redis.call('PEXPIRE', key, ttl_ms((burst - tokens) * period / count))
 end
 
 check['token_bucket'] = function(key, count, period, burst, n, reserve, max_wait)
-  local rate = count / period
-  local tokens, ev = tb_load(key, rate, burst)
+  local tokens, ev = tb_load(key, count, period, burst)
   local left = tokens - n
   local delay = 0
-  if left < -tb_eps then delay = math.ceil(-left / rate) end
+  if left < -tb_eps then delay = math.ceil(-left * period / count) end
   local ok = delay == 0 or (reserve and (max_wait < 0 or delay <= max_wait))
   if not ok then
     return {ok = false, delay = delay, remaining = math.max(0, math.floor(tokens + tb_eps)),
-      reset = math.max(0, (burst - tokens) / rate)}
+      reset = math.max(0, (burst - tokens) * period / count)}
   end
   return {ok = true, delay = delay, remaining = math.max(0, math.floor(left + tb_eps)),
-    reset = (burst - left) / rate,
+    reset = (burst - left) * period / count,
     commit = function()
       local act = now + delay
-      tb_store(key, rate, burst, left, math.max(ev, act))
+      tb_store(key, count, period, burst, left, math.max(ev, act))
       return int(act)
     end}
 end
@@ -43,9 +44,8 @@ end
 -- (as golang.org/x/time/rate's Reservation.Cancel does).
 refund['token_bucket'] = function(key, count, period, burst, n, ticket)
   if redis.call('EXISTS', key) == 0 then return end
-  local rate = count / period
-  local tokens, ev = tb_load(key, rate, burst)
-  local restore = n - (ev - tonumber(ticket)) * rate
+  local tokens, ev = tb_load(key, count, period, burst)
+  local restore = n - (ev - tonumber(ticket)) * count / period
   if restore <= 0 then return end
-  tb_store(key, rate, burst, math.min(burst, tokens + restore), ev)
+  tb_store(key, count, period, burst, math.min(burst, tokens + restore), ev)
 end

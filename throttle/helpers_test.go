@@ -1,0 +1,108 @@
+package throttle
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// virtual runs f in a testing/synctest bubble against a miniredis that
+// lives in the bubble too (served over net.Pipe), so Redis TIME, key
+// expiry and the limiter's timers all follow the bubble's fake clock: a
+// 90-second wait takes no real time, and every instant is exact. The
+// bubble's clock starts at 2000-01-01T00:00:00Z, on a window boundary.
+func virtual(t *testing.T, f func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis)) {
+	t.Helper()
+	synctest.Test(t, func(t *testing.T) {
+		m := miniredis.NewMiniRedis()
+		defer m.Close()
+		m.ClockTTL(true)
+		rdb := redis.NewClient(&redis.Options{
+			// An IP address: go-redis resolves host names when the
+			// client is built, which a bubble cannot do.
+			Addr: "127.0.0.1:0",
+			Dialer: func(context.Context, string, string) (net.Conn, error) { return m.Dial() },
+		})
+		defer rdb.Close()
+		f(t, rdb, m)
+	})
+}
+
+// scriptCalls counts the script commands (EVALSHA and EVAL) a client sends:
+// the round trips of decisions.
+type scriptCalls struct{ n atomic.Int64 }
+
+func countScripts(rdb redis.UniversalClient) *scriptCalls {
+	c := &scriptCalls{}
+	rdb.AddHook(c)
+	return c
+}
+
+func (c *scriptCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c *scriptCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := strings.ToLower(cmd.Name()); name == "evalsha" || name == "eval" {
+			c.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+func (c *scriptCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// mustNew builds a limiter or fails the test.
+func mustNew(t testing.TB, rdb redis.UniversalClient, opts Options, rules ...Rule) *Limiter {
+	t.Helper()
+	l, err := New(rdb, opts, rules...)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	return l
+}
+
+// allow calls AllowN and fails the test on error.
+func allow(t testing.TB, l *Limiter, subject string, n int) Result {
+	t.Helper()
+	res, err := l.AllowN(context.Background(), subject, n)
+	if err != nil {
+		t.Fatalf("AllowN(%q, %d): %v", subject, n, err)
+	}
+	return res
+}
+
+// admitted counts how many of k single-permit Allow calls succeed.
+func admitted(t testing.TB, l *Limiter, subject string, k int) int {
+	t.Helper()
+	got := 0
+	for range k {
+		if allow(t, l, subject, 1).Allowed {
+			got++
+		}
+	}
+	return got
+}
+
+// warm loads the limiter's script so that later calls are one EVALSHA each.
+func warm(t testing.TB, l *Limiter) {
+	t.Helper()
+	if _, err := l.Allow(context.Background(), "warm-up"); err != nil {
+		t.Fatalf("warm-up: %v", err)
+	}
+}
+
+var epoch = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// at returns the bubble's clock offset from its start.
+func at() time.Duration { return time.Since(epoch) }
+
+// fmtAny renders maps and slices deterministically (fmt sorts map keys).
+func fmtAny(v any) string { return fmt.Sprint(v) }
