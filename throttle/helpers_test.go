@@ -106,3 +106,5 @@ func at() time.Duration { return time.Since(epoch) }
 
 // fmtAny renders maps and slices deterministically (fmt sorts map keys).
 func fmtAny(v any) string { return fmt.Sprint(v) }
+
+func formatInt(n int) string { return fmt.Sprint(n) }
