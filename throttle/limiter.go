@@ -247,7 +247,7 @@ func (l *Limiter) request(op, subject string, n int, maxWait int64, tickets []st
 			return nil, nil, &CapacityError{Rule: r.Name, N: n, Capacity: c}
 		}
 	}
-	enc, err := encodeSubject(subject)
+	enc, err := EncodeSubject(subject)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -1,0 +1,188 @@
+package throttle_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/jobthrottle/jobthrottle/throttle"
+	"github.com/redis/go-redis/v9"
+)
+
+// The same suite runs on miniredis, a real redis-server and a real Redis
+// Cluster (bash scripts/test.sh starts both). Real servers keep real time,
+// so these tests use hour-long periods: nothing they assert changes in the
+// seconds a test takes.
+
+var allAlgorithms = []throttle.Algorithm{throttle.FixedWindow, throttle.SlidingLog, throttle.SlidingWindow, throttle.TokenBucket, throttle.GCRA}
+
+func TestBackendsAlgorithms(t *testing.T) {
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			for _, algo := range allAlgorithms {
+				t.Run(algo.String(), func(t *testing.T) {
+					prefix := redistest.Prefix(t)
+					l, err := throttle.New(b.Client, throttle.Options{Prefix: prefix},
+						throttle.Rule{Name: "r", Algorithm: algo, Limit: throttle.PerHour(3)})
+					if err != nil {
+						t.Fatal(err)
+					}
+					for i := range 3 {
+						res, err := l.Allow(ctx, "s")
+						if err != nil || !res.Allowed || res.Remaining != 2-i {
+							t.Fatalf("request %d: %+v, %v; want allowed with %d left", i, res, err, 2-i)
+						}
+					}
+					res, err := l.Allow(ctx, "s")
+					if err != nil || res.Allowed {
+						t.Fatalf("4th request: %+v, %v; want denied", res, err)
+					}
+					// Within an hour, and no earlier than the fixed window's
+					// or bucket's next permit could be.
+					if res.RetryAfter <= 0 || res.RetryAfter > time.Hour+3*time.Minute {
+						t.Fatalf("RetryAfter %v, want within (0, 1h+precision]", res.RetryAfter)
+					}
+					if algo != throttle.FixedWindow && res.RetryAfter < 19*time.Minute {
+						t.Fatalf("RetryAfter %v, want at least the 20m interval", res.RetryAfter)
+					}
+					k := prefix + "{s}:r"
+					ttl, err := b.Client.PTTL(ctx, k).Result()
+					if err != nil || ttl <= 0 || ttl > time.Hour+3*time.Minute {
+						t.Fatalf("PTTL %s = %v, %v; want a TTL of at most about an hour", k, ttl, err)
+					}
+				})
+			}
+		})
+	}
+}
+
+// A policy whose rules use every algorithm is decided in one script over
+// keys that share a hash slot: no CROSSSLOT on a cluster, all or nothing.
+func TestBackendsMixedPolicy(t *testing.T) {
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			prefix := redistest.Prefix(t)
+			var rules []throttle.Rule
+			for i, algo := range allAlgorithms {
+				rules = append(rules, throttle.Rule{Name: algo.String(), Algorithm: algo, Limit: throttle.PerHour(10 + i)})
+			}
+			rules[2].Limit = throttle.PerHour(2) // sliding_window is the tightest
+			l, err := throttle.New(b.Client, throttle.Options{Prefix: prefix}, rules...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, subject := range []string{"tenant-1", "{tenant}", "a}b{c", "ünï:code\n"} {
+				res, err := l.AllowN(ctx, subject, 2)
+				if err != nil || !res.Allowed || res.Rule != "sliding_window" || res.Remaining != 0 {
+					t.Fatalf("%q: %+v, %v; want allowed, sliding_window with 0 left", subject, res, err)
+				}
+				res, err = l.Allow(ctx, subject)
+				if err != nil || res.Allowed || res.Rule != "sliding_window" {
+					t.Fatalf("%q again: %+v, %v; want denied by sliding_window", subject, res, err)
+				}
+				// The denial charged nothing: the fixed window still has 8 of 10.
+				for _, r := range rules {
+					k := fmt.Sprintf("%s{%s}:%s", prefix, enc(t, subject), r.Name)
+					if n, err := b.Client.Exists(ctx, k).Result(); err != nil || n != 1 {
+						t.Fatalf("key %q: exists=%d, %v", k, n, err)
+					}
+				}
+				if c, _ := b.Client.HGet(ctx, fmt.Sprintf("%s{%s}:fixed_window", prefix, enc(t, subject)), "c").Int(); c != 2 {
+					t.Fatalf("%q: fixed window counted %d, want 2", subject, c)
+				}
+			}
+		})
+	}
+}
+
+// Reserve and Cancel against real servers: an hour-long interval makes the
+// delays independent of the test's own duration.
+func TestBackendsReserveCancel(t *testing.T) {
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			for _, algo := range []throttle.Algorithm{throttle.TokenBucket, throttle.GCRA} {
+				t.Run(algo.String(), func(t *testing.T) {
+					l, err := throttle.New(b.Client, throttle.Options{Prefix: redistest.Prefix(t)},
+						throttle.Rule{Name: "r", Algorithm: algo, Limit: throttle.PerHour(1)})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if _, err := l.Reserve(ctx, "s"); err != nil {
+						t.Fatal(err)
+					}
+					r, err := l.Reserve(ctx, "s")
+					if err != nil || r.Delay() < 59*time.Minute || r.Delay() > time.Hour {
+						t.Fatalf("second reservation: %v, %v; want a delay of about 1h", r, err)
+					}
+					if err := r.Cancel(ctx); err != nil {
+						t.Fatal(err)
+					}
+					r2, err := l.Reserve(ctx, "s")
+					if err != nil || r2.Delay() > time.Hour {
+						t.Fatalf("after Cancel: %v, %v; want the refunded slot, about 1h, not 2h", r2, err)
+					}
+					// A deadline before the slot: refused, nothing booked.
+					dctx, cancel := context.WithTimeout(ctx, time.Minute)
+					defer cancel()
+					if _, err := l.Reserve(dctx, "s"); !errors.Is(err, context.DeadlineExceeded) {
+						t.Fatalf("Reserve past the deadline: %v, want DeadlineExceeded", err)
+					}
+				})
+			}
+		})
+	}
+}
+
+// FailOpen admits while Redis is down; the default fails closed with an
+// error that wraps the cause.
+func TestFailOpenAndClosed(t *testing.T) {
+	for _, b := range redistest.Backends(t) {
+		if b.Mini == nil {
+			continue // stopping a shared real server is the reliability suite's job
+		}
+		ctx := context.Background()
+		var reported []bool
+		open, _ := throttle.New(b.Client, throttle.Options{FailOpen: true, OnRedisError: func(_ error, failedOpen bool) { reported = append(reported, failedOpen) }},
+			throttle.Rule{Name: "r", Algorithm: throttle.GCRA, Limit: throttle.PerHour(1)})
+		closed, _ := throttle.New(b.Client, throttle.Options{},
+			throttle.Rule{Name: "r", Algorithm: throttle.SlidingLog, Limit: throttle.PerHour(1)})
+		b.Mini.Close()
+		for range 2 {
+			if res, err := open.Allow(ctx, "s"); err != nil || !res.Allowed {
+				t.Fatalf("fail-open Allow with Redis down: %+v, %v; want allowed", res, err)
+			}
+			if err := open.Wait(ctx, "s"); err != nil {
+				t.Fatalf("fail-open Wait with Redis down: %v", err)
+			}
+		}
+		if len(reported) != 4 || !reported[0] {
+			t.Fatalf("OnRedisError calls %v, want 4 reporting failed open", reported)
+		}
+		_, err := closed.Allow(ctx, "s")
+		if !errors.Is(err, throttle.ErrRedis) {
+			t.Fatalf("fail-closed Allow with Redis down: %v, want ErrRedis", err)
+		}
+		var opErr interface{ Timeout() bool }
+		if !errors.As(err, &opErr) && !errors.Is(err, redis.ErrClosed) && err.Error() == throttle.ErrRedis.Error() {
+			t.Fatalf("error %v does not carry its cause", err)
+		}
+		if err := closed.Wait(ctx, "s"); !errors.Is(err, throttle.ErrRedis) {
+			t.Fatalf("fail-closed Wait with Redis down: %v, want ErrRedis", err)
+		}
+	}
+}
+
+func enc(t *testing.T, subject string) string {
+	t.Helper()
+	s, err := throttle.EncodeSubject(subject)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
