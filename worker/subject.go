@@ -1,0 +1,93 @@
+package worker
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/hibiken/asynq"
+)
+
+// Subject derives from a task what a rule limits: a tenant, an account, a
+// host. An error means the task can never be admitted: the middleware
+// archives it at once with the reason (wrapping asynq.SkipRetry) rather
+// than retrying it forever.
+type Subject func(*asynq.Task) (string, error)
+
+// Fixed returns a Subject that names s for every task: one limit shared
+// by all tasks of the rule.
+func Fixed(s string) Subject {
+	return func(*asynq.Task) (string, error) { return s, nil }
+}
+
+// PayloadField returns a Subject read from the top-level field name of the
+// task's JSON object payload. A string value is used as is; a number is
+// used as written in the payload (so 42 and 42.0 are different subjects).
+// A payload that is not a JSON object, a missing field, and a value that
+// is null, empty, or not a string or number are errors.
+func PayloadField(name string) Subject {
+	return func(t *asynq.Task) (string, error) {
+		return payloadField(t.Payload(), name)
+	}
+}
+
+func payloadField(payload []byte, name string) (string, error) {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(payload, &fields); err != nil || fields == nil {
+		return "", fmt.Errorf("payload is not a JSON object, so it has no field %q", name)
+	}
+	raw, ok := fields[name]
+	if !ok {
+		return "", fmt.Errorf("payload has no field %q", name)
+	}
+	raw = bytes.TrimSpace(raw)
+	switch {
+	case len(raw) > 0 && raw[0] == '"':
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return "", fmt.Errorf("payload field %q: %v", name, err)
+		}
+		if s == "" {
+			return "", fmt.Errorf("payload field %q is an empty string", name)
+		}
+		return s, nil
+	case len(raw) > 0 && (raw[0] == '-' || '0' <= raw[0] && raw[0] <= '9'):
+		return string(raw), nil
+	default:
+		return "", fmt.Errorf("payload field %q is %s; want a string or a number", name, kind(raw))
+	}
+}
+
+// kind names the JSON type of raw for error messages.
+func kind(raw []byte) string {
+	switch {
+	case len(raw) == 0:
+		return "empty"
+	case raw[0] == '{':
+		return "an object"
+	case raw[0] == '[':
+		return "an array"
+	case bytes.Equal(raw, []byte("null")):
+		return "null"
+	default:
+		return "a boolean"
+	}
+}
+
+// ErrNoSubject is matched (errors.Is) by the error the middleware returns
+// for a task whose subject cannot be derived. That error also matches
+// asynq.SkipRetry, so asynq archives the task at once with the reason.
+var ErrNoSubject = errors.New("worker: cannot derive the task's subject")
+
+// subjectError is the middleware's error for a task without a subject.
+type subjectError struct {
+	rule, taskID, taskType string
+	err                    error
+}
+
+func (e *subjectError) Error() string {
+	return fmt.Sprintf("worker: rule %q: task %s (%s): cannot derive the subject: %v; archived without retry", e.rule, e.taskID, e.taskType, e.err)
+}
+
+func (e *subjectError) Unwrap() []error { return []error{ErrNoSubject, e.err, asynq.SkipRetry} }
