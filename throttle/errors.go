@@ -87,5 +87,5 @@ type redisError struct {
 	err error
 }
 
-func (e *redisError) Error() string { return fmt.Sprintf("throttle: redis %s: %v", e.op, e.err) }
+func (e *redisError) Error() string   { return fmt.Sprintf("throttle: redis %s: %v", e.op, e.err) }
 func (e *redisError) Unwrap() []error { return []error{ErrRedis, e.err} }

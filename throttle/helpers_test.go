@@ -28,7 +28,7 @@ func virtual(t *testing.T, f func(t *testing.T, rdb *redis.Client, m *miniredis.
 		rdb := redis.NewClient(&redis.Options{
 			// An IP address: go-redis resolves host names when the
 			// client is built, which a bubble cannot do.
-			Addr: "127.0.0.1:0",
+			Addr:   "127.0.0.1:0",
 			Dialer: func(context.Context, string, string) (net.Conn, error) { return m.Dial() },
 		})
 		defer rdb.Close()
