@@ -354,6 +354,8 @@ func (l *Limiter) refund(ctx context.Context, subject string, n int, tickets []s
 	if err != nil {
 		return err
 	}
+	// The pause key, so that the script can hold a running pause (pause.go).
+	keys = append(keys, l.pauseKey(subject))
 	if err := l.script.Run(ctx, l.rdb, keys, args...).Err(); err != nil {
 		return &redisError{op: "refund", err: err}
 	}

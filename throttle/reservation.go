@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 )
@@ -17,6 +18,7 @@ type Reservation struct {
 	subject string
 	n       int
 	tickets []string // one refund ticket per rule; nil if admitted without Redis (fail open)
+	receipt string   // the receipt id of a prepaid reservation (prepay.go), else ""
 	delay   time.Duration
 	at      time.Time // local monotonic time to act
 
@@ -33,12 +35,17 @@ func (r *Reservation) TimeToAct() time.Time { return r.at }
 
 // Cancel gives the reserved permits back, as far as no later reservation
 // was granted on the strength of them (as x/time/rate's Cancel does). Use
-// it when the caller will not act. Calling it again does nothing and
-// returns the first call's error.
+// it when the caller will not act. A prepaid reservation (PrepayN) also
+// loses its receipt. Calling it again does nothing and returns the first
+// call's error.
 func (r *Reservation) Cancel(ctx context.Context) error {
 	r.once.Do(func() {
+		if r.receipt != "" {
+			// First, so that the receipt can no longer be redeemed.
+			r.cancelErr = r.lim.dropReceipt(ctx, r.subject, r.receipt)
+		}
 		if r.tickets != nil {
-			r.cancelErr = r.lim.refund(ctx, r.subject, r.n, r.tickets)
+			r.cancelErr = errors.Join(r.cancelErr, r.lim.refund(ctx, r.subject, r.n, r.tickets))
 		}
 	})
 	return r.cancelErr

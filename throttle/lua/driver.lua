@@ -1,43 +1,82 @@
 -- Decides (or refunds) one request against every rule of a policy, atomically.
 --
--- KEYS[i]    -> the key of rule i: <prefix>{<subject>}:<rule>
--- ARGV[1]    -> operation: 'allow', 'reserve' or 'refund'
+-- KEYS[i]    -> the key of rule i: <prefix>{<subject>}:<rule>, i = 1..r
+-- KEYS[r+1]  -> refund (optional) and pause: the subject's pause key,
+--               <prefix>{<subject>}:!pause, holding the Redis time (µs) the
+--               pause ends; prepay: the subject's receipt set,
+--               <prefix>{<subject>}:!receipts
+-- ARGV[1]    -> operation: 'allow', 'reserve', 'prepay', 'refund' or 'pause'
 -- ARGV[2]    -> n, the number of permits
--- ARGV[3]    -> reserve: the longest delay accepted, microseconds (-1: no bound)
+-- ARGV[3]    -> reserve, prepay: the longest delay accepted, microseconds
+--               (-1: no bound); pause: the pause, microseconds (at least 1)
 -- then for rule i, five values starting at ARGV[4 + 5 * (i - 1)]:
 --   algorithm name, count, period (microseconds),
 --   extra (burst; precision in microseconds for sliding_window),
 --   refund ticket ('' unless refunding)
+-- prepay only, after the rules:
+--   ARGV[4 + 5r] -> the receipt: id and rule names, a sorted-set member
+--   ARGV[5 + 5r] -> how long the receipt is kept after its slot, microseconds
+-- The number of rules r is floor((#ARGV - 3) / 5).
 --
 -- allow and reserve return
 --   {ok (1/0), deciding rule index (1-based), remaining, delay microseconds,
---    reset microseconds, ticket 1, ..., ticket #KEYS}
+--    reset microseconds, ticket 1, ..., ticket r}
 -- ok = 0 charges nothing. Denied: the deciding rule is the one with the
 -- longest delay, and delay is when a request of n would be admitted.
 -- Admitted: the deciding rule is the one with the fewest permits remaining;
 -- for reserve, delay is how long the caller must wait for its slot.
--- refund returns 1.
+-- prepay is reserve that, when admitted, also records the receipt scored
+-- by the slot's Redis time (µs), for a later redeem (redeem.lua).
+-- refund returns 1. After refunding, a pause still running is applied again,
+-- so that giving back a permit booked before the pause cannot admit a
+-- request before the pause ends.
+-- pause moves every rule's state (pause[algo], prelude.lua) so that nothing
+-- is admitted before now + ARGV[3], or before the end of a longer pause
+-- already running, records that end in the pause key, and returns the
+-- microseconds until it.
 local op = ARGV[1]
 local n = tonumber(ARGV[2])
 local max_wait = tonumber(ARGV[3])
+local nrules = math.floor((#ARGV - 3) / 5)
 
 local function rule(i)
   local b = 4 + 5 * (i - 1)
   return ARGV[b], tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), ARGV[b + 4]
 end
 
+-- pause_all applies pause[algo] to every rule, up to the Redis time untl.
+local function pause_all(untl)
+  for i = 1, nrules do
+    local algo, count, period, extra = rule(i)
+    pause[algo](KEYS[i], count, period, extra, untl)
+  end
+end
+
+if op == 'pause' then
+  local untl = now + max_wait
+  local prev = tonumber(redis.call('GET', KEYS[nrules + 1]))
+  if prev and prev > untl then untl = prev end
+  pause_all(untl)
+  redis.call('SET', KEYS[nrules + 1], int(untl), 'PX', ttl_ms(untl - now))
+  return untl - now
+end
+
 if op == 'refund' then
-  for i = 1, #KEYS do
+  for i = 1, nrules do
     local algo, count, period, extra, ticket = rule(i)
     if ticket ~= '' then refund[algo](KEYS[i], count, period, extra, n, ticket) end
+  end
+  if KEYS[nrules + 1] then
+    local untl = tonumber(redis.call('GET', KEYS[nrules + 1]))
+    if untl and untl > now then pause_all(untl) end
   end
   return 1
 end
 
-local reserve = op == 'reserve'
+local reserve = op == 'reserve' or op == 'prepay'
 local decisions = {}
 local ok = true
-for i = 1, #KEYS do
+for i = 1, nrules do
   local algo, count, period, extra = rule(i)
   local d = check[algo](KEYS[i], count, period, extra, n, reserve, max_wait)
   decisions[i] = d
@@ -57,8 +96,15 @@ for i, d in ipairs(decisions) do
   end
 end
 
-local reply = {ok and 1 or 0, decider, decisions[decider].remaining, math.ceil(delay), math.ceil(reset)}
+-- remaining is clamped: a paused window may hold more than its count.
+local reply = {ok and 1 or 0, decider, math.max(0, decisions[decider].remaining), math.ceil(delay), math.ceil(reset)}
 if ok then
   for i, d in ipairs(decisions) do reply[#reply + 1] = d.commit() end
+  if op == 'prepay' then
+    local rkey, keep = KEYS[nrules + 1], tonumber(ARGV[5 + 5 * nrules])
+    redis.call('ZREMRANGEBYSCORE', rkey, '-inf', '(' .. int(now - keep))
+    redis.call('ZADD', rkey, int(now + math.ceil(delay)), ARGV[4 + 5 * nrules])
+    keep_ttl(rkey, math.ceil(delay) + keep)
+  end
 end
 return reply

@@ -26,3 +26,30 @@ refund['fixed_window'] = function(key, count, period, extra, n, ticket)
   if c < 0 then c = 0 end
   redis.call('HSET', key, 'c', int(c))
 end
+
+-- pause: a window has no state for later windows, so a pause is a field of
+-- its own, pu = untl (Redis time, microseconds), in the same hash; the check
+-- below, wrapped around the one above, denies everything before pu and
+-- reports the exact admission time: pu if the window holding pu has room
+-- for n then, else that window's end. TTL: at least until pu.
+pause['fixed_window'] = function(key, count, period, extra, untl)
+  local pu = tonumber(redis.call('HGET', key, 'pu'))
+  if pu and pu >= untl then return end
+  redis.call('HSET', key, 'pu', int(untl))
+  keep_ttl(key, untl - now)
+end
+
+local fw_check = check['fixed_window']
+check['fixed_window'] = function(key, count, period, extra, n)
+  local v = redis.call('HMGET', key, 'w', 'c', 'pu')
+  local pu = tonumber(v[3])
+  if not pu or pu <= now then return fw_check(key, count, period, extra, n) end
+  local w = math.floor(now / period)
+  local pw = math.floor(pu / period)
+  local c = 0
+  if tonumber(v[1]) == pw then c = tonumber(v[2]) or 0 end
+  local delay, reset = pu - now, pu - now
+  if c > 0 then reset = (pw + 1) * period - now end
+  if c + n > count then delay = (pw + 1) * period - now end
+  return {ok = false, delay = delay, remaining = 0, reset = reset}
+end

@@ -38,3 +38,14 @@ refund['gcra'] = function(key, count, period, burst, n, ticket)
     redis.call('SET', key, num(tat), 'PX', ttl_ms(tat - now))
   end
 end
+
+-- pause: TAT moves to untl + (burst - 1) * T, which admits one permit at
+-- untl exactly and the next ones at the steady rate (the burst refills from
+-- there, as after any full burst). A TAT already later is kept.
+pause['gcra'] = function(key, count, period, burst, untl)
+  local T = period / count
+  local floor = untl + (burst - 1) * T
+  local tat = tonumber(redis.call('GET', key))
+  if tat and tat >= floor then return end
+  redis.call('SET', key, num(floor), 'PX', ttl_ms(floor - now))
+end

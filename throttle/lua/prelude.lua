@@ -38,3 +38,20 @@ end
 -- refund(key, count, period, extra, n, ticket) gives back what commit took.
 local check = {}
 local refund = {}
+
+-- Each algorithm also registers a pause function (see driver.lua, op
+-- 'pause'): pause(key, count, period, extra, untl) moves the rule's state so
+-- that no request is admitted before the Redis time untl (microseconds),
+-- and requests after it are admitted as the algorithm's own state allows.
+-- It only ever holds a key back longer, never releases it earlier, so it
+-- may be applied again (the driver does so after a refund).
+local pause = {}
+
+-- keep_ttl makes key live at least us more microseconds; a longer TTL is
+-- kept (PEXPIRE would shorten it).
+local function keep_ttl(key, us)
+  local want = tonumber(ttl_ms(us))
+  local cur = redis.call('PTTL', key)
+  if cur >= 0 and cur >= want then return end
+  redis.call('PEXPIRE', key, want)
+end

@@ -42,3 +42,24 @@ refund['sliding_log'] = function(key, count, period, extra, n, ticket)
   for i = 1, n do members[#members + 1] = ts .. ':' .. int(tonumber(seq) + i) end
   redis.call('ZREM', key, unpack(members))
 end
+
+-- pause: count placeholder members "!pause:1" … "!pause:<count>" (never a
+-- "<time>:<seq>" member), scored untl - period, so the log is full until
+-- untl and they leave at untl exactly; the check's own arithmetic then
+-- reports untl or later. Rewriting them only raises their score. Costs
+-- count members while paused: prefer sliding_window for large counts.
+pause['sliding_log'] = function(key, count, period, extra, untl)
+  local score = untl - period
+  local cur = redis.call('ZSCORE', key, '!pause:' .. int(count))
+  if cur and tonumber(cur) >= score then return end
+  local args = {}
+  for i = 1, count do
+    args[#args + 1] = int(score)
+    args[#args + 1] = '!pause:' .. int(i)
+    if #args >= 1000 or i == count then
+      redis.call('ZADD', key, unpack(args))
+      args = {}
+    end
+  end
+  keep_ttl(key, untl - now)
+end

@@ -47,3 +47,18 @@ refund['sliding_window'] = function(key, count, period, precision, n, ticket)
     redis.call('HDEL', key, ticket)
   end
 end
+
+-- pause: the bucket j = ceil((untl - period) / precision) - 1, the last
+-- one still counting just before untl, is filled to count, so nothing is
+-- admitted before untl (and, the bucket's width being the algorithm's
+-- grain, nothing before that bucket stops counting, less than one
+-- precision after untl). Other buckets keep their permits. j may lie ahead
+-- of the current bucket, which the check counts like any other.
+pause['sliding_window'] = function(key, count, period, precision, untl)
+  local j = math.ceil((untl - period) / precision) - 1
+  local f = int(j)
+  if (tonumber(redis.call('HGET', key, f)) or 0) < count then
+    redis.call('HSET', key, f, int(count))
+  end
+  keep_ttl(key, (j + 1) * precision + period - now)
+end

@@ -49,3 +49,14 @@ refund['token_bucket'] = function(key, count, period, burst, n, ticket)
   if restore <= 0 then return end
   tb_store(key, count, period, burst, math.min(burst, tokens + restore), ev)
 end
+
+-- pause: the bucket goes into debt so that it holds exactly one token at
+-- untl: tk = 1 - (untl - now) * count / period. The first permit is
+-- admitted at untl, the next ones at the steady rate; a deeper debt is
+-- kept. ev is unchanged: refunds are re-paused by the driver.
+pause['token_bucket'] = function(key, count, period, burst, untl)
+  local tokens, ev = tb_load(key, count, period, burst)
+  local target = 1 - (untl - now) * count / period
+  if tokens <= target then return end
+  tb_store(key, count, period, burst, target, ev)
+end
