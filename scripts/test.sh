@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# The project's test command: bash scripts/test.sh [go test args...]
+#
+# Starts a throwaway standalone Redis and a 3-master Redis Cluster on loopback,
+# points the tests at them (internal/redistest reads the JOBTHROTTLE_REDIS_*
+# variables), runs go vet and go test -race, and stops every server on exit.
+# Installs redis-server and redis-tools with apt-get if they are missing.
+#
+# Arguments go to go test. Arguments starting with ./ or ../ are package
+# patterns and replace ./... (for vet too; bench/ is then skipped); give
+# flags with values as -flag=value. Examples:
+#   bash scripts/test.sh
+#   bash scripts/test.sh ./internal/... -run TestCluster -v
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+section() { printf '\n==> %s\n' "$*"; }
+die() { printf 'scripts/test.sh: %s\n' "$*" >&2; exit 1; }
+
+section "Redis binaries"
+if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
+	sudo=()
+	[[ $(id -u) -eq 0 ]] || sudo=(sudo)
+	echo "installing redis-server and redis-tools with apt-get"
+	# Lock::Timeout waits for an apt-get already running instead of failing.
+	"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -qq -o DPkg::Lock::Timeout=600 update
+	"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -qq -o DPkg::Lock::Timeout=600 \
+		install -y redis-server redis-tools >/dev/null
+fi
+REDIS_SERVER=${JOBTHROTTLE_REDIS_SERVER_BIN:-$(command -v redis-server)}
+"$REDIS_SERVER" --version
+
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/jobthrottle-test.XXXXXX")
+PIDS=() PORTS=()
+
+cleanup() {
+	local status=$? i
+	for i in "${!PIDS[@]}"; do
+		[[ -z ${PORTS[i]} ]] || redis-cli -p "${PORTS[i]}" shutdown nosave >/dev/null 2>&1 || true
+	done
+	for i in "${!PIDS[@]}"; do
+		for _ in {1..50}; do kill -0 "${PIDS[i]}" 2>/dev/null || break; sleep 0.1; done
+		kill -9 "${PIDS[i]}" 2>/dev/null || true
+		wait "${PIDS[i]}" 2>/dev/null || true
+	done
+	rm -rf "$TMP"
+	exit "$status"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# port_free P: true if nothing accepts connections on 127.0.0.1:P.
+port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# start_redis PORT ARGS...: start redis-server on 127.0.0.1:PORT and wait
+# until it answers, checking by its pid that it is ours and not a server that
+# took the port first. Returns 1 if it exits first (the port was taken, say).
+start_redis() {
+	local port=$1; shift
+	"$REDIS_SERVER" --bind 127.0.0.1 --port "$port" --dir "$TMP" \
+		--save '' --appendonly no --daemonize no \
+		--logfile "$TMP/redis-$port.log" "$@" >>"$TMP/stdout-$port.log" 2>&1 &
+	local pid=$!
+	PIDS+=("$pid") PORTS+=("") # the port is recorded only once it is ours
+	for _ in {1..100}; do
+		if redis-cli -p "$port" info server 2>/dev/null | grep -q "^process_id:$pid\b"; then
+			PORTS[${#PORTS[@]} - 1]=$port
+			return 0
+		fi
+		kill -0 "$pid" 2>/dev/null || return 1
+		sleep 0.1
+	done
+	tail -n 20 "$TMP/redis-$port.log" >&2 || true
+	die "redis-server on port $port did not answer within 10 s"
+}
+
+# start_any FIRST ARGS...: start redis-server on the first free port from
+# FIRST on (its cluster bus port, +10000, free too); prints the port.
+start_any() {
+	local first=$1 port; shift
+	for ((port = first; port < first + 50; port++)); do
+		port_free "$port" && port_free $((port + 10000)) || continue
+		start_redis "$port" "$@" && { echo "$port"; return 0; }
+	done
+	die "no free port for redis-server in $first-$((first + 49)); see $TMP"
+}
+
+started=$(date +%s%N)
+section "Standalone Redis"
+# Not port=$(start_any ...): that runs it in a subshell and loses PIDS.
+start_any 16379 >"$TMP/port"
+REDIS_PORT=$(<"$TMP/port")
+echo "redis-server on 127.0.0.1:$REDIS_PORT"
+
+section "Redis Cluster (3 masters)"
+CLUSTER=() next=17100
+for _ in 1 2 3; do
+	start_any "$next" --cluster-enabled yes --cluster-config-file "$TMP/nodes-$next.conf" \
+		--cluster-node-timeout 2000 >"$TMP/port"
+	port=$(<"$TMP/port")
+	CLUSTER+=("127.0.0.1:$port") next=$((port + 1))
+done
+redis-cli --cluster create "${CLUSTER[@]}" --cluster-replicas 0 --cluster-yes >"$TMP/cluster-create.log" 2>&1 ||
+	{ cat "$TMP/cluster-create.log" >&2; die "redis-cli --cluster create failed"; }
+for addr in "${CLUSTER[@]}"; do
+	for i in {1..300}; do
+		redis-cli -p "${addr##*:}" cluster info 2>/dev/null | grep -q '^cluster_state:ok' && break
+		((i < 300)) || die "$addr did not reach cluster_state:ok within 30 s"
+		sleep 0.1
+	done
+done
+echo "cluster ${CLUSTER[*]} is ok"
+echo "servers ready in $(( ($(date +%s%N) - started) / 1000000 )) ms"
+
+export JOBTHROTTLE_REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
+export JOBTHROTTLE_REDIS_CLUSTER
+JOBTHROTTLE_REDIS_CLUSTER=$(IFS=,; echo "${CLUSTER[*]}")
+export JOBTHROTTLE_REDIS_SERVER_BIN=$REDIS_SERVER
+env | grep '^JOBTHROTTLE_' | sort
+
+pkgs=() flags=()
+for arg in "$@"; do
+	case $arg in .|./*|..|../*) pkgs+=("$arg") ;; *) flags+=("$arg") ;; esac
+done
+full=$(( ${#pkgs[@]} == 0 ))
+((full)) && pkgs=(./...)
+
+section "go vet ${pkgs[*]}"
+go vet "${pkgs[@]}"
+
+section "go test ${pkgs[*]}"
+status=0
+go test -race -shuffle=on -count=1 -timeout 30m "${flags[@]}" "${pkgs[@]}" || status=$?
+
+if ((full)) && [[ -f bench/go.mod ]]; then
+	section "bench (own module)"
+	(cd bench && go vet ./... && go test -count=1 -timeout 10m ./...) || { s=$?; ((status)) || status=$s; }
+fi
+
+section "done"
+((status == 0)) && echo "all tests passed" || echo "tests FAILED (exit $status)"
+exit "$status"
