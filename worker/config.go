@@ -1,0 +1,653 @@
+package worker
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/jobthrottle/jobthrottle/throttle"
+)
+
+// DefaultConfigPrefix is the key prefix of a rules file without prefix.
+const DefaultConfigPrefix = "jobthrottle:"
+
+// Config is a parsed rules file (see README.md for the format):
+//
+//	prefix: "jobthrottle:"
+//	fail_open: false
+//	rules:
+//	  - name: stripe
+//	    tasks: ["stripe:*"]
+//	    subject: {payload_field: account_id}
+//	    algorithm: gcra
+//	    limit: 20
+//	    period: 1s
+//	    max_wait: 30s
+//
+// ParseConfig and LoadConfig return only valid configs: every limit has
+// passed throttle.Rule.Validate.
+type Config struct {
+	// File is the name the config was parsed under, used in messages.
+	File string
+	// Prefix starts every Redis key. DefaultConfigPrefix if the file has none.
+	Prefix string
+	// FailOpen admits tasks while Redis cannot be reached (throttle.Options.FailOpen).
+	FailOpen bool
+	// Rules in file order.
+	Rules []RuleConfig
+}
+
+// RuleConfig is one rule of a rules file.
+type RuleConfig struct {
+	Name    string
+	Tasks   []string      // task types and prefix patterns ("stripe:*")
+	Subject SubjectConfig // what the rule limits
+	// Limits are the rule's limits, checked and charged together in one
+	// atomic call (a policy). A rule with a single limit has one, named
+	// as the rule; a policy's limits are named "<rule>.<limit>". The names
+	// are the last part of the Redis keys: <prefix>{<subject>}:<name>.
+	Limits  []throttle.Rule
+	MaxWait time.Duration // 0: bounded only by the task's deadline
+	Line    int           // where the rule starts in the file
+}
+
+// SubjectConfig says where a rule's subject comes from: exactly one field
+// is set.
+type SubjectConfig struct {
+	Fixed        string // one subject for every task
+	PayloadField string // a top-level field of the task's JSON payload
+}
+
+// Subject returns the Subject function s describes.
+func (s SubjectConfig) Subject() Subject {
+	if s.PayloadField != "" {
+		return PayloadField(s.PayloadField)
+	}
+	return Fixed(s.Fixed)
+}
+
+// ConfigError reports an invalid rules file. Its message names the file,
+// the line, the rule and the field, and says what is allowed:
+//
+//	rules.yaml:7: rule "stripe": period: "0s" must be at least 1µs
+type ConfigError struct {
+	File   string
+	Line   int    // 1-based; 0 if unknown
+	Rule   string // the rule's name, or "#n" (1-based position) before its name is known; "" for file-level fields
+	Field  string // such as "period" or "limits[2].burst"; "" for the file as a whole
+	Reason string
+}
+
+func (e *ConfigError) Error() string {
+	var b strings.Builder
+	b.WriteString(e.File)
+	if e.Line > 0 {
+		b.WriteString(":" + strconv.Itoa(e.Line))
+	}
+	b.WriteString(": ")
+	switch {
+	case strings.HasPrefix(e.Rule, "#"):
+		b.WriteString("rule " + e.Rule + ": ")
+	case e.Rule != "":
+		b.WriteString("rule " + strconv.Quote(e.Rule) + ": ")
+	}
+	if e.Field != "" {
+		b.WriteString(e.Field + ": ")
+	}
+	b.WriteString(e.Reason)
+	return b.String()
+}
+
+// LoadConfig reads and parses the rules file at path.
+func LoadConfig(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("worker: reading rules file: %w", err)
+	}
+	return ParseConfig(path, data)
+}
+
+// ParseConfig parses a rules file; name is used in error messages. It
+// returns a *ConfigError for the first problem found: YAML syntax, a
+// field that is unknown, repeated, missing or of the wrong type, or a value
+// out of range.
+func ParseConfig(name string, data []byte) (*Config, error) {
+	p := &parser{file: name}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, p.fail(nil, "", "", "the file is empty; it needs a rules list (see worker/README.md)")
+		}
+		return nil, p.yamlError(err)
+	}
+	var more yaml.Node
+	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
+		if err != nil {
+			return nil, p.yamlError(err)
+		}
+		return nil, p.fail(&more, "", "", "a second YAML document; a rules file holds one")
+	}
+	return p.config(&doc)
+}
+
+// Rule returns the rule named name.
+func (c *Config) Rule(name string) (RuleConfig, bool) {
+	for _, r := range c.Rules {
+		if r.Name == name {
+			return r, true
+		}
+	}
+	return RuleConfig{}, false
+}
+
+// RuleFor returns the rule that applies to tasks of type taskType, as the
+// middleware chooses it: the rule listing the exact type, else the one
+// with the longest matching prefix pattern.
+func (c *Config) RuleFor(taskType string) (RuleConfig, bool) {
+	best, bestLen := -1, -1
+	for i, r := range c.Rules {
+		for _, p := range r.Tasks {
+			if p == taskType {
+				return r, true
+			}
+			if prefix, ok := strings.CutSuffix(p, "*"); ok && strings.HasPrefix(taskType, prefix) && len(prefix) > bestLen {
+				best, bestLen = i, len(prefix)
+			}
+		}
+	}
+	if best < 0 {
+		return RuleConfig{}, false
+	}
+	return c.Rules[best], true
+}
+
+// Limiter builds the limiter of the rule named rule: its Limits under the
+// config's Prefix and FailOpen, with base's Logger and OnRedisError (other
+// fields of base are ignored). Producers that pace tasks at enqueue time
+// (throttle.Limiter.PrepayN) use it to book in the ledger the workers use.
+func (c *Config) Limiter(rdb redis.UniversalClient, rule string, base throttle.Options) (*throttle.Limiter, error) {
+	r, ok := c.Rule(rule)
+	if !ok {
+		return nil, fmt.Errorf("worker: %s: no rule named %q", c.File, rule)
+	}
+	opts := throttle.Options{Prefix: c.Prefix, FailOpen: c.FailOpen, Logger: base.Logger, OnRedisError: base.OnRedisError}
+	lim, err := throttle.New(rdb, opts, r.Limits...)
+	if err != nil {
+		return nil, fmt.Errorf("worker: %s:%d: rule %q: %w", c.File, r.Line, r.Name, err)
+	}
+	return lim, nil
+}
+
+// Middleware builds a limiter for every rule on rdb and returns the
+// middleware applying them. The options are those of NewMiddleware;
+// WithLogger's logger and WithMetrics' OnRedisError also go to the
+// limiters.
+func (c *Config) Middleware(rdb redis.UniversalClient, opts ...Option) (*Middleware, error) {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	base := throttle.Options{Logger: o.logger}
+	if o.metrics != nil {
+		base.OnRedisError = o.metrics.OnRedisError
+	}
+	rules := make([]Rule, 0, len(c.Rules))
+	for _, r := range c.Rules {
+		lim, err := c.Limiter(rdb, r.Name, base)
+		if err != nil {
+			return nil, err
+		}
+		rules = append(rules, Rule{Name: r.Name, Tasks: r.Tasks, Limiter: lim, Subject: r.Subject.Subject(), MaxWait: r.MaxWait})
+	}
+	return NewMiddleware(rules, opts...)
+}
+
+// The fields each mapping of a rules file may have.
+var (
+	fileFields  = []string{"prefix", "fail_open", "rules"}
+	ruleFields  = []string{"name", "tasks", "subject", "algorithm", "limit", "period", "burst", "precision", "max_wait", "limits"}
+	limitFields = []string{"name", "algorithm", "limit", "period", "burst", "precision"}
+	// limitOnly are the rule fields that describe a single limit, which a
+	// policy (limits) puts in each of its limits instead.
+	limitOnly     = []string{"algorithm", "limit", "period", "burst", "precision"}
+	subjectFields = []string{"fixed", "payload_field"}
+)
+
+// nameRE is what rule and limit names may look like: they become metric
+// labels and parts of Redis keys.
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+const nameRule = "letters, digits, '-' and '_' only, at most 64"
+
+// yamlLineRE finds the line in a YAML library error.
+var yamlLineRE = regexp.MustCompile(`^yaml: (?:line (\d+): )?(.*)$`)
+
+// parser walks a rules file's YAML nodes, keeping the file name for
+// errors.
+type parser struct {
+	file string
+	rule string // the rule being parsed, for errors
+}
+
+func (p *parser) fail(n *yaml.Node, rule, field, reason string) *ConfigError {
+	e := &ConfigError{File: p.file, Rule: rule, Field: field, Reason: reason}
+	if n != nil {
+		e.Line = n.Line
+	}
+	return e
+}
+
+// failf reports a problem with field (of the current rule) at n.
+func (p *parser) failf(n *yaml.Node, field, format string, args ...any) *ConfigError {
+	return p.fail(n, p.rule, field, fmt.Sprintf(format, args...))
+}
+
+func (p *parser) yamlError(err error) error {
+	e := &ConfigError{File: p.file, Reason: "invalid YAML: " + err.Error()}
+	if m := yamlLineRE.FindStringSubmatch(err.Error()); m != nil {
+		e.Line, _ = strconv.Atoi(m[1])
+		e.Reason = "invalid YAML: " + m[2]
+	}
+	return e
+}
+
+// resolve follows an alias to its anchored node.
+func resolve(n *yaml.Node) *yaml.Node {
+	if n != nil && n.Kind == yaml.AliasNode && n.Alias != nil {
+		return n.Alias
+	}
+	return n
+}
+
+// mapping returns the fields of a mapping node by key, rejecting keys
+// that are not allowed or that repeat. what names the mapping in errors.
+func (p *parser) mapping(n *yaml.Node, field, what string, allowed []string) (map[string]*yaml.Node, error) {
+	n = resolve(n)
+	if n.Kind != yaml.MappingNode {
+		return nil, p.failf(n, field, "%s must be a mapping with the fields %s", what, strings.Join(allowed, ", "))
+	}
+	fields := map[string]*yaml.Node{}
+	keyLine := map[string]int{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := resolve(n.Content[i]), resolve(n.Content[i+1])
+		if k.Kind != yaml.ScalarNode {
+			return nil, p.failf(k, field, "%s has a key that is not a plain name", what)
+		}
+		name := k.Value
+		if line, dup := keyLine[name]; dup {
+			return nil, p.failf(k, join(field, name), "repeats the field set on line %d; give it once", line)
+		}
+		if !slices.Contains(allowed, name) {
+			return nil, p.failf(k, field, "unknown field %q in %s; allowed: %s", name, what, strings.Join(allowed, ", "))
+		}
+		keyLine[name] = k.Line
+		fields[name] = v
+	}
+	return fields, nil
+}
+
+// join appends a field name to a path: "limits[1]" + "period".
+func join(path, field string) string {
+	if path == "" {
+		return field
+	}
+	return path + "." + field
+}
+
+func (p *parser) str(n *yaml.Node, field string) (string, error) {
+	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!str" {
+		return "", p.failf(n, field, "%s must be a string", describe(n))
+	}
+	return n.Value, nil
+}
+
+func (p *parser) boolean(n *yaml.Node, field string) (bool, error) {
+	if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!bool" {
+		var b bool
+		if err := n.Decode(&b); err == nil {
+			return b, nil
+		}
+	}
+	return false, p.failf(n, field, "%s must be true or false", describe(n))
+}
+
+func (p *parser) integer(n *yaml.Node, field string, lo, hi int64) (int, error) {
+	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" {
+		return 0, p.failf(n, field, "%s must be a whole number from %d to %d", describe(n), lo, hi)
+	}
+	var v int64
+	if err := n.Decode(&v); err != nil || v < lo || v > hi {
+		return 0, p.failf(n, field, "%q must be a whole number from %d to %d", n.Value, lo, hi)
+	}
+	return int(v), nil
+}
+
+// duration reads a Go duration such as 1s, 500ms or 1h30m, whole
+// microseconds, from lo to hi.
+func (p *parser) duration(n *yaml.Node, field string, lo, hi time.Duration) (time.Duration, error) {
+	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!str" {
+		return 0, p.failf(n, field, "%s must be a duration with a unit, such as 1s, 500ms or 1h", describe(n))
+	}
+	d, err := time.ParseDuration(n.Value)
+	switch {
+	case err != nil:
+		return 0, p.failf(n, field, "%q is not a duration; write a number and a unit (ns, us, ms, s, m, h), such as 1s, 500ms or 1h", n.Value)
+	case d < lo:
+		return 0, p.failf(n, field, "%q must be at least %v", n.Value, lo)
+	case d > hi:
+		return 0, p.failf(n, field, "%q must be at most %v", n.Value, hi)
+	case d%time.Microsecond != 0:
+		return 0, p.failf(n, field, "%q must be a whole number of microseconds", n.Value)
+	}
+	return d, nil
+}
+
+// describe quotes a node for errors: a scalar's text, else its kind.
+func describe(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.ScalarNode:
+		if n.ShortTag() == "!!null" {
+			return "an empty value"
+		}
+		return strconv.Quote(n.Value)
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	}
+	return "this value"
+}
+
+func (p *parser) config(doc *yaml.Node) (*Config, error) {
+	root := doc
+	if doc.Kind == yaml.DocumentNode {
+		if len(doc.Content) == 0 {
+			return nil, p.fail(doc, "", "", "the file is empty; it needs a rules list (see worker/README.md)")
+		}
+		root = doc.Content[0]
+	}
+	fields, err := p.mapping(root, "", "the file", fileFields)
+	if err != nil {
+		return nil, err
+	}
+	c := &Config{File: p.file, Prefix: DefaultConfigPrefix}
+	if n := fields["prefix"]; n != nil {
+		if c.Prefix, err = p.str(n, "prefix"); err != nil {
+			return nil, err
+		}
+		if strings.ContainsAny(c.Prefix, "{}") {
+			return nil, p.failf(n, "prefix", "%q must not contain '{' or '}', which delimit the subject's hash tag", c.Prefix)
+		}
+		if c.Prefix == "" {
+			return nil, p.failf(n, "prefix", `must not be empty; leave it out for %q`, DefaultConfigPrefix)
+		}
+	}
+	if n := fields["fail_open"]; n != nil {
+		if c.FailOpen, err = p.boolean(n, "fail_open"); err != nil {
+			return nil, err
+		}
+	}
+	rules := fields["rules"]
+	if rules == nil {
+		return nil, p.fail(root, "", "rules", "missing; list at least one rule")
+	}
+	if rules.Kind != yaml.SequenceNode || len(rules.Content) == 0 {
+		return nil, p.fail(rules, "", "rules", describe(rules)+" must be a list of at least one rule")
+	}
+	names := map[string]int{}
+	owner := map[string]string{} // pattern → rule
+	for i, rn := range rules.Content {
+		r, err := p.ruleConfig(resolve(rn), i, names, owner)
+		if err != nil {
+			return nil, err
+		}
+		c.Rules = append(c.Rules, r)
+	}
+	return c, nil
+}
+
+func (p *parser) ruleConfig(n *yaml.Node, i int, names map[string]int, owner map[string]string) (RuleConfig, error) {
+	p.rule = "#" + strconv.Itoa(i+1)
+	fields, err := p.mapping(n, "", "a rule", ruleFields)
+	if err != nil {
+		return RuleConfig{}, err
+	}
+	r := RuleConfig{Line: n.Line}
+
+	nn := fields["name"]
+	if nn == nil {
+		return r, p.failf(n, "name", "missing; give the rule a name (%s)", nameRule)
+	}
+	if r.Name, err = p.str(nn, "name"); err != nil {
+		return r, err
+	}
+	if !nameRE.MatchString(r.Name) {
+		return r, p.failf(nn, "name", "%q: use %s", r.Name, nameRule)
+	}
+	if line, dup := names[r.Name]; dup {
+		return r, p.failf(nn, "name", "%q is also the name of the rule on line %d; names must be unique", r.Name, line)
+	}
+	names[r.Name] = nn.Line
+	p.rule = r.Name
+
+	if r.Tasks, err = p.tasks(n, fields["tasks"], owner); err != nil {
+		return r, err
+	}
+	if r.Subject, err = p.subject(n, fields["subject"]); err != nil {
+		return r, err
+	}
+	if mw := fields["max_wait"]; mw != nil {
+		if r.MaxWait, err = p.duration(mw, "max_wait", 0, throttle.MaxPeriod); err != nil {
+			return r, err
+		}
+	}
+
+	limits := fields["limits"]
+	if limits == nil {
+		l, err := p.limit(n, fields, "", r.Name)
+		if err != nil {
+			return r, err
+		}
+		r.Limits = []throttle.Rule{l}
+		return r, nil
+	}
+	for _, f := range limitOnly {
+		if v := fields[f]; v != nil {
+			return r, p.failf(v, f, "cannot be combined with limits; set it in each of the limits")
+		}
+	}
+	if limits.Kind != yaml.SequenceNode || len(limits.Content) == 0 {
+		return r, p.failf(limits, "limits", "%s must be a list of at least one limit", describe(limits))
+	}
+	seen := map[string]int{}
+	for j, ln := range limits.Content {
+		ln = resolve(ln)
+		path := "limits[" + strconv.Itoa(j+1) + "]"
+		lf, err := p.mapping(ln, path, "a limit", limitFields)
+		if err != nil {
+			return r, err
+		}
+		ln2 := lf["name"]
+		if ln2 == nil {
+			return r, p.failf(ln, join(path, "name"), "missing; give each limit of a policy a name (%s)", nameRule)
+		}
+		name, err := p.str(ln2, join(path, "name"))
+		if err != nil {
+			return r, err
+		}
+		if !nameRE.MatchString(name) {
+			return r, p.failf(ln2, join(path, "name"), "%q: use %s", name, nameRule)
+		}
+		if line, dup := seen[name]; dup {
+			return r, p.failf(ln2, join(path, "name"), "%q is also the name of the limit on line %d; names must be unique within a rule", name, line)
+		}
+		seen[name] = ln2.Line
+		l, err := p.limit(ln, lf, path, r.Name+"."+name)
+		if err != nil {
+			return r, err
+		}
+		r.Limits = append(r.Limits, l)
+	}
+	return r, nil
+}
+
+func (p *parser) tasks(rule, n *yaml.Node, owner map[string]string) ([]string, error) {
+	if n == nil {
+		return nil, p.failf(rule, "tasks", `missing; list the task types the rule applies to, such as ["email:send", "stripe:*"]`)
+	}
+	if n.Kind != yaml.SequenceNode || len(n.Content) == 0 {
+		return nil, p.failf(n, "tasks", `%s must be a list of at least one task type or pattern, such as ["email:send", "stripe:*"]`, describe(n))
+	}
+	var tasks []string
+	for _, tn := range n.Content {
+		tn = resolve(tn)
+		t, err := p.str(tn, "tasks")
+		if err != nil {
+			return nil, err
+		}
+		if err := checkPattern(t); err != nil {
+			return nil, p.failf(tn, "tasks", "%v", err)
+		}
+		if other, dup := owner[t]; dup {
+			if other == p.rule {
+				return nil, p.failf(tn, "tasks", "%q is listed twice", t)
+			}
+			return nil, p.failf(tn, "tasks", "%q is also in rule %q; a task type takes one rule", t, other)
+		}
+		owner[t] = p.rule
+		tasks = append(tasks, t)
+	}
+	return tasks, nil
+}
+
+func (p *parser) subject(rule, n *yaml.Node) (SubjectConfig, error) {
+	const help = `give {payload_field: <JSON field>} or {fixed: <subject>}`
+	if n == nil {
+		return SubjectConfig{}, p.failf(rule, "subject", "missing; %s", help)
+	}
+	fields, err := p.mapping(n, "subject", "subject", subjectFields)
+	if err != nil {
+		return SubjectConfig{}, err
+	}
+	var s SubjectConfig
+	switch {
+	case len(fields) != 1:
+		return s, p.failf(n, "subject", "%s, exactly one of them", help)
+	case fields["fixed"] != nil:
+		v := fields["fixed"]
+		if s.Fixed, err = p.str(v, "subject.fixed"); err != nil {
+			return s, err
+		}
+		if _, err := throttle.EncodeSubject(s.Fixed); err != nil {
+			return s, p.failf(v, "subject.fixed", "%q: %v", s.Fixed, err)
+		}
+	default:
+		v := fields["payload_field"]
+		if s.PayloadField, err = p.str(v, "subject.payload_field"); err != nil {
+			return s, err
+		}
+		if s.PayloadField == "" {
+			return s, p.failf(v, "subject.payload_field", `must name a top-level field of the JSON payload, such as "tenant_id"`)
+		}
+	}
+	return s, nil
+}
+
+// limit reads one limit's algorithm, limit, period, burst and precision
+// from fields (of the mapping at n; path prefixes field names in errors)
+// as a throttle.Rule named name.
+func (p *parser) limit(n *yaml.Node, fields map[string]*yaml.Node, path, name string) (throttle.Rule, error) {
+	r := throttle.Rule{Name: name}
+	f := func(field string) string { return join(path, field) }
+	need := func(field, help string) (*yaml.Node, error) {
+		if v := fields[field]; v != nil {
+			return v, nil
+		}
+		return nil, p.failf(n, f(field), "missing; %s", help)
+	}
+
+	an, err := need("algorithm", "one of fixed_window, sliding_log, sliding_window, token_bucket, gcra")
+	if err != nil {
+		return r, err
+	}
+	as, err := p.str(an, f("algorithm"))
+	if err != nil {
+		return r, err
+	}
+	if r.Algorithm, err = throttle.ParseAlgorithm(as); err != nil {
+		return r, p.failf(an, f("algorithm"), "%q is not one of fixed_window, sliding_log, sliding_window, token_bucket, gcra (or leaky_bucket)", as)
+	}
+
+	maxCount := int64(throttle.MaxCount)
+	if r.Algorithm == throttle.SlidingLog {
+		maxCount = throttle.MaxLogCount
+	}
+	ln, err := need("limit", "how many tasks per period, such as 20")
+	if err != nil {
+		return r, err
+	}
+	if r.Limit.Count, err = p.integer(ln, f("limit"), 1, maxCount); err != nil {
+		if r.Algorithm == throttle.SlidingLog {
+			err.(*ConfigError).Reason += " for sliding_log, which stores every admission; use sliding_window for more"
+		}
+		return r, err
+	}
+	pn, err := need("period", "a duration such as 1s, 1m or 1h")
+	if err != nil {
+		return r, err
+	}
+	if r.Limit.Period, err = p.duration(pn, f("period"), time.Microsecond, throttle.MaxPeriod); err != nil {
+		return r, err
+	}
+
+	bucket := r.Algorithm == throttle.TokenBucket || r.Algorithm == throttle.GCRA
+	r.Limit.Burst = r.Limit.Count
+	if bn := fields["burst"]; bn != nil {
+		if !bucket {
+			return r, p.failf(bn, f("burst"), "applies only to token_bucket and gcra; %v admits limit per period", r.Algorithm)
+		}
+		if r.Limit.Burst, err = p.integer(bn, f("burst"), 1, throttle.MaxCount); err != nil {
+			return r, err
+		}
+	}
+	if pr := fields["precision"]; pr != nil {
+		if r.Algorithm != throttle.SlidingWindow {
+			return r, p.failf(pr, f("precision"), "applies only to sliding_window")
+		}
+		if r.Precision, err = p.duration(pr, f("precision"), time.Microsecond, throttle.MaxPeriod); err != nil {
+			return r, err
+		}
+		if r.Precision > r.Limit.Period {
+			return r, p.failf(pr, f("precision"), "%q must not exceed the period %v", pr.Value, r.Limit.Period)
+		}
+	}
+	if err := r.Validate(); err != nil {
+		// What the checks above leave to throttle: bucket horizons,
+		// bucket counts.
+		var ce *throttle.ConfigError
+		field, line := "", n
+		if errors.As(err, &ce) {
+			field = ce.Field
+			if field == "count" {
+				field = "limit"
+			}
+			if v := fields[field]; v != nil {
+				line = v
+			}
+			return r, p.failf(line, f(field), "%s", ce.Reason)
+		}
+		return r, p.failf(line, path, "%v", err)
+	}
+	return r, nil
+}

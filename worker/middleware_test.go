@@ -1,0 +1,422 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/jobthrottle/jobthrottle/throttle"
+)
+
+// fakeWaiter is a Waiter (and, with redeem set, a redeemer) whose answers
+// the test chooses.
+type fakeWaiter struct {
+	wait   func(ctx context.Context, subject string) error
+	redeem func(subject, receipt string) (time.Duration, bool, error)
+	calls  []string
+}
+
+func (f *fakeWaiter) WaitN(ctx context.Context, subject string, n int) error {
+	f.calls = append(f.calls, subject)
+	if f.wait == nil {
+		return nil
+	}
+	return f.wait(ctx, subject)
+}
+
+type redeemingWaiter struct{ *fakeWaiter }
+
+func (f redeemingWaiter) Redeem(ctx context.Context, subject, receipt string) (time.Duration, bool, error) {
+	return f.redeem(subject, receipt)
+}
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// run passes task through a middleware of rules to a handler that records
+// how it was admitted.
+func run(t *testing.T, ctx context.Context, rules []Rule, task *asynq.Task, opts ...Option) (Wait, bool, error) {
+	t.Helper()
+	mw, err := NewMiddleware(rules, append([]Option{WithLogger(quiet)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var w Wait
+	var called bool
+	err = mw.Wrap(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+		called = true
+		w, _ = WaitedFrom(ctx)
+		return nil
+	})).ProcessTask(ctx, task)
+	return w, called, err
+}
+
+func TestRuleMatching(t *testing.T) {
+	named := func(name string, tasks ...string) Rule {
+		return Rule{Name: name, Tasks: tasks, Limiter: &fakeWaiter{}, Subject: Fixed("s")}
+	}
+	mw, err := NewMiddleware([]Rule{
+		named("all", "*"),
+		named("stripe", "stripe:*"),
+		named("stripe-refund", "stripe:refund:*"),
+		named("charge", "stripe:charge"),
+		named("email", "email:send", "email:bulk"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for typ, want := range map[string]string{
+		"stripe:charge":      "charge",
+		"stripe:charge:v2":   "stripe",
+		"stripe:refund:full": "stripe-refund",
+		"stripe:":            "stripe",
+		"email:send":         "email",
+		"email:bulk":         "email",
+		"email:other":        "all",
+		"":                   "all",
+	} {
+		if r := mw.rule(typ); r == nil || r.Name != want {
+			t.Errorf("rule(%q) = %v, want %q", typ, r, want)
+		}
+	}
+
+	mw, err = NewMiddleware([]Rule{named("stripe", "stripe:*")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := mw.rule("email:send"); r != nil {
+		t.Errorf("rule(email:send) = %q, want none", r.Name)
+	}
+}
+
+func TestPassThrough(t *testing.T) {
+	f := &fakeWaiter{}
+	_, called, err := run(t, context.Background(), []Rule{{Name: "r", Tasks: []string{"stripe:*"}, Limiter: f, Subject: Fixed("s")}}, asynq.NewTask("email:send", []byte("not json")))
+	if err != nil || !called || len(f.calls) != 0 {
+		t.Errorf("unmatched task: err %v, handler called %v, limiter calls %v; want nil, true, none", err, called, f.calls)
+	}
+}
+
+func TestNewMiddlewareErrors(t *testing.T) {
+	ok := Rule{Name: "ok", Tasks: []string{"a"}, Limiter: &fakeWaiter{}, Subject: Fixed("s")}
+	with := func(f func(*Rule)) Rule { r := ok; f(&r); return r }
+	for _, tc := range []struct {
+		name  string
+		rules []Rule
+		want  string
+	}{
+		{"no name", []Rule{with(func(r *Rule) { r.Name = "" })}, `worker: rule 0: name: must not be empty`},
+		{"duplicate name", []Rule{ok, with(func(r *Rule) { r.Tasks = []string{"b"} })}, `worker: rule "ok": name: is used by two rules`},
+		{"no tasks", []Rule{with(func(r *Rule) { r.Tasks = nil })}, `worker: rule "ok": tasks: must list at least one`},
+		{"empty pattern", []Rule{with(func(r *Rule) { r.Tasks = []string{""} })}, `worker: rule "ok": tasks: pattern "" is empty`},
+		{"inner star", []Rule{with(func(r *Rule) { r.Tasks = []string{"a*b"} })}, `worker: rule "ok": tasks: pattern "a*b": '*' may only end a pattern`},
+		{"double star", []Rule{with(func(r *Rule) { r.Tasks = []string{"a**"} })}, `'*' may only end a pattern`},
+		{"shared pattern", []Rule{ok, with(func(r *Rule) { r.Name = "two" })}, `worker: rule "two": tasks: pattern "a" is also in rule "ok"`},
+		{"nil limiter", []Rule{with(func(r *Rule) { r.Limiter = nil })}, `worker: rule "ok": limiter: must not be nil`},
+		{"nil subject", []Rule{with(func(r *Rule) { r.Subject = nil })}, `worker: rule "ok": subject: must not be nil`},
+		{"negative max wait", []Rule{with(func(r *Rule) { r.MaxWait = -time.Second })}, `worker: rule "ok": max_wait: -1s must not be negative`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := NewMiddleware(tc.rules)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("got %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+	if _, err := NewMiddleware(nil); err != nil {
+		t.Errorf("no rules: %v; want a pass-through middleware", err)
+	}
+}
+
+func TestNoSubject(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		subject Subject
+		payload string
+		want    string
+	}{
+		{"not json", PayloadField("tenant"), `{"tenant": `, `payload is not a JSON object, so it has no field "tenant"`},
+		{"not an object", PayloadField("tenant"), `["acme"]`, `payload is not a JSON object`},
+		{"missing", PayloadField("tenant"), `{"other": 1}`, `payload has no field "tenant"`},
+		{"null", PayloadField("tenant"), `{"tenant": null}`, `payload field "tenant" is null; want a string or a number`},
+		{"empty string", PayloadField("tenant"), `{"tenant": ""}`, `payload field "tenant" is an empty string`},
+		{"object", PayloadField("tenant"), `{"tenant": {"id": 1}}`, `payload field "tenant" is an object`},
+		{"func error", func(*asynq.Task) (string, error) { return "", errors.New("no tenant header") }, `{}`, `no tenant header`},
+		{"func empty", func(*asynq.Task) (string, error) { return "", nil }, `{}`, `the subject is empty`},
+		{"too long for throttle", Fixed(strings.Repeat("x", throttle.MaxSubjectLen+1)), `{}`, `throttle: invalid subject`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &fakeWaiter{wait: func(ctx context.Context, subject string) error {
+				_, err := throttle.EncodeSubject(subject) // as the real limiter does
+				return err
+			}}
+			m, err := NewMetrics(prometheus.NewRegistry())
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, called, err := run(t, context.Background(), []Rule{{Name: "r", Tasks: []string{"*"}, Limiter: f, Subject: tc.subject}}, asynq.NewTask("report:build", []byte(tc.payload)), WithMetrics(m))
+			if called {
+				t.Error("the handler ran for a task without a subject")
+			}
+			if !errors.Is(err, asynq.SkipRetry) || !errors.Is(err, ErrNoSubject) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("got %v; want an error matching asynq.SkipRetry and ErrNoSubject, containing %q", err, tc.want)
+			}
+			if !strings.HasPrefix(err.Error(), `worker: rule "r": task  (report:build): cannot derive the subject: `) {
+				t.Errorf("message %q does not say which rule and task", err)
+			}
+			if got := testutil.ToFloat64(m.decisions.WithLabelValues("r", OutcomeError)); got != 1 {
+				t.Errorf("decisions{outcome=error} = %v, want 1", got)
+			}
+		})
+	}
+}
+
+func TestPayloadField(t *testing.T) {
+	for payload, want := range map[string]string{
+		`{"tenant": "acme"}`:               "acme",
+		`{"tenant": "a{b}c ü"}`:            "a{b}c ü",
+		`{"tenant": 42}`:                   "42",
+		`{"tenant": -4.2e1}`:               "-4.2e1",
+		`{"tenant": "x", "tenant": "y"}`:   "y",
+		` { "other": [1], "tenant":"t" } `: "t",
+	} {
+		got, err := payloadField([]byte(payload), "tenant")
+		if err != nil || got != want {
+			t.Errorf("payloadField(%s) = %q, %v; want %q", payload, got, err, want)
+		}
+	}
+}
+
+func TestDeferral(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		err       error
+		wantAt    time.Duration
+		wantCause error
+		outcome   string
+	}{
+		{"past max wait", &throttle.DelayError{Rule: "stripe", RetryAfter: 3 * time.Second}, 3 * time.Second, throttle.ErrMaxWait, OutcomeDeferred},
+		{"past deadline", &throttle.DelayError{Rule: "stripe", RetryAfter: time.Minute, Deadline: true}, time.Minute, context.DeadlineExceeded, OutcomeDeferred},
+		{"redis down", fmt.Errorf("%w eval: connection refused", throttle.ErrRedis), 7 * time.Second, throttle.ErrRedis, OutcomeError},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				start := time.Now()
+				m, _ := NewMetrics(prometheus.NewRegistry())
+				f := &fakeWaiter{wait: func(context.Context, string) error { return tc.err }}
+				_, called, err := run(t, context.Background(), []Rule{{Name: "stripe", Tasks: []string{"stripe:*"}, Limiter: f, Subject: PayloadField("acct"), MaxWait: time.Second}},
+					asynq.NewTask("stripe:charge", []byte(`{"acct": "acct_42"}`)), WithMetrics(m), WithRedisRetryDelay(7*time.Second))
+				var te *ThrottledError
+				if called || !errors.As(err, &te) {
+					t.Fatalf("got %v (handler ran: %v); want a *ThrottledError", err, called)
+				}
+				if te.Rule != "stripe" || te.Subject != "acct_42" || !te.RetryAt.Equal(start.Add(tc.wantAt)) || !errors.Is(err, tc.wantCause) {
+					t.Errorf("got %+v; want rule stripe, subject acct_42, RetryAt start+%v, cause %v", te, tc.wantAt, tc.wantCause)
+				}
+				if IsFailure(err) {
+					t.Error("IsFailure(deferral) = true")
+				}
+				if got := testutil.ToFloat64(m.decisions.WithLabelValues("stripe", tc.outcome)); got != 1 {
+					t.Errorf("decisions{outcome=%s} = %v, want 1", tc.outcome, got)
+				}
+			})
+		})
+	}
+}
+
+func TestWaitBound(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		maxWait  time.Duration
+		deadline time.Duration // 0: none
+		want     time.Duration // -1: no deadline
+	}{
+		{"max wait only", 2 * time.Second, 0, 2 * time.Second},
+		{"neither", 0, 0, -1},
+		{"deadline only", 0, 10 * time.Second, 10*time.Second - deadlineMargin},
+		{"max wait tighter", 2 * time.Second, 10 * time.Second, 2 * time.Second},
+		{"deadline tighter", 30 * time.Second, 10 * time.Second, 10*time.Second - deadlineMargin},
+		{"short deadline keeps a quarter", 30 * time.Second, time.Second, 750 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				ctx := context.Background()
+				start := time.Now()
+				if tc.deadline > 0 {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithTimeout(ctx, tc.deadline)
+					defer cancel()
+				}
+				got := time.Duration(-1)
+				f := &fakeWaiter{wait: func(ctx context.Context, _ string) error {
+					if dl, ok := ctx.Deadline(); ok {
+						got = dl.Sub(start)
+					}
+					return nil
+				}}
+				if _, _, err := run(t, ctx, []Rule{{Name: "r", Tasks: []string{"t"}, Limiter: f, Subject: Fixed("s"), MaxWait: tc.maxWait}}, asynq.NewTask("t", nil)); err != nil {
+					t.Fatal(err)
+				}
+				if got != tc.want {
+					t.Errorf("wait deadline start+%v, want start+%v", got, tc.want)
+				}
+			})
+		})
+	}
+}
+
+func TestWaitedFrom(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m, _ := NewMetrics(prometheus.NewRegistry())
+		f := &fakeWaiter{wait: func(ctx context.Context, _ string) error { time.Sleep(1500 * time.Millisecond); return nil }}
+		w, called, err := run(t, context.Background(), []Rule{{Name: "tenant", Tasks: []string{"report:*"}, Limiter: f, Subject: PayloadField("tenant")}},
+			asynq.NewTask("report:build", []byte(`{"tenant": "acme"}`)), WithMetrics(m))
+		if err != nil || !called {
+			t.Fatalf("err %v, called %v", err, called)
+		}
+		if want := (Wait{Rule: "tenant", Subject: "acme", Duration: 1500 * time.Millisecond}); w != want {
+			t.Errorf("WaitedFrom = %+v, want %+v", w, want)
+		}
+		if got := testutil.ToFloat64(m.decisions.WithLabelValues("tenant", OutcomeWaited)); got != 1 {
+			t.Errorf("decisions{outcome=waited} = %v, want 1", got)
+		}
+		if n := testutil.CollectAndCount(m.wait); n != 1 {
+			t.Errorf("wait histogram series = %d, want 1", n)
+		}
+	})
+	if _, ok := WaitedFrom(context.Background()); ok {
+		t.Error("WaitedFrom(background) reported a wait")
+	}
+}
+
+func TestContextEndedWhileWaiting(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m, _ := NewMetrics(prometheus.NewRegistry())
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(time.Second, cancel)
+		f := &fakeWaiter{wait: func(ctx context.Context, _ string) error { <-ctx.Done(); return ctx.Err() }}
+		_, called, err := run(t, ctx, []Rule{{Name: "r", Tasks: []string{"t"}, Limiter: f, Subject: Fixed("s"), MaxWait: time.Hour}}, asynq.NewTask("t", nil), WithMetrics(m))
+		var te *ThrottledError
+		if called || !errors.Is(err, context.Canceled) || errors.As(err, &te) {
+			t.Errorf("got %v (handler ran: %v); want context.Canceled, not a deferral", err, called)
+		}
+		if got := testutil.ToFloat64(m.decisions.WithLabelValues("r", OutcomeRefunded)); got != 1 {
+			t.Errorf("decisions{outcome=refunded} = %v, want 1", got)
+		}
+		if got := testutil.ToFloat64(m.waiters.WithLabelValues("r")); got != 0 {
+			t.Errorf("waiters = %v after the wait, want 0", got)
+		}
+	})
+}
+
+func TestQueuedPastBound(t *testing.T) {
+	// A window limiter's local queue returns the context's error when the
+	// bound passes before the task's turn: no admission time is known.
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		f := &fakeWaiter{wait: func(ctx context.Context, _ string) error { <-ctx.Done(); return ctx.Err() }}
+		_, _, err := run(t, context.Background(), []Rule{{Name: "r", Tasks: []string{"t"}, Limiter: f, Subject: Fixed("s"), MaxWait: 2 * time.Second}}, asynq.NewTask("t", nil))
+		var te *ThrottledError
+		if !errors.As(err, &te) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("got %v; want a *ThrottledError caused by the bound", err)
+		}
+		if want := start.Add(4 * time.Second); !te.RetryAt.Equal(want) {
+			t.Errorf("RetryAt = start+%v, want start+4s (deferred by as long as it waited)", te.RetryAt.Sub(start))
+		}
+	})
+}
+
+func TestDrain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeWaiter{wait: func(ctx context.Context, _ string) error { <-ctx.Done(); return ctx.Err() }}
+		mw, err := NewMiddleware([]Rule{{Name: "r", Tasks: []string{"t"}, Limiter: f, Subject: Fixed("s")}}, WithLogger(quiet))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := mw.Wrap(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return errors.New("must not run") }))
+		errc := make(chan error)
+		go func() { errc <- h.ProcessTask(context.Background(), asynq.NewTask("t", nil)) }()
+		time.Sleep(time.Minute)
+		start := time.Now()
+		mw.Drain()
+		err = <-errc
+		var te *ThrottledError
+		if !errors.As(err, &te) || !errors.Is(err, ErrDraining) || !te.RetryAt.Equal(start) {
+			t.Errorf("got %v; want a *ThrottledError for now, caused by ErrDraining", err)
+		}
+		// Later tasks defer at once.
+		if err := h.ProcessTask(context.Background(), asynq.NewTask("t", nil)); !errors.Is(err, ErrDraining) {
+			t.Errorf("after Drain: got %v, want ErrDraining", err)
+		}
+	})
+}
+
+func TestRedeem(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		task := asynq.NewTaskWithHeaders("t", nil, map[string]string{ReceiptHeader: "r123"})
+		var redeemed []string
+		f := redeemingWaiter{&fakeWaiter{redeem: func(subject, receipt string) (time.Duration, bool, error) {
+			redeemed = append(redeemed, subject+"/"+receipt)
+			return 700 * time.Millisecond, true, nil
+		}}}
+		w, called, err := run(t, context.Background(), []Rule{{Name: "r", Tasks: []string{"t"}, Limiter: f, Subject: Fixed("s")}}, task)
+		if err != nil || !called || len(f.calls) != 0 {
+			t.Fatalf("err %v, called %v, WaitN calls %v; want the receipt to admit without charging", err, called, f.calls)
+		}
+		if want := (Wait{Rule: "r", Subject: "s", Duration: 700 * time.Millisecond, Redeemed: true}); w != want || len(redeemed) != 1 || redeemed[0] != "s/r123" {
+			t.Errorf("Wait %+v, redeemed %v; want %+v after redeeming s/r123", w, redeemed, want)
+		}
+
+		// A receipt that does not redeem: charged as usual.
+		f.redeem = func(string, string) (time.Duration, bool, error) { return 0, false, nil }
+		if w, _, err := run(t, context.Background(), []Rule{{Name: "r", Tasks: []string{"t"}, Limiter: f, Subject: Fixed("s")}}, task); err != nil || w.Redeemed || len(f.calls) != 1 {
+			t.Errorf("unknown receipt: err %v, %+v, WaitN calls %v; want one charge", err, w, f.calls)
+		}
+	})
+}
+
+func TestMetricsRegistration(t *testing.T) {
+	if _, err := NewMetrics(nil); err == nil {
+		t.Error("NewMetrics(nil) succeeded")
+	}
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewMetrics(reg); err == nil {
+		t.Error("registering twice succeeded")
+	}
+	m.OnRedisError(errors.New("x"), false)
+	var nilMetrics *Metrics
+	nilMetrics.OnRedisError(errors.New("x"), true) // must not panic
+	if got := testutil.ToFloat64(m.redisErrors); got != 1 {
+		t.Errorf("redis_errors_total = %v, want 1", got)
+	}
+	m.decided("r", OutcomeAdmitted)
+	m.waited("r", time.Second)
+	m.waiting("r", 1)
+	want := `
+# HELP jobthrottle_decisions_total Throttled tasks by rule and outcome: admitted, waited, redeemed, deferred, refunded, error.
+# TYPE jobthrottle_decisions_total counter
+jobthrottle_decisions_total{outcome="admitted",rule="r"} 1
+# HELP jobthrottle_redis_errors_total Errors from Redis seen by the limiters (admitted anyway if fail_open).
+# TYPE jobthrottle_redis_errors_total counter
+jobthrottle_redis_errors_total 1
+# HELP jobthrottle_waiters Tasks waiting in handlers for their permits now, by rule.
+# TYPE jobthrottle_waiters gauge
+jobthrottle_waiters{rule="r"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "jobthrottle_decisions_total", "jobthrottle_redis_errors_total", "jobthrottle_waiters"); err != nil {
+		t.Error(err)
+	}
+}
