@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -190,4 +191,93 @@ func enc(t *testing.T, subject string) string {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// Wait on real servers, in real time: every waiter is admitted, each with
+// one round trip (buckets) or one plus one per refill (windows), and never
+// faster than the limit allows. Only lower bounds on time are asserted;
+// exact instants are the synctest suite's job.
+func TestBackendsWait(t *testing.T) {
+	const waiters = 40
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			for _, algo := range allAlgorithms {
+				t.Run(algo.String(), func(t *testing.T) {
+					ctx := context.Background()
+					// 10 per 100ms: buckets pace one every 10ms after the
+					// first 10; windows admit 10 per window.
+					limit := throttle.Limit{Count: 10, Period: 100 * time.Millisecond, Burst: 10}
+					l, err := throttle.New(b.Client, throttle.Options{Prefix: redistest.Prefix(t)},
+						throttle.Rule{Name: "r", Algorithm: algo, Limit: limit, Precision: 10 * time.Millisecond})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if _, err := l.Allow(ctx, "warm"); err != nil {
+						t.Fatal(err)
+					}
+					calls := &scriptCounter{}
+					b.Client.AddHook(calls)
+					defer calls.stop()
+					start := time.Now()
+					errs := make(chan error, waiters)
+					for range waiters {
+						go func() { errs <- l.Wait(ctx, "s") }()
+					}
+					for range waiters {
+						if err := <-errs; err != nil {
+							t.Fatal(err)
+						}
+					}
+					elapsed := time.Since(start)
+					// 40 permits at 10 per 100ms, 10 at once: at least 300ms;
+					// the fixed window admits its first two tens on either
+					// side of a boundary, so 200ms there.
+					least := 300 * time.Millisecond
+					if algo == throttle.FixedWindow {
+						least = 200 * time.Millisecond
+					}
+					if elapsed < least {
+						t.Fatalf("%d permits in %v, faster than the limit allows (≥ %v)", waiters, elapsed, least)
+					}
+					got := calls.n.Load()
+					switch {
+					case algo == throttle.TokenBucket || algo == throttle.GCRA:
+						if got != waiters {
+							t.Fatalf("%d script calls for %d waiters, want one each", got, waiters)
+						}
+					default:
+						// About one denied call per refill. Permits admitted
+						// across a bucket boundary (sliding_window) or spread
+						// over a few µs (sliding_log) free up in steps, so
+						// allow two per period.
+						refills := 2 * (int64(elapsed/(100*time.Millisecond)) + 2)
+						if got < waiters || got > waiters+refills {
+							t.Fatalf("%d script calls for %d waiters over %v, want between %d and %d", got, waiters, elapsed, waiters, waiters+refills)
+						}
+					}
+				})
+			}
+		})
+	}
+}
+
+// scriptCounter counts script calls until stopped (hooks cannot be removed
+// from a shared client, so it stops counting instead).
+type scriptCounter struct {
+	n       atomic.Int64
+	stopped atomic.Bool
+}
+
+func (c *scriptCounter) stop()                                       { c.stopped.Store(true) }
+func (c *scriptCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c *scriptCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := strings.ToLower(cmd.Name()); !c.stopped.Load() && (name == "evalsha" || name == "eval") {
+			c.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+func (c *scriptCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }

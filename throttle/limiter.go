@@ -54,6 +54,7 @@ type Limiter struct {
 	reservable bool
 
 	failingOpen atomic.Bool
+	cache       scriptCache
 
 	mu     sync.Mutex
 	queues map[string]*waitQueue // window waits, by encoded subject
@@ -272,7 +273,7 @@ func (l *Limiter) decide(ctx context.Context, op, subject string, n int, maxWait
 	if err != nil {
 		return Result{}, nil, err
 	}
-	reply, err := l.script.Run(ctx, l.rdb, keys, args...).Slice()
+	reply, err := l.run(ctx, l.script, keys, args...).Slice()
 	sent := time.Now()
 	if err != nil {
 		if l.redisFailed(ctx, err) {
@@ -356,7 +357,7 @@ func (l *Limiter) refund(ctx context.Context, subject string, n int, tickets []s
 	}
 	// The pause key, so that the script can hold a running pause (pause.go).
 	keys = append(keys, l.pauseKey(subject))
-	if err := l.script.Run(ctx, l.rdb, keys, args...).Err(); err != nil {
+	if err := l.run(ctx, l.script, keys, args...).Err(); err != nil {
 		return &redisError{op: "refund", err: err}
 	}
 	return nil

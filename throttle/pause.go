@@ -53,7 +53,7 @@ func (l *Limiter) PauseFor(ctx context.Context, subject string, d time.Duration)
 		return err
 	}
 	keys = append(keys, l.pauseKey(subject))
-	if err := l.script.Run(ctx, l.rdb, keys, args...).Err(); err != nil {
+	if err := l.run(ctx, l.script, keys, args...).Err(); err != nil {
 		if l.opts.OnRedisError != nil {
 			l.opts.OnRedisError(err, false)
 		}

@@ -83,7 +83,7 @@ func (l *Limiter) PrepayN(ctx context.Context, subject string, n int, keep time.
 	id := newReceiptID()
 	keys = append(keys, l.receiptsKey(subject))
 	args = append(args, l.member(id), keep.Microseconds())
-	reply, err := l.script.Run(ctx, l.rdb, keys, args...).Slice()
+	reply, err := l.run(ctx, l.script, keys, args...).Slice()
 	sent := time.Now()
 	if err != nil {
 		// No fail-open here: a receipt that Redis never recorded would
@@ -123,7 +123,7 @@ func (l *Limiter) Redeem(ctx context.Context, subject, receipt string) (delay ti
 	if receipt == "" || len(receipt) > maxReceiptLen {
 		return 0, false, nil
 	}
-	us, err := redeemScript.Run(ctx, l.rdb, []string{l.receiptsKey(subject)}, l.member(receipt)).Int64()
+	us, err := l.run(ctx, redeemScript, []string{l.receiptsKey(subject)}, l.member(receipt)).Int64()
 	if err != nil {
 		if l.opts.OnRedisError != nil {
 			l.opts.OnRedisError(err, false)
