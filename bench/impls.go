@@ -1,0 +1,170 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-redis/redis_rate/v10"
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/time/rate"
+
+	"github.com/jobthrottle/jobthrottle/throttle"
+)
+
+// Waiter is what every implementation offers the benchmark: block until one
+// permit for key is granted.
+type Waiter interface {
+	Wait(ctx context.Context, key string) error
+}
+
+// Allower takes one permit now if there is one (the throughput scenario).
+type Allower interface {
+	Allow(ctx context.Context, key string) (bool, error)
+}
+
+// impl describes one implementation under test.
+type impl struct {
+	Name      string // as in results: jobthrottle/gcra, redis_rate, x/time/rate …
+	Algorithm string // what it implements
+	Redis     bool   // backed by Redis (false: one process, no Redis)
+	Window    bool   // a window algorithm: burst does not apply
+	// New builds the limiter for one process. rdb is nil when !Redis.
+	New func(rdb redis.UniversalClient, r, burst int) (Waiter, error)
+}
+
+var impls = []impl{
+	jtImpl(throttle.TokenBucket),
+	jtImpl(throttle.GCRA),
+	jtImpl(throttle.FixedWindow),
+	jtImpl(throttle.SlidingLog),
+	jtImpl(throttle.SlidingWindow),
+	{Name: "redis_rate", Algorithm: "gcra", Redis: true, New: func(rdb redis.UniversalClient, r, burst int) (Waiter, error) {
+		return newRedisRate(rdb, r, burst), nil
+	}},
+	{Name: "x/time/rate", Algorithm: "token bucket, in process", New: func(_ redis.UniversalClient, r, burst int) (Waiter, error) {
+		return xrate{rate.NewLimiter(rate.Limit(r), burst)}, nil
+	}},
+}
+
+func implByName(name string) (impl, error) {
+	for _, im := range impls {
+		if im.Name == name {
+			return im, nil
+		}
+	}
+	return impl{}, fmt.Errorf("bench: unknown implementation %q", name)
+}
+
+func jtImpl(a throttle.Algorithm) impl {
+	return impl{
+		Name:      "jobthrottle/" + a.String(),
+		Algorithm: a.String(),
+		Redis:     true,
+		Window:    a != throttle.TokenBucket && a != throttle.GCRA,
+		New: func(rdb redis.UniversalClient, r, burst int) (Waiter, error) {
+			return newJobthrottle(rdb, a, r, burst)
+		},
+	}
+}
+
+// jobthrottle wraps throttle.Limiter; its Wait is the library's own.
+type jobthrottle struct{ *throttle.Limiter }
+
+var _ Waiter = jobthrottle{}
+var _ Allower = jobthrottle{}
+
+func newJobthrottle(rdb redis.UniversalClient, a throttle.Algorithm, r, burst int) (jobthrottle, error) {
+	l, err := throttle.New(rdb, throttle.Options{Prefix: "jt:" + a.String() + ":"},
+		throttle.Rule{Name: "r", Algorithm: a, Limit: throttle.PerSecond(r).WithBurst(burst)})
+	return jobthrottle{l}, err
+}
+
+func (j jobthrottle) Allow(ctx context.Context, key string) (bool, error) {
+	res, err := j.Limiter.Allow(ctx, key)
+	return res.Allowed, err
+}
+
+// redisRate is go-redis/redis_rate with the wait loop its users write:
+// Allow; if denied, sleep RetryAfter; repeat.
+type redisRate struct {
+	l     *redis_rate.Limiter
+	limit redis_rate.Limit
+}
+
+var _ Waiter = redisRate{}
+var _ Allower = redisRate{}
+
+func newRedisRate(rdb redis.UniversalClient, r, burst int) redisRate {
+	return redisRate{redis_rate.NewLimiter(rdb), redis_rate.Limit{Rate: r, Burst: burst, Period: time.Second}}
+}
+
+func (r redisRate) Wait(ctx context.Context, key string) error {
+	for {
+		res, err := r.l.Allow(ctx, key, r.limit)
+		if err != nil {
+			return err
+		}
+		if res.Allowed > 0 {
+			return nil
+		}
+		t := time.NewTimer(res.RetryAfter)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+	}
+}
+
+func (r redisRate) Allow(ctx context.Context, key string) (bool, error) {
+	res, err := r.l.Allow(ctx, key, r.limit)
+	if err != nil {
+		return false, err
+	}
+	return res.Allowed > 0, nil
+}
+
+// xrate is golang.org/x/time/rate: one process, no Redis, the ideal.
+type xrate struct{ l *rate.Limiter }
+
+var _ Waiter = xrate{}
+
+func (x xrate) Wait(ctx context.Context, _ string) error { return x.l.Wait(ctx) }
+
+// roundTrips counts the client's Redis round trips: one per command sent
+// alone, one per pipeline. (A Script.Run that meets NOSCRIPT counts two:
+// EVALSHA, then EVAL.) The commands go-redis sends once per new connection
+// (HELLO, CLIENT SETINFO, AUTH, SELECT) are not counted: a long-lived
+// client pays them once, not per decision.
+type roundTrips struct{ n atomic.Int64 }
+
+func connSetup(cmd redis.Cmder) bool {
+	switch cmd.Name() {
+	case "hello", "client", "auth", "select":
+		return true
+	}
+	return false
+}
+
+var _ redis.Hook = (*roundTrips)(nil)
+
+func (c *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if !connSetup(cmd) {
+			c.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (c *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.n.Add(1)
+		return next(ctx, cmds)
+	}
+}

@@ -1,0 +1,338 @@
+// Command bench measures jobthrottle's limiters against their peers on a
+// throwaway redis-server and writes results/<date>.json, a plot and
+// ../BENCHMARKS.md.
+//
+//	cd bench && go run . -full     # the committed run (about 20 minutes)
+//	cd bench && go run . -quick    # a 2-second-per-scenario subset
+//	cd bench && go run . -report results/2026-01-02.json   # redo the report only
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// runResult is everything one run measured: the JSON file.
+type runResult struct {
+	Date       string              `json:"date"`
+	Command    string              `json:"command"`
+	Mode       string              `json:"mode"`
+	Machine    machine             `json:"machine"`
+	Library    library             `json:"library"`
+	Config     runConfig           `json:"config"`
+	Reductions []string            `json:"reductions"`
+	RuntimeS   float64             `json:"runtime_s"`
+	Scenarios  []*scenarioResult   `json:"scenarios"`
+	Throughput []*throughputResult `json:"throughput"`
+	Memory     []memoryResult      `json:"memory"`
+	Micro      []microResult       `json:"micro"`
+	Targets    []target            `json:"targets"`
+	Errors     []string            `json:"errors,omitempty"`
+}
+
+type runConfig struct {
+	Rate           int     `json:"rate"`
+	Bursts         []int   `json:"bursts"`
+	Waiters        []int   `json:"waiters"`
+	Procs          []int   `json:"procs"`
+	DurationS      float64 `json:"duration_s"`
+	WindowBurst    int     `json:"window_burst"` // the burst group the window algorithms run in
+	TPGoroutines   int     `json:"throughput_goroutines"`
+	TPKeys         int     `json:"throughput_keys"`
+	TPDurationS    float64 `json:"throughput_duration_s"`
+	BenchRequests  int     `json:"redis_benchmark_requests"`
+	MemoryKeyScale float64 `json:"memory_key_scale"`
+}
+
+// library is the jobthrottle source the run measured (the parent
+// directory, through bench/go.mod's replace).
+type library struct {
+	Commit string   `json:"commit"`
+	Dirty  []string `json:"dirty,omitempty"` // uncommitted changes under throttle/, if any
+}
+
+func readLibrary() library {
+	var l library
+	if out, err := exec.Command("git", "-C", "..", "rev-parse", "HEAD").Output(); err == nil {
+		l.Commit = strings.TrimSpace(string(out))
+	}
+	if out, err := exec.Command("git", "-C", "..", "status", "--porcelain", "--", "throttle").Output(); err == nil {
+		for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+			if line != "" {
+				l.Dirty = append(l.Dirty, strings.TrimSpace(line))
+			}
+		}
+	}
+	return l
+}
+
+type machine struct {
+	NProc        int    `json:"nproc"`
+	GOMAXPROCS   int    `json:"gomaxprocs"`
+	GoVersion    string `json:"go_version"`
+	RedisVersion string `json:"redis_server_version"`
+	OS           string `json:"os"`
+	Kernel       string `json:"kernel"`
+	CPU          string `json:"cpu"`
+	LoadStart    string `json:"loadavg_start"`
+	LoadEnd      string `json:"loadavg_end"`
+}
+
+func main() {
+	child := flag.String("child", "", "internal: run one benchmark process from this JSON spec")
+	full := flag.Bool("full", false, "the full run: every scenario for 10 s, throughput, memory, microbenchmarks")
+	quick := flag.Bool("quick", false, "a quick subset: 2 s scenarios, W=8/256, P=1/4, burst 10")
+	report := flag.String("report", "", "regenerate BENCHMARKS.md and the plot from this results JSON, run nothing")
+	only := flag.String("impls", "", "run only the implementations matching this regexp")
+	dur := flag.Duration("duration", 0, "override each Wait scenario's duration")
+	skip := flag.String("skip", "", "comma-separated parts to skip: wait, throughput, memory, micro")
+	md := flag.String("md", "../BENCHMARKS.md", "where to write the report")
+	flag.Parse()
+
+	if *child != "" {
+		if err := childMain(*child, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		return
+	}
+	logf := func(format string, args ...any) {
+		fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+	}
+	var err error
+	switch {
+	case *report != "":
+		err = regenerate(*report, *md)
+	case *full || *quick:
+		err = run(*full, *only, *dur, *skip, *md, logf)
+	default:
+		flag.Usage()
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
+
+func run(full bool, only string, dur time.Duration, skip, mdPath string, logf func(string, ...any)) error {
+	t0 := time.Now()
+	var filter *regexp.Regexp
+	if only != "" {
+		var err error
+		if filter, err = regexp.Compile(only); err != nil {
+			return err
+		}
+	}
+	skips := map[string]bool{}
+	for _, s := range strings.Split(skip, ",") {
+		skips[strings.TrimSpace(s)] = true
+	}
+	cfg := runConfig{Rate: 200, Bursts: []int{1, 10}, Waiters: []int{8, 64, 256}, Procs: []int{1, 4},
+		DurationS: 10, WindowBurst: 10, TPGoroutines: 50, TPKeys: 10_000, TPDurationS: 5,
+		BenchRequests: 200_000, MemoryKeyScale: 1}
+	mode := "full"
+	if !full {
+		mode = "quick"
+		cfg.Bursts, cfg.Waiters, cfg.DurationS = []int{10}, []int{8, 256}, 2
+		cfg.TPDurationS, cfg.BenchRequests, cfg.MemoryKeyScale = 2, 50_000, 0.1
+	}
+	if dur > 0 {
+		cfg.DurationS = dur.Seconds()
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	wd, err := os.Getwd()
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(filepath.Join(wd, "hotpath_test.go")); err != nil {
+		return errors.New("bench: run from the bench/ directory (cd bench && go run . -full)")
+	}
+
+	res := &runResult{
+		Date:    t0.UTC().Format(time.RFC3339),
+		Command: "cd bench && go run . " + strings.Join(os.Args[1:], " "),
+		Mode:    mode,
+		Config:  cfg,
+		Machine: readMachine(),
+		Library: readLibrary(),
+		Reductions: []string{
+			fmt.Sprintf("The window algorithms (fixed_window, sliding_log, sliding_window) ignore burst, so they run once per W and P, listed under burst %d.", cfg.WindowBurst),
+			"x/time/rate is one process's limiter and cannot share a limit across processes, so it runs at P=1 only.",
+			"github.com/mennanov/limiters is not measured: the Go module proxy here refuses it (403 \"This module version is not available\"), and this workplace forbids committing code or a build recipe for a repository fetched by other means.",
+		},
+	}
+	logf("starting redis-server")
+	srv, err := startRedis(logf)
+	if err != nil {
+		return err
+	}
+	defer srv.Stop()
+	res.Machine.RedisVersion = srv.version
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	r := &runner{exe: exe, srv: srv, rdb: rdb, logf: logf}
+	ctx := context.Background()
+	logf("redis-server %s on %s; mode %s", srv.version, srv.Addr, mode)
+	if err := warmScripts(ctx, rdb); err != nil {
+		return err
+	}
+
+	if !skips["wait"] {
+		d := time.Duration(cfg.DurationS * float64(time.Second))
+		for _, burst := range cfg.Bursts {
+			for _, w := range cfg.Waiters {
+				for _, p := range cfg.Procs {
+					for _, im := range impls {
+						if filter != nil && !filter.MatchString(im.Name) {
+							continue
+						}
+						if im.Window && burst != cfg.WindowBurst || !im.Redis && p > 1 {
+							continue
+						}
+						s := scenario{Impl: im, Rate: cfg.Rate, Burst: burst, Waiters: w, Procs: p, Duration: d}
+						sr, err := r.runScenario(ctx, s)
+						if err != nil {
+							res.Errors = append(res.Errors, fmt.Sprintf("%v: %v", s, err))
+							logf("%v: %v", s, err)
+							continue
+						}
+						logf("%-28s b=%-2d W=%-3d P=%d  %6.1f/s (%5.1f%%) max1s %3d/%3d max100ms %3d/%3d  rt/permit %.3f cmds %.2f  jitter p99 %7.0fµs  wait p99 %7.1fms  jain %.4f  redis %.1fms/1k  client %.1fms/1k  errors %d",
+							s.Impl.Name, burst, w, p, sr.SteadyRate, sr.Accuracy*100, sr.Max1s, sr.Bound1s, sr.Max100ms, sr.Bound100ms,
+							sr.RTPerPermit, sr.CmdsPerPermit, sr.JitterP99us, sr.WaitP99ms, sr.Jain, sr.RedisCPUms, sr.ClientCPUms, sr.Errors)
+						res.Scenarios = append(res.Scenarios, sr)
+					}
+				}
+			}
+		}
+	}
+	if !skips["throughput"] {
+		d := time.Duration(cfg.TPDurationS * float64(time.Second))
+		for _, name := range []string{"jobthrottle/gcra", "jobthrottle/token_bucket", "redis_rate"} {
+			tr, err := r.runThroughput(ctx, name, cfg.TPGoroutines, cfg.TPKeys, cfg.Rate, 10, d)
+			if err != nil {
+				res.Errors = append(res.Errors, fmt.Sprintf("throughput %s: %v", name, err))
+				logf("throughput %s: %v", name, err)
+				continue
+			}
+			logf("throughput %-26s %8.0f Allow/s  rt/op %.3f  redis %.1fms/1k  client %.1fms/1k  errors %d", name, tr.OpsPerSec, tr.RTPerOp, tr.RedisCPUms, tr.ClientCPUms, tr.Errors)
+			res.Throughput = append(res.Throughput, tr)
+		}
+		tr, err := r.runRedisBenchmark(ctx, cfg.TPGoroutines, cfg.BenchRequests)
+		if err != nil {
+			res.Errors = append(res.Errors, fmt.Sprintf("redis-benchmark: %v", err))
+			logf("redis-benchmark: %v", err)
+		} else {
+			logf("throughput %-26s %8.0f EVALSHA/s  redis %.1fms/1k", "redis-benchmark", tr.OpsPerSec, tr.RedisCPUms)
+			res.Throughput = append(res.Throughput, tr)
+		}
+	}
+	if !skips["memory"] {
+		mem, err := r.runMemory(ctx, cfg.MemoryKeyScale)
+		if err != nil {
+			res.Errors = append(res.Errors, fmt.Sprintf("memory: %v", err))
+			logf("memory: %v", err)
+		}
+		res.Memory = mem
+	}
+	if !skips["micro"] {
+		logf("microbenchmarks: go %s", strings.Join(microCommand, " "))
+		micro, err := r.runMicro(ctx, wd)
+		if err != nil {
+			res.Errors = append(res.Errors, fmt.Sprintf("micro: %v", err))
+			logf("micro: %v", err)
+		}
+		res.Micro = micro
+	}
+	res.Machine.LoadEnd = loadavg()
+	res.RuntimeS = time.Since(t0).Seconds()
+	res.Targets = evaluate(res)
+
+	name := t0.UTC().Format("2006-01-02")
+	if mode != "full" {
+		name += "-" + mode
+	}
+	jsonPath := filepath.Join("results", name+".json")
+	if err := writeJSON(jsonPath, res); err != nil {
+		return err
+	}
+	logf("wrote %s", jsonPath)
+	if err := writeReport(res, jsonPath, mdPath); err != nil {
+		return err
+	}
+	logf("wrote %s in %v", mdPath, time.Since(t0).Round(time.Second))
+	return nil
+}
+
+func writeJSON(path string, v any) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(v, "", " ")
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// regenerate rewrites the report and plot from a results file.
+func regenerate(jsonPath, mdPath string) error {
+	b, err := os.ReadFile(jsonPath)
+	if err != nil {
+		return err
+	}
+	var res runResult
+	if err := json.Unmarshal(b, &res); err != nil {
+		return fmt.Errorf("bench: %s: %w", jsonPath, err)
+	}
+	res.Targets = evaluate(&res)
+	return writeReport(&res, jsonPath, mdPath)
+}
+
+func readMachine() machine {
+	m := machine{NProc: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), GoVersion: runtime.Version(),
+		OS: runtime.GOOS + "/" + runtime.GOARCH, LoadStart: loadavg()}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.Kernel = strings.TrimSpace(string(b))
+	}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPU = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	return m
+}
+
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return ""
+	}
+	return strings.Join(f[:3], " ")
+}

@@ -1,0 +1,126 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-redis/redis_rate/v10"
+
+	"github.com/jobthrottle/jobthrottle/throttle"
+)
+
+// memoryResult is the Redis memory one key costs, for one algorithm and
+// state.
+type memoryResult struct {
+	Impl  string `json:"impl"`
+	State string `json:"state"` // what each key holds
+	Keys  int    `json:"keys"`
+	// UsedMemoryDelta is INFO used_memory after minus before writing Keys
+	// keys (on a flushed server); BytesPerKey is it over Keys.
+	UsedMemoryDelta int64   `json:"used_memory_delta"`
+	BytesPerKey     float64 `json:"bytes_per_key"`
+	// MemoryUsage is MEMORY USAGE (SAMPLES 0) of one representative key,
+	// and Encoding its OBJECT ENCODING.
+	MemoryUsage int64  `json:"memory_usage"`
+	Encoding    string `json:"encoding"`
+	// ProjectedMB1M is BytesPerKey × 1M, in MB (10^6 bytes).
+	ProjectedMB1M float64 `json:"projected_mb_1m"`
+	// DesignMB1M is the estimate in DESIGN.md for 1M keys, if it gives one.
+	DesignMB1M float64 `json:"design_mb_1m,omitempty"`
+	Errors     int64   `json:"errors"`
+}
+
+// memCase writes one key per subject and names the key it wrote.
+type memCase struct {
+	impl, state string
+	keys        int
+	design      float64
+	write       func(ctx context.Context, subject string) error
+	key         func(subject string) string
+}
+
+// The limit for the memory cases: long enough that no key expires while
+// 100k are written (a 200/s bucket's key lives 5 ms after one permit).
+var memLimit = throttle.PerDay(200)
+
+func memCases(r *runner) ([]memCase, error) {
+	var cases []memCase
+	for _, a := range []throttle.Algorithm{throttle.TokenBucket, throttle.GCRA, throttle.FixedWindow, throttle.SlidingWindow, throttle.SlidingLog} {
+		l, err := throttle.New(r.rdb, throttle.Options{Prefix: "mem:"}, throttle.Rule{Name: "r", Algorithm: a, Limit: memLimit})
+		if err != nil {
+			return nil, err
+		}
+		design := 0.0
+		if a == throttle.TokenBucket {
+			design = 20
+		}
+		key := func(s string) string { return "mem:{" + s + "}:r" }
+		cases = append(cases, memCase{impl: "jobthrottle/" + a.String(), state: "after 1 permit", keys: 100_000, design: design,
+			write: func(ctx context.Context, s string) error { _, err := l.Allow(ctx, s); return err }, key: key})
+		if a == throttle.SlidingLog {
+			cases = append(cases, memCase{impl: "jobthrottle/" + a.String(), state: fmt.Sprintf("full: %d permits", memLimit.Count), keys: 10_000, design: 1000,
+				write: func(ctx context.Context, s string) error { _, err := l.AllowN(ctx, s, memLimit.Count); return err }, key: key})
+		}
+	}
+	rl := redis_rate.NewLimiter(r.rdb)
+	lim := redis_rate.Limit{Rate: memLimit.Count, Burst: memLimit.Burst, Period: memLimit.Period}
+	cases = append(cases, memCase{impl: "redis_rate", state: "after 1 permit", keys: 100_000,
+		write: func(ctx context.Context, s string) error { _, err := rl.Allow(ctx, s, lim); return err },
+		key:   func(s string) string { return "rate:" + s }})
+	return cases, nil
+}
+
+// runMemory measures each case on a flushed server.
+func (r *runner) runMemory(ctx context.Context, scale float64) ([]memoryResult, error) {
+	cases, err := memCases(r)
+	if err != nil {
+		return nil, err
+	}
+	var out []memoryResult
+	for _, c := range cases {
+		n := max(int(float64(c.keys)*scale), 100)
+		if err := r.rdb.FlushAll(ctx).Err(); err != nil {
+			return nil, err
+		}
+		time.Sleep(200 * time.Millisecond) // let lazy frees settle
+		before, err := readStats(ctx, r.rdb)
+		if err != nil {
+			return nil, err
+		}
+		var errs atomic.Int64
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		for range 50 {
+			wg.Go(func() {
+				for {
+					i := next.Add(1) - 1
+					if i >= int64(n) {
+						return
+					}
+					if err := c.write(ctx, fmt.Sprintf("k%07d", i)); err != nil {
+						errs.Add(1)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		after, err := readStats(ctx, r.rdb)
+		if err != nil {
+			return nil, err
+		}
+		k := c.key("k0000042")
+		usage, _ := r.rdb.MemoryUsage(ctx, k, 0).Result()
+		enc, _ := r.rdb.ObjectEncoding(ctx, k).Result()
+		delta := after.Memory - before.Memory
+		res := memoryResult{Impl: c.impl, State: c.state, Keys: n, UsedMemoryDelta: delta,
+			BytesPerKey: float64(delta) / float64(n), MemoryUsage: usage, Encoding: enc,
+			DesignMB1M: c.design, Errors: errs.Load()}
+		res.ProjectedMB1M = res.BytesPerKey * 1e6 / 1e6
+		r.logf("memory %-28s %-18s %7d keys: %6.0f B/key (MEMORY USAGE %d, %s)", c.impl, c.state, n, res.BytesPerKey, usage, enc)
+		out = append(out, res)
+	}
+	return out, r.rdb.FlushAll(ctx).Err()
+}

@@ -1,0 +1,213 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"strings"
+)
+
+// target is one goal of issue 4, checked against a run.
+type target struct {
+	ID       string   `json:"id"`
+	Goal     string   `json:"goal"`
+	Checks   int      `json:"checks"` // scenarios it was checked on
+	Met      bool     `json:"met"`
+	Worst    string   `json:"worst"`    // the worst case, with its value and bound
+	Failures []string `json:"failures"` // every case that missed, with by how much
+}
+
+var bucketImpls = []string{"jobthrottle/token_bucket", "jobthrottle/gcra"}
+var windowImpls = []string{"jobthrottle/fixed_window", "jobthrottle/sliding_log", "jobthrottle/sliding_window"}
+
+func where(s *scenarioResult) string {
+	b := fmt.Sprintf("b=%d ", s.Burst)
+	if !s.BurstApplies {
+		b = ""
+	}
+	return fmt.Sprintf("%s %sW=%d P=%d", s.Impl, b, s.Waiters, s.Procs)
+}
+
+// check folds per-case results into a target: value is the figure, ok
+// whether it met the goal, slack how far inside (>0) or outside (<0) the
+// bound it is, in the figure's units, for picking the worst case.
+type check struct {
+	t         target
+	worstSeen float64
+	any       bool
+}
+
+func (c *check) add(s *scenarioResult, ok bool, slack float64, desc string) {
+	c.t.Checks++
+	if !ok {
+		c.t.Failures = append(c.t.Failures, where(s)+": "+desc)
+	}
+	if !c.any || slack < c.worstSeen {
+		c.worstSeen, c.any = slack, true
+		c.t.Worst = where(s) + ": " + desc
+	}
+}
+
+func (c *check) done() target {
+	c.t.Met = c.t.Checks > 0 && len(c.t.Failures) == 0
+	if c.t.Checks == 0 {
+		c.t.Worst = "not measured in this run"
+	}
+	return c.t
+}
+
+func in(name string, names []string) bool {
+	for _, n := range names {
+		if n == name {
+			return true
+		}
+	}
+	return false
+}
+
+// evaluate checks every target against the run.
+func evaluate(res *runResult) []target {
+	var out []target
+	find := func(impl string, burst, w, p int) *scenarioResult {
+		for _, s := range res.Scenarios {
+			if s.Impl == impl && s.Burst == burst && s.Waiters == w && s.Procs == p {
+				return s
+			}
+		}
+		return nil
+	}
+	buckets := func(f func(s *scenarioResult)) {
+		for _, s := range res.Scenarios {
+			if in(s.Impl, bucketImpls) {
+				f(s)
+			}
+		}
+	}
+
+	c := &check{t: target{ID: "rt", Goal: "token bucket and GCRA Wait: Redis round trips per admitted permit ≤ 1.05 at every W and P"}}
+	buckets(func(s *scenarioResult) {
+		c.add(s, s.RTPerPermit <= 1.05, 1.05-s.RTPerPermit, fmt.Sprintf("%.3f (bound 1.05, %+.3f)", s.RTPerPermit, s.RTPerPermit-1.05))
+	})
+	out = append(out, c.done())
+
+	c = &check{t: target{ID: "accuracy", Goal: "token bucket and GCRA Wait: steady admitted rate 99.5–100.5 % of R"}}
+	buckets(func(s *scenarioResult) {
+		a := s.Accuracy * 100
+		slack := math.Min(a-99.5, 100.5-a)
+		c.add(s, slack >= 0, slack, fmt.Sprintf("%.2f %% of R", a))
+	})
+	out = append(out, c.done())
+
+	c = &check{t: target{ID: "limit", Goal: "token bucket and GCRA Wait: never more than R + burst (+2) in any 1 s window"}}
+	buckets(func(s *scenarioResult) {
+		bound := s.Bound1s + 2
+		c.add(s, s.Max1s <= bound, float64(bound-s.Max1s), fmt.Sprintf("%d in 1 s (R + burst = %d, %+d)", s.Max1s, s.Bound1s, s.Max1s-s.Bound1s))
+	})
+	out = append(out, c.done())
+
+	c = &check{t: target{ID: "fairness", Goal: "token bucket and GCRA Wait: Jain's index ≥ 0.995 at W=256"}}
+	buckets(func(s *scenarioResult) {
+		if s.Waiters == 256 {
+			c.add(s, s.Jain >= 0.995, s.Jain-0.995, fmt.Sprintf("%.4f (permits per waiter %d–%d)", s.Jain, s.FairMin, s.FairMax))
+		}
+	})
+	out = append(out, c.done())
+
+	for _, fig := range []struct {
+		id, name string
+		get      func(*scenarioResult) float64
+		unit     string
+	}{
+		{"jitter", "inter-admission jitter p99", func(s *scenarioResult) float64 { return s.JitterP99us }, "µs"},
+		{"waitp99", "Wait p99", func(s *scenarioResult) float64 { return s.WaitP99ms }, "ms"},
+	} {
+		c = &check{t: target{ID: fig.id, Goal: "token bucket and GCRA Wait, P=1: " + fig.name + " within 1.2× of x/time/rate's"}}
+		buckets(func(s *scenarioResult) {
+			if s.Procs != 1 {
+				return
+			}
+			ref := find("x/time/rate", s.Burst, s.Waiters, 1)
+			if ref == nil {
+				return
+			}
+			v, r := fig.get(s), fig.get(ref)
+			ratio := math.Inf(1)
+			if r > 0 {
+				ratio = v / r
+			}
+			c.add(s, ratio <= 1.2, 1.2-ratio, fmt.Sprintf("%.1f %s vs %.1f %s = %.2f× (bound 1.2×)", v, fig.unit, r, fig.unit, ratio))
+		})
+		out = append(out, c.done())
+	}
+
+	c = &check{t: target{ID: "redis_cpu", Goal: "token bucket and GCRA Wait: redis-server CPU per 1000 permits lower than every Redis-backed peer's"}}
+	buckets(func(s *scenarioResult) {
+		for _, peer := range res.Scenarios {
+			if peer.Impl == "redis_rate" && peer.Burst == s.Burst && peer.Waiters == s.Waiters && peer.Procs == s.Procs {
+				ratio := s.RedisCPUms / peer.RedisCPUms
+				c.add(s, s.RedisCPUms < peer.RedisCPUms, 1-ratio, fmt.Sprintf("%.1f ms vs %s %.1f ms = %.2f×", s.RedisCPUms, peer.Impl, peer.RedisCPUms, ratio))
+			}
+		}
+	})
+	out = append(out, c.done())
+
+	c = &check{t: target{ID: "window_rt", Goal: "window algorithms Wait: round trips per permit ≤ 1.3 at W=256, P=4"}}
+	for _, s := range res.Scenarios {
+		if in(s.Impl, windowImpls) && s.Waiters == 256 && s.Procs == 4 {
+			c.add(s, s.RTPerPermit <= 1.3, 1.3-s.RTPerPermit, fmt.Sprintf("%.3f (bound 1.3, %+.3f)", s.RTPerPermit, s.RTPerPermit-1.3))
+		}
+	}
+	out = append(out, c.done())
+
+	c = &check{t: target{ID: "window_limit", Goal: "window algorithms Wait: never over the limit (sliding log and sliding window: ≤ R (+2) in any 1 s window; fixed window: ≤ R (+2) in any whole wall-clock second)"}}
+	for _, s := range res.Scenarios {
+		if !in(s.Impl, windowImpls) {
+			continue
+		}
+		v, what := s.Max1s, "in any 1 s"
+		if s.Impl == "jobthrottle/fixed_window" {
+			v, what = s.MaxAligned1s, "in a whole second"
+		}
+		c.add(s, v <= s.Rate+2, float64(s.Rate+2-v), fmt.Sprintf("%d %s (R = %d, %+d)", v, what, s.Rate, v-s.Rate))
+	}
+	out = append(out, c.done())
+
+	c = &check{t: target{ID: "throughput", Goal: "Allow throughput (50 goroutines, 10k keys) ≥ redis_rate's"}}
+	var peer *throughputResult
+	for _, t := range res.Throughput {
+		if t.Impl == "redis_rate" {
+			peer = t
+		}
+	}
+	if peer != nil {
+		for _, t := range res.Throughput {
+			if in(t.Impl, bucketImpls) {
+				ratio := t.OpsPerSec / peer.OpsPerSec
+				c.t.Checks++
+				desc := fmt.Sprintf("%s: %.0f/s vs redis_rate %.0f/s = %.3f×", t.Impl, t.OpsPerSec, peer.OpsPerSec, ratio)
+				if ratio < 1 {
+					c.t.Failures = append(c.t.Failures, desc)
+				}
+				if !c.any || ratio-1 < c.worstSeen {
+					c.worstSeen, c.any = ratio-1, true
+					c.t.Worst = desc
+				}
+			}
+		}
+	}
+	out = append(out, c.done())
+	return out
+}
+
+// verdict is a target's short status for the table.
+func (t target) verdict() string {
+	switch {
+	case t.Checks == 0:
+		return "not measured"
+	case t.Met:
+		return "met"
+	default:
+		return fmt.Sprintf("missed (%d of %d)", len(t.Failures), t.Checks)
+	}
+}
+
+func (t target) failureList() string { return strings.Join(t.Failures, "; ") }
