@@ -86,29 +86,23 @@ func TestSlidingWindowAdmissions(t *testing.T) {
 	})
 }
 
-func TestTokenBucketAdmissions(t *testing.T) {
-	play(t, rule(TokenBucket, PerSecond(10).WithBurst(5)), []step{
-		{at: 0, n: 5, allowed: true, remaining: 0},
-		{at: 0, n: 1, allowed: false, remaining: 0, retryAfter: 100 * ms},
-		{at: 0, n: 3, allowed: false, remaining: 0, retryAfter: 300 * ms},
-		{at: 100 * ms, n: 1, allowed: true, remaining: 0},
-		{at: 250 * ms, n: 1, allowed: true, remaining: 0},
-		// A bucket never holds more than its burst: 5, not 9, after 0.9s.
-		{at: 1250 * ms, n: 5, allowed: true, remaining: 0},
-		{at: 1250 * ms, n: 1, allowed: false, remaining: 0, retryAfter: 100 * ms},
-	})
-}
-
-func TestGCRAAdmissions(t *testing.T) {
-	play(t, rule(GCRA, PerSecond(10).WithBurst(5)), []step{
-		{at: 0, n: 5, allowed: true, remaining: 0},
-		{at: 0, n: 1, allowed: false, remaining: 0, retryAfter: 100 * ms},
-		{at: 0, n: 3, allowed: false, remaining: 0, retryAfter: 300 * ms},
-		{at: 100 * ms, n: 1, allowed: true, remaining: 0},
-		{at: 250 * ms, n: 1, allowed: true, remaining: 0},
-		{at: 1250 * ms, n: 5, allowed: true, remaining: 0},
-		{at: 1250 * ms, n: 1, allowed: false, remaining: 0, retryAfter: 100 * ms},
-	})
+// The token bucket and GCRA are two representations of one rule: they
+// admit the same requests at the same instants.
+func TestBucketAdmissions(t *testing.T) {
+	for _, algo := range []Algorithm{TokenBucket, GCRA} {
+		t.Run(algo.String(), func(t *testing.T) {
+			play(t, rule(algo, PerSecond(10).WithBurst(5)), []step{
+				{at: 0, n: 5, allowed: true, remaining: 0},
+				{at: 0, n: 1, allowed: false, remaining: 0, retryAfter: 100 * ms},
+				{at: 0, n: 3, allowed: false, remaining: 0, retryAfter: 300 * ms},
+				{at: 100 * ms, n: 1, allowed: true, remaining: 0},
+				{at: 250 * ms, n: 1, allowed: true, remaining: 0},
+				// A bucket never holds more than its burst: 5, not 9, after 0.9s.
+				{at: 1250 * ms, n: 5, allowed: true, remaining: 0},
+				{at: 1250 * ms, n: 1, allowed: false, remaining: 0, retryAfter: 100 * ms},
+			})
+		})
+	}
 }
 
 // The fixed window's known flaw: a burst at the end of one window and the

@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"strings"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // Prepaid permits let a producer pace work at the source: it books each
@@ -26,18 +24,7 @@ const DefaultReceiptKeep = 24 * time.Hour
 
 // redeemScript is prelude.lua + redeem.lua; see redeem.lua for KEYS, ARGV
 // and the reply.
-var redeemScript = func() *redis.Script {
-	var b strings.Builder
-	for _, f := range []string{"prelude.lua", "redeem.lua"} {
-		src, err := luaFiles.ReadFile("lua/" + f)
-		if err != nil {
-			panic(err)
-		}
-		b.Write(src)
-		b.WriteByte('\n')
-	}
-	return redis.NewScript(b.String())
-}()
+var redeemScript = buildScript("prelude.lua", "redeem.lua")
 
 // receiptsKey returns <prefix>{<subject>}:!receipts. The subject must have
 // passed EncodeSubject.

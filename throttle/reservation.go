@@ -54,19 +54,11 @@ func (r *Reservation) Cancel(ctx context.Context) error {
 // wait sleeps until the reservation's time to act. If ctx ends first, it
 // cancels the reservation and returns ctx.Err().
 func (r *Reservation) wait(ctx context.Context) error {
-	d := time.Until(r.at)
-	if d <= 0 {
-		return nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
+	if err := sleep(ctx, time.Until(r.at)); err != nil {
 		r.cancelDetached(ctx)
-		return ctx.Err()
+		return err
 	}
+	return nil
 }
 
 // cancelDetached refunds after ctx has ended, on a context that keeps

@@ -33,24 +33,28 @@ var algorithmFiles = map[Algorithm]string{
 }
 
 func init() {
-	build := func(files ...string) *redis.Script {
-		var b strings.Builder
-		for _, f := range append(append([]string{"prelude.lua"}, files...), "driver.lua") {
-			src, err := luaFiles.ReadFile("lua/" + f)
-			if err != nil {
-				panic(err)
-			}
-			b.Write(src)
-			b.WriteByte('\n')
-		}
-		return redis.NewScript(b.String())
-	}
 	var all []string
 	for a := FixedWindow; a <= GCRA; a++ {
-		scripts[a] = build(algorithmFiles[a])
+		scripts[a] = buildScript(append([]string{"prelude.lua", algorithmFiles[a]}, "driver.lua")...)
 		all = append(all, algorithmFiles[a])
 	}
-	allScript = build(all...)
+	allScript = buildScript(append(append([]string{"prelude.lua"}, all...), "driver.lua")...)
+}
+
+// buildScript concatenates embedded Lua files, in order, into one script.
+// Script text is only ever these constant files: user data reaches Redis
+// as KEYS and ARGV.
+func buildScript(files ...string) *redis.Script {
+	var b strings.Builder
+	for _, f := range files {
+		src, err := luaFiles.ReadFile("lua/" + f)
+		if err != nil {
+			panic(err)
+		}
+		b.Write(src)
+		b.WriteByte('\n')
+	}
+	return redis.NewScript(b.String())
 }
 
 // scriptFor returns the smallest script that covers every rule.

@@ -24,19 +24,7 @@ func TestWaitReservesSlotsInArrivalOrder(t *testing.T) {
 					l := mustNew(t, rdb, Options{}, Rule{Name: "r", Algorithm: algo, Limit: PerSecond(100).WithBurst(burst)})
 					warm(t, l)
 					calls := countScripts(rdb)
-					start := at()
-					admittedAt := make([]time.Duration, waiters)
-					var wg sync.WaitGroup
-					for i := range waiters {
-						wg.Go(func() {
-							if err := l.Wait(context.Background(), "s"); err != nil {
-								t.Errorf("waiter %d: %v", i, err)
-							}
-							admittedAt[i] = at() - start
-						})
-						synctest.Wait() // waiter i holds its slot before i+1 asks
-					}
-					wg.Wait()
+					admittedAt := waitInOrder(t, l, waiters)
 					for i, got := range admittedAt {
 						want := time.Duration(max(0, i-burst+1)) * 10 * ms
 						if got != want {
@@ -50,6 +38,27 @@ func TestWaitReservesSlotsInArrivalOrder(t *testing.T) {
 			})
 		}
 	}
+}
+
+// waitInOrder starts k goroutines that Wait on subject "s", each only once
+// the previous one is blocked (holding its slot, or queued), which fixes
+// the arrival order, and returns when each was admitted, from the start.
+func waitInOrder(t *testing.T, l *Limiter, k int) []time.Duration {
+	t.Helper()
+	start := at()
+	admittedAt := make([]time.Duration, k)
+	var wg sync.WaitGroup
+	for i := range k {
+		wg.Go(func() {
+			if err := l.Wait(context.Background(), "s"); err != nil {
+				t.Errorf("waiter %d: %v", i, err)
+			}
+			admittedAt[i] = at() - start
+		})
+		synctest.Wait()
+	}
+	wg.Wait()
+	return admittedAt
 }
 
 // Window limiters cannot reserve: waiters queue in the process and only the
@@ -71,19 +80,7 @@ func TestWaitWindowsQueueLocally(t *testing.T) {
 				l := mustNew(t, rdb, Options{}, Rule{Name: "r", Algorithm: tc.algo, Limit: PerSecond(5), Precision: 100 * ms})
 				warm(t, l)
 				calls := countScripts(rdb)
-				start := at()
-				admittedAt := make([]time.Duration, waiters)
-				var wg sync.WaitGroup
-				for i := range waiters {
-					wg.Go(func() {
-						if err := l.Wait(context.Background(), "s"); err != nil {
-							t.Errorf("waiter %d: %v", i, err)
-						}
-						admittedAt[i] = at() - start
-					})
-					synctest.Wait()
-				}
-				wg.Wait()
+				admittedAt := waitInOrder(t, l, waiters)
 				for i, got := range admittedAt {
 					if want := tc.refills[i/5]; got != want {
 						t.Fatalf("waiter %d admitted at %v, want %v (all: %v)", i, got, want, admittedAt)

@@ -10,7 +10,18 @@ import (
 // limiter. Only the head asks Redis; the others wait for it to leave, so
 // Redis sees about one call per admitted request plus one per refill.
 type waitQueue struct {
-	waiters []chan struct{} // waiters[0] is the head; its channel is closed
+	waiters []*waiter // waiters[0] is the head; its turn is closed
+}
+
+// waiter is one Wait in a waitQueue.
+type waiter struct {
+	turn chan struct{} // closed when the waiter becomes the head
+	// failed, if set (under Limiter.mu, before turn closes), is the Redis
+	// error that a waiter ahead got while this one queued. The waiter
+	// takes that answer instead of asking the same dead Redis again: one
+	// failing call per outage, not one per queued waiter in turn (which,
+	// with go-redis's retries, took 30s for 200 waiters).
+	failed error
 }
 
 // waitWindow waits its turn in the local queue, then asks Redis at the
@@ -21,14 +32,26 @@ func (l *Limiter) waitWindow(ctx context.Context, subject string, n int) (*Reser
 	if _, _, err := l.request("allow", subject, n, -1, nil); err != nil {
 		return nil, err // bad input fails before queueing
 	}
-	turn := l.enqueue(subject)
-	defer l.leave(subject, turn)
+	w := l.enqueue(subject)
+	defer l.leave(subject, w)
 
-	if err := l.awaitTurn(ctx, turn, start); err != nil {
+	if err := l.awaitTurn(ctx, w.turn, start); err != nil {
 		return nil, err
 	}
+	l.mu.Lock()
+	failed := w.failed
+	l.mu.Unlock()
+	if failed != nil {
+		return l.failOpenOr(ctx, "allow", subject, n, failed)
+	}
 	for {
-		res, r, err := l.decide(ctx, "allow", subject, n, -1)
+		res, r, err := l.ask(ctx, "allow", subject, n, -1)
+		if re, ok := err.(*redisError); ok {
+			if ctx.Err() == nil { // not this waiter's own deadline: Redis failed
+				l.shareFailure(subject, re.err)
+			}
+			return l.failOpenOr(ctx, "allow", subject, n, re.err)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -64,10 +87,10 @@ func (l *Limiter) awaitTurn(ctx context.Context, turn chan struct{}, start time.
 	}
 }
 
-// enqueue appends a waiter to subject's queue and returns its channel,
-// closed when it becomes the head.
-func (l *Limiter) enqueue(subject string) chan struct{} {
-	turn := make(chan struct{})
+// enqueue appends a waiter to subject's queue and returns it; its turn
+// closes when it becomes the head.
+func (l *Limiter) enqueue(subject string) *waiter {
+	w := &waiter{turn: make(chan struct{})}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	q := l.queues[subject]
@@ -75,31 +98,46 @@ func (l *Limiter) enqueue(subject string) chan struct{} {
 		q = &waitQueue{}
 		l.queues[subject] = q
 	}
-	q.waiters = append(q.waiters, turn)
+	q.waiters = append(q.waiters, w)
 	if len(q.waiters) == 1 {
-		close(turn)
+		close(w.turn)
 	}
-	return turn
+	return w
+}
+
+// shareFailure gives err, a Redis error the head of subject's queue got,
+// to every waiter queued behind it.
+func (l *Limiter) shareFailure(subject string, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, w := range l.queues[subject].waiters[1:] {
+		if w.failed == nil {
+			w.failed = err
+		}
+	}
 }
 
 // leave removes a waiter from subject's queue, handing the turn on if it
 // was the head.
-func (l *Limiter) leave(subject string, turn chan struct{}) {
+func (l *Limiter) leave(subject string, w *waiter) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	q := l.queues[subject]
-	i := slices.Index(q.waiters, turn)
+	i := slices.Index(q.waiters, w)
 	q.waiters = slices.Delete(q.waiters, i, i+1)
 	switch {
 	case len(q.waiters) == 0:
 		delete(l.queues, subject)
 	case i == 0:
-		close(q.waiters[0])
+		close(q.waiters[0].turn)
 	}
 }
 
-// sleep waits for d or until ctx ends.
+// sleep waits for d or until ctx ends, whose error it returns then.
 func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
