@@ -278,6 +278,8 @@ type redeemer interface {
 	Redeem(ctx context.Context, subject, receipt string) (time.Duration, bool, error)
 }
 
+var _ redeemer = (*throttle.Limiter)(nil)
+
 // admit waits for the task's permit, or returns the error the handler
 // must return: a *ThrottledError to defer it, ctx.Err() if asynq ended
 // it, or an error wrapping asynq.SkipRetry if it can never be admitted.

@@ -1,0 +1,297 @@
+package worker
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/throttle"
+)
+
+const validConfig = `# rules for the billing workers
+prefix: "billing:"
+fail_open: true
+rules:
+  - name: stripe
+    tasks: ["stripe:*", "invoice:send"]
+    subject: {payload_field: account_id}
+    algorithm: gcra
+    limit: 20
+    period: 1s
+    burst: 5
+    max_wait: 30s
+  - name: tenant-policy
+    tasks: ["report:*"]
+    subject: {payload_field: tenant}
+    max_wait: 2s
+    limits:
+      - {name: per10s, algorithm: sliding_window, limit: 200, period: 10s, precision: 500ms}
+      - {name: hourly, algorithm: fixed_window, limit: 5000, period: 1h}
+  - name: global
+    tasks: ["*"]
+    subject: {fixed: global}
+    algorithm: leaky-bucket
+    limit: 1000
+    period: 1m
+`
+
+func TestParseConfig(t *testing.T) {
+	c, err := ParseConfig("rules.yaml", []byte(validConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &Config{
+		File: "rules.yaml", Prefix: "billing:", FailOpen: true,
+		Rules: []RuleConfig{
+			{
+				Name: "stripe", Tasks: []string{"stripe:*", "invoice:send"}, Subject: SubjectConfig{PayloadField: "account_id"},
+				Limits:  []throttle.Rule{{Name: "stripe", Algorithm: throttle.GCRA, Limit: throttle.Limit{Count: 20, Period: time.Second, Burst: 5}}},
+				MaxWait: 30 * time.Second, Line: 5,
+			},
+			{
+				Name: "tenant-policy", Tasks: []string{"report:*"}, Subject: SubjectConfig{PayloadField: "tenant"},
+				Limits: []throttle.Rule{
+					{Name: "tenant-policy.per10s", Algorithm: throttle.SlidingWindow, Limit: throttle.Limit{Count: 200, Period: 10 * time.Second, Burst: 200}, Precision: 500 * time.Millisecond},
+					{Name: "tenant-policy.hourly", Algorithm: throttle.FixedWindow, Limit: throttle.Limit{Count: 5000, Period: time.Hour, Burst: 5000}},
+				},
+				MaxWait: 2 * time.Second, Line: 13,
+			},
+			{
+				Name: "global", Tasks: []string{"*"}, Subject: SubjectConfig{Fixed: "global"},
+				Limits: []throttle.Rule{{Name: "global", Algorithm: throttle.GCRA, Limit: throttle.Limit{Count: 1000, Period: time.Minute, Burst: 1000}}},
+				Line:   20,
+			},
+		},
+	}
+	if !reflect.DeepEqual(c, want) {
+		t.Errorf("ParseConfig =\n%+v\nwant\n%+v", c, want)
+	}
+	for typ, rule := range map[string]string{"stripe:charge": "stripe", "invoice:send": "stripe", "report:daily": "tenant-policy", "email:send": "global"} {
+		if r, ok := c.RuleFor(typ); !ok || r.Name != rule {
+			t.Errorf("RuleFor(%q) = %q, %v; want %q", typ, r.Name, ok, rule)
+		}
+	}
+
+	min, err := ParseConfig("min.yaml", []byte("rules: [{name: a, tasks: [a], subject: {fixed: x}, algorithm: token_bucket, limit: 1, period: 1h}]"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if min.Prefix != DefaultConfigPrefix || min.FailOpen || min.Rules[0].MaxWait != 0 || min.Rules[0].Limits[0].Limit.Burst != 1 {
+		t.Errorf("defaults: %+v", min)
+	}
+}
+
+func TestLoadConfig(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "rules.yaml")
+	if err := os.WriteFile(path, []byte(strings.Replace(validConfig, "limit: 20", "limit: 0", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := LoadConfig(path)
+	var ce *ConfigError
+	if !errors.As(err, &ce) || ce.File != path || ce.Line != 9 || ce.Rule != "stripe" || ce.Field != "limit" {
+		t.Errorf("got %v; want a *ConfigError at %s:9, rule stripe, field limit", err, path)
+	}
+	if _, err := LoadConfig(filepath.Join(t.TempDir(), "missing.yaml")); err == nil || !strings.Contains(err.Error(), "missing.yaml") {
+		t.Errorf("missing file: %v", err)
+	}
+}
+
+// rule is a valid rule body, indented for the rules list; tests replace
+// lines of it.
+const rule = `rules:
+  - name: stripe
+    tasks: ["stripe:*"]
+    subject: {payload_field: account_id}
+    algorithm: gcra
+    limit: 20
+    period: 1s
+`
+
+func TestParseConfigErrors(t *testing.T) {
+	edit := func(old, new string) string {
+		if !strings.Contains(rule, old) {
+			panic("test edit: " + old)
+		}
+		return strings.Replace(rule, old, new, 1)
+	}
+	policy := func(limits string) string {
+		return "rules:\n  - name: p\n    tasks: [r]\n    subject: {fixed: x}\n    limits:\n" + limits
+	}
+	for _, tc := range []struct {
+		name, yaml, want string
+	}{
+		// The file as a whole.
+		{"empty", "", `rules.yaml: the file is empty; it needs a rules list (see worker/README.md)`},
+		{"comments only", "# nothing\n", `rules.yaml: the file is empty; it needs a rules list (see worker/README.md)`},
+		{"syntax", "rules:\n  - name: a\n    tasks: [b\n", `rules.yaml:2: invalid YAML: did not find expected ',' or ']'`},
+		{"bad indent", "rules:\n  - name: a\n   tasks: [b]\n", `rules.yaml:1: invalid YAML: did not find expected '-' indicator`}, // the line yaml reports
+		{"tab indent", "rules:\n\t- name: a\n", `rules.yaml:2: invalid YAML: found character that cannot start any token`},
+		{"two documents", rule + "---\nrules: []\n", `rules.yaml:8: a second YAML document; a rules file holds one`},
+		{"not a mapping", "- a\n- b\n", `rules.yaml:1: the file must be a mapping with the fields prefix, fail_open, rules`},
+		{"scalar", "hello\n", `rules.yaml:1: the file must be a mapping with the fields prefix, fail_open, rules`},
+		{"unknown top-level", "prefx: a\n" + rule, `rules.yaml:1: unknown field "prefx" in the file; allowed: prefix, fail_open, rules`},
+		{"repeated top-level", "prefix: a\nprefix: b\n" + rule, `rules.yaml:2: prefix: repeats the field set on line 1; give it once`},
+		{"no rules", "prefix: a\n", `rules.yaml:1: rules: missing; list at least one rule`},
+		{"empty rules", "rules: []\n", `rules.yaml:1: rules: a list must be a list of at least one rule`},
+		{"rules mapping", "rules: {a: 1}\n", `rules.yaml:1: rules: a mapping must be a list of at least one rule`},
+		{"null rules", "rules:\n", `rules.yaml:1: rules: an empty value must be a list of at least one rule`},
+		{"prefix braces", "prefix: \"a{b}\"\n" + rule, `rules.yaml:1: prefix: "a{b}" must not contain '{' or '}', which delimit the subject's hash tag`},
+		{"prefix empty", "prefix: \"\"\n" + rule, `rules.yaml:1: prefix: must not be empty; leave it out for "jobthrottle:"`},
+		{"prefix number", "prefix: 12\n" + rule, `rules.yaml:1: prefix: "12" must be a string`},
+		{"fail_open string", "fail_open: \"yes\"\n" + rule, `rules.yaml:1: fail_open: "yes" must be true or false`},
+		{"fail_open word", "fail_open: maybe\n" + rule, `rules.yaml:1: fail_open: "maybe" must be true or false`},
+
+		// A rule's own fields.
+		{"rule not a mapping", "rules: [stripe]\n", `rules.yaml:1: rule #1: a rule must be a mapping with the fields name, tasks, subject, algorithm, limit, period, burst, precision, max_wait, limits`},
+		{"unknown rule field", edit("    period: 1s\n", "    perod: 1s\n"), `rules.yaml:7: rule #1: unknown field "perod" in a rule; allowed: name, tasks, subject, algorithm, limit, period, burst, precision, max_wait, limits`},
+		{"repeated rule field", edit("    limit: 20\n", "    limit: 20\n    limit: 30\n"), `rules.yaml:7: rule #1: limit: repeats the field set on line 6; give it once`},
+		{"no name", edit("  - name: stripe\n    tasks", "  - tasks"), `rules.yaml:2: rule #1: name: missing; give the rule a name (letters, digits, '-' and '_' only, at most 64)`},
+		{"bad name", edit("name: stripe", "name: stripe.v2"), `rules.yaml:2: rule #1: name: "stripe.v2": use letters, digits, '-' and '_' only, at most 64`},
+		{"long name", edit("name: stripe", "name: "+strings.Repeat("a", 65)), `rules.yaml:2: rule #1: name: "` + strings.Repeat("a", 65) + `": use letters`},
+		{"name list", edit("name: stripe", "name: [a]"), `rules.yaml:2: rule #1: name: a list must be a string`},
+		{"duplicate name", rule + strings.Replace(rule[len("rules:\n"):], "stripe:*", "other", 1), `rules.yaml:8: rule #2: name: "stripe" is also the name of the rule on line 2; names must be unique`},
+		{"no tasks", edit("    tasks: [\"stripe:*\"]\n", ""), `rules.yaml:2: rule "stripe": tasks: missing; list the task types the rule applies to, such as ["email:send", "stripe:*"]`},
+		{"empty tasks", edit(`["stripe:*"]`, "[]"), `rules.yaml:3: rule "stripe": tasks: a list must be a list of at least one task type or pattern`},
+		{"tasks string", edit(`["stripe:*"]`, `"stripe:*"`), `rules.yaml:3: rule "stripe": tasks: "stripe:*" must be a list of at least one task type or pattern`},
+		{"empty pattern", edit(`["stripe:*"]`, `[""]`), `rules.yaml:3: rule "stripe": tasks: pattern "" is empty; give a task type such as "email:send" or a prefix pattern such as "stripe:*"`},
+		{"inner star", edit(`["stripe:*"]`, `["stripe:*:charge"]`), `rules.yaml:3: rule "stripe": tasks: pattern "stripe:*:charge": '*' may only end a pattern, as in "stripe:*"`},
+		{"task not string", edit(`["stripe:*"]`, `[{a: b}]`), `rules.yaml:3: rule "stripe": tasks: a mapping must be a string`},
+		{"task twice", edit(`["stripe:*"]`, `["a", "a"]`), `rules.yaml:3: rule "stripe": tasks: "a" is listed twice`},
+		{"task in two rules", rule + strings.Replace(rule[len("rules:\n"):], "name: stripe", "name: other", 1), `rules.yaml:9: rule "other": tasks: "stripe:*" is also in rule "stripe"; a task type takes one rule`},
+
+		// Subjects.
+		{"no subject", edit("    subject: {payload_field: account_id}\n", ""), `rules.yaml:2: rule "stripe": subject: missing; give {payload_field: <JSON field>} or {fixed: <subject>}`},
+		{"subject string", edit("{payload_field: account_id}", "account_id"), `rules.yaml:4: rule "stripe": subject: subject must be a mapping with the fields fixed, payload_field`},
+		{"subject both", edit("{payload_field: account_id}", "{payload_field: a, fixed: b}"), `rules.yaml:4: rule "stripe": subject: give {payload_field: <JSON field>} or {fixed: <subject>}, exactly one of them`},
+		{"subject neither", edit("{payload_field: account_id}", "{}"), `rules.yaml:4: rule "stripe": subject: give {payload_field: <JSON field>} or {fixed: <subject>}, exactly one of them`},
+		{"subject unknown", edit("{payload_field: account_id}", "{header: tenant}"), `rules.yaml:4: rule "stripe": subject: unknown field "header" in subject; allowed: fixed, payload_field`},
+		{"fixed empty", edit("{payload_field: account_id}", `{fixed: ""}`), `rules.yaml:4: rule "stripe": subject.fixed: "": throttle: invalid subject: empty`},
+		{"fixed number", edit("{payload_field: account_id}", `{fixed: 7}`), `rules.yaml:4: rule "stripe": subject.fixed: "7" must be a string`},
+		{"payload field empty", edit("{payload_field: account_id}", `{payload_field: ""}`), `rules.yaml:4: rule "stripe": subject.payload_field: must name a top-level field of the JSON payload, such as "tenant_id"`},
+
+		// A single limit.
+		{"no algorithm", edit("    algorithm: gcra\n", ""), `rules.yaml:2: rule "stripe": algorithm: missing; one of fixed_window, sliding_log, sliding_window, token_bucket, gcra`},
+		{"unknown algorithm", edit("algorithm: gcra", "algorithm: leaky"), `rules.yaml:5: rule "stripe": algorithm: "leaky" is not one of fixed_window, sliding_log, sliding_window, token_bucket, gcra (or leaky_bucket)`},
+		{"no limit", edit("    limit: 20\n", ""), `rules.yaml:2: rule "stripe": limit: missing; how many tasks per period, such as 20`},
+		{"limit zero", edit("limit: 20", "limit: 0"), `rules.yaml:6: rule "stripe": limit: "0" must be a whole number from 1 to 1099511627776`},
+		{"limit negative", edit("limit: 20", "limit: -5"), `rules.yaml:6: rule "stripe": limit: "-5" must be a whole number from 1 to 1099511627776`},
+		{"limit float", edit("limit: 20", "limit: 2.5"), `rules.yaml:6: rule "stripe": limit: "2.5" must be a whole number from 1 to 1099511627776`},
+		{"limit string", edit("limit: 20", `limit: "20"`), `rules.yaml:6: rule "stripe": limit: "20" must be a whole number from 1 to 1099511627776`},
+		{"limit huge", edit("limit: 20", "limit: 99999999999999999999999"), `rules.yaml:6: rule "stripe": limit: "99999999999999999999999" must be a whole number from 1 to 1099511627776`},
+		{"limit null", edit("limit: 20", "limit:"), `rules.yaml:6: rule "stripe": limit: an empty value must be a whole number from 1 to 1099511627776`},
+		{"no period", edit("    period: 1s\n", ""), `rules.yaml:2: rule "stripe": period: missing; a duration such as 1s, 1m or 1h`},
+		{"period zero", edit("period: 1s", "period: 0s"), `rules.yaml:7: rule "stripe": period: "0s" must be at least 1µs`},
+		{"period no unit", edit("period: 1s", "period: 1"), `rules.yaml:7: rule "stripe": period: "1" must be a duration with a unit, such as 1s, 500ms or 1h`},
+		{"period negative", edit("period: 1s", "period: -1s"), `rules.yaml:7: rule "stripe": period: "-1s" must be at least 1µs`},
+		{"period garbage", edit("period: 1s", "period: soon"), `rules.yaml:7: rule "stripe": period: "soon" is not a duration; write a number and a unit (ns, us, ms, s, m, h), such as 1s, 500ms or 1h`},
+		{"period days", edit("period: 1s", "period: 1d"), `rules.yaml:7: rule "stripe": period: "1d" is not a duration`},
+		{"period too long", edit("period: 1s", "period: 100000h"), `rules.yaml:7: rule "stripe": period: "100000h" must be at most 87600h0m0s`},
+		{"period nanoseconds", edit("period: 1s", "period: 1500ns"), `rules.yaml:7: rule "stripe": period: "1500ns" must be a whole number of microseconds`},
+		{"burst zero", rule + "    burst: 0\n", `rules.yaml:8: rule "stripe": burst: "0" must be a whole number from 1 to 1099511627776`},
+		{"burst horizon", edit("period: 1s", "period: 87600h") + "    burst: 40\n", `rules.yaml:8: rule "stripe": burst: 40 burst × period / count must be at most 87600h0m0s`},
+		{"burst on a window", edit("algorithm: gcra", "algorithm: fixed_window") + "    burst: 5\n", `rules.yaml:8: rule "stripe": burst: applies only to token_bucket and gcra; fixed_window admits limit per period`},
+		{"precision elsewhere", rule + "    precision: 100ms\n", `rules.yaml:8: rule "stripe": precision: applies only to sliding_window`},
+		{"precision over period", edit("algorithm: gcra", "algorithm: sliding_window") + "    precision: 2s\n", `rules.yaml:8: rule "stripe": precision: "2s" must not exceed the period 1s`},
+		{"precision zero", edit("algorithm: gcra", "algorithm: sliding_window") + "    precision: 0s\n", `rules.yaml:8: rule "stripe": precision: "0s" must be at least 1µs`},
+		{"too many buckets", edit("algorithm: gcra", "algorithm: sliding_window") + "    precision: 10us\n", `rules.yaml:8: rule "stripe": precision: 10µs gives more than 10000 buckets per period 1s`},
+		{"max_wait negative", rule + "    max_wait: -1s\n", `rules.yaml:8: rule "stripe": max_wait: "-1s" must be at least 0s`},
+		{"max_wait number", rule + "    max_wait: 30\n", `rules.yaml:8: rule "stripe": max_wait: "30" must be a duration with a unit`},
+
+		// Policies.
+		{"limits with algorithm", edit("    tasks:", "    limits: [{name: a, algorithm: gcra, limit: 1, period: 1s}]\n    tasks:"), `rules.yaml:6: rule "stripe": algorithm: cannot be combined with limits; set it in each of the limits`},
+		{"limits empty", policy("      []\n"), `rules.yaml:6: rule "p": limits: a list must be a list of at least one limit`},
+		{"limits mapping", "rules:\n  - name: p\n    tasks: [r]\n    subject: {fixed: x}\n    limits: {a: 1}\n", `rules.yaml:5: rule "p": limits: a mapping must be a list of at least one limit`},
+		{"limit not a mapping", policy("      - per10s\n"), `rules.yaml:6: rule "p": limits[1]: a limit must be a mapping with the fields name, algorithm, limit, period, burst, precision`},
+		{"limit unknown field", policy("      - {name: a, algorithm: gcra, limit: 1, period: 1s, max_wait: 1s}\n"), `rules.yaml:6: rule "p": limits[1]: unknown field "max_wait" in a limit; allowed: name, algorithm, limit, period, burst, precision`},
+		{"limit no name", policy("      - {algorithm: gcra, limit: 1, period: 1s}\n"), `rules.yaml:6: rule "p": limits[1].name: missing; give each limit of a policy a name`},
+		{"limit bad name", policy("      - {name: a.b, algorithm: gcra, limit: 1, period: 1s}\n"), `rules.yaml:6: rule "p": limits[1].name: "a.b": use letters, digits, '-' and '_' only, at most 64`},
+		{"limit duplicate name", policy("      - {name: a, algorithm: gcra, limit: 1, period: 1s}\n      - {name: a, algorithm: gcra, limit: 2, period: 1s}\n"), `rules.yaml:7: rule "p": limits[2].name: "a" is also the name of the limit on line 6; names must be unique within a rule`},
+		{"limit bad period", policy("      - {name: a, algorithm: gcra, limit: 1, period: 1s}\n      - name: b\n        algorithm: fixed_window\n        limit: 5\n        period: 0s\n"), `rules.yaml:10: rule "p": limits[2].period: "0s" must be at least 1µs`},
+		{"limit missing limit", policy("      - {name: a, algorithm: gcra, period: 1s}\n"), `rules.yaml:6: rule "p": limits[1].limit: missing; how many tasks per period, such as 20`},
+		{"limit burst on window", policy("      - {name: a, algorithm: sliding_log, limit: 3, period: 1s, burst: 2}\n"), `rules.yaml:6: rule "p": limits[1].burst: applies only to token_bucket and gcra; sliding_log admits limit per period`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := ParseConfig("rules.yaml", []byte(tc.yaml))
+			if err == nil {
+				t.Fatalf("ParseConfig succeeded: %+v", c)
+			}
+			var ce *ConfigError
+			if !errors.As(err, &ce) {
+				t.Fatalf("got %T %v, want a *ConfigError", err, err)
+			}
+			if !strings.HasPrefix(err.Error(), tc.want) {
+				t.Errorf("got  %s\nwant %s", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestSlidingLogLimit(t *testing.T) {
+	y := strings.Replace(strings.Replace(rule, "algorithm: gcra", "algorithm: sliding_log", 1), "limit: 20", "limit: 2000000", 1)
+	_, err := ParseConfig("rules.yaml", []byte(y))
+	want := `rules.yaml:6: rule "stripe": limit: "2000000" must be a whole number from 1 to 1000000 for sliding_log, which stores every admission; use sliding_window for more`
+	if err == nil || err.Error() != want {
+		t.Errorf("got  %v\nwant %s", err, want)
+	}
+}
+
+func TestConfigAnchors(t *testing.T) {
+	y := `rules:
+  - name: a
+    tasks: [a]
+    subject: &s {payload_field: tenant}
+    algorithm: gcra
+    limit: &l 10
+    period: 1s
+  - name: b
+    tasks: [b]
+    subject: *s
+    algorithm: token_bucket
+    limit: *l
+    period: 1m
+`
+	c, err := ParseConfig("rules.yaml", []byte(y))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Rules[1].Subject.PayloadField != "tenant" || c.Rules[1].Limits[0].Limit.Count != 10 {
+		t.Errorf("aliases not followed: %+v", c.Rules[1])
+	}
+}
+
+func FuzzParseConfig(f *testing.F) {
+	f.Add([]byte(validConfig))
+	f.Add([]byte(rule))
+	f.Add([]byte("rules: [{name: a, tasks: [a], subject: {fixed: x}, limits: [{name: b, algorithm: sliding_window, limit: 3, period: 1s, precision: 10ms}]}]"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := ParseConfig("fuzz.yaml", data)
+		if err != nil {
+			var ce *ConfigError
+			if !errors.As(err, &ce) {
+				t.Fatalf("error %T is not a *ConfigError: %v", err, err)
+			}
+			if !strings.HasPrefix(err.Error(), "fuzz.yaml") {
+				t.Fatalf("error does not name the file: %v", err)
+			}
+			return
+		}
+		// A config that parses is usable: every limit is valid.
+		if len(c.Rules) == 0 {
+			t.Fatal("a config without rules parsed")
+		}
+		for _, r := range c.Rules {
+			if len(r.Limits) == 0 || len(r.Tasks) == 0 || (r.Subject.Fixed == "") == (r.Subject.PayloadField == "") {
+				t.Fatalf("incomplete rule parsed: %+v", r)
+			}
+			for _, l := range r.Limits {
+				if err := l.Validate(); err != nil {
+					t.Fatalf("rule %q: invalid limit parsed: %v", r.Name, err)
+				}
+			}
+		}
+	})
+}
