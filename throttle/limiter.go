@@ -32,7 +32,9 @@ type Options struct {
 	Logger *slog.Logger
 	// OnRedisError, if set, is called with every error from Redis, after
 	// FailOpen has decided; failedOpen tells whether the request was
-	// admitted anyway. Use it for metrics. It must not block.
+	// admitted anyway. Use it for metrics. It must not block. Window
+	// waiters queued in this process behind one whose call failed take
+	// that answer without asking Redis again; each reports it here too.
 	OnRedisError func(err error, failedOpen bool)
 }
 
@@ -267,8 +269,31 @@ func (l *Limiter) request(op, subject string, n int, maxWait int64, tickets []st
 }
 
 // decide runs one allow or reserve decision. On success with ok=1 it also
-// returns the reservation holding the refund tickets.
+// returns the reservation holding the refund tickets. If Redis fails, a
+// fail-open limiter admits (a reservation without tickets).
 func (l *Limiter) decide(ctx context.Context, op, subject string, n int, maxWait int64) (Result, *Reservation, error) {
+	res, r, err := l.ask(ctx, op, subject, n, maxWait)
+	if re, ok := err.(*redisError); ok {
+		r, err := l.failOpenOr(ctx, op, subject, n, re.err)
+		if err != nil {
+			return Result{}, nil, err
+		}
+		return Result{Allowed: true, Rule: l.rules[0].Name, Limit: l.rules[0].Limit}, r, nil
+	}
+	return res, r, err
+}
+
+// failOpenOr answers a request that Redis failed with cause: admitted
+// without Redis if the limiter fails open, else a *redisError.
+func (l *Limiter) failOpenOr(ctx context.Context, op, subject string, n int, cause error) (*Reservation, error) {
+	if l.redisFailed(ctx, cause) {
+		return &Reservation{lim: l, subject: subject, n: n, at: time.Now()}, nil
+	}
+	return nil, &redisError{op: op, err: cause}
+}
+
+// ask is decide without FailOpen: a Redis failure is a *redisError.
+func (l *Limiter) ask(ctx context.Context, op, subject string, n int, maxWait int64) (Result, *Reservation, error) {
 	keys, args, err := l.request(op, subject, n, maxWait, nil)
 	if err != nil {
 		return Result{}, nil, err
@@ -276,10 +301,6 @@ func (l *Limiter) decide(ctx context.Context, op, subject string, n int, maxWait
 	reply, err := l.run(ctx, l.script, keys, args...).Slice()
 	sent := time.Now()
 	if err != nil {
-		if l.redisFailed(ctx, err) {
-			return Result{Allowed: true, Rule: l.rules[0].Name, Limit: l.rules[0].Limit},
-				&Reservation{lim: l, subject: subject, n: n, at: sent}, nil
-		}
 		return Result{}, nil, &redisError{op: op, err: err}
 	}
 	l.redisOK()
