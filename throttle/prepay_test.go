@@ -1,0 +1,186 @@
+package throttle
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+func TestPrepayRedeem(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := context.Background()
+		rule := Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(10).WithBurst(1)}
+		producer := mustNew(t, rdb, Options{}, rule)
+		worker := mustNew(t, rdb, Options{}, rule)
+
+		var receipts []string
+		for i := range 5 {
+			r, err := producer.PrepayN(ctx, "tenant", 1, time.Minute)
+			if err != nil {
+				t.Fatalf("PrepayN %d: %v", i, err)
+			}
+			if got, want := r.Delay(), time.Duration(i)*100*ms; got != want {
+				t.Errorf("PrepayN %d: Delay = %v, want %v", i, got, want)
+			}
+			if r.Receipt() == "" {
+				t.Fatalf("PrepayN %d: empty receipt", i)
+			}
+			receipts = append(receipts, r.Receipt())
+		}
+		// The prepaid permits are the ledger's: the next plain Wait comes
+		// after them.
+		if res := allow(t, worker, "tenant", 1); res.Allowed || res.RetryAfter != 500*ms {
+			t.Errorf("after 5 prepaid: allowed=%v RetryAfter=%v; want denied, 500ms", res.Allowed, res.RetryAfter)
+		}
+
+		time.Sleep(200 * ms)
+		for i, rc := range receipts {
+			d, ok, err := worker.Redeem(ctx, "tenant", rc)
+			if err != nil || !ok {
+				t.Fatalf("Redeem %d: %v, %v; want ok", i, ok, err)
+			}
+			if want := max(time.Duration(i)*100*ms-200*ms, 0); d != want {
+				t.Errorf("Redeem %d at 200ms: delay %v, want %v", i, d, want)
+			}
+		}
+		// Once only: a retry of the same job is charged as usual.
+		if _, ok, err := worker.Redeem(ctx, "tenant", receipts[0]); ok || err != nil {
+			t.Errorf("second Redeem: ok=%v err=%v; want not ok, nil", ok, err)
+		}
+		// Redeeming charged nothing.
+		if res := allow(t, worker, "tenant", 1); res.Allowed || res.RetryAfter != 300*ms {
+			t.Errorf("after redeeming: allowed=%v RetryAfter=%v; want denied, 300ms", res.Allowed, res.RetryAfter)
+		}
+	})
+}
+
+// A receipt proves a charge only to a limiter with the same rules, for the
+// same subject.
+func TestRedeemRejects(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := context.Background()
+		rule := Rule{Name: "api", Algorithm: TokenBucket, Limit: PerSecond(10)}
+		producer := mustNew(t, rdb, Options{}, rule)
+		r, err := producer.PrepayN(ctx, "tenant", 1, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rc := r.Receipt()
+		cases := []struct {
+			name    string
+			lim     *Limiter
+			subject string
+			receipt string
+		}{
+			{"other subject", producer, "other", rc},
+			{"other rules", mustNew(t, rdb, Options{}, rule, Rule{Name: "daily", Algorithm: GCRA, Limit: PerDay(1000)}), "tenant", rc},
+			{"other rule name", mustNew(t, rdb, Options{}, Rule{Name: "api2", Algorithm: TokenBucket, Limit: PerSecond(10)}), "tenant", rc},
+			{"other prefix", mustNew(t, rdb, Options{Prefix: "x:"}, rule), "tenant", rc},
+			{"unknown receipt", producer, "tenant", "0123456789abcdef0123456789abcdef"},
+			{"empty receipt", producer, "tenant", ""},
+			{"long receipt", producer, "tenant", string(make([]byte, 1000))},
+		}
+		for _, c := range cases {
+			if _, ok, err := c.lim.Redeem(ctx, c.subject, c.receipt); ok || err != nil {
+				t.Errorf("%s: ok=%v err=%v; want not ok, nil", c.name, ok, err)
+			}
+		}
+		if _, ok, _ := producer.Redeem(ctx, "tenant", rc); !ok {
+			t.Error("the right limiter could not redeem the receipt")
+		}
+		if _, _, err := producer.Redeem(ctx, "", rc); !errors.Is(err, ErrInvalidSubject) {
+			t.Errorf("empty subject: %v, want ErrInvalidSubject", err)
+		}
+	})
+}
+
+func TestPrepayCancelDropsReceiptAndRefunds(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := context.Background()
+		l := mustNew(t, rdb, Options{}, Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(10).WithBurst(1)})
+		first, err := l.PrepayN(ctx, "s", 1, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		second, err := l.PrepayN(ctx, "s", 1, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := second.Cancel(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok, _ := l.Redeem(ctx, "s", second.Receipt()); ok {
+			t.Error("a cancelled receipt was redeemed")
+		}
+		if res := allow(t, l, "s", 1); res.Allowed || res.RetryAfter != 100*ms {
+			t.Errorf("after Cancel: allowed=%v RetryAfter=%v; want denied, 100ms (the refunded slot)", res.Allowed, res.RetryAfter)
+		}
+		if _, ok, _ := l.Redeem(ctx, "s", first.Receipt()); !ok {
+			t.Error("the first receipt was lost")
+		}
+	})
+}
+
+// Receipts are kept keep after their slot, then forgotten.
+func TestPrepayReceiptExpires(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := context.Background()
+		l := mustNew(t, rdb, Options{}, Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(1).WithBurst(1)})
+		old, err := l.PrepayN(ctx, "s", 1, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(11 * time.Second)
+		// A later prepay trims the receipts past their keep.
+		fresh, err := l.PrepayN(ctx, "s", 1, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n, _ := rdb.ZCard(ctx, l.receiptsKey("s")).Result(); n != 1 {
+			t.Errorf("%d receipts kept, want 1 (the old one trimmed)", n)
+		}
+		if _, ok, _ := l.Redeem(ctx, "s", old.Receipt()); ok {
+			t.Error("an expired receipt was redeemed")
+		}
+		// The set's TTL outlives the newest receipt's keep, then it goes.
+		time.Sleep(10*time.Second + time.Millisecond)
+		if n, _ := rdb.Exists(ctx, l.receiptsKey("s")).Result(); n != 0 {
+			t.Error("receipt set outlived its last receipt's keep")
+		}
+		_ = fresh
+	})
+}
+
+func TestPrepayErrors(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := context.Background()
+		win := mustNew(t, rdb, Options{}, Rule{Name: "w", Algorithm: FixedWindow, Limit: PerSecond(1)})
+		if _, err := win.PrepayN(ctx, "s", 1, 0); !errors.Is(err, ErrNotReservable) {
+			t.Errorf("window limiter: %v, want ErrNotReservable", err)
+		}
+		l := mustNew(t, rdb, Options{MaxWait: time.Second}, Rule{Name: "b", Algorithm: GCRA, Limit: PerSecond(1).WithBurst(1)})
+		if _, err := l.PrepayN(ctx, "s", 2, 0); !errors.Is(err, ErrExceedsCapacity) {
+			t.Errorf("n above burst: %v, want ErrExceedsCapacity", err)
+		}
+		for range 2 {
+			if _, err := l.PrepayN(ctx, "s", 1, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		_, err := l.PrepayN(ctx, "s", 1, 0)
+		var de *DelayError
+		if !errors.As(err, &de) || !errors.Is(err, ErrMaxWait) || de.RetryAfter != 2*time.Second {
+			t.Errorf("beyond MaxWait: %v, want a *DelayError matching ErrMaxWait, RetryAfter 2s", err)
+		}
+		if n, _ := rdb.ZCard(ctx, l.receiptsKey("s")).Result(); n != 2 {
+			t.Errorf("%d receipts after a refused prepay, want 2", n)
+		}
+		if _, err := mustNew(t, downClient(t), Options{}, Rule{Name: "b", Algorithm: GCRA, Limit: PerSecond(1)}).PrepayN(ctx, "s", 1, 0); !errors.Is(err, ErrRedis) {
+			t.Errorf("Redis down: %v, want ErrRedis", err)
+		}
+	})
+}

@@ -1,0 +1,226 @@
+package throttle
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Transport is an http.RoundTripper that paces outbound requests with a
+// Limiter shared by every process that uses the same Redis:
+//
+//	lim, _ := throttle.New(rdb, throttle.Options{}, throttle.Rule{
+//		Name: "partner-api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(10)})
+//	tr, _ := throttle.NewTransport(lim, throttle.TransportOptions{})
+//	client := &http.Client{Transport: tr}
+//
+// Before each request it waits for a permit of the request's subject (by
+// default its host), as Limiter.Wait does: bounded by the request's
+// context, refunded if that context ends first.
+//
+// When the upstream answers 429 Too Many Requests or 503 Service
+// Unavailable with a Retry-After header (delta-seconds or an HTTP-date, RFC
+// 9110 §10.2.3), the transport pauses the subject in Redis (PauseFor) for
+// that long, capped at MaxPause: every worker on every machine then waits
+// until the upstream's time, not just the one that was told. A request
+// whose slot was booked before the pause (it was already waiting) checks
+// the pause once more before it is sent (one PTTL) and, if paused, books a
+// new slot after it.
+//
+// The response is returned to the caller unchanged; the transport never
+// retries by itself, so a request body is sent at most once. Retry at the
+// caller (an asynq retry, say): the retry waits out the pause.
+//
+// A Transport is safe for concurrent use.
+type Transport struct {
+	lim      *Limiter
+	subject  func(*http.Request) string
+	maxPause time.Duration
+	base     http.RoundTripper
+	onPause  func(subject string, d time.Duration, err error)
+}
+
+// DefaultMaxPause caps the pause a Retry-After can cause when
+// TransportOptions.MaxPause is zero. A longer Retry-After (an hourly
+// quota, or a wrong header) pauses this long; the request after it then
+// learns the rest.
+const DefaultMaxPause = 10 * time.Minute
+
+// pauseTimeout bounds the PauseFor call a transport makes after a 429,
+// which outlives the request's own context.
+const pauseTimeout = 5 * time.Second
+
+// TransportOptions configure a Transport. The zero value limits by host,
+// caps pauses at DefaultMaxPause and sends through http.DefaultTransport.
+type TransportOptions struct {
+	// Subject names what a request counts against. If nil, the request's
+	// host and port (URL.Host, else Host) is used. An empty subject fails
+	// the request with an error matching ErrInvalidSubject.
+	Subject func(*http.Request) string
+	// MaxPause caps the pause taken from a Retry-After. If zero,
+	// DefaultMaxPause is used. At most MaxPause (the constant).
+	MaxPause time.Duration
+	// Base sends the requests. If nil, http.DefaultTransport is used.
+	Base http.RoundTripper
+	// OnPause, if set, is called after a response paused a subject for d,
+	// with the error from Redis if the pause could not be recorded. Use it
+	// for logs and metrics; it must not block.
+	OnPause func(subject string, d time.Duration, err error)
+}
+
+var _ http.RoundTripper = (*Transport)(nil)
+
+// NewTransport returns a Transport that waits on lim before each request.
+// It returns an error if lim is nil or MaxPause is negative or above
+// MaxPause.
+func NewTransport(lim *Limiter, opts TransportOptions) (*Transport, error) {
+	if lim == nil {
+		return nil, errors.New("throttle: NewTransport: nil Limiter")
+	}
+	if opts.MaxPause < 0 || opts.MaxPause > MaxPause {
+		return nil, &ConfigError{Field: "max_pause", Reason: "must be between 0 (the default, " + DefaultMaxPause.String() + ") and " + MaxPause.String()}
+	}
+	t := &Transport{lim: lim, subject: opts.Subject, maxPause: opts.MaxPause, base: opts.Base, onPause: opts.OnPause}
+	if t.subject == nil {
+		t.subject = hostSubject
+	}
+	if t.maxPause == 0 {
+		t.maxPause = DefaultMaxPause
+	}
+	if t.base == nil {
+		t.base = http.DefaultTransport
+	}
+	return t, nil
+}
+
+// hostSubject is the default subject: the request's host[:port].
+func hostSubject(req *http.Request) string {
+	if req.URL != nil && req.URL.Host != "" {
+		return req.URL.Host
+	}
+	return req.Host
+}
+
+// RoundTrip waits for a permit, sends req through the base transport, and
+// pauses the subject if the response says so. It returns the limiter's
+// error (a *DelayError, ctx.Err(), an ErrRedis error…) without sending if
+// no permit could be had, and closes the request body then, as a
+// RoundTripper must.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	ctx := req.Context()
+	subject := t.subject(req)
+	if err := t.wait(ctx, subject); err != nil {
+		if req.Body != nil {
+			_ = req.Body.Close()
+		}
+		return nil, err
+	}
+	resp, err := t.base.RoundTrip(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
+		t.pause(ctx, subject, resp)
+	}
+	return resp, nil
+}
+
+// wait takes one permit for subject. A slot booked ahead may have been
+// overtaken by a pause while this request slept: then the permit is spent
+// (its slot has passed) and a new one is booked, after the pause.
+func (t *Transport) wait(ctx context.Context, subject string) error {
+	for {
+		r, err := t.lim.acquire(ctx, subject, 1)
+		if err != nil {
+			return err
+		}
+		if err := r.wait(ctx); err != nil {
+			return err
+		}
+		if r.delay <= 0 {
+			return nil // decided just now, after any pause
+		}
+		left, err := t.lim.Paused(ctx, subject)
+		if err != nil || left <= 0 {
+			// A permit is held; failing to learn of a pause must not
+			// cost the request.
+			return nil
+		}
+	}
+}
+
+// pause records the pause a 429 or 503 asks for, if its Retry-After
+// parses. An HTTP-date is read against the response's own Date when it
+// has one, so the local clock does not matter.
+func (t *Transport) pause(ctx context.Context, subject string, resp *http.Response) {
+	now := time.Now()
+	if date, err := http.ParseTime(resp.Header.Get("Date")); err == nil {
+		now = date
+	}
+	d, ok := ParseRetryAfter(resp.Header.Get("Retry-After"), now)
+	if !ok || d <= 0 {
+		return
+	}
+	d = min(d, t.maxPause)
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pauseTimeout)
+	defer cancel()
+	err := t.lim.PauseFor(pctx, subject, d)
+	if t.onPause != nil {
+		t.onPause(subject, d, err)
+	}
+}
+
+// maxDeltaSeconds is what a delta-seconds too large to represent counts
+// as: 2^31 seconds (about 68 years), as RFC 9111 §1.2.2 asks of caches.
+const maxDeltaSeconds = 1 << 31
+
+// ParseRetryAfter parses the value of a Retry-After header (RFC 9110
+// §10.2.3) into how long to wait from now. It accepts delta-seconds (a
+// non-negative decimal integer; values above 2^31 count as 2^31 seconds)
+// and an HTTP-date in any of the three formats RFC 9110 §5.6.7 requires
+// (IMF-fixdate, RFC 850, asctime); a date at or before now gives 0.
+// Surrounding spaces and tabs are ignored. Anything else, including an
+// empty value, a sign, a fraction or a zone other than GMT, reports
+// false.
+//
+// now is the reference for dates: the response's Date header when there
+// is one (so that the two server times are compared), else time.Now().
+func ParseRetryAfter(h string, now time.Time) (time.Duration, bool) {
+	h = strings.Trim(h, " \t")
+	if h == "" {
+		return 0, false
+	}
+	if isDigits(h) {
+		secs, err := strconv.ParseUint(h, 10, 64)
+		if err != nil || secs > maxDeltaSeconds { // only overflow fails here
+			secs = maxDeltaSeconds
+		}
+		return time.Duration(secs) * time.Second, true
+	}
+	when, err := http.ParseTime(h)
+	if err != nil {
+		return 0, false
+	}
+	// http.ParseTime reads the RFC 850 form's zone as any abbreviation;
+	// HTTP dates are GMT (asctime's ends in the year instead).
+	if last := h[strings.LastIndexAny(h, " \t")+1:]; last != "GMT" && !isDigits(last) {
+		return 0, false
+	}
+	d := when.Sub(now) // saturates rather than overflows
+	if d < 0 {
+		d = 0
+	}
+	return d, true
+}
+
+func isDigits(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
+}

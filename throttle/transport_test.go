@@ -1,0 +1,361 @@
+package throttle
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// roundTripFunc adapts a function to http.RoundTripper.
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
+
+// upstream is an in-memory third-party API (a network server would keep a
+// synctest bubble from ever advancing its clock). It answers 429 with
+// Retry-After to every request that comes before its own gate opens, and
+// the first request closes the gate for pause.
+type upstream struct {
+	pause   string        // Retry-After of the first answer
+	delay   time.Duration // how long each answer takes
+	mu      sync.Mutex
+	calls   []time.Duration // arrival of every request, offset from the bubble's start
+	openAt  time.Time       // the gate
+	tooMany int
+}
+
+func (u *upstream) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.Body != nil {
+		_, _ = io.Copy(io.Discard, req.Body)
+		_ = req.Body.Close()
+	}
+	u.mu.Lock()
+	now := time.Now()
+	u.calls = append(u.calls, at())
+	rec := httptest.NewRecorder()
+	rec.Header().Set("Date", now.UTC().Format(http.TimeFormat))
+	switch {
+	case len(u.calls) == 1:
+		d, _ := ParseRetryAfter(u.pause, now)
+		u.openAt = now.Add(d)
+		rec.Header().Set("Retry-After", u.pause)
+		rec.WriteHeader(http.StatusTooManyRequests)
+		u.tooMany++
+	case now.Before(u.openAt):
+		rec.Header().Set("Retry-After", "1")
+		rec.WriteHeader(http.StatusTooManyRequests)
+		u.tooMany++
+	default:
+		rec.WriteHeader(http.StatusOK)
+	}
+	u.mu.Unlock()
+	time.Sleep(u.delay)
+	return rec.Result(), nil
+}
+
+// newWorker builds what one worker process has: its own Redis client (to
+// the shared miniredis), its own Limiter and Transport.
+func newWorker(t *testing.T, m *miniredis.Miniredis, base http.RoundTripper, rule Rule) *http.Client {
+	t.Helper()
+	rdb := redis.NewClient(&redis.Options{
+		Addr:   "127.0.0.1:0",
+		Dialer: func(context.Context, string, string) (net.Conn, error) { return m.Dial() },
+	})
+	t.Cleanup(func() { _ = rdb.Close() })
+	tr, err := NewTransport(mustNew(t, rdb, Options{}, rule), TransportOptions{Base: base})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &http.Client{Transport: tr}
+}
+
+func get(t *testing.T, c *http.Client, url string) int {
+	t.Helper()
+	resp, err := c.Get(url)
+	if err != nil {
+		t.Errorf("GET %s: %v", url, err)
+		return 0
+	}
+	_ = resp.Body.Close()
+	return resp.StatusCode
+}
+
+// One 429 with Retry-After: 2 pauses both workers: the one that was told,
+// the other one (its own process, sharing only Redis), and a request of the
+// other that had already booked its slot before the 429 came.
+func TestTransportPauseReachesEveryWorker(t *testing.T) {
+	virtual(t, func(t *testing.T, _ *redis.Client, m *miniredis.Miniredis) {
+		up := &upstream{pause: "2", delay: 100 * ms}
+		rule := Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(2).WithBurst(1)}
+		a := newWorker(t, m, up, rule)
+		b := newWorker(t, m, up, rule)
+
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			if code := get(t, a, "http://api.example/first"); code != http.StatusTooManyRequests {
+				t.Errorf("first request: %d, want 429", code)
+			}
+		})
+		synctest.Wait() // a's request is at the upstream, slot 0 taken
+		wg.Go(func() { get(t, b, "http://api.example/booked") }) // books the slot at 500ms
+		wg.Wait()
+		// The 429 came at 100ms: the gate opens at 2.1s. b's request found
+		// the pause when its slot came and booked again, after it.
+		for range 3 {
+			wg.Go(func() { get(t, a, "http://api.example/a") })
+			wg.Go(func() { get(t, b, "http://api.example/b") })
+		}
+		wg.Wait()
+
+		if up.tooMany != 1 {
+			t.Errorf("upstream answered %d 429s, want 1", up.tooMany)
+		}
+		if len(up.calls) != 8 {
+			t.Fatalf("upstream saw %d requests, want 8", len(up.calls))
+		}
+		for i, c := range up.calls[1:] {
+			// Every later request at or after the gate, 500ms apart.
+			if want := 2100*ms + time.Duration(i)*500*ms; c != want {
+				t.Errorf("request %d at %v, want %v", i+2, c, want)
+			}
+		}
+	})
+}
+
+// A Retry-After as an HTTP-date is read against the response's Date, and
+// a 503 pauses too.
+func TestTransportHTTPDate503(t *testing.T) {
+	virtual(t, func(t *testing.T, _ *redis.Client, m *miniredis.Miniredis) {
+		var calls []time.Duration
+		base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			calls = append(calls, at())
+			rec := httptest.NewRecorder()
+			if len(calls) == 1 {
+				// The server's clock is an hour ahead of ours: only the
+				// difference between its Date and its Retry-After counts.
+				date := time.Now().Add(time.Hour).UTC()
+				rec.Header().Set("Date", date.Format(http.TimeFormat))
+				rec.Header().Set("Retry-After", date.Add(3*time.Second).Format(http.TimeFormat))
+				rec.WriteHeader(http.StatusServiceUnavailable)
+			}
+			return rec.Result(), nil
+		})
+		c := newWorker(t, m, base, Rule{Name: "api", Algorithm: TokenBucket, Limit: PerSecond(10)})
+		get(t, c, "http://api.example/")
+		get(t, c, "http://api.example/")
+		if len(calls) != 2 || calls[1] != 3*time.Second {
+			t.Errorf("calls at %v, want [0s 3s]", calls)
+		}
+	})
+}
+
+// Responses that do not ask for a pause, or ask in a way that does not
+// parse, pause nothing; absurd pauses are capped at MaxPause.
+func TestTransportWhenToPause(t *testing.T) {
+	cases := []struct {
+		name       string
+		status     int
+		retryAfter string
+		maxPause   time.Duration
+		want       time.Duration // the pause the subject gets
+	}{
+		{"429 delta", 429, "2", 0, 2 * time.Second},
+		{"503 delta", 503, "7", 0, 7 * time.Second},
+		{"429 no header", 429, "", 0, 0},
+		{"429 garbage", 429, "soon", 0, 0},
+		{"429 negative", 429, "-5", 0, 0},
+		{"429 zero", 429, "0", 0, 0},
+		{"200 with header", 200, "30", 0, 0},
+		{"500 with header", 500, "30", 0, 0},
+		{"capped at default", 429, "999999999999999999999", 0, DefaultMaxPause},
+		{"capped at option", 429, "3600", time.Minute, time.Minute},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+				lim := mustNew(t, rdb, Options{}, Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(100)})
+				var paused []time.Duration
+				tr, err := NewTransport(lim, TransportOptions{
+					MaxPause: c.maxPause,
+					Base: roundTripFunc(func(*http.Request) (*http.Response, error) {
+						rec := httptest.NewRecorder()
+						if c.retryAfter != "" {
+							rec.Header().Set("Retry-After", c.retryAfter)
+						}
+						rec.WriteHeader(c.status)
+						return rec.Result(), nil
+					}),
+					OnPause: func(subject string, d time.Duration, err error) {
+						if subject != "api.example:8080" || err != nil {
+							t.Errorf("OnPause(%q, %v, %v)", subject, d, err)
+						}
+						paused = append(paused, d)
+					},
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp, err := (&http.Client{Transport: tr}).Get("http://api.example:8080/x")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if resp.StatusCode != c.status {
+					t.Errorf("status %d, want %d: the response is passed on unchanged", resp.StatusCode, c.status)
+				}
+				left, err := lim.Paused(context.Background(), "api.example:8080")
+				if err != nil || left != c.want {
+					t.Errorf("Paused = %v, %v; want %v", left, err, c.want)
+				}
+				if (c.want > 0) != (len(paused) == 1) || (c.want > 0 && paused[0] != c.want) {
+					t.Errorf("OnPause calls %v, want one with %v", paused, c.want)
+				}
+			})
+		})
+	}
+}
+
+// trackedBody records whether the transport closed it.
+type trackedBody struct {
+	io.Reader
+	closed atomic.Bool
+}
+
+func (b *trackedBody) Close() error { b.closed.Store(true); return nil }
+
+// A request whose context ends while it waits returns at once, is never
+// sent, closes its body and gives its slot back.
+func TestTransportCancelWhileWaiting(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		lim := mustNew(t, rdb, Options{}, Rule{Name: "api", Algorithm: GCRA, Limit: Every(time.Second)})
+		var sent atomic.Int64
+		tr, _ := NewTransport(lim, TransportOptions{Base: roundTripFunc(func(*http.Request) (*http.Response, error) {
+			sent.Add(1)
+			return httptest.NewRecorder().Result(), nil
+		})})
+		c := &http.Client{Transport: tr}
+		get(t, c, "http://h/") // takes the slot at 0; the next is at 1s
+
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(200*ms, cancel)
+		body := &trackedBody{Reader: strings.NewReader("payload")}
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://h/", body)
+		start := at()
+		_, err := c.Do(req)
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("Do: %v, want context.Canceled", err)
+		}
+		if got := at() - start; got != 200*ms {
+			t.Errorf("returned after %v, want 200ms (when cancelled)", got)
+		}
+		if !body.closed.Load() {
+			t.Error("request body not closed")
+		}
+		if sent.Load() != 1 {
+			t.Errorf("%d requests sent, want 1", sent.Load())
+		}
+		// The refunded slot at 1s is free again.
+		if res := allow(t, lim, "h", 1); res.Allowed || res.RetryAfter != 800*ms {
+			t.Errorf("after cancel: allowed=%v RetryAfter=%v; want denied, 800ms", res.Allowed, res.RetryAfter)
+		}
+	})
+}
+
+// A wait longer than the request's deadline fails at once, unsent.
+func TestTransportDeadline(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		lim := mustNew(t, rdb, Options{}, Rule{Name: "api", Algorithm: GCRA, Limit: Every(time.Second)})
+		if err := lim.PauseFor(context.Background(), "h", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		tr, _ := NewTransport(lim, TransportOptions{Base: roundTripFunc(func(*http.Request) (*http.Response, error) {
+			t.Error("request sent during the pause")
+			return nil, errors.New("unreachable")
+		})})
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://h/", nil)
+		start := at()
+		_, err := (&http.Client{Transport: tr}).Do(req)
+		var de *DelayError
+		if !errors.As(err, &de) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Do: %v, want a *DelayError matching context.DeadlineExceeded", err)
+		}
+		if at() != start {
+			t.Errorf("took %v, want an immediate failure", at()-start)
+		}
+	})
+}
+
+// Window limiters decide when the permit is granted, so a pause reaches
+// their waiters without any re-check.
+func TestTransportWindowLimiter(t *testing.T) {
+	virtual(t, func(t *testing.T, _ *redis.Client, m *miniredis.Miniredis) {
+		up := &upstream{pause: "3"}
+		rule := Rule{Name: "api", Algorithm: SlidingLog, Limit: PerSecond(1)}
+		a, b := newWorker(t, m, up, rule), newWorker(t, m, up, rule)
+		var wg sync.WaitGroup
+		for range 3 {
+			wg.Go(func() { get(t, a, "http://api/") })
+			wg.Go(func() { get(t, b, "http://api/") })
+		}
+		wg.Wait()
+		if up.tooMany != 1 {
+			t.Errorf("%d 429s, want 1 (calls at %v)", up.tooMany, up.calls)
+		}
+		for _, c := range up.calls[1:] {
+			if c != 0 && c < 3*time.Second {
+				t.Errorf("request at %v, during the pause", c)
+			}
+		}
+	})
+}
+
+func TestTransportSubjectAndErrors(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		lim := mustNew(t, rdb, Options{}, Rule{Name: "api", Algorithm: GCRA, Limit: Every(time.Second)})
+		if _, err := NewTransport(nil, TransportOptions{}); err == nil {
+			t.Error("nil limiter accepted")
+		}
+		if _, err := NewTransport(lim, TransportOptions{MaxPause: -1}); err == nil {
+			t.Error("negative MaxPause accepted")
+		}
+		var got []string
+		tr, _ := NewTransport(lim, TransportOptions{
+			Subject: func(r *http.Request) string { return r.Header.Get("X-Tenant") },
+			Base: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+				got = append(got, r.Header.Get("X-Tenant"))
+				return httptest.NewRecorder().Result(), nil
+			}),
+		})
+		c := &http.Client{Transport: tr}
+		for _, tenant := range []string{"t1", "t2", "t1"} {
+			req, _ := http.NewRequest(http.MethodGet, "http://h/", nil)
+			req.Header.Set("X-Tenant", tenant)
+			resp, err := c.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = resp.Body.Close()
+		}
+		// t1 and t2 are separate subjects: only t1's second request waited.
+		if at() != time.Second || len(got) != 3 {
+			t.Errorf("3 requests took %v (sent %v), want 1s", at(), got)
+		}
+		req, _ := http.NewRequest(http.MethodGet, "http://h/", nil)
+		if _, err := c.Do(req); !errors.Is(err, ErrInvalidSubject) {
+			t.Errorf("empty subject: %v, want ErrInvalidSubject", err)
+		}
+	})
+}
