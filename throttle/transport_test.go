@@ -108,8 +108,9 @@ func TestTransportPauseReachesEveryWorker(t *testing.T) {
 				t.Errorf("first request: %d, want 429", code)
 			}
 		})
-		synctest.Wait()                                          // a's request is at the upstream, slot 0 taken
-		wg.Go(func() { get(t, b, "http://api.example/booked") }) // books the slot at 500ms
+		// a's request is at the upstream, slot 0 taken; b books the slot at 500ms.
+		synctest.Wait()
+		wg.Go(func() { get(t, b, "http://api.example/booked") })
 		wg.Wait()
 		// The 429 came at 100ms: the gate opens at 2.1s. b's request found
 		// the pause when its slot came and booked again, after it.
