@@ -1,0 +1,18 @@
+// Command enqueue puts batches of asynq tasks in their queues, paced in the
+// same Redis ledger the workers' throttle rules use, once or on cron
+// schedules. See README.md.
+package main
+
+import (
+	"context"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
+	stop()
+	os.Exit(code)
+}

@@ -1,0 +1,222 @@
+package enqueue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/jobthrottle/jobthrottle/throttle"
+	"github.com/jobthrottle/jobthrottle/worker"
+)
+
+// virtual runs f in a synctest bubble with a miniredis inside it (over
+// net.Pipe), so Redis TIME and every timer follow the bubble's clock.
+func virtual(t *testing.T, f func(t *testing.T, rdb *redis.Client)) {
+	t.Helper()
+	synctest.Test(t, func(t *testing.T) {
+		m := miniredis.NewMiniRedis()
+		defer m.Close()
+		m.ClockTTL(true)
+		rdb := redis.NewClient(&redis.Options{
+			Addr:   "127.0.0.1:0",
+			Dialer: func(context.Context, string, string) (net.Conn, error) { return m.Dial() },
+		})
+		defer rdb.Close()
+		f(t, rdb)
+	})
+}
+
+// fakeClient records what a batch enqueues; fail, if set, decides
+// whether the i-th call (0-based) fails.
+type fakeClient struct {
+	mu    sync.Mutex
+	tasks []enqueuedTask
+	fail  func(i int) error
+}
+
+type enqueuedTask struct {
+	task      *asynq.Task
+	processAt time.Time // zero if not scheduled
+	queue     string
+}
+
+func (c *fakeClient) EnqueueContext(_ context.Context, task *asynq.Task, opts ...asynq.Option) (*asynq.TaskInfo, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.fail != nil {
+		if err := c.fail(len(c.tasks)); err != nil {
+			return nil, err
+		}
+	}
+	e := enqueuedTask{task: task}
+	for _, o := range opts {
+		switch o.Type() {
+		case asynq.ProcessAtOpt:
+			e.processAt = o.Value().(time.Time)
+		case asynq.QueueOpt:
+			e.queue = o.Value().(string)
+		}
+	}
+	c.tasks = append(c.tasks, e)
+	return &asynq.TaskInfo{ID: fmt.Sprint("id-", len(c.tasks))}, nil
+}
+
+var apiRule = throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(20).WithBurst(1)}
+
+func newLimiter(t *testing.T, rdb redis.UniversalClient, rules ...throttle.Rule) *throttle.Limiter {
+	t.Helper()
+	l, err := throttle.New(rdb, throttle.Options{Prefix: worker.DefaultConfigPrefix}, rules...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// A paced batch books one slot per task, an interval apart, schedules
+// each task for its slot and hands the worker a receipt it can redeem.
+func TestBatchPaced(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client) {
+		ctx := context.Background()
+		c := &fakeClient{}
+		var seen []Enqueued
+		b := Batch{
+			Type: "email:send", Count: 10, Payloads: [][]byte{[]byte(`{"to":"x"}`)},
+			Pacer:      &Pacer{Limiter: newLimiter(t, rdb, apiRule), Subject: worker.Fixed("acme")},
+			Options:    []asynq.Option{asynq.Queue("mail")},
+			OnEnqueued: func(e Enqueued) { seen = append(seen, e) },
+		}
+		start := time.Now()
+		res, err := b.Run(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Enqueued != 10 || !res.LastDue.Equal(start.Add(450*time.Millisecond)) {
+			t.Errorf("Result %+v, want 10 enqueued, last due at +450ms", res)
+		}
+		// The worker's limiter: same Redis, prefix and rule.
+		w := newLimiter(t, rdb, apiRule)
+		for i, e := range c.tasks {
+			want := start.Add(time.Duration(i) * 50 * time.Millisecond)
+			if !e.processAt.Equal(want) || e.queue != "mail" || string(e.task.Payload()) != `{"to":"x"}` {
+				t.Errorf("task %d: ProcessAt %v, queue %q, payload %s; want +%v, mail, the payload", i, e.processAt.Sub(start), e.queue, e.task.Payload(), want.Sub(start))
+			}
+			if seen[i].Index != i || seen[i].Count != 10 || !seen[i].Paced || !seen[i].Due.Equal(want) || seen[i].ID == "" {
+				t.Errorf("OnEnqueued %d: %+v", i, seen[i])
+			}
+			receipt := e.task.Headers()[worker.ReceiptHeader]
+			d, ok, err := w.Redeem(ctx, "acme", receipt)
+			if err != nil || !ok || d != want.Sub(start) {
+				t.Errorf("task %d: Redeem = %v, %v, %v; want %v, true", i, d, ok, err, want.Sub(start))
+			}
+		}
+		// The batch used the ledger: the workers' next permit is after it.
+		if res, _ := w.Allow(ctx, "acme"); res.Allowed || res.RetryAfter != 500*time.Millisecond {
+			t.Errorf("after the batch: allowed=%v RetryAfter=%v; want denied, 500ms", res.Allowed, res.RetryAfter)
+		}
+	})
+}
+
+// Each task's subject comes from its payload, as the workers take it:
+// subjects are paced separately.
+func TestBatchSubjectPerPayload(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client) {
+		c := &fakeClient{}
+		b := Batch{
+			Type:     "sync",
+			Payloads: [][]byte{[]byte(`{"t":"a"}`), []byte(`{"t":"b"}`), []byte(`{"t":"a"}`), []byte(`{"t":"b"}`)},
+			Pacer:    &Pacer{Limiter: newLimiter(t, rdb, apiRule), Subject: worker.PayloadField("t")},
+		}
+		start := time.Now()
+		if _, err := b.Run(context.Background(), c); err != nil {
+			t.Fatal(err)
+		}
+		want := []time.Duration{0, 0, 50 * time.Millisecond, 50 * time.Millisecond}
+		for i, e := range c.tasks {
+			if got := e.processAt.Sub(start); got != want[i] {
+				t.Errorf("task %d (%s) due at +%v, want +%v", i, e.task.Payload(), got, want[i])
+			}
+		}
+	})
+}
+
+// An unpaced batch is due at once and carries no receipt.
+func TestBatchUnpaced(t *testing.T) {
+	c := &fakeClient{}
+	b := Batch{Type: "t", Count: 3}
+	res, err := b.Run(context.Background(), c)
+	if err != nil || res.Enqueued != 3 {
+		t.Fatalf("Run = %+v, %v", res, err)
+	}
+	for i, e := range c.tasks {
+		if !e.processAt.IsZero() || len(e.task.Headers()) != 0 || e.task.Payload() != nil {
+			t.Errorf("task %d: ProcessAt %v, headers %v, payload %q; want none", i, e.processAt, e.task.Headers(), e.task.Payload())
+		}
+	}
+}
+
+// A task that fails to enqueue gives its slot back; the batch stops there.
+func TestBatchEnqueueFailureRefunds(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client) {
+		boom := errors.New("boom")
+		c := &fakeClient{fail: func(i int) error {
+			if i == 2 {
+				return boom
+			}
+			return nil
+		}}
+		lim := newLimiter(t, rdb, apiRule)
+		b := Batch{Type: "t", Count: 5, Pacer: &Pacer{Limiter: lim, Subject: worker.Fixed("s")}}
+		res, err := b.Run(context.Background(), c)
+		if !errors.Is(err, boom) || res.Enqueued != 2 {
+			t.Fatalf("Run = %+v, %v; want 2 enqueued and boom", res, err)
+		}
+		// Slots 0 and 50ms are taken; the third, at 100ms, was refunded.
+		r, err := lim.Reserve(context.Background(), "s")
+		if err != nil || r.Delay() != 100*time.Millisecond {
+			t.Errorf("next reservation: %v, %v; want the refunded slot at 100ms", r.Delay(), err)
+		}
+	})
+}
+
+func TestBatchValidate(t *testing.T) {
+	lim := newLimiter(t, redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), apiRule)
+	cases := []struct {
+		name string
+		b    Batch
+	}{
+		{"no type", Batch{Count: 1}},
+		{"negative count", Batch{Type: "t", Count: -1}},
+		{"nothing to enqueue", Batch{Type: "t"}},
+		{"count above payloads", Batch{Type: "t", Count: 3, Payloads: [][]byte{nil, nil}}},
+		{"pacer without limiter", Batch{Type: "t", Count: 1, Pacer: &Pacer{Subject: worker.Fixed("s")}}},
+		{"pacer without subject", Batch{Type: "t", Count: 1, Pacer: &Pacer{Limiter: lim}}},
+	}
+	for _, c := range cases {
+		if _, err := c.b.Run(context.Background(), &fakeClient{}); err == nil {
+			t.Errorf("%s: Run succeeded", c.name)
+		}
+	}
+}
+
+// A subject that cannot be derived fails the task before anything is
+// booked.
+func TestBatchBadSubject(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client) {
+		c := &fakeClient{}
+		b := Batch{Type: "t", Payloads: [][]byte{[]byte(`{"t":"a"}`), []byte(`{}`)},
+			Pacer: &Pacer{Limiter: newLimiter(t, rdb, apiRule), Subject: worker.PayloadField("t")}}
+		res, err := b.Run(context.Background(), c)
+		if err == nil || res.Enqueued != 1 {
+			t.Fatalf("Run = %+v, %v; want 1 enqueued, then an error", res, err)
+		}
+	})
+}

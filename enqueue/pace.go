@@ -1,0 +1,148 @@
+package enqueue
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/jobthrottle/jobthrottle/throttle"
+	"github.com/jobthrottle/jobthrottle/worker"
+)
+
+// PaceSpec names the ledger a batch is paced in: a rule of the workers'
+// rules file (preferred: it cannot disagree with the workers), or the same
+// rule spelled out inline.
+//
+// A paced task is charged once only if the worker's middleware finds its
+// receipt under the same prefix, subject and rule names: an inline rule
+// that differs from the workers' makes every task be charged twice.
+type PaceSpec struct {
+	// Rules is the workers' rules file (worker.LoadConfig). If set, the
+	// batch is paced under the rule the workers apply to its task type
+	// (Config.RuleFor); Rule, if also set, must name that rule.
+	Rules *worker.Config
+	// Rule is the rule's name: with Rules, a check; inline, the name the
+	// workers' rules file gives the rule (the last part of its Redis key).
+	Rule string
+
+	// Inline, when Rules is nil: the workers' rule.
+	Prefix    string               // key prefix; if empty, worker.DefaultConfigPrefix
+	Algorithm throttle.Algorithm   // GCRA or TokenBucket; if zero, GCRA
+	Limit     throttle.Limit       // count per period, burst
+	Subject   worker.SubjectConfig // exactly one of Fixed and PayloadField
+
+	// Keep is how long a receipt outlives its slot (Pacer.Keep).
+	Keep time.Duration
+}
+
+// Pacer builds the Pacer for batches of taskType on rdb. base supplies the
+// limiter's Logger and OnRedisError. Errors name what to fix.
+func (s *PaceSpec) Pacer(rdb redis.UniversalClient, taskType string, base throttle.Options) (*Pacer, error) {
+	if s.Rules != nil {
+		return s.rulesPacer(rdb, taskType, base)
+	}
+	if !nameRE.MatchString(s.Rule) {
+		return nil, fmt.Errorf("enqueue: pace rule name %q: use the name of the workers' rule (%s)", s.Rule, nameRule)
+	}
+	algo := s.Algorithm
+	if algo == 0 {
+		algo = throttle.GCRA
+	}
+	if algo != throttle.GCRA && algo != throttle.TokenBucket {
+		return nil, fmt.Errorf("enqueue: pace algorithm %v cannot book slots ahead; use gcra or token_bucket", algo)
+	}
+	if (s.Subject.Fixed == "") == (s.Subject.PayloadField == "") {
+		return nil, errors.New("enqueue: pace subject: give exactly one of a fixed subject and a payload field, as the workers' rule does")
+	}
+	prefix := s.Prefix
+	if prefix == "" {
+		prefix = worker.DefaultConfigPrefix
+	}
+	lim, err := throttle.New(rdb, throttle.Options{Prefix: prefix, Logger: base.Logger, OnRedisError: base.OnRedisError},
+		throttle.Rule{Name: s.Rule, Algorithm: algo, Limit: s.Limit})
+	if err != nil {
+		return nil, fmt.Errorf("enqueue: pace: %w", err)
+	}
+	return &Pacer{Limiter: lim, Subject: s.Subject.Subject(), Keep: s.Keep}, nil
+}
+
+func (s *PaceSpec) rulesPacer(rdb redis.UniversalClient, taskType string, base throttle.Options) (*Pacer, error) {
+	rc, err := s.rule(taskType)
+	if err != nil {
+		return nil, err
+	}
+	lim, err := s.Rules.Limiter(rdb, rc.Name, base)
+	if err != nil {
+		return nil, err
+	}
+	return &Pacer{Limiter: lim, Subject: rc.Subject.Subject(), Keep: s.Keep}, nil
+}
+
+// rule returns the rule of s.Rules that the workers apply to taskType,
+// checking that it agrees with s.Rule and can book ahead.
+func (s *PaceSpec) rule(taskType string) (worker.RuleConfig, error) {
+	rc, ok := s.Rules.RuleFor(taskType)
+	switch {
+	case !ok && s.Rule != "":
+		return rc, fmt.Errorf("enqueue: %s: rule %q does not apply to tasks of type %q, so the workers would charge them again; list the type in its tasks", s.Rules.File, s.Rule, taskType)
+	case !ok:
+		return rc, fmt.Errorf("enqueue: %s: no rule applies to tasks of type %q: the workers do not limit them, so there is nothing to pace against", s.Rules.File, taskType)
+	case s.Rule != "" && s.Rule != rc.Name:
+		return rc, fmt.Errorf("enqueue: %s: the workers apply rule %q to tasks of type %q, not %q; pacing under %q would charge every task twice", s.Rules.File, rc.Name, taskType, s.Rule, s.Rule)
+	}
+	for _, l := range rc.Limits {
+		if l.Algorithm != throttle.GCRA && l.Algorithm != throttle.TokenBucket {
+			return rc, fmt.Errorf("enqueue: %s:%d: rule %q: limit %q is %v, which cannot book slots ahead; pacing needs gcra or token_bucket", s.Rules.File, rc.Line, rc.Name, l.Name, l.Algorithm)
+		}
+	}
+	return rc, nil
+}
+
+// nameRE is what the workers' rules file allows as a rule name.
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+const nameRule = "letters, digits, '-' and '_', at most 64"
+
+// ParseRate parses a rate written count/period, such as "20/s", "100/m",
+// "5000/h", "20000/d" or "3/500ms" (any Go duration), into a Limit with
+// the given burst.
+func ParseRate(s string, burst int) (throttle.Limit, error) {
+	count, per, ok := strings.Cut(strings.TrimSpace(s), "/")
+	if !ok {
+		return throttle.Limit{}, fmt.Errorf("rate %q: write count/period, such as 20/s, 100/m or 3/500ms", s)
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(count))
+	if err != nil || n < 1 {
+		return throttle.Limit{}, fmt.Errorf("rate %q: the count %q must be a whole number of at least 1", s, count)
+	}
+	per = strings.TrimSpace(per)
+	var period time.Duration
+	switch per {
+	case "s", "sec", "second":
+		period = time.Second
+	case "m", "min", "minute":
+		period = time.Minute
+	case "h", "hour":
+		period = time.Hour
+	case "d", "day":
+		period = 24 * time.Hour
+	default:
+		if period, err = time.ParseDuration(per); err != nil {
+			return throttle.Limit{}, fmt.Errorf("rate %q: the period %q must be s, m, h, d or a duration such as 500ms", s, per)
+		}
+	}
+	l := throttle.Limit{Count: n, Period: period, Burst: burst}
+	if err := (throttle.Rule{Name: "rate", Algorithm: throttle.GCRA, Limit: l}).Validate(); err != nil {
+		var ce *throttle.ConfigError
+		if errors.As(err, &ce) {
+			return throttle.Limit{}, fmt.Errorf("rate %q: %s: %s", s, ce.Field, ce.Reason)
+		}
+		return throttle.Limit{}, fmt.Errorf("rate %q: %w", s, err)
+	}
+	return l, nil
+}

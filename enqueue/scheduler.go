@@ -1,0 +1,188 @@
+package enqueue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"github.com/robfig/cron/v3"
+
+	"github.com/jobthrottle/jobthrottle/throttle"
+)
+
+// SchedulerOptions configure a Scheduler.
+type SchedulerOptions struct {
+	// Redis holds the workers' ledger, for paced schedules. Required if
+	// any schedule is paced.
+	Redis redis.UniversalClient
+	// Client enqueues the tasks. Required.
+	Client Enqueuer
+	// Logger receives a line per firing, per overlap and per batch. If nil,
+	// slog.Default() is used.
+	Logger *slog.Logger
+	// OnBatch, if set, is called after each firing's batch is enqueued (or
+	// failed), before the firing waits for its last task to be due.
+	OnBatch func(schedule string, res Result, err error)
+}
+
+// A Scheduler enqueues each schedule's batch when its cron spec fires.
+//
+// A firing lasts until its batch is enqueued and its last task is due (the
+// batch's slot span when paced), so that a firing that comes while the
+// previous batch is still arriving is an overlap: skipped or delayed as the
+// schedule's overlap says, and logged; it never enqueues a second batch on
+// top of the first.
+type Scheduler struct {
+	cron    *cron.Cron
+	log     *slog.Logger
+	jobs    []*job
+	started atomic.Bool
+}
+
+// NewScheduler prepares s's schedules. s should come from LoadSchedules
+// (payload files and the workers' rules loaded). It builds each paced
+// schedule's limiter; errors name the schedule.
+func NewScheduler(s *Schedules, opts SchedulerOptions) (*Scheduler, error) {
+	if opts.Client == nil {
+		return nil, errors.New("enqueue: NewScheduler: nil Client")
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	sch := &Scheduler{cron: cron.New(cron.WithLogger(cron.DiscardLogger)), log: log}
+	for i := range s.Schedules {
+		sc := &s.Schedules[i]
+		j := &job{name: sc.Name, log: log.With("schedule", sc.Name), onBatch: opts.OnBatch, client: opts.Client}
+		j.batch = Batch{Type: sc.Type, Count: sc.Count, Payloads: sc.loaded}
+		if sc.Payload != nil {
+			j.batch.Payloads = [][]byte{sc.Payload}
+		}
+		if sc.Payloads != "" && sc.loaded == nil {
+			return nil, fmt.Errorf("enqueue: schedule %q: payloads %s not loaded; use LoadSchedules", sc.Name, sc.Payloads)
+		}
+		if sc.Queue != "" {
+			j.batch.Options = append(j.batch.Options, asynq.Queue(sc.Queue))
+		}
+		if sc.MaxRetry >= 0 {
+			j.batch.Options = append(j.batch.Options, asynq.MaxRetry(sc.MaxRetry))
+		}
+		if sc.Timeout > 0 {
+			j.batch.Options = append(j.batch.Options, asynq.Timeout(sc.Timeout))
+		}
+		if sc.Pace != nil {
+			if opts.Redis == nil {
+				return nil, fmt.Errorf("enqueue: schedule %q is paced but SchedulerOptions.Redis is nil", sc.Name)
+			}
+			if sc.Pace.Limit.Count == 0 && sc.Pace.Rules == nil {
+				sc.Pace.Rules = s.RulesConfig
+			}
+			if sc.Pace.Limit.Count == 0 && sc.Pace.Rules == nil {
+				return nil, fmt.Errorf("enqueue: schedule %q is paced under the workers' rules file, which is not loaded; use LoadSchedules", sc.Name)
+			}
+			p, err := sc.Pace.Pacer(opts.Redis, sc.Type, throttle.Options{Logger: log})
+			if err != nil {
+				return nil, fmt.Errorf("enqueue: schedule %q: %w", sc.Name, err)
+			}
+			j.batch.Pacer = p
+		}
+		if err := j.batch.Validate(); err != nil {
+			return nil, fmt.Errorf("enqueue: schedule %q: %w", sc.Name, err)
+		}
+		var policy cron.JobWrapper
+		if sc.Overlap == OverlapDelay {
+			policy = cron.DelayIfStillRunning(cron.DiscardLogger)
+		} else {
+			policy = cron.SkipIfStillRunning(cron.DiscardLogger)
+		}
+		j.id = sch.cron.Schedule(sc.schedule, cron.NewChain(j.noteOverlap(sc.Overlap), policy).Then(j))
+		sch.jobs = append(sch.jobs, j)
+	}
+	return sch, nil
+}
+
+// Run starts the schedules and blocks until ctx ends. Then it stops
+// firing, cancels the firings under way (a batch stops between two tasks;
+// tasks already enqueued stay) and waits for them to return. It can be
+// called once.
+func (s *Scheduler) Run(ctx context.Context) error {
+	if s.started.Swap(true) {
+		return errors.New("enqueue: Scheduler.Run called twice")
+	}
+	for _, j := range s.jobs {
+		j.ctx = ctx
+	}
+	s.cron.Start()
+	for _, j := range s.jobs {
+		s.log.Info("enqueue: schedule started", "schedule", j.name, "next", s.cron.Entry(j.id).Next.Format(time.RFC3339))
+	}
+	<-ctx.Done()
+	<-s.cron.Stop().Done()
+	return nil
+}
+
+// job is one schedule's firing.
+type job struct {
+	name    string
+	id      cron.EntryID
+	ctx     context.Context
+	log     *slog.Logger
+	client  Enqueuer
+	batch   Batch
+	onBatch func(string, Result, error)
+	running atomic.Bool
+	firings atomic.Int64
+}
+
+// noteOverlap logs a firing that comes while the previous one runs; the
+// policy wrapper after it then skips or delays it.
+func (j *job) noteOverlap(o Overlap) cron.JobWrapper {
+	return func(next cron.Job) cron.Job {
+		return cron.FuncJob(func() {
+			if j.running.Load() {
+				if o == OverlapDelay {
+					j.log.Warn("enqueue: firing delayed: the previous batch is still arriving (overlap: delay)")
+				} else {
+					j.log.Warn("enqueue: firing skipped: the previous batch is still arriving (overlap: skip)")
+				}
+			}
+			next.Run()
+		})
+	}
+}
+
+// Run enqueues one batch, then holds the firing until its last task is
+// due.
+func (j *job) Run() {
+	if j.ctx == nil || j.ctx.Err() != nil {
+		return
+	}
+	j.running.Store(true)
+	defer j.running.Store(false)
+	n := j.firings.Add(1)
+	start := time.Now()
+	j.log.Info("enqueue: firing", "firing", n, "type", j.batch.Type, "tasks", j.batch.size(), "paced", j.batch.Pacer != nil)
+	res, err := j.batch.Run(j.ctx, j.client)
+	if j.onBatch != nil {
+		j.onBatch(j.name, res, err)
+	}
+	if err != nil {
+		j.log.Error("enqueue: batch failed", "firing", n, "enqueued", res.Enqueued, "error", err)
+		return
+	}
+	j.log.Info("enqueue: batch enqueued", "firing", n, "enqueued", res.Enqueued,
+		"took", time.Since(start).Round(time.Millisecond), "last_due_in", time.Until(res.LastDue).Round(time.Millisecond))
+	if d := time.Until(res.LastDue); d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-j.ctx.Done():
+		}
+	}
+}

@@ -1,0 +1,610 @@
+package enqueue
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/robfig/cron/v3"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/jobthrottle/jobthrottle/throttle"
+	"github.com/jobthrottle/jobthrottle/worker"
+)
+
+// Schedules is a parsed schedules file (see cmd/enqueue/README.md):
+//
+//	rules: rules.yaml          # the workers' rules file, for paced schedules
+//	schedules:
+//	  - name: nightly-sync
+//	    cron: "0 2 * * *"
+//	    type: sync:account
+//	    payloads: accounts.jsonl
+//	    pace: {}               # the rule the workers apply to sync:account
+//	    overlap: skip
+type Schedules struct {
+	// File is the name the file was parsed under, used in messages.
+	File string
+	// Rules is the workers' rules file as written (relative to File's
+	// directory); "" if none. LoadSchedules loads it into RulesConfig.
+	Rules       string
+	RulesConfig *worker.Config
+	// Prefix is the key prefix of inline pace rules; if the file has none,
+	// worker.DefaultConfigPrefix.
+	Prefix    string
+	Schedules []Schedule
+}
+
+// Overlap says what a firing does while the schedule's previous batch is
+// still running (being enqueued, or its last task not yet due).
+type Overlap int
+
+const (
+	// OverlapSkip drops the firing (cron.SkipIfStillRunning). The default.
+	OverlapSkip Overlap = iota
+	// OverlapDelay runs the firing once the previous one is over
+	// (cron.DelayIfStillRunning).
+	OverlapDelay
+)
+
+func (o Overlap) String() string {
+	if o == OverlapDelay {
+		return "delay"
+	}
+	return "skip"
+}
+
+// Schedule is one entry of a schedules file.
+type Schedule struct {
+	Name     string
+	Cron     string // the spec as written
+	Timezone string // IANA zone; "" for the local zone
+	Type     string
+	Count    int    // 0: one task per line of Payloads
+	Payload  []byte // JSON, or nil
+	Payloads string // JSON-lines file as written, or ""
+	Queue    string // "" for asynq's default queue
+	MaxRetry int    // -1 for asynq's default
+	Timeout  time.Duration
+	Overlap  Overlap
+	// Pace is nil for an unpaced schedule. Its Rules is set by
+	// LoadSchedules from the file's rules.
+	Pace *PaceSpec
+	Line int
+
+	schedule cron.Schedule
+	loaded   [][]byte // payloads read by LoadSchedules
+}
+
+// Next returns the schedule's first firing after t.
+func (s *Schedule) Next(t time.Time) time.Time { return s.schedule.Next(t) }
+
+// ScheduleError reports an invalid schedules file. Its message names the
+// file, the line, the schedule and the field, and says what is allowed:
+//
+//	schedules.yaml:7: schedule "nightly": count: "0" must be a whole number from 1 to 10000000
+type ScheduleError struct {
+	File     string
+	Line     int    // 1-based; 0 if unknown
+	Schedule string // the schedule's name, or "#n" before its name is known; "" for file-level fields
+	Field    string // such as "count" or "pace.rate"; "" for the file as a whole
+	Reason   string
+}
+
+func (e *ScheduleError) Error() string {
+	var b strings.Builder
+	b.WriteString(e.File)
+	if e.Line > 0 {
+		b.WriteString(":" + strconv.Itoa(e.Line))
+	}
+	b.WriteString(": ")
+	switch {
+	case strings.HasPrefix(e.Schedule, "#"):
+		b.WriteString("schedule " + e.Schedule + ": ")
+	case e.Schedule != "":
+		b.WriteString("schedule " + strconv.Quote(e.Schedule) + ": ")
+	}
+	if e.Field != "" {
+		b.WriteString(e.Field + ": ")
+	}
+	b.WriteString(e.Reason)
+	return b.String()
+}
+
+// MaxCount bounds a schedule's count.
+const MaxCount = 10_000_000
+
+// The fields each mapping may have.
+var (
+	fileFields     = []string{"rules", "prefix", "schedules"}
+	scheduleFields = []string{"name", "cron", "timezone", "type", "count", "payload", "payloads", "queue", "max_retry", "timeout", "overlap", "pace"}
+	paceFields     = []string{"rule", "rate", "burst", "algorithm", "subject", "keep"}
+	inlineOnly     = []string{"burst", "algorithm", "subject"}
+	subjectFields  = []string{"fixed", "payload_field"}
+)
+
+// cronParser reads standard five-field specs, six fields with seconds
+// first, and descriptors such as @hourly and @every 10s.
+var cronParser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
+
+// LoadSchedules reads and parses the schedules file at path, then loads
+// the workers' rules file and the payload files it names (relative to its
+// directory) and checks that every paced schedule has a rule to pace under.
+func LoadSchedules(path string) (*Schedules, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("enqueue: reading schedules file: %w", err)
+	}
+	s, err := ParseSchedules(path, data)
+	if err != nil {
+		return nil, err
+	}
+	dir := filepath.Dir(path)
+	rel := func(p string) string {
+		if filepath.IsAbs(p) {
+			return p
+		}
+		return filepath.Join(dir, p)
+	}
+	if s.Rules != "" {
+		if s.RulesConfig, err = worker.LoadConfig(rel(s.Rules)); err != nil {
+			return nil, fmt.Errorf("enqueue: %s: rules: %w", path, err)
+		}
+	}
+	for i := range s.Schedules {
+		sc := &s.Schedules[i]
+		fail := func(field, format string, args ...any) error {
+			return &ScheduleError{File: path, Line: sc.Line, Schedule: sc.Name, Field: field, Reason: fmt.Sprintf(format, args...)}
+		}
+		if sc.Payloads != "" {
+			if sc.loaded, err = ReadPayloads(rel(sc.Payloads)); err != nil {
+				return nil, fail("payloads", "%v", err)
+			}
+			if len(sc.loaded) == 0 {
+				return nil, fail("payloads", "%s has no payload lines", sc.Payloads)
+			}
+			if sc.Count > len(sc.loaded) {
+				return nil, fail("count", "%d is more than the %d payloads in %s", sc.Count, len(sc.loaded), sc.Payloads)
+			}
+		}
+		if sc.Pace != nil && sc.Pace.Limit.Count == 0 {
+			sc.Pace.Rules = s.RulesConfig
+			if _, err := sc.Pace.rule(sc.Type); err != nil {
+				return nil, fail("pace", "%v", strings.TrimPrefix(err.Error(), "enqueue: "))
+			}
+		}
+	}
+	return s, nil
+}
+
+// ParseSchedules parses a schedules file; name is used in error messages.
+// It reads no other file (LoadSchedules does). It returns a
+// *ScheduleError for the first problem found: YAML syntax, a field that
+// is unknown, repeated, missing or of the wrong type, a value out of
+// range, or fields that do not go together.
+func ParseSchedules(name string, data []byte) (*Schedules, error) {
+	p := &parser{file: name}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, p.failf(nil, "", "the file is empty; it needs a schedules list (see cmd/enqueue/README.md)")
+		}
+		return nil, p.yamlError(err)
+	}
+	var more yaml.Node
+	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
+		if err != nil {
+			return nil, p.yamlError(err)
+		}
+		return nil, p.failf(&more, "", "a second YAML document; a schedules file holds one")
+	}
+	return p.parse(&doc)
+}
+
+// parser walks a schedules file's YAML nodes, keeping the file name and
+// the schedule being parsed for errors.
+type parser struct {
+	file     string
+	schedule string
+}
+
+func (p *parser) failf(n *yaml.Node, field, format string, args ...any) *ScheduleError {
+	e := &ScheduleError{File: p.file, Schedule: p.schedule, Field: field, Reason: fmt.Sprintf(format, args...)}
+	if n != nil {
+		e.Line = n.Line
+	}
+	return e
+}
+
+var yamlLineRE = regexp.MustCompile(`^yaml: (?:line (\d+): )?(.*)$`)
+
+func (p *parser) yamlError(err error) error {
+	e := &ScheduleError{File: p.file, Reason: "invalid YAML: " + err.Error()}
+	if m := yamlLineRE.FindStringSubmatch(err.Error()); m != nil {
+		e.Line, _ = strconv.Atoi(m[1])
+		e.Reason = "invalid YAML: " + m[2]
+	}
+	return e
+}
+
+func (p *parser) parse(doc *yaml.Node) (*Schedules, error) {
+	root := doc
+	if doc.Kind == yaml.DocumentNode {
+		if len(doc.Content) == 0 {
+			return nil, p.failf(doc, "", "the file is empty; it needs a schedules list (see cmd/enqueue/README.md)")
+		}
+		root = doc.Content[0]
+	}
+	fields, err := p.mapping(root, "", "the file", fileFields)
+	if err != nil {
+		return nil, err
+	}
+	s := &Schedules{File: p.file, Prefix: worker.DefaultConfigPrefix}
+	if n := fields["rules"]; n != nil {
+		if s.Rules, err = p.nonEmpty(n, "rules", "the path of the workers' rules file"); err != nil {
+			return nil, err
+		}
+	}
+	if n := fields["prefix"]; n != nil {
+		if s.Prefix, err = p.nonEmpty(n, "prefix", "the workers' key prefix"); err != nil {
+			return nil, err
+		}
+		if strings.ContainsAny(s.Prefix, "{}") {
+			return nil, p.failf(n, "prefix", "%q must not contain '{' or '}', which delimit the subject's hash tag", s.Prefix)
+		}
+	}
+	list := fields["schedules"]
+	if list == nil {
+		return nil, p.failf(root, "schedules", "missing; list at least one schedule")
+	}
+	if list.Kind != yaml.SequenceNode || len(list.Content) == 0 {
+		return nil, p.failf(list, "schedules", "%s must be a list of at least one schedule", describe(list))
+	}
+	names := map[string]int{}
+	for i, n := range list.Content {
+		sc, err := p.scheduleAt(resolve(n), i, names, s)
+		if err != nil {
+			return nil, err
+		}
+		s.Schedules = append(s.Schedules, sc)
+	}
+	return s, nil
+}
+
+func (p *parser) scheduleAt(n *yaml.Node, i int, names map[string]int, file *Schedules) (Schedule, error) {
+	p.schedule = "#" + strconv.Itoa(i+1)
+	fields, err := p.mapping(n, "", "a schedule", scheduleFields)
+	if err != nil {
+		return Schedule{}, err
+	}
+	sc := Schedule{Line: n.Line, MaxRetry: -1}
+
+	nn := fields["name"]
+	if nn == nil {
+		return sc, p.failf(n, "name", "missing; give the schedule a name (%s)", nameRule)
+	}
+	if sc.Name, err = p.str(nn, "name"); err != nil {
+		return sc, err
+	}
+	if !nameRE.MatchString(sc.Name) {
+		return sc, p.failf(nn, "name", "%q: use %s", sc.Name, nameRule)
+	}
+	if line, dup := names[sc.Name]; dup {
+		return sc, p.failf(nn, "name", "%q is also the name of the schedule on line %d; names must be unique", sc.Name, line)
+	}
+	names[sc.Name] = nn.Line
+	p.schedule = sc.Name
+
+	if v := fields["timezone"]; v != nil {
+		if sc.Timezone, err = p.nonEmpty(v, "timezone", "an IANA time zone such as UTC or Europe/Berlin"); err != nil {
+			return sc, err
+		}
+		if _, err := time.LoadLocation(sc.Timezone); err != nil || strings.ContainsAny(sc.Timezone, " \t\n") {
+			return sc, p.failf(v, "timezone", "%q is not a known time zone; use an IANA name such as UTC or Europe/Berlin", sc.Timezone)
+		}
+	}
+	cn := fields["cron"]
+	if cn == nil {
+		return sc, p.failf(n, "cron", `missing; give a cron spec such as "*/5 * * * *" (minute hour day month weekday), "*/10 * * * * *" (seconds first) or "@every 30s"`)
+	}
+	if sc.Cron, err = p.nonEmpty(cn, "cron", `a cron spec such as "*/5 * * * *" or "@every 30s"`); err != nil {
+		return sc, err
+	}
+	spec := sc.Cron
+	if sc.Timezone != "" {
+		if strings.HasPrefix(spec, "TZ=") || strings.HasPrefix(spec, "CRON_TZ=") {
+			return sc, p.failf(cn, "cron", "%q names a time zone and so does timezone; give it once", sc.Cron)
+		}
+		spec = "CRON_TZ=" + sc.Timezone + " " + spec
+	}
+	if sc.schedule, err = parseCron(spec); err != nil {
+		return sc, p.failf(cn, "cron", "%q: %v; use five fields (minute hour day month weekday), six with seconds first, or a descriptor such as @hourly or @every 30s", sc.Cron, err)
+	}
+
+	tn := fields["type"]
+	if tn == nil {
+		return sc, p.failf(n, "type", "missing; give the asynq task type, such as email:send")
+	}
+	if sc.Type, err = p.nonEmpty(tn, "type", "the asynq task type, such as email:send"); err != nil {
+		return sc, err
+	}
+
+	if v := fields["payload"]; v != nil {
+		if fields["payloads"] != nil {
+			return sc, p.failf(v, "payload", "cannot be combined with payloads; give one payload for every task, or a file of them")
+		}
+		var x any
+		if err := v.Decode(&x); err != nil {
+			return sc, p.failf(v, "payload", "%v", err)
+		}
+		if sc.Payload, err = json.Marshal(x); err != nil {
+			return sc, p.failf(v, "payload", "cannot be written as JSON (%v); use a mapping with string keys, a list or a scalar", err)
+		}
+	}
+	if v := fields["payloads"]; v != nil {
+		if sc.Payloads, err = p.nonEmpty(v, "payloads", "the path of a file with one JSON payload per line"); err != nil {
+			return sc, err
+		}
+	}
+	if v := fields["count"]; v != nil {
+		if sc.Count, err = p.integer(v, "count", 1, MaxCount); err != nil {
+			return sc, err
+		}
+	} else if sc.Payloads == "" {
+		return sc, p.failf(n, "count", "missing; give the number of tasks per firing (1 to %d), or a payloads file with one line per task", MaxCount)
+	}
+	if v := fields["queue"]; v != nil {
+		if sc.Queue, err = p.nonEmpty(v, "queue", "an asynq queue name"); err != nil {
+			return sc, err
+		}
+	}
+	if v := fields["max_retry"]; v != nil {
+		if sc.MaxRetry, err = p.integer(v, "max_retry", 0, 1000); err != nil {
+			return sc, err
+		}
+	}
+	if v := fields["timeout"]; v != nil {
+		if sc.Timeout, err = p.duration(v, "timeout", time.Second, 7*24*time.Hour); err != nil {
+			return sc, err
+		}
+	}
+	if v := fields["overlap"]; v != nil {
+		o, err := p.str(v, "overlap")
+		if err != nil {
+			return sc, err
+		}
+		switch o {
+		case "skip":
+			sc.Overlap = OverlapSkip
+		case "delay":
+			sc.Overlap = OverlapDelay
+		default:
+			return sc, p.failf(v, "overlap", "%q: use skip (drop a firing while the previous batch runs) or delay (run it after)", o)
+		}
+	}
+	if v := fields["pace"]; v != nil {
+		if sc.Pace, err = p.pace(v, file); err != nil {
+			return sc, err
+		}
+	}
+	return sc, nil
+}
+
+// pace reads a schedule's pace mapping: {} or {rule: name} for a rule of
+// the workers' rules file, or an inline rule with rate.
+func (p *parser) pace(n *yaml.Node, file *Schedules) (*PaceSpec, error) {
+	if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" {
+		return nil, p.failf(n, "pace", "is empty; write pace: {} to pace under the workers' rule for the type, or give its fields")
+	}
+	fields, err := p.mapping(n, "pace", "pace", paceFields)
+	if err != nil {
+		return nil, err
+	}
+	ps := &PaceSpec{Prefix: file.Prefix}
+	if v := fields["rule"]; v != nil {
+		if ps.Rule, err = p.str(v, "pace.rule"); err != nil {
+			return nil, err
+		}
+		if !nameRE.MatchString(ps.Rule) {
+			return nil, p.failf(v, "pace.rule", "%q: use the name of the workers' rule (%s)", ps.Rule, nameRule)
+		}
+	}
+	if v := fields["keep"]; v != nil {
+		if ps.Keep, err = p.duration(v, "pace.keep", time.Second, throttle.MaxPeriod); err != nil {
+			return nil, err
+		}
+	}
+	rate := fields["rate"]
+	if rate == nil {
+		for _, f := range inlineOnly {
+			if v := fields[f]; v != nil {
+				return nil, p.failf(v, "pace."+f, "comes from the workers' rules file; remove it, or give rate (and rule, subject) for an inline rule")
+			}
+		}
+		if file.Rules == "" {
+			return nil, p.failf(n, "pace", "needs the workers' rules file: set rules: at the top of the file, or give rate, rule and subject for an inline rule")
+		}
+		return ps, nil
+	}
+	// Inline: the workers' rule spelled out.
+	if fields["rule"] == nil {
+		return nil, p.failf(n, "pace.rule", "missing; an inline rule needs the name the workers' rules file gives it (the last part of its Redis key)")
+	}
+	burst := 1
+	if v := fields["burst"]; v != nil {
+		if burst, err = p.integer(v, "pace.burst", 1, throttle.MaxCount); err != nil {
+			return nil, err
+		}
+	}
+	rs, err := p.str(rate, "pace.rate")
+	if err != nil {
+		return nil, err
+	}
+	if ps.Limit, err = ParseRate(rs, burst); err != nil {
+		return nil, p.failf(rate, "pace.rate", "%v", err)
+	}
+	ps.Algorithm = throttle.GCRA
+	if v := fields["algorithm"]; v != nil {
+		as, err := p.str(v, "pace.algorithm")
+		if err != nil {
+			return nil, err
+		}
+		a, err := throttle.ParseAlgorithm(as)
+		if err != nil || (a != throttle.GCRA && a != throttle.TokenBucket) {
+			return nil, p.failf(v, "pace.algorithm", "%q: use gcra (leaky_bucket) or token_bucket, the algorithms that can book slots ahead", as)
+		}
+		ps.Algorithm = a
+	}
+	sn := fields["subject"]
+	if sn == nil {
+		return nil, p.failf(n, "pace.subject", "missing; give the workers' subject for the rule: {fixed: <subject>} or {payload_field: <JSON field>}")
+	}
+	sf, err := p.mapping(sn, "pace.subject", "subject", subjectFields)
+	if err != nil {
+		return nil, err
+	}
+	if len(sf) != 1 {
+		return nil, p.failf(sn, "pace.subject", "give exactly one of fixed and payload_field")
+	}
+	if v := sf["fixed"]; v != nil {
+		if ps.Subject.Fixed, err = p.str(v, "pace.subject.fixed"); err != nil {
+			return nil, err
+		}
+		if _, err := throttle.EncodeSubject(ps.Subject.Fixed); err != nil {
+			return nil, p.failf(v, "pace.subject.fixed", "%q: %v", ps.Subject.Fixed, err)
+		}
+	} else if ps.Subject.PayloadField, err = p.nonEmpty(sf["payload_field"], "pace.subject.payload_field", "a top-level field of the JSON payload"); err != nil {
+		return nil, err
+	}
+	if err := (throttle.Rule{Name: ps.Rule, Algorithm: ps.Algorithm, Limit: ps.Limit}).Validate(); err != nil {
+		return nil, p.failf(rate, "pace.rate", "%v", strings.TrimPrefix(err.Error(), "throttle: "))
+	}
+	return ps, nil
+}
+
+// parseCron parses a spec; robfig/cron panics on a few malformed specs,
+// which are errors here.
+func parseCron(spec string) (s cron.Schedule, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			s, err = nil, fmt.Errorf("malformed spec (%v)", r)
+		}
+	}()
+	return cronParser.Parse(spec)
+}
+
+// resolve follows an alias to its anchored node.
+func resolve(n *yaml.Node) *yaml.Node {
+	if n != nil && n.Kind == yaml.AliasNode && n.Alias != nil {
+		return n.Alias
+	}
+	return n
+}
+
+// mapping returns the fields of a mapping node by key, rejecting keys
+// that are not allowed or that repeat. what names the mapping in errors.
+func (p *parser) mapping(n *yaml.Node, field, what string, allowed []string) (map[string]*yaml.Node, error) {
+	n = resolve(n)
+	if n.Kind != yaml.MappingNode {
+		return nil, p.failf(n, field, "%s must be a mapping with the fields %s", what, strings.Join(allowed, ", "))
+	}
+	fields := map[string]*yaml.Node{}
+	keyLine := map[string]int{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := resolve(n.Content[i]), resolve(n.Content[i+1])
+		if k.Kind != yaml.ScalarNode {
+			return nil, p.failf(k, field, "%s has a key that is not a plain name", what)
+		}
+		name := k.Value
+		if line, dup := keyLine[name]; dup {
+			return nil, p.failf(k, join(field, name), "repeats the field set on line %d; give it once", line)
+		}
+		if !slices.Contains(allowed, name) {
+			return nil, p.failf(k, field, "unknown field %q in %s; allowed: %s", name, what, strings.Join(allowed, ", "))
+		}
+		keyLine[name] = k.Line
+		fields[name] = v
+	}
+	return fields, nil
+}
+
+// join appends a field name to a path: "pace" + "rate".
+func join(path, field string) string {
+	if path == "" {
+		return field
+	}
+	return path + "." + field
+}
+
+func (p *parser) str(n *yaml.Node, field string) (string, error) {
+	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!str" {
+		return "", p.failf(n, field, "%s must be a string", describe(n))
+	}
+	return n.Value, nil
+}
+
+// nonEmpty reads a string that must not be empty; what says what it is.
+func (p *parser) nonEmpty(n *yaml.Node, field, what string) (string, error) {
+	s, err := p.str(n, field)
+	if err != nil {
+		return "", err
+	}
+	if strings.TrimSpace(s) == "" {
+		return "", p.failf(n, field, "is empty; give %s", what)
+	}
+	return s, nil
+}
+
+func (p *parser) integer(n *yaml.Node, field string, lo, hi int64) (int, error) {
+	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" {
+		return 0, p.failf(n, field, "%s must be a whole number from %d to %d", describe(n), lo, hi)
+	}
+	var v int64
+	if err := n.Decode(&v); err != nil || v < lo || v > hi {
+		return 0, p.failf(n, field, "%q must be a whole number from %d to %d", n.Value, lo, hi)
+	}
+	return int(v), nil
+}
+
+// duration reads a Go duration such as 30s or 1h, from lo to hi.
+func (p *parser) duration(n *yaml.Node, field string, lo, hi time.Duration) (time.Duration, error) {
+	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!str" {
+		return 0, p.failf(n, field, "%s must be a duration with a unit, such as 30s, 5m or 1h", describe(n))
+	}
+	d, err := time.ParseDuration(n.Value)
+	switch {
+	case err != nil:
+		return 0, p.failf(n, field, "%q is not a duration; write a number and a unit (ms, s, m, h), such as 30s or 1h", n.Value)
+	case d < lo:
+		return 0, p.failf(n, field, "%q must be at least %v", n.Value, lo)
+	case d > hi:
+		return 0, p.failf(n, field, "%q must be at most %v", n.Value, hi)
+	}
+	return d, nil
+}
+
+// describe quotes a node for errors: a scalar's text, else its kind.
+func describe(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.ScalarNode:
+		if n.ShortTag() == "!!null" {
+			return "an empty value"
+		}
+		return strconv.Quote(n.Value)
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	}
+	return "this value"
+}
