@@ -376,8 +376,14 @@ func (l *Limiter) refund(ctx context.Context, subject string, n int, tickets []s
 	if err != nil {
 		return err
 	}
-	// The pause key, so that the script can hold a running pause (pause.go).
+	// The pause key, so that the script can hold a running pause (pause.go),
+	// then each rule's record of cancelled reservations, so that refunds
+	// arriving in any order give back everything (prelude.lua).
 	keys = append(keys, l.pauseKey(subject))
+	enc := escape(subject)
+	for _, r := range l.keyRules {
+		keys = append(keys, key(l.prefix, enc, r+cancelledSuffix))
+	}
 	if err := l.run(ctx, l.script, keys, args...).Err(); err != nil {
 		return &redisError{op: "refund", err: err}
 	}

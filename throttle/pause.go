@@ -11,6 +11,9 @@ import (
 const (
 	pauseSuffix    = "!pause"
 	receiptsSuffix = "!receipts"
+	// cancelledSuffix follows a rule's name: <rule>!cancelled records the
+	// rule's cancelled reservations that could not be given back yet.
+	cancelledSuffix = "!cancelled"
 )
 
 // MaxPause is the longest pause PauseFor accepts.

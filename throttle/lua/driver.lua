@@ -5,6 +5,9 @@
 --               <prefix>{<subject>}:!pause, holding the Redis time (µs) the
 --               pause ends; prepay: the subject's receipt set,
 --               <prefix>{<subject>}:!receipts
+-- KEYS[r+1+i] -> refund (optional): rule i's record of cancelled
+--               reservations, <prefix>{<subject>}:<rule>!cancelled
+--               (prelude.lua, cancelled_*)
 -- ARGV[1]    -> operation: 'allow', 'reserve', 'prepay', 'refund' or 'pause'
 -- ARGV[2]    -> n, the number of permits
 -- ARGV[3]    -> reserve, prepay: the longest delay accepted, microseconds
@@ -64,7 +67,7 @@ end
 if op == 'refund' then
   for i = 1, nrules do
     local algo, count, period, extra, ticket = rule(i)
-    if ticket ~= '' then refund[algo](KEYS[i], count, period, extra, n, ticket) end
+    if ticket ~= '' then refund[algo](KEYS[i], count, period, extra, n, ticket, KEYS[nrules + 1 + i]) end
   end
   if KEYS[nrules + 1] then
     local untl = tonumber(redis.call('GET', KEYS[nrules + 1]))

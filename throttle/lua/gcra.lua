@@ -24,14 +24,38 @@ check['gcra'] = function(key, count, period, burst, n, reserve, max_wait)
     end}
 end
 
--- ticket: the TAT this reservation left. Later reservations moved TAT
--- further; their share is not given back, only what is still free.
-refund['gcra'] = function(key, count, period, burst, n, ticket)
+-- ticket: the TAT this reservation left, the end of its place in the queue
+-- (ticket - n * T, ticket]. The last place gives TAT back to its start, and
+-- the cancelled places before it (ckey, prelude.lua) follow. An earlier
+-- place is recorded in ckey, unless the later reservations hold less than
+-- its n * T: then what they do not hold is given back at once, as
+-- golang.org/x/time/rate's Cancel does.
+refund['gcra'] = function(key, count, period, burst, n, ticket, ckey)
   local tat = tonumber(redis.call('GET', key))
-  if not tat then return end
-  local restore = n * (period / count) - (tat - tonumber(ticket))
-  if restore <= 0 then return end
-  tat = tat - restore
+  if not tat then
+    if ckey then redis.call('DEL', ckey) end
+    return
+  end
+  local T = period / count
+  local x = tonumber(ticket)
+  -- Places are at least T apart; tickets are exact to about 0.25µs.
+  local eps = math.min(T, 1) / 2
+  if tat - x > eps then
+    local restore = n * T - (tat - x)
+    if restore > 0 then
+      tat = tat - restore
+    elseif ckey and x > now then
+      cancelled_add(ckey, ticket, n, tat)
+      return
+    else
+      return
+    end
+  else
+    tat = x - n * T
+    if ckey then
+      tat = cancelled_pop(ckey, tat, eps, function(hn) return hn * T end, now)
+    end
+  end
   if tat <= now then
     redis.call('DEL', key)
   else

@@ -39,15 +39,44 @@ check['token_bucket'] = function(key, count, period, burst, n, reserve, max_wait
     end}
 end
 
--- ticket: the reservation's time to act. Tokens reserved after it were
--- granted times that assumed this reservation; they are not given back
--- (as golang.org/x/time/rate's Reservation.Cancel does).
-refund['token_bucket'] = function(key, count, period, burst, n, ticket)
-  if redis.call('EXISTS', key) == 0 then return end
+-- ticket: the reservation's time to act, the end of its place in the
+-- queue of reservations (ticket - n * period / count, ticket]. The last
+-- place gives its n tokens back and moves ev to its start, and the
+-- cancelled places before it (ckey, prelude.lua) follow. An earlier place
+-- is recorded in ckey, unless the tokens reserved after it are fewer than
+-- its n: then the difference is given back at once, as
+-- golang.org/x/time/rate's Cancel does.
+refund['token_bucket'] = function(key, count, period, burst, n, ticket, ckey)
+  if redis.call('EXISTS', key) == 0 then
+    if ckey then redis.call('DEL', ckey) end
+    return
+  end
   local tokens, ev = tb_load(key, count, period, burst)
-  local restore = n - (ev - tonumber(ticket)) * count / period
-  if restore <= 0 then return end
-  tb_store(key, count, period, burst, math.min(burst, tokens + restore), ev)
+  local x = tonumber(ticket)
+  local iv = period / count
+  -- Times to act are whole microseconds, rounded up: neighbours are
+  -- n * iv apart to within 1µs.
+  local eps = math.min(iv / 2, 1.5)
+  -- A place whose time to act passed still holds tokens that the bucket
+  -- has not refilled, until it would be full again: burst * iv later.
+  local stale = now - burst * iv
+  if ev - x > eps then
+    local restore = n - (ev - x) * count / period
+    if restore > 0 then
+      tb_store(key, count, period, burst, math.min(burst, tokens + restore), ev)
+    elseif ckey and x > stale then
+      cancelled_add(ckey, ticket, n, ev)
+    end
+    return
+  end
+  local back = n
+  ev = x - n * iv
+  if ckey then
+    local more
+    ev, more = cancelled_pop(ckey, ev, eps, function(hn) return hn * iv end, stale)
+    back = back + more
+  end
+  tb_store(key, count, period, burst, math.min(burst, tokens + back), ev)
 end
 
 -- pause: the bucket goes into debt so that it holds exactly one token at
