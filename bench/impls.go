@@ -164,7 +164,13 @@ func (c *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 
 func (c *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		c.n.Add(1)
+		setup := true
+		for _, cmd := range cmds {
+			setup = setup && connSetup(cmd)
+		}
+		if !setup {
+			c.n.Add(1)
+		}
 		return next(ctx, cmds)
 	}
 }

@@ -52,6 +52,7 @@ type runConfig struct {
 	TPGoroutines   int     `json:"throughput_goroutines"`
 	TPKeys         int     `json:"throughput_keys"`
 	TPDurationS    float64 `json:"throughput_duration_s"`
+	TPRounds       int     `json:"throughput_rounds"`
 	BenchRequests  int     `json:"redis_benchmark_requests"`
 	MemoryKeyScale float64 `json:"memory_key_scale"`
 }
@@ -141,13 +142,13 @@ func run(full bool, only string, dur time.Duration, skip, mdPath string, logf fu
 		skips[strings.TrimSpace(s)] = true
 	}
 	cfg := runConfig{Rate: 200, Bursts: []int{1, 10}, Waiters: []int{8, 64, 256}, Procs: []int{1, 4},
-		DurationS: 10, WindowBurst: 10, TPGoroutines: 50, TPKeys: 10_000, TPDurationS: 5,
+		DurationS: 10, WindowBurst: 10, TPGoroutines: 50, TPKeys: 10_000, TPDurationS: 3, TPRounds: 3,
 		BenchRequests: 200_000, MemoryKeyScale: 1}
 	mode := "full"
 	if !full {
 		mode = "quick"
 		cfg.Bursts, cfg.Waiters, cfg.DurationS = []int{10}, []int{8, 256}, 2
-		cfg.TPDurationS, cfg.BenchRequests, cfg.MemoryKeyScale = 2, 50_000, 0.1
+		cfg.TPDurationS, cfg.TPRounds, cfg.BenchRequests, cfg.MemoryKeyScale = 2, 1, 50_000, 0.1
 	}
 	if dur > 0 {
 		cfg.DurationS = dur.Seconds()
@@ -223,23 +224,30 @@ func run(full bool, only string, dur time.Duration, skip, mdPath string, logf fu
 	}
 	if !skips["throughput"] {
 		d := time.Duration(cfg.TPDurationS * float64(time.Second))
-		for _, name := range []string{"jobthrottle/gcra", "jobthrottle/token_bucket", "redis_rate"} {
-			tr, err := r.runThroughput(ctx, name, cfg.TPGoroutines, cfg.TPKeys, cfg.Rate, 10, d)
-			if err != nil {
-				res.Errors = append(res.Errors, fmt.Sprintf("throughput %s: %v", name, err))
-				logf("throughput %s: %v", name, err)
-				continue
+		names := []string{"jobthrottle/gcra", "jobthrottle/token_bucket", "redis_rate", "redis-benchmark"}
+		rounds := map[string][]*throughputResult{}
+		for round := 1; round <= cfg.TPRounds; round++ {
+			for _, name := range names {
+				var tr *throughputResult
+				var err error
+				if name == "redis-benchmark" {
+					tr, err = r.runRedisBenchmark(ctx, cfg.TPGoroutines, cfg.BenchRequests)
+				} else {
+					tr, err = r.runThroughput(ctx, name, cfg.TPGoroutines, cfg.TPKeys, cfg.Rate, 10, d)
+				}
+				if err != nil {
+					res.Errors = append(res.Errors, fmt.Sprintf("throughput %s: %v", name, err))
+					logf("throughput %s: %v", name, err)
+					continue
+				}
+				logf("throughput round %d %-26s %8.0f/s  rt/op %.3f  redis %.1fms/1k  client %.1fms/1k  errors %d", round, name, tr.OpsPerSec, tr.RTPerOp, tr.RedisCPUms, tr.ClientCPUms, tr.Errors)
+				rounds[name] = append(rounds[name], tr)
 			}
-			logf("throughput %-26s %8.0f Allow/s  rt/op %.3f  redis %.1fms/1k  client %.1fms/1k  errors %d", name, tr.OpsPerSec, tr.RTPerOp, tr.RedisCPUms, tr.ClientCPUms, tr.Errors)
-			res.Throughput = append(res.Throughput, tr)
 		}
-		tr, err := r.runRedisBenchmark(ctx, cfg.TPGoroutines, cfg.BenchRequests)
-		if err != nil {
-			res.Errors = append(res.Errors, fmt.Sprintf("redis-benchmark: %v", err))
-			logf("redis-benchmark: %v", err)
-		} else {
-			logf("throughput %-26s %8.0f EVALSHA/s  redis %.1fms/1k", "redis-benchmark", tr.OpsPerSec, tr.RedisCPUms)
-			res.Throughput = append(res.Throughput, tr)
+		for _, name := range names {
+			if len(rounds[name]) > 0 {
+				res.Throughput = append(res.Throughput, median(rounds[name]))
+			}
 		}
 	}
 	if !skips["memory"] {

@@ -129,3 +129,13 @@ func TestReport(t *testing.T) {
 		}
 	}
 }
+
+func TestAlignedStart(t *testing.T) {
+	for _, c := range []struct{ in, want int64 }{
+		{1_000_000_000, 1_500_000_000}, {1_500_000_000, 1_500_000_000}, {1_500_000_001, 2_500_000_000}, {1_499_999_999, 1_500_000_000},
+	} {
+		if got := alignedStart(time.Unix(0, c.in)).UnixNano(); got != c.want {
+			t.Errorf("alignedStart(%d) = %d, want %d", c.in, got, c.want)
+		}
+	}
+}

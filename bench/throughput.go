@@ -1,10 +1,12 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/csv"
 	"fmt"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -18,7 +20,10 @@ type throughputResult struct {
 	Keys        int     `json:"keys"`
 	DurationS   float64 `json:"duration_s"`
 	Ops         int64   `json:"ops"`
-	OpsPerSec   float64 `json:"ops_per_sec"`
+	OpsPerSec   float64 `json:"ops_per_sec"` // the median round's
+	// RoundsOpsPerSec is every round's rate; the rounds of all
+	// implementations are interleaved, so a noisy spell hits them alike.
+	RoundsOpsPerSec []float64 `json:"rounds_ops_per_sec"`
 	AllowedFrac float64 `json:"allowed_frac"`
 	RTPerOp     float64 `json:"rt_per_op"`
 	CmdsPerOp   float64 `json:"cmds_per_op"`
@@ -115,4 +120,16 @@ func (r *runner) runRedisBenchmark(ctx context.Context, clients, requests int) (
 		ScriptsOp:   float64(scripts) / n,
 		RedisCPUms:  (after.CPU - before.CPU) * 1e6 / n,
 	}, nil
+}
+
+// median returns the result of the median round by rate, with every
+// round's rate attached.
+func median(rounds []*throughputResult) *throughputResult {
+	sorted := slices.Clone(rounds)
+	slices.SortFunc(sorted, func(a, b *throughputResult) int { return cmp.Compare(a.OpsPerSec, b.OpsPerSec) })
+	m := *sorted[len(sorted)/2]
+	for _, r := range rounds {
+		m.RoundsOpsPerSec = append(m.RoundsOpsPerSec, r.OpsPerSec)
+	}
+	return &m
 }
