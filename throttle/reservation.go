@@ -33,11 +33,14 @@ func (r *Reservation) Delay() time.Duration { return r.delay }
 // TimeToAct is the local time at which the caller may act.
 func (r *Reservation) TimeToAct() time.Time { return r.at }
 
-// Cancel gives the reserved permits back, as far as no later reservation
-// was granted on the strength of them (as x/time/rate's Cancel does). Use
-// it when the caller will not act. A prepaid reservation (PrepayN) also
-// loses its receipt. Calling it again does nothing and returns the first
-// call's error.
+// Cancel gives the reserved permits back. Later reservations granted on
+// the strength of them keep their slots, so those permits come back only
+// when the later ones are cancelled too (Redis remembers, whichever
+// process cancels, in whatever order), or at once as far as the later ones
+// hold fewer permits (as x/time/rate's Cancel does). Use it when the
+// caller will not act. A prepaid reservation (PrepayN) also loses its
+// receipt. Calling it again does nothing and returns the first call's
+// error.
 func (r *Reservation) Cancel(ctx context.Context) error {
 	r.once.Do(func() {
 		if r.receipt != "" {
