@@ -1,0 +1,136 @@
+package worker_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"sync/atomic"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/jobthrottle/jobthrottle/throttle"
+	"github.com/jobthrottle/jobthrottle/worker"
+)
+
+func ExampleParseConfig() {
+	cfg, err := worker.ParseConfig("rules.yaml", []byte(`
+rules:
+  - name: stripe
+    tasks: ["stripe:*"]
+    subject: {payload_field: account_id}
+    algorithm: gcra
+    limit: 20
+    period: 1s
+    max_wait: 30s
+  - name: tenant-policy
+    tasks: ["report:*"]
+    subject: {payload_field: tenant}
+    limits:
+      - {name: per10s, algorithm: sliding_window, limit: 200, period: 10s}
+      - {name: hourly, algorithm: fixed_window, limit: 5000, period: 1h}
+`))
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, r := range cfg.Rules {
+		fmt.Printf("%s %v (max wait %v):\n", r.Name, r.Tasks, r.MaxWait)
+		for _, l := range r.Limits {
+			fmt.Println("  ", l)
+		}
+	}
+	r, _ := cfg.RuleFor("stripe:charge")
+	fmt.Println("stripe:charge →", r.Name)
+	// Output:
+	// stripe [stripe:*] (max wait 30s):
+	//    stripe: gcra 20 per 1s (burst 20)
+	// tenant-policy [report:*] (max wait 0s):
+	//    tenant-policy.per10s: sliding_window 200 per 10s (burst 200)
+	//    tenant-policy.hourly: fixed_window 5000 per 1h0m0s (burst 5000)
+	// stripe:charge → stripe
+}
+
+func ExampleParseConfig_error() {
+	_, err := worker.ParseConfig("rules.yaml", []byte(`
+rules:
+  - name: stripe
+    tasks: ["stripe:*"]
+    subject: {payload_field: account_id}
+    algorithm: gcra
+    limit: 20
+    period: 0s
+`))
+	fmt.Println(err)
+	// Output:
+	// rules.yaml:8: rule "stripe": period: "0s" must be at least 1µs
+}
+
+// Five tasks for one account, paced at 5 per second by a middleware on a
+// real asynq server (on miniredis here).
+func ExampleNewMiddleware() {
+	mr := miniredis.NewMiniRedis()
+	if err := mr.Start(); err != nil {
+		log.Fatal(err)
+	}
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+
+	lim, err := throttle.New(rdb, throttle.Options{Prefix: "example:"},
+		throttle.Rule{Name: "stripe", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(5).WithBurst(1)})
+	if err != nil {
+		log.Fatal(err)
+	}
+	mw, err := worker.NewMiddleware([]worker.Rule{{
+		Name:    "stripe",
+		Tasks:   []string{"stripe:*"},
+		Limiter: lim,
+		Subject: worker.PayloadField("account_id"),
+		MaxWait: 10 * time.Second,
+	}})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	var done atomic.Int32
+	var waited atomic.Int64
+	mux := asynq.NewServeMux()
+	mux.Use(mw.Wrap)
+	mux.HandleFunc("stripe:charge", func(ctx context.Context, t *asynq.Task) error {
+		w, _ := worker.WaitedFrom(ctx)
+		waited.Add(int64(w.Duration))
+		done.Add(1)
+		return nil
+	})
+	srv := asynq.NewServerFromRedisClient(rdb, worker.Configure(asynq.Config{Concurrency: 5, LogLevel: asynq.FatalLevel}))
+	if err := srv.Start(mux); err != nil {
+		log.Fatal(err)
+	}
+	defer srv.Shutdown()
+
+	client := asynq.NewClientFromRedisClient(rdb)
+	for range 5 {
+		if _, err := client.Enqueue(asynq.NewTask("stripe:charge", []byte(`{"account_id": "acct_42"}`))); err != nil {
+			log.Fatal(err)
+		}
+	}
+	for done.Load() < 5 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	// The slots were 0, 200, 400, 600 and 800ms: two seconds of waiting in all.
+	fmt.Println("done:", done.Load(), "waited at least 1.9s in all:", time.Duration(waited.Load()) >= 1900*time.Millisecond)
+	// Output:
+	// done: 5 waited at least 1.9s in all: true
+}
+
+func ExampleRetryDelay() {
+	retry := worker.RetryDelay(nil)
+	at := time.Now().Add(90 * time.Second)
+	d := retry(0, &worker.ThrottledError{Rule: "stripe", Subject: "acct_42", RetryAt: at}, nil)
+	fmt.Println(d >= 90*time.Second && d <= 91*time.Second, worker.IsFailure(&worker.ThrottledError{}), worker.IsFailure(errors.New("boom")))
+	// Output:
+	// true false true
+}

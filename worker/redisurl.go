@@ -1,0 +1,149 @@
+package worker
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// OpenRedis returns a client for the Redis that rawURL names, for both
+// asynq and the limiters:
+//
+//	redis://[user:password@]host:port[/db][?options]      one server (rediss:// for TLS)
+//	unix://[user:password@]/path/to/redis.sock[?db=N]    one server on a Unix socket
+//	redis-cluster://[user:password@]host:port,host:port[?options]
+//	                                                      Redis Cluster seeds (rediss-cluster:// for TLS);
+//	                                                      redis://host:port,host:port means the same
+//	redis-sentinel://[user:password@]host:port,host:port/master[/db][?password=…]
+//	                                                      Sentinel: the sentinels' addresses and the
+//	                                                      master's name (rediss-sentinel:// for TLS);
+//	                                                      the userinfo authenticates to the sentinels,
+//	                                                      password= (and username=) to the master
+//
+// Options are go-redis's query parameters (dial_timeout=3s, pool_size=20,
+// …; see redis.ParseURL, redis.ParseClusterURL, redis.ParseFailoverURL).
+// Errors never contain a password; log the URL with RedactURL.
+func OpenRedis(rawURL string) (redis.UniversalClient, error) {
+	if rawURL == "" {
+		return nil, errors.New("worker: empty Redis URL; use redis://host:port")
+	}
+	redacted := RedactURL(rawURL)
+	fail := func(err error) error {
+		// url.Error repeats the URL, password and all: keep only its cause.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		msg := scrubSecrets(err.Error(), rawURL)
+		return fmt.Errorf("worker: Redis URL %s: %s; use redis://[user:password@]host:port[/db], rediss:// for TLS, redis-cluster://host:port,host:port or redis-sentinel://host:port,host:port/master", redacted, msg)
+	}
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, fail(err)
+	}
+	hosts := strings.Split(u.Host, ",")
+	scheme := u.Scheme
+	switch {
+	case scheme == "redis-sentinel" || scheme == "rediss-sentinel":
+		parts := strings.FieldsFunc(u.Path, func(r rune) bool { return r == '/' })
+		if len(parts) == 0 || len(parts) > 2 {
+			return nil, fail(errors.New("the path must be /<master name>[/<db>]"))
+		}
+		q := u.Query()
+		q.Set("master_name", parts[0])
+		for _, h := range hosts[1:] {
+			q.Add("addr", h)
+		}
+		u.Scheme, u.Host, u.Path, u.RawQuery = strings.TrimSuffix(scheme, "-sentinel"), hosts[0], "/"+strings.Join(parts[1:], "/"), q.Encode()
+		opts, err := redis.ParseFailoverURL(u.String())
+		if err != nil {
+			return nil, fail(err)
+		}
+		return redis.NewFailoverClient(opts), nil
+	case scheme == "redis-cluster" || scheme == "rediss-cluster" || (scheme == "redis" || scheme == "rediss") && len(hosts) > 1:
+		if u.Path != "" && u.Path != "/" && u.Path != "/0" {
+			return nil, fail(errors.New("Redis Cluster has only database 0"))
+		}
+		q := u.Query()
+		for _, h := range hosts[1:] {
+			q.Add("addr", h)
+		}
+		u.Scheme, u.Host, u.Path, u.RawQuery = strings.TrimSuffix(scheme, "-cluster"), hosts[0], "", q.Encode()
+		opts, err := redis.ParseClusterURL(u.String())
+		if err != nil {
+			return nil, fail(err)
+		}
+		return redis.NewClusterClient(opts), nil
+	default:
+		opts, err := redis.ParseURL(rawURL)
+		if err != nil {
+			return nil, fail(err)
+		}
+		return redis.NewClient(opts), nil
+	}
+}
+
+// secretParams are the query parameters of a Redis URL that hold secrets.
+var secretParams = []string{"password", "sentinel_password"}
+
+// RedactURL returns rawURL with every password (in the userinfo, and in
+// password= and sentinel_password= parameters) replaced by "xxxxx", for
+// logs and errors. A URL that does not parse is shown as its scheme only.
+func RedactURL(rawURL string) string {
+	u, err := url.Parse(rawURL)
+	if err == nil && u.Opaque != "" {
+		return "(a Redis URL without scheme://)"
+	}
+	if err != nil {
+		scheme, _, ok := strings.Cut(rawURL, "://")
+		if !ok || strings.ContainsAny(scheme, "@:/") {
+			return "(a Redis URL that does not parse)"
+		}
+		return scheme + "://(does not parse)"
+	}
+	q := u.Query()
+	changed := false
+	for _, p := range secretParams {
+		if q.Has(p) {
+			q.Set(p, "xxxxx")
+			changed = true
+		}
+	}
+	if changed {
+		u.RawQuery = q.Encode()
+	}
+	return u.Redacted()
+}
+
+// scrubSecrets removes from msg every password rawURL holds.
+func scrubSecrets(msg, rawURL string) string {
+	var secrets []string
+	if u, err := url.Parse(rawURL); err == nil {
+		if p, ok := u.User.Password(); ok {
+			secrets = append(secrets, p, url.PathEscape(p), url.QueryEscape(p))
+		}
+		q := u.Query()
+		for _, p := range secretParams {
+			if v := q.Get(p); v != "" {
+				secrets = append(secrets, v, url.QueryEscape(v))
+			}
+		}
+	} else if _, rest, ok := strings.Cut(rawURL, "://"); ok {
+		// Whatever could be userinfo.
+		if at := strings.LastIndex(rest, "@"); at >= 0 {
+			secrets = append(secrets, rest[:at])
+			if _, pw, ok := strings.Cut(rest[:at], ":"); ok {
+				secrets = append(secrets, pw)
+			}
+		}
+	}
+	for _, s := range secrets {
+		if s != "" {
+			msg = strings.ReplaceAll(msg, s, "xxxxx")
+		}
+	}
+	return msg
+}

@@ -1,0 +1,117 @@
+package worker
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+)
+
+func TestOpenRedis(t *testing.T) {
+	t.Run("standalone", func(t *testing.T) {
+		c, err := OpenRedis("rediss://app:s3cret@db.example:6380/2?dial_timeout=3s")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		o := c.(*redis.Client).Options()
+		if o.Addr != "db.example:6380" || o.Username != "app" || o.Password != "s3cret" || o.DB != 2 || o.TLSConfig == nil {
+			t.Errorf("options %+v", o)
+		}
+	})
+	t.Run("unix", func(t *testing.T) {
+		c, err := OpenRedis("unix:///run/redis.sock?db=3")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if o := c.(*redis.Client).Options(); o.Network != "unix" || o.Addr != "/run/redis.sock" || o.DB != 3 {
+			t.Errorf("options %+v", o)
+		}
+	})
+	for _, u := range []string{"redis-cluster://:pw@h1:7000,h2:7001,h3:7002", "redis://:pw@h1:7000,h2:7001,h3:7002/0"} {
+		t.Run("cluster "+u, func(t *testing.T) {
+			c, err := OpenRedis(u)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			o := c.(*redis.ClusterClient).Options()
+			if strings.Join(o.Addrs, ",") != "h1:7000,h2:7001,h3:7002" || o.Password != "pw" || o.TLSConfig != nil {
+				t.Errorf("options %+v", o)
+			}
+		})
+	}
+	t.Run("cluster tls", func(t *testing.T) {
+		c, err := OpenRedis("rediss-cluster://h1:7000,h2:7001")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if o := c.(*redis.ClusterClient).Options(); len(o.Addrs) != 2 || o.TLSConfig == nil {
+			t.Errorf("options %+v", o)
+		}
+	})
+	t.Run("sentinel", func(t *testing.T) {
+		c, err := OpenRedis("redis-sentinel://:sentpw@s1:26379,s2:26379/mymaster/1?password=masterpw")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if _, ok := c.(*redis.Client); !ok {
+			t.Fatalf("got %T, want a failover *redis.Client", c)
+		}
+		o := c.(*redis.Client).Options()
+		if o.Password != "masterpw" || o.DB != 1 {
+			t.Errorf("master options %+v", o)
+		}
+	})
+}
+
+func TestOpenRedisErrors(t *testing.T) {
+	for _, tc := range []struct{ url, want string }{
+		{"", "worker: empty Redis URL"},
+		{"user:hunter2@host:6379", "worker: Redis URL (a Redis URL without scheme://): redis: invalid URL scheme: user"},
+		{"redis://user:hunter2@host:notaport/0", `worker: Redis URL redis://(does not parse): invalid port ":notaport" after host`},
+		{"redis://user:hunter2@host:6379/x", `worker: Redis URL redis://user:xxxxx@host:6379/x: redis: invalid database number: "x"`},
+		{"http://user:hunter2@host:6379", `worker: Redis URL http://user:xxxxx@host:6379: redis: invalid URL scheme: http`},
+		{"redis://host:6379/?password=hunter2&bogus=1", `worker: Redis URL redis://host:6379/?bogus=1&password=xxxxx: redis: unexpected option: bogus`},
+		{"redis-sentinel://:hunter2@s1:26379", `worker: Redis URL redis-sentinel://:xxxxx@s1:26379: the path must be /<master name>[/<db>]`},
+		{"redis-cluster://:hunter2@h1:1,h2:2/3", `worker: Redis URL redis-cluster://:xxxxx@h1:1,h2:2/3: Redis Cluster has only database 0`},
+		{"redis://:hunter2@h1:1,h2:2?dial_timeout=x", `worker: Redis URL redis://:xxxxx@h1:1,h2:2?dial_timeout=x: redis: invalid dial_timeout`},
+	} {
+		t.Run(tc.url, func(t *testing.T) {
+			c, err := OpenRedis(tc.url)
+			if err == nil {
+				c.Close()
+				t.Fatal("no error")
+			}
+			if strings.Contains(err.Error(), "hunter2") {
+				t.Errorf("error shows the password: %v", err)
+			}
+			if !strings.HasPrefix(err.Error(), tc.want) {
+				t.Errorf("got  %v\nwant %s…", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestRedactURL(t *testing.T) {
+	for in, want := range map[string]string{
+		"redis://127.0.0.1:6379/0":                     "redis://127.0.0.1:6379/0",
+		"redis://:pw@h:1/0":                            "redis://:xxxxx@h:1/0",
+		"rediss://user:p%40ss@h:1":                     "rediss://user:xxxxx@h:1",
+		"redis://user@h:1":                             "redis://user@h:1",
+		"redis-sentinel://s:1/m?password=pw&db=2":      "redis-sentinel://s:1/m?db=2&password=xxxxx",
+		"redis://h:1?sentinel_password=x":              "redis://h:1?sentinel_password=xxxxx",
+		"redis://user:pw@host:bad":                     "redis://(does not parse)",
+		"user:pw@host:6379":                            "(a Redis URL without scheme://)",
+		"%zz:pw@host":                                  "(a Redis URL that does not parse)",
+		"redis-cluster://:pw@a:1,b:2":                  "redis-cluster://:xxxxx@a:1,b:2",
+		"unix://:pw@/run/redis.sock?db=1&password=pw2": "unix://:xxxxx@/run/redis.sock?db=1&password=xxxxx",
+	} {
+		if got := RedactURL(in); got != want {
+			t.Errorf("RedactURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
