@@ -1,0 +1,293 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+)
+
+// logBuffer collects the worker's log safely across goroutines.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// find waits for re to match the log and returns its first group.
+func (l *logBuffer) find(t *testing.T, re string) string {
+	t.Helper()
+	rx := regexp.MustCompile(re)
+	for end := time.Now().Add(15 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if m := rx.FindStringSubmatch(l.String()); m != nil {
+			return m[len(m)-1]
+		}
+	}
+	t.Fatalf("log never matched %s:\n%s", re, l.String())
+	return ""
+}
+
+// start runs the worker with args until the test ends, and returns its log.
+func start(t *testing.T, env map[string]string, args ...string) (*logBuffer, func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	log := &logBuffer{}
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, args, func(k string) string { return env[k] }, log) }()
+	var once sync.Once
+	var runErr error
+	stop := func() error {
+		once.Do(func() {
+			cancel()
+			select {
+			case runErr = <-done:
+			case <-time.After(20 * time.Second):
+				t.Errorf("the worker did not stop within 20s:\n%s", log.String())
+			}
+		})
+		return runErr
+	}
+	t.Cleanup(func() { _ = stop() })
+	return log, stop
+}
+
+func writeRules(t *testing.T, body string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "rules.yaml")
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func waitCompleted(t *testing.T, insp *asynq.Inspector, queue, id string) *asynq.TaskInfo {
+	t.Helper()
+	for end := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		info, err := insp.GetTaskInfo(queue, id)
+		if err == nil && info.State == asynq.TaskStateCompleted {
+			return info
+		}
+		if time.Now().After(end) {
+			t.Fatalf("task %s not completed: %+v, %v", id, info, err)
+		}
+	}
+}
+
+func TestRunWithRedisAndRules(t *testing.T) {
+	t.Parallel()
+	proc := redistest.Server(t)
+	rules := writeRules(t, `
+prefix: "`+redistest.Prefix(t)+`"
+rules:
+  - name: echo
+    tasks: ["demo:echo"]
+    subject: {payload_field: tenant}
+    algorithm: gcra
+    limit: 10
+    period: 1s
+    burst: 1
+    max_wait: 5s
+`)
+	log, stop := start(t, map[string]string{"REDIS_URL": proc.URL()},
+		"--config", rules, "--concurrency", "4", "--queues", "critical=2,default=1", "--metrics-addr", "127.0.0.1:0", "--shutdown-timeout", "2s")
+	metricsURL := log.find(t, `url=(http://\S+/metrics)`)
+	log.find(t, `worker: processing`)
+
+	rdb := proc.Client(t)
+	client := asynq.NewClientFromRedisClient(rdb)
+	insp := asynq.NewInspectorFromRedisClient(rdb)
+	var ids []string
+	for range 3 {
+		info, err := client.Enqueue(asynq.NewTask(TypeEcho, []byte(`{"tenant": "acme", "message": "hi"}`)), asynq.Queue("critical"), asynq.Retention(time.Hour))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, info.ID)
+	}
+	api, err := client.Enqueue(asynq.NewTask(TypeAPI, []byte(`{"account_id": "acct_42"}`)), asynq.Retention(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var maxWait int
+	for _, id := range ids {
+		info := waitCompleted(t, insp, "critical", id)
+		if !bytes.Contains(info.Result, []byte(`"message":"hi"`)) {
+			t.Errorf("echo result %s", info.Result)
+		}
+		if bytes.Contains(info.Result, []byte(`"waited_ms":1`)) {
+			maxWait++
+		}
+	}
+	if maxWait == 0 {
+		t.Errorf("no echo task waited ~100-200ms for its slot at 10/s")
+	}
+	if info := waitCompleted(t, insp, "default", api.ID); !bytes.Contains(info.Result, []byte(`"path": "/v1/accounts/acct_42"`)) {
+		t.Errorf("api result %s", info.Result)
+	}
+
+	resp, err := http.Get(metricsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`jobthrottle_decisions_total{outcome="waited",rule="echo"}`, `jobthrottle_wait_seconds_bucket{rule="echo"`, `jobthrottle_waiters{rule="echo"} 0`, `go_goroutines`} {
+		if !bytes.Contains(body, []byte(want)) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+	if bytes.Contains(body, []byte("acme")) {
+		t.Error("a subject appears in the metrics")
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("run: %v\n%s", err, log)
+	}
+	if !strings.Contains(log.String(), "worker: stopped") {
+		t.Errorf("no graceful stop in the log:\n%s", log)
+	}
+}
+
+func TestRunEmbeddedRedis(t *testing.T) {
+	t.Parallel()
+	log, stop := start(t, nil, "--shutdown-timeout", "1s")
+	url := log.find(t, `url=(redis://127\.0\.0\.1:\d+/0)`)
+	first, _, _ := strings.Cut(log.String(), "\n")
+	if !strings.Contains(first, "in-memory Redis") || !strings.Contains(first, url) {
+		t.Errorf("the first log line does not announce the in-memory Redis and its URL: %s", first)
+	}
+	log.find(t, `worker: processing`)
+	if !strings.Contains(log.String(), "built-in demo rules") {
+		t.Error("no word that the built-in demo rules are used")
+	}
+
+	opts, err := redis.ParseURL(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(opts)
+	defer rdb.Close()
+	info, err := asynq.NewClientFromRedisClient(rdb).Enqueue(asynq.NewTask(TypeEcho, []byte(`{"tenant": "t1", "message": "from another process"}`)), asynq.Retention(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := waitCompleted(t, asynq.NewInspectorFromRedisClient(rdb), "default", info.ID); !bytes.Contains(got.Result, []byte("from another process")) {
+		t.Errorf("result %s", got.Result)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRunBadRules(t *testing.T) {
+	t.Parallel()
+	rules := writeRules(t, "rules:\n  - name: stripe\n    tasks: [\"stripe:*\"]\n    subject: {payload_field: account_id}\n    algorithm: gcra\n    limit: 20\n    period: 0s\n")
+	var log bytes.Buffer
+	err := run(context.Background(), []string{"--config", rules}, func(string) string { return "" }, &log)
+	want := rules + `:7: rule "stripe": period: "0s" must be at least 1µs`
+	if err == nil || err.Error() != want {
+		t.Errorf("got %v, want %s", err, want)
+	}
+	if strings.Contains(log.String(), "in-memory Redis") {
+		t.Error("started a Redis before checking the rules")
+	}
+}
+
+func TestRunHidesRedisPassword(t *testing.T) {
+	t.Parallel()
+	// A port nothing listens on.
+	srv := httptest.NewServer(http.NotFoundHandler())
+	addr := srv.Listener.Addr().String()
+	srv.Close()
+	var log bytes.Buffer
+	err := run(context.Background(), []string{"--redis", "redis://app:hunter2@" + addr + "/0"}, func(string) string { return "" }, &log)
+	if err == nil {
+		t.Fatal("run succeeded without Redis")
+	}
+	for _, s := range []string{err.Error(), log.String()} {
+		if strings.Contains(s, "hunter2") {
+			t.Errorf("the password shows: %s", s)
+		}
+		if !strings.Contains(s, "redis://app:xxxxx@"+addr) {
+			t.Errorf("the redacted URL does not show: %s", s)
+		}
+	}
+}
+
+func TestParseFlags(t *testing.T) {
+	env := map[string]string{"REDIS_URL": "redis://env:6379", "JOBTHROTTLE_CONFIG": "env.yaml", "JOBTHROTTLE_METRICS_ADDR": ":9999"}
+	o, err := parseFlags([]string{"--config", "flag.yaml"}, func(k string) string { return env[k] }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.redisURL != "redis://env:6379" || o.config != "flag.yaml" || o.metricsAddr != ":9999" || o.queues["default"] != 1 {
+		t.Errorf("options %+v", o)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--queues", "critical=0"}, `-queues: "critical=0": the priority must be a whole number of at least 1`},
+		{[]string{"--queues", "=3"}, `-queues: "=3": missing queue name`},
+		{[]string{"--queues", "a,a=2"}, `-queues: queue "a" is listed twice`},
+		{[]string{"--queues", " , "}, `-queues: no queue given`},
+		{[]string{"--log-level", "loud"}, `-log-level "loud": use debug, info, warn or error`},
+		{[]string{"--log-format", "xml"}, `-log-format "xml": use text or json`},
+		{[]string{"--concurrency", "-1"}, `-concurrency -1: must be 0`},
+		{[]string{"--shutdown-timeout", "0s"}, `-shutdown-timeout 0s: must be positive`},
+		{[]string{"extra"}, `unexpected argument "extra"`},
+	} {
+		if _, err := parseFlags(tc.args, func(string) string { return "" }, io.Discard); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: got %v, want %q", tc.args, err, tc.want)
+		}
+	}
+	q, err := parseQueues("critical=6, default=3,low")
+	if err != nil || q["critical"] != 6 || q["default"] != 3 || q["low"] != 1 || len(q) != 3 {
+		t.Errorf("parseQueues = %v, %v", q, err)
+	}
+}
+
+func TestFakeAPI(t *testing.T) {
+	srv := httptest.NewServer(fakeAPI(2))
+	defer srv.Close()
+	// Align to the start of a second so that three requests share one.
+	time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second)))
+	var codes []int
+	for range 3 {
+		resp, err := http.Get(srv.URL + "/v1/x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		codes = append(codes, resp.StatusCode)
+		if resp.StatusCode == http.StatusTooManyRequests && resp.Header.Get("Retry-After") != "1" {
+			t.Error("429 without Retry-After: 1")
+		}
+	}
+	if codes[0] != 200 || codes[1] != 200 || codes[2] != 429 {
+		t.Errorf("codes %v, want 200 200 429", codes)
+	}
+}
