@@ -1,0 +1,211 @@
+package jobthrottle_test
+
+// End-to-end: real asynq servers and client, a real redis-server, the
+// worker middleware and the throttle limiters, as a fleet would run them.
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/jobthrottle/jobthrottle/throttle"
+	"github.com/jobthrottle/jobthrottle/worker"
+)
+
+// fleet is asynq worker servers on one Redis, each with its own
+// connection and limiter objects, as separate processes would have.
+type fleet struct {
+	t      *testing.T
+	proc   *redistest.Proc
+	client *asynq.Client
+	insp   *asynq.Inspector
+
+	mu   sync.Mutex
+	runs []time.Time // handler starts, after admission
+	errs []error     // errors the servers' ErrorHandlers saw
+}
+
+func newFleet(t *testing.T) *fleet {
+	t.Helper()
+	proc := redistest.Server(t)
+	rdb := proc.Client(t)
+	return &fleet{t: t, proc: proc, client: asynq.NewClientFromRedisClient(rdb), insp: asynq.NewInspectorFromRedisClient(rdb)}
+}
+
+// start starts n servers of the given concurrency whose middleware has
+// one rule over "job:*", built by rule on each server's own connection.
+func (f *fleet) start(n, concurrency int, rule func(rdb redis.UniversalClient) worker.Rule) {
+	f.t.Helper()
+	for range n {
+		rdb := f.proc.Client(f.t)
+		mw, err := worker.NewMiddleware([]worker.Rule{rule(rdb)})
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		mux := asynq.NewServeMux()
+		mux.Use(mw.Wrap)
+		mux.HandleFunc("job:", func(ctx context.Context, t *asynq.Task) error {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			f.runs = append(f.runs, time.Now())
+			return nil
+		})
+		srv := asynq.NewServerFromRedisClient(rdb, worker.Configure(asynq.Config{
+			Concurrency:       concurrency,
+			TaskCheckInterval: 50 * time.Millisecond,
+			LogLevel:          asynq.FatalLevel,
+			ErrorHandler: asynq.ErrorHandlerFunc(func(_ context.Context, _ *asynq.Task, err error) {
+				f.mu.Lock()
+				defer f.mu.Unlock()
+				f.errs = append(f.errs, err)
+			}),
+		}))
+		if err := srv.Start(mux); err != nil {
+			f.t.Fatal(err)
+		}
+		f.t.Cleanup(srv.Shutdown)
+	}
+}
+
+func (f *fleet) ran() ([]time.Time, []error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.runs), slices.Clone(f.errs)
+}
+
+func (f *fleet) waitRuns(n int, timeout time.Duration) []time.Time {
+	f.t.Helper()
+	for end := time.Now().Add(timeout); ; time.Sleep(20 * time.Millisecond) {
+		runs, _ := f.ran()
+		if len(runs) >= n {
+			return runs
+		}
+		if time.Now().After(end) {
+			f.t.Fatalf("%d of %d tasks ran within %v", len(runs), n, timeout)
+		}
+	}
+}
+
+// noFailures checks the inspector: nothing failed, nothing archived, and
+// completed tasks as expected.
+func (f *fleet) noFailures(completed int) {
+	f.t.Helper()
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		q, err := f.insp.GetQueueInfo("default")
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		if q.FailedTotal != 0 || q.Failed != 0 || q.Archived != 0 {
+			f.t.Fatalf("inspector: %d failed, %d archived; want none", q.FailedTotal, q.Archived)
+		}
+		if q.Completed == completed {
+			return
+		}
+		if time.Now().After(end) {
+			f.t.Fatalf("inspector: %d completed, want %d", q.Completed, completed)
+		}
+	}
+}
+
+func TestFleetSharesOneLimit(t *testing.T) {
+	t.Parallel()
+	const (
+		servers     = 3
+		concurrency = 10
+		tasks       = 300
+		rate        = 50 // per second
+		burst       = 1  // so that the run is exactly (tasks-1)/rate long
+		// Handlers start on timers; on a loaded machine a wake-up can be
+		// late by some milliseconds, which can only make two starts look
+		// closer than their slots. Windows are shortened by this much.
+		wakeSlack = 30 * time.Millisecond
+	)
+	f := newFleet(t)
+	prefix := redistest.Prefix(t)
+	f.start(servers, concurrency, func(rdb redis.UniversalClient) worker.Rule {
+		lim, err := throttle.New(rdb, throttle.Options{Prefix: prefix},
+			throttle.Rule{Name: "partner", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(rate).WithBurst(burst)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return worker.Rule{Name: "partner", Tasks: []string{"job:*"}, Limiter: lim, Subject: worker.Fixed("partner"), MaxWait: 10 * time.Second}
+	})
+	for range tasks {
+		if _, err := f.client.Enqueue(asynq.NewTask("job:call", nil), asynq.MaxRetry(3), asynq.Retention(time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runs := f.waitRuns(tasks, 30*time.Second)
+	slices.SortFunc(runs, func(a, b time.Time) int { return a.Compare(b) })
+
+	most := 0
+	for i := range runs {
+		j, _ := slices.BinarySearchFunc(runs, runs[i].Add(time.Second-wakeSlack), func(a, b time.Time) int { return a.Compare(b) })
+		most = max(most, j-i)
+	}
+	if most > rate+burst {
+		t.Errorf("%d tasks started within one second; the limit is %d/s, burst %d", most, rate, burst)
+	}
+	want := time.Duration(tasks-burst) * time.Second / rate // the last slot after the first
+	if took := runs[len(runs)-1].Sub(runs[0]); took < want*9/10 || took > want*11/10 {
+		t.Errorf("%d tasks took %v from the first start, want %v ± 10%%", tasks, took, want)
+	}
+	t.Logf("%d tasks on %d servers: at most %d in a second, %v from first to last", tasks, servers, most, runs[len(runs)-1].Sub(runs[0]).Round(time.Millisecond))
+	if _, errs := f.ran(); len(errs) != 0 {
+		t.Errorf("%d handler errors, first %v", len(errs), errs[0])
+	}
+	f.noFailures(tasks)
+}
+
+func TestDeferredPastDeadlineRunsLater(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t)
+	prefix := redistest.Prefix(t)
+	const slot = 3 * time.Second
+	setup, err := throttle.New(f.proc.Client(t), throttle.Options{Prefix: prefix},
+		throttle.Rule{Name: "slow", Algorithm: throttle.GCRA, Limit: throttle.Every(slot)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := setup.Allow(context.Background(), "acct"); err != nil || !res.Allowed {
+		t.Fatalf("taking the only permit: %+v, %v", res, err)
+	}
+	f.start(1, 2, func(rdb redis.UniversalClient) worker.Rule {
+		lim, err := throttle.New(rdb, throttle.Options{Prefix: prefix},
+			throttle.Rule{Name: "slow", Algorithm: throttle.GCRA, Limit: throttle.Every(slot)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// No MaxWait: only the task's deadline bounds its wait.
+		return worker.Rule{Name: "slow", Tasks: []string{"job:*"}, Limiter: lim, Subject: worker.Fixed("acct")}
+	})
+	start := time.Now()
+	info, err := f.client.Enqueue(asynq.NewTask("job:slow", nil), asynq.Timeout(time.Second), asynq.MaxRetry(2), asynq.Retention(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := f.waitRuns(1, 15*time.Second)
+	if d := runs[0].Sub(start); d < slot-100*time.Millisecond {
+		t.Errorf("ran %v after enqueueing, before its slot %v later", d, slot)
+	}
+	_, errs := f.ran()
+	var te *worker.ThrottledError
+	if len(errs) != 1 || !errors.As(errs[0], &te) || !errors.Is(errs[0], context.DeadlineExceeded) {
+		t.Fatalf("errors %v; want one deferral because the slot was past the task's 1s deadline", errs)
+	}
+	f.noFailures(1)
+	got, err := f.insp.GetTaskInfo("default", info.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.State != asynq.TaskStateCompleted || got.Retried != 0 || got.MaxRetry != 2 {
+		t.Errorf("task %v, retried %d of %d; want completed, 0 of 2", got.State, got.Retried, got.MaxRetry)
+	}
+}
