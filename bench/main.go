@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"strconv"
 	"strings"
 	"time"
 
@@ -55,6 +56,7 @@ type runConfig struct {
 	TPRounds       int     `json:"throughput_rounds"`
 	BenchRequests  int     `json:"redis_benchmark_requests"`
 	MemoryKeyScale float64 `json:"memory_key_scale"`
+	Nice           int     `json:"nice"`
 }
 
 // library is the jobthrottle source the run measured (the parent
@@ -99,6 +101,8 @@ func main() {
 	only := flag.String("impls", "", "run only the implementations matching this regexp")
 	dur := flag.Duration("duration", 0, "override each Wait scenario's duration")
 	skip := flag.String("skip", "", "comma-separated parts to skip: wait, throughput, memory, micro")
+	nice := flag.Int("nice", -10, "scheduling priority for the run (the clients, children and redis-server), to shield its timing from other work on a shared machine; 0 leaves it")
+	budget := flag.Duration("budget", 23*time.Minute, "rerun the noisiest Wait groups until this long after the start (full run)")
 	md := flag.String("md", "../BENCHMARKS.md", "where to write the report")
 	flag.Parse()
 
@@ -113,22 +117,36 @@ func main() {
 		fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
 	}
 	var err error
+	exit := 0
+	defer func() { os.Exit(exit) }()
 	switch {
 	case *report != "":
 		err = regenerate(*report, *md)
 	case *full || *quick:
-		err = run(*full, *only, *dur, *skip, *md, logf)
+		if *nice != 0 {
+			restore, rerr := renice(*nice)
+			defer restore()
+			if rerr != nil {
+				logf("could not set priority %d, running as is: %v", *nice, rerr)
+				*nice = 0
+			}
+		}
+		niceness = *nice
+		err = run(*full, *only, *dur, *skip, *md, *budget, logf)
 	default:
 		flag.Usage()
 		os.Exit(2)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+		exit = 1
 	}
 }
 
-func run(full bool, only string, dur time.Duration, skip, mdPath string, logf func(string, ...any)) error {
+// niceness is the priority the run got (0: left as it was).
+var niceness int
+
+func run(full bool, only string, dur time.Duration, skip, mdPath string, budget time.Duration, logf func(string, ...any)) error {
 	t0 := time.Now()
 	var filter *regexp.Regexp
 	if only != "" {
@@ -143,12 +161,13 @@ func run(full bool, only string, dur time.Duration, skip, mdPath string, logf fu
 	}
 	cfg := runConfig{Rate: 200, Bursts: []int{1, 10}, Waiters: []int{8, 64, 256}, Procs: []int{1, 4},
 		DurationS: 10, WindowBurst: 10, TPGoroutines: 50, TPKeys: 10_000, TPDurationS: 3, TPRounds: 3,
-		BenchRequests: 200_000, MemoryKeyScale: 1}
+		BenchRequests: 200_000, MemoryKeyScale: 1, Nice: niceness}
 	mode := "full"
 	if !full {
 		mode = "quick"
 		cfg.Bursts, cfg.Waiters, cfg.DurationS = []int{10}, []int{8, 256}, 2
 		cfg.TPDurationS, cfg.TPRounds, cfg.BenchRequests, cfg.MemoryKeyScale = 2, 1, 50_000, 0.1
+		budget = 0 // no reruns
 	}
 	if dur > 0 {
 		cfg.DurationS = dur.Seconds()
@@ -194,34 +213,6 @@ func run(full bool, only string, dur time.Duration, skip, mdPath string, logf fu
 		return err
 	}
 
-	if !skips["wait"] {
-		d := time.Duration(cfg.DurationS * float64(time.Second))
-		for _, burst := range cfg.Bursts {
-			for _, w := range cfg.Waiters {
-				for _, p := range cfg.Procs {
-					for _, im := range impls {
-						if filter != nil && !filter.MatchString(im.Name) {
-							continue
-						}
-						if im.Window && burst != cfg.WindowBurst || !im.Redis && p > 1 {
-							continue
-						}
-						s := scenario{Impl: im, Rate: cfg.Rate, Burst: burst, Waiters: w, Procs: p, Duration: d}
-						sr, err := r.runScenario(ctx, s)
-						if err != nil {
-							res.Errors = append(res.Errors, fmt.Sprintf("%v: %v", s, err))
-							logf("%v: %v", s, err)
-							continue
-						}
-						logf("%-28s b=%-2d W=%-3d P=%d  %6.1f/s (%5.1f%%) max1s %3d/%3d max100ms %3d/%3d  rt/permit %.3f cmds %.2f  jitter p99 %7.0fµs  wait p99 %7.1fms  jain %.4f  redis %.1fms/1k  client %.1fms/1k  errors %d",
-							s.Impl.Name, burst, w, p, sr.SteadyRate, sr.Accuracy*100, sr.Max1s, sr.Bound1s, sr.Max100ms, sr.Bound100ms,
-							sr.RTPerPermit, sr.CmdsPerPermit, sr.JitterP99us, sr.WaitP99ms, sr.Jain, sr.RedisCPUms, sr.ClientCPUms, sr.Errors)
-						res.Scenarios = append(res.Scenarios, sr)
-					}
-				}
-			}
-		}
-	}
 	if !skips["throughput"] {
 		d := time.Duration(cfg.TPDurationS * float64(time.Second))
 		names := []string{"jobthrottle/gcra", "jobthrottle/token_bucket", "redis_rate", "redis-benchmark"}
@@ -267,6 +258,9 @@ func run(full bool, only string, dur time.Duration, skip, mdPath string, logf fu
 		}
 		res.Micro = micro
 	}
+	if !skips["wait"] {
+		res.Scenarios = r.runWaits(ctx, cfg, filter, t0.Add(budget), res)
+	}
 	res.Machine.LoadEnd = loadavg()
 	res.RuntimeS = time.Since(t0).Seconds()
 	res.Targets = evaluate(res)
@@ -285,6 +279,106 @@ func run(full bool, only string, dur time.Duration, skip, mdPath string, logf fu
 	}
 	logf("wrote %s in %v", mdPath, time.Since(t0).Round(time.Second))
 	return nil
+}
+
+// group is the scenarios of one burst, W and P: every implementation, run
+// back to back so that they meet the same conditions.
+type group struct {
+	burst, waiters, procs int
+	scenarios             []scenario
+}
+
+// noisyP99us is the canary's p99 lateness above which a group counts as
+// noisy and is rerun while the time budget allows.
+const noisyP99us = 1000
+
+func groupNoise(rs []*scenarioResult) float64 {
+	n := 0.0
+	for _, r := range rs {
+		n = max(n, r.TimerLateP99us)
+	}
+	return n
+}
+
+// runWaits runs every Wait scenario once, then reruns the noisiest groups
+// while there is time before deadline, keeping each group's quietest run.
+func (r *runner) runWaits(ctx context.Context, cfg runConfig, filter *regexp.Regexp, deadline time.Time, res *runResult) []*scenarioResult {
+	d := time.Duration(cfg.DurationS * float64(time.Second))
+	var groups []group
+	for _, burst := range cfg.Bursts {
+		for _, w := range cfg.Waiters {
+			for _, p := range cfg.Procs {
+				g := group{burst: burst, waiters: w, procs: p}
+				for _, im := range impls {
+					if filter != nil && !filter.MatchString(im.Name) {
+						continue
+					}
+					if im.Window && burst != cfg.WindowBurst || !im.Redis && p > 1 {
+						continue
+					}
+					g.scenarios = append(g.scenarios, scenario{Impl: im, Rate: cfg.Rate, Burst: burst, Waiters: w, Procs: p, Duration: d})
+				}
+				if len(g.scenarios) > 0 {
+					groups = append(groups, g)
+				}
+			}
+		}
+	}
+	runGroup := func(g group) []*scenarioResult {
+		var out []*scenarioResult
+		for _, s := range g.scenarios {
+			sr, err := r.runScenario(ctx, s)
+			if err != nil {
+				res.Errors = append(res.Errors, fmt.Sprintf("%v: %v", s, err))
+				r.logf("%v: %v", s, err)
+				continue
+			}
+			r.logf("%-26s b=%-2d W=%-3d P=%d %6.1f/s (%5.1f%%) max1s %3d/%3d 100ms %3d/%3d rt %.3f cmds %.2f jit99 %6.0fµs wait99 %6.1fms jain %.4f redis %6.1f client %6.1f ms/1k err %d | canary p99 %.0fµs max %.1fms load %.1f",
+				s.Impl.Name, s.Burst, s.Waiters, s.Procs, sr.SteadyRate, sr.Accuracy*100, sr.Max1s, sr.Bound1s, sr.Max100ms, sr.Bound100ms,
+				sr.RTPerPermit, sr.CmdsPerPermit, sr.JitterP99us, sr.WaitP99ms, sr.Jain, sr.RedisCPUms, sr.ClientCPUms, sr.Errors,
+				sr.TimerLateP99us, sr.TimerLateMaxms, sr.Load1)
+			sr.Attempts = 1
+			out = append(out, sr)
+		}
+		return out
+	}
+	results := make([][]*scenarioResult, len(groups))
+	for i, g := range groups {
+		results[i] = runGroup(g)
+	}
+	attempts := make([]int, len(groups))
+	for i := range attempts {
+		attempts[i] = 1
+	}
+	perGroup := func(g group) time.Duration {
+		return time.Duration(len(g.scenarios)) * (d + lead + 3*time.Second)
+	}
+	for {
+		best, bestNoise := -1, float64(noisyP99us)
+		for i, rs := range results {
+			if n := groupNoise(rs); n > bestNoise && attempts[i] < 3 {
+				best, bestNoise = i, n
+			}
+		}
+		if best < 0 || time.Now().Add(perGroup(groups[best])).After(deadline) {
+			break
+		}
+		g := groups[best]
+		attempts[best]++
+		r.logf("rerunning b=%d W=%d P=%d: canary p99 %.0fµs (attempt %d)", g.burst, g.waiters, g.procs, bestNoise, attempts[best])
+		again := runGroup(g)
+		if len(again) == len(results[best]) && groupNoise(again) < bestNoise {
+			results[best] = again
+		}
+	}
+	var out []*scenarioResult
+	for i, rs := range results {
+		for _, sr := range rs {
+			sr.Attempts = attempts[i]
+			out = append(out, sr)
+		}
+	}
+	return out
 }
 
 func writeJSON(path string, v any) error {
@@ -331,6 +425,16 @@ func readMachine() machine {
 		}
 	}
 	return m
+}
+
+// load1 is the 1-minute load average.
+func load1() float64 {
+	f := strings.Fields(loadavg())
+	if len(f) == 0 {
+		return 0
+	}
+	v, _ := strconv.ParseFloat(f[0], 64)
+	return v
 }
 
 func loadavg() string {

@@ -54,20 +54,25 @@ func writePlot(res *runResult, path string) error {
 		p.Title.Text = ps.title
 		p.Y.Label.Text = "per 100 ms"
 		if i == len(panels)-1 {
-			p.X.Label.Text = "seconds from start (10 s run, then the drain of outstanding Waits)"
+			p.X.Label.Text = fmt.Sprintf("seconds from the start (a %g s run, then the drain of the Waits still outstanding)", res.Config.DurationS)
 		}
-		pts := make(plotter.XYs, len(ps.counts))
+		// Bin j covers [j/10, (j+1)/10) s: a post-step line from its start,
+		// closed by a point at the last bin's end.
+		pts := make(plotter.XYs, len(ps.counts)+1)
 		maxY := ideal
 		for j, c := range ps.counts {
 			pts[j].X = float64(j) / 10
 			pts[j].Y = float64(c)
 			maxY = max(maxY, float64(c))
 		}
+		if n := len(ps.counts); n > 0 {
+			pts[n] = plotter.XY{X: float64(n) / 10, Y: pts[n-1].Y}
+		}
 		line, err := plotter.NewLine(pts)
 		if err != nil {
 			return err
 		}
-		line.StepStyle = plotter.PreStep
+		line.StepStyle = plotter.PostStep
 		line.Color = color.RGBA{R: 31, G: 119, B: 180, A: 255}
 		ref, err := plotter.NewLine(plotter.XYs{{X: 0, Y: ideal}, {X: float64(len(ps.counts)) / 10, Y: ideal}})
 		if err != nil {

@@ -73,8 +73,12 @@ func renderReport(res *runResult, jsonRel, plotRel, notes string) string {
 	p("- `redis_rate`: github.com/go-redis/redis_rate/v10 `Allow` with `Limit{Rate: %d, Burst: b, Period: time.Second}` and the loop its users write: if denied, sleep `RetryAfter`, repeat;\n", c.Rate)
 	p("- `x/time/rate`: golang.org/x/time/rate `Limiter.Wait` in one process, no Redis: the ideal.\n\n")
 	p("Figures: **admitted/s** is the rate in [1 s, D), past the start-up burst, and **accuracy** is it over R; **run** is the permits admitted in [0, D) against R·D + burst. **max 1 s / max 100 ms** are the most admissions in any sliding window of that length over the whole run (admission timestamps are the wall-clock time `Wait` returned, merged over processes), against R + burst and R/10 + burst (windows: R and R/10); **max whole s** is the most in one wall-clock second (what a fixed window bounds); **max 990 ms** is a diagnostic: an excess over R in 1 s that is gone in 990 ms comes from up to 10 ms of skew between Redis admitting a permit and `Wait` returning on a busy machine, not from the limiter. **RT/permit** counts the client's Redis round trips with a go-redis hook (`ProcessHook` and `ProcessPipelineHook`, one per call) over all permits; **cmds/permit** is the server's `INFO commandstats` delta (Redis counts the commands a script runs, so this is the total), and **EVAL*/permit** the EVALSHA + EVAL calls alone; connection set-up (HELLO, CLIENT) and the harness's INFO are left out. **Jitter** is |gap − 1/R| between consecutive admissions in [1 s, D). **Wait** is the time each `Wait` call took. **Fairness** is the permits each waiter got in [0, D): min–max and Jain's index (Σx)²/(n·Σx²). **CPU** is user + system time per 1000 permits: the clients' from getrusage in each child from start to end, redis-server's from `INFO cpu` (used_cpu_user + used_cpu_sys) deltas.\n\n")
+	if c.Nice != 0 {
+		p("**Priority.** The run (clients, children and redis-server alike) ran at nice %d (process and, where the kernel groups sessions, its autogroup), so that other work on the shared machine preempts it less; every implementation had the same priority.\n\n", c.Nice)
+	}
+	p("**Noise.** While each scenario runs, the parent sleeps 1 ms in a loop and records how late it wakes (the *canary*), with the 1-minute load average. After every scenario has run once, groups (one burst, W and P: every implementation back to back) whose canary p99 passed %d µs are rerun, noisiest first, while the time budget lasts, at most 3 runs each; the quietest run of a group is kept whole, so the implementations in a row group always come from the same run.\n\n", noisyP99us)
 
-	p("**Allow throughput.** %d goroutines in one process call Allow on random keys of %d for %g s (limit %d/s, burst 10 per key), next to `redis-benchmark` running EVALSHA of `return 1` with %d connections and %d requests on the same server: the ceiling of one script call per operation. %d rounds, the implementations interleaved within each round; the table shows the median round, and every round's rate.\n\n",
+	p("**Allow throughput.** %d goroutines in one process call Allow on random keys of %d for %g s (limit %d/s, burst 10 per key), next to `redis-benchmark` running EVALSHA of `return 1` with %d connections and %d requests on the same server: the ceiling of one script call per operation. Rounds: %d, the implementations interleaved within each round; the table shows the median round, and every round's rate.\n\n",
 		c.TPGoroutines, c.TPKeys, c.TPDurationS, c.Rate, c.TPGoroutines, c.BenchRequests, max(c.TPRounds, 1))
 	p("**Memory.** For each algorithm, on a flushed server: `INFO used_memory` before and after writing one key per subject (100 000 keys; 10 000 for the full sliding log), `MEMORY USAGE … SAMPLES 0` and `OBJECT ENCODING` of one key, projected to 1M keys. The limit is %v, so that no key expires while they are written (at 200/s a bucket's key lives 5 ms after one permit); the state's size does not depend on the rate.\n\n", memLimit)
 	p("**Microbenchmarks.** `go %s` in bench/ (hotpath_test.go) against the same redis-server: the client-side hot path of one Allow and one Wait that never sleeps (a limit of %d/s), with allocations and round trips per call.\n\n", strings.Join(microCommand, " "), hugeRate)
@@ -136,10 +140,11 @@ func renderReport(res *runResult, jsonRel, plotRel, notes string) string {
 			s.Admitted, s.RTPerPermit, s.CmdsPerPermit, s.ScriptsPerPermit, s.ClientCPUms, s.RedisCPUms)
 	}
 	p("\n### Latency and fairness\n\n")
-	p("| implementation | burst | W | P | jitter p50 µs | jitter p99 µs | Wait p50 ms | Wait p99 ms | Wait max ms | permits/waiter min–max | Jain |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+	p("| implementation | burst | W | P | jitter p50 µs | jitter p99 µs | Wait p50 ms | Wait p99 ms | Wait max ms | permits/waiter min–max | Jain | noise: canary p99 µs · max ms · load · runs |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, s := range res.Scenarios {
-		p("| %s | %s | %d | %d | %.0f | %.0f | %.1f | %.1f | %.1f | %d–%d | %.4f |\n", s.Impl, burstCell(s), s.Waiters, s.Procs,
-			s.JitterP50us, s.JitterP99us, s.WaitP50ms, s.WaitP99ms, s.WaitMaxms, s.FairMin, s.FairMax, s.Jain)
+		p("| %s | %s | %d | %d | %.0f | %.0f | %.1f | %.1f | %.1f | %d–%d | %.4f | %.0f · %.1f · %.1f · %d |\n", s.Impl, burstCell(s), s.Waiters, s.Procs,
+			s.JitterP50us, s.JitterP99us, s.WaitP50ms, s.WaitP99ms, s.WaitMaxms, s.FairMin, s.FairMax, s.Jain,
+			s.TimerLateP99us, s.TimerLateMaxms, s.Load1, s.Attempts)
 	}
 
 	p("\n## Allow throughput\n\n")

@@ -54,13 +54,13 @@ type scenarioResult struct {
 	// The most permits in any sliding window of 1 s and 100 ms over the
 	// whole run, and the bounds R + burst and R/10 + burst (R and R/10 for
 	// windows). MaxAligned1s is the most in one whole wall-clock second.
-	Max1s        int `json:"max_1s"`
-	Bound1s      int `json:"bound_1s"`
-	Max100ms     int `json:"max_100ms"`
+	Max1s    int `json:"max_1s"`
+	Bound1s  int `json:"bound_1s"`
+	Max100ms int `json:"max_100ms"`
 	// Max990ms is the most in any 990 ms window: a window algorithm's
 	// excess over R in 1 s that vanishes here comes from ≤ 10 ms of skew
 	// between when Redis admitted a permit and when Wait returned.
-	Max990ms int `json:"max_990ms"`
+	Max990ms     int `json:"max_990ms"`
 	Bound100ms   int `json:"bound_100ms"`
 	MaxAligned1s int `json:"max_aligned_1s"`
 
@@ -85,8 +85,17 @@ type scenarioResult struct {
 	RedisCPUms  float64 `json:"redis_cpu_ms_per_1000"`
 
 	LateStartMs float64 `json:"late_start_ms"` // worst child lateness past the barrier
-	Errors      int64   `json:"errors"`
-	FirstError  string  `json:"first_error,omitempty"`
+	// Noise on the machine while the scenario ran: how late a 1 ms sleep
+	// in the parent woke (p99 and max), and the 1-minute load average at
+	// the start. Attempts is how many times the scenario's group ran (a
+	// noisy group is rerun while the time budget allows; the quietest run
+	// is kept).
+	TimerLateP99us float64 `json:"timer_late_p99_us"`
+	TimerLateMaxms float64 `json:"timer_late_max_ms"`
+	Load1          float64 `json:"load1"`
+	Attempts       int     `json:"attempts"`
+	Errors         int64   `json:"errors"`
+	FirstError     string  `json:"first_error,omitempty"`
 	// Series100ms counts admissions per 100 ms from the start.
 	Series100ms []int `json:"series_100ms"`
 }
@@ -197,7 +206,13 @@ func (r *runner) runScenario(ctx context.Context, s scenario) (*scenarioResult, 
 	if err != nil {
 		return nil, err
 	}
+	load := load1()
+	stop := make(chan struct{})
+	late := make(chan []int64)
+	go canary(start, stop, late)
 	procs, err := r.spawn(ws)
+	close(stop)
+	lateness := <-late
 	if err != nil {
 		return nil, err
 	}
@@ -206,6 +221,11 @@ func (r *runner) runScenario(ctx context.Context, s scenario) (*scenarioResult, 
 		return nil, err
 	}
 	res := analyse(s, start.UnixNano(), procs)
+	res.Load1 = load
+	res.TimerLateP99us = us(percentile(lateness, 99))
+	if len(lateness) > 0 {
+		res.TimerLateMaxms = ms(lateness[len(lateness)-1])
+	}
 	if s.Impl.Redis {
 		total, scripts := callDelta(before, after)
 		res.ServerCmds, res.ServerScripts = total, scripts
@@ -291,6 +311,25 @@ func analyse(s scenario, startUnixNano int64, procs []*procResult) *scenarioResu
 	}
 	res.Series100ms = histogram(all, sec/10, end)
 	return res
+}
+
+// canary measures the machine's scheduling noise from start until stop:
+// how much later than asked a 1 ms sleep returns, sorted.
+func canary(start time.Time, stop <-chan struct{}, out chan<- []int64) {
+	var late []int64
+	time.Sleep(time.Until(start))
+	for {
+		select {
+		case <-stop:
+			slices.Sort(late)
+			out <- late
+			return
+		default:
+		}
+		t := time.Now()
+		time.Sleep(time.Millisecond)
+		late = append(late, (time.Since(t) - time.Millisecond).Nanoseconds())
+	}
 }
 
 // countBelow counts the values of ascending xs below limit.

@@ -14,23 +14,23 @@ import (
 
 // throughputResult is one Allow throughput measurement.
 type throughputResult struct {
-	Impl        string  `json:"impl"`
-	Command     string  `json:"command,omitempty"` // for redis-benchmark: what ran
-	Goroutines  int     `json:"goroutines"`        // concurrent callers (connections for redis-benchmark)
-	Keys        int     `json:"keys"`
-	DurationS   float64 `json:"duration_s"`
-	Ops         int64   `json:"ops"`
-	OpsPerSec   float64 `json:"ops_per_sec"` // the median round's
+	Impl       string  `json:"impl"`
+	Command    string  `json:"command,omitempty"` // for redis-benchmark: what ran
+	Goroutines int     `json:"goroutines"`        // concurrent callers (connections for redis-benchmark)
+	Keys       int     `json:"keys"`
+	DurationS  float64 `json:"duration_s"`
+	Ops        int64   `json:"ops"`
+	OpsPerSec  float64 `json:"ops_per_sec"` // the median round's
 	// RoundsOpsPerSec is every round's rate; the rounds of all
 	// implementations are interleaved, so a noisy spell hits them alike.
 	RoundsOpsPerSec []float64 `json:"rounds_ops_per_sec"`
-	AllowedFrac float64 `json:"allowed_frac"`
-	RTPerOp     float64 `json:"rt_per_op"`
-	CmdsPerOp   float64 `json:"cmds_per_op"`
-	ScriptsOp   float64 `json:"scripts_per_op"`
-	ClientCPUms float64 `json:"client_cpu_ms_per_1000"`
-	RedisCPUms  float64 `json:"redis_cpu_ms_per_1000"`
-	Errors      int64   `json:"errors"`
+	AllowedFrac     float64   `json:"allowed_frac"`
+	RTPerOp         float64   `json:"rt_per_op"`
+	CmdsPerOp       float64   `json:"cmds_per_op"`
+	ScriptsOp       float64   `json:"scripts_per_op"`
+	ClientCPUms     float64   `json:"client_cpu_ms_per_1000"`
+	RedisCPUms      float64   `json:"redis_cpu_ms_per_1000"`
+	Errors          int64     `json:"errors"`
 }
 
 // runThroughput measures Allow on random keys of a keyspace from many

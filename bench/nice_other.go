@@ -1,0 +1,9 @@
+//go:build !linux
+
+package main
+
+import "errors"
+
+func renice(int) (func(), error) {
+	return func() {}, errors.New("bench: -nice is only supported on Linux")
+}
