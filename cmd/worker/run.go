@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -207,7 +208,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err := srv.Start(mux); err != nil {
 		return fmt.Errorf("starting the asynq server: %w", err)
 	}
-	log.Info("worker: processing", "queues", o.queues, "concurrency", o.concurrency)
+	concurrency := o.concurrency
+	if concurrency == 0 {
+		concurrency = runtime.NumCPU() // asynq's default
+	}
+	log.Info("worker: processing", "queues", o.queues, "concurrency", concurrency)
 
 	<-ctx.Done()
 	log.Info("worker: shutting down: no new tasks; waiting tasks go back for other workers", "shutdown_timeout", o.shutdownTimeout)
