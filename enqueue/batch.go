@@ -114,8 +114,10 @@ func (b *Batch) payload(i int) []byte {
 // Run enqueues the batch through c, in order. A paced task books its slot
 // first (one Redis round trip) and is cancelled (its permit refunded) if
 // enqueueing it fails. Run stops at the first error, leaving the tasks
-// already enqueued in place: Result.Enqueued says how many. ctx must not
-// have a deadline sooner than the batch's last slot if paced.
+// already enqueued in place: Result.Enqueued says how many. ctx's
+// cancellation stops the batch between two tasks; its deadline does not
+// bound how far ahead a paced task is booked (the Pacer's limiter MaxWait
+// does, if set).
 func (b *Batch) Run(ctx context.Context, c Enqueuer) (Result, error) {
 	var res Result
 	if err := b.Validate(); err != nil {
@@ -155,7 +157,9 @@ func (b *Batch) enqueue(ctx context.Context, c Enqueuer, i, n int) (Enqueued, er
 		if err != nil {
 			return e, fmt.Errorf("subject: %w", err)
 		}
-		if r, err = p.Limiter.PrepayN(ctx, subject, 1, p.Keep); err != nil {
+		// Booking ahead is the point: ctx's deadline (a scheduler's
+		// --run-for, say) must not bound how far ahead a slot may be.
+		if r, err = p.Limiter.PrepayN(context.WithoutCancel(ctx), subject, 1, p.Keep); err != nil {
 			return e, err
 		}
 		headers = map[string]string{worker.ReceiptHeader: r.Receipt()}

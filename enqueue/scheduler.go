@@ -94,13 +94,11 @@ func NewScheduler(s *Schedules, opts SchedulerOptions) (*Scheduler, error) {
 		if err := j.batch.Validate(); err != nil {
 			return nil, fmt.Errorf("enqueue: schedule %q: %w", sc.Name, err)
 		}
-		var policy cron.JobWrapper
+		policy := cron.SkipIfStillRunning(cronLogger{j.log})
 		if sc.Overlap == OverlapDelay {
-			policy = cron.DelayIfStillRunning(cron.DiscardLogger)
-		} else {
-			policy = cron.SkipIfStillRunning(cron.DiscardLogger)
+			policy = delayIfStillRunning(j.log)
 		}
-		j.id = sch.cron.Schedule(sc.schedule, cron.NewChain(j.noteOverlap(sc.Overlap), policy).Then(j))
+		j.id = sch.cron.Schedule(sc.schedule, cron.NewChain(policy).Then(j))
 		sch.jobs = append(sch.jobs, j)
 	}
 	return sch, nil
@@ -135,23 +133,43 @@ type job struct {
 	client  Enqueuer
 	batch   Batch
 	onBatch func(string, Result, error)
-	running atomic.Bool
 	firings atomic.Int64
 }
 
-// noteOverlap logs a firing that comes while the previous one runs; the
-// policy wrapper after it then skips or delays it.
-func (j *job) noteOverlap(o Overlap) cron.JobWrapper {
-	return func(next cron.Job) cron.Job {
+// cronLogger passes robfig/cron's wrapper messages to slog: "skip" is
+// SkipIfStillRunning dropping a firing.
+type cronLogger struct{ log *slog.Logger }
+
+func (l cronLogger) Info(msg string, kv ...any) {
+	if msg == "skip" {
+		l.log.Warn("enqueue: firing skipped: the previous batch is still arriving (overlap: skip)")
+		return
+	}
+	l.log.Info("cron: "+msg, kv...)
+}
+
+func (l cronLogger) Error(err error, msg string, kv ...any) {
+	l.log.Error("cron: "+msg, append(kv, "error", err)...)
+}
+
+// delayIfStillRunning is cron.DelayIfStillRunning, except that it logs
+// every delayed firing (cron's logs only delays over a minute) and waits
+// on a channel rather than a sync.Mutex, which testing/synctest cannot see
+// as blocked.
+func delayIfStillRunning(log *slog.Logger) cron.JobWrapper {
+	return func(j cron.Job) cron.Job {
+		lock := make(chan struct{}, 1)
 		return cron.FuncJob(func() {
-			if j.running.Load() {
-				if o == OverlapDelay {
-					j.log.Warn("enqueue: firing delayed: the previous batch is still arriving (overlap: delay)")
-				} else {
-					j.log.Warn("enqueue: firing skipped: the previous batch is still arriving (overlap: skip)")
-				}
+			select {
+			case lock <- struct{}{}:
+			default:
+				log.Warn("enqueue: firing delayed: the previous batch is still arriving (overlap: delay)")
+				start := time.Now()
+				lock <- struct{}{}
+				log.Info("enqueue: delayed firing runs", "delayed", time.Since(start).Round(time.Millisecond))
 			}
-			next.Run()
+			defer func() { <-lock }()
+			j.Run()
 		})
 	}
 }
@@ -162,8 +180,6 @@ func (j *job) Run() {
 	if j.ctx == nil || j.ctx.Err() != nil {
 		return
 	}
-	j.running.Store(true)
-	defer j.running.Store(false)
 	n := j.firings.Add(1)
 	start := time.Now()
 	j.log.Info("enqueue: firing", "firing", n, "type", j.batch.Type, "tasks", j.batch.size(), "paced", j.batch.Pacer != nil)

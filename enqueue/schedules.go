@@ -245,6 +245,10 @@ func (p *parser) parse(doc *yaml.Node) (*Schedules, error) {
 		}
 		root = doc.Content[0]
 	}
+	if root.Kind == yaml.ScalarNode && root.ShortTag() == "!!null" && root.Value == "" {
+		// "---" alone: a document with nothing in it.
+		return nil, p.failf(nil, "", "the file is empty; it needs a schedules list (see cmd/enqueue/README.md)")
+	}
 	fields, err := p.mapping(root, "", "the file", fileFields)
 	if err != nil {
 		return nil, err
@@ -283,6 +287,9 @@ func (p *parser) parse(doc *yaml.Node) (*Schedules, error) {
 
 func (p *parser) scheduleAt(n *yaml.Node, i int, names map[string]int, file *Schedules) (Schedule, error) {
 	p.schedule = "#" + strconv.Itoa(i+1)
+	if name := peekName(n); nameRE.MatchString(name) {
+		p.schedule = name // errors before the name is read still name it
+	}
 	fields, err := p.mapping(n, "", "a schedule", scheduleFields)
 	if err != nil {
 		return Schedule{}, err
@@ -490,6 +497,19 @@ func (p *parser) pace(n *yaml.Node, file *Schedules) (*PaceSpec, error) {
 		return nil, p.failf(rate, "pace.rate", "%v", strings.TrimPrefix(err.Error(), "throttle: "))
 	}
 	return ps, nil
+}
+
+// peekName returns the value of a mapping's name field, or "".
+func peekName(n *yaml.Node) string {
+	if n.Kind != yaml.MappingNode {
+		return ""
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if k, v := resolve(n.Content[i]), resolve(n.Content[i+1]); k.Value == "name" && v.Kind == yaml.ScalarNode {
+			return v.Value
+		}
+	}
+	return ""
 }
 
 // parseCron parses a spec; robfig/cron panics on a few malformed specs,
