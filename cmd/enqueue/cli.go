@@ -20,6 +20,9 @@ import (
 	"github.com/jobthrottle/jobthrottle/worker"
 )
 
+// defaultRedisURL is used when neither --redis nor REDIS_URL is set.
+const defaultRedisURL = "redis://127.0.0.1:6379/0"
+
 const usage = `usage:
   enqueue batch --type T --count N [--payload JSON | --payloads FILE.jsonl] [--queue Q]
                 [--pace (--rule-config rules.yaml [--rule NAME] | --rule NAME --rate 20/s [--burst 1] (--subject S | --subject-field F))]
@@ -29,6 +32,8 @@ const usage = `usage:
 Redis: --redis, else $REDIS_URL, else ` + defaultRedisURL + `.
 Run "enqueue batch -h" or "enqueue schedule -h" for every flag; see cmd/enqueue/README.md.
 `
+
+const redisHelp = "Redis URL: redis://[user:password@]host:port[/db], rediss:// (TLS), redis-cluster://host:port,host:port\nor redis-sentinel://host:port,host:port/master; default $REDIS_URL, else " + defaultRedisURL
 
 // Exit codes.
 const (
@@ -59,8 +64,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	return exitUsage
 }
 
-// connect opens the Redis named by --redis or REDIS_URL.
-func connect(ctx context.Context, flagURL string, getenv func(string) string, log *slog.Logger) (*redis.Client, error) {
+// connect opens the Redis named by --redis or REDIS_URL, as cmd/worker
+// does (worker.OpenRedis: one server, TLS, Cluster or Sentinel), and
+// checks that it answers. Logs and errors show the URL without password.
+func connect(ctx context.Context, flagURL string, getenv func(string) string, log *slog.Logger) (redis.UniversalClient, error) {
 	raw := flagURL
 	if raw == "" {
 		raw = getenv("REDIS_URL")
@@ -68,10 +75,11 @@ func connect(ctx context.Context, flagURL string, getenv func(string) string, lo
 	if raw == "" {
 		raw = defaultRedisURL
 	}
-	rdb, redacted, err := redisClient(raw)
+	rdb, err := worker.OpenRedis(raw)
 	if err != nil {
 		return nil, err
 	}
+	redacted := worker.RedactURL(raw)
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := rdb.Ping(pctx).Err(); err != nil {
@@ -117,7 +125,7 @@ func (f *batchFlags) flagSet(stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&f.subject, "subject", "", "inline rule: the workers' fixed subject")
 	fs.StringVar(&f.subjectField, "subject-field", "", "inline rule: the payload field the workers take the subject from")
 	fs.DurationVar(&f.keep, "keep", 0, "how long a paced task's receipt outlives its slot (default 24h); a task run later is charged again")
-	fs.StringVar(&f.redis, "redis", "", "Redis URL: redis://[user:password@]host:port[/db], rediss://… (TLS) or unix:///path; default $REDIS_URL, else "+defaultRedisURL)
+	fs.StringVar(&f.redis, "redis", "", redisHelp)
 	return fs
 }
 
@@ -269,7 +277,7 @@ func runSchedule(ctx context.Context, args []string, stderr io.Writer, getenv fu
 	fs.SetOutput(stderr)
 	config := fs.String("config", "", "schedules file (required; see README.md)")
 	runFor := fs.Duration("run-for", 0, "stop after this long (default: run until interrupted)")
-	redisURL := fs.String("redis", "", "Redis URL: redis://[user:password@]host:port[/db], rediss://… (TLS) or unix:///path; default $REDIS_URL, else "+defaultRedisURL)
+	redisURL := fs.String("redis", "", redisHelp)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return exitOK
