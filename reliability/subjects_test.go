@@ -137,7 +137,7 @@ func TestHostileSubjects(t *testing.T) {
 					t.Errorf("error repeats the whole subject")
 				}
 			}
-			if after := len(scanKeys(t, b.Client, prefix)); after != before {
+			if after := len(scanKeys(t, b.Client, prefix)); after > before { // short-lived pause keys may expire meanwhile
 				t.Errorf("invalid subjects created %d keys", after-before)
 			}
 		})

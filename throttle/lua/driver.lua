@@ -100,7 +100,8 @@ for i, d in ipairs(decisions) do
 end
 
 -- remaining is clamped: a paused window may hold more than its count.
-local reply = {ok and 1 or 0, decider, math.max(0, decisions[decider].remaining), math.ceil(delay), math.ceil(reset)}
+local reply = {ok and 1 or 0, decider, math.max(0, decisions[decider].remaining),
+  math.ceil(math.min(delay, max_us)), math.ceil(math.min(reset, max_us))}
 if ok then
   for i, d in ipairs(decisions) do reply[#reply + 1] = d.commit() end
   if op == 'prepay' then

@@ -19,10 +19,20 @@ local function num(x)
   return string.format('%.17g', x)
 end
 
+-- max_us bounds every duration a script replies with or gives Redis as a
+-- TTL: 2^53 - 1 microseconds, about 285 years. A queue of reservations can
+-- reach further (Waits without a deadline on a rule of one per ten years,
+-- or a backlog booked under a far larger rule before it was changed);
+-- beyond this a reply would lose integer precision, overflow Redis's
+-- integer conversion or a Go time.Duration and come back negative (which
+-- a waiter would take as "now"), and PEXPIRE would refuse the TTL.
+local max_us = 9007199254740991
+
 -- ttl_ms turns a horizon in microseconds into a key TTL in milliseconds:
--- rounded up, never less than 1 (PEXPIRE 0 would delete the key).
+-- rounded up, never less than 1 (PEXPIRE 0 would delete the key), never
+-- more than max_us.
 local function ttl_ms(us)
-  local ms = math.ceil(us / 1000)
+  local ms = math.ceil(math.min(us, max_us) / 1000)
   if ms < 1 then ms = 1 end
   return int(ms)
 end

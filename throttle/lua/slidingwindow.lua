@@ -1,27 +1,29 @@
 -- Sliding window counter. extra = precision (bucket width, microseconds).
--- State: hash {bucket index -> permits admitted in that bucket}.
--- A bucket j counts while any part of it lies inside the window
--- (now - period, now], i.e. until (j + 1) * precision + period. Counting the
+-- State: hash {bucket start (Redis time, microseconds) -> permits admitted
+-- in that bucket}. Fields are start times, not bucket numbers, so that a
+-- bucket written under another precision (the rule's period or precision
+-- changed while its key lived) still means the same moment.
+-- A bucket starting at s counts while any part of it lies inside the window
+-- (now - period, now], i.e. until s + precision + period. Counting the
 -- partly-covered oldest bucket whole makes the limit hold in every window of
 -- length period; the price is a throughput of at worst count per
 -- (period + precision). TTL: until the newest bucket stops counting.
 check['sliding_window'] = function(key, count, period, precision, n)
-  local lo = math.floor((now - period) / precision)
-  local cur = math.floor(now / precision)
+  local cur = math.floor(now / precision) * precision
+  local function leaves(s) return s + precision + period - now end
   local flat = redis.call('HGETALL', key)
   local buckets, stale, c = {}, {}, 0
   for i = 1, #flat, 2 do
-    local j = tonumber(flat[i])
+    local s = tonumber(flat[i])
     local v = tonumber(flat[i + 1])
-    if j < lo then
+    if not s or leaves(s) <= 0 then
       stale[#stale + 1] = flat[i]
     elseif v > 0 then
-      buckets[#buckets + 1] = {j, v}
+      buckets[#buckets + 1] = {s, v}
       c = c + v
     end
   end
   if #stale > 0 then redis.call('HDEL', key, unpack(stale)) end
-  local function leaves(j) return (j + 1) * precision + period - now end
   if c + n <= count then
     return {ok = true, delay = 0, remaining = count - c - n, reset = leaves(cur),
       commit = function()
@@ -40,7 +42,7 @@ check['sliding_window'] = function(key, count, period, precision, n)
     reset = leaves(buckets[#buckets][1])}
 end
 
--- ticket: the bucket index the permits were counted in.
+-- ticket: the start of the bucket the permits were counted in.
 refund['sliding_window'] = function(key, count, period, precision, n, ticket)
   if redis.call('HEXISTS', key, ticket) == 0 then return end
   if redis.call('HINCRBY', key, ticket, -n) <= 0 then
@@ -48,15 +50,15 @@ refund['sliding_window'] = function(key, count, period, precision, n, ticket)
   end
 end
 
--- pause: the bucket j = ceil((untl - period) / precision) - 1, the last
--- one still counting just before untl, is filled to count, so nothing is
--- admitted before untl (and, the bucket's width being the algorithm's
+-- pause: the bucket j = ceil((untl - period) / precision) - 1 (starting at
+-- j * precision), the last one still counting just before untl, is filled
+-- to count, so nothing is admitted before untl (and, the bucket's width being the algorithm's
 -- grain, nothing before that bucket stops counting, less than one
 -- precision after untl). Other buckets keep their permits. j may lie ahead
 -- of the current bucket, which the check counts like any other.
 pause['sliding_window'] = function(key, count, period, precision, untl)
   local j = math.ceil((untl - period) / precision) - 1
-  local f = int(j)
+  local f = int(j * precision)
   if (tonumber(redis.call('HGET', key, f)) or 0) < count then
     redis.call('HSET', key, f, int(count))
   end
