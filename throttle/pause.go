@@ -65,21 +65,22 @@ func (l *Limiter) PauseFor(ctx context.Context, subject string, d time.Duration)
 	return nil
 }
 
+// pausedScript is prelude.lua + paused.lua; see paused.lua for KEYS and
+// the reply.
+var pausedScript = buildScript("prelude.lua", "paused.lua")
+
 // Paused returns how long the pause of subject set by PauseFor still runs
-// on the Redis clock (to the millisecond), or 0 if none does. It is one
-// PTTL command.
+// on the Redis clock, or 0 if none does. It is one script call.
 func (l *Limiter) Paused(ctx context.Context, subject string) (time.Duration, error) {
 	if _, err := EncodeSubject(subject); err != nil {
 		return 0, err
 	}
-	ttl, err := l.rdb.PTTL(ctx, l.pauseKey(subject)).Result()
+	us, err := l.run(ctx, pausedScript, []string{l.pauseKey(subject)}).Int64()
 	if err != nil {
 		if l.opts.OnRedisError != nil {
 			l.opts.OnRedisError(err, false)
 		}
-		return 0, &redisError{op: "pttl", err: err}
+		return 0, &redisError{op: "paused", err: err}
 	}
-	// go-redis reports a missing key (-2) and one without TTL (-1) as
-	// negative durations; neither is a running pause.
-	return max(ttl, 0), nil
+	return time.Duration(us) * time.Microsecond, nil
 }

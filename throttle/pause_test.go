@@ -243,3 +243,25 @@ func downClient(t *testing.T) *redis.Client {
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
+
+// Paused reads the pause's end from the key's value, not its TTL, so a
+// server that does not expire keys on its own clock (miniredis without
+// FastForward) reports a pause over when it is.
+func TestPausedFollowsRedisTime(t *testing.T) {
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer rdb.Close()
+	l := mustNew(t, rdb, Options{}, pauseCases[0].rule)
+	ctx := context.Background()
+	if err := l.PauseFor(ctx, "s", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	m.SetTime(time.Now().Add(time.Hour - time.Second))
+	if left, err := l.Paused(ctx, "s"); err != nil || left <= 0 || left > time.Second {
+		t.Errorf("an hour later less a second: Paused = %v, %v; want about 1s", left, err)
+	}
+	m.SetTime(time.Now().Add(time.Hour + time.Second))
+	if left, err := l.Paused(ctx, "s"); err != nil || left != 0 {
+		t.Errorf("after the pause: Paused = %v, %v; want 0", left, err)
+	}
+}
