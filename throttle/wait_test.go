@@ -330,3 +330,51 @@ func TestWindowQueueCancelledWaiterLeaves(t *testing.T) {
 		}
 	})
 }
+
+// A queued window waiter whose deadline ends before the head's next
+// permit fails at once, with the head's answer, instead of waiting in vain.
+func TestWindowQueueFailsAtOnceWhenHeadLearnsTooLate(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		l := mustNew(t, rdb, Options{}, Rule{Name: "r", Algorithm: SlidingLog, Limit: PerSecond(1)})
+		if err := l.Wait(context.Background(), "s"); err != nil {
+			t.Fatal(err)
+		}
+		// A queued waiter first, then the head asks: it is denied until 1s.
+		ctx, cancel := context.WithTimeout(context.Background(), 500*ms)
+		defer cancel()
+		head, short, long, mid := make(chan error), make(chan error), make(chan error), make(chan error)
+		go func() { head <- l.Wait(context.Background(), "s") }()
+		synctest.Wait()
+		go func() { short <- l.Wait(ctx, "s") }()
+		go func() {
+			lctx, lcancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer lcancel()
+			long <- l.Wait(lctx, "s")
+		}()
+		synctest.Wait()
+		// Queued behind long, it can wait past 1s but not past 2s: it
+		// learns so at 1s, when long becomes the head and is denied.
+		go func() {
+			mctx, mcancel := context.WithTimeout(context.Background(), 1500*ms)
+			defer mcancel()
+			mid <- l.Wait(mctx, "s")
+		}()
+		synctest.Wait()
+		// The head's denial was announced before the short waiter queued;
+		// it fails at once, at t=0, with the head's retry time.
+		err := <-short
+		var de *DelayError
+		if !errors.As(err, &de) || !errors.Is(err, context.DeadlineExceeded) || de.RetryAfter != time.Second || at() != 0 {
+			t.Fatalf("short waiter: %v at %v, want a deadline DelayError of 1s at once", err, at())
+		}
+		if err := <-head; err != nil || at() != time.Second {
+			t.Fatalf("head: %v at %v, want admitted at 1s", err, at())
+		}
+		if err := <-mid; !errors.As(err, &de) || !errors.Is(err, context.DeadlineExceeded) || de.RetryAfter != time.Second || at() != time.Second {
+			t.Fatalf("mid waiter: %v at %v, want a deadline DelayError of 1s, at 1s", err, at())
+		}
+		if err := <-long; err != nil || at() != 2*time.Second {
+			t.Fatalf("long waiter: %v at %v, want admitted at 2s", err, at())
+		}
+	})
+}

@@ -11,6 +11,13 @@ import (
 // Redis sees about one call per admitted request plus one per refill.
 type waitQueue struct {
 	waiters []*waiter // waiters[0] is the head; its turn is closed
+	// until is when the head was last told a permit frees, and rule the
+	// rule that said so. changed is closed, and replaced, whenever they
+	// move, so that a waiter whose bound ends before until fails at once
+	// (principle 5) instead of queueing in vain.
+	until   time.Time
+	rule    string
+	changed chan struct{}
 }
 
 // waiter is one Wait in a waitQueue.
@@ -35,7 +42,7 @@ func (l *Limiter) waitWindow(ctx context.Context, subject string, n int) (*Reser
 	w := l.enqueue(subject)
 	defer l.leave(subject, w)
 
-	if err := l.awaitTurn(ctx, w.turn, start); err != nil {
+	if err := l.awaitTurn(ctx, subject, w, start); err != nil {
 		return nil, err
 	}
 	l.mu.Lock()
@@ -59,6 +66,7 @@ func (l *Limiter) waitWindow(ctx context.Context, subject string, n int) (*Reser
 			return r, nil
 		}
 		now := time.Now()
+		l.announce(subject, now.Add(res.RetryAfter), res.Rule)
 		if bound, byDeadline := l.waitBound(ctx, start); bound >= 0 && now.Add(res.RetryAfter).After(start.Add(bound)) {
 			return nil, &DelayError{Rule: res.Rule, RetryAfter: res.RetryAfter, Deadline: byDeadline}
 		}
@@ -68,23 +76,50 @@ func (l *Limiter) waitWindow(ctx context.Context, subject string, n int) (*Reser
 	}
 }
 
-// awaitTurn blocks until turn is the head of its queue, ctx ends, or
-// MaxWait (counted from start) passes.
-func (l *Limiter) awaitTurn(ctx context.Context, turn chan struct{}, start time.Time) error {
+// awaitTurn blocks until w is the head of subject's queue. It fails when
+// ctx ends, or, with a *DelayError, as soon as the head learns that no
+// permit frees before this waiter's bound (the context's deadline or
+// MaxWait, counted from start), or when MaxWait passes.
+func (l *Limiter) awaitTurn(ctx context.Context, subject string, w *waiter, start time.Time) error {
 	var expired <-chan time.Time
 	if l.opts.MaxWait > 0 {
 		t := time.NewTimer(time.Until(start.Add(l.opts.MaxWait)))
 		defer t.Stop()
 		expired = t.C
 	}
-	select {
-	case <-turn:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-expired:
-		return &DelayError{Rule: l.rules[0].Name, RetryAfter: l.opts.MaxWait}
+	bound, byDeadline := l.waitBound(ctx, start)
+	for {
+		l.mu.Lock()
+		q := l.queues[subject]
+		until, rule, changed := q.until, q.rule, q.changed
+		l.mu.Unlock()
+		now := time.Now()
+		if bound >= 0 && until.After(start.Add(bound)) {
+			return &DelayError{Rule: rule, RetryAfter: until.Sub(now), Deadline: byDeadline}
+		}
+		select {
+		case <-w.turn:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-changed:
+		case <-expired:
+			// The permits freed so far went to waiters ahead; the next
+			// comes no sooner than the head was told, or one interval.
+			return &DelayError{Rule: l.rules[0].Name, RetryAfter: max(until.Sub(now), l.rules[0].Limit.Interval())}
+		}
 	}
+}
+
+// announce records when the head of subject's queue was told a permit
+// frees, and wakes the waiters behind it to check their bounds.
+func (l *Limiter) announce(subject string, until time.Time, rule string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	q := l.queues[subject]
+	q.until, q.rule = until, rule
+	close(q.changed)
+	q.changed = make(chan struct{})
 }
 
 // enqueue appends a waiter to subject's queue and returns it; its turn
@@ -95,7 +130,7 @@ func (l *Limiter) enqueue(subject string) *waiter {
 	defer l.mu.Unlock()
 	q := l.queues[subject]
 	if q == nil {
-		q = &waitQueue{}
+		q = &waitQueue{changed: make(chan struct{})}
 		l.queues[subject] = q
 	}
 	q.waiters = append(q.waiters, w)
