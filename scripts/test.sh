@@ -138,6 +138,12 @@ if ((full)) && [[ -f bench/go.mod ]]; then
 	(cd bench && go vet ./... && go test -count=1 -timeout 10m ./...) || { s=$?; ((status)) || status=$s; }
 fi
 
+if ((full)); then
+	# Every fuzz target, briefly: the seed corpora already ran as tests above.
+	section "fuzz (FUZZTIME=${FUZZTIME:-5s} per target)"
+	FUZZTIME=${FUZZTIME:-5s} bash scripts/fuzz.sh || { s=$?; ((status)) || status=$s; }
+fi
+
 section "done"
 ((status == 0)) && echo "all tests passed" || echo "tests FAILED (exit $status)"
 exit "$status"
