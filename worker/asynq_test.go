@@ -239,14 +239,14 @@ func (s *stubborn) WaitN(ctx context.Context, subject string, n int) error {
 func TestAsynqDeferralKeepsRetries(t *testing.T) {
 	// Each deferral costs about a second: asynq schedules retries in whole
 	// seconds, and RetryDelay rounds RetryAt up so as never to run early.
-	const deferrals = 12
+	const deferrals = 50 // the issue: "a task deferred 50 times still runs when its turn comes"
 	t.Parallel()
 	b := newBed(t)
 	mw := middleware(t, []Rule{{Name: "busy", Tasks: []string{"busy"}, Limiter: &stubborn{n: deferrals}, Subject: Fixed("s"), MaxWait: time.Millisecond}})
 	b.serve(mw, asynq.Config{})
 	task := b.enqueue("busy", "", asynq.MaxRetry(2), asynq.Retention(time.Hour))
 
-	eventually(t, (deferrals+10)*time.Second, "the task run", func() bool { return len(b.runs()) == 1 })
+	eventually(t, (2*deferrals+10)*time.Second, "the task run", func() bool { return len(b.runs()) == 1 })
 	eventually(t, 5*time.Second, "the task completed", func() bool { return b.info(task.ID).State == asynq.TaskStateCompleted })
 
 	var throttled int
