@@ -41,6 +41,15 @@ type Pacer struct {
 	// late; a task later than that is charged again. If zero,
 	// throttle.DefaultReceiptKeep is used.
 	Keep time.Duration
+	// Lead schedules each task this long before its slot. asynq keeps
+	// ProcessAt in whole seconds (rounded down) and moves due tasks to
+	// their queue every DelayedTaskCheckInterval, so a task scheduled for
+	// its slot may reach a worker up to that interval late; with a Lead of
+	// at least that interval it arrives early, and the worker middleware
+	// holds it until its slot (Limiter.Redeem's delay). The price is worker
+	// slots: rate × (Lead + 1 s) tasks wait in handlers. If zero, tasks
+	// are scheduled for their slot.
+	Lead time.Duration
 }
 
 // Batch is Count tasks of one type.
@@ -90,6 +99,8 @@ func (b *Batch) Validate() error {
 		return fmt.Errorf("enqueue: count %d is more than the %d payloads", b.Count, len(b.Payloads))
 	case b.Pacer != nil && (b.Pacer.Limiter == nil || b.Pacer.Subject == nil):
 		return errors.New("enqueue: a Pacer needs a Limiter and a Subject")
+	case b.Pacer != nil && b.Pacer.Lead < 0:
+		return fmt.Errorf("enqueue: Pacer.Lead %v is negative", b.Pacer.Lead)
 	}
 	return nil
 }
@@ -164,7 +175,7 @@ func (b *Batch) enqueue(ctx context.Context, c Enqueuer, i, n int) (Enqueued, er
 		}
 		headers = map[string]string{worker.ReceiptHeader: r.Receipt()}
 		e.Due, e.Paced = r.TimeToAct(), true
-		opts = append(opts[:len(opts):len(opts)], asynq.ProcessAt(e.Due))
+		opts = append(opts[:len(opts):len(opts)], asynq.ProcessAt(e.Due.Add(-p.Lead)))
 	}
 	info, err := c.EnqueueContext(ctx, asynq.NewTaskWithHeaders(b.Type, payload, headers), opts...)
 	if err != nil {

@@ -220,3 +220,29 @@ func TestBatchBadSubject(t *testing.T) {
 		}
 	})
 }
+
+// With a Lead, tasks are scheduled that long before their slot; the
+// receipts still name the slot.
+func TestBatchLead(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client) {
+		c := &fakeClient{}
+		b := Batch{Type: "t", Count: 3, Pacer: &Pacer{Limiter: newLimiter(t, rdb, apiRule), Subject: worker.Fixed("s"), Lead: 300 * time.Millisecond}}
+		start := time.Now()
+		res, err := b.Run(context.Background(), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, e := range c.tasks {
+			if got, want := e.processAt.Sub(start), time.Duration(i)*50*time.Millisecond-300*time.Millisecond; got != want {
+				t.Errorf("task %d scheduled at %v, want %v", i, got, want)
+			}
+		}
+		if got := res.LastDue.Sub(start); got != 100*time.Millisecond {
+			t.Errorf("LastDue +%v, want the last slot, +100ms", got)
+		}
+		b.Pacer.Lead = -1
+		if _, err := b.Run(context.Background(), c); err == nil {
+			t.Error("negative Lead accepted")
+		}
+	})
+}

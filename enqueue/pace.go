@@ -38,6 +38,8 @@ type PaceSpec struct {
 
 	// Keep is how long a receipt outlives its slot (Pacer.Keep).
 	Keep time.Duration
+	// Lead schedules each task this long before its slot (Pacer.Lead).
+	Lead time.Duration
 }
 
 // Pacer builds the Pacer for batches of taskType on rdb. base supplies the
@@ -68,7 +70,7 @@ func (s *PaceSpec) Pacer(rdb redis.UniversalClient, taskType string, base thrott
 	if err != nil {
 		return nil, fmt.Errorf("enqueue: pace: %w", err)
 	}
-	return &Pacer{Limiter: lim, Subject: s.Subject.Subject(), Keep: s.Keep}, nil
+	return &Pacer{Limiter: lim, Subject: s.Subject.Subject(), Keep: s.Keep, Lead: s.Lead}, nil
 }
 
 func (s *PaceSpec) rulesPacer(rdb redis.UniversalClient, taskType string, base throttle.Options) (*Pacer, error) {
@@ -80,7 +82,7 @@ func (s *PaceSpec) rulesPacer(rdb redis.UniversalClient, taskType string, base t
 	if err != nil {
 		return nil, err
 	}
-	return &Pacer{Limiter: lim, Subject: rc.Subject.Subject(), Keep: s.Keep}, nil
+	return &Pacer{Limiter: lim, Subject: rc.Subject.Subject(), Keep: s.Keep, Lead: s.Lead}, nil
 }
 
 // rule returns the rule of s.Rules that the workers apply to taskType,

@@ -28,6 +28,9 @@ type SchedulerOptions struct {
 	// OnBatch, if set, is called after each firing's batch is enqueued (or
 	// failed), before the firing waits for its last task to be due.
 	OnBatch func(schedule string, res Result, err error)
+	// OnEnqueued, if set, is called after each task is enqueued
+	// (Batch.OnEnqueued).
+	OnEnqueued func(schedule string, e Enqueued)
 }
 
 // A Scheduler enqueues each schedule's batch when its cron spec fires.
@@ -60,6 +63,10 @@ func NewScheduler(s *Schedules, opts SchedulerOptions) (*Scheduler, error) {
 		sc := &s.Schedules[i]
 		j := &job{name: sc.Name, log: log.With("schedule", sc.Name), onBatch: opts.OnBatch, client: opts.Client}
 		j.batch = Batch{Type: sc.Type, Count: sc.Count, Payloads: sc.loaded}
+		if f := opts.OnEnqueued; f != nil {
+			name := sc.Name
+			j.batch.OnEnqueued = func(e Enqueued) { f(name, e) }
+		}
 		if sc.Payload != nil {
 			j.batch.Payloads = [][]byte{sc.Payload}
 		}

@@ -127,7 +127,7 @@ const MaxCount = 10_000_000
 var (
 	fileFields     = []string{"rules", "prefix", "schedules"}
 	scheduleFields = []string{"name", "cron", "timezone", "type", "count", "payload", "payloads", "queue", "max_retry", "timeout", "overlap", "pace"}
-	paceFields     = []string{"rule", "rate", "burst", "algorithm", "subject", "keep"}
+	paceFields     = []string{"rule", "rate", "burst", "algorithm", "subject", "keep", "lead"}
 	inlineOnly     = []string{"burst", "algorithm", "subject"}
 	subjectFields  = []string{"fixed", "payload_field"}
 )
@@ -428,6 +428,11 @@ func (p *parser) pace(n *yaml.Node, file *Schedules) (*PaceSpec, error) {
 	}
 	if v := fields["keep"]; v != nil {
 		if ps.Keep, err = p.duration(v, "pace.keep", time.Second, throttle.MaxPeriod); err != nil {
+			return nil, err
+		}
+	}
+	if v := fields["lead"]; v != nil {
+		if ps.Lead, err = p.duration(v, "pace.lead", 0, time.Minute); err != nil {
 			return nil, err
 		}
 	}

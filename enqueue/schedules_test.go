@@ -33,6 +33,7 @@ schedules:
     pace:
       rule: sync
       keep: 2h
+      lead: 500ms
   - name: inline
     cron: "@every 5s"
     type: ping
@@ -68,7 +69,7 @@ func TestParseSchedules(t *testing.T) {
 		t.Errorf("nightly next = %v, want 2026-01-11 01:00 UTC", got)
 	}
 	sy := s.Schedules[1]
-	if sy.Payloads != "accounts.jsonl" || sy.Count != 0 || sy.MaxRetry != -1 || sy.Overlap != OverlapSkip || sy.Pace.Rule != "sync" || sy.Pace.Keep != 2*time.Hour {
+	if sy.Payloads != "accounts.jsonl" || sy.Count != 0 || sy.MaxRetry != -1 || sy.Overlap != OverlapSkip || sy.Pace.Rule != "sync" || sy.Pace.Keep != 2*time.Hour || sy.Pace.Lead != 500*time.Millisecond {
 		t.Errorf("sync: %+v, pace %+v", sy, sy.Pace)
 	}
 	if got := sy.Next(time.Date(2026, 1, 1, 0, 0, 3, 0, time.UTC)); got.Second() != 10 {
@@ -137,6 +138,7 @@ func TestParseSchedulesInvalid(t *testing.T) {
 		{"inline two subjects", head + "    count: 1\n    pace: {rule: r, rate: 5/s, subject: {fixed: a, payload_field: b}}\n", `f.yaml:6: schedule "x": pace.subject: give exactly one`},
 		{"inline empty subject", head + "    count: 1\n    pace: {rule: r, rate: 5/s, subject: {fixed: \"\"}}\n", `f.yaml:6: schedule "x": pace.subject.fixed: "": throttle: invalid subject`},
 		{"inline burst zero", head + "    count: 1\n    pace: {rule: r, rate: 5/s, burst: 0, subject: {fixed: a}}\n", `f.yaml:6: schedule "x": pace.burst: "0" must be a whole number from 1`},
+		{"lead too long", "rules: r.yaml\n" + head + "    count: 1\n    pace: {lead: 2m}\n", `f.yaml:7: schedule "x": pace.lead: "2m" must be at most 1m0s`},
 		{"keep too short", "rules: r.yaml\n" + head + "    count: 1\n    pace: {keep: 1ms}\n", `f.yaml:7: schedule "x": pace.keep: "1ms" must be at least 1s`},
 	}
 	for _, c := range cases {

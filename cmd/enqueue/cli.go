@@ -100,7 +100,7 @@ type batchFlags struct {
 	rate, algorithm, prefix       string
 	burst                         int
 	subject, subjectField         string
-	keep                          time.Duration
+	keep, lead                    time.Duration
 	redis                         string
 }
 
@@ -124,6 +124,7 @@ func (f *batchFlags) flagSet(stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&f.prefix, "prefix", worker.DefaultConfigPrefix, "inline rule: the workers' key prefix")
 	fs.StringVar(&f.subject, "subject", "", "inline rule: the workers' fixed subject")
 	fs.StringVar(&f.subjectField, "subject-field", "", "inline rule: the payload field the workers take the subject from")
+	fs.DurationVar(&f.lead, "lead", 0, "schedule each task this long before its slot, so that it reaches a worker early and waits there for the slot\n(use the workers' DelayedTaskCheckInterval or more; default 0: at the slot)")
 	fs.DurationVar(&f.keep, "keep", 0, "how long a paced task's receipt outlives its slot (default 24h); a task run later is charged again")
 	fs.StringVar(&f.redis, "redis", "", redisHelp)
 	return fs
@@ -227,14 +228,17 @@ func (f *batchFlags) batch(fs *flag.FlagSet) (*enqueue.Batch, *enqueue.PaceSpec,
 	}
 	inline := []string{"rate", "burst", "algorithm", "prefix", "subject", "subject-field"}
 	if !f.pace {
-		for _, name := range append(inline, "rule-config", "rule", "keep") {
+		for _, name := range append(inline, "rule-config", "rule", "keep", "lead") {
 			if set[name] {
 				return nil, nil, fmt.Errorf("--%s paces the batch: add --pace", name)
 			}
 		}
 		return b, nil, nil
 	}
-	spec := &enqueue.PaceSpec{Rule: f.rule, Keep: f.keep}
+	if f.lead < 0 || f.lead > time.Minute {
+		return nil, nil, fmt.Errorf("--lead %v must be between 0 and 1m", f.lead)
+	}
+	spec := &enqueue.PaceSpec{Rule: f.rule, Keep: f.keep, Lead: f.lead}
 	switch {
 	case f.ruleConfig != "" && f.rate != "":
 		return nil, nil, errors.New("--rule-config and --rate cannot be combined: pace under the workers' rules file, or spell the rule out")
