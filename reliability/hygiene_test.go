@@ -3,6 +3,7 @@ package reliability
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -25,66 +26,107 @@ var exerciseRules = []throttle.Rule{
 // exercise drives every operation of the library that touches Redis, on
 // every algorithm, a three-rule policy and a group, under prefix: Allow
 // past the limit, Wait (admitted and cancelled), Reserve and Cancel (the
-// last and an earlier reservation), PrepayN and Redeem, PauseFor and
-// Paused. Everything it books lies within about 1.5s.
-func exercise(t *testing.T, rdb redis.UniversalClient, prefix string) {
+// last, an earlier and a lone reservation; window permits given back by a
+// group), PrepayN and Redeem, PauseFor and Paused. Everything it books lies
+// within about 1.5s. It fails the test
+// on the first error; exerciseErr returns it instead.
+func exercise(t testing.TB, rdb redis.UniversalClient, prefix string) {
 	t.Helper()
+	if err := exerciseErr(rdb, prefix); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func exerciseErr(rdb redis.UniversalClient, prefix string) (err error) {
+	// Every step below panics with errStep on error; the first one ends the
+	// exercise and is returned.
+	type errStep struct{ err error }
+	defer func() {
+		if r := recover(); r != nil {
+			s, ok := r.(errStep)
+			if !ok {
+				panic(r)
+			}
+			err = s.err
+		}
+	}()
+	must := func(err error, what ...any) {
+		if err != nil {
+			panic(errStep{fmt.Errorf("%s: %w", fmt.Sprint(what...), err)})
+		}
+	}
 	ctx := context.Background()
 	newLim := func(rules ...throttle.Rule) *throttle.Limiter {
-		t.Helper()
 		l, err := throttle.New(rdb, throttle.Options{Prefix: prefix}, rules...)
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(err, "New")
 		return l
-	}
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
 	}
 	for _, rule := range exerciseRules {
 		l := newLim(rule)
 		for range 5 {
 			_, err := l.Allow(ctx, "allow")
-			must(err)
+			must(err, rule.Name, " Allow")
 		}
 		wctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-		must(l.Wait(wctx, "wait"))
-		must(l.Wait(wctx, "wait"))
+		must(l.Wait(wctx, "wait"), rule.Name, " Wait")
+		must(l.Wait(wctx, "wait"), rule.Name, " Wait")
 		cancel()
 		// A Wait cancelled while it waits: windows leave their queue,
 		// buckets refund.
 		for range 5 {
-			_, _ = l.Allow(ctx, "cancelled")
+			_, err := l.Allow(ctx, "cancelled")
+			must(err, rule.Name, " Allow")
 		}
 		cctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-		if err := l.Wait(cctx, "cancelled"); !errors.Is(err, context.DeadlineExceeded) && err != nil {
-			t.Fatalf("%v: Wait with 50ms deadline: %v", rule, err)
+		if err := l.Wait(cctx, "cancelled"); !errors.Is(err, context.DeadlineExceeded) {
+			must(err, rule.Name, " Wait with 50ms deadline")
 		}
 		cancel()
-		must(l.PauseFor(ctx, "paused", 300*time.Millisecond))
+		must(l.PauseFor(ctx, "paused", 300*time.Millisecond), rule.Name, " PauseFor")
 		_, err := l.Paused(ctx, "paused")
-		must(err)
+		must(err, rule.Name, " Paused")
 		if rule.Algorithm != throttle.TokenBucket && rule.Algorithm != throttle.GCRA {
 			continue
 		}
 		var rs []*throttle.Reservation
 		for range 5 {
 			r, err := l.Reserve(ctx, "reserve")
-			must(err)
+			must(err, rule.Name, " Reserve")
 			rs = append(rs, r)
 		}
-		must(rs[2].Cancel(ctx)) // an earlier one: recorded as cancelled
-		must(rs[4].Cancel(ctx)) // the last
+		must(rs[2].Cancel(ctx), rule.Name, " Cancel an earlier reservation") // recorded as cancelled
+		must(rs[4].Cancel(ctx), rule.Name, " Cancel the last reservation")
 		p, err := l.PrepayN(ctx, "prepaid", 1, 500*time.Millisecond)
-		must(err)
+		must(err, rule.Name, " PrepayN")
 		_, _, err = l.Redeem(ctx, "prepaid", p.Receipt())
-		must(err)
+		must(err, rule.Name, " Redeem")
 		p2, err := l.PrepayN(ctx, "prepaid", 1, 500*time.Millisecond)
-		must(err)
-		must(p2.Cancel(ctx))
+		must(err, rule.Name, " PrepayN")
+		must(p2.Cancel(ctx), rule.Name, " Cancel a prepaid reservation")
+	}
+	// Refunds of every kind: a lone reservation given back (GCRA then
+	// deletes its key), and window permits given back when a later part of
+	// a group denies.
+	for _, rule := range exerciseRules[3:] {
+		r, err := newLim(rule).Reserve(ctx, "lone")
+		must(err, rule.Name, " Reserve")
+		must(r.Cancel(ctx), rule.Name, " Cancel a lone reservation")
+	}
+	for _, w := range exerciseRules[:3] {
+		full := newLim(throttle.Rule{Name: "one", Algorithm: throttle.GCRA, Limit: throttle.Limit{Count: 1, Period: time.Second, Burst: 1}})
+		g, err := throttle.NewGroup(throttle.Part{Limiter: newLim(w)}, throttle.Part{Limiter: full})
+		must(err, "NewGroup")
+		for range 2 { // the second is denied by "one": w's permit comes back
+			_, err := g.Allow(ctx, "refunded-"+w.Name)
+			must(err, w.Name, " group Allow")
+		}
+		// A failed refund is dropped by the group (it reports it only to
+		// OnRedisError), so check that it happened.
+		res, err := newLim(w).Allow(ctx, "refunded-"+w.Name)
+		must(err, w.Name, " Allow")
+		if want := w.Limit.Count - 2; res.Remaining != want {
+			must(fmt.Errorf("Remaining %d, want %d: the denied group request kept its permit", res.Remaining, want), w.Name, " refund")
+		}
 	}
 	policy := newLim(
 		throttle.Rule{Name: "per-second", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(10)},
@@ -93,23 +135,24 @@ func exercise(t *testing.T, rdb redis.UniversalClient, prefix string) {
 	)
 	for range 12 {
 		_, err := policy.Allow(ctx, "tenant-1")
-		must(err)
+		must(err, "policy Allow")
 	}
 	wctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	must(policy.Wait(wctx, "tenant-2"))
+	must(policy.Wait(wctx, "tenant-2"), "policy Wait")
 	cancel()
 	g, err := throttle.NewGroup(
 		throttle.Part{Limiter: newLim(exerciseRules[4]), Subject: throttle.Fixed("global")},
 		throttle.Part{Limiter: newLim(exerciseRules[0])},
 	)
-	must(err)
+	must(err, "NewGroup")
 	for range 5 {
 		_, err := g.Allow(ctx, "tenant-3")
-		must(err)
+		must(err, "group Allow")
 	}
 	wctx, cancel = context.WithTimeout(ctx, 3*time.Second)
-	must(g.Wait(wctx, "tenant-4"))
+	must(g.Wait(wctx, "tenant-4"), "group Wait")
 	cancel()
+	return nil
 }
 
 // TestKeyHygiene runs every operation of the library on every backend

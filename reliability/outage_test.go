@@ -100,7 +100,11 @@ func redisKilledWhileWaiting(t *testing.T, cc clientConfig, rule throttle.Rule) 
 	srv := redistest.Server(t)
 	rdb := redis.NewClient(cc.opts(srv.Addr()))
 	t.Cleanup(func() { _ = rdb.Close() })
-	lim, err := throttle.New(rdb, throttle.Options{Prefix: redistest.Prefix(t)}, rule)
+	var reported atomic.Int32 // OnRedisError calls
+	lim, err := throttle.New(rdb, throttle.Options{
+		Prefix:       redistest.Prefix(t),
+		OnRedisError: func(error, bool) { reported.Add(1) },
+	}, rule)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,6 +165,12 @@ func redisKilledWhileWaiting(t *testing.T, cc clientConfig, rule throttle.Rule) 
 	}
 	if !bucket && redisErrs == 0 {
 		t.Errorf("no window waiter saw ErrRedis; the test did not exercise the outage")
+	}
+	// Every failure reaches the metrics hook, the refunds that the
+	// cancelled bucket waiters could not make included: a refund lost
+	// silently is capacity lost silently.
+	if got := int(reported.Load()); got < redisErrs+cancelled {
+		t.Errorf("OnRedisError called %d times for %d failed Waits and %d failed refunds", got, redisErrs, cancelled)
 	}
 
 	// New Waits during the outage fail fast, each with ErrRedis.

@@ -385,6 +385,11 @@ func (l *Limiter) refund(ctx context.Context, subject string, n int, tickets []s
 		keys = append(keys, key(l.prefix, enc, r+cancelledSuffix))
 	}
 	if err := l.run(ctx, l.script, keys, args...).Err(); err != nil {
+		// A cancelled Wait drops this error (it returns ctx.Err()), so the
+		// hook is where a refund lost to Redis shows.
+		if l.opts.OnRedisError != nil {
+			l.opts.OnRedisError(err, false)
+		}
 		return &redisError{op: "refund", err: err}
 	}
 	return nil
