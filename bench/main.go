@@ -13,6 +13,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -102,7 +103,7 @@ func main() {
 	dur := flag.Duration("duration", 0, "override each Wait scenario's duration")
 	skip := flag.String("skip", "", "comma-separated parts to skip: wait, throughput, memory, micro")
 	nice := flag.Int("nice", -10, "scheduling priority for the run (the clients, children and redis-server), to shield its timing from other work on a shared machine; 0 leaves it")
-	budget := flag.Duration("budget", 23*time.Minute, "rerun the noisiest Wait groups until this long after the start (full run)")
+	budget := flag.Duration("budget", 24*time.Minute, "rerun the noisiest Wait scenarios until this long after the start (full run)")
 	md := flag.String("md", "../BENCHMARKS.md", "where to write the report")
 	flag.Parse()
 
@@ -281,34 +282,33 @@ func run(full bool, only string, dur time.Duration, skip, mdPath string, budget 
 	return nil
 }
 
-// group is the scenarios of one burst, W and P: every implementation, run
-// back to back so that they meet the same conditions.
-type group struct {
-	burst, waiters, procs int
-	scenarios             []scenario
-}
+// A scenario counts as noisy, and is rerun while the time budget allows,
+// if the canary's p99 lateness passed noisyP99us or its worst passed
+// noisyMaxMs: one stall of 100 ms lets 20 due waiters wake together.
+const (
+	noisyP99us = 1000
+	noisyMaxMs = 25
+)
 
-// noisyP99us is the canary's p99 lateness above which a group counts as
-// noisy and is rerun while the time budget allows.
-const noisyP99us = 1000
-
-func groupNoise(rs []*scenarioResult) float64 {
-	n := 0.0
-	for _, r := range rs {
-		n = max(n, r.TimerLateP99us)
+// noiseScore ranks runs by the canary: above 1 is noisy.
+func noiseScore(sr *scenarioResult) float64 {
+	if sr == nil {
+		return math.Inf(1)
 	}
-	return n
+	return max(sr.TimerLateP99us/noisyP99us, sr.TimerLateMaxms/noisyMaxMs)
 }
 
-// runWaits runs every Wait scenario once, then reruns the noisiest groups
-// while there is time before deadline, keeping each group's quietest run.
+// runWaits runs every Wait scenario once, in groups of one burst, W and P
+// (every implementation back to back, so that they meet like conditions),
+// then reruns the noisiest scenarios while there is time before deadline,
+// keeping each scenario's quietest run by the canary (never by its
+// figures).
 func (r *runner) runWaits(ctx context.Context, cfg runConfig, filter *regexp.Regexp, deadline time.Time, res *runResult) []*scenarioResult {
 	d := time.Duration(cfg.DurationS * float64(time.Second))
-	var groups []group
+	var scenarios []scenario
 	for _, burst := range cfg.Bursts {
 		for _, w := range cfg.Waiters {
 			for _, p := range cfg.Procs {
-				g := group{burst: burst, waiters: w, procs: p}
 				for _, im := range impls {
 					if filter != nil && !filter.MatchString(im.Name) {
 						continue
@@ -316,64 +316,50 @@ func (r *runner) runWaits(ctx context.Context, cfg runConfig, filter *regexp.Reg
 					if im.Window && burst != cfg.WindowBurst || !im.Redis && p > 1 {
 						continue
 					}
-					g.scenarios = append(g.scenarios, scenario{Impl: im, Rate: cfg.Rate, Burst: burst, Waiters: w, Procs: p, Duration: d})
-				}
-				if len(g.scenarios) > 0 {
-					groups = append(groups, g)
+					scenarios = append(scenarios, scenario{Impl: im, Rate: cfg.Rate, Burst: burst, Waiters: w, Procs: p, Duration: d})
 				}
 			}
 		}
 	}
-	runGroup := func(g group) []*scenarioResult {
-		var out []*scenarioResult
-		for _, s := range g.scenarios {
-			sr, err := r.runScenario(ctx, s)
-			if err != nil {
-				res.Errors = append(res.Errors, fmt.Sprintf("%v: %v", s, err))
-				r.logf("%v: %v", s, err)
-				continue
-			}
-			r.logf("%-26s b=%-2d W=%-3d P=%d %6.1f/s (%5.1f%%) max1s %3d/%3d 100ms %3d/%3d rt %.3f cmds %.2f jit99 %6.0fµs wait99 %6.1fms jain %.4f redis %6.1f client %6.1f ms/1k err %d | canary p99 %.0fµs max %.1fms load %.1f",
-				s.Impl.Name, s.Burst, s.Waiters, s.Procs, sr.SteadyRate, sr.Accuracy*100, sr.Max1s, sr.Bound1s, sr.Max100ms, sr.Bound100ms,
-				sr.RTPerPermit, sr.CmdsPerPermit, sr.JitterP99us, sr.WaitP99ms, sr.Jain, sr.RedisCPUms, sr.ClientCPUms, sr.Errors,
-				sr.TimerLateP99us, sr.TimerLateMaxms, sr.Load1)
-			sr.Attempts = 1
-			out = append(out, sr)
+	runOne := func(s scenario, attempt int) *scenarioResult {
+		sr, err := r.runScenario(ctx, s)
+		if err != nil {
+			res.Errors = append(res.Errors, fmt.Sprintf("%v: %v", s, err))
+			r.logf("%v: %v", s, err)
+			return nil
 		}
-		return out
+		r.logf("%-26s b=%-2d W=%-3d P=%d %6.1f/s (%5.1f%%) max1s %3d/%3d 100ms %3d/%3d rt %.3f cmds %.2f jit99 %6.0fµs wait99 %6.1fms jain %.4f redis %6.1f client %6.1f ms/1k err %d | canary p99 %.0fµs max %.1fms load %.1f #%d",
+			s.Impl.Name, s.Burst, s.Waiters, s.Procs, sr.SteadyRate, sr.Accuracy*100, sr.Max1s, sr.Bound1s, sr.Max100ms, sr.Bound100ms,
+			sr.RTPerPermit, sr.CmdsPerPermit, sr.JitterP99us, sr.WaitP99ms, sr.Jain, sr.RedisCPUms, sr.ClientCPUms, sr.Errors,
+			sr.TimerLateP99us, sr.TimerLateMaxms, sr.Load1, attempt)
+		return sr
 	}
-	results := make([][]*scenarioResult, len(groups))
-	for i, g := range groups {
-		results[i] = runGroup(g)
+	results := make([]*scenarioResult, len(scenarios))
+	attempts := make([]int, len(scenarios))
+	for i, s := range scenarios {
+		results[i], attempts[i] = runOne(s, 1), 1
 	}
-	attempts := make([]int, len(groups))
-	for i := range attempts {
-		attempts[i] = 1
-	}
-	perGroup := func(g group) time.Duration {
-		return time.Duration(len(g.scenarios)) * (d + lead + 3*time.Second)
-	}
-	for {
-		best, bestNoise := -1, float64(noisyP99us)
-		for i, rs := range results {
-			if n := groupNoise(rs); n > bestNoise && attempts[i] < 3 {
-				best, bestNoise = i, n
+	noise := func(i int) float64 { return noiseScore(results[i]) }
+	perRun := d + lead + 4*time.Second
+	for time.Now().Add(perRun).Before(deadline) {
+		best := -1
+		for i := range scenarios {
+			if noise(i) > 1 && attempts[i] < 3 && (best < 0 || noise(i) > noise(best)) {
+				best = i
 			}
 		}
-		if best < 0 || time.Now().Add(perGroup(groups[best])).After(deadline) {
+		if best < 0 {
 			break
 		}
-		g := groups[best]
 		attempts[best]++
-		r.logf("rerunning b=%d W=%d P=%d: canary p99 %.0fµs (attempt %d)", g.burst, g.waiters, g.procs, bestNoise, attempts[best])
-		again := runGroup(g)
-		if len(again) == len(results[best]) && groupNoise(again) < bestNoise {
+		r.logf("rerunning %v: canary p99 %.0fµs, max %.1fms", scenarios[best], results[best].TimerLateP99us, results[best].TimerLateMaxms)
+		if again := runOne(scenarios[best], attempts[best]); again != nil && noiseScore(again) < noise(best) {
 			results[best] = again
 		}
 	}
 	var out []*scenarioResult
-	for i, rs := range results {
-		for _, sr := range rs {
+	for i, sr := range results {
+		if sr != nil {
 			sr.Attempts = attempts[i]
 			out = append(out, sr)
 		}
