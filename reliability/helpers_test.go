@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -31,7 +32,44 @@ var redisLog = &recordingLogger{}
 func TestMain(m *testing.M) {
 	flag.Parse()
 	redis.SetLogger(redisLog)
-	os.Exit(m.Run())
+	code := m.Run()
+	if binDir != "" {
+		_ = os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
+// Binaries built by buildBinary, once per test process.
+var (
+	binMu   sync.Mutex
+	binDir  string
+	binPath = map[string]string{}
+)
+
+// buildBinary builds the main package pkg (a path from the repository
+// root, such as "cmd/worker") with go build, once per test run, and
+// returns the executable's path.
+func buildBinary(t testing.TB, pkg string) string {
+	t.Helper()
+	binMu.Lock()
+	defer binMu.Unlock()
+	if p, ok := binPath[pkg]; ok {
+		return p
+	}
+	if binDir == "" {
+		d, err := os.MkdirTemp("", "jobthrottle-reliability-bin-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		binDir = d
+	}
+	out := filepath.Join(binDir, filepath.Base(pkg))
+	cmd := exec.Command("go", "build", "-o", out, "../"+pkg)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build ../%s: %v\n%s", pkg, err, b)
+	}
+	binPath[pkg] = out
+	return out
 }
 
 // recordingLogger is a go-redis logger that keeps every line in memory.

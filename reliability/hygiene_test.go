@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -37,10 +38,18 @@ func exercise(t testing.TB, rdb redis.UniversalClient, prefix string) {
 	}
 }
 
+// errReported marks an error that exerciseErr saw only through
+// OnRedisError (the library dropped it, as it drops a failed refund).
+var errReported = errors.New("reported to OnRedisError")
+
 func exerciseErr(rdb redis.UniversalClient, prefix string) (err error) {
 	// Every step below panics with errStep on error; the first one ends the
-	// exercise and is returned.
+	// exercise and is returned. Errors that the library drops (a refund's,
+	// after a cancelled Wait or a denied group request) still reach
+	// OnRedisError, and come first: they are the cause.
 	type errStep struct{ err error }
+	var mu sync.Mutex
+	var dropped []error
 	defer func() {
 		if r := recover(); r != nil {
 			s, ok := r.(errStep)
@@ -48,6 +57,14 @@ func exerciseErr(rdb redis.UniversalClient, prefix string) (err error) {
 				panic(r)
 			}
 			err = s.err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case len(dropped) > 0 && err != nil:
+			err = fmt.Errorf("%w: %w (then: %v)", errReported, dropped[0], err)
+		case len(dropped) > 0:
+			err = fmt.Errorf("%w: %w", errReported, dropped[0])
 		}
 	}()
 	must := func(err error, what ...any) {
@@ -57,7 +74,11 @@ func exerciseErr(rdb redis.UniversalClient, prefix string) (err error) {
 	}
 	ctx := context.Background()
 	newLim := func(rules ...throttle.Rule) *throttle.Limiter {
-		l, err := throttle.New(rdb, throttle.Options{Prefix: prefix}, rules...)
+		l, err := throttle.New(rdb, throttle.Options{Prefix: prefix, OnRedisError: func(err error, _ bool) {
+			mu.Lock()
+			dropped = append(dropped, err)
+			mu.Unlock()
+		}}, rules...)
 		must(err, "New")
 		return l
 	}
@@ -116,15 +137,19 @@ func exerciseErr(rdb redis.UniversalClient, prefix string) (err error) {
 		full := newLim(throttle.Rule{Name: "one", Algorithm: throttle.GCRA, Limit: throttle.Limit{Count: 1, Period: time.Second, Burst: 1}})
 		g, err := throttle.NewGroup(throttle.Part{Limiter: newLim(w)}, throttle.Part{Limiter: full})
 		must(err, "NewGroup")
-		for range 2 { // the second is denied by "one": w's permit comes back
-			_, err := g.Allow(ctx, "refunded-"+w.Name)
-			must(err, w.Name, " group Allow")
+		subject := "refunded-" + w.Name
+		_, err = full.Allow(ctx, subject) // "one" has no permit left
+		must(err, "Allow")
+		res, err := g.Allow(ctx, subject) // w admits, "one" denies: w's permit comes back
+		must(err, w.Name, " group Allow")
+		if res.Allowed {
+			must(errors.New("allowed"), w.Name, " group Allow past its limit")
 		}
 		// A failed refund is dropped by the group (it reports it only to
 		// OnRedisError), so check that it happened.
-		res, err := newLim(w).Allow(ctx, "refunded-"+w.Name)
+		res, err = newLim(w).Allow(ctx, subject)
 		must(err, w.Name, " Allow")
-		if want := w.Limit.Count - 2; res.Remaining != want {
+		if want := w.Limit.Count - 1; res.Remaining != want {
 			must(fmt.Errorf("Remaining %d, want %d: the denied group request kept its permit", res.Remaining, want), w.Name, " refund")
 		}
 	}
