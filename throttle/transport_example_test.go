@@ -1,0 +1,116 @@
+package throttle_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/jobthrottle/jobthrottle/throttle"
+)
+
+// An HTTP client whose calls to a third party are paced by a limit shared
+// through Redis. The API answers the first call 429 with Retry-After: 1;
+// the transport pauses the host for every client of that Redis, so the
+// second call goes out a second later and succeeds.
+func ExampleTransport() {
+	m, err := miniredis.Run() // on real time: the pause must end
+	if err != nil {
+		panic(err)
+	}
+	defer m.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer rdb.Close()
+
+	var calls atomic.Int32
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusTooManyRequests)
+		}
+	}))
+	defer api.Close()
+
+	lim, err := throttle.New(rdb, throttle.Options{Prefix: "myapp:"},
+		throttle.Rule{Name: "partner-api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(10)})
+	if err != nil {
+		panic(err)
+	}
+	tr, err := throttle.NewTransport(lim, throttle.TransportOptions{}) // subject: the request's host
+	if err != nil {
+		panic(err)
+	}
+	client := &http.Client{Transport: tr}
+
+	start := time.Now()
+	for range 2 {
+		resp, err := client.Get(api.URL)
+		if err != nil {
+			panic(err)
+		}
+		resp.Body.Close()
+		fmt.Printf("%d after %v\n", resp.StatusCode, time.Since(start).Truncate(time.Second))
+	}
+	// Output:
+	// 429 after 0s
+	// 200 after 1s
+}
+
+func ExampleLimiter_PauseFor() {
+	rdb, stop := exampleRedis()
+	defer stop()
+	ctx := context.Background()
+
+	lim, err := throttle.New(rdb, throttle.Options{Prefix: "myapp:"},
+		throttle.Rule{Name: "api", Algorithm: throttle.TokenBucket, Limit: throttle.PerSecond(10)})
+	if err != nil {
+		panic(err)
+	}
+	// The upstream said: come back in 2 seconds. Every process that uses
+	// this Redis, prefix and rule now waits for that.
+	if err := lim.PauseFor(ctx, "api.example.com", 2*time.Second); err != nil {
+		panic(err)
+	}
+	res, _ := lim.Allow(ctx, "api.example.com")
+	left, _ := lim.Paused(ctx, "api.example.com")
+	fmt.Printf("allowed=%v retry after %v; paused for %v\n", res.Allowed, res.RetryAfter, left)
+	// Output:
+	// allowed=false retry after 2s; paused for 2s
+}
+
+// A producer books each job's slot and passes the receipt with the job;
+// the consumer redeems it instead of charging the rule a second time.
+func ExampleLimiter_PrepayN() {
+	rdb, stop := exampleRedis()
+	defer stop()
+	ctx := context.Background()
+	rule := throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(20).WithBurst(1)}
+
+	producer, _ := throttle.New(rdb, throttle.Options{Prefix: "myapp:"}, rule)
+	var receipts []string
+	for range 3 {
+		r, err := producer.PrepayN(ctx, "tenant-7", 1, time.Hour)
+		if err != nil {
+			panic(err)
+		}
+		fmt.Println("job due in", r.Delay()) // schedule the job for r.TimeToAct()
+		receipts = append(receipts, r.Receipt())
+	}
+
+	consumer, _ := throttle.New(rdb, throttle.Options{Prefix: "myapp:"}, rule)
+	delay, ok, _ := consumer.Redeem(ctx, "tenant-7", receipts[2])
+	fmt.Printf("redeemed=%v, wait %v for the slot\n", ok, delay)
+	_, ok, _ = consumer.Redeem(ctx, "tenant-7", receipts[2])
+	fmt.Printf("again: redeemed=%v (charge it as usual)\n", ok)
+	// Output:
+	// job due in 0s
+	// job due in 50ms
+	// job due in 100ms
+	// redeemed=true, wait 100ms for the slot
+	// again: redeemed=false (charge it as usual)
+}
