@@ -113,7 +113,7 @@ func (f *batchFlags) flagSet(stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&f.payload, "payload", "", "JSON payload of every task")
 	fs.StringVar(&f.payloads, "payloads", "", "file with one JSON payload per line, one task each")
 	fs.StringVar(&f.queue, "queue", "", "asynq queue (default asynq's \"default\")")
-	fs.IntVar(&f.maxRetry, "max-retry", -1, "asynq MaxRetry of each task (default asynq's)")
+	fs.IntVar(&f.maxRetry, "max-retry", -1, "asynq MaxRetry of each task; -1 for asynq's default (25)")
 	fs.DurationVar(&f.timeout, "timeout", 0, "asynq Timeout of each task (default asynq's)")
 	fs.BoolVar(&f.pace, "pace", false, "book each task's slot in the workers' ledger and schedule it for that slot")
 	fs.StringVar(&f.ruleConfig, "rule-config", "", "the workers' rules file; pace under the rule it applies to --type")
