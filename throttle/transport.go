@@ -27,8 +27,8 @@ import (
 // that long, capped at MaxPause: every worker on every machine then waits
 // until the upstream's time, not just the one that was told. A request
 // whose slot was booked before the pause (it was already waiting) checks
-// the pause once more before it is sent (one PTTL) and, if paused, books a
-// new slot after it.
+// the pause once more before it is sent (one more round trip) and, if
+// paused, books a new slot after it.
 //
 // The response is returned to the caller unchanged; the transport never
 // retries by itself, so a request body is sent at most once. Retry at the
