@@ -297,6 +297,8 @@ func TestMalformedPayloads(t *testing.T) {
 // head returns the first few elements of s, for messages.
 func head[T any](s []T) []T { return s[:min(len(s), 5)] }
 
+// asynqLogLevel is asynq's log level in these tests: silent, or warnings
+// when JT_ASYNQ_LOG is set (to watch what asynq does in an outage).
 func asynqLogLevel() asynq.LogLevel {
 	if os.Getenv("JT_ASYNQ_LOG") != "" {
 		return asynq.WarnLevel
