@@ -1,15 +1,10 @@
 package enqueue
 
 import (
-	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
-	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -17,6 +12,7 @@ import (
 	"github.com/robfig/cron/v3"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/jobthrottle/jobthrottle/internal/yamlfile"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/jobthrottle/jobthrottle/worker"
 )
@@ -101,23 +97,7 @@ type ScheduleError struct {
 }
 
 func (e *ScheduleError) Error() string {
-	var b strings.Builder
-	b.WriteString(e.File)
-	if e.Line > 0 {
-		b.WriteString(":" + strconv.Itoa(e.Line))
-	}
-	b.WriteString(": ")
-	switch {
-	case strings.HasPrefix(e.Schedule, "#"):
-		b.WriteString("schedule " + e.Schedule + ": ")
-	case e.Schedule != "":
-		b.WriteString("schedule " + strconv.Quote(e.Schedule) + ": ")
-	}
-	if e.Field != "" {
-		b.WriteString(e.Field + ": ")
-	}
-	b.WriteString(e.Reason)
-	return b.String()
+	return yamlfile.Message(e.File, e.Line, "schedule", e.Schedule, e.Field, e.Reason)
 }
 
 // MaxCount bounds a schedule's count.
@@ -193,63 +173,37 @@ func LoadSchedules(path string) (*Schedules, error) {
 // range, or fields that do not go together.
 func ParseSchedules(name string, data []byte) (*Schedules, error) {
 	p := &parser{file: name}
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	var doc yaml.Node
-	if err := dec.Decode(&doc); err != nil {
-		if errors.Is(err, io.EOF) {
-			return nil, p.failf(nil, "", "the file is empty; it needs a schedules list (see cmd/enqueue/README.md)")
-		}
-		return nil, p.yamlError(err)
+	p.Reader = yamlfile.Reader{
+		Fail: func(line int, field, reason string) error {
+			return &ScheduleError{File: name, Line: line, Schedule: p.schedule, Field: field, Reason: reason}
+		},
+		DurationExamples: "30s, 5m or 1h",
+		DurationSyntax:   "(ms, s, m, h), such as 30s or 1h",
 	}
-	var more yaml.Node
-	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
-		if err != nil {
-			return nil, p.yamlError(err)
-		}
-		return nil, p.failf(&more, "", "a second YAML document; a schedules file holds one")
+	root, err := p.Root(data, "schedules", emptyFile)
+	if err != nil {
+		return nil, err
 	}
-	return p.parse(&doc)
+	return p.parse(root)
 }
+
+// emptyFile is the reason given for a schedules file with nothing in it.
+const emptyFile = "the file is empty; it needs a schedules list (see cmd/enqueue/README.md)"
 
 // parser walks a schedules file's YAML nodes, keeping the file name and
 // the schedule being parsed for errors.
 type parser struct {
+	yamlfile.Reader
 	file     string
-	schedule string
+	schedule string // "" for file-level fields
 }
 
-func (p *parser) failf(n *yaml.Node, field, format string, args ...any) *ScheduleError {
-	e := &ScheduleError{File: p.file, Schedule: p.schedule, Field: field, Reason: fmt.Sprintf(format, args...)}
-	if n != nil {
-		e.Line = n.Line
-	}
-	return e
-}
-
-var yamlLineRE = regexp.MustCompile(`^yaml: (?:line (\d+): )?(.*)$`)
-
-func (p *parser) yamlError(err error) error {
-	e := &ScheduleError{File: p.file, Reason: "invalid YAML: " + err.Error()}
-	if m := yamlLineRE.FindStringSubmatch(err.Error()); m != nil {
-		e.Line, _ = strconv.Atoi(m[1])
-		e.Reason = "invalid YAML: " + m[2]
-	}
-	return e
-}
-
-func (p *parser) parse(doc *yaml.Node) (*Schedules, error) {
-	root := doc
-	if doc.Kind == yaml.DocumentNode {
-		if len(doc.Content) == 0 {
-			return nil, p.failf(doc, "", "the file is empty; it needs a schedules list (see cmd/enqueue/README.md)")
-		}
-		root = doc.Content[0]
-	}
+func (p *parser) parse(root *yaml.Node) (*Schedules, error) {
 	if root.Kind == yaml.ScalarNode && root.ShortTag() == "!!null" && root.Value == "" {
 		// "---" alone: a document with nothing in it.
-		return nil, p.failf(nil, "", "the file is empty; it needs a schedules list (see cmd/enqueue/README.md)")
+		return nil, p.Failf(nil, "", emptyFile)
 	}
-	fields, err := p.mapping(root, "", "the file", fileFields)
+	fields, err := p.Mapping(root, "", "the file", fileFields)
 	if err != nil {
 		return nil, err
 	}
@@ -264,19 +218,19 @@ func (p *parser) parse(doc *yaml.Node) (*Schedules, error) {
 			return nil, err
 		}
 		if strings.ContainsAny(s.Prefix, "{}") {
-			return nil, p.failf(n, "prefix", "%q must not contain '{' or '}', which delimit the subject's hash tag", s.Prefix)
+			return nil, p.Failf(n, "prefix", "%q must not contain '{' or '}', which delimit the subject's hash tag", s.Prefix)
 		}
 	}
 	list := fields["schedules"]
 	if list == nil {
-		return nil, p.failf(root, "schedules", "missing; list at least one schedule")
+		return nil, p.Failf(root, "schedules", "missing; list at least one schedule")
 	}
 	if list.Kind != yaml.SequenceNode || len(list.Content) == 0 {
-		return nil, p.failf(list, "schedules", "%s must be a list of at least one schedule", describe(list))
+		return nil, p.Failf(list, "schedules", "%s must be a list of at least one schedule", yamlfile.Describe(list))
 	}
 	names := map[string]int{}
 	for i, n := range list.Content {
-		sc, err := p.scheduleAt(resolve(n), i, names, s)
+		sc, err := p.scheduleAt(yamlfile.Resolve(n), i, names, s)
 		if err != nil {
 			return nil, err
 		}
@@ -290,7 +244,7 @@ func (p *parser) scheduleAt(n *yaml.Node, i int, names map[string]int, file *Sch
 	if name := peekName(n); nameRE.MatchString(name) {
 		p.schedule = name // errors before the name is read still name it
 	}
-	fields, err := p.mapping(n, "", "a schedule", scheduleFields)
+	fields, err := p.Mapping(n, "", "a schedule", scheduleFields)
 	if err != nil {
 		return Schedule{}, err
 	}
@@ -298,16 +252,16 @@ func (p *parser) scheduleAt(n *yaml.Node, i int, names map[string]int, file *Sch
 
 	nn := fields["name"]
 	if nn == nil {
-		return sc, p.failf(n, "name", "missing; give the schedule a name (%s)", nameRule)
+		return sc, p.Failf(n, "name", "missing; give the schedule a name (%s)", nameRule)
 	}
-	if sc.Name, err = p.str(nn, "name"); err != nil {
+	if sc.Name, err = p.Str(nn, "name"); err != nil {
 		return sc, err
 	}
 	if !nameRE.MatchString(sc.Name) {
-		return sc, p.failf(nn, "name", "%q: use %s", sc.Name, nameRule)
+		return sc, p.Failf(nn, "name", "%q: use %s", sc.Name, nameRule)
 	}
 	if line, dup := names[sc.Name]; dup {
-		return sc, p.failf(nn, "name", "%q is also the name of the schedule on line %d; names must be unique", sc.Name, line)
+		return sc, p.Failf(nn, "name", "%q is also the name of the schedule on line %d; names must be unique", sc.Name, line)
 	}
 	names[sc.Name] = nn.Line
 	p.schedule = sc.Name
@@ -317,12 +271,12 @@ func (p *parser) scheduleAt(n *yaml.Node, i int, names map[string]int, file *Sch
 			return sc, err
 		}
 		if _, err := time.LoadLocation(sc.Timezone); err != nil || strings.ContainsAny(sc.Timezone, " \t\n") {
-			return sc, p.failf(v, "timezone", "%q is not a known time zone; use an IANA name such as UTC or Europe/Berlin", sc.Timezone)
+			return sc, p.Failf(v, "timezone", "%q is not a known time zone; use an IANA name such as UTC or Europe/Berlin", sc.Timezone)
 		}
 	}
 	cn := fields["cron"]
 	if cn == nil {
-		return sc, p.failf(n, "cron", `missing; give a cron spec such as "*/5 * * * *" (minute hour day month weekday), "*/10 * * * * *" (seconds first) or "@every 30s"`)
+		return sc, p.Failf(n, "cron", `missing; give a cron spec such as "*/5 * * * *" (minute hour day month weekday), "*/10 * * * * *" (seconds first) or "@every 30s"`)
 	}
 	if sc.Cron, err = p.nonEmpty(cn, "cron", `a cron spec such as "*/5 * * * *" or "@every 30s"`); err != nil {
 		return sc, err
@@ -330,17 +284,17 @@ func (p *parser) scheduleAt(n *yaml.Node, i int, names map[string]int, file *Sch
 	spec := sc.Cron
 	if sc.Timezone != "" {
 		if strings.HasPrefix(spec, "TZ=") || strings.HasPrefix(spec, "CRON_TZ=") {
-			return sc, p.failf(cn, "cron", "%q names a time zone and so does timezone; give it once", sc.Cron)
+			return sc, p.Failf(cn, "cron", "%q names a time zone and so does timezone; give it once", sc.Cron)
 		}
 		spec = "CRON_TZ=" + sc.Timezone + " " + spec
 	}
 	if sc.schedule, err = parseCron(spec); err != nil {
-		return sc, p.failf(cn, "cron", "%q: %v; use five fields (minute hour day month weekday), six with seconds first, or a descriptor such as @hourly or @every 30s", sc.Cron, err)
+		return sc, p.Failf(cn, "cron", "%q: %v; use five fields (minute hour day month weekday), six with seconds first, or a descriptor such as @hourly or @every 30s", sc.Cron, err)
 	}
 
 	tn := fields["type"]
 	if tn == nil {
-		return sc, p.failf(n, "type", "missing; give the asynq task type, such as email:send")
+		return sc, p.Failf(n, "type", "missing; give the asynq task type, such as email:send")
 	}
 	if sc.Type, err = p.nonEmpty(tn, "type", "the asynq task type, such as email:send"); err != nil {
 		return sc, err
@@ -348,14 +302,14 @@ func (p *parser) scheduleAt(n *yaml.Node, i int, names map[string]int, file *Sch
 
 	if v := fields["payload"]; v != nil {
 		if fields["payloads"] != nil {
-			return sc, p.failf(v, "payload", "cannot be combined with payloads; give one payload for every task, or a file of them")
+			return sc, p.Failf(v, "payload", "cannot be combined with payloads; give one payload for every task, or a file of them")
 		}
 		var x any
 		if err := v.Decode(&x); err != nil {
-			return sc, p.failf(v, "payload", "%v", err)
+			return sc, p.Failf(v, "payload", "%v", err)
 		}
 		if sc.Payload, err = json.Marshal(x); err != nil {
-			return sc, p.failf(v, "payload", "cannot be written as JSON (%v); use a mapping with string keys, a list or a scalar", err)
+			return sc, p.Failf(v, "payload", "cannot be written as JSON (%v); use a mapping with string keys, a list or a scalar", err)
 		}
 	}
 	if v := fields["payloads"]; v != nil {
@@ -364,11 +318,11 @@ func (p *parser) scheduleAt(n *yaml.Node, i int, names map[string]int, file *Sch
 		}
 	}
 	if v := fields["count"]; v != nil {
-		if sc.Count, err = p.integer(v, "count", 1, MaxCount); err != nil {
+		if sc.Count, err = p.Int(v, "count", 1, MaxCount); err != nil {
 			return sc, err
 		}
 	} else if sc.Payloads == "" {
-		return sc, p.failf(n, "count", "missing; give the number of tasks per firing (1 to %d), or a payloads file with one line per task", MaxCount)
+		return sc, p.Failf(n, "count", "missing; give the number of tasks per firing (1 to %d), or a payloads file with one line per task", MaxCount)
 	}
 	if v := fields["queue"]; v != nil {
 		if sc.Queue, err = p.nonEmpty(v, "queue", "an asynq queue name"); err != nil {
@@ -376,17 +330,17 @@ func (p *parser) scheduleAt(n *yaml.Node, i int, names map[string]int, file *Sch
 		}
 	}
 	if v := fields["max_retry"]; v != nil {
-		if sc.MaxRetry, err = p.integer(v, "max_retry", 0, 1000); err != nil {
+		if sc.MaxRetry, err = p.Int(v, "max_retry", 0, 1000); err != nil {
 			return sc, err
 		}
 	}
 	if v := fields["timeout"]; v != nil {
-		if sc.Timeout, err = p.duration(v, "timeout", time.Second, 7*24*time.Hour); err != nil {
+		if sc.Timeout, err = p.Duration(v, "timeout", time.Second, 7*24*time.Hour); err != nil {
 			return sc, err
 		}
 	}
 	if v := fields["overlap"]; v != nil {
-		o, err := p.str(v, "overlap")
+		o, err := p.Str(v, "overlap")
 		if err != nil {
 			return sc, err
 		}
@@ -396,7 +350,7 @@ func (p *parser) scheduleAt(n *yaml.Node, i int, names map[string]int, file *Sch
 		case "delay":
 			sc.Overlap = OverlapDelay
 		default:
-			return sc, p.failf(v, "overlap", "%q: use skip (drop a firing while the previous batch runs) or delay (run it after)", o)
+			return sc, p.Failf(v, "overlap", "%q: use skip (drop a firing while the previous batch runs) or delay (run it after)", o)
 		}
 	}
 	if v := fields["pace"]; v != nil {
@@ -411,28 +365,28 @@ func (p *parser) scheduleAt(n *yaml.Node, i int, names map[string]int, file *Sch
 // the workers' rules file, or an inline rule with rate.
 func (p *parser) pace(n *yaml.Node, file *Schedules) (*PaceSpec, error) {
 	if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" {
-		return nil, p.failf(n, "pace", "is empty; write pace: {} to pace under the workers' rule for the type, or give its fields")
+		return nil, p.Failf(n, "pace", "is empty; write pace: {} to pace under the workers' rule for the type, or give its fields")
 	}
-	fields, err := p.mapping(n, "pace", "pace", paceFields)
+	fields, err := p.Mapping(n, "pace", "pace", paceFields)
 	if err != nil {
 		return nil, err
 	}
 	ps := &PaceSpec{Prefix: file.Prefix}
 	if v := fields["rule"]; v != nil {
-		if ps.Rule, err = p.str(v, "pace.rule"); err != nil {
+		if ps.Rule, err = p.Str(v, "pace.rule"); err != nil {
 			return nil, err
 		}
 		if !nameRE.MatchString(ps.Rule) {
-			return nil, p.failf(v, "pace.rule", "%q: use the name of the workers' rule (%s)", ps.Rule, nameRule)
+			return nil, p.Failf(v, "pace.rule", "%q: use the name of the workers' rule (%s)", ps.Rule, nameRule)
 		}
 	}
 	if v := fields["keep"]; v != nil {
-		if ps.Keep, err = p.duration(v, "pace.keep", time.Second, throttle.MaxPeriod); err != nil {
+		if ps.Keep, err = p.Duration(v, "pace.keep", time.Second, throttle.MaxPeriod); err != nil {
 			return nil, err
 		}
 	}
 	if v := fields["lead"]; v != nil {
-		if ps.Lead, err = p.duration(v, "pace.lead", 0, time.Minute); err != nil {
+		if ps.Lead, err = p.Duration(v, "pace.lead", 0, time.Minute); err != nil {
 			return nil, err
 		}
 	}
@@ -440,66 +394,66 @@ func (p *parser) pace(n *yaml.Node, file *Schedules) (*PaceSpec, error) {
 	if rate == nil {
 		for _, f := range inlineOnly {
 			if v := fields[f]; v != nil {
-				return nil, p.failf(v, "pace."+f, "comes from the workers' rules file; remove it, or give rate (and rule, subject) for an inline rule")
+				return nil, p.Failf(v, "pace."+f, "comes from the workers' rules file; remove it, or give rate (and rule, subject) for an inline rule")
 			}
 		}
 		if file.Rules == "" {
-			return nil, p.failf(n, "pace", "needs the workers' rules file: set rules: at the top of the file, or give rate, rule and subject for an inline rule")
+			return nil, p.Failf(n, "pace", "needs the workers' rules file: set rules: at the top of the file, or give rate, rule and subject for an inline rule")
 		}
 		return ps, nil
 	}
 	// Inline: the workers' rule spelled out.
 	if fields["rule"] == nil {
-		return nil, p.failf(n, "pace.rule", "missing; an inline rule needs the name the workers' rules file gives it (the last part of its Redis key)")
+		return nil, p.Failf(n, "pace.rule", "missing; an inline rule needs the name the workers' rules file gives it (the last part of its Redis key)")
 	}
 	burst := 1
 	if v := fields["burst"]; v != nil {
-		if burst, err = p.integer(v, "pace.burst", 1, throttle.MaxCount); err != nil {
+		if burst, err = p.Int(v, "pace.burst", 1, throttle.MaxCount); err != nil {
 			return nil, err
 		}
 	}
-	rs, err := p.str(rate, "pace.rate")
+	rs, err := p.Str(rate, "pace.rate")
 	if err != nil {
 		return nil, err
 	}
 	if ps.Limit, err = ParseRate(rs, burst); err != nil {
-		return nil, p.failf(rate, "pace.rate", "%v", err)
+		return nil, p.Failf(rate, "pace.rate", "%v", err)
 	}
 	ps.Algorithm = throttle.GCRA
 	if v := fields["algorithm"]; v != nil {
-		as, err := p.str(v, "pace.algorithm")
+		as, err := p.Str(v, "pace.algorithm")
 		if err != nil {
 			return nil, err
 		}
 		a, err := throttle.ParseAlgorithm(as)
 		if err != nil || (a != throttle.GCRA && a != throttle.TokenBucket) {
-			return nil, p.failf(v, "pace.algorithm", "%q: use gcra (leaky_bucket) or token_bucket, the algorithms that can book slots ahead", as)
+			return nil, p.Failf(v, "pace.algorithm", "%q: use gcra (leaky_bucket) or token_bucket, the algorithms that can book slots ahead", as)
 		}
 		ps.Algorithm = a
 	}
 	sn := fields["subject"]
 	if sn == nil {
-		return nil, p.failf(n, "pace.subject", "missing; give the workers' subject for the rule: {fixed: <subject>} or {payload_field: <JSON field>}")
+		return nil, p.Failf(n, "pace.subject", "missing; give the workers' subject for the rule: {fixed: <subject>} or {payload_field: <JSON field>}")
 	}
-	sf, err := p.mapping(sn, "pace.subject", "subject", subjectFields)
+	sf, err := p.Mapping(sn, "pace.subject", "subject", subjectFields)
 	if err != nil {
 		return nil, err
 	}
 	if len(sf) != 1 {
-		return nil, p.failf(sn, "pace.subject", "give exactly one of fixed and payload_field")
+		return nil, p.Failf(sn, "pace.subject", "give exactly one of fixed and payload_field")
 	}
 	if v := sf["fixed"]; v != nil {
-		if ps.Subject.Fixed, err = p.str(v, "pace.subject.fixed"); err != nil {
+		if ps.Subject.Fixed, err = p.Str(v, "pace.subject.fixed"); err != nil {
 			return nil, err
 		}
 		if _, err := throttle.EncodeSubject(ps.Subject.Fixed); err != nil {
-			return nil, p.failf(v, "pace.subject.fixed", "%q: %v", ps.Subject.Fixed, err)
+			return nil, p.Failf(v, "pace.subject.fixed", "%q: %v", ps.Subject.Fixed, err)
 		}
 	} else if ps.Subject.PayloadField, err = p.nonEmpty(sf["payload_field"], "pace.subject.payload_field", "a top-level field of the JSON payload"); err != nil {
 		return nil, err
 	}
 	if err := (throttle.Rule{Name: ps.Rule, Algorithm: ps.Algorithm, Limit: ps.Limit}).Validate(); err != nil {
-		return nil, p.failf(rate, "pace.rate", "%v", strings.TrimPrefix(err.Error(), "throttle: "))
+		return nil, p.Failf(rate, "pace.rate", "%v", strings.TrimPrefix(err.Error(), "throttle: "))
 	}
 	return ps, nil
 }
@@ -510,7 +464,7 @@ func peekName(n *yaml.Node) string {
 		return ""
 	}
 	for i := 0; i+1 < len(n.Content); i += 2 {
-		if k, v := resolve(n.Content[i]), resolve(n.Content[i+1]); k.Value == "name" && v.Kind == yaml.ScalarNode {
+		if k, v := yamlfile.Resolve(n.Content[i]), yamlfile.Resolve(n.Content[i+1]); k.Value == "name" && v.Kind == yaml.ScalarNode {
 			return v.Value
 		}
 	}
@@ -528,108 +482,14 @@ func parseCron(spec string) (s cron.Schedule, err error) {
 	return cronParser.Parse(spec)
 }
 
-// resolve follows an alias to its anchored node.
-func resolve(n *yaml.Node) *yaml.Node {
-	if n != nil && n.Kind == yaml.AliasNode && n.Alias != nil {
-		return n.Alias
-	}
-	return n
-}
-
-// mapping returns the fields of a mapping node by key, rejecting keys
-// that are not allowed or that repeat. what names the mapping in errors.
-func (p *parser) mapping(n *yaml.Node, field, what string, allowed []string) (map[string]*yaml.Node, error) {
-	n = resolve(n)
-	if n.Kind != yaml.MappingNode {
-		return nil, p.failf(n, field, "%s must be a mapping with the fields %s", what, strings.Join(allowed, ", "))
-	}
-	fields := map[string]*yaml.Node{}
-	keyLine := map[string]int{}
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		k, v := resolve(n.Content[i]), resolve(n.Content[i+1])
-		if k.Kind != yaml.ScalarNode {
-			return nil, p.failf(k, field, "%s has a key that is not a plain name", what)
-		}
-		name := k.Value
-		if line, dup := keyLine[name]; dup {
-			return nil, p.failf(k, join(field, name), "repeats the field set on line %d; give it once", line)
-		}
-		if !slices.Contains(allowed, name) {
-			return nil, p.failf(k, field, "unknown field %q in %s; allowed: %s", name, what, strings.Join(allowed, ", "))
-		}
-		keyLine[name] = k.Line
-		fields[name] = v
-	}
-	return fields, nil
-}
-
-// join appends a field name to a path: "pace" + "rate".
-func join(path, field string) string {
-	if path == "" {
-		return field
-	}
-	return path + "." + field
-}
-
-func (p *parser) str(n *yaml.Node, field string) (string, error) {
-	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!str" {
-		return "", p.failf(n, field, "%s must be a string", describe(n))
-	}
-	return n.Value, nil
-}
-
 // nonEmpty reads a string that must not be empty; what says what it is.
 func (p *parser) nonEmpty(n *yaml.Node, field, what string) (string, error) {
-	s, err := p.str(n, field)
+	s, err := p.Str(n, field)
 	if err != nil {
 		return "", err
 	}
 	if strings.TrimSpace(s) == "" {
-		return "", p.failf(n, field, "is empty; give %s", what)
+		return "", p.Failf(n, field, "is empty; give %s", what)
 	}
 	return s, nil
-}
-
-func (p *parser) integer(n *yaml.Node, field string, lo, hi int64) (int, error) {
-	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" {
-		return 0, p.failf(n, field, "%s must be a whole number from %d to %d", describe(n), lo, hi)
-	}
-	var v int64
-	if err := n.Decode(&v); err != nil || v < lo || v > hi {
-		return 0, p.failf(n, field, "%q must be a whole number from %d to %d", n.Value, lo, hi)
-	}
-	return int(v), nil
-}
-
-// duration reads a Go duration such as 30s or 1h, from lo to hi.
-func (p *parser) duration(n *yaml.Node, field string, lo, hi time.Duration) (time.Duration, error) {
-	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!str" {
-		return 0, p.failf(n, field, "%s must be a duration with a unit, such as 30s, 5m or 1h", describe(n))
-	}
-	d, err := time.ParseDuration(n.Value)
-	switch {
-	case err != nil:
-		return 0, p.failf(n, field, "%q is not a duration; write a number and a unit (ms, s, m, h), such as 30s or 1h", n.Value)
-	case d < lo:
-		return 0, p.failf(n, field, "%q must be at least %v", n.Value, lo)
-	case d > hi:
-		return 0, p.failf(n, field, "%q must be at most %v", n.Value, hi)
-	}
-	return d, nil
-}
-
-// describe quotes a node for errors: a scalar's text, else its kind.
-func describe(n *yaml.Node) string {
-	switch n.Kind {
-	case yaml.ScalarNode:
-		if n.ShortTag() == "!!null" {
-			return "an empty value"
-		}
-		return strconv.Quote(n.Value)
-	case yaml.MappingNode:
-		return "a mapping"
-	case yaml.SequenceNode:
-		return "a list"
-	}
-	return "this value"
 }

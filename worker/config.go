@@ -1,13 +1,10 @@
 package worker
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -15,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/jobthrottle/jobthrottle/internal/yamlfile"
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
@@ -89,23 +87,7 @@ type ConfigError struct {
 }
 
 func (e *ConfigError) Error() string {
-	var b strings.Builder
-	b.WriteString(e.File)
-	if e.Line > 0 {
-		b.WriteString(":" + strconv.Itoa(e.Line))
-	}
-	b.WriteString(": ")
-	switch {
-	case strings.HasPrefix(e.Rule, "#"):
-		b.WriteString("rule " + e.Rule + ": ")
-	case e.Rule != "":
-		b.WriteString("rule " + strconv.Quote(e.Rule) + ": ")
-	}
-	if e.Field != "" {
-		b.WriteString(e.Field + ": ")
-	}
-	b.WriteString(e.Reason)
-	return b.String()
+	return yamlfile.Message(e.File, e.Line, "rule", e.Rule, e.Field, e.Reason)
 }
 
 // LoadConfig reads and parses the rules file at path.
@@ -123,22 +105,18 @@ func LoadConfig(path string) (*Config, error) {
 // out of range.
 func ParseConfig(name string, data []byte) (*Config, error) {
 	p := &parser{file: name}
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	var doc yaml.Node
-	if err := dec.Decode(&doc); err != nil {
-		if errors.Is(err, io.EOF) {
-			return nil, p.fail(nil, "", "", "the file is empty; it needs a rules list (see worker/README.md)")
-		}
-		return nil, p.yamlError(err)
+	p.Reader = yamlfile.Reader{
+		Fail: func(line int, field, reason string) error {
+			return &ConfigError{File: name, Line: line, Rule: p.rule, Field: field, Reason: reason}
+		},
+		DurationExamples: "1s, 500ms or 1h",
+		DurationSyntax:   "(ns, us, ms, s, m, h), such as 1s, 500ms or 1h",
 	}
-	var more yaml.Node
-	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
-		if err != nil {
-			return nil, p.yamlError(err)
-		}
-		return nil, p.fail(&more, "", "", "a second YAML document; a rules file holds one")
+	root, err := p.Root(data, "rules", "the file is empty; it needs a rules list (see worker/README.md)")
+	if err != nil {
+		return nil, err
 	}
-	return p.config(&doc)
+	return p.config(root)
 }
 
 // Rule returns the rule named name.
@@ -230,185 +208,57 @@ var nameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
 const nameRule = "letters, digits, '-' and '_' only, at most 64"
 
-// yamlLineRE finds the line in a YAML library error.
-var yamlLineRE = regexp.MustCompile(`^yaml: (?:line (\d+): )?(.*)$`)
-
-// parser walks a rules file's YAML nodes, keeping the file name for
-// errors.
+// parser walks a rules file's YAML nodes, keeping the file name and the
+// rule being parsed for errors.
 type parser struct {
+	yamlfile.Reader
 	file string
-	rule string // the rule being parsed, for errors
+	rule string // "" for file-level fields
 }
 
-func (p *parser) fail(n *yaml.Node, rule, field, reason string) *ConfigError {
-	e := &ConfigError{File: p.file, Rule: rule, Field: field, Reason: reason}
-	if n != nil {
-		e.Line = n.Line
-	}
-	return e
-}
-
-// failf reports a problem with field (of the current rule) at n.
-func (p *parser) failf(n *yaml.Node, field, format string, args ...any) *ConfigError {
-	return p.fail(n, p.rule, field, fmt.Sprintf(format, args...))
-}
-
-func (p *parser) yamlError(err error) error {
-	e := &ConfigError{File: p.file, Reason: "invalid YAML: " + err.Error()}
-	if m := yamlLineRE.FindStringSubmatch(err.Error()); m != nil {
-		e.Line, _ = strconv.Atoi(m[1])
-		e.Reason = "invalid YAML: " + m[2]
-	}
-	return e
-}
-
-// resolve follows an alias to its anchored node.
-func resolve(n *yaml.Node) *yaml.Node {
-	if n != nil && n.Kind == yaml.AliasNode && n.Alias != nil {
-		return n.Alias
-	}
-	return n
-}
-
-// mapping returns the fields of a mapping node by key, rejecting keys
-// that are not allowed or that repeat. what names the mapping in errors.
-func (p *parser) mapping(n *yaml.Node, field, what string, allowed []string) (map[string]*yaml.Node, error) {
-	n = resolve(n)
-	if n.Kind != yaml.MappingNode {
-		return nil, p.failf(n, field, "%s must be a mapping with the fields %s", what, strings.Join(allowed, ", "))
-	}
-	fields := map[string]*yaml.Node{}
-	keyLine := map[string]int{}
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		k, v := resolve(n.Content[i]), resolve(n.Content[i+1])
-		if k.Kind != yaml.ScalarNode {
-			return nil, p.failf(k, field, "%s has a key that is not a plain name", what)
-		}
-		name := k.Value
-		if line, dup := keyLine[name]; dup {
-			return nil, p.failf(k, join(field, name), "repeats the field set on line %d; give it once", line)
-		}
-		if !slices.Contains(allowed, name) {
-			return nil, p.failf(k, field, "unknown field %q in %s; allowed: %s", name, what, strings.Join(allowed, ", "))
-		}
-		keyLine[name] = k.Line
-		fields[name] = v
-	}
-	return fields, nil
-}
-
-// join appends a field name to a path: "limits[1]" + "period".
-func join(path, field string) string {
-	if path == "" {
-		return field
-	}
-	return path + "." + field
-}
-
-func (p *parser) str(n *yaml.Node, field string) (string, error) {
-	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!str" {
-		return "", p.failf(n, field, "%s must be a string", describe(n))
-	}
-	return n.Value, nil
-}
-
-func (p *parser) boolean(n *yaml.Node, field string) (bool, error) {
-	if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!bool" {
-		var b bool
-		if err := n.Decode(&b); err == nil {
-			return b, nil
-		}
-	}
-	return false, p.failf(n, field, "%s must be true or false", describe(n))
-}
-
-func (p *parser) integer(n *yaml.Node, field string, lo, hi int64) (int, error) {
-	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" {
-		return 0, p.failf(n, field, "%s must be a whole number from %d to %d", describe(n), lo, hi)
-	}
-	var v int64
-	if err := n.Decode(&v); err != nil || v < lo || v > hi {
-		return 0, p.failf(n, field, "%q must be a whole number from %d to %d", n.Value, lo, hi)
-	}
-	return int(v), nil
-}
-
-// duration reads a Go duration such as 1s, 500ms or 1h30m, whole
-// microseconds, from lo to hi.
+// duration reads a duration as Reader.Duration does, in whole
+// microseconds: the resolution of throttle's scripts.
 func (p *parser) duration(n *yaml.Node, field string, lo, hi time.Duration) (time.Duration, error) {
-	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!str" {
-		return 0, p.failf(n, field, "%s must be a duration with a unit, such as 1s, 500ms or 1h", describe(n))
+	d, err := p.Duration(n, field, lo, hi)
+	if err == nil && d%time.Microsecond != 0 {
+		return 0, p.Failf(n, field, "%q must be a whole number of microseconds", n.Value)
 	}
-	d, err := time.ParseDuration(n.Value)
-	switch {
-	case err != nil:
-		return 0, p.failf(n, field, "%q is not a duration; write a number and a unit (ns, us, ms, s, m, h), such as 1s, 500ms or 1h", n.Value)
-	case d < lo:
-		return 0, p.failf(n, field, "%q must be at least %v", n.Value, lo)
-	case d > hi:
-		return 0, p.failf(n, field, "%q must be at most %v", n.Value, hi)
-	case d%time.Microsecond != 0:
-		return 0, p.failf(n, field, "%q must be a whole number of microseconds", n.Value)
-	}
-	return d, nil
+	return d, err
 }
 
-// describe quotes a node for errors: a scalar's text, else its kind.
-func describe(n *yaml.Node) string {
-	switch n.Kind {
-	case yaml.ScalarNode:
-		if n.ShortTag() == "!!null" {
-			return "an empty value"
-		}
-		return strconv.Quote(n.Value)
-	case yaml.MappingNode:
-		return "a mapping"
-	case yaml.SequenceNode:
-		return "a list"
-	}
-	return "this value"
-}
-
-func (p *parser) config(doc *yaml.Node) (*Config, error) {
-	root := doc
-	if doc.Kind == yaml.DocumentNode {
-		if len(doc.Content) == 0 {
-			return nil, p.fail(doc, "", "", "the file is empty; it needs a rules list (see worker/README.md)")
-		}
-		root = doc.Content[0]
-	}
-	fields, err := p.mapping(root, "", "the file", fileFields)
+func (p *parser) config(root *yaml.Node) (*Config, error) {
+	fields, err := p.Mapping(root, "", "the file", fileFields)
 	if err != nil {
 		return nil, err
 	}
 	c := &Config{File: p.file, Prefix: DefaultConfigPrefix}
 	if n := fields["prefix"]; n != nil {
-		if c.Prefix, err = p.str(n, "prefix"); err != nil {
+		if c.Prefix, err = p.Str(n, "prefix"); err != nil {
 			return nil, err
 		}
 		if strings.ContainsAny(c.Prefix, "{}") {
-			return nil, p.failf(n, "prefix", "%q must not contain '{' or '}', which delimit the subject's hash tag", c.Prefix)
+			return nil, p.Failf(n, "prefix", "%q must not contain '{' or '}', which delimit the subject's hash tag", c.Prefix)
 		}
 		if c.Prefix == "" {
-			return nil, p.failf(n, "prefix", `must not be empty; leave it out for %q`, DefaultConfigPrefix)
+			return nil, p.Failf(n, "prefix", `must not be empty; leave it out for %q`, DefaultConfigPrefix)
 		}
 	}
 	if n := fields["fail_open"]; n != nil {
-		if c.FailOpen, err = p.boolean(n, "fail_open"); err != nil {
+		if c.FailOpen, err = p.Bool(n, "fail_open"); err != nil {
 			return nil, err
 		}
 	}
 	rules := fields["rules"]
 	if rules == nil {
-		return nil, p.fail(root, "", "rules", "missing; list at least one rule")
+		return nil, p.Failf(root, "rules", "missing; list at least one rule")
 	}
 	if rules.Kind != yaml.SequenceNode || len(rules.Content) == 0 {
-		return nil, p.fail(rules, "", "rules", describe(rules)+" must be a list of at least one rule")
+		return nil, p.Failf(rules, "rules", "%s must be a list of at least one rule", yamlfile.Describe(rules))
 	}
 	names := map[string]int{}
 	owner := map[string]string{} // pattern → rule
 	for i, rn := range rules.Content {
-		r, err := p.ruleConfig(resolve(rn), i, names, owner)
+		r, err := p.ruleConfig(yamlfile.Resolve(rn), i, names, owner)
 		if err != nil {
 			return nil, err
 		}
@@ -419,7 +269,7 @@ func (p *parser) config(doc *yaml.Node) (*Config, error) {
 
 func (p *parser) ruleConfig(n *yaml.Node, i int, names map[string]int, owner map[string]string) (RuleConfig, error) {
 	p.rule = "#" + strconv.Itoa(i+1)
-	fields, err := p.mapping(n, "", "a rule", ruleFields)
+	fields, err := p.Mapping(n, "", "a rule", ruleFields)
 	if err != nil {
 		return RuleConfig{}, err
 	}
@@ -427,16 +277,16 @@ func (p *parser) ruleConfig(n *yaml.Node, i int, names map[string]int, owner map
 
 	nn := fields["name"]
 	if nn == nil {
-		return r, p.failf(n, "name", "missing; give the rule a name (%s)", nameRule)
+		return r, p.Failf(n, "name", "missing; give the rule a name (%s)", nameRule)
 	}
-	if r.Name, err = p.str(nn, "name"); err != nil {
+	if r.Name, err = p.Str(nn, "name"); err != nil {
 		return r, err
 	}
 	if !nameRE.MatchString(r.Name) {
-		return r, p.failf(nn, "name", "%q: use %s", r.Name, nameRule)
+		return r, p.Failf(nn, "name", "%q: use %s", r.Name, nameRule)
 	}
 	if line, dup := names[r.Name]; dup {
-		return r, p.failf(nn, "name", "%q is also the name of the rule on line %d; names must be unique", r.Name, line)
+		return r, p.Failf(nn, "name", "%q is also the name of the rule on line %d; names must be unique", r.Name, line)
 	}
 	names[r.Name] = nn.Line
 	p.rule = r.Name
@@ -464,33 +314,33 @@ func (p *parser) ruleConfig(n *yaml.Node, i int, names map[string]int, owner map
 	}
 	for _, f := range limitOnly {
 		if v := fields[f]; v != nil {
-			return r, p.failf(v, f, "cannot be combined with limits; set it in each of the limits")
+			return r, p.Failf(v, f, "cannot be combined with limits; set it in each of the limits")
 		}
 	}
 	if limits.Kind != yaml.SequenceNode || len(limits.Content) == 0 {
-		return r, p.failf(limits, "limits", "%s must be a list of at least one limit", describe(limits))
+		return r, p.Failf(limits, "limits", "%s must be a list of at least one limit", yamlfile.Describe(limits))
 	}
 	seen := map[string]int{}
 	for j, ln := range limits.Content {
-		ln = resolve(ln)
+		ln = yamlfile.Resolve(ln)
 		path := "limits[" + strconv.Itoa(j+1) + "]"
-		lf, err := p.mapping(ln, path, "a limit", limitFields)
+		lf, err := p.Mapping(ln, path, "a limit", limitFields)
 		if err != nil {
 			return r, err
 		}
 		ln2 := lf["name"]
 		if ln2 == nil {
-			return r, p.failf(ln, join(path, "name"), "missing; give each limit of a policy a name (%s)", nameRule)
+			return r, p.Failf(ln, yamlfile.Join(path, "name"), "missing; give each limit of a policy a name (%s)", nameRule)
 		}
-		name, err := p.str(ln2, join(path, "name"))
+		name, err := p.Str(ln2, yamlfile.Join(path, "name"))
 		if err != nil {
 			return r, err
 		}
 		if !nameRE.MatchString(name) {
-			return r, p.failf(ln2, join(path, "name"), "%q: use %s", name, nameRule)
+			return r, p.Failf(ln2, yamlfile.Join(path, "name"), "%q: use %s", name, nameRule)
 		}
 		if line, dup := seen[name]; dup {
-			return r, p.failf(ln2, join(path, "name"), "%q is also the name of the limit on line %d; names must be unique within a rule", name, line)
+			return r, p.Failf(ln2, yamlfile.Join(path, "name"), "%q is also the name of the limit on line %d; names must be unique within a rule", name, line)
 		}
 		seen[name] = ln2.Line
 		l, err := p.limit(ln, lf, path, r.Name+"."+name)
@@ -504,26 +354,26 @@ func (p *parser) ruleConfig(n *yaml.Node, i int, names map[string]int, owner map
 
 func (p *parser) tasks(rule, n *yaml.Node, owner map[string]string) ([]string, error) {
 	if n == nil {
-		return nil, p.failf(rule, "tasks", `missing; list the task types the rule applies to, such as ["email:send", "stripe:*"]`)
+		return nil, p.Failf(rule, "tasks", `missing; list the task types the rule applies to, such as ["email:send", "stripe:*"]`)
 	}
 	if n.Kind != yaml.SequenceNode || len(n.Content) == 0 {
-		return nil, p.failf(n, "tasks", `%s must be a list of at least one task type or pattern, such as ["email:send", "stripe:*"]`, describe(n))
+		return nil, p.Failf(n, "tasks", `%s must be a list of at least one task type or pattern, such as ["email:send", "stripe:*"]`, yamlfile.Describe(n))
 	}
 	var tasks []string
 	for _, tn := range n.Content {
-		tn = resolve(tn)
-		t, err := p.str(tn, "tasks")
+		tn = yamlfile.Resolve(tn)
+		t, err := p.Str(tn, "tasks")
 		if err != nil {
 			return nil, err
 		}
 		if err := checkPattern(t); err != nil {
-			return nil, p.failf(tn, "tasks", "%v", err)
+			return nil, p.Failf(tn, "tasks", "%v", err)
 		}
 		if other, dup := owner[t]; dup {
 			if other == p.rule {
-				return nil, p.failf(tn, "tasks", "%q is listed twice", t)
+				return nil, p.Failf(tn, "tasks", "%q is listed twice", t)
 			}
-			return nil, p.failf(tn, "tasks", "%q is also in rule %q; a task type takes one rule", t, other)
+			return nil, p.Failf(tn, "tasks", "%q is also in rule %q; a task type takes one rule", t, other)
 		}
 		owner[t] = p.rule
 		tasks = append(tasks, t)
@@ -534,31 +384,31 @@ func (p *parser) tasks(rule, n *yaml.Node, owner map[string]string) ([]string, e
 func (p *parser) subject(rule, n *yaml.Node) (SubjectConfig, error) {
 	const help = `give {payload_field: <JSON field>} or {fixed: <subject>}`
 	if n == nil {
-		return SubjectConfig{}, p.failf(rule, "subject", "missing; %s", help)
+		return SubjectConfig{}, p.Failf(rule, "subject", "missing; %s", help)
 	}
-	fields, err := p.mapping(n, "subject", "subject", subjectFields)
+	fields, err := p.Mapping(n, "subject", "subject", subjectFields)
 	if err != nil {
 		return SubjectConfig{}, err
 	}
 	var s SubjectConfig
 	switch {
 	case len(fields) != 1:
-		return s, p.failf(n, "subject", "%s, exactly one of them", help)
+		return s, p.Failf(n, "subject", "%s, exactly one of them", help)
 	case fields["fixed"] != nil:
 		v := fields["fixed"]
-		if s.Fixed, err = p.str(v, "subject.fixed"); err != nil {
+		if s.Fixed, err = p.Str(v, "subject.fixed"); err != nil {
 			return s, err
 		}
 		if _, err := throttle.EncodeSubject(s.Fixed); err != nil {
-			return s, p.failf(v, "subject.fixed", "%q: %v", s.Fixed, err)
+			return s, p.Failf(v, "subject.fixed", "%q: %v", s.Fixed, err)
 		}
 	default:
 		v := fields["payload_field"]
-		if s.PayloadField, err = p.str(v, "subject.payload_field"); err != nil {
+		if s.PayloadField, err = p.Str(v, "subject.payload_field"); err != nil {
 			return s, err
 		}
 		if s.PayloadField == "" {
-			return s, p.failf(v, "subject.payload_field", `must name a top-level field of the JSON payload, such as "tenant_id"`)
+			return s, p.Failf(v, "subject.payload_field", `must name a top-level field of the JSON payload, such as "tenant_id"`)
 		}
 	}
 	return s, nil
@@ -569,24 +419,24 @@ func (p *parser) subject(rule, n *yaml.Node) (SubjectConfig, error) {
 // as a throttle.Rule named name.
 func (p *parser) limit(n *yaml.Node, fields map[string]*yaml.Node, path, name string) (throttle.Rule, error) {
 	r := throttle.Rule{Name: name}
-	f := func(field string) string { return join(path, field) }
+	f := func(field string) string { return yamlfile.Join(path, field) }
 	need := func(field, help string) (*yaml.Node, error) {
 		if v := fields[field]; v != nil {
 			return v, nil
 		}
-		return nil, p.failf(n, f(field), "missing; %s", help)
+		return nil, p.Failf(n, f(field), "missing; %s", help)
 	}
 
 	an, err := need("algorithm", "one of fixed_window, sliding_log, sliding_window, token_bucket, gcra")
 	if err != nil {
 		return r, err
 	}
-	as, err := p.str(an, f("algorithm"))
+	as, err := p.Str(an, f("algorithm"))
 	if err != nil {
 		return r, err
 	}
 	if r.Algorithm, err = throttle.ParseAlgorithm(as); err != nil {
-		return r, p.failf(an, f("algorithm"), "%q is not one of fixed_window, sliding_log, sliding_window, token_bucket, gcra (or leaky_bucket)", as)
+		return r, p.Failf(an, f("algorithm"), "%q is not one of fixed_window, sliding_log, sliding_window, token_bucket, gcra (or leaky_bucket)", as)
 	}
 
 	maxCount := int64(throttle.MaxCount)
@@ -597,7 +447,7 @@ func (p *parser) limit(n *yaml.Node, fields map[string]*yaml.Node, path, name st
 	if err != nil {
 		return r, err
 	}
-	if r.Limit.Count, err = p.integer(ln, f("limit"), 1, maxCount); err != nil {
+	if r.Limit.Count, err = p.Int(ln, f("limit"), 1, maxCount); err != nil {
 		if r.Algorithm == throttle.SlidingLog {
 			err.(*ConfigError).Reason += " for sliding_log, which stores every admission; use sliding_window for more"
 		}
@@ -615,21 +465,21 @@ func (p *parser) limit(n *yaml.Node, fields map[string]*yaml.Node, path, name st
 	r.Limit.Burst = r.Limit.Count
 	if bn := fields["burst"]; bn != nil {
 		if !bucket {
-			return r, p.failf(bn, f("burst"), "applies only to token_bucket and gcra; %v admits limit per period", r.Algorithm)
+			return r, p.Failf(bn, f("burst"), "applies only to token_bucket and gcra; %v admits limit per period", r.Algorithm)
 		}
-		if r.Limit.Burst, err = p.integer(bn, f("burst"), 1, throttle.MaxCount); err != nil {
+		if r.Limit.Burst, err = p.Int(bn, f("burst"), 1, throttle.MaxCount); err != nil {
 			return r, err
 		}
 	}
 	if pr := fields["precision"]; pr != nil {
 		if r.Algorithm != throttle.SlidingWindow {
-			return r, p.failf(pr, f("precision"), "applies only to sliding_window")
+			return r, p.Failf(pr, f("precision"), "applies only to sliding_window")
 		}
 		if r.Precision, err = p.duration(pr, f("precision"), time.Microsecond, throttle.MaxPeriod); err != nil {
 			return r, err
 		}
 		if r.Precision > r.Limit.Period {
-			return r, p.failf(pr, f("precision"), "%q must not exceed the period %v", pr.Value, r.Limit.Period)
+			return r, p.Failf(pr, f("precision"), "%q must not exceed the period %v", pr.Value, r.Limit.Period)
 		}
 	}
 	if err := r.Validate(); err != nil {
@@ -645,9 +495,9 @@ func (p *parser) limit(n *yaml.Node, fields map[string]*yaml.Node, path, name st
 			if v := fields[field]; v != nil {
 				line = v
 			}
-			return r, p.failf(line, f(field), "%s", ce.Reason)
+			return r, p.Failf(line, f(field), "%s", ce.Reason)
 		}
-		return r, p.failf(line, path, "%v", err)
+		return r, p.Failf(line, path, "%v", err)
 	}
 	return r, nil
 }
