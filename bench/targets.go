@@ -39,6 +39,9 @@ type check struct {
 func (c *check) add(s *scenarioResult, ok bool, slack float64, desc string) {
 	c.t.Checks++
 	if !ok {
+		if s.TimerLateMaxms > 0 {
+			desc += fmt.Sprintf("; canary p99 %.0f µs, max %.1f ms", s.TimerLateP99us, s.TimerLateMaxms)
+		}
 		c.t.Failures = append(c.t.Failures, where(s)+": "+desc)
 	}
 	if !c.any || slack < c.worstSeen {
@@ -85,7 +88,7 @@ func evaluate(res *runResult) []target {
 
 	c := &check{t: target{ID: "rt", Goal: "token bucket and GCRA Wait: Redis round trips per admitted permit ≤ 1.05 at every W and P"}}
 	buckets(func(s *scenarioResult) {
-		c.add(s, s.RTPerPermit <= 1.05, 1.05-s.RTPerPermit, fmt.Sprintf("%.3f (bound 1.05, %+.3f)", s.RTPerPermit, s.RTPerPermit-1.05))
+		c.add(s, s.RTPerPermit <= 1.05, 1.05-s.RTPerPermit, fmt.Sprintf("%.3f (bound 1.05: %s)", s.RTPerPermit, margin(s.RTPerPermit, 1.05, "%.3f")))
 	})
 	out = append(out, c.done())
 
@@ -93,21 +96,21 @@ func evaluate(res *runResult) []target {
 	buckets(func(s *scenarioResult) {
 		a := s.Accuracy * 100
 		slack := math.Min(a-99.5, 100.5-a)
-		c.add(s, slack >= 0, slack, fmt.Sprintf("%.2f %% of R", a))
+		c.add(s, slack >= 0, slack, fmt.Sprintf("%.2f %% of R (%.2f points inside 99.5–100.5)", a, slack))
 	})
 	out = append(out, c.done())
 
 	c = &check{t: target{ID: "limit", Goal: "token bucket and GCRA Wait: never more than R + burst (+2) in any 1 s window"}}
 	buckets(func(s *scenarioResult) {
 		bound := s.Bound1s + 2
-		c.add(s, s.Max1s <= bound, float64(bound-s.Max1s), fmt.Sprintf("%d in 1 s (R + burst = %d, %+d)", s.Max1s, s.Bound1s, s.Max1s-s.Bound1s))
+		c.add(s, s.Max1s <= bound, float64(bound-s.Max1s), fmt.Sprintf("%d in 1 s (R + burst = %d: %s; %d in 990 ms)", s.Max1s, s.Bound1s, margin(float64(s.Max1s), float64(s.Bound1s), "%.0f"), s.Max990ms))
 	})
 	out = append(out, c.done())
 
 	c = &check{t: target{ID: "fairness", Goal: "token bucket and GCRA Wait: Jain's index ≥ 0.995 at W=256"}}
 	buckets(func(s *scenarioResult) {
 		if s.Waiters == 256 {
-			c.add(s, s.Jain >= 0.995, s.Jain-0.995, fmt.Sprintf("%.4f (permits per waiter %d–%d)", s.Jain, s.FairMin, s.FairMax))
+			c.add(s, s.Jain >= 0.995, s.Jain-0.995, fmt.Sprintf("%.4f (bound 0.995; permits per waiter %d–%d)", s.Jain, s.FairMin, s.FairMax))
 		}
 	})
 	out = append(out, c.done())
@@ -134,7 +137,7 @@ func evaluate(res *runResult) []target {
 			if r > 0 {
 				ratio = v / r
 			}
-			c.add(s, ratio <= 1.2, 1.2-ratio, fmt.Sprintf("%.1f %s vs %.1f %s = %.2f× (bound 1.2×)", v, fig.unit, r, fig.unit, ratio))
+			c.add(s, ratio <= 1.2, 1.2-ratio, fmt.Sprintf("%.1f %s vs %.1f %s = %.2f× (bound 1.2×: %s)", v, fig.unit, r, fig.unit, ratio, margin(ratio, 1.2, "%.2f×")))
 		})
 		out = append(out, c.done())
 	}
@@ -144,7 +147,7 @@ func evaluate(res *runResult) []target {
 		for _, peer := range res.Scenarios {
 			if peer.Impl == "redis_rate" && peer.Burst == s.Burst && peer.Waiters == s.Waiters && peer.Procs == s.Procs {
 				ratio := s.RedisCPUms / peer.RedisCPUms
-				c.add(s, s.RedisCPUms < peer.RedisCPUms, 1-ratio, fmt.Sprintf("%.1f ms vs %s %.1f ms = %.2f×", s.RedisCPUms, peer.Impl, peer.RedisCPUms, ratio))
+				c.add(s, s.RedisCPUms < peer.RedisCPUms, 1-ratio, fmt.Sprintf("%.1f ms vs %s %.1f ms = %.2f× (bound: below 1×)", s.RedisCPUms, peer.Impl, peer.RedisCPUms, ratio))
 			}
 		}
 	})
@@ -153,7 +156,7 @@ func evaluate(res *runResult) []target {
 	c = &check{t: target{ID: "window_rt", Goal: "window algorithms Wait: round trips per permit ≤ 1.3 at W=256, P=4"}}
 	for _, s := range res.Scenarios {
 		if in(s.Impl, windowImpls) && s.Waiters == 256 && s.Procs == 4 {
-			c.add(s, s.RTPerPermit <= 1.3, 1.3-s.RTPerPermit, fmt.Sprintf("%.3f (bound 1.3, %+.3f)", s.RTPerPermit, s.RTPerPermit-1.3))
+			c.add(s, s.RTPerPermit <= 1.3, 1.3-s.RTPerPermit, fmt.Sprintf("%.3f (bound 1.3: %s)", s.RTPerPermit, margin(s.RTPerPermit, 1.3, "%.3f")))
 		}
 	}
 	out = append(out, c.done())
@@ -163,11 +166,11 @@ func evaluate(res *runResult) []target {
 		if !in(s.Impl, windowImpls) {
 			continue
 		}
-		v, what := s.Max1s, "in any 1 s"
+		v, what := s.Max1s, fmt.Sprintf("in any 1 s, %d in any 990 ms", s.Max990ms)
 		if s.Impl == "jobthrottle/fixed_window" {
 			v, what = s.MaxAligned1s, "in a whole second"
 		}
-		c.add(s, v <= s.Rate+2, float64(s.Rate+2-v), fmt.Sprintf("%d %s (R = %d, %+d)", v, what, s.Rate, v-s.Rate))
+		c.add(s, v <= s.Rate+2, float64(s.Rate+2-v), fmt.Sprintf("%d (R = %d: %s) %s", v, s.Rate, margin(float64(v), float64(s.Rate), "%.0f"), what))
 	}
 	out = append(out, c.done())
 
@@ -196,6 +199,15 @@ func evaluate(res *runResult) []target {
 	}
 	out = append(out, c.done())
 	return out
+}
+
+// margin says how far v is under (or over) bound, for a figure where
+// lower is better.
+func margin(v, bound float64, format string) string {
+	if v <= bound {
+		return fmt.Sprintf(format+" under", bound-v)
+	}
+	return fmt.Sprintf(format+" over", v-bound)
 }
 
 // verdict is a target's short status for the table.
