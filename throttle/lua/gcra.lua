@@ -41,8 +41,9 @@ refund['gcra'] = function(key, count, period, burst, n, ticket, ckey)
   -- Places are at least T apart; tickets are exact to about 0.25µs.
   local eps = math.min(T, 1) / 2
   if tat - x > eps then
+    -- Within eps, the later places hold all of this one: rounding, not room.
     local restore = n * T - (tat - x)
-    if restore > 0 then
+    if restore > eps then
       tat = tat - restore
     elseif ckey and x > now then
       cancelled_add(ckey, ticket, n, tat)

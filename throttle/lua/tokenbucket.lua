@@ -61,8 +61,9 @@ refund['token_bucket'] = function(key, count, period, burst, n, ticket, ckey)
   -- has not refilled, until it would be full again: burst * iv later.
   local stale = now - burst * iv
   if ev - x > eps then
+    -- Within eps, the later places hold all of this one: rounding, not room.
     local restore = n - (ev - x) * count / period
-    if restore > 0 then
+    if restore > eps / iv then
       tb_store(key, count, period, burst, math.min(burst, tokens + restore), ev)
     elseif ckey and x > stale then
       cancelled_add(ckey, ticket, n, ev)
