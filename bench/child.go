@@ -62,6 +62,9 @@ func childMain(spec string, out io.Writer) error {
 // runWorkload connects, waits for the start time, runs the workload and
 // returns what it measured.
 func runWorkload(w workload) (*procResult, error) {
+	if w.Mode == "burn" {
+		return burn(w), nil
+	}
 	im, err := implByName(w.Impl)
 	if err != nil {
 		return nil, err
@@ -176,4 +179,27 @@ func runWorkload(w workload) (*procResult, error) {
 		res.FirstError = s
 	}
 	return res, nil
+}
+
+// burn keeps w.Waiters goroutines spinning from the start for w.Duration:
+// the jitter lab's stand-in for other work on the machine.
+func burn(w workload) *procResult {
+	start := time.Unix(0, w.StartUnixNano)
+	end := start.Add(w.Duration)
+	time.Sleep(time.Until(start))
+	var wg sync.WaitGroup
+	var sink atomic.Int64
+	for range w.Waiters {
+		wg.Go(func() {
+			x := int64(0)
+			for time.Now().Before(end) {
+				for i := range 10_000 {
+					x += int64(i) ^ x>>3
+				}
+			}
+			sink.Add(x)
+		})
+	}
+	wg.Wait()
+	return &procResult{}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -48,8 +49,22 @@ var impls = []impl{
 	}},
 }
 
+// labImpls are variants that only the jitter lab (-jitterlab) runs: a
+// prototype of a change to throttle/, measured beside the library as it is.
+var labImpls = []impl{
+	{Name: "jobthrottle/gcra, send-anchored (prototype)", Algorithm: "gcra", Redis: true, New: func(rdb redis.UniversalClient, r, burst int) (Waiter, error) {
+		j, err := newJobthrottle(rdb, throttle.GCRA, r, burst)
+		return sendAnchored{j.Limiter}, err
+	}},
+	{Name: "gcra, Redis-clock-anchored (prototype)", Algorithm: "gcra", Redis: true, New: func(rdb redis.UniversalClient, r, burst int) (Waiter, error) {
+		return newServerAnchored(rdb, r, burst), nil
+	}},
+}
+
+var errNoAllow = errors.New("bench: this prototype has no Allow")
+
 func implByName(name string) (impl, error) {
-	for _, im := range impls {
+	for _, im := range append(impls[:len(impls):len(impls)], labImpls...) {
 		if im.Name == name {
 			return im, nil
 		}
@@ -84,6 +99,34 @@ func newJobthrottle(rdb redis.UniversalClient, a throttle.Algorithm, r, burst in
 func (j jobthrottle) Allow(ctx context.Context, key string) (bool, error) {
 	res, err := j.Limiter.Allow(ctx, key)
 	return res.Allowed, err
+}
+
+// sendAnchored is Limiter.Wait for a bucket limiter with one change: the
+// wake is anchored on when the reservation was sent plus the delay Redis
+// returned, instead of on when its reply was read (throttle/limiter.go's
+// ask). It wakes early by the request's one-way latency instead of late by
+// the reply's, and no longer inherits the reply's queueing.
+type sendAnchored struct{ *throttle.Limiter }
+
+func (s sendAnchored) Wait(ctx context.Context, key string) error {
+	t0 := time.Now()
+	r, err := s.Reserve(ctx, key)
+	if err != nil {
+		return err
+	}
+	d := time.Until(t0.Add(r.Delay()))
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		_ = r.Cancel(context.WithoutCancel(ctx))
+		return ctx.Err()
+	}
 }
 
 // redisRate is go-redis/redis_rate with the wait loop its users write:

@@ -4,6 +4,7 @@
 //
 //	cd bench && go run . -full     # the committed run (about 20 minutes)
 //	cd bench && go run . -quick    # a 2-second-per-scenario subset
+//	cd bench && go run . -jitterlab  # the jitter lab (5 minutes), beside the day's results
 //	cd bench && go run . -report results/2026-01-02.json   # redo the report only
 package main
 
@@ -104,6 +105,7 @@ func main() {
 	skip := flag.String("skip", "", "comma-separated parts to skip: wait, throughput, memory, micro")
 	nice := flag.Int("nice", -10, "scheduling priority for the run (the clients, children and redis-server), to shield its timing from other work on a shared machine; 0 leaves it")
 	budget := flag.Duration("budget", 24*time.Minute, "rerun the noisiest Wait scenarios until this long after the start (full run)")
+	lab := flag.Bool("jitterlab", false, "run the jitter lab (about 4 minutes): gcra Wait, a send-anchored prototype and x/time/rate, quiet and beside busy processes")
 	md := flag.String("md", "../BENCHMARKS.md", "where to write the report")
 	flag.Parse()
 
@@ -123,7 +125,7 @@ func main() {
 	switch {
 	case *report != "":
 		err = regenerate(*report, *md)
-	case *full || *quick:
+	case *full || *quick || *lab:
 		if *nice != 0 {
 			restore, rerr := renice(*nice)
 			defer restore()
@@ -133,6 +135,14 @@ func main() {
 			}
 		}
 		niceness = *nice
+		if *lab {
+			d := 10 * time.Second
+			if *dur > 0 {
+				d = *dur
+			}
+			err = runLab(logf, 3, d)
+			break
+		}
 		err = run(*full, *only, *dur, *skip, *md, *budget, logf)
 	default:
 		flag.Usage()

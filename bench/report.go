@@ -17,6 +17,9 @@ func writeReport(res *runResult, jsonPath, mdPath string) error {
 	}
 	notes, _ := os.ReadFile("notes.md")
 	md := renderReport(res, filepath.ToSlash(filepath.Join("bench", jsonPath)), filepath.ToSlash(filepath.Join("bench", plotPath)), string(notes))
+	if lab := readLab(jsonPath); lab != nil {
+		md += renderLab(lab, filepath.ToSlash(filepath.Join("bench", strings.TrimSuffix(jsonPath, ".json")+"-jitterlab.json")))
+	}
 	return os.WriteFile(mdPath, []byte(md), 0o644)
 }
 
@@ -236,4 +239,19 @@ func humanBytes(n int64) string {
 		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
 	}
 	return fmt.Sprintf("%d B", n)
+}
+
+// renderLab is the jitter lab's section of the report.
+func renderLab(lab *labResult, rel string) string {
+	var b strings.Builder
+	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	c := lab.Config
+	p("\n## Jitter lab\n\n")
+	p("From [%s](%s): `%s`, %s, library at %s, %d rounds of %g s each, the conditions and implementations interleaved within each round. One scenario: R = %d/s, burst %d, W = %d, P = %d. *quiet*: nothing of the benchmark's own beside it; *loaded*: one process of %d spinning goroutines beside it, at the same priority. Medians over the rounds, with every round's jitter p99.\n\n",
+		rel, rel, lab.Command, lab.Date, lab.Library.Commit, c.Rounds, c.DurationS, c.Rate, c.Burst, c.Waiters, c.Procs, c.Burners)
+	p("| condition | implementation | jitter p50 µs | jitter p99 µs (median) | every round | Wait p99 ms | max 1 s (worst) / bound | lowest accuracy | canary p99 µs |\n|---|---|---|---|---|---|---|---|---|\n")
+	for _, s := range lab.Summary {
+		p("| %s | %s | %.0f | %.0f | %s | %.1f | %d / %d | %.2f %% | %.0f |\n", s.Condition, s.Impl, s.JitterP50us, s.JitterP99us, s.JitterP99Range, s.WaitP99ms, s.Max1s, s.Bound1s, s.AccuracyMin*100, s.CanaryP99us)
+	}
+	return b.String()
 }

@@ -21,6 +21,9 @@ type scenario struct {
 	Waiters  int // in total
 	Procs    int
 	Duration time.Duration
+	// Burners, if above 0, runs a process of that many spinning goroutines
+	// beside the scenario (the jitter lab's loaded condition).
+	Burners int
 }
 
 func (s scenario) String() string {
@@ -201,6 +204,10 @@ func (r *runner) runScenario(ctx context.Context, s scenario) (*scenarioResult, 
 		}
 		ws[i] = workload{Mode: "wait", Impl: s.Impl.Name, Addr: addr, Rate: s.Rate, Burst: s.Burst,
 			Waiters: n, Key: key, StartUnixNano: start.UnixNano(), Duration: s.Duration}
+	}
+	if s.Burners > 0 {
+		ws = append(ws, workload{Mode: "burn", Waiters: s.Burners, StartUnixNano: start.UnixNano(),
+			Duration: s.Duration + time.Duration(s.Waiters)*time.Second/time.Duration(s.Rate) + time.Second})
 	}
 	before, err := readStats(ctx, r.rdb)
 	if err != nil {
