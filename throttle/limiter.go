@@ -58,8 +58,9 @@ type Limiter struct {
 	failingOpen atomic.Bool
 	cache       scriptCache
 
-	mu     sync.Mutex
-	queues map[string]*waitQueue // window waits, by encoded subject
+	mu      sync.Mutex
+	queues  map[string]*waitQueue   // window waits, by encoded subject
+	refunds map[string]*refundBatch // refunds waiting for a call, by subject
 }
 
 // New returns a Limiter that applies every rule to each subject. It returns
@@ -86,6 +87,7 @@ func New(rdb redis.UniversalClient, opts Options, rules ...Rule) (*Limiter, erro
 		script:     scriptFor(rules),
 		reservable: true,
 		queues:     map[string]*waitQueue{},
+		refunds:    map[string]*refundBatch{},
 	}
 	if l.prefix == "" {
 		l.prefix = DefaultPrefix
@@ -370,25 +372,108 @@ func (l *Limiter) redisOK() {
 	}
 }
 
-// refund gives back the permits of a reservation.
+// refund gives back the permits of a reservation. Refunds of one subject
+// are sent together: one goroutine per subject makes the calls, each with
+// every refund that arrived while the previous call was out (up to
+// maxRefundBatch), so a storm of cancellations (a shutdown, a batch timing
+// out) costs a few round trips instead of one each, and does not queue for
+// the client's connections until the refunds time out. It returns when its
+// refund is made, or when ctx ends; the refund is then still made if Redis
+// answers.
 func (l *Limiter) refund(ctx context.Context, subject string, n int, tickets []string) error {
-	keys, args, err := l.request("refund", subject, n, -1, tickets)
+	if _, _, err := l.request("refund", subject, n, -1, tickets); err != nil {
+		return err // bad input fails before it is queued
+	}
+	e := &refundEntry{ctx: ctx, n: n, tickets: tickets, done: make(chan struct{})}
+	l.mu.Lock()
+	b, flushing := l.refunds[subject]
+	if !flushing {
+		b = &refundBatch{}
+		l.refunds[subject] = b
+	}
+	b.pending = append(b.pending, e)
+	l.mu.Unlock()
+	if !flushing {
+		go l.flushRefunds(subject, b)
+	}
+	select {
+	case <-e.done:
+		return e.err
+	case <-ctx.Done():
+		return &redisError{op: "refund", err: ctx.Err()}
+	}
+}
+
+// maxRefundBatch bounds the reservations one refund call gives back, and
+// so how long that script holds Redis.
+const maxRefundBatch = 256
+
+// refundBatch holds the refunds of one subject waiting for a call.
+type refundBatch struct {
+	pending []*refundEntry
+}
+
+// refundEntry is one reservation to give back.
+type refundEntry struct {
+	ctx     context.Context // its caller's, for values; the call has its own deadline
+	n       int
+	tickets []string
+	done    chan struct{} // closed once err is set
+	err     error
+}
+
+// flushRefunds sends subject's pending refunds until there are none left.
+func (l *Limiter) flushRefunds(subject string, b *refundBatch) {
+	for {
+		l.mu.Lock()
+		batch := b.pending[:min(len(b.pending), maxRefundBatch)]
+		b.pending = b.pending[len(batch):]
+		if len(batch) == 0 {
+			delete(l.refunds, subject)
+			l.mu.Unlock()
+			return
+		}
+		l.mu.Unlock()
+		err := l.refundNow(subject, batch)
+		for _, e := range batch {
+			e.err = err
+			close(e.done)
+		}
+	}
+}
+
+// refundNow gives back every reservation of batch in one script call,
+// bounded by refundTimeout.
+func (l *Limiter) refundNow(subject string, batch []*refundEntry) error {
+	first := batch[0]
+	keys, args, err := l.request("refund", subject, first.n, -1, first.tickets)
 	if err != nil {
 		return err
 	}
 	// The pause key, so that the script can hold a running pause (pause.go),
 	// then each rule's record of cancelled reservations, so that refunds
-	// arriving in any order give back everything (prelude.lua).
+	// arriving in any order give back everything (prelude.lua); the other
+	// reservations follow the rules in ARGV (driver.lua).
 	keys = append(keys, l.pauseKey(subject))
 	enc := escape(subject)
 	for _, r := range l.keyRules {
 		keys = append(keys, key(l.prefix, enc, r+cancelledSuffix))
 	}
+	for _, e := range batch[1:] {
+		args = append(args, e.n)
+		for _, t := range e.tickets {
+			args = append(args, t)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(first.ctx), refundTimeout)
+	defer cancel()
 	if err := l.run(ctx, l.script, keys, args...).Err(); err != nil {
 		// A cancelled Wait drops this error (it returns ctx.Err()), so the
-		// hook is where a refund lost to Redis shows.
+		// hook is where a refund lost to Redis shows: once per refund.
 		if l.opts.OnRedisError != nil {
-			l.opts.OnRedisError(err, false)
+			for range batch {
+				l.opts.OnRedisError(err, false)
+			}
 		}
 		return &redisError{op: "refund", err: err}
 	}

@@ -5,9 +5,9 @@
 --               <prefix>{<subject>}:!pause, holding the Redis time (µs) the
 --               pause ends; prepay: the subject's receipt set,
 --               <prefix>{<subject>}:!receipts
--- KEYS[r+1+i] -> refund (optional): rule i's record of cancelled
---               reservations, <prefix>{<subject>}:<rule>!cancelled
---               (prelude.lua, cancelled_*)
+-- KEYS[r+1+i] -> refund: rule i's record of cancelled reservations,
+--               <prefix>{<subject>}:<rule>!cancelled (prelude.lua,
+--               cancelled_*); a refund always has these 2r + 1 keys
 -- ARGV[1]    -> operation: 'allow', 'reserve', 'prepay', 'refund' or 'pause'
 -- ARGV[2]    -> n, the number of permits
 -- ARGV[3]    -> reserve, prepay: the longest delay accepted, microseconds
@@ -19,7 +19,9 @@
 -- prepay only, after the rules:
 --   ARGV[4 + 5r] -> the receipt: id and rule names, a sorted-set member
 --   ARGV[5 + 5r] -> how long the receipt is kept after its slot, microseconds
--- The number of rules r is floor((#ARGV - 3) / 5).
+-- refund only, after the rules: more reservations to give back in the same
+-- call, each as 1 + r values: its n, then its ticket for each rule
+-- The number of rules r is floor((#ARGV - 3) / 5), for refund (#KEYS - 1) / 2.
 --
 -- allow and reserve return
 --   {ok (1/0), deciding rule index (1-based), remaining, delay microseconds,
@@ -65,9 +67,21 @@ if op == 'pause' then
 end
 
 if op == 'refund' then
-  for i = 1, nrules do
-    local algo, count, period, extra, ticket = rule(i)
-    if ticket ~= '' then refund[algo](KEYS[i], count, period, extra, n, ticket, KEYS[nrules + 1 + i]) end
+  nrules = (#KEYS - 1) / 2
+  -- refund_one gives back m permits with the tickets ticket(i).
+  local function refund_one(m, ticket)
+    for i = 1, nrules do
+      local algo, count, period, extra = rule(i)
+      local tk = ticket(i)
+      if tk ~= '' then refund[algo](KEYS[i], count, period, extra, m, tk, KEYS[nrules + 1 + i]) end
+    end
+  end
+  refund_one(n, function(i) return ARGV[4 + 5 * (i - 1) + 4] end)
+  local b = 4 + 5 * nrules
+  while ARGV[b] do
+    local base = b
+    refund_one(tonumber(ARGV[base]), function(i) return ARGV[base + i] end)
+    b = b + 1 + nrules
   end
   if KEYS[nrules + 1] then
     local untl = tonumber(redis.call('GET', KEYS[nrules + 1]))
