@@ -42,6 +42,7 @@ import (
 // CA flag: they trust the CA through SSL_CERT_FILE (Go's standard override
 // of the system roots), which the test checks, and fail clearly without it.
 func TestTLS(t *testing.T) {
+	t.Parallel() // long; overlaps TestAsynqThroughRedisOutage, which mostly waits
 	srv, files := redistest.TLSServer(t)
 	pem, err := os.ReadFile(files.CAFile)
 	if err != nil {
@@ -274,6 +275,7 @@ func closedAddr(t *testing.T) string {
 // error, no log line (the limiter's, go-redis's own, the binaries' output),
 // no OnRedisError error and no metric.
 func TestSecretsStayOut(t *testing.T) {
+	t.Parallel() // long; overlaps TestAsynqThroughRedisOutage, which mostly waits
 	pw := secretPassword()
 	guarded := redistest.Server(t, redistest.Args("--requirepass", "the-right-one"))
 	targets := map[string]string{

@@ -24,6 +24,7 @@ import (
 // put back (none active, none archived); a second worker then runs every
 // task, each exactly once and none with a failure counted.
 func TestWorkerShutdown(t *testing.T) {
+	t.Parallel() // long; overlaps TestAsynqThroughRedisOutage, which mostly waits
 	bin := buildBinary(t, "cmd/worker")
 	srv := redistest.Server(t)
 	rdb := srv.Client(t)
