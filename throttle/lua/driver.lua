@@ -49,80 +49,95 @@ local function rule(i)
   return ARGV[b], tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), ARGV[b + 4]
 end
 
--- pause_all applies pause[algo] to every rule, up to the Redis time untl.
-local function pause_all(untl)
-  for i = 1, nrules do
-    local algo, count, period, extra = rule(i)
-    pause[algo](KEYS[i], count, period, extra, untl)
-  end
-end
-
-if op == 'pause' then
-  local untl = now + max_wait
-  local prev = tonumber(redis.call('GET', KEYS[nrules + 1]))
-  if prev and prev > untl then untl = prev end
-  pause_all(untl)
-  redis.call('SET', KEYS[nrules + 1], int(untl), 'PX', ttl_ms(untl - now))
-  return untl - now
-end
-
-if op == 'refund' then
-  nrules = (#KEYS - 1) / 2
-  -- refund_one gives back m permits with the tickets ticket(i).
-  local function refund_one(m, ticket)
+if rare then
+  -- pause_all applies pause[algo] to every rule, up to the Redis time untl.
+  local function pause_all(untl)
     for i = 1, nrules do
       local algo, count, period, extra = rule(i)
-      local tk = ticket(i)
-      if tk ~= '' then refund[algo](KEYS[i], count, period, extra, m, tk, KEYS[nrules + 1 + i]) end
+      pause[algo](KEYS[i], count, period, extra, untl)
     end
   end
-  refund_one(n, function(i) return ARGV[4 + 5 * (i - 1) + 4] end)
-  local b = 4 + 5 * nrules
-  while ARGV[b] do
-    local base = b
-    refund_one(tonumber(ARGV[base]), function(i) return ARGV[base + i] end)
-    b = b + 1 + nrules
+
+  if op == 'pause' then
+    local untl = now + max_wait
+    local prev = tonumber(redis.call('GET', KEYS[nrules + 1]))
+    if prev and prev > untl then untl = prev end
+    pause_all(untl)
+    redis.call('SET', KEYS[nrules + 1], int(untl), 'PX', ttl_ms(untl - now))
+    return untl - now
   end
-  if KEYS[nrules + 1] then
-    local untl = tonumber(redis.call('GET', KEYS[nrules + 1]))
-    if untl and untl > now then pause_all(untl) end
+
+  if op == 'refund' then
+    nrules = (#KEYS - 1) / 2
+    -- refund_one gives back m permits with the tickets ticket(i).
+    local function refund_one(m, ticket)
+      for i = 1, nrules do
+        local algo, count, period, extra = rule(i)
+        local tk = ticket(i)
+        if tk ~= '' then refund[algo](KEYS[i], count, period, extra, m, tk, KEYS[nrules + 1 + i]) end
+      end
+    end
+    refund_one(n, function(i) return ARGV[4 + 5 * (i - 1) + 4] end)
+    local b = 4 + 5 * nrules
+    while ARGV[b] do
+      local base = b
+      refund_one(tonumber(ARGV[base]), function(i) return ARGV[base + i] end)
+      b = b + 1 + nrules
+    end
+    if KEYS[nrules + 1] then
+      local untl = tonumber(redis.call('GET', KEYS[nrules + 1]))
+      if untl and untl > now then pause_all(untl) end
+    end
+    return 1
   end
-  return 1
 end
 
 local reserve = op == 'reserve' or op == 'prepay'
-local decisions = {}
-local ok = true
-for i = 1, nrules do
-  local algo, count, period, extra = rule(i)
-  local d = check[algo](KEYS[i], count, period, extra, n, reserve, max_wait)
-  decisions[i] = d
-  if not d.ok then ok = false end
-end
-
-local decider, delay, reset = 1, 0, 0
-for i, d in ipairs(decisions) do
-  if d.reset > reset then reset = d.reset end
+local reply
+if nrules == 1 then
+  -- One rule, the common case: no per-rule arrays.
+  local algo, count, period, extra = rule(1)
+  local ok, delay, remaining, reset, s1, s2 = check[algo](KEYS[1], count, period, extra, n, reserve, max_wait)
+  reply = {ok and 1 or 0, 1, remaining, delay, reset}
+  if ok then reply[6] = commit[algo](KEYS[1], count, period, extra, n, delay, s1, s2) end
+else
+  local oks, delays, rems, resets, s1s, s2s = {}, {}, {}, {}, {}, {}
+  local ok = true
+  for i = 1, nrules do
+    local algo, count, period, extra = rule(i)
+    oks[i], delays[i], rems[i], resets[i], s1s[i], s2s[i] =
+      check[algo](KEYS[i], count, period, extra, n, reserve, max_wait)
+    if not oks[i] then ok = false end
+  end
+  local decider, delay, reset = 1, 0, 0
+  for i = 1, nrules do
+    if resets[i] > reset then reset = resets[i] end
+    if ok then
+      if delays[i] > delay then delay = delays[i] end
+      if rems[i] < rems[decider] then decider = i end
+    elseif not oks[i] and (oks[decider] or delays[i] > delay) then
+      -- The longest delay among the rules that denied: every rule that
+      -- admits now still admits then.
+      decider, delay = i, delays[i]
+    end
+  end
+  reply = {ok and 1 or 0, decider, rems[decider], delay, reset}
   if ok then
-    if d.delay > delay then delay = d.delay end
-    if d.remaining < decisions[decider].remaining then decider = i end
-  elseif not d.ok and (decisions[decider].ok or d.delay > delay) then
-    -- The longest delay among the rules that denied: every rule that
-    -- admits now still admits then.
-    decider, delay = i, d.delay
+    for i = 1, nrules do
+      local algo, count, period, extra = rule(i)
+      reply[5 + i] = commit[algo](KEYS[i], count, period, extra, n, delays[i], s1s[i], s2s[i])
+    end
   end
 end
 
 -- remaining is clamped: a paused window may hold more than its count.
-local reply = {ok and 1 or 0, decider, math.max(0, decisions[decider].remaining),
-  math.ceil(math.min(delay, max_us)), math.ceil(math.min(reset, max_us))}
-if ok then
-  for i, d in ipairs(decisions) do reply[#reply + 1] = d.commit() end
-  if op == 'prepay' then
-    local rkey, keep = KEYS[nrules + 1], tonumber(ARGV[5 + 5 * nrules])
-    redis.call('ZREMRANGEBYSCORE', rkey, '-inf', '(' .. int(now - keep))
-    redis.call('ZADD', rkey, int(now + math.ceil(delay)), ARGV[4 + 5 * nrules])
-    keep_ttl(rkey, math.ceil(delay) + keep)
-  end
+if reply[3] < 0 then reply[3] = 0 end
+reply[4] = math.ceil(math.min(reply[4], max_us))
+reply[5] = math.ceil(math.min(reply[5], max_us))
+if reply[1] == 1 and op == 'prepay' then
+  local rkey, keep = KEYS[nrules + 1], tonumber(ARGV[5 + 5 * nrules])
+  redis.call('ZREMRANGEBYSCORE', rkey, '-inf', '(' .. int(now - keep))
+  redis.call('ZADD', rkey, int(now + reply[4]), ARGV[4 + 5 * nrules])
+  keep_ttl(rkey, reply[4] + keep)
 end
 return reply

@@ -1,22 +1,46 @@
 -- Fixed window. Windows are aligned to multiples of period on the Redis clock.
--- State: hash {w = window index, c = permits counted in that window};
--- TTL: until the end of the window.
+-- State: hash {w = window index, c = permits counted in that window,
+-- pu = end of a pause (see pause below), if any}; TTL: until the end of the
+-- window (or of the pause, if later).
+--
+-- A paused key denies everything before pu and reports the exact admission
+-- time: pu if the window holding pu has room for n then, else that
+-- window's end.
 check['fixed_window'] = function(key, count, period, extra, n)
+  local v = redis.call('HMGET', key, 'w', 'c', 'pu')
+  local pu = tonumber(v[3])
+  if pu and pu > now then
+    local pw = math.floor(pu / period)
+    local c = 0
+    if tonumber(v[1]) == pw then c = tonumber(v[2]) or 0 end
+    local delay, reset = pu - now, pu - now
+    if c > 0 then reset = (pw + 1) * period - now end
+    if c + n > count then delay = (pw + 1) * period - now end
+    return false, delay, 0, reset
+  end
   local w = math.floor(now / period)
   local wend = (w + 1) * period
-  local v = redis.call('HMGET', key, 'w', 'c')
-  local c = 0
+  local c
   if tonumber(v[1]) == w then c = tonumber(v[2]) or 0 end
-  if c + n <= count then
-    return {ok = true, delay = 0, remaining = count - c - n, reset = wend - now,
-      commit = function()
-        redis.call('HSET', key, 'w', int(w), 'c', int(c + n))
-        redis.call('PEXPIRE', key, ttl_ms(wend - now))
-        return int(w)
-      end}
+  if (c or 0) + n <= count then
+    return true, 0, count - (c or 0) - n, wend - now, w, c
   end
-  return {ok = false, delay = wend - now, remaining = count - c, reset = wend - now}
+  return false, wend - now, count - (c or 0), wend - now
 end
+
+-- commit counts n more permits in window w, which held c (nil if the key
+-- held another window or nothing); the ticket is w. The key's TTL is set
+-- when its window starts: the first commit in a window sets it to the
+-- window's end, and nothing else shortens it.
+commit['fixed_window'] = function(key, count, period, extra, n, delay, w, c)
+  local s = int(w)
+  redis.call('HSET', key, 'w', s, 'c', int((c or 0) + n))
+  if not c then redis.call('PEXPIRE', key, ttl_ms((w + 1) * period - now)) end
+  return s
+end
+
+-- Refunds and pauses only (prelude.lua: rare).
+if rare then
 
 -- ticket: the window index the permits were counted in.
 refund['fixed_window'] = function(key, count, period, extra, n, ticket)
@@ -28,10 +52,8 @@ refund['fixed_window'] = function(key, count, period, extra, n, ticket)
 end
 
 -- pause: a window has no state for later windows, so a pause is a field of
--- its own, pu = untl (Redis time, microseconds), in the same hash; the check
--- below, wrapped around the one above, denies everything before pu and
--- reports the exact admission time: pu if the window holding pu has room
--- for n then, else that window's end. TTL: at least until pu.
+-- its own, pu = untl (Redis time, microseconds), in the same hash, which
+-- check honours. TTL: at least until pu.
 pause['fixed_window'] = function(key, count, period, extra, untl)
   local pu = tonumber(redis.call('HGET', key, 'pu'))
   if pu and pu >= untl then return end
@@ -39,17 +61,4 @@ pause['fixed_window'] = function(key, count, period, extra, untl)
   keep_ttl(key, untl - now)
 end
 
-local fw_check = check['fixed_window']
-check['fixed_window'] = function(key, count, period, extra, n)
-  local v = redis.call('HMGET', key, 'w', 'c', 'pu')
-  local pu = tonumber(v[3])
-  if not pu or pu <= now then return fw_check(key, count, period, extra, n) end
-  local w = math.floor(now / period)
-  local pw = math.floor(pu / period)
-  local c = 0
-  if tonumber(v[1]) == pw then c = tonumber(v[2]) or 0 end
-  local delay, reset = pu - now, pu - now
-  if c > 0 then reset = (pw + 1) * period - now end
-  if c + n > count then delay = (pw + 1) * period - now end
-  return {ok = false, delay = delay, remaining = 0, reset = reset}
 end

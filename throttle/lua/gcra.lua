@@ -9,19 +9,18 @@ check['gcra'] = function(key, count, period, burst, n, reserve, max_wait)
   local new_tat = tat + n * T
   local delay = math.ceil(new_tat - burst * T - now)
   if delay < 0 then delay = 0 end
-  local ok = delay == 0 or (reserve and (max_wait < 0 or delay <= max_wait))
-  if not ok then
-    return {ok = false, delay = delay,
-      remaining = math.max(0, math.floor((burst * T - (tat - now)) / T + 1e-9)),
-      reset = tat - now}
+  if delay == 0 or (reserve and (max_wait < 0 or delay <= max_wait)) then
+    return true, delay, math.max(0, math.floor((burst * T - (new_tat - now)) / T + 1e-9)),
+      new_tat - now, new_tat
   end
-  return {ok = true, delay = delay,
-    remaining = math.max(0, math.floor((burst * T - (new_tat - now)) / T + 1e-9)),
-    reset = new_tat - now,
-    commit = function()
-      redis.call('SET', key, num(new_tat), 'PX', ttl_ms(new_tat - now))
-      return num(new_tat)
-    end}
+  return false, delay, math.max(0, math.floor((burst * T - (tat - now)) / T + 1e-9)), tat - now
+end
+
+-- commit stores the new TAT, which is also the ticket.
+commit['gcra'] = function(key, count, period, burst, n, delay, new_tat)
+  local s = num(new_tat)
+  redis.call('SET', key, s, 'PX', ttl_ms(new_tat - now))
+  return s
 end
 
 -- ticket: the TAT this reservation left, the end of its place in the queue
@@ -30,6 +29,9 @@ end
 -- place is recorded in ckey, unless the later reservations hold less than
 -- its n * T: then what they do not hold is given back at once, as
 -- golang.org/x/time/rate's Cancel does.
+-- Refunds and pauses only (prelude.lua: rare).
+if rare then
+
 refund['gcra'] = function(key, count, period, burst, n, ticket, ckey)
   local tat = tonumber(redis.call('GET', key))
   if not tat then
@@ -73,4 +75,6 @@ pause['gcra'] = function(key, count, period, burst, untl)
   local tat = tonumber(redis.call('GET', key))
   if tat and tat >= floor then return end
   redis.call('SET', key, num(floor), 'PX', ttl_ms(floor - now))
+end
+
 end

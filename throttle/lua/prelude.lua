@@ -3,19 +3,35 @@
 --
 -- Units: every time and duration is in microseconds of Redis TIME, every TTL
 -- given to Redis is in milliseconds. No client clock reaches a script.
-if redis.replicate_commands then redis.replicate_commands() end
-
+--
+-- Requires Redis 5 or later: scripts replicate their effects, not their
+-- text (so reading TIME before writing is allowed) without calling
+-- redis.replicate_commands().
+--
+-- Every call runs the whole script body, and each function defined in it
+-- is a new closure each time. So the functions that only refunds and
+-- pauses use are defined only for those operations (inside `if rare`
+-- blocks), and allow and reserve pay for none of them.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
+-- rare is true for the operations other than allow and reserve (see
+-- driver.lua): they define and use the helpers below.
+local rare = ARGV[1] ~= 'allow' and ARGV[1] ~= 'reserve'
+
 -- int formats an integer-valued number exactly (tostring would switch to
--- exponent notation above 1e14, and times here are about 1.8e15).
+-- exponent notation above 1e14, and times here are about 1.8e15); a
+-- fraction is dropped (rounded toward zero). '%d' (a C long: 64 bits on
+-- every platform Redis supports) costs about half a microsecond less than
+-- '%.0f' or '%.17g' on a 16-digit time.
 local function int(x)
-  return string.format('%.0f', x)
+  return string.format('%d', x)
 end
 
--- num formats a fractional number so that tonumber(num(x)) == x.
+-- num formats a number so that tonumber(num(x)) == x; a whole number as
+-- int does, the same text as '%.17g' gives it, only faster.
 local function num(x)
+  if x % 1 == 0 then return string.format('%d', x) end
   return string.format('%.17g', x)
 end
 
@@ -37,31 +53,44 @@ local function ttl_ms(us)
   return int(ms)
 end
 
--- Each algorithm registers check and refund functions here.
+-- Each algorithm registers check, commit, refund and pause functions here
+-- (refund and pause only when rare).
 --
--- check(key, count, period, extra, n, reserve, max_wait) returns a decision:
+-- check(key, count, period, extra, n, reserve, max_wait) returns a
+-- decision as values, not a table, so that deciding allocates nothing:
 --   ok        true if the request can be charged (now, or for reserve within max_wait)
 --   delay     microseconds until a request of n would be admitted (0 if now)
 --   remaining permits left after this request if ok, else permits left now
 --   reset     microseconds until the key is back to full capacity
---   commit    function that charges the request and returns a refund ticket
+--   s1, s2    when ok, what commit needs of the state check read
+-- commit(key, count, period, extra, n, delay, s1, s2) charges the request
+-- that check admitted and returns its refund ticket.
 -- refund(key, count, period, extra, n, ticket, ckey) gives back what commit
 -- took. ckey (nil if the caller gave none) is the rule's record of
 -- cancelled reservations (bucket algorithms; see cancelled_* below).
-local check = {}
-local refund = {}
-
+--
 -- Each algorithm also registers a pause function (see driver.lua, op
 -- 'pause'): pause(key, count, period, extra, untl) moves the rule's state so
 -- that no request is admitted before the Redis time untl (microseconds),
 -- and requests after it are admitted as the algorithm's own state allows.
 -- It only ever holds a key back longer, never releases it earlier, so it
 -- may be applied again (the driver does so after a refund).
-local pause = {}
+local check = {}
+local commit = {}
+local refund, pause
+if rare then refund, pause = {}, {} end
+
+local keep_ttl, cancelled_add, cancelled_pop, rint
+if rare then
+
+-- rint formats a number that may have a fraction as the nearest integer.
+function rint(x)
+  return string.format('%.0f', x)
+end
 
 -- keep_ttl makes key live at least us more microseconds; a longer TTL is
 -- kept (PEXPIRE would shorten it).
-local function keep_ttl(key, us)
+function keep_ttl(key, us)
   local want = tonumber(ttl_ms(us))
   local cur = redis.call('PTTL', key)
   if cur >= 0 and cur >= want then return end
@@ -80,7 +109,7 @@ end
 
 -- cancelled_add records a cancelled place that ends at ticket and holds n
 -- permits; end_us is the queue's end, until which the record is kept.
-local function cancelled_add(ckey, ticket, n, end_us)
+function cancelled_add(ckey, ticket, n, end_us)
   redis.call('ZADD', ckey, ticket, ticket .. ' ' .. n)
   keep_ttl(ckey, end_us - now)
 end
@@ -90,8 +119,8 @@ end
 -- the permits given back. size(n) is the length of n permits' place. Places
 -- that end at or before stale are dropped: the rule is back to full
 -- capacity by the time the queue's end reaches them.
-local function cancelled_pop(ckey, e, eps, size, stale)
-  redis.call('ZREMRANGEBYSCORE', ckey, '-inf', int(stale))
+function cancelled_pop(ckey, e, eps, size, stale)
+  redis.call('ZREMRANGEBYSCORE', ckey, '-inf', rint(stale))
   local permits = 0
   while true do
     local top = redis.call('ZREVRANGE', ckey, 0, 0, 'WITHSCORES')
@@ -106,4 +135,6 @@ local function cancelled_pop(ckey, e, eps, size, stale)
     end
   end
   return e, permits
+end
+
 end

@@ -6,33 +6,44 @@ check['sliding_log'] = function(key, count, period, extra, n)
   redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - period))
   local c = redis.call('ZCARD', key)
   if c + n <= count then
-    return {ok = true, delay = 0, remaining = count - c - n, reset = period,
-      commit = function()
-        -- The sequence continues after the newest member of this
-        -- microsecond, so a refund in between cannot cause a collision.
-        local seq = c
-        local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-        if last[2] and tonumber(last[2]) == now then
-          local s = tonumber(string.match(last[1], ':(%d+)$')) or 0
-          if s > seq then seq = s end
-        end
-        local args = {}
-        for i = 1, n do
-          args[#args + 1] = int(now)
-          args[#args + 1] = int(now) .. ':' .. int(seq + i)
-        end
-        redis.call('ZADD', key, unpack(args))
-        redis.call('PEXPIRE', key, ttl_ms(period))
-        return int(now) .. ':' .. int(seq)
-      end}
+    return true, 0, count - c - n, period, c
   end
   -- The request fits once the (c + n - count) oldest permits have left.
   local k = c + n - count
   local e = redis.call('ZRANGE', key, k - 1, k - 1, 'WITHSCORES')
   local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  return {ok = false, delay = tonumber(e[2]) + period - now, remaining = count - c,
-    reset = tonumber(newest[2]) + period - now}
+  return false, tonumber(e[2]) + period - now, count - c,
+    tonumber(newest[2]) + period - now
 end
+
+-- commit adds n members at now, after the c the log held; the ticket is
+-- "<time>:<seq>" for members <time>:<seq+1..seq+n>.
+commit['sliding_log'] = function(key, count, period, extra, n, delay, c)
+  -- The sequence continues after the newest member of this
+  -- microsecond, so a refund in between cannot cause a collision.
+  local seq = c
+  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  if last[2] and tonumber(last[2]) == now then
+    local s = tonumber(string.match(last[1], ':(%d+)$')) or 0
+    if s > seq then seq = s end
+  end
+  local ts = int(now)
+  if n == 1 then
+    redis.call('ZADD', key, ts, ts .. ':' .. int(seq + 1))
+  else
+    local args = {}
+    for i = 1, n do
+      args[#args + 1] = ts
+      args[#args + 1] = ts .. ':' .. int(seq + i)
+    end
+    redis.call('ZADD', key, unpack(args))
+  end
+  redis.call('PEXPIRE', key, ttl_ms(period))
+  return ts .. ':' .. int(seq)
+end
+
+-- Refunds and pauses only (prelude.lua: rare).
+if rare then
 
 -- ticket: "<time>:<seq>"; the request added members <time>:<seq+1..seq+n>.
 refund['sliding_log'] = function(key, count, period, extra, n, ticket)
@@ -62,4 +73,6 @@ pause['sliding_log'] = function(key, count, period, extra, untl)
     end
   end
   keep_ttl(key, untl - now)
+end
+
 end

@@ -10,37 +10,52 @@
 -- (period + precision). TTL: until the newest bucket stops counting.
 check['sliding_window'] = function(key, count, period, precision, n)
   local cur = math.floor(now / precision) * precision
-  local function leaves(s) return s + precision + period - now end
+  -- A bucket starting at s stops counting in (s + span - now) µs.
+  local span = precision + period
   local flat = redis.call('HGETALL', key)
-  local buckets, stale, c = {}, {}, 0
+  local stale, c = nil, 0
+  for i = 1, #flat, 2 do
+    local s = tonumber(flat[i])
+    if not s or s + span - now <= 0 then
+      stale = stale or {}
+      stale[#stale + 1] = flat[i]
+    else
+      local v = tonumber(flat[i + 1])
+      if v > 0 then c = c + v end
+    end
+  end
+  if stale then redis.call('HDEL', key, unpack(stale)) end
+  if c + n <= count then
+    return true, 0, count - c - n, cur + span - now, cur
+  end
+  -- Denied: the request fits once the oldest buckets holding
+  -- c + n - count permits have left.
+  local buckets = {}
   for i = 1, #flat, 2 do
     local s = tonumber(flat[i])
     local v = tonumber(flat[i + 1])
-    if not s or leaves(s) <= 0 then
-      stale[#stale + 1] = flat[i]
-    elseif v > 0 then
-      buckets[#buckets + 1] = {s, v}
-      c = c + v
-    end
-  end
-  if #stale > 0 then redis.call('HDEL', key, unpack(stale)) end
-  if c + n <= count then
-    return {ok = true, delay = 0, remaining = count - c - n, reset = leaves(cur),
-      commit = function()
-        redis.call('HINCRBY', key, int(cur), n)
-        redis.call('PEXPIRE', key, ttl_ms(leaves(cur)))
-        return int(cur)
-      end}
+    if s and s + span - now > 0 and v > 0 then buckets[#buckets + 1] = {s, v} end
   end
   table.sort(buckets, function(a, b) return a[1] < b[1] end)
   local need, freed, delay = c + n - count, 0, 0
   for _, b in ipairs(buckets) do
     freed = freed + b[2]
-    if freed >= need then delay = leaves(b[1]); break end
+    if freed >= need then delay = b[1] + span - now; break end
   end
-  return {ok = false, delay = delay, remaining = count - c,
-    reset = leaves(buckets[#buckets][1])}
+  return false, delay, count - c, buckets[#buckets][1] + span - now
 end
+
+-- commit counts n more permits in the bucket starting at cur; the ticket
+-- is cur.
+commit['sliding_window'] = function(key, count, period, precision, n, delay, cur)
+  local s = int(cur)
+  redis.call('HINCRBY', key, s, n)
+  redis.call('PEXPIRE', key, ttl_ms(cur + precision + period - now))
+  return s
+end
+
+-- Refunds and pauses only (prelude.lua: rare).
+if rare then
 
 -- ticket: the start of the bucket the permits were counted in.
 refund['sliding_window'] = function(key, count, period, precision, n, ticket)
@@ -63,4 +78,6 @@ pause['sliding_window'] = function(key, count, period, precision, untl)
     redis.call('HSET', key, f, int(count))
   end
   keep_ttl(key, (j + 1) * precision + period - now)
+end
+
 end

@@ -15,8 +15,9 @@ local function tb_load(key, count, period, burst)
   return tokens, tonumber(v[3]) or 0
 end
 
-local function tb_store(key, count, period, burst, tokens, ev)
-  redis.call('HSET', key, 'tk', num(tokens), 'ts', int(now), 'ev', int(ev))
+-- tb_store writes the state; evs is ev already formatted (int).
+local function tb_store(key, count, period, burst, tokens, evs)
+  redis.call('HSET', key, 'tk', num(tokens), 'ts', int(now), 'ev', evs)
   redis.call('PEXPIRE', key, ttl_ms((burst - tokens) * period / count))
 end
 
@@ -25,19 +26,26 @@ check['token_bucket'] = function(key, count, period, burst, n, reserve, max_wait
   local left = tokens - n
   local delay = 0
   if left < -tb_eps then delay = math.ceil(-left * period / count) end
-  local ok = delay == 0 or (reserve and (max_wait < 0 or delay <= max_wait))
-  if not ok then
-    return {ok = false, delay = delay, remaining = math.max(0, math.floor(tokens + tb_eps)),
-      reset = math.max(0, (burst - tokens) * period / count)}
+  if delay == 0 or (reserve and (max_wait < 0 or delay <= max_wait)) then
+    return true, delay, math.max(0, math.floor(left + tb_eps)),
+      (burst - left) * period / count, left, ev
   end
-  return {ok = true, delay = delay, remaining = math.max(0, math.floor(left + tb_eps)),
-    reset = (burst - left) * period / count,
-    commit = function()
-      local act = now + delay
-      tb_store(key, count, period, burst, left, math.max(ev, act))
-      return int(act)
-    end}
+  return false, delay, math.max(0, math.floor(tokens + tb_eps)),
+    math.max(0, (burst - tokens) * period / count)
 end
+
+-- commit stores the tokens left and the latest time to act; the ticket is
+-- this reservation's time to act.
+commit['token_bucket'] = function(key, count, period, burst, n, delay, left, ev)
+  local act = now + delay
+  if ev < act then ev = act end
+  local s = int(act)
+  tb_store(key, count, period, burst, left, ev == act and s or int(ev))
+  return s
+end
+
+-- Refunds and pauses only (prelude.lua: rare).
+if rare then
 
 -- ticket: the reservation's time to act, the end of its place in the
 -- queue of reservations (ticket - n * period / count, ticket]. The last
@@ -64,7 +72,7 @@ refund['token_bucket'] = function(key, count, period, burst, n, ticket, ckey)
     -- Within eps, the later places hold all of this one: rounding, not room.
     local restore = n - (ev - x) * count / period
     if restore > eps / iv then
-      tb_store(key, count, period, burst, math.min(burst, tokens + restore), ev)
+      tb_store(key, count, period, burst, math.min(burst, tokens + restore), rint(ev))
     elseif ckey and x > stale then
       cancelled_add(ckey, ticket, n, ev)
     end
@@ -77,7 +85,7 @@ refund['token_bucket'] = function(key, count, period, burst, n, ticket, ckey)
     ev, more = cancelled_pop(ckey, ev, eps, function(hn) return hn * iv end, stale)
     back = back + more
   end
-  tb_store(key, count, period, burst, math.min(burst, tokens + back), ev)
+  tb_store(key, count, period, burst, math.min(burst, tokens + back), rint(ev))
 end
 
 -- pause: the bucket goes into debt so that it holds exactly one token at
@@ -88,5 +96,7 @@ pause['token_bucket'] = function(key, count, period, burst, untl)
   local tokens, ev = tb_load(key, count, period, burst)
   local target = 1 - (untl - now) * count / period
   if tokens <= target then return end
-  tb_store(key, count, period, burst, target, ev)
+  tb_store(key, count, period, burst, target, rint(ev))
+end
+
 end
