@@ -52,7 +52,11 @@ func newAsynqBed(t *testing.T, srv *redistest.Proc, rules func(rdb redis.Univers
 		TaskCheckInterval:        50 * time.Millisecond,
 		DelayedTaskCheckInterval: 200 * time.Millisecond,
 		ShutdownTimeout:          3 * time.Second,
-		LogLevel:                 asynqLogLevel(),
+		// The application's own retry policy (for failures that are not
+		// the middleware's deferrals): retry after a second, so that the
+		// test does not wait out asynq's default 15-45s backoff.
+		RetryDelayFunc: func(int, error, *asynq.Task) time.Duration { return time.Second },
+		LogLevel:       asynqLogLevel(),
 		ErrorHandler: asynq.ErrorHandlerFunc(func(_ context.Context, task *asynq.Task, err error) {
 			b.mu.Lock()
 			defer b.mu.Unlock()
