@@ -237,7 +237,7 @@ func assertKeyHygiene(t testing.TB, rdb redis.UniversalClient, prefix string, mi
 }
 
 // maxHygieneSleep is the longest real wait assertKeyHygiene accepts.
-const maxHygieneSleep = 3 * time.Second
+const maxHygieneSleep = 5 * time.Second
 
 // scanKeys returns every key that starts with prefix.
 func scanKeys(t testing.TB, rdb redis.UniversalClient, prefix string) []string {
