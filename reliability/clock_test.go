@@ -114,8 +114,8 @@ func TestNoClientClockInScripts(t *testing.T) {
 					continue
 				}
 				op := c.argv[0]
-				if reply, ok := c.reply.([]any); ok && (op == "allow" || op == "reserve" || op == "prepay") && len(reply) > 5 {
-					for _, tk := range reply[5:] {
+				if reply, ok := c.reply.([]any); ok && (op == "allow" || op == "reserve" || op == "prepay") && len(reply) > 6 {
+					for _, tk := range reply[6:] {
 						tickets[fmt.Sprint(tk)] = true
 					}
 				}

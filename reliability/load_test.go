@@ -95,11 +95,11 @@ func (h *admissionHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		if n%10 == 0 {
 			h.lat = append(h.lat, time.Since(start).Microseconds())
 		}
-		if err != nil || !ok || len(reply) != 5+nkeys || reply[0] != int64(1) {
+		if err != nil || !ok || len(reply) != 6+nkeys || reply[0] != int64(1) {
 			return err
 		}
 		for i := range nkeys {
-			fmt.Fprintf(h.out, "%s %v\n", args[3+i], reply[5+i])
+			fmt.Fprintf(h.out, "%s %v\n", args[3+i], reply[6+i])
 		}
 		return err
 	}

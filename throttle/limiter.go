@@ -58,6 +58,8 @@ type Limiter struct {
 	failingOpen atomic.Bool
 	cache       scriptCache
 
+	clock redisClock // maps Redis TIME to local time for waking (clock.go)
+
 	mu      sync.Mutex
 	queues  map[string]*waitQueue   // window waits, by encoded subject
 	refunds map[string]*refundBatch // refunds waiting for a call, by subject
@@ -301,12 +303,12 @@ func (l *Limiter) ask(ctx context.Context, op, subject string, n int, maxWait in
 		return Result{}, nil, err
 	}
 	reply, err := l.run(ctx, l.script, keys, args...).Slice()
-	sent := time.Now()
+	recv := time.Now()
 	if err != nil {
 		return Result{}, nil, &redisError{op: op, err: err}
 	}
 	l.redisOK()
-	res, tickets, err := l.parse(reply)
+	res, redisNow, tickets, err := l.parse(reply)
 	if err != nil {
 		return Result{}, nil, err
 	}
@@ -317,25 +319,28 @@ func (l *Limiter) ask(ctx context.Context, op, subject string, n int, maxWait in
 	if op == "allow" {
 		res.RetryAfter = 0
 	}
-	return res, &Reservation{lim: l, subject: subject, n: n, tickets: tickets, delay: delay, at: sent.Add(delay)}, nil
+	return res, &Reservation{lim: l, subject: subject, n: n, tickets: tickets, delay: delay,
+		at: l.clock.wake(recv, redisNow, delay)}, nil
 }
 
-// parse reads the driver's reply (see lua/driver.lua).
-func (l *Limiter) parse(reply []any) (Result, []string, error) {
-	if len(reply) != 5 && len(reply) != 5+len(l.rules) {
-		return Result{}, nil, fmt.Errorf("throttle: unexpected script reply %v", reply)
+// parse reads the driver's reply (see lua/driver.lua): the result, Redis's
+// now (µs of Redis TIME) and, if admitted, the refund tickets.
+func (l *Limiter) parse(reply []any) (Result, int64, []string, error) {
+	bad := fmt.Errorf("throttle: unexpected script reply %v", reply)
+	if len(reply) != 6 && len(reply) != 6+len(l.rules) {
+		return Result{}, 0, nil, bad
 	}
-	ints := make([]int64, 5)
+	var ints [6]int64
 	for i := range ints {
 		v, ok := reply[i].(int64)
 		if !ok {
-			return Result{}, nil, fmt.Errorf("throttle: unexpected script reply %v", reply)
+			return Result{}, 0, nil, bad
 		}
 		ints[i] = v
 	}
 	decider := int(ints[1]) - 1
 	if decider < 0 || decider >= len(l.rules) {
-		return Result{}, nil, fmt.Errorf("throttle: unexpected script reply %v", reply)
+		return Result{}, 0, nil, bad
 	}
 	res := Result{
 		Allowed:    ints[0] == 1,
@@ -346,11 +351,11 @@ func (l *Limiter) parse(reply []any) (Result, []string, error) {
 		ResetAfter: time.Duration(ints[4]) * time.Microsecond,
 	}
 	var tickets []string
-	for _, t := range reply[5:] {
+	for _, t := range reply[6:] {
 		s, _ := t.(string)
 		tickets = append(tickets, s)
 	}
-	return res, tickets, nil
+	return res, ints[5], tickets, nil
 }
 
 // redisFailed reports a Redis error and whether to admit anyway.

@@ -71,7 +71,7 @@ func (l *Limiter) PrepayN(ctx context.Context, subject string, n int, keep time.
 	keys = append(keys, l.receiptsKey(subject))
 	args = append(args, l.member(id), keep.Microseconds())
 	reply, err := l.run(ctx, l.script, keys, args...).Slice()
-	sent := time.Now()
+	recv := time.Now()
 	if err != nil {
 		// No fail-open here: a receipt that Redis never recorded would
 		// only make the consumer charge again.
@@ -81,7 +81,7 @@ func (l *Limiter) PrepayN(ctx context.Context, subject string, n int, keep time.
 		return nil, &redisError{op: "prepay", err: err}
 	}
 	l.redisOK()
-	res, tickets, err := l.parse(reply)
+	res, redisNow, tickets, err := l.parse(reply)
 	if err != nil {
 		return nil, err
 	}
@@ -89,7 +89,7 @@ func (l *Limiter) PrepayN(ctx context.Context, subject string, n int, keep time.
 		return nil, &DelayError{Rule: res.Rule, RetryAfter: res.RetryAfter, Deadline: byDeadline}
 	}
 	return &Reservation{lim: l, subject: subject, n: n, tickets: tickets, receipt: id,
-		delay: res.RetryAfter, at: sent.Add(res.RetryAfter)}, nil
+		delay: res.RetryAfter, at: l.clock.wake(recv, redisNow, res.RetryAfter)}, nil
 }
 
 // Receipt returns the id of a reservation made by PrepayN, to be passed

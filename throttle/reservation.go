@@ -20,7 +20,7 @@ type Reservation struct {
 	tickets []string // one refund ticket per rule; nil if admitted without Redis (fail open)
 	receipt string   // the receipt id of a prepaid reservation (prepay.go), else ""
 	delay   time.Duration
-	at      time.Time // local monotonic time to act
+	at      time.Time // local monotonic time to act (redisClock.wake)
 
 	once      sync.Once
 	cancelErr error
@@ -30,7 +30,9 @@ type Reservation struct {
 // granted the reservation, before acting.
 func (r *Reservation) Delay() time.Duration { return r.delay }
 
-// TimeToAct is the local time at which the caller may act.
+// TimeToAct is the local time at which the caller may act: the slot Redis
+// granted, mapped from Redis's clock onto the local monotonic clock
+// (clock.go), so that it does not move with the latency of the reply.
 func (r *Reservation) TimeToAct() time.Time { return r.at }
 
 // Cancel gives the reserved permits back. Later reservations granted on

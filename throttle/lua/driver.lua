@@ -25,7 +25,9 @@
 --
 -- allow and reserve return
 --   {ok (1/0), deciding rule index (1-based), remaining, delay microseconds,
---    reset microseconds, ticket 1, ..., ticket r}
+--    reset microseconds, Redis now (µs of Redis TIME), ticket 1, ..., ticket r}
+-- (tickets only if ok). Redis now lets the caller wake on Redis's clock
+-- (throttle/clock.go): delay counts from it.
 -- ok = 0 charges nothing. Denied: the deciding rule is the one with the
 -- longest delay, and delay is when a request of n would be admitted.
 -- Admitted: the deciding rule is the one with the fewest permits remaining;
@@ -98,8 +100,8 @@ if nrules == 1 then
   -- One rule, the common case: no per-rule arrays.
   local algo, count, period, extra = rule(1)
   local ok, delay, remaining, reset, s1, s2 = check[algo](KEYS[1], count, period, extra, n, reserve, max_wait)
-  reply = {ok and 1 or 0, 1, remaining, delay, reset}
-  if ok then reply[6] = commit[algo](KEYS[1], count, period, extra, n, delay, s1, s2) end
+  reply = {ok and 1 or 0, 1, remaining, delay, reset, now}
+  if ok then reply[7] = commit[algo](KEYS[1], count, period, extra, n, delay, s1, s2) end
 else
   local oks, delays, rems, resets, s1s, s2s = {}, {}, {}, {}, {}, {}
   local ok = true
@@ -121,11 +123,11 @@ else
       decider, delay = i, delays[i]
     end
   end
-  reply = {ok and 1 or 0, decider, rems[decider], delay, reset}
+  reply = {ok and 1 or 0, decider, rems[decider], delay, reset, now}
   if ok then
     for i = 1, nrules do
       local algo, count, period, extra = rule(i)
-      reply[5 + i] = commit[algo](KEYS[i], count, period, extra, n, delays[i], s1s[i], s2s[i])
+      reply[6 + i] = commit[algo](KEYS[i], count, period, extra, n, delays[i], s1s[i], s2s[i])
     end
   end
 end
