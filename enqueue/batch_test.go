@@ -4,35 +4,24 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"sync"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/jobthrottle/jobthrottle/worker"
 )
 
-// virtual runs f in a synctest bubble with a miniredis inside it (over
-// net.Pipe), so Redis TIME and every timer follow the bubble's clock.
+// virtual runs f in a synctest bubble with a miniredis inside it, so Redis
+// TIME and every timer follow the bubble's clock.
 func virtual(t *testing.T, f func(t *testing.T, rdb *redis.Client)) {
 	t.Helper()
-	synctest.Test(t, func(t *testing.T) {
-		m := miniredis.NewMiniRedis()
-		defer m.Close()
-		m.ClockTTL(true)
-		rdb := redis.NewClient(&redis.Options{
-			Addr:   "127.0.0.1:0",
-			Dialer: func(context.Context, string, string) (net.Conn, error) { return m.Dial() },
-		})
-		defer rdb.Close()
-		f(t, rdb)
-	})
+	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) { f(t, rdb) })
 }
 
 // fakeClient records what a batch enqueues; fail, if set, decides

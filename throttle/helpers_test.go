@@ -3,37 +3,23 @@ package throttle
 import (
 	"context"
 	"fmt"
-	"net"
 	"strings"
 	"sync/atomic"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
 )
 
-// virtual runs f in a testing/synctest bubble against a miniredis that
-// lives in the bubble too (served over net.Pipe), so Redis TIME, key
-// expiry and the limiter's timers all follow the bubble's fake clock: a
-// 90-second wait takes no real time, and every instant is exact. The
-// bubble's clock starts at 2000-01-01T00:00:00Z, on a window boundary.
+// virtual runs f in a testing/synctest bubble with a miniredis inside it:
+// Redis TIME, key expiry and the limiter's timers share one fake clock,
+// which starts at 2000-01-01T00:00:00Z (see redistest.Virtual).
 func virtual(t *testing.T, f func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis)) {
 	t.Helper()
-	synctest.Test(t, func(t *testing.T) {
-		m := miniredis.NewMiniRedis()
-		defer m.Close()
-		m.ClockTTL(true)
-		rdb := redis.NewClient(&redis.Options{
-			// An IP address: go-redis resolves host names when the
-			// client is built, which a bubble cannot do.
-			Addr:   "127.0.0.1:0",
-			Dialer: func(context.Context, string, string) (net.Conn, error) { return m.Dial() },
-		})
-		defer rdb.Close()
-		f(t, rdb, m)
-	})
+	redistest.Virtual(t, f)
 }
 
 // scriptCalls counts the script commands (EVALSHA and EVAL) a client sends:

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -16,6 +15,8 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
 )
 
 // roundTripFunc adapts a function to http.RoundTripper.
@@ -69,10 +70,7 @@ func (u *upstream) RoundTrip(req *http.Request) (*http.Response, error) {
 // the shared miniredis), its own Limiter and Transport.
 func newWorker(t *testing.T, m *miniredis.Miniredis, base http.RoundTripper, rule Rule) *http.Client {
 	t.Helper()
-	rdb := redis.NewClient(&redis.Options{
-		Addr:   "127.0.0.1:0",
-		Dialer: func(context.Context, string, string) (net.Conn, error) { return m.Dial() },
-	})
+	rdb := redistest.PipeClient(m)
 	t.Cleanup(func() { _ = rdb.Close() })
 	tr, err := NewTransport(mustNew(t, rdb, Options{}, rule), TransportOptions{Base: base})
 	if err != nil {
