@@ -250,7 +250,11 @@ rules:
 		}
 		late := s.at.Sub(slots[i])
 		maxLate, maxHold = max(maxLate, late), max(maxHold, s.wait.Duration)
-		if late < -time.Millisecond {
+		// Both times are local estimates of one Redis time (the
+		// enqueuer's when its reply came, the worker's from its own
+		// replies), so they can disagree by a reply's jitter, as the
+		// slots above can; Redis itself never admits early.
+		if late < -10*time.Millisecond {
 			t.Errorf("task %d started %v before its slot", i, -late)
 		}
 		// The first task's slot is the moment it is enqueued: it cannot
