@@ -32,6 +32,7 @@ type ConfigError struct {
 	Reason string // what is wrong and what is allowed
 }
 
+// Error names the rule (if any) and the field, and says what is allowed.
 func (e *ConfigError) Error() string {
 	if e.Rule == "" {
 		return fmt.Sprintf("throttle: %s: %s", e.Field, e.Reason)
@@ -47,6 +48,7 @@ type CapacityError struct {
 	Capacity int // the most the rule admits at once (burst, or count for windows)
 }
 
+// Error says how many permits were asked for and the most the rule admits.
 func (e *CapacityError) Error() string {
 	return fmt.Sprintf("throttle: rule %q: %d permits requested, but it admits at most %d at once; split the request or raise the limit", e.Rule, e.N, e.Capacity)
 }
@@ -64,6 +66,7 @@ type DelayError struct {
 	Deadline   bool          // the context's deadline was the bound (else MaxWait)
 }
 
+// Error says when the request would be admitted and which bound it passes.
 func (e *DelayError) Error() string {
 	bound := "the limiter's MaxWait"
 	if e.Deadline {
