@@ -36,13 +36,33 @@ done < <(go test -list '^Fuzz' "${pkgs[@]}")
 ((${#targets[@]})) || { echo "scripts/fuzz.sh: no fuzz targets in ${pkgs[*]}" >&2; exit 1; }
 echo "fuzzing ${#targets[@]} targets for $FUZZTIME each"
 
+# fuzz PKG NAME: one bounded run. go's fuzzing engine sometimes ends a run
+# that found nothing with only "context deadline exceeded" when -fuzztime
+# is short (its coordinator stops a worker mid-input); a real finding always
+# writes "Failing input written to". Such a run is tried once more, and
+# fails only if that happens twice.
+fuzz() {
+	local out
+	out=$(mktemp)
+	if go test -run '^$' -fuzz "^$2\$" -fuzztime "$FUZZTIME" "${extra[@]}" "$1" 2>&1 | tee "$out"; then
+		rm -f "$out"
+		return 0
+	fi
+	if grep -q 'context deadline exceeded' "$out" && ! grep -q 'Failing input written to' "$out"; then
+		rm -f "$out"
+		echo "scripts/fuzz.sh: $2 stopped with only 'context deadline exceeded' (no failing input); running it once more"
+		go test -run '^$' -fuzz "^$2\$" -fuzztime "$FUZZTIME" "${extra[@]}" "$1"
+		return
+	fi
+	rm -f "$out"
+	return 1
+}
+
 failed=()
 for t in "${targets[@]}"; do
 	pkg=${t% *} name=${t#* }
 	printf '\n==> %s %s\n' "$pkg" "$name"
-	if ! go test -run '^$' -fuzz "^${name}\$" -fuzztime "$FUZZTIME" "${extra[@]}" "$pkg"; then
-		failed+=("$pkg $name")
-	fi
+	fuzz "$pkg" "$name" || failed+=("$pkg $name")
 done
 
 if ((${#failed[@]})); then
