@@ -301,7 +301,8 @@ func TestSecretsStayOut(t *testing.T) {
 					// go-redis takes no password= parameter; its error must
 					// not repeat it either.
 					check(t, "redis.ParseURL's error", err.Error())
-					t.Skipf("redis.ParseURL: %v", err)
+					t.Logf("redis.ParseURL refuses it (%v): no client to test further", err)
+					return
 				}
 				opts.DialerRetries, opts.MaxRetries = 1, 1
 				rdb := redis.NewClient(opts)
