@@ -34,6 +34,11 @@ type procResult struct {
 	// Admissions[i] holds waiter i's admission times, nanoseconds after
 	// the start (wall clock, so processes agree).
 	Admissions [][]int64 `json:"admissions,omitempty"`
+	// RedisUs holds, if RedisClock, the Redis time (µs of Redis TIME) of
+	// every permit admitted in this process, from the driver script's
+	// replies (redisclock.go), sorted.
+	RedisClock bool    `json:"redis_clock,omitempty"`
+	RedisUs    []int64 `json:"redis_us,omitempty"`
 	// WaitNs is how long each Wait call took, nanoseconds.
 	WaitNs     []int64 `json:"wait_ns,omitempty"`
 	RoundTrips int64   `json:"round_trips"`
@@ -71,6 +76,7 @@ func runWorkload(w workload) (*procResult, error) {
 	}
 	var rdb *redis.Client
 	var rt roundTrips
+	var clk *redisClock
 	if im.Redis {
 		rdb = redis.NewClient(&redis.Options{Addr: w.Addr})
 		defer rdb.Close()
@@ -82,6 +88,12 @@ func runWorkload(w workload) (*procResult, error) {
 		}
 		wg.Wait()
 		rdb.AddHook(&rt)
+		// Wait scenarios only: the throughput scenario's millions of
+		// decisions need no Redis time, and recording them would cost it.
+		if im.Driver && w.Mode == "wait" {
+			clk = &redisClock{}
+			rdb.AddHook(clk)
+		}
 	}
 	var lim Waiter
 	if rdb != nil {
@@ -174,6 +186,9 @@ func runWorkload(w workload) (*procResult, error) {
 	res.ElapsedNs = time.Since(t0).Nanoseconds()
 	res.CPUNs = cpuTime() - cpu0
 	res.RoundTrips = rt.n.Load()
+	if clk != nil {
+		res.RedisClock, res.RedisUs = true, clk.sorted()
+	}
 	res.Errors = errs.Load()
 	if s, ok := firstErr.Load().(string); ok {
 		res.FirstError = s

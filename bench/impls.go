@@ -31,6 +31,10 @@ type impl struct {
 	Algorithm string // what it implements
 	Redis     bool   // backed by Redis (false: one process, no Redis)
 	Window    bool   // a window algorithm: burst does not apply
+	// Driver: decisions are the library's driver script, whose replies
+	// carry Redis's clock (redisclock.go); the library itself, not a
+	// prototype or peer.
+	Driver bool
 	// New builds the limiter for one process. rdb is nil when !Redis.
 	New func(rdb redis.UniversalClient, r, burst int) (Waiter, error)
 }
@@ -78,6 +82,7 @@ func jtImpl(a throttle.Algorithm) impl {
 		Algorithm: a.String(),
 		Redis:     true,
 		Window:    a != throttle.TokenBucket && a != throttle.GCRA,
+		Driver:    true,
 		New: func(rdb redis.UniversalClient, r, burst int) (Waiter, error) {
 			return newJobthrottle(rdb, a, r, burst)
 		},

@@ -338,8 +338,8 @@ func (r *runner) runWaits(ctx context.Context, cfg runConfig, filter *regexp.Reg
 			r.logf("%v: %v", s, err)
 			return nil
 		}
-		r.logf("%-26s b=%-2d W=%-3d P=%d %6.1f/s (%5.1f%%) max1s %3d/%3d 100ms %3d/%3d rt %.3f cmds %.2f jit99 %6.0fµs wait99 %6.1fms jain %.4f redis %6.1f client %6.1f ms/1k err %d | canary p99 %.0fµs max %.1fms load %.1f #%d",
-			s.Impl.Name, s.Burst, s.Waiters, s.Procs, sr.SteadyRate, sr.Accuracy*100, sr.Max1s, sr.Bound1s, sr.Max100ms, sr.Bound100ms,
+		r.logf("%-26s b=%-2d W=%-3d P=%d %6.1f/s (%5.1f%%) max1s %3d/%3d (Redis %s) 100ms %3d/%3d rt %.3f cmds %.2f jit99 %6.0fµs wait99 %6.1fms jain %.4f redis %6.1f client %6.1f ms/1k err %d | canary p99 %.0fµs max %.1fms load %.1f #%d",
+			s.Impl.Name, s.Burst, s.Waiters, s.Procs, sr.SteadyRate, sr.Accuracy*100, sr.Max1s, sr.Bound1s, redisCell(sr), sr.Max100ms, sr.Bound100ms,
 			sr.RTPerPermit, sr.CmdsPerPermit, sr.JitterP99us, sr.WaitP99ms, sr.Jain, sr.RedisCPUms, sr.ClientCPUms, sr.Errors,
 			sr.TimerLateP99us, sr.TimerLateMaxms, sr.Load1, attempt)
 		return sr

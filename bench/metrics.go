@@ -45,6 +45,14 @@ func maxAligned(sorted []int64, base, w int64) int {
 	return best
 }
 
+// redisWindows returns the most of sorted Redis times (µs of Redis TIME,
+// an absolute clock) in any sliding 1 s and 100 ms window, and in one
+// whole second of Redis time.
+func redisWindows(sortedUs []int64) (max1s, max100ms, aligned1s int) {
+	const sec = int64(time.Second / time.Microsecond)
+	return maxInWindow(sortedUs, sec), maxInWindow(sortedUs, sec/10), maxAligned(sortedUs, 0, sec)
+}
+
 func floorDiv(a, b int64) int64 {
 	q := a / b
 	if (a%b != 0) && ((a < 0) != (b < 0)) {

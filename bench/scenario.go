@@ -66,6 +66,17 @@ type scenarioResult struct {
 	Max990ms     int `json:"max_990ms"`
 	Bound100ms   int `json:"bound_100ms"`
 	MaxAligned1s int `json:"max_aligned_1s"`
+	// The same counts on Redis's clock, over the admission times the
+	// library's driver script returned (redisclock.go), if RedisClock:
+	// jobthrottle only, and only when every permit admitted has one. The
+	// window limits are promises about these times; the figures above add
+	// the client's return latency, which can carry a permit across a
+	// window's edge. MaxAligned1sRedis counts whole seconds of Redis time,
+	// the windows a fixed window of 1 s counts in.
+	RedisClock        bool `json:"redis_clock,omitempty"`
+	Max1sRedis        int  `json:"max_1s_redis,omitempty"`
+	Max100msRedis     int  `json:"max_100ms_redis,omitempty"`
+	MaxAligned1sRedis int  `json:"max_aligned_1s_redis,omitempty"`
 
 	RoundTrips       int64   `json:"round_trips"`
 	RTPerPermit      float64 `json:"rt_per_permit"`
@@ -261,10 +272,16 @@ func analyse(s scenario, startUnixNano int64, procs []*procResult) *scenarioResu
 		Bound1s:     s.Rate + burst,
 		Bound100ms:  s.Rate/10 + burst,
 	}
-	var all, waits []int64
+	var all, waits, onRedis []int64
 	var perWaiter []int
 	var cpu int64
+	// Some process recorded Redis times (the jitter lab's burner, beside
+	// the scenario, admits nothing and records none); the count below
+	// checks that they cover every permit.
+	redisClock := false
 	for _, p := range procs {
+		redisClock = redisClock || p.RedisClock
+		onRedis = append(onRedis, p.RedisUs...)
 		for _, a := range p.Admissions {
 			all = append(all, a...)
 			perWaiter = append(perWaiter, countBelow(a, d))
@@ -292,6 +309,14 @@ func analyse(s scenario, startUnixNano int64, procs []*procResult) *scenarioResu
 	res.Max100ms = maxInWindow(all, sec/10)
 	res.Max990ms = maxInWindow(all, sec*99/100)
 	res.MaxAligned1s = maxAligned(all, startUnixNano, sec)
+	// A count that differs from the client's means a Wait failed after
+	// Redis admitted it, or a process or decision went unrecorded: the
+	// figures would then be about other permits than the rest of the row.
+	if redisClock && len(onRedis) == len(all) {
+		slices.Sort(onRedis)
+		res.RedisClock = true
+		res.Max1sRedis, res.Max100msRedis, res.MaxAligned1sRedis = redisWindows(onRedis)
+	}
 
 	ideal := sec / int64(s.Rate)
 	lo := int64(0)
