@@ -2,6 +2,10 @@ package throttle
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -242,4 +246,41 @@ func TestKeyTTLs(t *testing.T) {
 			})
 		})
 	}
+}
+
+// The token bucket keeps its state in one string "<tk> <ts> <ev>". A
+// string it cannot read is a full bucket, replaced on the next charge; a
+// key of another type (a hash, the format before the first release) fails
+// with ErrRedis wrapping WRONGTYPE, as a changed algorithm does.
+func TestTokenBucketState(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
+		ctx := context.Background()
+		l := mustNew(t, rdb, Options{}, rule(TokenBucket, PerSecond(10).WithBurst(5))...)
+		k := "throttle:{s}:r"
+		allow(t, l, "s", 2)
+		// 3 tokens left at the call's Redis time, which is also the time to
+		// act of the latest permit.
+		got, err := rdb.Get(ctx, k).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		us := time.Now().UnixMicro()
+		if want := fmt.Sprintf("3 %d %d", us, us); got != want {
+			t.Fatalf("GET %s = %q, want %q", k, got, want)
+		}
+
+		m.Set(k, "not a bucket")
+		if res := allow(t, l, "s", 5); !res.Allowed {
+			t.Fatalf("a full bucket's burst was denied over an unreadable state: %+v", res)
+		}
+		if res := allow(t, l, "s", 1); res.Allowed {
+			t.Fatal("the replaced state did not keep the burst taken")
+		}
+
+		m.Del(k)
+		m.HSet(k, "tk", "0", "ts", strconv.FormatInt(us, 10), "ev", "0")
+		if _, err := l.Allow(ctx, "s"); !errors.Is(err, ErrRedis) || !strings.Contains(err.Error(), "WRONGTYPE") {
+			t.Fatalf("Allow over a hash key = %v; want ErrRedis wrapping WRONGTYPE", err)
+		}
+	})
 }

@@ -65,7 +65,7 @@ func (g *Group) AllowN(ctx context.Context, subject string, n int) (Result, erro
 	var held []*Reservation
 	var best Result
 	for i, p := range g.parts {
-		res, r, err := p.Limiter.decide(ctx, "allow", p.subject(subject), n, -1)
+		res, r, err := p.Limiter.decide(ctx, "allow", p.subject(subject), n, -1, true)
 		if err != nil || !res.Allowed {
 			cancelAll(ctx, held)
 			return res, err

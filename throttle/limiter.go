@@ -151,7 +151,7 @@ func (l *Limiter) Allow(ctx context.Context, subject string) (Result, error) {
 // more than a rule can ever admit at once, and an error matching ErrRedis
 // if Redis fails (unless FailOpen, which allows).
 func (l *Limiter) AllowN(ctx context.Context, subject string, n int) (Result, error) {
-	res, _, err := l.decide(ctx, "allow", subject, n, -1)
+	res, _, err := l.decide(ctx, "allow", subject, n, -1, false)
 	return res, err
 }
 
@@ -178,7 +178,7 @@ func (l *Limiter) ReserveN(ctx context.Context, subject string, n int) (*Reserva
 	if bound >= 0 {
 		maxWait = bound.Microseconds()
 	}
-	res, r, err := l.decide(ctx, "reserve", subject, n, maxWait)
+	res, r, err := l.decide(ctx, "reserve", subject, n, maxWait, true)
 	if err != nil {
 		return nil, err
 	}
@@ -272,11 +272,11 @@ func (l *Limiter) request(op, subject string, n int, maxWait int64, tickets []st
 	return keys, args, nil
 }
 
-// decide runs one allow or reserve decision. On success with ok=1 it also
-// returns the reservation holding the refund tickets. If Redis fails, a
-// fail-open limiter admits (a reservation without tickets).
-func (l *Limiter) decide(ctx context.Context, op, subject string, n int, maxWait int64) (Result, *Reservation, error) {
-	res, r, err := l.ask(ctx, op, subject, n, maxWait)
+// decide runs one allow or reserve decision. On success with ok=1 and keep
+// it also returns the reservation holding the refund tickets. If Redis
+// fails, a fail-open limiter admits (a reservation without tickets).
+func (l *Limiter) decide(ctx context.Context, op, subject string, n int, maxWait int64, keep bool) (Result, *Reservation, error) {
+	res, r, err := l.ask(ctx, op, subject, n, maxWait, keep)
 	if re, ok := err.(*redisError); ok {
 		r, err := l.failOpenOr(ctx, op, subject, n, re.err)
 		if err != nil {
@@ -297,7 +297,9 @@ func (l *Limiter) failOpenOr(ctx context.Context, op, subject string, n int, cau
 }
 
 // ask is decide without FailOpen: a Redis failure is a *redisError.
-func (l *Limiter) ask(ctx context.Context, op, subject string, n int, maxWait int64) (Result, *Reservation, error) {
+// Without keep (AllowN, which drops the reservation) it builds none: the
+// hot path of Allow allocates only what go-redis needs.
+func (l *Limiter) ask(ctx context.Context, op, subject string, n int, maxWait int64, keep bool) (Result, *Reservation, error) {
 	keys, args, err := l.request(op, subject, n, maxWait, nil)
 	if err != nil {
 		return Result{}, nil, err
@@ -308,7 +310,7 @@ func (l *Limiter) ask(ctx context.Context, op, subject string, n int, maxWait in
 		return Result{}, nil, &redisError{op: op, err: err}
 	}
 	l.redisOK()
-	res, redisNow, tickets, err := l.parse(reply)
+	res, redisNow, err := l.parse(reply)
 	if err != nil {
 		return Result{}, nil, err
 	}
@@ -319,43 +321,60 @@ func (l *Limiter) ask(ctx context.Context, op, subject string, n int, maxWait in
 	if op == "allow" {
 		res.RetryAfter = 0
 	}
-	return res, &Reservation{lim: l, subject: subject, n: n, tickets: tickets, delay: delay,
-		at: l.clock.wake(recv, redisNow, delay)}, nil
+	if !keep {
+		return res, nil, nil
+	}
+	r := &Reservation{lim: l, subject: subject, n: n, tickets: tickets(reply), delay: delay, at: recv}
+	if op != "allow" {
+		// allow's permits are now: they need no wake time and skip the
+		// clock estimator's lock.
+		r.at = l.clock.wake(recv, redisNow, delay)
+	}
+	return res, r, nil
 }
 
-// parse reads the driver's reply (see lua/driver.lua): the result, Redis's
-// now (µs of Redis TIME) and, if admitted, the refund tickets.
-func (l *Limiter) parse(reply []any) (Result, int64, []string, error) {
-	bad := fmt.Errorf("throttle: unexpected script reply %v", reply)
+// parse reads the driver's reply (see lua/driver.lua): the result and
+// Redis's now (µs of Redis TIME). tickets reads the refund tickets.
+func (l *Limiter) parse(reply []any) (Result, int64, error) {
 	if len(reply) != 6 && len(reply) != 6+len(l.rules) {
-		return Result{}, 0, nil, bad
+		return Result{}, 0, badReply(reply)
 	}
 	var ints [6]int64
 	for i := range ints {
 		v, ok := reply[i].(int64)
 		if !ok {
-			return Result{}, 0, nil, bad
+			return Result{}, 0, badReply(reply)
 		}
 		ints[i] = v
 	}
 	decider := int(ints[1]) - 1
 	if decider < 0 || decider >= len(l.rules) {
-		return Result{}, 0, nil, bad
+		return Result{}, 0, badReply(reply)
 	}
-	res := Result{
+	return Result{
 		Allowed:    ints[0] == 1,
 		Rule:       l.rules[decider].Name,
 		Limit:      l.rules[decider].Limit,
 		Remaining:  int(ints[2]),
 		RetryAfter: time.Duration(ints[3]) * time.Microsecond,
 		ResetAfter: time.Duration(ints[4]) * time.Microsecond,
+	}, ints[5], nil
+}
+
+// tickets returns the refund tickets of an admitted reply, one per rule.
+func tickets(reply []any) []string {
+	t := make([]string, 0, len(reply)-6)
+	for _, v := range reply[6:] {
+		s, _ := v.(string)
+		t = append(t, s)
 	}
-	var tickets []string
-	for _, t := range reply[6:] {
-		s, _ := t.(string)
-		tickets = append(tickets, s)
-	}
-	return res, ints[5], tickets, nil
+	return t
+}
+
+// badReply is the error for a reply the driver cannot have sent (built only
+// then: formatting a reply costs more than the rest of parsing it).
+func badReply(reply []any) error {
+	return fmt.Errorf("throttle: unexpected script reply %v", reply)
 }
 
 // redisFailed reports a Redis error and whether to admit anyway.

@@ -81,14 +81,14 @@ func (l *Limiter) PrepayN(ctx context.Context, subject string, n int, keep time.
 		return nil, &redisError{op: "prepay", err: err}
 	}
 	l.redisOK()
-	res, redisNow, tickets, err := l.parse(reply)
+	res, redisNow, err := l.parse(reply)
 	if err != nil {
 		return nil, err
 	}
 	if !res.Allowed {
 		return nil, &DelayError{Rule: res.Rule, RetryAfter: res.RetryAfter, Deadline: byDeadline}
 	}
-	return &Reservation{lim: l, subject: subject, n: n, tickets: tickets, receipt: id,
+	return &Reservation{lim: l, subject: subject, n: n, tickets: tickets(reply), receipt: id,
 		delay: res.RetryAfter, at: l.clock.wake(recv, redisNow, res.RetryAfter)}, nil
 }
 

@@ -52,7 +52,7 @@ func (l *Limiter) waitWindow(ctx context.Context, subject string, n int) (*Reser
 		return l.failOpenOr(ctx, "allow", subject, n, failed)
 	}
 	for {
-		res, r, err := l.ask(ctx, "allow", subject, n, -1)
+		res, r, err := l.ask(ctx, "allow", subject, n, -1, true)
 		if re, ok := err.(*redisError); ok {
 			if ctx.Err() == nil { // not this waiter's own deadline: Redis failed
 				l.shareFailure(subject, re.err)

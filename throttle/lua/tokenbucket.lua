@@ -1,24 +1,31 @@
 -- Token bucket. count tokens are added per period, up to extra (burst).
--- State: hash {tk = tokens at ts (negative while reservations are queued),
---              ts = time of tk, ev = time to act of the latest reservation}.
+-- State: one string "<tk> <ts> <ev>": tk = tokens at ts (negative while
+-- reservations are queued), ts = time of tk, ev = time to act of the latest
+-- reservation. One string rather than a hash: GET and SET ... PX are two
+-- commands where HMGET, HSET and PEXPIRE are three, and the key is smaller.
 -- TTL: until the bucket is full again (a missing key is a full bucket).
 local tb_eps = 1e-9
 
 -- Rates are applied as count / period and durations as tokens * period /
 -- count, multiplying before dividing, so whole-token times are exact.
+-- A string it cannot read is taken for a full bucket, as GCRA takes one;
+-- a key of another type (another algorithm's, or a hash as builds before
+-- the first release kept) fails with WRONGTYPE, as for every algorithm.
 local function tb_load(key, count, period, burst)
-  local v = redis.call('HMGET', key, 'tk', 'ts', 'ev')
-  if not v[1] then return burst, 0 end
-  local tokens = tonumber(v[1])
-  local ts = tonumber(v[2])
+  local v = redis.call('GET', key)
+  if not v then return burst, 0 end
+  local tk, ts, ev = string.match(v, '^(%S+) (%S+) (%S+)$')
+  local tokens = tonumber(tk)
+  ts = tonumber(ts)
+  if not tokens or not ts then return burst, 0 end
   if now > ts then tokens = math.min(burst, tokens + (now - ts) * count / period) end
-  return tokens, tonumber(v[3]) or 0
+  return tokens, tonumber(ev) or 0
 end
 
 -- tb_store writes the state; evs is ev already formatted (int).
 local function tb_store(key, count, period, burst, tokens, evs)
-  redis.call('HSET', key, 'tk', num(tokens), 'ts', int(now), 'ev', evs)
-  redis.call('PEXPIRE', key, ttl_ms((burst - tokens) * period / count))
+  redis.call('SET', key, num(tokens) .. ' ' .. int(now) .. ' ' .. evs,
+    'PX', ttl_ms((burst - tokens) * period / count))
 end
 
 check['token_bucket'] = function(key, count, period, burst, n, reserve, max_wait)
