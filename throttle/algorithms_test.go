@@ -284,3 +284,19 @@ func TestTokenBucketState(t *testing.T) {
 		}
 	})
 }
+
+// use_all.lua hands every algorithm to the driver of the script for mixed
+// policies; one left out would fail only for policies that mix it in.
+func TestUseAllListsEveryAlgorithm(t *testing.T) {
+	src, err := luaFiles.ReadFile("lua/use_all.lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for a := FixedWindow; a <= GCRA; a++ {
+		for _, f := range []string{"check", "commit"} {
+			if want := fmt.Sprintf("%s = %s_%s", a, f, a); !strings.Contains(string(src), want) {
+				t.Errorf("use_all.lua lacks %q", want)
+			}
+		}
+	}
+}

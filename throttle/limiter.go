@@ -244,6 +244,10 @@ func (l *Limiter) waitBound(ctx context.Context, now time.Time) (time.Duration, 
 	return bound, byDeadline
 }
 
+// noBound is maxWait -1 (no bound), boxed once: boxing an int64 outside
+// 0..255 allocates, and allow sends it on every call.
+var noBound any = int64(-1)
+
 // request is one call's keys and arguments.
 func (l *Limiter) request(op, subject string, n int, maxWait int64, tickets []string) ([]string, []any, error) {
 	if n < 1 {
@@ -260,7 +264,10 @@ func (l *Limiter) request(op, subject string, n int, maxWait int64, tickets []st
 	}
 	keys := make([]string, len(l.rules))
 	args := make([]any, 3, 3+5*len(l.rules))
-	args[0], args[1], args[2] = op, n, maxWait
+	args[0], args[1], args[2] = op, n, noBound
+	if maxWait != -1 {
+		args[2] = maxWait
+	}
 	for i := range l.rules {
 		keys[i] = key(l.prefix, enc, l.keyRules[i])
 		ticket := ""

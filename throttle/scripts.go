@@ -33,17 +33,23 @@ var algorithmFiles = map[Algorithm]string{
 }
 
 func init() {
-	var all []string
+	all := []string{"prelude.lua"}
 	for a := FixedWindow; a <= GCRA; a++ {
-		scripts[a] = buildScript(append([]string{"prelude.lua", algorithmFiles[a]}, "driver.lua")...)
+		scripts[a] = buildScript("prelude.lua", algorithmFiles[a], "use_"+a.String()+".lua", "driver.lua")
 		all = append(all, algorithmFiles[a])
 	}
-	allScript = buildScript(append(append([]string{"prelude.lua"}, all...), "driver.lua")...)
+	allScript = buildScript(append(all, "use_all.lua", "driver.lua")...)
 }
 
 // buildScript concatenates embedded Lua files, in order, into one script.
 // Script text is only ever these constant files: user data reaches Redis
 // as KEYS and ARGV.
+//
+// A driver script is prelude.lua, the algorithm files, a use_*.lua file
+// and driver.lua. Each algorithm file defines check_<name> and
+// commit_<name>; the use_*.lua file hands them to the driver: directly in
+// a script of one algorithm (use_<name>.lua), by name in a table in the
+// script for policies mixing algorithms (use_all.lua).
 func buildScript(files ...string) *redis.Script {
 	var b strings.Builder
 	for _, f := range files {

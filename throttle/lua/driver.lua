@@ -46,9 +46,17 @@ local n = tonumber(ARGV[2])
 local max_wait = tonumber(ARGV[3])
 local nrules = math.floor((#ARGV - 3) / 5)
 
-local function rule(i)
-  local b = 4 + 5 * (i - 1)
-  return ARGV[b], tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), ARGV[b + 4]
+-- one_check and one_commit (a script of one algorithm) or checks and
+-- commits (by algorithm name) come from the use_*.lua file before this one.
+
+-- rule(i) reads rule i's arguments; the hot path of one rule reads them
+-- inline and does not pay for the closure (prelude.lua: cost per call).
+local rule
+if rare or nrules > 1 then
+  rule = function(i)
+    local b = 4 + 5 * (i - 1)
+    return ARGV[b], tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), ARGV[b + 4]
+  end
 end
 
 if rare then
@@ -65,7 +73,7 @@ if rare then
     local prev = tonumber(redis.call('GET', KEYS[nrules + 1]))
     if prev and prev > untl then untl = prev end
     pause_all(untl)
-    redis.call('SET', KEYS[nrules + 1], int(untl), 'PX', ttl_ms(untl - now))
+    redis.call('SET', KEYS[nrules + 1], string.format('%d', untl), 'PX', ttl_ms(untl - now))
     return untl - now
   end
 
@@ -97,18 +105,24 @@ end
 local reserve = op == 'reserve' or op == 'prepay'
 local reply
 if nrules == 1 then
-  -- One rule, the common case: no per-rule arrays.
-  local algo, count, period, extra = rule(1)
-  local ok, delay, remaining, reset, s1, s2 = check[algo](KEYS[1], count, period, extra, n, reserve, max_wait)
-  reply = {ok and 1 or 0, 1, remaining, delay, reset, now}
-  if ok then reply[7] = commit[algo](KEYS[1], count, period, extra, n, delay, s1, s2) end
+  -- One rule, the common case: no per-rule arrays, one reply table.
+  local algo, count, period, extra = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+  local ok, delay, remaining, reset, s1, s2 =
+    (one_check or checks[algo])(KEYS[1], count, period, extra, n, reserve, max_wait)
+  -- remaining is clamped: a paused window may hold more than its count.
+  if remaining < 0 then remaining = 0 end
+  reset = math.ceil(math.min(reset, max_us))
+  if not ok then return {0, 1, remaining, math.ceil(math.min(delay, max_us)), reset, now} end
+  local ticket = (one_commit or commits[algo])(KEYS[1], count, period, extra, n, delay, s1, s2)
+  reply = {1, 1, remaining, math.ceil(math.min(delay, max_us)), reset, now, ticket}
+  if op ~= 'prepay' then return reply end
 else
   local oks, delays, rems, resets, s1s, s2s = {}, {}, {}, {}, {}, {}
   local ok = true
   for i = 1, nrules do
     local algo, count, period, extra = rule(i)
     oks[i], delays[i], rems[i], resets[i], s1s[i], s2s[i] =
-      check[algo](KEYS[i], count, period, extra, n, reserve, max_wait)
+      (one_check or checks[algo])(KEYS[i], count, period, extra, n, reserve, max_wait)
     if not oks[i] then ok = false end
   end
   local decider, delay, reset = 1, 0, 0
@@ -127,19 +141,19 @@ else
   if ok then
     for i = 1, nrules do
       local algo, count, period, extra = rule(i)
-      reply[6 + i] = commit[algo](KEYS[i], count, period, extra, n, delays[i], s1s[i], s2s[i])
+      reply[6 + i] = (one_commit or commits[algo])(KEYS[i], count, period, extra, n, delays[i], s1s[i], s2s[i])
     end
   end
+  -- remaining is clamped: a paused window may hold more than its count.
+  if reply[3] < 0 then reply[3] = 0 end
+  reply[4] = math.ceil(math.min(reply[4], max_us))
+  reply[5] = math.ceil(math.min(reply[5], max_us))
 end
 
--- remaining is clamped: a paused window may hold more than its count.
-if reply[3] < 0 then reply[3] = 0 end
-reply[4] = math.ceil(math.min(reply[4], max_us))
-reply[5] = math.ceil(math.min(reply[5], max_us))
 if reply[1] == 1 and op == 'prepay' then
   local rkey, keep = KEYS[nrules + 1], tonumber(ARGV[5 + 5 * nrules])
-  redis.call('ZREMRANGEBYSCORE', rkey, '-inf', '(' .. int(now - keep))
-  redis.call('ZADD', rkey, int(now + reply[4]), ARGV[4 + 5 * nrules])
+  redis.call('ZREMRANGEBYSCORE', rkey, '-inf', '(' .. string.format('%d', now - keep))
+  redis.call('ZADD', rkey, string.format('%d', now + reply[4]), ARGV[4 + 5 * nrules])
   keep_ttl(rkey, reply[4] + keep)
 end
 return reply

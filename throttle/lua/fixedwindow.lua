@@ -6,7 +6,7 @@
 -- A paused key denies everything before pu and reports the exact admission
 -- time: pu if the window holding pu has room for n then, else that
 -- window's end.
-check['fixed_window'] = function(key, count, period, extra, n)
+local function check_fixed_window(key, count, period, extra, n)
   local v = redis.call('HMGET', key, 'w', 'c', 'pu')
   local pu = tonumber(v[3])
   if pu and pu > now then
@@ -32,9 +32,9 @@ end
 -- held another window or nothing); the ticket is w. The key's TTL is set
 -- when its window starts: the first commit in a window sets it to the
 -- window's end, and nothing else shortens it.
-commit['fixed_window'] = function(key, count, period, extra, n, delay, w, c)
-  local s = int(w)
-  redis.call('HSET', key, 'w', s, 'c', int((c or 0) + n))
+local function commit_fixed_window(key, count, period, extra, n, delay, w, c)
+  local s = string.format('%d', w)
+  redis.call('HSET', key, 'w', s, 'c', string.format('%d', (c or 0) + n))
   if not c then redis.call('PEXPIRE', key, ttl_ms((w + 1) * period - now)) end
   return s
 end
@@ -48,7 +48,7 @@ refund['fixed_window'] = function(key, count, period, extra, n, ticket)
   if v[1] ~= ticket then return end
   local c = (tonumber(v[2]) or 0) - n
   if c < 0 then c = 0 end
-  redis.call('HSET', key, 'c', int(c))
+  redis.call('HSET', key, 'c', string.format('%d', c))
 end
 
 -- pause: a window has no state for later windows, so a pause is a field of
@@ -57,7 +57,7 @@ end
 pause['fixed_window'] = function(key, count, period, extra, untl)
   local pu = tonumber(redis.call('HGET', key, 'pu'))
   if pu and pu >= untl then return end
-  redis.call('HSET', key, 'pu', int(untl))
+  redis.call('HSET', key, 'pu', string.format('%d', untl))
   keep_ttl(key, untl - now)
 end
 

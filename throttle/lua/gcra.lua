@@ -2,7 +2,7 @@
 -- the number of permits that may be admitted at one instant (tolerance
 -- burst * T). State: the theoretical arrival time (TAT) as a string.
 -- TTL: until TAT, after which the key is equivalent to a missing one.
-check['gcra'] = function(key, count, period, burst, n, reserve, max_wait)
+local function check_gcra(key, count, period, burst, n, reserve, max_wait)
   local T = period / count
   local tat = tonumber(redis.call('GET', key)) or now
   if tat < now then tat = now end
@@ -17,7 +17,7 @@ check['gcra'] = function(key, count, period, burst, n, reserve, max_wait)
 end
 
 -- commit stores the new TAT, which is also the ticket.
-commit['gcra'] = function(key, count, period, burst, n, delay, new_tat)
+local function commit_gcra(key, count, period, burst, n, delay, new_tat)
   local s = num(new_tat)
   redis.call('SET', key, s, 'PX', ttl_ms(new_tat - now))
   return s

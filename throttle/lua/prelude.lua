@@ -19,17 +19,16 @@ local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 -- driver.lua): they define and use the helpers below.
 local rare = ARGV[1] ~= 'allow' and ARGV[1] ~= 'reserve'
 
--- int formats an integer-valued number exactly (tostring would switch to
--- exponent notation above 1e14, and times here are about 1.8e15); a
--- fraction is dropped (rounded toward zero). '%d' (a C long: 64 bits on
--- every platform Redis supports) costs about half a microsecond less than
--- '%.0f' or '%.17g' on a 16-digit time.
-local function int(x)
-  return string.format('%d', x)
-end
+-- Integers are formatted with string.format('%d', x): exact, where
+-- tostring would switch to exponent notation above 1e14 (times here are
+-- about 1.8e15); a fraction is dropped (rounded toward zero). '%d' (a C
+-- long: 64 bits on every platform Redis supports) costs about half a
+-- microsecond less than '%.0f' or '%.17g' on a 16-digit time. It is not
+-- wrapped in a helper: every function a script defines is a new closure on
+-- every call (see "Cost per call" below).
 
--- num formats a number so that tonumber(num(x)) == x; a whole number as
--- int does, the same text as '%.17g' gives it, only faster.
+-- num formats a number so that tonumber(num(x)) == x; a whole number with
+-- '%d', the same text as '%.17g' gives it, only faster.
 local function num(x)
   if x % 1 == 0 then return string.format('%d', x) end
   return string.format('%.17g', x)
@@ -50,11 +49,13 @@ local max_us = 9007199254740991
 local function ttl_ms(us)
   local ms = math.ceil(math.min(us, max_us) / 1000)
   if ms < 1 then ms = 1 end
-  return int(ms)
+  return string.format('%d', ms)
 end
 
--- Each algorithm registers check, commit, refund and pause functions here
--- (refund and pause only when rare).
+-- Each algorithm file defines check_<name> and commit_<name> as local
+-- functions, and registers refund and pause functions in the tables below
+-- (only when rare). A use_*.lua file hands check and commit to the driver
+-- (throttle/scripts.go).
 --
 -- check(key, count, period, extra, n, reserve, max_wait) returns a
 -- decision as values, not a table, so that deciding allocates nothing:
@@ -75,8 +76,14 @@ end
 -- and requests after it are admitted as the algorithm's own state allows.
 -- It only ever holds a key back longer, never releases it earlier, so it
 -- may be applied again (the driver does so after a refund).
-local check = {}
-local commit = {}
+--
+-- Cost per call. Redis runs the whole script body on every EVALSHA, so
+-- each function or table it defines is allocated (and later collected) on
+-- every call, allow included: about 800 instructions of redis-server each,
+-- measured with callgrind, where a whole GCRA decision costs about 80 000
+-- (bench/notes.md). So allow and reserve, the hot path, define only the
+-- check and commit functions of the algorithms in the script and the
+-- num/ttl_ms helpers; everything else is defined inside `if rare`.
 local refund, pause
 if rare then refund, pause = {}, {} end
 

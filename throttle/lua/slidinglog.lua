@@ -2,8 +2,8 @@
 -- its admission time; a permit counts while score > now - period.
 -- Members are "<time>:<seq>", unique even for several permits in one
 -- microsecond. TTL: one period after the newest permit.
-check['sliding_log'] = function(key, count, period, extra, n)
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now - period))
+local function check_sliding_log(key, count, period, extra, n)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now - period))
   local c = redis.call('ZCARD', key)
   if c + n <= count then
     return true, 0, count - c - n, period, c
@@ -18,7 +18,7 @@ end
 
 -- commit adds n members at now, after the c the log held; the ticket is
 -- "<time>:<seq>" for members <time>:<seq+1..seq+n>.
-commit['sliding_log'] = function(key, count, period, extra, n, delay, c)
+local function commit_sliding_log(key, count, period, extra, n, delay, c)
   -- The sequence continues after the newest member of this
   -- microsecond, so a refund in between cannot cause a collision.
   local seq = c
@@ -27,19 +27,19 @@ commit['sliding_log'] = function(key, count, period, extra, n, delay, c)
     local s = tonumber(string.match(last[1], ':(%d+)$')) or 0
     if s > seq then seq = s end
   end
-  local ts = int(now)
+  local ts = string.format('%d', now)
   if n == 1 then
-    redis.call('ZADD', key, ts, ts .. ':' .. int(seq + 1))
+    redis.call('ZADD', key, ts, ts .. ':' .. string.format('%d', seq + 1))
   else
     local args = {}
     for i = 1, n do
       args[#args + 1] = ts
-      args[#args + 1] = ts .. ':' .. int(seq + i)
+      args[#args + 1] = ts .. ':' .. string.format('%d', seq + i)
     end
     redis.call('ZADD', key, unpack(args))
   end
   redis.call('PEXPIRE', key, ttl_ms(period))
-  return ts .. ':' .. int(seq)
+  return ts .. ':' .. string.format('%d', seq)
 end
 
 -- Refunds and pauses only (prelude.lua: rare).
@@ -50,7 +50,7 @@ refund['sliding_log'] = function(key, count, period, extra, n, ticket)
   local ts, seq = string.match(ticket, '^(%d+):(%d+)$')
   if not ts then return end
   local members = {}
-  for i = 1, n do members[#members + 1] = ts .. ':' .. int(tonumber(seq) + i) end
+  for i = 1, n do members[#members + 1] = ts .. ':' .. string.format('%d', tonumber(seq) + i) end
   redis.call('ZREM', key, unpack(members))
 end
 
@@ -61,12 +61,12 @@ end
 -- count members while paused: prefer sliding_window for large counts.
 pause['sliding_log'] = function(key, count, period, extra, untl)
   local score = untl - period
-  local cur = redis.call('ZSCORE', key, '!pause:' .. int(count))
+  local cur = redis.call('ZSCORE', key, '!pause:' .. string.format('%d', count))
   if cur and tonumber(cur) >= score then return end
   local args = {}
   for i = 1, count do
-    args[#args + 1] = int(score)
-    args[#args + 1] = '!pause:' .. int(i)
+    args[#args + 1] = string.format('%d', score)
+    args[#args + 1] = '!pause:' .. string.format('%d', i)
     if #args >= 1000 or i == count then
       redis.call('ZADD', key, unpack(args))
       args = {}

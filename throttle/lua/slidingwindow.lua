@@ -8,7 +8,7 @@
 -- partly-covered oldest bucket whole makes the limit hold in every window of
 -- length period; the price is a throughput of at worst count per
 -- (period + precision). TTL: until the newest bucket stops counting.
-check['sliding_window'] = function(key, count, period, precision, n)
+local function check_sliding_window(key, count, period, precision, n)
   local cur = math.floor(now / precision) * precision
   -- A bucket starting at s stops counting in (s + span - now) µs.
   local span = precision + period
@@ -47,8 +47,8 @@ end
 
 -- commit counts n more permits in the bucket starting at cur; the ticket
 -- is cur.
-commit['sliding_window'] = function(key, count, period, precision, n, delay, cur)
-  local s = int(cur)
+local function commit_sliding_window(key, count, period, precision, n, delay, cur)
+  local s = string.format('%d', cur)
   redis.call('HINCRBY', key, s, n)
   redis.call('PEXPIRE', key, ttl_ms(cur + precision + period - now))
   return s
@@ -73,9 +73,9 @@ end
 -- of the current bucket, which the check counts like any other.
 pause['sliding_window'] = function(key, count, period, precision, untl)
   local j = math.ceil((untl - period) / precision) - 1
-  local f = int(j * precision)
+  local f = string.format('%d', j * precision)
   if (tonumber(redis.call('HGET', key, f)) or 0) < count then
-    redis.call('HSET', key, f, int(count))
+    redis.call('HSET', key, f, string.format('%d', count))
   end
   keep_ttl(key, (j + 1) * precision + period - now)
 end

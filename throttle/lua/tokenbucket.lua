@@ -24,11 +24,11 @@ end
 
 -- tb_store writes the state; evs is ev already formatted (int).
 local function tb_store(key, count, period, burst, tokens, evs)
-  redis.call('SET', key, num(tokens) .. ' ' .. int(now) .. ' ' .. evs,
+  redis.call('SET', key, num(tokens) .. ' ' .. string.format('%d', now) .. ' ' .. evs,
     'PX', ttl_ms((burst - tokens) * period / count))
 end
 
-check['token_bucket'] = function(key, count, period, burst, n, reserve, max_wait)
+local function check_token_bucket(key, count, period, burst, n, reserve, max_wait)
   local tokens, ev = tb_load(key, count, period, burst)
   local left = tokens - n
   local delay = 0
@@ -43,11 +43,11 @@ end
 
 -- commit stores the tokens left and the latest time to act; the ticket is
 -- this reservation's time to act.
-commit['token_bucket'] = function(key, count, period, burst, n, delay, left, ev)
+local function commit_token_bucket(key, count, period, burst, n, delay, left, ev)
   local act = now + delay
   if ev < act then ev = act end
-  local s = int(act)
-  tb_store(key, count, period, burst, left, ev == act and s or int(ev))
+  local s = string.format('%d', act)
+  tb_store(key, count, period, burst, left, ev == act and s or string.format('%d', ev))
   return s
 end
 

@@ -1,0 +1,12 @@
+-- Joins every algorithm's functions to driver.lua in the script for
+-- policies that mix algorithms (throttle/scripts.go): the driver looks
+-- them up by each rule's algorithm name.
+local one_check, one_commit = nil, nil
+local checks = {
+  fixed_window = check_fixed_window, sliding_log = check_sliding_log, sliding_window = check_sliding_window,
+  token_bucket = check_token_bucket, gcra = check_gcra,
+}
+local commits = {
+  fixed_window = commit_fixed_window, sliding_log = commit_sliding_log, sliding_window = commit_sliding_window,
+  token_bucket = commit_token_bucket, gcra = commit_gcra,
+}
