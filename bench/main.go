@@ -41,6 +41,9 @@ type runResult struct {
 	Throughput []*throughputResult `json:"throughput"`
 	Memory     []memoryResult      `json:"memory"`
 	Micro      []microResult       `json:"micro"`
+	// ServerCost is redis-server's instructions per Allow under callgrind;
+	// absent in results files from before it was measured.
+	ServerCost []*serverCostResult `json:"server_cost,omitempty"`
 	Targets    []target            `json:"targets"`
 	Errors     []string            `json:"errors,omitempty"`
 }
@@ -59,7 +62,16 @@ type runConfig struct {
 	BenchRequests  int     `json:"redis_benchmark_requests"`
 	MemoryKeyScale float64 `json:"memory_key_scale"`
 	Nice           int     `json:"nice"`
+	// ServerCostCalls are the Allow calls of the server-cost part's two
+	// runs per implementation (it draws keys from TPKeys).
+	ServerCostCalls []int `json:"server_cost_calls,omitempty"`
+	// ServerCostUncounted is the server function callgrind left out.
+	ServerCostUncounted string `json:"server_cost_uncounted,omitempty"`
 }
+
+// throughputBurst is the burst of the Allow throughput and server-cost
+// parts' limit.
+const throughputBurst = 10
 
 // library is the jobthrottle source the run measured (the parent
 // directory, through bench/go.mod's replace).
@@ -102,7 +114,7 @@ func main() {
 	report := flag.String("report", "", "regenerate BENCHMARKS.md and the plot from this results JSON, run nothing")
 	only := flag.String("impls", "", "run only the implementations matching this regexp")
 	dur := flag.Duration("duration", 0, "override each Wait scenario's duration")
-	skip := flag.String("skip", "", "comma-separated parts to skip: wait, throughput, memory, micro")
+	skip := flag.String("skip", "", "comma-separated parts to skip: wait, throughput, memory, micro, servercost")
 	nice := flag.Int("nice", -10, "scheduling priority for the run (the clients, children and redis-server), to shield its timing from other work on a shared machine; 0 leaves it")
 	budget := flag.Duration("budget", 24*time.Minute, "rerun the noisiest Wait scenarios until this long after the start (full run)")
 	lab := flag.Bool("jitterlab", false, "run the jitter lab (about 4 minutes): gcra Wait, a send-anchored prototype and x/time/rate, quiet and beside busy processes")
@@ -172,12 +184,13 @@ func run(full bool, only string, dur time.Duration, skip, mdPath string, budget 
 	}
 	cfg := runConfig{Rate: 200, Bursts: []int{1, 10}, Waiters: []int{8, 64, 256}, Procs: []int{1, 4},
 		DurationS: 10, WindowBurst: 10, TPGoroutines: 50, TPKeys: 10_000, TPDurationS: 3, TPRounds: 3,
-		BenchRequests: 200_000, MemoryKeyScale: 1, Nice: niceness}
+		BenchRequests: 200_000, MemoryKeyScale: 1, Nice: niceness, ServerCostCalls: []int{serverCostLow, serverCostHigh}, ServerCostUncounted: serverCostUncounted}
 	mode := "full"
 	if !full {
 		mode = "quick"
 		cfg.Bursts, cfg.Waiters, cfg.DurationS = []int{10}, []int{8, 256}, 2
 		cfg.TPDurationS, cfg.TPRounds, cfg.BenchRequests, cfg.MemoryKeyScale = 2, 1, 50_000, 0.1
+		cfg.ServerCostCalls, cfg.ServerCostUncounted = nil, ""
 		budget = 0 // no reruns
 	}
 	if dur > 0 {
@@ -235,7 +248,7 @@ func run(full bool, only string, dur time.Duration, skip, mdPath string, budget 
 				if name == "redis-benchmark" {
 					tr, err = r.runRedisBenchmark(ctx, cfg.TPGoroutines, cfg.BenchRequests)
 				} else {
-					tr, err = r.runThroughput(ctx, name, cfg.TPGoroutines, cfg.TPKeys, cfg.Rate, 10, d)
+					tr, err = r.runThroughput(ctx, name, cfg.TPGoroutines, cfg.TPKeys, cfg.Rate, throughputBurst, d)
 				}
 				if err != nil {
 					res.Errors = append(res.Errors, fmt.Sprintf("throughput %s: %v", name, err))
@@ -271,6 +284,11 @@ func run(full bool, only string, dur time.Duration, skip, mdPath string, budget 
 	}
 	if !skips["wait"] {
 		res.Scenarios = r.runWaits(ctx, cfg, filter, t0.Add(budget), res)
+	}
+	// After the Wait scenarios, so that it takes no time from their
+	// reruns' budget.
+	if !skips["servercost"] {
+		runServerCostPart(ctx, cfg, res, logf)
 	}
 	res.Machine.LoadEnd = loadavg()
 	res.RuntimeS = time.Since(t0).Seconds()

@@ -62,6 +62,9 @@ func renderReport(res *runResult, jsonRel, plotRel, notes string) string {
 			p("- *%s* missed in: %s\n", t.ID, t.failureList())
 		}
 	}
+	if line := serverCostInfo(res.ServerCost); line != "" {
+		p("- *Information, not a target:* %s\n", line)
+	}
 	p("\n")
 	if strings.TrimSpace(notes) != "" {
 		p("%s\n\n", strings.TrimSpace(notes))
@@ -178,6 +181,8 @@ func renderReport(res *runResult, jsonRel, plotRel, notes string) string {
 			p("\nredis-benchmark ran as `%s`.\n", t.Command)
 		}
 	}
+
+	p("%s", renderServerCost(res))
 
 	p("\n## Redis memory per key\n\n")
 	p("| implementation | state | keys | used_memory Δ | bytes/key | MEMORY USAGE | encoding | projected 1M keys | design estimate 1M |\n|---|---|---|---|---|---|---|---|---|\n")

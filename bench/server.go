@@ -58,13 +58,21 @@ func freePort() (int, error) {
 
 // startRedis starts redis-server and returns once it answers PING.
 func startRedis(logf func(string, ...any)) (*redisServer, error) {
+	return startRedisUnder(logf, nil, 10*time.Second)
+}
+
+// startRedisUnder starts redis-server behind the command wrap returns for
+// the server's own directory (nil: none), such as valgrind, and returns
+// once it answers PING, allowing ready for that. A port another process
+// took between freePort and the server's bind costs another attempt.
+func startRedisUnder(logf func(string, ...any), wrap func(dir string) []string, ready time.Duration) (*redisServer, error) {
 	bin, err := findRedisServer(logf)
 	if err != nil {
 		return nil, err
 	}
 	var lastErr error
 	for attempt := 0; attempt < 5; attempt++ {
-		s, err := tryStartRedis(bin)
+		s, err := tryStartRedis(bin, wrap, ready)
 		if err == nil {
 			return s, nil
 		}
@@ -73,7 +81,7 @@ func startRedis(logf func(string, ...any)) (*redisServer, error) {
 	return nil, lastErr
 }
 
-func tryStartRedis(bin string) (*redisServer, error) {
+func tryStartRedis(bin string, wrap func(dir string) []string, ready time.Duration) (*redisServer, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
@@ -82,33 +90,52 @@ func tryStartRedis(bin string) (*redisServer, error) {
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(bin,
+	argv := []string{bin,
 		"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no",
 		"--dir", dir, "--logfile", filepath.Join(dir, "redis.log"),
 		"--daemonize", "no", "--protected-mode", "yes",
-	)
+	}
+	if wrap != nil {
+		argv = append(wrap(dir), argv...)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	// The server logs to its logfile; stderr is a wrapper's (valgrind's).
+	stderr, err := os.Create(filepath.Join(dir, "stderr.log"))
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	defer stderr.Close()
+	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {
 		os.RemoveAll(dir)
-		return nil, fmt.Errorf("bench: start redis-server: %w", err)
+		return nil, fmt.Errorf("bench: start %s: %w", argv[0], err)
 	}
 	s := &redisServer{Addr: fmt.Sprintf("127.0.0.1:%d", port), cmd: cmd, dir: dir, done: make(chan struct{})}
 	go func() { cmd.Wait(); close(s.done) }()
 
 	rdb := redis.NewClient(&redis.Options{Addr: s.Addr})
 	defer rdb.Close()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(ready)
 	for {
 		select {
 		case <-s.done:
 			log, _ := os.ReadFile(filepath.Join(dir, "redis.log"))
+			errLog, _ := os.ReadFile(filepath.Join(dir, "stderr.log"))
 			os.RemoveAll(dir)
-			return nil, fmt.Errorf("bench: redis-server exited at start:\n%s", tail(string(log), 2000))
+			return nil, fmt.Errorf("bench: redis-server exited at start:\n%s%s", tail(string(errLog), 1000), tail(string(log), 2000))
 		default:
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-		err := rdb.Ping(ctx).Err()
-		cancel()
+		// Until the port accepts, go-redis would log every failed dial: a
+		// server under valgrind takes a second or more to listen.
+		err := errNotListening
+		if c, derr := net.DialTimeout("tcp", s.Addr, 200*time.Millisecond); derr == nil {
+			c.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+			err = rdb.Ping(ctx).Err()
+			cancel()
+		}
 		if err == nil {
 			break
 		}
@@ -124,6 +151,8 @@ func tryStartRedis(bin string) (*redisServer, error) {
 	}
 	return s, nil
 }
+
+var errNotListening = errors.New("not listening yet")
 
 // Stop shuts the server down (SIGTERM, then SIGKILL) and removes its files.
 func (s *redisServer) Stop() {

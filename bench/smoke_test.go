@@ -99,3 +99,38 @@ func TestSmoke(t *testing.T) {
 		}
 	})
 }
+
+// TestServerCost runs the server-cost part with few calls (50 and 250) for
+// the control, GCRA and redis_rate. Instruction counts do not depend on
+// load, so only their sanity is checked, nothing timed.
+func TestServerCost(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts six servers under valgrind")
+	}
+	if _, err := exec.LookPath("valgrind"); err != nil {
+		t.Skip("valgrind is not installed (Debian package valgrind): no server-cost measurement")
+	}
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Skip("redis-server is not installed: no server to count")
+	}
+	names := []string{controlCost, "jobthrottle/gcra", "redis_rate"}
+	res, errs := runServerCost(context.Background(), names, 200, 10, 10_000, [2]int{50, 250}, t.Logf)
+	for _, err := range errs {
+		t.Error(err)
+	}
+	if len(res) != len(names) {
+		t.Fatalf("%d results for %d cases", len(res), len(names))
+	}
+	for _, r := range res {
+		t.Logf("%s: %.0f Ir/call (%v Ir for %v calls in %v s), %.2f cmds/call, %.2f× redis_rate's", r.Impl, r.IrPerCall, r.Ir, r.Calls, r.Seconds, r.CmdsPerCall, r.VsRedisRate)
+		if r.IrPerCall <= 0 {
+			t.Errorf("%s: %.0f Ir/call, want > 0", r.Impl, r.IrPerCall)
+		}
+		if r.CmdsPerCall < 1 {
+			t.Errorf("%s: %.2f server commands per call, want ≥ 1 (the EVALSHA)", r.Impl, r.CmdsPerCall)
+		}
+		if r.Impl == "redis_rate" && (r.IrPerCall < 10_000 || r.IrPerCall > 1_000_000) {
+			t.Errorf("redis_rate: %.0f Ir/call, want 10 000..1 000 000 (about 71 000 by hand)", r.IrPerCall)
+		}
+	}
+}
