@@ -18,14 +18,16 @@ section() { printf '\n==> %s\n' "$*"; }
 die() { printf 'scripts/test.sh: %s\n' "$*" >&2; exit 1; }
 
 section "Redis binaries"
-if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
+# valgrind: the bench's server-cost smoke test counts redis-server's
+# instructions under callgrind.
+if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null || ! command -v valgrind >/dev/null; then
 	sudo=()
 	[[ $(id -u) -eq 0 ]] || sudo=(sudo)
-	echo "installing redis-server and redis-tools with apt-get"
+	echo "installing redis-server, redis-tools and valgrind with apt-get"
 	# Lock::Timeout waits for an apt-get already running instead of failing.
 	"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -qq -o DPkg::Lock::Timeout=600 update
 	"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -qq -o DPkg::Lock::Timeout=600 \
-		install -y redis-server redis-tools >/dev/null
+		install -y redis-server redis-tools valgrind >/dev/null
 fi
 REDIS_SERVER=${JOBTHROTTLE_REDIS_SERVER_BIN:-$(command -v redis-server)}
 "$REDIS_SERVER" --version
