@@ -183,7 +183,7 @@ func run(full bool, only string, dur time.Duration, skip, mdPath string, budget 
 		skips[strings.TrimSpace(s)] = true
 	}
 	cfg := runConfig{Rate: 200, Bursts: []int{1, 10}, Waiters: []int{8, 64, 256}, Procs: []int{1, 4},
-		DurationS: 10, WindowBurst: 10, TPGoroutines: 50, TPKeys: 10_000, TPDurationS: 3, TPRounds: 3,
+		DurationS: 10, WindowBurst: 10, TPGoroutines: 50, TPKeys: 10_000, TPDurationS: 3, TPRounds: 5,
 		BenchRequests: 200_000, MemoryKeyScale: 1, Nice: niceness, ServerCostCalls: []int{serverCostLow, serverCostHigh}, ServerCostUncounted: serverCostUncounted}
 	mode := "full"
 	if !full {
