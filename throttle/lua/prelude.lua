@@ -79,11 +79,11 @@ end
 --
 -- Cost per call. Redis runs the whole script body on every EVALSHA, so
 -- each function or table it defines is allocated (and later collected) on
--- every call, allow included: about 800 instructions of redis-server each,
--- measured with callgrind, where a whole GCRA decision costs about 80 000
--- (bench/notes.md). So allow and reserve, the hot path, define only the
--- check and commit functions of the algorithms in the script and the
--- num/ttl_ms helpers; everything else is defined inside `if rare`.
+-- every call, allow included; the benchmark counts what that costs in
+-- redis-server instructions per Allow (bench/, BENCHMARKS.md). So allow
+-- and reserve, the hot path, define only the check and commit functions of
+-- the algorithms in the script and the num/ttl_ms helpers; everything else
+-- is defined inside `if rare`.
 local refund, pause
 if rare then refund, pause = {}, {} end
 

@@ -2,7 +2,7 @@
 -- State: one string "<tk> <ts> <ev>": tk = tokens at ts (negative while
 -- reservations are queued), ts = time of tk, ev = time to act of the latest
 -- reservation. One string rather than a hash: GET and SET ... PX are two
--- commands where HMGET, HSET and PEXPIRE are three, and the key is smaller.
+-- commands where HMGET, HSET and PEXPIRE are three.
 -- TTL: until the bucket is full again (a missing key is a full bucket).
 local tb_eps = 1e-9
 
