@@ -239,7 +239,9 @@ func run(full bool, only string, dur time.Duration, skip, mdPath string, budget 
 
 	if !skips["throughput"] {
 		d := time.Duration(cfg.TPDurationS * float64(time.Second))
-		names := []string{"jobthrottle/gcra", "jobthrottle/token_bucket", "redis_rate", "redis-benchmark"}
+		// The auto-pipelined prototype (pipelined.go) runs in every round
+		// beside the library; no target judges it (targets.go).
+		names := []string{"jobthrottle/gcra", "jobthrottle/token_bucket", "redis_rate", pipelinedName, "redis-benchmark"}
 		rounds := map[string][]*throughputResult{}
 		for round := 1; round <= cfg.TPRounds; round++ {
 			for _, name := range names {
@@ -255,7 +257,7 @@ func run(full bool, only string, dur time.Duration, skip, mdPath string, budget 
 					logf("throughput %s: %v", name, err)
 					continue
 				}
-				logf("throughput round %d %-26s %8.0f/s  rt/op %.3f  redis %.1fms/1k  client %.1fms/1k  errors %d", round, name, tr.OpsPerSec, tr.RTPerOp, tr.RedisCPUms, tr.ClientCPUms, tr.Errors)
+				logf("throughput round %d %-44s %8.0f/s  rt/op %.3f  redis %.1fms/1k  client %.1fms/1k  errors %d", round, name, tr.OpsPerSec, tr.RTPerOp, tr.RedisCPUms, tr.ClientCPUms, tr.Errors)
 				rounds[name] = append(rounds[name], tr)
 			}
 		}
