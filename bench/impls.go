@@ -36,8 +36,8 @@ type impl struct {
 	// carry Redis's clock (redisclock.go); the library itself, not a
 	// prototype or peer.
 	Driver bool
-	// Prototype: a variant measured beside the library (labImpls,
-	// throughputImpls), never judged by a target.
+	// Prototype: a variant measured beside the library (labImpls), never
+	// judged by a target.
 	Prototype bool
 	// New builds the limiter for one process. rdb is nil when !Redis.
 	New func(rdb redis.UniversalClient, r, burst int) (Waiter, error)
@@ -69,21 +69,10 @@ var labImpls = []impl{
 	}},
 }
 
-// throughputImpls are prototypes that only the Allow throughput part runs
-// (pipelined.go), measured beside the library as it is.
-var throughputImpls = []impl{
-	{Name: pipelinedName, Algorithm: "gcra", Redis: true, Prototype: true, New: func(rdb redis.UniversalClient, r, burst int) (Waiter, error) {
-		return newPipelined(rdb, r, burst, pipelineSenders)
-	}},
-}
-
-// pipelinedName is the auto-pipelined GCRA prototype's name in results.
-const pipelinedName = "jobthrottle/gcra, auto-pipelined (prototype)"
-
 var errNoAllow = errors.New("bench: this prototype has no Allow")
 
 func implByName(name string) (impl, error) {
-	for _, im := range slices.Concat(impls, labImpls, throughputImpls) {
+	for _, im := range slices.Concat(impls, labImpls) {
 		if im.Name == name {
 			return im, nil
 		}

@@ -239,9 +239,7 @@ func run(full bool, only string, dur time.Duration, skip, mdPath string, budget 
 
 	if !skips["throughput"] {
 		d := time.Duration(cfg.TPDurationS * float64(time.Second))
-		// The auto-pipelined prototype (pipelined.go) runs in every round
-		// beside the library; no target judges it (targets.go).
-		names := []string{"jobthrottle/gcra", "jobthrottle/token_bucket", "redis_rate", pipelinedName, "redis-benchmark"}
+		names := []string{"jobthrottle/gcra", "jobthrottle/token_bucket", "redis_rate", "redis-benchmark"}
 		rounds := map[string][]*throughputResult{}
 		for round := 1; round <= cfg.TPRounds; round++ {
 			for _, name := range names {

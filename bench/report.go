@@ -183,7 +183,7 @@ func renderReport(res *runResult, jsonRel, plotRel, notes string) string {
 	}
 	for _, t := range res.Throughput {
 		if isPrototype(t.Impl) {
-			p("\n*%s* is not the library: a prototype in bench/pipelined.go that sends concurrent Allow calls together as one go-redis pipeline of the library's GCRA EVALSHAs (same script, keys and arguments), from pipelineSenders goroutines sharing one queue. No target judges it.\n", t.Impl)
+			p("\n*%s* is not the library: a prototype measured beside it. No target judges it.\n", t.Impl)
 		}
 	}
 

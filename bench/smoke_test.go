@@ -2,19 +2,13 @@ package main
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"os"
 	"os/exec"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
-
-	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
 // TestSmoke runs Wait scenarios for 2 seconds each, as the full run does
@@ -109,124 +103,6 @@ func testRedisAddr(t *testing.T) string {
 	}
 	t.Cleanup(srv.Stop)
 	return srv.Addr
-}
-
-// TestPipelined checks the auto-pipelined prototype (pipelined.go) against
-// the library's own GCRA Allow: it runs the library's script, survives
-// Redis losing it, answers each caller with its own decision, and admits
-// exactly what the library admits, in fewer round trips than calls.
-//
-// The limit is 1/s with burst 10: the 300 calls of a run take
-// milliseconds, so exactly the burst is admitted on a key both ways. (At
-// 100/s a run slower than 10 ms, easy on a busy shared machine, would earn
-// another permit, and the test would depend on timing.)
-func TestPipelined(t *testing.T) {
-	const rate, burst, callers, calls = 1, 10, 20, 15
-	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: testRedisAddr(t)})
-	defer rdb.Close()
-	rt := &roundTrips{}
-	rdb.AddHook(rt)
-	proto, err := newPipelined(rdb, rate, burst, pipelineSenders)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proto.Close()
-	lib, err := newJobthrottle(rdb, throttle.GCRA, rate, burst)
-	if err != nil {
-		t.Fatal(err)
-	}
-	run := fmt.Sprint(time.Now().UnixNano())
-
-	// Redis lost the script: the batch meets NOSCRIPT, loads it and is
-	// retried.
-	if err := rdb.ScriptFlush(ctx).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if ok, err := proto.Allow(ctx, "noscript-"+run); err != nil || !ok {
-		t.Fatalf("Allow after SCRIPT FLUSH = %v, %v; want true, nil", ok, err)
-	}
-	// The same script text as the library's: once the library has loaded
-	// its own, the prototype's SHA1 is on the server.
-	if err := rdb.ScriptFlush(ctx).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := lib.Allow(ctx, "script-"+run); err != nil {
-		t.Fatal(err)
-	}
-	if got, err := rdb.ScriptExists(ctx, proto.script.Hash()).Result(); err != nil || !got[0] {
-		t.Fatalf("after the library's Allow, SCRIPT EXISTS of the prototype's script = %v, %v; want true: the text differs from throttle/scripts.go's", got, err)
-	}
-
-	if ok, err := proto.Allow(canceled(ctx), "canceled-"+run); ok || !errors.Is(err, context.Canceled) {
-		t.Errorf("Allow with a canceled ctx = %v, %v; want false, context.Canceled", ok, err)
-	}
-
-	// hammer calls Allow from callers goroutines, calls times each: the
-	// even goroutines on one shared key, the odd ones on a fresh key each
-	// call (every one admitted), if mixed; else all on the shared key. It
-	// returns what each kind admitted, and the round trips it took.
-	hammer := func(a Allower, name string, mixed bool) (shared, fresh, freshCalls int, trips int64) {
-		var s, f, fc atomic.Int64
-		rt0 := rt.n.Load()
-		var wg sync.WaitGroup
-		for g := range callers {
-			wg.Go(func() {
-				for i := range calls {
-					key, isFresh := name+"-shared", mixed && g%2 == 1
-					if isFresh {
-						key = fmt.Sprintf("%s-fresh-%d-%d", name, g, i)
-						fc.Add(1)
-					}
-					ok, err := a.Allow(ctx, key)
-					if err != nil {
-						t.Errorf("%s: Allow(%s): %v", name, key, err)
-						continue
-					}
-					switch {
-					case ok && isFresh:
-						f.Add(1)
-					case ok:
-						s.Add(1)
-					}
-				}
-			})
-		}
-		wg.Wait()
-		return int(s.Load()), int(f.Load()), int(fc.Load()), rt.n.Load() - rt0
-	}
-
-	for _, mixed := range []bool{false, true} {
-		kind := "one key"
-		if mixed {
-			kind = "one shared key and fresh keys"
-		}
-		for _, a := range []struct {
-			name string
-			al   Allower
-		}{{"prototype", proto}, {"library", lib}} {
-			name := fmt.Sprintf("%s-%s-%v", a.name, run, mixed)
-			shared, fresh, freshCalls, trips := hammer(a.al, name, mixed)
-			t.Logf("%s, %s: %d calls, %d admitted on the shared key, %d of %d on fresh keys, %d round trips",
-				a.name, kind, callers*calls, shared, fresh, freshCalls, trips)
-			if shared != burst {
-				t.Errorf("%s, %s: %d admitted on the shared key, want exactly the burst, %d", a.name, kind, shared, burst)
-			}
-			if fresh != freshCalls {
-				t.Errorf("%s, %s: %d of %d calls on fresh keys admitted, want all: a caller got another's answer?", a.name, kind, fresh, freshCalls)
-			}
-			if a.al == Allower(proto) && trips >= callers*calls {
-				t.Errorf("%s, %s: %d round trips for %d calls, want fewer (batching)", a.name, kind, trips, callers*calls)
-			}
-		}
-	}
-}
-
-// canceled returns a context that is already canceled.
-func canceled(ctx context.Context) context.Context {
-	ctx, cancel := context.WithCancel(ctx)
-	cancel()
-	return ctx
 }
 
 // TestServerCost runs the server-cost part with few calls (50 and 250) for

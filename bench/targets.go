@@ -196,7 +196,7 @@ func evaluate(res *runResult) []target {
 	if peer != nil {
 		for _, t := range res.Throughput {
 			// The library's own GCRA and token bucket only: a prototype
-			// measured beside them (pipelined.go) is not the library.
+			// measured beside them is not the library.
 			if in(t.Impl, bucketImpls) && !isPrototype(t.Impl) {
 				ratio := t.OpsPerSec / peer.OpsPerSec
 				c.t.Checks++

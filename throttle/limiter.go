@@ -36,6 +36,13 @@ type Options struct {
 	// waiters queued in this process behind one whose call failed take
 	// that answer without asking Redis again; each reports it here too.
 	OnRedisError func(err error, failedOpen bool)
+	// NoBatching sends every AllowN as its own EVALSHA. By default,
+	// concurrent AllowN calls of one Limiter go out together in one
+	// pipeline (batch.go): a lone call is still sent at once, on its own,
+	// but many goroutines calling Allow cost the client and Redis one
+	// write and one read per batch instead of per call. A go-redis hook
+	// sees a batch in ProcessPipelineHook, not in ProcessHook.
+	NoBatching bool
 }
 
 // A Limiter decides, through Redis, whether a subject (a tenant, an API
@@ -58,7 +65,8 @@ type Limiter struct {
 	failingOpen atomic.Bool
 	cache       scriptCache
 
-	clock redisClock // maps Redis TIME to local time for waking (clock.go)
+	clock redisClock   // maps Redis TIME to local time for waking (clock.go)
+	batch allowBatcher // concurrent AllowN calls sent together (batch.go)
 
 	mu      sync.Mutex
 	queues  map[string]*waitQueue   // window waits, by encoded subject
@@ -311,7 +319,12 @@ func (l *Limiter) ask(ctx context.Context, op, subject string, n int, maxWait in
 	if err != nil {
 		return Result{}, nil, err
 	}
-	reply, err := l.run(ctx, l.script, keys, args...).Slice()
+	var reply []any
+	if op == "allow" && !keep {
+		reply, err = l.runAllow(ctx, keys, args)
+	} else {
+		reply, err = l.run(ctx, l.script, keys, args...).Slice()
+	}
 	recv := time.Now()
 	if err != nil {
 		return Result{}, nil, &redisError{op: op, err: err}

@@ -46,3 +46,16 @@ func (l *Limiter) load(ctx context.Context, script *redis.Script) {
 		l.cache.loaded.Store(script, struct{}{})
 	}
 }
+
+// pipeline sends one EVALSHA per call in one go-redis pipeline and returns
+// the commands in order. A pipeline error is each command's error too.
+func (l *Limiter) pipeline(ctx context.Context, calls []*batchedCall) []*redis.Cmd {
+	cmds := make([]*redis.Cmd, len(calls))
+	_, _ = l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, c := range calls {
+			cmds[i] = l.script.EvalSha(ctx, p, c.keys, c.args...)
+		}
+		return nil
+	})
+	return cmds
+}
