@@ -90,27 +90,40 @@ func allowAll(l *Limiter, ctx context.Context, subject string, n int) (int, []er
 	return admitted, errs
 }
 
-// Held batches make the next calls queue; when released they go out
-// together, each decided exactly once: 10 of 100 admitted (the burst of a
-// 1-per-hour rule), with fewer sends than calls.
-func TestBatchedAllowsDecideEachCallOnce(t *testing.T) {
-	l, rec, _ := batchSetup(t, Options{})
+// heldAllows starts n concurrent Allows on subject "s" while every send is
+// held, so that the first maxBatchSenders calls are out and the others
+// queue; then it runs during (if set), lets the sends go, and returns how
+// many were admitted and the errors.
+func heldAllows(t *testing.T, l *Limiter, rec *sendRecorder, n int, during func()) (int, []error) {
+	t.Helper()
 	gate := make(chan struct{})
 	rec.gate.Store(&gate)
 	done := make(chan struct{})
 	var admitted int
 	var errs []error
 	go func() {
-		admitted, errs = allowAll(l, context.Background(), "s", 100)
+		admitted, errs = allowAll(l, context.Background(), "s", n)
 		close(done)
 	}()
-	waitFor(t, "calls to queue behind the held batches", func() bool {
+	waitFor(t, "calls to queue behind the held sends", func() bool {
 		l.batch.mu.Lock()
 		defer l.batch.mu.Unlock()
 		return l.batch.senders == maxBatchSenders && len(l.batch.pending) > 0
 	})
+	if during != nil {
+		during()
+	}
 	close(gate)
 	<-done
+	return admitted, errs
+}
+
+// Held batches make the next calls queue; when released they go out
+// together, each decided exactly once: 10 of 100 admitted (the burst of a
+// 1-per-hour rule), with fewer sends than calls.
+func TestBatchedAllowsDecideEachCallOnce(t *testing.T) {
+	l, rec, _ := batchSetup(t, Options{})
+	admitted, errs := heldAllows(t, l, rec, 100, nil)
 	if len(errs) != 0 {
 		t.Fatalf("errors: %v", errs)
 	}
@@ -192,27 +205,13 @@ func TestBatchedAllowCancelledWhileQueued(t *testing.T) {
 func TestBatchedAllowReloadsScript(t *testing.T) {
 	l, rec, m := batchSetup(t, Options{})
 	allow(t, l, "warm", 1) // loads the script
-	gate := make(chan struct{})
-	rec.gate.Store(&gate)
-	done := make(chan struct{})
-	var admitted int
-	var errs []error
-	go func() {
-		admitted, errs = allowAll(l, context.Background(), "s", 40)
-		close(done)
-	}()
-	waitFor(t, "calls to queue", func() bool {
-		l.batch.mu.Lock()
-		defer l.batch.mu.Unlock()
-		return len(l.batch.pending) > 1
+	admitted, errs := heldAllows(t, l, rec, 40, func() {
+		admin := redis.NewClient(&redis.Options{Addr: m.Addr()})
+		defer admin.Close()
+		if err := admin.ScriptFlush(context.Background()).Err(); err != nil {
+			t.Error(err)
+		}
 	})
-	admin := redis.NewClient(&redis.Options{Addr: m.Addr()})
-	defer admin.Close()
-	if err := admin.ScriptFlush(context.Background()).Err(); err != nil {
-		t.Fatal(err)
-	}
-	close(gate)
-	<-done
 	if len(errs) != 0 || admitted != 10 {
 		t.Fatalf("after SCRIPT FLUSH: %d of 40 admitted, errors %v; want 10 and none", admitted, errs)
 	}
