@@ -36,9 +36,6 @@ type impl struct {
 	// carry Redis's clock (redisclock.go); the library itself, not a
 	// prototype or peer.
 	Driver bool
-	// Prototype: a variant measured beside the library (labImpls), never
-	// judged by a target.
-	Prototype bool
 	// New builds the limiter for one process. rdb is nil when !Redis.
 	New func(rdb redis.UniversalClient, r, burst int) (Waiter, error)
 }
@@ -60,11 +57,11 @@ var impls = []impl{
 // labImpls are variants that only the jitter lab (-jitterlab) runs: a
 // prototype of a change to throttle/, measured beside the library as it is.
 var labImpls = []impl{
-	{Name: "jobthrottle/gcra, send-anchored (prototype)", Algorithm: "gcra", Redis: true, Prototype: true, New: func(rdb redis.UniversalClient, r, burst int) (Waiter, error) {
+	{Name: "jobthrottle/gcra, send-anchored (prototype)", Algorithm: "gcra", Redis: true, New: func(rdb redis.UniversalClient, r, burst int) (Waiter, error) {
 		j, err := newJobthrottle(rdb, throttle.GCRA, r, burst)
 		return sendAnchored{j.Limiter}, err
 	}},
-	{Name: "gcra, Redis-clock-anchored (prototype)", Algorithm: "gcra", Redis: true, Prototype: true, New: func(rdb redis.UniversalClient, r, burst int) (Waiter, error) {
+	{Name: "gcra, Redis-clock-anchored (prototype)", Algorithm: "gcra", Redis: true, New: func(rdb redis.UniversalClient, r, burst int) (Waiter, error) {
 		return newServerAnchored(rdb, r, burst), nil
 	}},
 }
@@ -78,13 +75,6 @@ func implByName(name string) (impl, error) {
 		}
 	}
 	return impl{}, fmt.Errorf("bench: unknown implementation %q", name)
-}
-
-// isPrototype reports whether the implementation of that name in a results
-// file is a prototype (false for names no longer known).
-func isPrototype(name string) bool {
-	im, err := implByName(name)
-	return err == nil && im.Prototype
 }
 
 func jtImpl(a throttle.Algorithm) impl {

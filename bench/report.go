@@ -181,11 +181,6 @@ func renderReport(res *runResult, jsonRel, plotRel, notes string) string {
 			p("\nredis-benchmark ran as `%s`.\n", t.Command)
 		}
 	}
-	for _, t := range res.Throughput {
-		if isPrototype(t.Impl) {
-			p("\n*%s* is not the library: a prototype measured beside it. No target judges it.\n", t.Impl)
-		}
-	}
 
 	p("%s", renderServerCost(res))
 

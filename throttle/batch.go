@@ -5,22 +5,20 @@ import (
 	"slices"
 	"sync"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // Concurrent AllowN calls of one Limiter are sent together. Each call is
 // one EVALSHA either way; what batching saves is the write and the read
 // per call, on the client and on the server, which is most of what an
-// Allow costs (BENCHMARKS.md: an auto-pipelined prototype made 1.78× the
-// Allow calls per second of one EVALSHA per round trip).
+// Allow costs (BENCHMARKS.md, Allow throughput).
 //
 // Batching is opportunistic and adds no wait: a call that finds nothing
 // queued and fewer than maxBatchSenders sends out goes at once, alone, on
 // its own context, exactly as without batching; other calls queue, and a
-// sender takes everything queued as one batch as soon as one is free. Only AllowN calls are batched: Reserve and Wait book slots
-// whose order and timing the waits depend on, and window waits already
-// send one call per process head.
+// sender takes everything queued as one batch as soon as one is free.
+// Only AllowN calls are batched: Reserve and Wait book slots whose order
+// and timing the waits depend on, and window waits already send one call
+// per process head.
 type allowBatcher struct {
 	mu      sync.Mutex
 	pending []*batchedCall
@@ -138,26 +136,8 @@ func (l *Limiter) sendBatch(calls []*batchedCall) {
 	}
 	ctx, cancel := batchContext(live)
 	defer cancel()
-	if _, ok := l.cache.loaded.Load(l.script); !ok {
-		l.load(ctx, l.script)
-	}
-	cmds := l.pipeline(ctx, live)
-	var again []*batchedCall
-	for i, c := range live {
-		if err := cmds[i].Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-			again = append(again, c)
-			continue
-		}
-		c.finish(cmds[i].Slice())
-	}
-	if len(again) > 0 {
-		// Redis lost the script (a restart, SCRIPT FLUSH, a failover):
-		// load it and send those calls once more. They were not run.
-		l.cache.loaded.Delete(l.script)
-		l.load(ctx, l.script)
-		for i, cmd := range l.pipeline(ctx, again) {
-			again[i].finish(cmd.Slice())
-		}
+	for i, cmd := range l.runPipelined(ctx, live) {
+		live[i].finish(cmd.Slice())
 	}
 }
 

@@ -22,16 +22,34 @@ type scriptCache struct {
 // run runs script with one EVALSHA, loading it first if this limiter has
 // not, and again if Redis has lost it.
 func (l *Limiter) run(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
-	if _, ok := l.cache.loaded.Load(script); !ok {
-		l.load(ctx, script)
-	}
+	l.ensureLoaded(ctx, script)
 	cmd := script.EvalSha(ctx, l.rdb, keys, args...)
-	if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		l.cache.loaded.Delete(script)
-		l.load(ctx, script)
+	if lostScript(cmd) {
+		l.reload(ctx, script)
 		cmd = script.Run(ctx, l.rdb, keys, args...)
 	}
 	return cmd
+}
+
+// ensureLoaded loads script unless this limiter already has.
+func (l *Limiter) ensureLoaded(ctx context.Context, script *redis.Script) {
+	if _, ok := l.cache.loaded.Load(script); !ok {
+		l.load(ctx, script)
+	}
+}
+
+// reload loads script again after Redis lost it (a restart, SCRIPT FLUSH,
+// a failover).
+func (l *Limiter) reload(ctx context.Context, script *redis.Script) {
+	l.cache.loaded.Delete(script)
+	l.load(ctx, script)
+}
+
+// lostScript reports whether cmd failed because Redis does not hold the
+// script; the script did not run.
+func lostScript(cmd *redis.Cmd) bool {
+	err := cmd.Err()
+	return err != nil && redis.HasErrorPrefix(err, "NOSCRIPT")
 }
 
 // load sends SCRIPT LOAD unless another goroutine just did. A failure is
@@ -47,8 +65,34 @@ func (l *Limiter) load(ctx context.Context, script *redis.Script) {
 	}
 }
 
-// pipeline sends one EVALSHA per call in one go-redis pipeline and returns
-// the commands in order. A pipeline error is each command's error too.
+// runPipelined runs the limiter's script once per call, all in one
+// go-redis pipeline, loading it first as run does; the calls that meet
+// NOSCRIPT (they did not run) are sent once more after a reload. It
+// returns the commands in the order of calls; a pipeline error is each
+// command's error.
+func (l *Limiter) runPipelined(ctx context.Context, calls []*batchedCall) []*redis.Cmd {
+	l.ensureLoaded(ctx, l.script)
+	cmds := l.pipeline(ctx, calls)
+	var lost []int
+	for i, cmd := range cmds {
+		if lostScript(cmd) {
+			lost = append(lost, i)
+		}
+	}
+	if len(lost) > 0 {
+		l.reload(ctx, l.script)
+		again := make([]*batchedCall, len(lost))
+		for j, i := range lost {
+			again[j] = calls[i]
+		}
+		for j, cmd := range l.pipeline(ctx, again) {
+			cmds[lost[j]] = cmd
+		}
+	}
+	return cmds
+}
+
+// pipeline sends one EVALSHA per call in one go-redis pipeline.
 func (l *Limiter) pipeline(ctx context.Context, calls []*batchedCall) []*redis.Cmd {
 	cmds := make([]*redis.Cmd, len(calls))
 	_, _ = l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
