@@ -19,6 +19,15 @@
 -- prepay only, after the rules:
 --   ARGV[4 + 5r] -> the receipt: id and rule names, a sorted-set member
 --   ARGV[5 + 5r] -> how long the receipt is kept after its slot, microseconds
+-- admit only (KEYS[r+1] is the receipt set, as for prepay), after the rules:
+--   ARGV[4 + 5r] -> the booking: the caller's id and rule names, a sorted-set
+--                   member ('' if the caller cannot book)
+--   ARGV[5 + 5r] -> a receipt made by prepay for the same caller ('' if none)
+--   ARGV[6 + 5r] -> tolerance, microseconds: a booking or receipt whose slot
+--                   passed more than this long ago is stale
+--   ARGV[7 + 5r] -> horizon, microseconds: the latest slot a new booking may
+--                   take (-1: no bound)
+--   ARGV[3] is how long the caller can wait where it is (-1: no bound).
 -- refund only, after the rules: more reservations to give back in the same
 -- call, each as 1 + r values: its n, then its ticket for each rule
 -- The number of rules r is floor((#ARGV - 3) / 5), for refund (#KEYS - 1) / 2.
@@ -34,6 +43,15 @@
 -- for reserve, delay is how long the caller must wait for its slot.
 -- prepay is reserve that, when admitted, also records the receipt scored
 -- by the slot's Redis time (µs), for a later redeem (redeem.lua).
+-- admit decides for a caller that may come back later (a queued task): it
+-- redeems the caller's booking or receipt if one is due within ARGV[3]
+-- (status 3; delay until its slot), reports one that is later (status 4,
+-- nothing changes), drops a stale one, and otherwise takes a new turn: a
+-- slot within ARGV[3] is granted as reserve grants it (status 1, with
+-- tickets), a later one within the horizon is booked under the caller's
+-- booking, scored by the slot (status 2), a slot past the horizon is
+-- denied, charging nothing (status 0). Its reply has the shape above, the
+-- status in place of ok.
 -- refund returns 1. After refunding, a pause still running is applied again,
 -- so that giving back a permit booked before the pause cannot admit a
 -- request before the pause ends.
@@ -102,7 +120,27 @@ if rare then
   end
 end
 
-local reserve = op == 'reserve' or op == 'prepay'
+local reserve = op == 'reserve' or op == 'prepay' or op == 'admit'
+local wait_here = max_wait
+if op == 'admit' then
+  local rkey, b = KEYS[nrules + 1], 4 + 5 * nrules
+  local booking, receipt, tol = ARGV[b], ARGV[b + 1], tonumber(ARGV[b + 2])
+  redis.call('ZREMRANGEBYSCORE', rkey, '-inf', '(' .. string.format('%d', now - tol))
+  for _, m in ipairs({booking, receipt}) do
+    local slot = m ~= '' and tonumber(redis.call('ZSCORE', rkey, m))
+    if slot then
+      local d = slot - now
+      if d < 0 then d = 0 end
+      if wait_here >= 0 and d > wait_here then return {4, 1, 0, d, 0, now} end
+      redis.call('ZREM', rkey, m)
+      return {3, 1, 0, d, 0, now}
+    end
+  end
+  -- A new turn, booked as far as the horizon allows; without a booking id,
+  -- only as far as the caller can wait.
+  max_wait = tonumber(ARGV[b + 3])
+  if booking == '' then max_wait = wait_here end
+end
 local reply
 if nrules == 1 then
   -- One rule, the common case: no per-rule arrays, one reply table.
@@ -115,7 +153,7 @@ if nrules == 1 then
   if not ok then return {0, 1, remaining, math.ceil(math.min(delay, max_us)), reset, now} end
   local ticket = (one_commit or commits[algo])(KEYS[1], count, period, extra, n, delay, s1, s2)
   reply = {1, 1, remaining, math.ceil(math.min(delay, max_us)), reset, now, ticket}
-  if op ~= 'prepay' then return reply end
+  if op ~= 'prepay' and op ~= 'admit' then return reply end
 else
   local oks, delays, rems, resets, s1s, s2s = {}, {}, {}, {}, {}, {}
   local ok = true
@@ -150,6 +188,14 @@ else
   reply[5] = math.ceil(math.min(reply[5], max_us))
 end
 
+if reply[1] == 1 and op == 'admit' and wait_here >= 0 and reply[4] > wait_here then
+  -- Later than the caller can wait: book the slot under its id.
+  local b = 4 + 5 * nrules
+  local rkey, tol = KEYS[nrules + 1], tonumber(ARGV[b + 2])
+  redis.call('ZADD', rkey, string.format('%d', now + reply[4]), ARGV[b])
+  keep_ttl(rkey, reply[4] + tol)
+  return {2, reply[2], reply[3], reply[4], reply[5], now}
+end
 if reply[1] == 1 and op == 'prepay' then
   local rkey, keep = KEYS[nrules + 1], tonumber(ARGV[5 + 5 * nrules])
   redis.call('ZREMRANGEBYSCORE', rkey, '-inf', '(' .. string.format('%d', now - keep))

@@ -1,37 +1,51 @@
 -- Fixed window. Windows are aligned to multiples of period on the Redis clock.
--- State: hash {w = window index, c = permits counted in that window,
--- pu = end of a pause (see pause below), if any}; TTL: until the end of the
--- window (or of the pause, if later).
+-- State: hash {w = the latest window holding permits, c = permits counted in
+-- it, pu = end of a pause (see pause below), if any}; TTL: until the end of
+-- window w (or of the pause, if later).
 --
--- A paused key denies everything before pu and reports the exact admission
--- time: pu if the window holding pu has room for n then, else that
--- window's end.
-local function check_fixed_window(key, count, period, extra, n)
+-- Booking ahead (reserve, prepay, admit): a request that does not fit is
+-- counted in a later window, and w moves there. Permits only ever go into
+-- window w or the one after it, so every window before w is full (or past)
+-- and the hash never needs more than the latest window: the ledger of
+-- future admissions is one counter, whatever the backlog. A request is
+-- admitted no earlier than the start of its window, and no earlier than a
+-- pause's end.
+local function check_fixed_window(key, count, period, extra, n, reserve, max_wait)
   local v = redis.call('HMGET', key, 'w', 'c', 'pu')
+  local from = now
   local pu = tonumber(v[3])
-  if pu and pu > now then
-    local pw = math.floor(pu / period)
-    local c = 0
-    if tonumber(v[1]) == pw then c = tonumber(v[2]) or 0 end
-    local delay, reset = pu - now, pu - now
-    if c > 0 then reset = (pw + 1) * period - now end
-    if c + n > count then delay = (pw + 1) * period - now end
-    return false, delay, 0, reset
+  if pu and pu > now then from = pu end
+  local w0 = math.floor(from / period)
+  local w, c = tonumber(v[1]), tonumber(v[2])
+  if not w or w < w0 or not c then w, c = w0, nil end
+  -- the window this request would go in, and the count it holds
+  local at, held = w, c or 0
+  if held + n > count then at, held = w + 1, 0 end
+  local slot = at * period
+  if slot < from then slot = from end
+  local delay = slot - now
+  local ok = delay == 0 or (reserve and (max_wait < 0 or delay <= max_wait))
+  -- reset: the end of the latest window holding permits (or of the pause)
+  local last = w
+  if ok then last = at end
+  local reset = (last + 1) * period - now
+  if pu and pu > now + reset then reset = pu - now end
+  if ok then
+    local remaining = 0
+    if delay == 0 then remaining = count - held - n end
+    if at ~= w then c = nil end
+    return true, delay, remaining, reset, at, c
   end
-  local w = math.floor(now / period)
-  local wend = (w + 1) * period
-  local c
-  if tonumber(v[1]) == w then c = tonumber(v[2]) or 0 end
-  if (c or 0) + n <= count then
-    return true, 0, count - (c or 0) - n, wend - now, w, c
-  end
-  return false, wend - now, count - (c or 0), wend - now
+  local remaining = 0
+  if from == now and w == w0 then remaining = count - (c or 0) end
+  return false, delay, remaining, reset
 end
 
 -- commit counts n more permits in window w, which held c (nil if the key
--- held another window or nothing); the ticket is w. The key's TTL is set
--- when its window starts: the first commit in a window sets it to the
--- window's end, and nothing else shortens it.
+-- held an earlier window or nothing); the ticket is w. The key's TTL is set
+-- when its window starts to hold permits, to the window's end (which is
+-- after any pause: a window is never charged before a pause ends);
+-- nothing else shortens it.
 local function commit_fixed_window(key, count, period, extra, n, delay, w, c)
   local s = string.format('%d', w)
   redis.call('HSET', key, 'w', s, 'c', string.format('%d', (c or 0) + n))

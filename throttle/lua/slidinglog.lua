@@ -2,32 +2,50 @@
 -- its admission time; a permit counts while score > now - period.
 -- Members are "<time>:<seq>", unique even for several permits in one
 -- microsecond. TTL: one period after the newest permit.
-local function check_sliding_log(key, count, period, extra, n)
+--
+-- Booking ahead (reserve, prepay, admit) adds members scored in the future.
+-- The check counts every member not yet expired, future ones included, so
+-- a permit admitted at t never makes a window around t hold more than
+-- count: the ledger of future admissions is the log itself. newest is the
+-- newest member's score, for the TTL and the member's sequence.
+local function check_sliding_log(key, count, period, extra, n, reserve, max_wait)
   redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now - period))
   local c = redis.call('ZCARD', key)
+  local newest = now
+  if c > 0 then
+    local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+    newest = tonumber(last[2])
+  end
   if c + n <= count then
-    return true, 0, count - c - n, period, c
+    return true, 0, count - c - n, math.max(newest, now) + period - now, c, newest
   end
   -- The request fits once the (c + n - count) oldest permits have left.
   local k = c + n - count
   local e = redis.call('ZRANGE', key, k - 1, k - 1, 'WITHSCORES')
-  local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  return false, tonumber(e[2]) + period - now, count - c,
-    tonumber(newest[2]) + period - now
+  local delay = tonumber(e[2]) + period - now
+  local reset = newest + period - now
+  if reserve and (max_wait < 0 or delay <= max_wait) then
+    return true, delay, 0, math.max(reset, delay + period), c, newest
+  end
+  return false, delay, math.max(0, count - c), reset
 end
 
--- commit adds n members at now, after the c the log held; the ticket is
--- "<time>:<seq>" for members <time>:<seq+1..seq+n>.
-local function commit_sliding_log(key, count, period, extra, n, delay, c)
-  -- The sequence continues after the newest member of this
-  -- microsecond, so a refund in between cannot cause a collision.
-  local seq = c
-  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  if last[2] and tonumber(last[2]) == now then
-    local s = tonumber(string.match(last[1], ':(%d+)$')) or 0
-    if s > seq then seq = s end
+-- commit adds n members at now + delay; newest is the newest member's
+-- score before them. The ticket is "<time>:<seq>" for members
+-- <time>:<seq+1..seq+n>.
+local function commit_sliding_log(key, count, period, extra, n, delay, c, newest)
+  local t = now + delay
+  local ts = string.format('%d', t)
+  -- The sequence continues after the members already at this
+  -- microsecond, so neither a refund in between nor a booking made at
+  -- another moment can cause a collision.
+  local seq = 0
+  if newest >= t then
+    for _, m in ipairs(redis.call('ZRANGEBYSCORE', key, ts, ts)) do
+      local s = tonumber(string.match(m, ':(%d+)$')) or 0
+      if s > seq then seq = s end
+    end
   end
-  local ts = string.format('%d', now)
   if n == 1 then
     redis.call('ZADD', key, ts, ts .. ':' .. string.format('%d', seq + 1))
   else
@@ -38,7 +56,7 @@ local function commit_sliding_log(key, count, period, extra, n, delay, c)
     end
     redis.call('ZADD', key, unpack(args))
   end
-  redis.call('PEXPIRE', key, ttl_ms(period))
+  redis.call('PEXPIRE', key, ttl_ms(math.max(t, newest) + period - now))
   return ts .. ':' .. string.format('%d', seq)
 end
 

@@ -8,12 +8,16 @@
 -- partly-covered oldest bucket whole makes the limit hold in every window of
 -- length period; the price is a throughput of at worst count per
 -- (period + precision). TTL: until the newest bucket stops counting.
-local function check_sliding_window(key, count, period, precision, n)
-  local cur = math.floor(now / precision) * precision
+--
+-- Booking ahead (reserve, prepay, admit) counts permits in a future
+-- bucket. The check counts every bucket that has not stopped counting,
+-- future ones included, so the ledger of future admissions is the hash
+-- itself; a deep backlog costs one field per bucket booked.
+local function check_sliding_window(key, count, period, precision, n, reserve, max_wait)
   -- A bucket starting at s stops counting in (s + span - now) µs.
   local span = precision + period
   local flat = redis.call('HGETALL', key)
-  local stale, c = nil, 0
+  local stale, c, newest = nil, 0, math.floor(now / precision) * precision
   for i = 1, #flat, 2 do
     local s = tonumber(flat[i])
     if not s or s + span - now <= 0 then
@@ -22,13 +26,14 @@ local function check_sliding_window(key, count, period, precision, n)
     else
       local v = tonumber(flat[i + 1])
       if v > 0 then c = c + v end
+      if s > newest then newest = s end
     end
   end
   if stale then redis.call('HDEL', key, unpack(stale)) end
   if c + n <= count then
-    return true, 0, count - c - n, cur + span - now, cur
+    return true, 0, count - c - n, newest + span - now, now, newest
   end
-  -- Denied: the request fits once the oldest buckets holding
+  -- Denied now: the request fits once the oldest buckets holding
   -- c + n - count permits have left.
   local buckets = {}
   for i = 1, #flat, 2 do
@@ -42,15 +47,19 @@ local function check_sliding_window(key, count, period, precision, n)
     freed = freed + b[2]
     if freed >= need then delay = b[1] + span - now; break end
   end
-  return false, delay, count - c, buckets[#buckets][1] + span - now
+  if reserve and (max_wait < 0 or delay <= max_wait) then
+    return true, delay, 0, math.max(newest, now + delay) + span - now, now + delay, newest
+  end
+  return false, delay, count - c, newest + span - now
 end
 
--- commit counts n more permits in the bucket starting at cur; the ticket
--- is cur.
-local function commit_sliding_window(key, count, period, precision, n, delay, cur)
-  local s = string.format('%d', cur)
+-- commit counts n more permits in the bucket holding the Redis time at;
+-- the ticket is that bucket's start. The TTL covers the newest bucket.
+local function commit_sliding_window(key, count, period, precision, n, delay, at, newest)
+  local b = math.floor(at / precision) * precision
+  local s = string.format('%d', b)
   redis.call('HINCRBY', key, s, n)
-  redis.call('PEXPIRE', key, ttl_ms(cur + precision + period - now))
+  redis.call('PEXPIRE', key, ttl_ms(math.max(b, newest) + precision + period - now))
   return s
 end
 

@@ -1,0 +1,177 @@
+package throttle
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Admit is the decision for a caller that can leave and come back: a queued
+// job. In one round trip it redeems the caller's booking (made by an
+// earlier Admit under the same ID) or a receipt from PrepayN, or takes a
+// new turn: granted if the slot is within Wait, booked under ID for later
+// otherwise. Every algorithm can book, the windows included (their ledgers
+// hold future admissions; see README.md, "Booking").
+
+// AdmitRequest is what Admit decides on.
+type AdmitRequest struct {
+	// Subject is what is limited, as for Allow. Required.
+	Subject string
+	// N is the number of permits (at least 1; a *CapacityError if more
+	// than a rule can ever admit).
+	N int
+	// ID identifies the caller across arrivals (a task ID): a slot too
+	// late for Wait is booked under it, and redeemed when the caller
+	// comes back with the same ID. If empty, nothing is booked: a slot
+	// later than Wait is Denied.
+	ID string
+	// Receipt, if not empty, is a receipt from PrepayN that the caller
+	// carries; it is redeemed like a booking.
+	Receipt string
+	// Wait is how long the caller can wait where it is. A negative Wait
+	// means without bound (nothing is booked).
+	Wait time.Duration
+	// Horizon bounds how far ahead a new booking may be: a later slot is
+	// Denied and charges nothing. If zero, there is no bound.
+	Horizon time.Duration
+	// Tolerance is how late a caller may come back for its booking or
+	// receipt: one that comes later takes a new turn, and its old slot
+	// (long past) is not redeemed, so a fleet that was down does not run
+	// its overdue work in one burst. Required: at least 1µs.
+	Tolerance time.Duration
+}
+
+// AdmitStatus is what an Admit caller does next.
+type AdmitStatus int
+
+const (
+	// Denied: the slot would be past the Horizon (or past Wait with no ID);
+	// nothing was charged. Admission.Delay says when it would be.
+	Denied AdmitStatus = iota
+	// Granted: a new turn within Wait. Act at Admission.At; if the caller
+	// will not act, Admission.Reservation.Cancel refunds it.
+	Granted
+	// Booked: a new turn later than Wait, booked under the request's ID
+	// for Admission.At. Leave, and come back then.
+	Booked
+	// Redeemed: the caller's booking or receipt is due within Wait, and is
+	// used up. Act at Admission.At.
+	Redeemed
+	// Held: the caller's booking or receipt is for Admission.At, later
+	// than Wait. It is kept: leave, and come back then.
+	Held
+)
+
+var admitStatusNames = [...]string{"denied", "granted", "booked", "redeemed", "held"}
+
+// String returns "denied", "granted", "booked", "redeemed" or "held".
+func (s AdmitStatus) String() string {
+	if s < 0 || int(s) >= len(admitStatusNames) {
+		return fmt.Sprintf("AdmitStatus(%d)", int(s))
+	}
+	return admitStatusNames[s]
+}
+
+// Admission is Admit's answer.
+type Admission struct {
+	Status AdmitStatus
+	// Rule is the rule that decided (for a new turn: the one with the
+	// longest delay); empty for a redeemed or held booking.
+	Rule string
+	// Delay is how long from the decision until the slot.
+	Delay time.Duration
+	// At is the slot on the local monotonic clock: when to act (Granted,
+	// Redeemed) or to come back (Booked, Held).
+	At time.Time
+	// Slot is the slot on the Redis clock, which orders the slots of
+	// every process: use it to schedule a wake-up in Redis.
+	Slot time.Time
+	// Reservation holds a Granted turn's permits, to Cancel if the
+	// caller will not act; nil otherwise.
+	Reservation *Reservation
+}
+
+// Reply statuses of the driver's admit operation (lua/driver.lua).
+const (
+	admitDenied   = 0
+	admitGranted  = 1
+	admitBooked   = 2
+	admitRedeemed = 3
+	admitHeld     = 4
+)
+
+// Admit decides for a caller that can come back later; see AdmitRequest
+// and AdmitStatus. It returns a *CapacityError if N is more than a rule
+// can ever admit, an error matching ErrInvalidSubject for a bad subject,
+// and an error matching ErrRedis if Redis fails (a FailOpen limiter
+// grants instead).
+func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error) {
+	if req.Tolerance <= 0 {
+		return Admission{}, fmt.Errorf("throttle: admit: tolerance %v: must be at least 1µs", req.Tolerance)
+	}
+	if len(req.ID) > maxReceiptLen || len(req.Receipt) > maxReceiptLen {
+		return Admission{}, fmt.Errorf("throttle: admit: an ID or receipt is at most %d bytes; hash longer ones", maxReceiptLen)
+	}
+	if req.Horizon < 0 || req.Horizon > MaxPeriod {
+		return Admission{}, fmt.Errorf("throttle: admit: horizon %v: must be between 0 (no bound) and %v", req.Horizon, MaxPeriod)
+	}
+	wait, horizon := int64(-1), int64(-1)
+	if req.Wait >= 0 {
+		wait = req.Wait.Microseconds()
+	}
+	if req.Horizon > 0 {
+		horizon = req.Horizon.Microseconds()
+	}
+	keys, args, err := l.request("admit", req.Subject, req.N, wait, nil)
+	if err != nil {
+		return Admission{}, err
+	}
+	keys = append(keys, l.receiptsKey(req.Subject))
+	booking, receipt := "", ""
+	if req.ID != "" {
+		booking = l.member(req.ID)
+	}
+	if req.Receipt != "" {
+		receipt = l.member(req.Receipt)
+	}
+	args = append(args, booking, receipt, max(req.Tolerance.Microseconds(), 1), horizon)
+	reply, err := l.run(ctx, l.script, keys, args...).Slice()
+	recv := time.Now()
+	if err != nil {
+		r, err := l.failOpenOr(ctx, "admit", req.Subject, req.N, err)
+		if err != nil {
+			return Admission{}, err
+		}
+		return Admission{Status: Granted, Rule: l.rules[0].Name, At: r.at, Reservation: r}, nil
+	}
+	l.redisOK()
+	res, redisNow, err := l.parse(reply)
+	if err != nil {
+		return Admission{}, err
+	}
+	status := int64(0)
+	if v, ok := reply[0].(int64); ok {
+		status = v
+	}
+	a := Admission{
+		Delay: res.RetryAfter,
+		Slot:  time.UnixMicro(redisNow).Add(res.RetryAfter),
+	}
+	a.At = l.clock.wake(recv, redisNow, a.Delay)
+	switch status {
+	case admitDenied:
+		a.Status, a.Rule = Denied, res.Rule
+	case admitGranted:
+		a.Status, a.Rule = Granted, res.Rule
+		a.Reservation = &Reservation{lim: l, subject: req.Subject, n: req.N, tickets: tickets(reply), delay: a.Delay, at: a.At}
+	case admitBooked:
+		a.Status, a.Rule = Booked, res.Rule
+	case admitRedeemed:
+		a.Status = Redeemed
+	case admitHeld:
+		a.Status = Held
+	default:
+		return Admission{}, badReply(reply)
+	}
+	return a, nil
+}
