@@ -1,0 +1,285 @@
+// Package admission decides, for a job that can leave and come back (a
+// queued task), whether it runs now, waits a short while where it is, or
+// parks until a turn booked for it in the shared ledger. It knows nothing
+// of any queue: the asynq adapter (package worker) maps a task to a subject,
+// a cost, an ID and a deadline, and maps a Park decision back to asynq's
+// retry set and the wake-up ledger (Wakeups).
+//
+// Imports: throttle and go-redis only; it must not import asynq, worker or
+// enqueue.
+//
+//	gate, err := admission.New(lim, admission.Config{MaxWait: time.Second})
+//	d, err := gate.Admit(ctx, admission.Request{Subject: "acct-42", ID: taskID})
+//	switch {
+//	case err != nil:
+//		return err // Redis failed, ctx ended, or the turn is past ctx's deadline
+//	case d.Outcome == admission.Park:
+//		return reschedule(d.At) // come back then: the turn is booked under taskID
+//	}
+//	run()
+//
+// A turn is booked once. A job that comes back early waits for it in place
+// (up to Config.EarlyWait); one that comes back later than the tolerance
+// takes a new turn, so a fleet that was stopped does not start its overdue
+// work all at once.
+package admission
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/throttle"
+)
+
+// Defaults of Config.
+const (
+	// DefaultMaxWait is how long a job waits where it is for a new turn
+	// when Config.MaxWait is zero.
+	DefaultMaxWait = time.Second
+	// DefaultWaitSlots is how many jobs of one subject may wait in one
+	// process for longer than EarlyWait when Config.WaitSlots is zero.
+	DefaultWaitSlots = 2
+	// DefaultEarlyWait is how long a job waits in place for a turn that is
+	// about to come, whatever the waiting slots, when Config.EarlyWait is
+	// zero.
+	DefaultEarlyWait = 500 * time.Millisecond
+	// maxTolerance bounds the default tolerance.
+	maxTolerance = time.Second
+)
+
+// Config tunes a Gate. The zero value uses every default.
+type Config struct {
+	// MaxWait is the longest a job waits where it is (holding, say, a
+	// worker slot) for a new turn; a later turn is booked and the job
+	// parks. If zero, DefaultMaxWait; it never exceeds the context's
+	// deadline.
+	MaxWait time.Duration
+	// WaitSlots bounds how many jobs of one subject wait in this process
+	// for longer than EarlyWait, so that a subject over its limit cannot
+	// fill every worker slot with waiting jobs: the others park at once.
+	// If zero, DefaultWaitSlots.
+	WaitSlots int
+	// EarlyWait is how long any job waits in place for a turn about to
+	// come: a new turn, or its booked one when it comes back early (a
+	// queue that schedules in whole seconds, or a wake-up sent ahead of the
+	// slot). If zero, DefaultEarlyWait.
+	EarlyWait time.Duration
+	// Tolerance is how late a job may come back for its booked turn and
+	// still take it; a later one takes a new turn. If zero, the interval of
+	// the limiter's tightest rule (period / count), at least 1ms and at
+	// most 1s: lateness up to one interval keeps the starts within one
+	// permit of what the ledger admits in any window.
+	Tolerance time.Duration
+}
+
+// Gate admits jobs under one throttle.Limiter. It is safe for concurrent
+// use.
+type Gate struct {
+	lim *throttle.Limiter
+	cfg Config
+
+	mu      sync.Mutex
+	waiting map[string]int // jobs waiting longer than EarlyWait, by subject
+}
+
+// New returns a Gate over lim. It returns an error naming the field if a
+// Config field is negative.
+func New(lim *throttle.Limiter, cfg Config) (*Gate, error) {
+	if lim == nil {
+		return nil, errors.New("admission: nil limiter")
+	}
+	switch {
+	case cfg.MaxWait < 0:
+		return nil, fmt.Errorf("admission: max_wait %v must not be negative", cfg.MaxWait)
+	case cfg.WaitSlots < 0:
+		return nil, fmt.Errorf("admission: wait_slots %d must not be negative", cfg.WaitSlots)
+	case cfg.EarlyWait < 0:
+		return nil, fmt.Errorf("admission: early_wait %v must not be negative", cfg.EarlyWait)
+	case cfg.Tolerance < 0:
+		return nil, fmt.Errorf("admission: tolerance %v must not be negative", cfg.Tolerance)
+	}
+	if cfg.MaxWait == 0 {
+		cfg.MaxWait = DefaultMaxWait
+	}
+	if cfg.WaitSlots == 0 {
+		cfg.WaitSlots = DefaultWaitSlots
+	}
+	if cfg.EarlyWait == 0 {
+		cfg.EarlyWait = DefaultEarlyWait
+	}
+	if cfg.Tolerance == 0 {
+		cfg.Tolerance = defaultTolerance(lim.Rules())
+	}
+	return &Gate{lim: lim, cfg: cfg, waiting: map[string]int{}}, nil
+}
+
+// defaultTolerance is the interval of the tightest rule, clamped to
+// [1ms, maxTolerance].
+func defaultTolerance(rules []throttle.Rule) time.Duration {
+	tol := maxTolerance
+	for _, r := range rules {
+		tol = min(tol, r.Limit.Interval())
+	}
+	return max(tol, time.Millisecond)
+}
+
+// Config returns the gate's configuration, defaults filled in.
+func (g *Gate) Config() Config { return g.cfg }
+
+// Limiter returns the limiter the gate admits under.
+func (g *Gate) Limiter() *throttle.Limiter { return g.lim }
+
+// Request is a job asking to run.
+type Request struct {
+	// Subject is what the limiter limits. Required.
+	Subject string
+	// Cost is the number of permits the job takes; if zero, 1.
+	Cost int
+	// ID is the job's identity across its arrivals (a task ID): its
+	// booked turn is kept under it. If empty, the job cannot park, and a
+	// turn later than it can wait fails with a *throttle.DelayError.
+	ID string
+	// Receipt is a receipt from throttle.Limiter.PrepayN that the job
+	// carries (booked by its producer), or empty.
+	Receipt string
+}
+
+// Outcome is what a job does after Admit.
+type Outcome int
+
+const (
+	// Run: the job's turn has come; run it now.
+	Run Outcome = iota + 1
+	// Park: the job's turn is booked for Decision.At; leave, and come back
+	// then with the same ID.
+	Park
+)
+
+// String returns "run" or "park".
+func (o Outcome) String() string {
+	switch o {
+	case Run:
+		return "run"
+	case Park:
+		return "park"
+	}
+	return fmt.Sprintf("Outcome(%d)", int(o))
+}
+
+// Decision is Admit's answer.
+type Decision struct {
+	Outcome Outcome
+	// Turn says how the turn was found: throttle.Granted (a new turn, now
+	// or after waiting), throttle.Redeemed (one booked earlier, by this job
+	// or its producer), throttle.Booked (a new turn, booked: parked), or
+	// throttle.Held (one booked earlier, still ahead: parked).
+	Turn throttle.AdmitStatus
+	// Rule is the limiter rule that set a new turn; empty for a booked one.
+	Rule string
+	// At is, for Run, when the job was admitted, and for Park, when its
+	// turn comes (local clock).
+	At time.Time
+	// Slot is the turn on the Redis clock (for Park: schedule the wake-up
+	// by it, as Wakeups.Add does).
+	Slot time.Time
+	// Waited is how long Admit kept the job.
+	Waited time.Duration
+}
+
+// Admit decides for req: run (after waiting for a turn at most MaxWait
+// away, or EarlyWait once WaitSlots jobs of the subject are waiting) or
+// park until the booked turn. It waits no longer than ctx's deadline.
+//
+// It returns ctx.Err() if ctx ends while the job waits (a new turn's
+// permits are refunded; a redeemed booking is spent), an error matching
+// throttle.ErrRedis if Redis fails, a *throttle.DelayError if the job has
+// no ID and its turn is later than it can wait, and the limiter's error for
+// a bad subject or a cost beyond its capacity.
+func (g *Gate) Admit(ctx context.Context, req Request) (Decision, error) {
+	start := time.Now()
+	if err := ctx.Err(); err != nil {
+		return Decision{}, err
+	}
+	cost := req.Cost
+	if cost == 0 {
+		cost = 1
+	}
+	wait := g.cfg.EarlyWait
+	if g.takeSlot(req.Subject) {
+		defer g.releaseSlot(req.Subject)
+		wait = max(wait, g.cfg.MaxWait)
+	}
+	byDeadline := false
+	if dl, ok := ctx.Deadline(); ok && dl.Sub(start) < wait {
+		wait, byDeadline = max(dl.Sub(start), 0), true
+	}
+	a, err := g.lim.Admit(ctx, throttle.AdmitRequest{
+		Subject: req.Subject, N: cost, ID: req.ID, Receipt: req.Receipt,
+		Wait: wait, Tolerance: g.cfg.Tolerance,
+	})
+	if err != nil {
+		return Decision{}, err
+	}
+	d := Decision{Turn: a.Status, Rule: a.Rule, At: a.At, Slot: a.Slot}
+	switch a.Status {
+	case throttle.Booked, throttle.Held:
+		d.Outcome = Park
+	case throttle.Granted, throttle.Redeemed:
+		if err := sleepUntil(ctx, a.At); err != nil {
+			if a.Reservation != nil {
+				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
+				_ = a.Reservation.Cancel(rctx)
+				cancel()
+			}
+			return Decision{}, err
+		}
+		d.Outcome, d.At = Run, time.Now()
+	default: // throttle.Denied: no ID to book under
+		return Decision{}, &throttle.DelayError{Rule: a.Rule, RetryAfter: a.Delay, Deadline: byDeadline}
+	}
+	d.Waited = time.Since(start)
+	return d, nil
+}
+
+// refundTimeout bounds the refund of a turn whose wait ended with its
+// context.
+const refundTimeout = 2 * time.Second
+
+// takeSlot takes one of subject's waiting slots, and reports whether one
+// was free.
+func (g *Gate) takeSlot(subject string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.waiting[subject] >= g.cfg.WaitSlots {
+		return false
+	}
+	g.waiting[subject]++
+	return true
+}
+
+func (g *Gate) releaseSlot(subject string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.waiting[subject]--; g.waiting[subject] <= 0 {
+		delete(g.waiting, subject)
+	}
+}
+
+// sleepUntil waits until t or until ctx ends, whose error it returns then.
+func sleepUntil(ctx context.Context, t time.Time) error {
+	d := time.Until(t)
+	if d <= 0 {
+		return nil
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

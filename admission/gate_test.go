@@ -1,0 +1,186 @@
+package admission
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/jobthrottle/jobthrottle/throttle"
+)
+
+const ms = time.Millisecond
+
+func newGate(t *testing.T, rdb redis.UniversalClient, cfg Config, rule throttle.Rule) *Gate {
+	t.Helper()
+	lim, err := throttle.New(rdb, throttle.Options{}, rule)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := New(lim, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+var gcra5 = throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(5).WithBurst(1)}
+
+// TestGateParksABacklog admits 50 jobs of one subject at one instant under
+// 5/s: the first runs, a few whose turns fall within MaxWait wait for them,
+// and the rest park with their turns booked 200ms apart; each parked job
+// that comes back at its turn runs at once on its booking.
+func TestGateParksABacklog(t *testing.T) {
+	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		g := newGate(t, rdb, Config{MaxWait: time.Second, WaitSlots: 2, EarlyWait: 100 * ms}, gcra5)
+		if got := g.Config().Tolerance; got != 200*ms {
+			t.Errorf("default tolerance %v, want the interval 200ms", got)
+		}
+		ctx := context.Background()
+		start := time.Now()
+		var mu sync.Mutex
+		ran, starts := 0, map[time.Duration]string{}
+		var wg sync.WaitGroup
+		for i := range 50 {
+			id := fmt.Sprintf("job-%02d", i)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				d, err := g.Admit(ctx, Request{Subject: "acct", ID: id})
+				if err != nil {
+					t.Errorf("Admit %s: %v", id, err)
+					return
+				}
+				if d.Outcome == Run {
+					if d.Waited > time.Second {
+						t.Errorf("%s waited %v, past MaxWait", id, d.Waited)
+					}
+					mu.Lock()
+					ran++
+					mu.Unlock()
+				} else {
+					// Parked: come back at the turn, and run on the booking.
+					if d.Turn != throttle.Booked {
+						t.Errorf("%s parked with turn %v, want booked", id, d.Turn)
+					}
+					time.Sleep(time.Until(d.At))
+					d, err = g.Admit(ctx, Request{Subject: "acct", ID: id})
+					if err != nil || d.Outcome != Run || d.Turn != throttle.Redeemed || d.Waited != 0 {
+						t.Errorf("%s back at its turn: %+v, %v; want run on its booking at once", id, d, err)
+						return
+					}
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				at := time.Since(start)
+				if other, dup := starts[at]; dup || at%(200*ms) != 0 {
+					t.Errorf("%s started at %v (also %q): want distinct multiples of 200ms", id, at, other)
+				}
+				starts[at] = id
+			}()
+		}
+		wg.Wait()
+		// Only the first job and those whose turns came within MaxWait
+		// (200ms to 1s) ran without parking.
+		if ran < 1 || ran > 6 {
+			t.Errorf("%d jobs ran without parking, want 1 to 6", ran)
+		}
+		if len(starts) != 50 || time.Since(start) != 49*200*ms {
+			t.Errorf("%d distinct starts, the last at %v; want 50, the last at 9.8s", len(starts), time.Since(start))
+		}
+	})
+}
+
+// TestGateWaitSlots shows a hot subject's waiting jobs cannot take more than
+// WaitSlots: with two jobs waiting on it, a third whose turn is inside
+// MaxWait parks, while a job of another subject runs at once.
+func TestGateWaitSlots(t *testing.T) {
+	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		g := newGate(t, rdb, Config{MaxWait: 10 * time.Second, WaitSlots: 2, EarlyWait: 50 * ms}, gcra5)
+		ctx := context.Background()
+		if d, err := g.Admit(ctx, Request{Subject: "hot", ID: "first"}); err != nil || d.Outcome != Run {
+			t.Fatalf("first: %+v %v", d, err)
+		}
+		var wg sync.WaitGroup
+		for i := range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				d, err := g.Admit(ctx, Request{Subject: "hot", ID: fmt.Sprint("waiter", i)})
+				if err != nil || d.Outcome != Run || d.Waited < 200*ms {
+					t.Errorf("waiter %d: %+v %v; want run after waiting", i, d, err)
+				}
+			}()
+		}
+		time.Sleep(ms) // both waiters are asleep on their turns
+		synctest.Wait()
+		d, err := g.Admit(ctx, Request{Subject: "hot", ID: "third"})
+		if err != nil || d.Outcome != Park || d.Turn != throttle.Booked {
+			t.Errorf("third with both slots taken: %+v %v; want parked", d, err)
+		}
+		if d.Waited != 0 {
+			t.Errorf("the parked job waited %v", d.Waited)
+		}
+		cold, err := g.Admit(ctx, Request{Subject: "cold", ID: "c"})
+		if err != nil || cold.Outcome != Run || cold.Waited != 0 {
+			t.Errorf("cold subject: %+v %v; want run at once", cold, err)
+		}
+		wg.Wait()
+	})
+}
+
+// TestGateCancelRefunds ends a waiting job's context: Admit returns
+// ctx.Err() and the turn is refunded, so the next job gets it.
+func TestGateCancelRefunds(t *testing.T) {
+	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		g := newGate(t, rdb, Config{}, gcra5)
+		if _, err := g.Admit(context.Background(), Request{Subject: "s", ID: "a"}); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 100*ms)
+		defer cancel()
+		// The turn is 200ms away, past the context's deadline: with an ID
+		// the job parks rather than wait in vain.
+		d, err := g.Admit(ctx, Request{Subject: "s", ID: "b"})
+		if err != nil || d.Outcome != Park {
+			t.Fatalf("turn past the deadline: %+v, %v; want parked", d, err)
+		}
+		// Without an ID it cannot park: a DelayError matching the deadline.
+		_, err = g.Admit(ctx, Request{Subject: "s"})
+		var de *throttle.DelayError
+		if !errors.As(err, &de) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("no ID, turn past the deadline: %v; want a *DelayError matching DeadlineExceeded", err)
+		}
+		// A wait cut short by cancel refunds its turn.
+		cctx, ccancel := context.WithCancel(context.Background())
+		go func() { time.Sleep(50 * ms); ccancel() }()
+		if _, err := g.Admit(cctx, Request{Subject: "s", ID: "c"}); !errors.Is(err, context.Canceled) {
+			t.Fatalf("cancelled wait: %v, want context.Canceled", err)
+		}
+		a, err := g.Limiter().Admit(context.Background(), throttle.AdmitRequest{Subject: "s", N: 1, ID: "d", Wait: -1, Tolerance: ms})
+		if err != nil || a.Delay != 350*ms {
+			t.Errorf("after the refund, the next turn is in %v (%v); want 350ms (400ms - 50ms): b's booked turn, then c's refunded one", a.Delay, err)
+		}
+	})
+}
+
+func TestConfigErrors(t *testing.T) {
+	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		lim, _ := throttle.New(rdb, throttle.Options{}, gcra5)
+		for _, cfg := range []Config{{MaxWait: -1}, {WaitSlots: -1}, {EarlyWait: -1}, {Tolerance: -1}} {
+			if _, err := New(lim, cfg); err == nil {
+				t.Errorf("New(%+v): no error", cfg)
+			}
+		}
+		if _, err := New(nil, Config{}); err == nil {
+			t.Error("New(nil): no error")
+		}
+	})
+}

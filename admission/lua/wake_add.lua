@@ -1,0 +1,18 @@
+-- Adds a wake-up to the ledger, or moves an existing one.
+--
+-- KEYS[1] -> the ledger: a sorted set of members scored by the Redis time
+--            (microseconds) at which to wake them
+-- ARGV[1] -> the member (opaque to the ledger: the adapter's task reference)
+-- ARGV[2] -> when to wake it, microseconds of Redis TIME
+-- ARGV[3] -> how long the ledger is kept past the latest wake-up, milliseconds
+--
+-- Returns 1. The ledger's TTL covers its latest wake-up plus ARGV[3]; it is
+-- only ever lengthened.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+local want = math.ceil((tonumber(ARGV[2]) - now) / 1000) + tonumber(ARGV[3])
+if want < 1 then want = 1 end
+local cur = redis.call('PTTL', KEYS[1])
+if cur < want then redis.call('PEXPIRE', KEYS[1], string.format('%d', want)) end
+return 1

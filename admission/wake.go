@@ -1,0 +1,203 @@
+package admission
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Wakeups is a ledger of parked jobs to wake at their turns, kept in Redis
+// and scored on the Redis clock, shared by every process. A queue that
+// schedules in whole seconds (asynq) would bring a job parked until 12.3 s
+// back at 13 s, late for its turn, together with every other job of that
+// second; a process running Run instead brings each back Lead before its
+// turn, so that it waits a moment in place and starts on time.
+//
+// Members are opaque to the ledger: the adapter puts in them what its wake
+// function needs (for asynq, the queue and the task ID).
+type Wakeups struct {
+	rdb redis.UniversalClient
+	key string
+}
+
+var (
+	//go:embed lua/wake_add.lua
+	wakeAddSrc    string
+	wakeAddScript = redis.NewScript(wakeAddSrc)
+	//go:embed lua/wake_pop.lua
+	wakePopSrc    string
+	wakePopScript = redis.NewScript(wakePopSrc)
+)
+
+// Defaults of RunConfig.
+const (
+	// DefaultLead is how long before its turn a parked job is woken.
+	DefaultLead = 250 * time.Millisecond
+	// DefaultTick is the longest Run sleeps between two looks at the
+	// ledger.
+	DefaultTick = 50 * time.Millisecond
+	// wakeBatch bounds the wake-ups one look takes.
+	wakeBatch = 256
+	// ledgerKeepMs is how long the ledger outlives its latest wake-up.
+	ledgerKeepMs = int64(time.Hour / time.Millisecond)
+)
+
+// NewWakeups returns the ledger kept at key on rdb. The key must be the
+// same in every process that parks or wakes the same jobs; for Redis
+// Cluster it is one key, in one slot.
+func NewWakeups(rdb redis.UniversalClient, key string) (*Wakeups, error) {
+	if rdb == nil {
+		return nil, errors.New("admission: wakeups: nil Redis client")
+	}
+	if key == "" {
+		return nil, errors.New("admission: wakeups: empty key")
+	}
+	return &Wakeups{rdb: rdb, key: key}, nil
+}
+
+// Add schedules member to be woken at slot, a time on the Redis clock
+// (Decision.Slot). Adding a member again moves it.
+func (w *Wakeups) Add(ctx context.Context, member string, slot time.Time) error {
+	if err := wakeAddScript.Run(ctx, w.rdb, []string{w.key}, member, slot.UnixMicro(), ledgerKeepMs).Err(); err != nil {
+		return fmt.Errorf("admission: wakeups: add: %w", err)
+	}
+	return nil
+}
+
+// Remove forgets member, if it is in the ledger.
+func (w *Wakeups) Remove(ctx context.Context, member string) error {
+	if err := w.rdb.ZRem(ctx, w.key, member).Err(); err != nil {
+		return fmt.Errorf("admission: wakeups: remove: %w", err)
+	}
+	return nil
+}
+
+// Len returns how many wake-ups are in the ledger.
+func (w *Wakeups) Len(ctx context.Context) (int64, error) {
+	return w.rdb.ZCard(ctx, w.key).Result()
+}
+
+// RunConfig tunes Run. The zero value uses every default.
+type RunConfig struct {
+	// Lead is how long before its slot each job is woken. If zero,
+	// DefaultLead. Keep it below Config.EarlyWait, so that a job woken on
+	// time waits for its turn instead of parking again.
+	Lead time.Duration
+	// Tick is the longest Run sleeps between looks. If zero, DefaultTick.
+	Tick time.Duration
+	// OnError, if set, is called with every error of a look or a wake.
+	OnError func(error)
+}
+
+// Run wakes due jobs until ctx ends, then returns nil. Each due member is
+// taken from the ledger by exactly one process and passed to wake; if
+// wake returns an error matching ErrWakeLater, it is put back to be tried
+// again one Tick later. Run sleeps until the next wake-up is due, at most
+// Tick, so it costs Redis one small script call per Tick per process.
+func (w *Wakeups) Run(ctx context.Context, cfg RunConfig, wake func(ctx context.Context, member string) error) error {
+	if cfg.Lead <= 0 {
+		cfg.Lead = DefaultLead
+	}
+	if cfg.Tick <= 0 {
+		cfg.Tick = DefaultTick
+	}
+	report := func(err error) {
+		if cfg.OnError != nil && ctx.Err() == nil {
+			cfg.OnError(err)
+		}
+	}
+	for ctx.Err() == nil {
+		members, next, redisNow, err := w.pop(ctx, cfg.Lead)
+		if err != nil {
+			report(err)
+			next = cfg.Tick
+		}
+		for _, m := range members {
+			err := wake(ctx, m)
+			if errors.Is(err, ErrWakeLater) {
+				// Not ready to be woken (still finishing its run, say):
+				// one tick later, on the Redis clock.
+				err = w.Add(ctx, m, redisNow.Add(cfg.Tick+cfg.Lead))
+				next = min(next, cfg.Tick)
+			}
+			if err != nil && !errors.Is(err, ErrWakeLater) {
+				report(err)
+			}
+		}
+		if len(members) == wakeBatch {
+			continue
+		}
+		sleep := cfg.Tick
+		if next >= 0 && next < sleep {
+			sleep = next
+		}
+		t := time.NewTimer(sleep)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	return nil
+}
+
+// ErrWakeLater is returned (possibly wrapped) by a wake function that
+// could not wake its job yet; Run tries again one Tick later.
+var ErrWakeLater = errors.New("admission: wakeups: not ready; try again")
+
+// pop takes the due members and returns them with the time until the
+// next is due (-1 if none) and Redis's now.
+func (w *Wakeups) pop(ctx context.Context, lead time.Duration) ([]string, time.Duration, time.Time, error) {
+	v, err := wakePopScript.Run(ctx, w.rdb, []string{w.key}, lead.Microseconds(), wakeBatch).Slice()
+	if err != nil {
+		return nil, -1, time.Time{}, fmt.Errorf("admission: wakeups: take due: %w", err)
+	}
+	if len(v) != 3 {
+		return nil, -1, time.Time{}, fmt.Errorf("admission: wakeups: unexpected reply %v", v)
+	}
+	raw, _ := v[0].([]any)
+	members := make([]string, 0, len(raw))
+	for _, m := range raw {
+		if s, ok := m.(string); ok {
+			members = append(members, s)
+		}
+	}
+	next := time.Duration(-1)
+	if us, ok := v[1].(int64); ok && us >= 0 {
+		next = time.Duration(us) * time.Microsecond
+	}
+	now, _ := v[2].(int64)
+	return members, next, time.UnixMicro(now), nil
+}
+
+// Member joins parts into one ledger member that Split takes apart: each
+// part is length-prefixed, so parts may contain any byte.
+func Member(parts ...string) string {
+	var b strings.Builder
+	for _, p := range parts {
+		fmt.Fprintf(&b, "%d:%s", len(p), p)
+	}
+	return b.String()
+}
+
+// Split takes apart a member made by Member; ok is false if it is not one.
+func Split(member string) (parts []string, ok bool) {
+	for member != "" {
+		i := strings.IndexByte(member, ':')
+		if i < 1 {
+			return nil, false
+		}
+		var n int
+		if _, err := fmt.Sscanf(member[:i], "%d", &n); err != nil || n < 0 || i+1+n > len(member) {
+			return nil, false
+		}
+		parts = append(parts, member[i+1:i+1+n])
+		member = member[i+1+n:]
+	}
+	return parts, true
+}
