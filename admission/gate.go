@@ -145,6 +145,9 @@ type Request struct {
 	// Receipt is a receipt from throttle.Limiter.PrepayN that the job
 	// carries (booked by its producer), or empty.
 	Receipt string
+	// BookAs, if not empty, is the ID the job will come back under, if not
+	// ID (a task requeued as a copy): a new turn is booked under it.
+	BookAs string
 }
 
 // Outcome is what a job does after Admit.
@@ -217,7 +220,7 @@ func (g *Gate) Admit(ctx context.Context, req Request) (Decision, error) {
 		wait, byDeadline = max(dl.Sub(start), 0), true
 	}
 	a, err := g.lim.Admit(ctx, throttle.AdmitRequest{
-		Subject: req.Subject, N: cost, ID: req.ID, Receipt: req.Receipt,
+		Subject: req.Subject, N: cost, ID: req.ID, Receipt: req.Receipt, BookAs: req.BookAs,
 		Wait: wait, Tolerance: g.cfg.Tolerance,
 	})
 	if err != nil {

@@ -28,6 +28,10 @@ type AdmitRequest struct {
 	// Receipt, if not empty, is a receipt from PrepayN that the caller
 	// carries; it is redeemed like a booking.
 	Receipt string
+	// BookAs, if not empty, is the ID a new turn is booked under instead
+	// of ID: for a caller that will come back under another identity (a
+	// task requeued as a copy). ID is still redeemed.
+	BookAs string
 	// Wait is how long the caller can wait where it is. A negative Wait
 	// means without bound (nothing is booked).
 	Wait time.Duration
@@ -109,7 +113,7 @@ func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error
 	if req.Tolerance <= 0 {
 		return Admission{}, fmt.Errorf("throttle: admit: tolerance %v: must be at least 1µs", req.Tolerance)
 	}
-	if len(req.ID) > maxReceiptLen || len(req.Receipt) > maxReceiptLen {
+	if len(req.ID) > maxReceiptLen || len(req.Receipt) > maxReceiptLen || len(req.BookAs) > maxReceiptLen {
 		return Admission{}, fmt.Errorf("throttle: admit: an ID or receipt is at most %d bytes; hash longer ones", maxReceiptLen)
 	}
 	if req.Horizon < 0 || req.Horizon > MaxPeriod {
@@ -127,14 +131,19 @@ func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error
 		return Admission{}, err
 	}
 	keys = append(keys, l.receiptsKey(req.Subject))
-	booking, receipt := "", ""
-	if req.ID != "" {
+	booking := ""
+	switch {
+	case req.BookAs != "":
+		booking = l.member(req.BookAs)
+	case req.ID != "":
 		booking = l.member(req.ID)
 	}
-	if req.Receipt != "" {
-		receipt = l.member(req.Receipt)
+	args = append(args, booking, max(req.Tolerance.Microseconds(), 1), horizon)
+	for _, id := range [...]string{req.ID, req.Receipt} {
+		if id != "" {
+			args = append(args, l.member(id))
+		}
 	}
-	args = append(args, booking, receipt, max(req.Tolerance.Microseconds(), 1), horizon)
 	reply, err := l.run(ctx, l.script, keys, args...).Slice()
 	recv := time.Now()
 	if err != nil {

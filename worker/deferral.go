@@ -140,9 +140,15 @@ func later(a, b time.Time) time.Time {
 // Configure returns c with IsFailure and RetryDelayFunc wrapped so that a
 // task deferred with a *ThrottledError is rescheduled for its RetryAt
 // without counting a failure or using up a retry; every other error goes
-// to c's own IsFailure and RetryDelayFunc (asynq's defaults if unset). If
-// c.DelayedTaskCheckInterval is zero it is set to one second (asynq's
-// default is five), so that deferred tasks resume soon after RetryAt.
+// to c's own IsFailure and RetryDelayFunc (asynq's defaults if unset).
+//
+// It also shortens two of asynq's polling intervals, if zero, to
+// CheckInterval (100ms): TaskCheckInterval (asynq's default is 1s), how
+// long an idle processor sleeps before it looks for work again, so that a
+// parked task woken just before its turn starts on time; and
+// DelayedTaskCheckInterval (asynq's default 5s), how often due scheduled
+// and retry tasks are moved to pending. Each costs an idle worker about ten
+// small Redis calls a second.
 func Configure(c asynq.Config) asynq.Config {
 	own := c.IsFailure
 	c.IsFailure = func(err error) bool {
@@ -153,7 +159,13 @@ func Configure(c asynq.Config) asynq.Config {
 	}
 	c.RetryDelayFunc = RetryDelay(c.RetryDelayFunc)
 	if c.DelayedTaskCheckInterval == 0 {
-		c.DelayedTaskCheckInterval = time.Second
+		c.DelayedTaskCheckInterval = CheckInterval
+	}
+	if c.TaskCheckInterval == 0 {
+		c.TaskCheckInterval = CheckInterval
 	}
 	return c
 }
+
+// CheckInterval is the polling interval Configure gives asynq.
+const CheckInterval = 100 * time.Millisecond

@@ -106,11 +106,12 @@ func TestConfigure(t *testing.T) {
 	if d := c.RetryDelayFunc(0, te, nil); d < 59*time.Second || d > 61*time.Second {
 		t.Errorf("RetryDelayFunc(throttled) = %v, want about 1m", d)
 	}
-	if c.DelayedTaskCheckInterval != time.Second {
-		t.Errorf("DelayedTaskCheckInterval = %v, want 1s", c.DelayedTaskCheckInterval)
+	if c.DelayedTaskCheckInterval != CheckInterval || c.TaskCheckInterval != CheckInterval {
+		t.Errorf("DelayedTaskCheckInterval = %v, TaskCheckInterval = %v; want both %v", c.DelayedTaskCheckInterval, c.TaskCheckInterval, CheckInterval)
 	}
-	if c := Configure(asynq.Config{DelayedTaskCheckInterval: 3 * time.Second}); c.DelayedTaskCheckInterval != 3*time.Second || !c.IsFailure(errors.New("x")) {
-		t.Error("Configure must keep a set DelayedTaskCheckInterval and count other errors as failures by default")
+	c = Configure(asynq.Config{DelayedTaskCheckInterval: 3 * time.Second, TaskCheckInterval: 2 * time.Second})
+	if c.DelayedTaskCheckInterval != 3*time.Second || c.TaskCheckInterval != 2*time.Second || !c.IsFailure(errors.New("x")) {
+		t.Error("Configure must keep set intervals and count other errors as failures by default")
 	}
 }
 

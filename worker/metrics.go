@@ -12,8 +12,9 @@ import (
 const (
 	OutcomeAdmitted = "admitted" // admitted at once (a wait under WaitThreshold)
 	OutcomeWaited   = "waited"   // admitted after waiting in the handler
-	OutcomeRedeemed = "redeemed" // admitted on a receipt prepaid at enqueue time (ReceiptHeader)
-	OutcomeDeferred = "deferred" // deferred with a *ThrottledError for its RetryAt
+	OutcomeRedeemed = "redeemed" // admitted on a turn booked before it arrived: when it parked, or by its producer (ReceiptHeader)
+	OutcomeParked   = "parked"   // parked until its turn, booked under its task ID (ErrParked)
+	OutcomeDeferred = "deferred" // deferred with a *ThrottledError for an estimate (Redis failed, Drain, or a limiter that cannot book)
 	OutcomeRefunded = "refunded" // the task's context ended while waiting; its permits were refunded
 	OutcomeError    = "error"    // no subject (archived), or Redis failed (deferred)
 )
@@ -26,9 +27,12 @@ const WaitThreshold = 5 * time.Millisecond
 // the rule's name and the outcome: never a subject (unbounded cardinality,
 // and possibly personal data) nor anything from a payload.
 //
-//	jobthrottle_wait_seconds{rule}            histogram of the time admitted tasks waited
+//	jobthrottle_wait_seconds{rule}            histogram of the time admitted tasks waited in their handlers
+//	jobthrottle_start_delay_seconds{rule}     histogram of the time from enqueue to start (tasks with EnqueuedHeader)
 //	jobthrottle_decisions_total{rule,outcome} tasks by outcome (see the Outcome constants)
 //	jobthrottle_waiters{rule}                 tasks waiting in handlers now
+//	jobthrottle_booked_ahead_seconds{rule}    how far ahead the latest parked task's turn was booked
+//	jobthrottle_wakeups_total                 parked tasks this process moved to pending at their turns
 //	jobthrottle_redis_errors_total            errors from Redis seen by the limiters
 //
 // A nil *Metrics records nothing. Pass one to the middleware with
@@ -36,8 +40,11 @@ const WaitThreshold = 5 * time.Millisecond
 // it builds.
 type Metrics struct {
 	wait        *prometheus.HistogramVec
+	delays      *prometheus.HistogramVec
 	decisions   *prometheus.CounterVec
 	waiters     *prometheus.GaugeVec
+	ahead       *prometheus.GaugeVec
+	wakeups     prometheus.Counter
 	redisErrors prometheus.Counter
 }
 
@@ -54,10 +61,26 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help:      "Time tasks waited in the handler for their permits, by rule (admitted tasks only).",
 			Buckets:   []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300},
 		}, []string{"rule"}),
+		delays: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "jobthrottle",
+			Name:      "start_delay_seconds",
+			Help:      "Time from enqueue to start, by rule, for tasks whose producer recorded it (EnqueuedHeader): queue time, parking and waiting together.",
+			Buckets:   []float64{.01, .05, .1, .25, .5, 1, 2, 5, 10, 30, 60, 120, 300, 900, 3600},
+		}, []string{"rule"}),
+		ahead: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "jobthrottle",
+			Name:      "booked_ahead_seconds",
+			Help:      "How far ahead the turn of the latest task parked by this process was booked, by rule: the depth of the backlog in time.",
+		}, []string{"rule"}),
+		wakeups: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "jobthrottle",
+			Name:      "wakeups_total",
+			Help:      "Parked tasks this process moved to their queues' pending lists just before their turns.",
+		}),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "jobthrottle",
 			Name:      "decisions_total",
-			Help:      "Throttled tasks by rule and outcome: admitted, waited, redeemed, deferred, refunded, error.",
+			Help:      "Throttled tasks by rule and outcome: admitted, waited, redeemed, parked, deferred, refunded, error.",
 		}, []string{"rule", "outcome"}),
 		waiters: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: "jobthrottle",
@@ -70,7 +93,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help:      "Errors from Redis seen by the limiters (admitted anyway if fail_open).",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.wait, m.decisions, m.waiters, m.redisErrors} {
+	for _, c := range []prometheus.Collector{m.wait, m.delays, m.decisions, m.waiters, m.ahead, m.wakeups, m.redisErrors} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("worker: registering metrics: %w", err)
 		}
@@ -101,5 +124,23 @@ func (m *Metrics) waited(rule string, d time.Duration) {
 func (m *Metrics) waiting(rule string, delta float64) {
 	if m != nil {
 		m.waiters.WithLabelValues(rule).Add(delta)
+	}
+}
+
+func (m *Metrics) startDelay(rule string, d time.Duration) {
+	if m != nil {
+		m.delays.WithLabelValues(rule).Observe(d.Seconds())
+	}
+}
+
+func (m *Metrics) bookedAhead(rule string, d time.Duration) {
+	if m != nil {
+		m.ahead.WithLabelValues(rule).Set(d.Seconds())
+	}
+}
+
+func (m *Metrics) woken() {
+	if m != nil {
+		m.wakeups.Inc()
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
@@ -46,10 +47,20 @@ type Rule struct {
 	// Fixed for one limit shared by every task of the rule.
 	Subject Subject
 	// MaxWait bounds how long a task may wait in its handler, holding a
-	// worker slot. A task whose admission would come later is deferred
-	// with a *ThrottledError instead. If zero, only the task's deadline
-	// bounds the wait.
+	// worker slot, for a new turn. A task whose turn would come later
+	// parks: the turn is booked under its task ID and the task is
+	// deferred with a *ThrottledError until then. If zero,
+	// admission.DefaultMaxWait (1s); for a Limiter that cannot book (not a
+	// *throttle.Limiter, such as a *throttle.Group), which defers the task
+	// to an estimate instead, zero means only the task's deadline bounds
+	// the wait. Never longer than the task's deadline allows.
 	MaxWait time.Duration
+	// WaitSlots bounds how many tasks of one subject wait in their
+	// handlers (for longer than a moment) in this process at once; the
+	// others park at once, so a subject over its limit cannot fill the
+	// worker slots that other subjects need. If zero,
+	// admission.DefaultWaitSlots (2).
+	WaitSlots int
 }
 
 // ReceiptHeader is the asynq task header that carries a receipt from
@@ -59,12 +70,6 @@ type Rule struct {
 // that does not redeem (unknown, expired, used, or for other rules) is
 // ignored and the task is charged as usual.
 const ReceiptHeader = "jobthrottle-receipt"
-
-// deadlineMargin is how long before the task's deadline every wait ends,
-// so that the middleware, not asynq's deadline handling, decides the
-// task's fate (asynq counts a task whose context expires as failed). It is
-// at most a quarter of the time the task has.
-const deadlineMargin = 500 * time.Millisecond
 
 // DefaultRedisRetryDelay is how long a task is deferred when its limiter
 // cannot reach Redis (and is not fail-open), unless WithRedisRetryDelay
@@ -84,19 +89,28 @@ const DefaultRedisRetryDelay = 5 * time.Second
 //
 // A Middleware is safe for concurrent use.
 type Middleware struct {
-	exact      map[string]*Rule
+	exact      map[string]*ruleGate
 	prefixes   []prefixRule // longest prefix first
 	log        *slog.Logger
 	metrics    *Metrics
 	requeue    *requeuer
+	wakeups    *admission.Wakeups // nil without WithAsynq
 	redisRetry time.Duration
 	drainCtx   context.Context
 	drain      context.CancelFunc
+	stopped    chan struct{} // closed when the wake-up loop has ended (nil without one)
+}
+
+// ruleGate is a Rule with its admission gate (nil for a Limiter that is not a
+// *throttle.Limiter, such as a *throttle.Group, which waits in place).
+type ruleGate struct {
+	Rule
+	gate *admission.Gate
 }
 
 type prefixRule struct {
 	prefix string
-	rule   *Rule
+	rule   *ruleGate
 }
 
 // Option configures a Middleware.
@@ -105,7 +119,7 @@ type Option func(*options)
 type options struct {
 	logger     *slog.Logger
 	metrics    *Metrics
-	requeue    redis.UniversalClient
+	asynq      redis.UniversalClient
 	redisRetry time.Duration
 }
 
@@ -115,19 +129,35 @@ func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l 
 // WithMetrics records the middleware's decisions in m.
 func WithMetrics(m *Metrics) Option { return func(o *options) { o.metrics = m } }
 
-// WithRequeue lets the middleware defer tasks that have no retry left
-// (enqueued with asynq.MaxRetry(0), or on their last attempt after real
-// failures), which asynq would archive if their handler returned any
-// error. rdb is the Redis client of the asynq server. Such a task is
-// deferred by enqueueing a copy (same type, payload, headers, queue,
-// timeout, deadline and retention; the retries it had left; the ID
-// "<id>~throttled<n>") scheduled for RetryAt, and revoking the original
-// (the returned *ThrottledError then matches asynq.RevokeTask).
+// WithAsynq gives the middleware the Redis client of the asynq server
+// (rdb), which it uses for two things:
 //
-// Without WithRequeue, such a task waits in its handler as long as its
-// deadline allows, ignoring MaxWait, and is archived with a
-// *ThrottledError only if even that is not enough.
-func WithRequeue(rdb redis.UniversalClient) Option { return func(o *options) { o.requeue = rdb } }
+//   - Wake-ups. A parked task is recorded in a ledger in rdb
+//     (WakeupsKey), and every middleware with WithAsynq runs a loop that
+//     moves each parked task to its queue's pending list (asynq's
+//     Inspector.RunTask) shortly before its turn, instead of waiting for
+//     asynq's own schedule, which keeps whole seconds. So parked tasks
+//     start on time and spread over the second, not together at its end.
+//     Without it, a parked task is scheduled a little before its turn, in
+//     whole seconds, and waits out the rest in its handler.
+//   - Tasks with no retry left (enqueued with asynq.MaxRetry(0), or on
+//     their last attempt after real failures), which asynq would archive
+//     if their handler returned any error, are parked by enqueueing a copy
+//     (same type, payload, headers, queue, timeout, deadline and
+//     retention; the retries it had left; the ID "<id>~throttled<n>")
+//     scheduled for the turn, and revoking the original (the returned
+//     *ThrottledError then matches asynq.RevokeTask). Without it, such a
+//     task waits in its handler as long as its deadline allows, ignoring
+//     MaxWait, and is archived with a *ThrottledError only if even that is
+//     not enough.
+//
+// Call Drain (or Close) when the server stops, to end the wake-up loop.
+func WithAsynq(rdb redis.UniversalClient) Option { return func(o *options) { o.asynq = rdb } }
+
+// WithRequeue is WithAsynq, under its former name.
+//
+// Deprecated: use WithAsynq, which also wakes parked tasks on time.
+func WithRequeue(rdb redis.UniversalClient) Option { return WithAsynq(rdb) }
 
 // WithRedisRetryDelay sets how long a task is deferred when its limiter
 // cannot reach Redis. If unset or not positive, DefaultRedisRetryDelay.
@@ -143,7 +173,7 @@ func NewMiddleware(rules []Rule, opts ...Option) (*Middleware, error) {
 		opt(&o)
 	}
 	m := &Middleware{
-		exact:      map[string]*Rule{},
+		exact:      map[string]*ruleGate{},
 		log:        o.logger,
 		metrics:    o.metrics,
 		redisRetry: o.redisRetry,
@@ -154,8 +184,12 @@ func NewMiddleware(rules []Rule, opts ...Option) (*Middleware, error) {
 	if m.redisRetry <= 0 {
 		m.redisRetry = DefaultRedisRetryDelay
 	}
-	if o.requeue != nil {
-		m.requeue = &requeuer{client: asynq.NewClientFromRedisClient(o.requeue), insp: asynq.NewInspectorFromRedisClient(o.requeue)}
+	if o.asynq != nil {
+		m.requeue = &requeuer{client: asynq.NewClientFromRedisClient(o.asynq), insp: asynq.NewInspectorFromRedisClient(o.asynq)}
+		var err error
+		if m.wakeups, err = admission.NewWakeups(o.asynq, WakeupsKey); err != nil {
+			return nil, fmt.Errorf("worker: %w", err)
+		}
 	}
 	m.drainCtx, m.drain = context.WithCancel(context.Background())
 
@@ -179,10 +213,24 @@ func NewMiddleware(rules []Rule, opts ...Option) (*Middleware, error) {
 			return nil, bad("subject", "must not be nil; use Fixed, PayloadField or a func")
 		case r.MaxWait < 0:
 			return nil, bad("max_wait", fmt.Sprintf("%v must not be negative", r.MaxWait))
+		case r.WaitSlots < 0:
+			return nil, bad("wait_slots", fmt.Sprintf("%d must not be negative", r.WaitSlots))
 		}
 		names[r.Name] = true
-		rule := *r
+		rule := &ruleGate{Rule: *r}
 		rule.Tasks = append([]string(nil), r.Tasks...)
+		if lim, ok := r.Limiter.(*throttle.Limiter); ok {
+			cfg := admission.Config{MaxWait: r.MaxWait, WaitSlots: r.WaitSlots}
+			if m.wakeups == nil {
+				// Parked tasks come back in whole seconds, up to a second
+				// early (see parkAt): let them wait that out in place.
+				cfg.EarlyWait = earlyWaitUnwoken
+			}
+			var err error
+			if rule.gate, err = admission.New(lim, cfg); err != nil {
+				return nil, bad("limiter", err.Error())
+			}
+		}
 		for _, p := range rule.Tasks {
 			if err := checkPattern(p); err != nil {
 				return nil, bad("tasks", err.Error())
@@ -192,13 +240,17 @@ func NewMiddleware(rules []Rule, opts ...Option) (*Middleware, error) {
 			}
 			owner[p] = r.Name
 			if prefix, ok := strings.CutSuffix(p, "*"); ok {
-				m.prefixes = append(m.prefixes, prefixRule{prefix, &rule})
+				m.prefixes = append(m.prefixes, prefixRule{prefix, rule})
 			} else {
-				m.exact[p] = &rule
+				m.exact[p] = rule
 			}
 		}
 	}
 	sort.SliceStable(m.prefixes, func(i, j int) bool { return len(m.prefixes[i].prefix) > len(m.prefixes[j].prefix) })
+	if m.wakeups != nil {
+		m.stopped = make(chan struct{})
+		go m.wakeLoop()
+	}
 	return m, nil
 }
 
@@ -214,7 +266,7 @@ func checkPattern(p string) error {
 }
 
 // rule returns the rule for a task type, or nil.
-func (m *Middleware) rule(taskType string) *Rule {
+func (m *Middleware) rule(taskType string) *ruleGate {
 	if r, ok := m.exact[taskType]; ok {
 		return r
 	}
@@ -243,22 +295,40 @@ func (m *Middleware) Wrap(next asynq.Handler) asynq.Handler {
 }
 
 // Drain ends every wait in progress, deferring those tasks (cause
-// ErrDraining, RetryAt now: another worker takes them up), and makes every
-// later throttled task defer at once. Call it when shutting down, after
+// ErrDraining, RetryAt now: another worker takes them up), makes every
+// later throttled task defer at once, and ends the wake-up loop (the other
+// workers' loops wake the parked tasks). Call it when shutting down, after
 // asynq.Server.Stop and before Shutdown, so that Shutdown does not wait up
 // to ShutdownTimeout for tasks that are only waiting. Tasks on their last
-// attempt are not drained unless WithRequeue is set (deferring would
+// attempt are not drained unless WithAsynq is set (deferring would
 // archive them); asynq puts them back in their queue when ShutdownTimeout
 // passes. Drain cannot be undone.
-func (m *Middleware) Drain() { m.drain() }
+func (m *Middleware) Drain() {
+	m.drain()
+	if m.stopped != nil {
+		<-m.stopped
+	}
+}
+
+// Close is Drain: it releases what the middleware runs in the background.
+func (m *Middleware) Close() error {
+	m.Drain()
+	return nil
+}
 
 // Wait tells a handler how the middleware admitted its task; see
 // WaitedFrom.
 type Wait struct {
 	Rule     string        // the rule that admitted the task
 	Subject  string        // the subject it limited
-	Duration time.Duration // how long the task waited for its permit
-	Redeemed bool          // admitted on a prepaid receipt (ReceiptHeader)
+	Duration time.Duration // how long the task waited in its handler for its turn
+	// Redeemed reports that the task ran on a turn booked before it
+	// arrived: when it parked, or by its producer (ReceiptHeader).
+	Redeemed bool
+	// Turn is the task's turn on the Redis clock, if the rule's limiter
+	// books turns (a *throttle.Limiter): when it was booked for, if
+	// Redeemed.
+	Turn time.Time
 }
 
 type waitKey struct{}
@@ -272,192 +342,3 @@ func WaitedFrom(ctx context.Context) (Wait, bool) {
 	return w, ok
 }
 
-// redeemer is implemented by *throttle.Limiter: limiters that can take a
-// receipt prepaid at enqueue time.
-type redeemer interface {
-	Redeem(ctx context.Context, subject, receipt string) (time.Duration, bool, error)
-}
-
-var _ redeemer = (*throttle.Limiter)(nil)
-
-// admit waits for the task's permit, or returns the error the handler
-// must return: a *ThrottledError to defer it, ctx.Err() if asynq ended
-// it, or an error wrapping asynq.SkipRetry if it can never be admitted.
-func (m *Middleware) admit(ctx context.Context, r *Rule, task *asynq.Task) (Wait, error) {
-	id, _ := asynq.GetTaskID(ctx)
-	subject, err := r.Subject(task)
-	if err == nil && subject == "" {
-		err = errors.New("the subject is empty")
-	}
-	if err != nil {
-		m.metrics.decided(r.Name, OutcomeError)
-		err = &subjectError{rule: r.Name, taskID: id, taskType: task.Type(), err: err}
-		m.log.WarnContext(ctx, "worker: task archived: no subject", "rule", r.Name, "task_id", id, "task_type", task.Type(), "error", err)
-		return Wait{}, err
-	}
-	log := m.log.With("rule", r.Name, "task_id", id, "task_type", task.Type(), "subject", subject)
-	start := time.Now()
-
-	if receipt := task.Headers()[ReceiptHeader]; receipt != "" {
-		if w, ok, err := m.redeem(ctx, log, r, subject, receipt, start); ok || err != nil {
-			return w, err
-		}
-	}
-
-	retried, _ := asynq.GetRetryCount(ctx)
-	maxRetry, known := asynq.GetMaxRetry(ctx)
-	lastAttempt := known && retried >= maxRetry
-	canDefer := !lastAttempt || m.requeue != nil
-
-	wctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	if canDefer {
-		stop := context.AfterFunc(m.drainCtx, func() { cancel(ErrDraining) })
-		defer stop()
-	}
-	if end, ok := waitEnd(ctx, r.MaxWait, start, canDefer); ok {
-		var cancelEnd context.CancelFunc
-		wctx, cancelEnd = context.WithDeadline(wctx, end)
-		defer cancelEnd()
-	}
-
-	m.metrics.waiting(r.Name, 1)
-	err = r.Limiter.WaitN(wctx, subject, 1)
-	m.metrics.waiting(r.Name, -1)
-	now := time.Now()
-	waited := now.Sub(start)
-
-	if err == nil {
-		m.admitted(log, r.Name, waited)
-		return Wait{Rule: r.Name, Subject: subject, Duration: waited}, nil
-	}
-
-	var delay *throttle.DelayError
-	var retryAt time.Time
-	outcome := OutcomeDeferred
-	switch {
-	case ctx.Err() != nil:
-		// asynq ended the task: on shutdown it has already put the task
-		// back in its queue; WaitN refunded the permits.
-		m.metrics.decided(r.Name, OutcomeRefunded)
-		log.InfoContext(ctx, "worker: wait ended by asynq; permits refunded", "waited", waited, "error", ctx.Err())
-		return Wait{}, ctx.Err()
-	case errors.As(err, &delay):
-		retryAt = now.Add(delay.RetryAfter)
-	case errors.Is(err, throttle.ErrRedis):
-		outcome = OutcomeError
-		retryAt = now.Add(m.redisRetry)
-		log.WarnContext(ctx, "worker: limiter cannot reach Redis; deferring the task", "error", err, "retry_in", m.redisRetry)
-	case context.Cause(wctx) == ErrDraining:
-		err = ErrDraining
-		retryAt = now
-	case wctx.Err() != nil:
-		// The bound passed while the task was queued behind others in
-		// this process (window rules): no admission time is known, so
-		// defer it by as long as it has waited.
-		err = wctx.Err()
-		retryAt = now.Add(waited)
-	case errors.Is(err, throttle.ErrInvalidSubject), errors.Is(err, throttle.ErrExceedsCapacity):
-		m.metrics.decided(r.Name, OutcomeError)
-		err = &subjectError{rule: r.Name, taskID: id, taskType: task.Type(), err: err}
-		log.WarnContext(ctx, "worker: task archived: it can never be admitted", "error", err)
-		return Wait{}, err
-	default:
-		m.metrics.decided(r.Name, OutcomeError)
-		return Wait{}, fmt.Errorf("worker: rule %q: %w", r.Name, err)
-	}
-	return Wait{}, m.deferTask(ctx, log, r.Name, subject, task, id, retryAt, err, lastAttempt, outcome)
-}
-
-// waitEnd returns when a wait that began at start must end: before the
-// task's deadline by deadlineMargin (at most a quarter of the time left),
-// and, if the task can be deferred, after maxWait.
-func waitEnd(ctx context.Context, maxWait time.Duration, start time.Time, canDefer bool) (time.Time, bool) {
-	var end time.Time
-	if dl, ok := ctx.Deadline(); ok {
-		end = dl.Add(-min(deadlineMargin, max(dl.Sub(start), 0)/4))
-	}
-	if canDefer && maxWait > 0 {
-		if e := start.Add(maxWait); end.IsZero() || e.Before(end) {
-			end = e
-		}
-	}
-	return end, !end.IsZero()
-}
-
-// admitted records an admission.
-func (m *Middleware) admitted(log *slog.Logger, rule string, waited time.Duration) {
-	m.metrics.waited(rule, waited)
-	switch {
-	case waited < WaitThreshold:
-		m.metrics.decided(rule, OutcomeAdmitted)
-		log.Debug("worker: admitted")
-	default:
-		m.metrics.decided(rule, OutcomeWaited)
-		level := slog.LevelDebug
-		if waited >= time.Second {
-			level = slog.LevelInfo
-		}
-		log.Log(context.Background(), level, "worker: admitted after waiting", "waited", waited.Round(time.Millisecond))
-	}
-}
-
-// redeem admits a task on a prepaid receipt. ok is false if the rule's
-// limiter takes no receipts or the receipt does not redeem: the task is
-// then charged as usual.
-func (m *Middleware) redeem(ctx context.Context, log *slog.Logger, r *Rule, subject, receipt string, start time.Time) (Wait, bool, error) {
-	rd, ok := r.Limiter.(redeemer)
-	if !ok {
-		return Wait{}, false, nil
-	}
-	delay, ok, err := rd.Redeem(ctx, subject, receipt)
-	if err != nil || !ok {
-		log.DebugContext(ctx, "worker: receipt not redeemed; charging the task", "error", err)
-		return Wait{}, false, nil
-	}
-	if delay > 0 {
-		// The task came before its slot (asynq schedules in whole
-		// seconds, rounding down). The permit is paid; wait for it.
-		t := time.NewTimer(delay)
-		defer t.Stop()
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			m.metrics.decided(r.Name, OutcomeRefunded)
-			return Wait{}, true, ctx.Err()
-		}
-	}
-	waited := time.Since(start)
-	m.metrics.waited(r.Name, waited)
-	m.metrics.decided(r.Name, OutcomeRedeemed)
-	log.DebugContext(ctx, "worker: admitted on a prepaid receipt", "waited", waited)
-	return Wait{Rule: r.Name, Subject: subject, Duration: waited, Redeemed: true}, true, nil
-}
-
-// deferTask returns the *ThrottledError that defers the task to retryAt,
-// requeueing a copy first if the task has no retry left.
-func (m *Middleware) deferTask(ctx context.Context, log *slog.Logger, rule, subject string, task *asynq.Task, id string, retryAt time.Time, cause error, lastAttempt bool, outcome string) error {
-	te := &ThrottledError{Rule: rule, Subject: subject, RetryAt: retryAt, Err: cause}
-	if lastAttempt {
-		if m.requeue == nil {
-			m.metrics.decided(rule, OutcomeError)
-			log.ErrorContext(ctx, "worker: task archived: throttled past its deadline on its last attempt; use WithRequeue to defer such tasks", "error", te)
-			return te
-		}
-		copyID, err := m.requeue.copy(ctx, task, id, retryAt)
-		if err != nil {
-			m.metrics.decided(rule, OutcomeError)
-			te.Err = errors.Join(cause, err)
-			log.ErrorContext(ctx, "worker: task archived: could not requeue it on its last attempt", "error", te)
-			return te
-		}
-		te.Requeued = copyID
-	}
-	m.metrics.decided(rule, outcome)
-	attrs := []any{"retry_at", retryAt, "retry_in", time.Until(retryAt).Round(time.Millisecond), "cause", cause}
-	if te.Requeued != "" {
-		attrs = append(attrs, "requeued_as", te.Requeued)
-	}
-	log.InfoContext(ctx, "worker: task deferred", attrs...)
-	return te
-}

@@ -11,19 +11,23 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/hibiken/asynq"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
 
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
-// fakeWaiter is a Waiter (and, with redeem set, a redeemer) whose answers
-// the test chooses.
+// epoch is where redistest.Virtual's clock starts.
+var epoch = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// fakeWaiter is a Waiter whose answers the test chooses.
 type fakeWaiter struct {
-	wait   func(ctx context.Context, subject string) error
-	redeem func(subject, receipt string) (time.Duration, bool, error)
-	calls  []string
+	wait  func(ctx context.Context, subject string) error
+	calls []string
 }
 
 func (f *fakeWaiter) WaitN(ctx context.Context, subject string, n int) error {
@@ -32,12 +36,6 @@ func (f *fakeWaiter) WaitN(ctx context.Context, subject string, n int) error {
 		return nil
 	}
 	return f.wait(ctx, subject)
-}
-
-type redeemingWaiter struct{ *fakeWaiter }
-
-func (f redeemingWaiter) Redeem(ctx context.Context, subject, receipt string) (time.Duration, bool, error) {
-	return f.redeem(subject, receipt)
 }
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -360,26 +358,41 @@ func TestDrain(t *testing.T) {
 	})
 }
 
+// TestRedeem runs a task paced by its producer (PrepayN, ReceiptHeader)
+// on the receipt, without charging the rule again, after waiting for its
+// slot; a receipt that does not redeem is charged as usual.
 func TestRedeem(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		task := asynq.NewTaskWithHeaders("t", nil, map[string]string{ReceiptHeader: "r123"})
-		var redeemed []string
-		f := redeemingWaiter{&fakeWaiter{redeem: func(subject, receipt string) (time.Duration, bool, error) {
-			redeemed = append(redeemed, subject+"/"+receipt)
-			return 700 * time.Millisecond, true, nil
-		}}}
-		w, called, err := run(t, context.Background(), []Rule{{Name: "r", Tasks: []string{"t"}, Limiter: f, Subject: Fixed("s")}}, task)
-		if err != nil || !called || len(f.calls) != 0 {
-			t.Fatalf("err %v, called %v, WaitN calls %v; want the receipt to admit without charging", err, called, f.calls)
+	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := context.Background()
+		lim, err := throttle.New(rdb, throttle.Options{}, throttle.Rule{Name: "r", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(10).WithBurst(1)})
+		if err != nil {
+			t.Fatal(err)
 		}
-		if want := (Wait{Rule: "r", Subject: "s", Duration: 700 * time.Millisecond, Redeemed: true}); w != want || len(redeemed) != 1 || redeemed[0] != "s/r123" {
-			t.Errorf("Wait %+v, redeemed %v; want %+v after redeeming s/r123", w, redeemed, want)
+		var receipt string
+		for range 8 {
+			res, err := lim.PrepayN(ctx, "s", 1, time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			receipt = res.Receipt() // the last: its slot is 700ms away
 		}
-
-		// A receipt that does not redeem: charged as usual.
-		f.redeem = func(string, string) (time.Duration, bool, error) { return 0, false, nil }
-		if w, _, err := run(t, context.Background(), []Rule{{Name: "r", Tasks: []string{"t"}, Limiter: f, Subject: Fixed("s")}}, task); err != nil || w.Redeemed || len(f.calls) != 1 {
-			t.Errorf("unknown receipt: err %v, %+v, WaitN calls %v; want one charge", err, w, f.calls)
+		rules := []Rule{{Name: "r", Tasks: []string{"t"}, Limiter: lim, Subject: Fixed("s")}}
+		task := asynq.NewTaskWithHeaders("t", nil, map[string]string{ReceiptHeader: receipt})
+		w, called, err := run(t, ctx, rules, task)
+		if err != nil || !called {
+			t.Fatalf("err %v, called %v; want the receipt to admit", err, called)
+		}
+		if !w.Redeemed || w.Duration != 700*time.Millisecond || w.Turn.Sub(epoch) != 700*time.Millisecond {
+			t.Errorf("Wait %+v; want redeemed after waiting 700ms for the turn at 700ms", w)
+		}
+		// Redeeming charged nothing: the next turn is still at 800ms.
+		if res, _ := lim.Allow(ctx, "s"); res.Allowed || res.RetryAfter != 100*time.Millisecond {
+			t.Errorf("after redeeming: %+v; want the next turn in 100ms", res)
+		}
+		// The receipt is spent: a task carrying it again is charged.
+		w, _, err = run(t, ctx, rules, task)
+		if err != nil || w.Redeemed || w.Duration != 100*time.Millisecond {
+			t.Errorf("a spent receipt: err %v, %+v; want a new turn, after 100ms", err, w)
 		}
 	})
 }
@@ -406,7 +419,7 @@ func TestMetricsRegistration(t *testing.T) {
 	m.waited("r", time.Second)
 	m.waiting("r", 1)
 	want := `
-# HELP jobthrottle_decisions_total Throttled tasks by rule and outcome: admitted, waited, redeemed, deferred, refunded, error.
+# HELP jobthrottle_decisions_total Throttled tasks by rule and outcome: admitted, waited, redeemed, parked, deferred, refunded, error.
 # TYPE jobthrottle_decisions_total counter
 jobthrottle_decisions_total{outcome="admitted",rule="r"} 1
 # HELP jobthrottle_redis_errors_total Errors from Redis seen by the limiters (admitted anyway if fail_open).

@@ -20,17 +20,19 @@
 --   ARGV[4 + 5r] -> the receipt: id and rule names, a sorted-set member
 --   ARGV[5 + 5r] -> how long the receipt is kept after its slot, microseconds
 -- admit only (KEYS[r+1] is the receipt set, as for prepay), after the rules:
---   ARGV[4 + 5r] -> the booking: the caller's id and rule names, a sorted-set
---                   member ('' if the caller cannot book)
---   ARGV[5 + 5r] -> a receipt made by prepay for the same caller ('' if none)
---   ARGV[6 + 5r] -> tolerance, microseconds: a booking or receipt whose slot
+--   ARGV[4 + 5r] -> the member to book a new turn under: an id and the
+--                   rule names ('' if the caller cannot book)
+--   ARGV[5 + 5r] -> tolerance, microseconds: a booking or receipt whose slot
 --                   passed more than this long ago is stale
---   ARGV[7 + 5r] -> horizon, microseconds: the latest slot a new booking may
+--   ARGV[6 + 5r] -> horizon, microseconds: the latest slot a new booking may
 --                   take (-1: no bound)
+--   ARGV[7 + 5r] ... -> members to redeem, in order: the caller's earlier
+--                   booking, a receipt made by prepay
 --   ARGV[3] is how long the caller can wait where it is (-1: no bound).
 -- refund only, after the rules: more reservations to give back in the same
 -- call, each as 1 + r values: its n, then its ticket for each rule
--- The number of rules r is floor((#ARGV - 3) / 5), for refund (#KEYS - 1) / 2.
+-- The number of rules r is floor((#ARGV - 3) / 5), for refund (#KEYS - 1) / 2,
+-- for admit #KEYS - 1.
 --
 -- allow and reserve return
 --   {ok (1/0), deciding rule index (1-based), remaining, delay microseconds,
@@ -63,6 +65,7 @@ local op = ARGV[1]
 local n = tonumber(ARGV[2])
 local max_wait = tonumber(ARGV[3])
 local nrules = math.floor((#ARGV - 3) / 5)
+if op == 'admit' then nrules = #KEYS - 1 end
 
 -- one_check and one_commit (a script of one algorithm) or checks and
 -- commits (by algorithm name) come from the use_*.lua file before this one.
@@ -124,21 +127,21 @@ local reserve = op == 'reserve' or op == 'prepay' or op == 'admit'
 local wait_here = max_wait
 if op == 'admit' then
   local rkey, b = KEYS[nrules + 1], 4 + 5 * nrules
-  local booking, receipt, tol = ARGV[b], ARGV[b + 1], tonumber(ARGV[b + 2])
+  local booking, tol = ARGV[b], tonumber(ARGV[b + 1])
   redis.call('ZREMRANGEBYSCORE', rkey, '-inf', '(' .. string.format('%d', now - tol))
-  for _, m in ipairs({booking, receipt}) do
-    local slot = m ~= '' and tonumber(redis.call('ZSCORE', rkey, m))
+  for i = b + 3, #ARGV do
+    local slot = tonumber(redis.call('ZSCORE', rkey, ARGV[i]))
     if slot then
       local d = slot - now
       if d < 0 then d = 0 end
       if wait_here >= 0 and d > wait_here then return {4, 1, 0, d, 0, now} end
-      redis.call('ZREM', rkey, m)
+      redis.call('ZREM', rkey, ARGV[i])
       return {3, 1, 0, d, 0, now}
     end
   end
   -- A new turn, booked as far as the horizon allows; without a booking id,
   -- only as far as the caller can wait.
-  max_wait = tonumber(ARGV[b + 3])
+  max_wait = tonumber(ARGV[b + 2])
   if booking == '' then max_wait = wait_here end
 end
 local reply
@@ -191,7 +194,7 @@ end
 if reply[1] == 1 and op == 'admit' and wait_here >= 0 and reply[4] > wait_here then
   -- Later than the caller can wait: book the slot under its id.
   local b = 4 + 5 * nrules
-  local rkey, tol = KEYS[nrules + 1], tonumber(ARGV[b + 2])
+  local rkey, tol = KEYS[nrules + 1], tonumber(ARGV[b + 1])
   redis.call('ZADD', rkey, string.format('%d', now + reply[4]), ARGV[b])
   keep_ttl(rkey, reply[4] + tol)
   return {2, reply[2], reply[3], reply[4], reply[5], now}

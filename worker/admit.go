@@ -1,0 +1,336 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/jobthrottle/jobthrottle/admission"
+	"github.com/jobthrottle/jobthrottle/throttle"
+)
+
+// This file is the asynq side of admission: it maps a task to a subject,
+// an ID and a deadline for the rule's admission.Gate, and a decision back
+// to asynq: run the handler, or park (a *ThrottledError for the task's
+// turn, plus a wake-up in the ledger).
+
+// WakeupsKey is the key, in the asynq server's Redis, of the ledger of
+// parked tasks to wake at their turns (WithAsynq). Every worker of a fleet
+// uses it, whatever its rules' prefix.
+const WakeupsKey = "jobthrottle:{wakeups}"
+
+// EnqueuedHeader is the task header in which jobthrottle's producers
+// (package enqueue) record when a task was enqueued, in Unix microseconds.
+// The middleware reads it for jobthrottle_start_delay_seconds, the time
+// from enqueue to start.
+const EnqueuedHeader = "jobthrottle-enqueued"
+
+// ErrParked is the cause of a *ThrottledError for a task parked until its
+// turn, which is booked under its task ID: when it comes back, it runs on
+// that turn without asking the limiter again.
+var ErrParked = errors.New("worker: parked until its booked turn")
+
+const (
+	// earlyWaitUnwoken is the gate's EarlyWait without wake-ups: a parked
+	// task then comes back by asynq's own schedule, in whole seconds, up to
+	// a second and unwokenLead before its turn, and waits out the rest.
+	earlyWaitUnwoken = 1500 * time.Millisecond
+	// unwokenLead is how long before its turn, at least, asynq brings back
+	// a parked task without wake-ups: more than its task and delayed-task
+	// check intervals (as Configure sets them) together.
+	unwokenLead = 300 * time.Millisecond
+)
+
+// admit decides for a task: the Wait to run it with, or the error the
+// handler must return (a *ThrottledError to park or defer it, ctx.Err() if
+// asynq ended it, an error wrapping asynq.SkipRetry if it can never run).
+func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (Wait, error) {
+	t := m.newTaskRun(ctx, r, task)
+	subject, err := r.Subject(task)
+	if err == nil && subject == "" {
+		err = errors.New("the subject is empty")
+	}
+	if err != nil {
+		m.metrics.decided(r.Name, OutcomeError)
+		return Wait{}, t.archive(ctx, "worker: task archived: no subject", err)
+	}
+	t.subject, t.log = subject, t.log.With("subject", subject)
+
+	retried, _ := asynq.GetRetryCount(ctx)
+	maxRetry, known := asynq.GetMaxRetry(ctx)
+	t.lastAttempt = known && retried >= maxRetry
+	if r.gate == nil || (t.lastAttempt && m.requeue == nil) {
+		return m.waitInPlace(ctx, t)
+	}
+
+	wctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := context.AfterFunc(m.drainCtx, func() { cancel(ErrDraining) })
+	defer stop()
+	if end, ok := waitEnd(ctx, 0, t.start, false); ok {
+		var cancelEnd context.CancelFunc
+		wctx, cancelEnd = context.WithDeadline(wctx, end)
+		defer cancelEnd()
+	}
+	// A task with no retry left parks as a copy (requeue.go): book the
+	// turn under the copy's ID, which is the one that comes back.
+	bookID := t.id
+	if t.lastAttempt {
+		bookID = nextCopyID(t.id)
+	}
+	m.metrics.waiting(r.Name, 1)
+	d, err := r.gate.Admit(wctx, admission.Request{Subject: subject, ID: t.id, BookAs: bookID, Receipt: task.Headers()[ReceiptHeader]})
+	m.metrics.waiting(r.Name, -1)
+	if err != nil {
+		return Wait{}, m.notAdmitted(ctx, wctx, t, err)
+	}
+	if d.Outcome == admission.Run {
+		w := Wait{Rule: r.Name, Subject: subject, Duration: d.Waited, Redeemed: d.Turn == throttle.Redeemed, Turn: d.Slot}
+		m.admitted(t, w)
+		return w, nil
+	}
+	retryAt := m.parkAt(ctx, t, bookID, d)
+	m.metrics.bookedAhead(r.Name, time.Until(d.At))
+	return Wait{}, m.deferTask(ctx, t, retryAt, ErrParked, OutcomeParked,
+		"turn", d.Turn.String(), "booked_for", d.Slot.UTC(), "booked_ahead", time.Until(d.At).Round(time.Millisecond))
+}
+
+// taskRun is what admit knows of the task it decides for.
+type taskRun struct {
+	rule        *ruleGate
+	task        *asynq.Task
+	id          string
+	subject     string
+	lastAttempt bool
+	start       time.Time
+	log         *slog.Logger
+}
+
+func (m *Middleware) newTaskRun(ctx context.Context, r *ruleGate, task *asynq.Task) *taskRun {
+	id, _ := asynq.GetTaskID(ctx)
+	return &taskRun{rule: r, task: task, id: id, start: time.Now(),
+		log: m.log.With("rule", r.Name, "task_id", id, "task_type", task.Type())}
+}
+
+// archive returns the error that archives a task that can never run.
+func (t *taskRun) archive(ctx context.Context, msg string, err error) error {
+	err = &subjectError{rule: t.rule.Name, taskID: t.id, taskType: t.task.Type(), err: err}
+	t.log.WarnContext(ctx, msg, "error", err)
+	return err
+}
+
+// parkAt records the task's wake-up and returns the RetryAt that parks it.
+func (m *Middleware) parkAt(ctx context.Context, t *taskRun, bookID string, d admission.Decision) time.Time {
+	if m.wakeups != nil {
+		queue, _ := asynq.GetQueueName(ctx)
+		err := m.wakeups.Add(ctx, admission.Member(queue, bookID), d.Slot)
+		if err == nil {
+			// The wake-up loop brings it back just before its turn;
+			// asynq's own schedule, the next whole second, is the fallback.
+			return d.At
+		}
+		t.log.WarnContext(ctx, "worker: cannot record the wake-up; asynq's own schedule brings the task back", "error", err)
+	}
+	// Whole seconds, early: the task waits out the rest (earlyWaitUnwoken).
+	return d.At.Add(-unwokenLead).Truncate(time.Second)
+}
+
+// wakeLoop runs the wake-up ledger until Drain.
+func (m *Middleware) wakeLoop() {
+	defer close(m.stopped)
+	_ = m.wakeups.Run(m.drainCtx, admission.RunConfig{
+		OnError: func(err error) { m.log.Warn("worker: wake-ups", "error", err) },
+	}, m.wake)
+}
+
+// wake moves a parked task to its queue's pending list. A task that is
+// gone (done, deleted) or already pending is left alone; one that is
+// still running (its handler has not returned yet) is tried again later;
+// an archived one is not revived.
+func (m *Middleware) wake(ctx context.Context, member string) error {
+	parts, ok := admission.Split(member)
+	if !ok || len(parts) != 2 {
+		return fmt.Errorf("worker: wake-up %q is not a queue and task ID", member)
+	}
+	queue, id := parts[0], parts[1]
+	info, err := m.requeue.insp.GetTaskInfo(queue, id)
+	switch {
+	case errors.Is(err, asynq.ErrTaskNotFound), errors.Is(err, asynq.ErrQueueNotFound):
+		return nil
+	case err != nil:
+		return fmt.Errorf("worker: wake-up of task %s: %w", id, err)
+	}
+	switch info.State {
+	case asynq.TaskStateActive:
+		return fmt.Errorf("worker: task %s is still running: %w", id, admission.ErrWakeLater)
+	case asynq.TaskStateRetry, asynq.TaskStateScheduled:
+	default:
+		return nil
+	}
+	if err := m.requeue.insp.RunTask(queue, id); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
+		return fmt.Errorf("worker: wake-up of task %s: %w", id, err)
+	}
+	m.metrics.woken()
+	return nil
+}
+
+// waitInPlace admits a task whose rule cannot park it (a Limiter that is
+// not a *throttle.Limiter, or a task on its last attempt without
+// WithAsynq): it waits in its handler, bounded by the rule's MaxWait
+// (unless it is on its last attempt) and its deadline, and is deferred to
+// the limiter's answer if that is later.
+func (m *Middleware) waitInPlace(ctx context.Context, t *taskRun) (Wait, error) {
+	r := t.rule
+	canDefer := !t.lastAttempt || m.requeue != nil
+	wctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	if canDefer {
+		stop := context.AfterFunc(m.drainCtx, func() { cancel(ErrDraining) })
+		defer stop()
+	}
+	if end, ok := waitEnd(ctx, r.MaxWait, t.start, canDefer); ok {
+		var cancelEnd context.CancelFunc
+		wctx, cancelEnd = context.WithDeadline(wctx, end)
+		defer cancelEnd()
+	}
+	m.metrics.waiting(r.Name, 1)
+	err := r.Limiter.WaitN(wctx, t.subject, 1)
+	m.metrics.waiting(r.Name, -1)
+	if err != nil {
+		return Wait{}, m.notAdmitted(ctx, wctx, t, err)
+	}
+	w := Wait{Rule: r.Name, Subject: t.subject, Duration: time.Since(t.start)}
+	m.admitted(t, w)
+	return w, nil
+}
+
+// notAdmitted returns what the handler returns when the wait for a turn
+// ended in err: ctx.Err() if asynq ended the task (its permits refunded),
+// a *ThrottledError deferring it (Redis failed, Drain, or the turn is past
+// its deadline), or an error archiving it (it can never be admitted).
+func (m *Middleware) notAdmitted(ctx, wctx context.Context, t *taskRun, err error) error {
+	r := t.rule
+	now := time.Now()
+	var delay *throttle.DelayError
+	var retryAt time.Time
+	outcome := OutcomeDeferred
+	switch {
+	case ctx.Err() != nil:
+		// asynq ended the task: on shutdown it has already put the task
+		// back in its queue; a new turn was refunded.
+		m.metrics.decided(r.Name, OutcomeRefunded)
+		t.log.InfoContext(ctx, "worker: wait ended by asynq; permits refunded", "waited", now.Sub(t.start), "error", ctx.Err())
+		return ctx.Err()
+	case errors.As(err, &delay):
+		retryAt = now.Add(delay.RetryAfter)
+	case errors.Is(err, throttle.ErrRedis):
+		outcome = OutcomeError
+		retryAt = now.Add(m.redisRetry)
+		t.log.WarnContext(ctx, "worker: limiter cannot reach Redis; deferring the task", "error", err, "retry_in", m.redisRetry)
+	case context.Cause(wctx) == ErrDraining:
+		err = ErrDraining
+		retryAt = now
+	case wctx.Err() != nil:
+		// The bound passed while the task was queued behind others in
+		// this process (window rules waiting in place): no admission
+		// time is known, so defer it by as long as it has waited.
+		err = fmt.Errorf("worker: the wait for a turn reached the rule's max_wait or the task's deadline while queued behind others: %w", wctx.Err())
+		retryAt = now.Add(now.Sub(t.start))
+	case errors.Is(err, throttle.ErrInvalidSubject), errors.Is(err, throttle.ErrExceedsCapacity):
+		m.metrics.decided(r.Name, OutcomeError)
+		return t.archive(ctx, "worker: task archived: it can never be admitted", err)
+	default:
+		m.metrics.decided(r.Name, OutcomeError)
+		return fmt.Errorf("worker: rule %q: %w", r.Name, err)
+	}
+	return m.deferTask(ctx, t, retryAt, err, outcome)
+}
+
+// admitted records an admission.
+func (m *Middleware) admitted(t *taskRun, w Wait) {
+	rule := t.rule.Name
+	m.metrics.waited(rule, w.Duration)
+	if us, err := strconv.ParseInt(t.task.Headers()[EnqueuedHeader], 10, 64); err == nil && us > 0 {
+		m.metrics.startDelay(rule, time.Since(time.UnixMicro(us)))
+	}
+	attrs := []any{"waited", w.Duration.Round(time.Millisecond)}
+	if !w.Turn.IsZero() {
+		attrs = append(attrs, "turn", w.Turn.UTC())
+	}
+	level := slog.LevelDebug
+	switch {
+	case w.Redeemed:
+		m.metrics.decided(rule, OutcomeRedeemed)
+		attrs = append(attrs, "reason", "ran on the turn booked for it")
+	case w.Duration < WaitThreshold:
+		m.metrics.decided(rule, OutcomeAdmitted)
+	default:
+		m.metrics.decided(rule, OutcomeWaited)
+		attrs = append(attrs, "reason", "its turn came within the rule's max_wait")
+		if w.Duration >= time.Second {
+			level = slog.LevelInfo
+		}
+	}
+	t.log.Log(context.Background(), level, "worker: admitted", attrs...)
+}
+
+// deferTask returns the *ThrottledError that defers the task to retryAt,
+// requeueing a copy first if the task has no retry left. attrs are added
+// to its log line.
+func (m *Middleware) deferTask(ctx context.Context, t *taskRun, retryAt time.Time, cause error, outcome string, attrs ...any) error {
+	rule := t.rule.Name
+	te := &ThrottledError{Rule: rule, Subject: t.subject, RetryAt: retryAt, Err: cause}
+	if t.lastAttempt {
+		if m.requeue == nil {
+			m.metrics.decided(rule, OutcomeError)
+			t.log.ErrorContext(ctx, "worker: task archived: throttled past its deadline on its last attempt; use WithAsynq to defer such tasks", "error", te)
+			return te
+		}
+		copyID, err := m.requeue.copy(ctx, t.task, t.id, retryAt)
+		if err != nil {
+			m.metrics.decided(rule, OutcomeError)
+			te.Err = errors.Join(cause, err)
+			t.log.ErrorContext(ctx, "worker: task archived: could not requeue it on its last attempt", "error", te)
+			return te
+		}
+		te.Requeued = copyID
+	}
+	m.metrics.decided(rule, outcome)
+	attrs = append(attrs, "retry_at", retryAt, "retry_in", time.Until(retryAt).Round(time.Millisecond), "cause", cause)
+	if te.Requeued != "" {
+		attrs = append(attrs, "requeued_as", te.Requeued)
+	}
+	msg := "worker: task deferred"
+	if outcome == OutcomeParked {
+		msg = "worker: task parked until its turn"
+	}
+	t.log.InfoContext(ctx, msg, attrs...)
+	return te
+}
+
+// deadlineMargin is how long before the task's deadline every wait ends,
+// so that the middleware, not asynq's deadline handling, decides the
+// task's fate (asynq counts a task whose context expires as failed). It is
+// at most a quarter of the time the task has.
+const deadlineMargin = 500 * time.Millisecond
+
+// waitEnd returns when a wait that began at start must end: before the
+// task's deadline by deadlineMargin (at most a quarter of the time left),
+// and, if the task can be deferred, after maxWait.
+func waitEnd(ctx context.Context, maxWait time.Duration, start time.Time, canDefer bool) (time.Time, bool) {
+	var end time.Time
+	if dl, ok := ctx.Deadline(); ok {
+		end = dl.Add(-min(deadlineMargin, max(dl.Sub(start), 0)/4))
+	}
+	if canDefer && maxWait > 0 {
+		if e := start.Add(maxWait); end.IsZero() || e.Before(end) {
+			end = e
+		}
+	}
+	return end, !end.IsZero()
+}
