@@ -45,10 +45,11 @@ func (f *fleet) start(n, concurrency int, rule func(rdb redis.UniversalClient) w
 	f.t.Helper()
 	for range n {
 		rdb := f.proc.Client(f.t)
-		mw, err := worker.NewMiddleware([]worker.Rule{rule(rdb)})
+		mw, err := worker.NewMiddleware([]worker.Rule{rule(rdb)}, worker.WithAsynq(rdb))
 		if err != nil {
 			f.t.Fatal(err)
 		}
+		f.t.Cleanup(mw.Drain) // after the server's Shutdown (cleanups run last first)
 		mux := asynq.NewServeMux()
 		mux.Use(mw.Wrap)
 		mux.HandleFunc("job:", func(ctx context.Context, t *asynq.Task) error {
@@ -213,7 +214,7 @@ func TestFleetSharesOneLimit(t *testing.T) {
 	f.noFailures(tasks)
 }
 
-func TestDeferredPastDeadlineRunsLater(t *testing.T) {
+func TestParkedPastDeadlineRunsLater(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t)
 	prefix := redistest.Prefix(t)
@@ -246,8 +247,8 @@ func TestDeferredPastDeadlineRunsLater(t *testing.T) {
 	}
 	_, errs := f.ran()
 	var te *worker.ThrottledError
-	if len(errs) != 1 || !errors.As(errs[0], &te) || !errors.Is(errs[0], context.DeadlineExceeded) {
-		t.Fatalf("errors %v; want one deferral because the slot was past the task's 1s deadline", errs)
+	if len(errs) != 1 || !errors.As(errs[0], &te) || !errors.Is(errs[0], worker.ErrParked) {
+		t.Fatalf("errors %v; want the task parked once, because its turn was past its 1s deadline", errs)
 	}
 	f.noFailures(1)
 	got, err := f.insp.GetTaskInfo("default", info.ID)

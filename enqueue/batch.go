@@ -14,10 +14,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"strconv"
 	"time"
 
 	"github.com/hibiken/asynq"
 
+	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/jobthrottle/jobthrottle/worker"
 )
@@ -48,8 +51,67 @@ type Pacer struct {
 	// at least that interval it arrives early, and the worker middleware
 	// holds it until its slot (Limiter.Redeem's delay). The price is worker
 	// slots: rate × (Lead + 1 s) tasks wait in handlers. If zero, tasks
-	// are scheduled for their slot.
+	// are scheduled for their slot. Ignored with Wakeups.
 	Lead time.Duration
+	// Wakeups, if set, is the workers' wake-up ledger (on the asynq
+	// Redis, at worker.WakeupsKey): each task is recorded there for its
+	// slot, so that a worker with worker.WithAsynq moves it to pending just
+	// before the slot, and asynq's own schedule (the whole second after the
+	// slot) is only a fallback. Tasks then start on their slots, spread over
+	// each second, instead of together at its start.
+	Wakeups *admission.Wakeups
+}
+
+// Enqueue books task's slot, schedules it for that slot with its receipt
+// (worker.ReceiptHeader) and enqueues it through c, with opts (do not set
+// ProcessAt or ProcessIn): one call for a producer that enqueues a task
+// at a time, such as a web handler. A task whose enqueueing fails gives
+// its slot back. The task's own headers are kept.
+func (p *Pacer) Enqueue(ctx context.Context, c Enqueuer, task *asynq.Task, opts ...asynq.Option) (*asynq.TaskInfo, error) {
+	info, _, err := p.enqueue(ctx, c, task, opts)
+	return info, err
+}
+
+// enqueue is Enqueue, also returning the slot (local time).
+func (p *Pacer) enqueue(ctx context.Context, c Enqueuer, task *asynq.Task, opts []asynq.Option) (*asynq.TaskInfo, time.Time, error) {
+	subject, err := p.Subject(task)
+	if err == nil && subject == "" {
+		err = errors.New("the subject is empty")
+	}
+	if err != nil {
+		return nil, time.Time{}, fmt.Errorf("subject: %w", err)
+	}
+	// Booking ahead is the point: ctx's deadline (a scheduler's
+	// --run-for, say) must not bound how far ahead a slot may be.
+	r, err := p.Limiter.PrepayN(context.WithoutCancel(ctx), subject, 1, p.Keep)
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	headers := maps.Clone(task.Headers())
+	if headers == nil {
+		headers = map[string]string{}
+	}
+	headers[worker.ReceiptHeader] = r.Receipt()
+	headers[worker.EnqueuedHeader] = strconv.FormatInt(time.Now().UnixMicro(), 10)
+	at := r.TimeToAct().Add(-p.Lead)
+	if p.Wakeups != nil {
+		// asynq's schedule only as a fallback, after the wake-up.
+		at = r.TimeToAct().Add(time.Second)
+	}
+	opts = append(opts[:len(opts):len(opts)], asynq.ProcessAt(at))
+	info, err := c.EnqueueContext(ctx, asynq.NewTaskWithHeaders(task.Type(), task.Payload(), headers), opts...)
+	if err == nil && p.Wakeups != nil {
+		// If this fails, the task is still enqueued and its fallback
+		// schedule stands (see Wakeups).
+		_ = p.Wakeups.Add(ctx, admission.Member(info.Queue, info.ID), r.Slot())
+	}
+	if err != nil {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = r.Cancel(cctx)
+		return nil, time.Time{}, err
+	}
+	return info, r.TimeToAct(), nil
 }
 
 // Batch is Count tasks of one type.
@@ -155,37 +217,18 @@ func (b *Batch) Run(ctx context.Context, c Enqueuer) (Result, error) {
 }
 
 func (b *Batch) enqueue(ctx context.Context, c Enqueuer, i, n int) (Enqueued, error) {
-	payload := b.payload(i)
 	e := Enqueued{Index: i, Count: n, Due: time.Now()}
-	opts := b.Options
-	var headers map[string]string
-	var r *throttle.Reservation
-	if p := b.Pacer; p != nil {
-		subject, err := p.Subject(asynq.NewTask(b.Type, payload))
-		if err == nil && subject == "" {
-			err = errors.New("the subject is empty")
-		}
-		if err != nil {
-			return e, fmt.Errorf("subject: %w", err)
-		}
-		// Booking ahead is the point: ctx's deadline (a scheduler's
-		// --run-for, say) must not bound how far ahead a slot may be.
-		if r, err = p.Limiter.PrepayN(context.WithoutCancel(ctx), subject, 1, p.Keep); err != nil {
-			return e, err
-		}
-		headers = map[string]string{worker.ReceiptHeader: r.Receipt()}
-		e.Due, e.Paced = r.TimeToAct(), true
-		opts = append(opts[:len(opts):len(opts)], asynq.ProcessAt(e.Due.Add(-p.Lead)))
+	task := asynq.NewTaskWithHeaders(b.Type, b.payload(i), map[string]string{worker.EnqueuedHeader: strconv.FormatInt(e.Due.UnixMicro(), 10)})
+	var info *asynq.TaskInfo
+	var err error
+	if b.Pacer != nil {
+		info, e.Due, err = b.Pacer.enqueue(ctx, c, task, b.Options)
+		e.Paced = info != nil
+	} else {
+		info, err = c.EnqueueContext(ctx, task, b.Options...)
 	}
-	info, err := c.EnqueueContext(ctx, asynq.NewTaskWithHeaders(b.Type, payload, headers), opts...)
-	if err != nil {
-		if r != nil {
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			_ = r.Cancel(cctx)
-		}
-		return e, err
+	if info != nil {
+		e.ID = info.ID
 	}
-	e.ID = info.ID
-	return e, nil
+	return e, err
 }

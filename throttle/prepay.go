@@ -89,12 +89,19 @@ func (l *Limiter) PrepayN(ctx context.Context, subject string, n int, keep time.
 		return nil, &DelayError{Rule: res.Rule, RetryAfter: res.RetryAfter, Deadline: byDeadline}
 	}
 	return &Reservation{lim: l, subject: subject, n: n, tickets: tickets(reply), receipt: id,
-		delay: res.RetryAfter, at: l.clock.wake(recv, redisNow, res.RetryAfter)}, nil
+		delay: res.RetryAfter, at: l.clock.wake(recv, redisNow, res.RetryAfter),
+		slot: time.UnixMicro(redisNow).Add(res.RetryAfter)}, nil
 }
 
 // Receipt returns the id of a reservation made by PrepayN, to be passed
-// to Redeem by whoever acts on it; "" for other reservations.
+// to Redeem (or Admit, as AdmitRequest.Receipt) by whoever acts on it; ""
+// for other reservations.
 func (r *Reservation) Receipt() string { return r.receipt }
+
+// Slot returns a prepaid reservation's slot on the Redis clock, by which
+// every process orders its work (a wake-up ledger scores by it); the zero
+// time for other reservations.
+func (r *Reservation) Slot() time.Time { return r.slot }
 
 // Redeem claims the permits that PrepayN booked under receipt, for
 // subject, with this limiter's rules. If ok, the permits were charged

@@ -1,0 +1,335 @@
+package jobthrottle_test
+
+// End-to-end tests of parking (issue 9): real asynq servers and client, a
+// real redis-server, the worker middleware with wake-ups. Each asserts the
+// counts a team would watch: every task once, parks and limiter calls per
+// task, the most turns in any second on the Redis clock, and how long a
+// cold subject waits behind a hot one.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/jobthrottle/jobthrottle/throttle"
+	"github.com/jobthrottle/jobthrottle/worker"
+)
+
+// parkFleet is asynq servers on one Redis whose middleware parks tasks.
+// Limiters talk to Redis through their own clients, so that their script
+// calls can be counted apart from asynq's.
+type parkFleet struct {
+	t      *testing.T
+	proc   *redistest.Proc
+	client *asynq.Client
+	insp   *asynq.Inspector
+	prefix string
+	calls  atomic.Int64 // limiter script calls (EVALSHA/EVAL)
+
+	mu       sync.Mutex
+	enqueued map[string]time.Time // task ID → when it was enqueued
+	starts   []taskStart
+	parks    int     // handler errors that parked a task
+	errs     []error // other handler errors
+}
+
+type taskStart struct {
+	id, subject string
+	at          time.Time // handler start, local clock
+	wait        worker.Wait
+}
+
+func newParkFleet(t *testing.T) *parkFleet {
+	t.Helper()
+	proc := redistest.Server(t)
+	rdb := proc.Client(t)
+	return &parkFleet{t: t, proc: proc, client: asynq.NewClientFromRedisClient(rdb),
+		insp: asynq.NewInspectorFromRedisClient(rdb), prefix: redistest.Prefix(t), enqueued: map[string]time.Time{}}
+}
+
+// server starts one asynq server (a worker process) with one rule over
+// "job:*", subject from the payload's "tenant", and returns a func that
+// shuts it down (also run at cleanup).
+func (f *parkFleet) server(concurrency int, rule throttle.Rule, maxWait time.Duration) func() {
+	f.t.Helper()
+	rdb := f.proc.Client(f.t)
+	limRDB := f.proc.Client(f.t)
+	limRDB.AddHook(scriptCounter{&f.calls})
+	lim, err := throttle.New(limRDB, throttle.Options{Prefix: f.prefix}, rule)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	mw, err := worker.NewMiddleware([]worker.Rule{{Name: rule.Name, Tasks: []string{"job:*"}, Limiter: lim,
+		Subject: worker.PayloadField("tenant"), MaxWait: maxWait}}, worker.WithAsynq(rdb), worker.WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	mux := asynq.NewServeMux()
+	mux.Use(mw.Wrap)
+	mux.HandleFunc("job:", func(ctx context.Context, task *asynq.Task) error {
+		w, _ := worker.WaitedFrom(ctx)
+		id, _ := asynq.GetTaskID(ctx)
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		f.starts = append(f.starts, taskStart{id: id, subject: w.Subject, at: time.Now(), wait: w})
+		return nil
+	})
+	srv := asynq.NewServerFromRedisClient(rdb, worker.Configure(asynq.Config{
+		Concurrency: concurrency,
+		LogLevel:    asynq.FatalLevel,
+		ErrorHandler: asynq.ErrorHandlerFunc(func(_ context.Context, _ *asynq.Task, err error) {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			if errors.Is(err, worker.ErrParked) {
+				f.parks++
+			} else {
+				f.errs = append(f.errs, err)
+			}
+		}),
+	}))
+	if err := srv.Start(mux); err != nil {
+		f.t.Fatal(err)
+	}
+	var once sync.Once
+	stop := func() { once.Do(func() { srv.Shutdown(); mw.Drain() }) }
+	f.t.Cleanup(stop)
+	return stop
+}
+
+// enqueue enqueues n tasks of tenant at once.
+func (f *parkFleet) enqueue(tenant string, n int) {
+	f.t.Helper()
+	for range n {
+		info, err := f.client.Enqueue(asynq.NewTask("job:call", fmt.Appendf(nil, `{"tenant":%q}`, tenant)), asynq.Retention(time.Hour))
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		f.mu.Lock()
+		f.enqueued[info.ID] = time.Now()
+		f.mu.Unlock()
+	}
+}
+
+// wait waits until n tasks have started, and returns the starts.
+func (f *parkFleet) wait(n int, timeout time.Duration) []taskStart {
+	f.t.Helper()
+	for end := time.Now().Add(timeout); ; time.Sleep(20 * time.Millisecond) {
+		f.mu.Lock()
+		got := slices.Clone(f.starts)
+		f.mu.Unlock()
+		if len(got) >= n {
+			return got
+		}
+		if time.Now().After(end) {
+			f.t.Fatalf("%d of %d tasks started within %v", len(got), n, timeout)
+		}
+	}
+}
+
+// check asserts that every enqueued task started exactly once, that no
+// handler failed, and that the queue shows no failure.
+func (f *parkFleet) check(starts []taskStart) {
+	f.t.Helper()
+	seen := map[string]int{}
+	for _, s := range starts {
+		seen[s.id]++
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for id := range f.enqueued {
+		if seen[id] != 1 {
+			f.t.Errorf("task %s started %d times, want once", id, seen[id])
+		}
+	}
+	if len(seen) != len(f.enqueued) {
+		f.t.Errorf("%d distinct tasks started, %d enqueued", len(seen), len(f.enqueued))
+	}
+	if len(f.errs) > 0 {
+		f.t.Errorf("%d handler errors other than parking, first: %v", len(f.errs), f.errs[0])
+	}
+	q, err := f.insp.GetQueueInfo("default")
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if q.FailedTotal != 0 || q.Archived != 0 {
+		f.t.Errorf("inspector: %d failed, %d archived; want none", q.FailedTotal, q.Archived)
+	}
+}
+
+// maxTurnsPerWindow returns the most turns (on the Redis clock) of subject
+// in any window of length d.
+func maxTurnsPerWindow(starts []taskStart, subject string, d time.Duration) int {
+	var turns []time.Time
+	for _, s := range starts {
+		if s.subject == subject {
+			turns = append(turns, s.wait.Turn)
+		}
+	}
+	return maxPerWindow(turns, d)
+}
+
+// maxPerWindow returns the most times in any half-open window of length d.
+func maxPerWindow(times []time.Time, d time.Duration) int {
+	times = slices.Clone(times)
+	slices.SortFunc(times, time.Time.Compare)
+	best, j := 0, 0
+	for i := range times {
+		for times[i].Sub(times[j]) >= d {
+			j++
+		}
+		best = max(best, i-j+1)
+	}
+	return best
+}
+
+// TestParkBacklog: 300 tasks of one tenant enqueued at once, three worker
+// processes of concurrency 10, a 20/s rule: the backlog drains at the
+// limit, each task parked at most once, about two limiter calls per task,
+// never more than limit + burst turns in any second on the Redis clock.
+func TestParkBacklog(t *testing.T) {
+	t.Parallel()
+	const n, rate = 300, 20
+	f := newParkFleet(t)
+	rule := throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(rate).WithBurst(1)}
+	for range 3 {
+		f.server(10, rule, 200*time.Millisecond)
+	}
+	start := time.Now()
+	f.enqueue("acme", n)
+	starts := f.wait(n, 60*time.Second)
+	took := time.Since(start)
+	f.check(starts)
+
+	want := time.Duration(n-1) * time.Second / rate
+	if limit := want*102/100 + 2*time.Second; took > limit {
+		t.Errorf("the backlog took %v, want at most %v (N/R × 1.02 + 2s)", took, limit)
+	}
+	if most := maxTurnsPerWindow(starts, "acme", time.Second); most > rate+1 {
+		t.Errorf("%d turns in one second on the Redis clock, want at most %d (limit + burst)", most, rate+1)
+	}
+	f.mu.Lock()
+	parks := f.parks
+	f.mu.Unlock()
+	calls := f.calls.Load()
+	if per := float64(parks) / n; per > 1.05 {
+		t.Errorf("%.3f parks per task, want at most 1.05", per)
+	}
+	if per := float64(calls) / n; per > 2.05 {
+		t.Errorf("%.3f limiter calls per task, want at most 2.05", per)
+	}
+	t.Logf("%d tasks in %v (ideal %v): %.3f parks and %.3f limiter calls per task; at most %d turns in a second",
+		n, took.Round(time.Millisecond), want, float64(parks)/n, float64(calls)/n, maxTurnsPerWindow(starts, "acme", time.Second))
+}
+
+// TestParkHotAndCold: 100 tasks of a hot tenant (10/s each), then 10 of a
+// cold one, in one queue, one worker of concurrency 10 and a max_wait of
+// 30s: the hot tasks park instead of holding the worker slots, so the cold
+// ones start within 2s of being enqueued; the hot tenant runs at its limit.
+func TestParkHotAndCold(t *testing.T) {
+	t.Parallel()
+	f := newParkFleet(t)
+	rule := throttle.Rule{Name: "tenant", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(10).WithBurst(1)}
+	f.server(10, rule, 30*time.Second)
+	f.enqueue("hot", 100)
+	f.enqueue("cold", 10)
+	starts := f.wait(110, 60*time.Second)
+	f.check(starts)
+
+	var coldWorst time.Duration
+	var hotTurns []time.Time
+	f.mu.Lock()
+	for _, s := range starts {
+		switch s.subject {
+		case "cold":
+			coldWorst = max(coldWorst, s.at.Sub(f.enqueued[s.id]))
+		case "hot":
+			hotTurns = append(hotTurns, s.wait.Turn)
+		}
+	}
+	f.mu.Unlock()
+	if coldWorst > 2*time.Second {
+		t.Errorf("a cold task started %v after it was enqueued, want at most 2s", coldWorst)
+	}
+	slices.SortFunc(hotTurns, time.Time.Compare)
+	span := hotTurns[len(hotTurns)-1].Sub(hotTurns[0])
+	if rate := float64(len(hotTurns)-1) / span.Seconds(); rate < 0.98*10 || rate > 10.0001 {
+		t.Errorf("the hot tenant ran at %.2f/s on the Redis clock, want 98%% to 100%% of 10/s", rate)
+	}
+	if most := maxTurnsPerWindow(starts, "hot", time.Second); most > 11 {
+		t.Errorf("%d hot turns in one second, want at most 11", most)
+	}
+	t.Logf("cold tasks: worst %v from enqueue to start; hot: 100 tasks over %v of turns", coldWorst.Round(time.Millisecond), span.Round(time.Millisecond))
+}
+
+// TestParkFleetDownAndBack: 60 tasks at 10/s; the whole fleet stops after
+// about 2s, with most tasks parked on booked turns, and is back 4s later.
+// The turns that passed meanwhile are stale: those tasks take new turns
+// instead of running at once, so no second, before or after, has more
+// than limit + burst turns on the Redis clock, or more than one extra
+// start on the local clock; every task runs once.
+func TestParkFleetDownAndBack(t *testing.T) {
+	t.Parallel()
+	const n, rate = 60, 10
+	f := newParkFleet(t)
+	rule := throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(rate).WithBurst(1)}
+	stops := []func(){f.server(5, rule, 100*time.Millisecond), f.server(5, rule, 100*time.Millisecond)}
+	f.enqueue("acme", n)
+	time.Sleep(2 * time.Second)
+	for _, stop := range stops {
+		stop()
+	}
+	f.mu.Lock()
+	before := len(f.starts)
+	f.mu.Unlock()
+	time.Sleep(4 * time.Second)
+	back := time.Now()
+	f.server(5, rule, 100*time.Millisecond)
+	f.server(5, rule, 100*time.Millisecond)
+	starts := f.wait(n, 60*time.Second)
+	f.check(starts)
+
+	if before < 10 || before > 30 {
+		t.Errorf("%d tasks started before the stop, want about 20", before)
+	}
+	if most := maxTurnsPerWindow(starts, "acme", time.Second); most > rate+1 {
+		t.Errorf("%d turns in one second on the Redis clock, want at most %d", most, rate+1)
+	}
+	var after []time.Time
+	for _, s := range starts {
+		if s.at.After(back) {
+			after = append(after, s.at)
+		}
+	}
+	if most := maxPerWindow(after, time.Second); most > rate+2 {
+		t.Errorf("%d tasks started in one second after the fleet came back, want at most %d", most, rate+2)
+	}
+	t.Logf("%d started before the stop, %d after; at most %d turns and %d starts in a second after",
+		before, len(after), maxTurnsPerWindow(starts, "acme", time.Second), maxPerWindow(after, time.Second))
+}
+
+// scriptCounter counts a client's script calls.
+type scriptCounter struct{ n *atomic.Int64 }
+
+func (c scriptCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c scriptCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := strings.ToLower(cmd.Name()); name == "evalsha" || name == "eval" {
+			c.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+func (c scriptCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
