@@ -19,9 +19,10 @@ type Reservation struct {
 	n       int
 	tickets []string // one refund ticket per rule; nil if admitted without Redis (fail open)
 	receipt string   // the receipt id of a prepaid reservation (prepay.go), else ""
-	slot    time.Time // a prepaid reservation's slot on the Redis clock (prepay.go)
 	delay   time.Duration
 	at      time.Time // local monotonic time to act (redisClock.wake)
+
+	slot time.Time // a prepaid reservation's slot on the Redis clock (prepay.go)
 
 	once      sync.Once
 	cancelErr error

@@ -341,4 +341,3 @@ func WaitedFrom(ctx context.Context) (Wait, bool) {
 	w, ok := ctx.Value(waitKey{}).(Wait)
 	return w, ok
 }
-
