@@ -54,9 +54,10 @@ type RuleConfig struct {
 	// atomic call (a policy). A rule with a single limit has one, named
 	// as the rule; a policy's limits are named "<rule>.<limit>". The names
 	// are the last part of the Redis keys: <prefix>{<subject>}:<name>.
-	Limits  []throttle.Rule
-	MaxWait time.Duration // 0: bounded only by the task's deadline
-	Line    int           // where the rule starts in the file
+	Limits    []throttle.Rule
+	MaxWait   time.Duration // 0: admission.DefaultMaxWait (Rule.MaxWait)
+	WaitSlots int           // 0: admission.DefaultWaitSlots (Rule.WaitSlots)
+	Line      int           // where the rule starts in the file
 }
 
 // SubjectConfig says where a rule's subject comes from: exactly one field
@@ -186,15 +187,19 @@ func (c *Config) Middleware(rdb redis.UniversalClient, opts ...Option) (*Middlew
 		if err != nil {
 			return nil, err
 		}
-		rules = append(rules, Rule{Name: r.Name, Tasks: r.Tasks, Limiter: lim, Subject: r.Subject.Subject(), MaxWait: r.MaxWait})
+		rules = append(rules, Rule{Name: r.Name, Tasks: r.Tasks, Limiter: lim, Subject: r.Subject.Subject(), MaxWait: r.MaxWait, WaitSlots: r.WaitSlots})
 	}
 	return NewMiddleware(rules, opts...)
 }
 
+// maxWaitSlots bounds wait_slots: more waiting handlers per subject than
+// this is no longer a bound.
+const maxWaitSlots = 10000
+
 // The fields each mapping of a rules file may have.
 var (
 	fileFields  = []string{"prefix", "fail_open", "rules"}
-	ruleFields  = []string{"name", "tasks", "subject", "algorithm", "limit", "period", "burst", "precision", "max_wait", "limits"}
+	ruleFields  = []string{"name", "tasks", "subject", "algorithm", "limit", "period", "burst", "precision", "max_wait", "wait_slots", "limits"}
 	limitFields = []string{"name", "algorithm", "limit", "period", "burst", "precision"}
 	// limitOnly are the rule fields that describe a single limit, which a
 	// policy (limits) puts in each of its limits instead.
@@ -299,6 +304,11 @@ func (p *parser) ruleConfig(n *yaml.Node, i int, names map[string]int, owner map
 	}
 	if mw := fields["max_wait"]; mw != nil {
 		if r.MaxWait, err = p.duration(mw, "max_wait", 0, throttle.MaxPeriod); err != nil {
+			return r, err
+		}
+	}
+	if ws := fields["wait_slots"]; ws != nil {
+		if r.WaitSlots, err = p.Int(ws, "wait_slots", 0, maxWaitSlots); err != nil {
 			return r, err
 		}
 	}

@@ -37,6 +37,7 @@ rules:
     algorithm: leaky-bucket
     limit: 1000
     period: 1m
+    wait_slots: 4
 `
 
 func TestParseConfig(t *testing.T) {
@@ -62,8 +63,8 @@ func TestParseConfig(t *testing.T) {
 			},
 			{
 				Name: "global", Tasks: []string{"*"}, Subject: SubjectConfig{Fixed: "global"},
-				Limits: []throttle.Rule{{Name: "global", Algorithm: throttle.GCRA, Limit: throttle.Limit{Count: 1000, Period: time.Minute, Burst: 1000}}},
-				Line:   20,
+				Limits:    []throttle.Rule{{Name: "global", Algorithm: throttle.GCRA, Limit: throttle.Limit{Count: 1000, Period: time.Minute, Burst: 1000}}},
+				WaitSlots: 4, Line: 20,
 			},
 		},
 	}
@@ -146,8 +147,8 @@ func TestParseConfigErrors(t *testing.T) {
 		{"fail_open word", "fail_open: maybe\n" + rule, `rules.yaml:1: fail_open: "maybe" must be true or false`},
 
 		// A rule's own fields.
-		{"rule not a mapping", "rules: [stripe]\n", `rules.yaml:1: rule #1: a rule must be a mapping with the fields name, tasks, subject, algorithm, limit, period, burst, precision, max_wait, limits`},
-		{"unknown rule field", edit("    period: 1s\n", "    perod: 1s\n"), `rules.yaml:7: rule #1: unknown field "perod" in a rule; allowed: name, tasks, subject, algorithm, limit, period, burst, precision, max_wait, limits`},
+		{"rule not a mapping", "rules: [stripe]\n", `rules.yaml:1: rule #1: a rule must be a mapping with the fields name, tasks, subject, algorithm, limit, period, burst, precision, max_wait, wait_slots, limits`},
+		{"unknown rule field", edit("    period: 1s\n", "    perod: 1s\n"), `rules.yaml:7: rule #1: unknown field "perod" in a rule; allowed: name, tasks, subject, algorithm, limit, period, burst, precision, max_wait, wait_slots, limits`},
 		{"repeated rule field", edit("    limit: 20\n", "    limit: 20\n    limit: 30\n"), `rules.yaml:7: rule #1: limit: repeats the field set on line 6; give it once`},
 		{"no name", edit("  - name: stripe\n    tasks", "  - tasks"), `rules.yaml:2: rule #1: name: missing; give the rule a name (letters, digits, '-' and '_' only, at most 64)`},
 		{"bad name", edit("name: stripe", "name: stripe.v2"), `rules.yaml:2: rule #1: name: "stripe.v2": use letters, digits, '-' and '_' only, at most 64`},
@@ -200,6 +201,7 @@ func TestParseConfigErrors(t *testing.T) {
 		{"too many buckets", edit("algorithm: gcra", "algorithm: sliding_window") + "    precision: 10us\n", `rules.yaml:8: rule "stripe": precision: 10µs gives more than 10000 buckets per period 1s`},
 		{"max_wait negative", rule + "    max_wait: -1s\n", `rules.yaml:8: rule "stripe": max_wait: "-1s" must be at least 0s`},
 		{"max_wait number", rule + "    max_wait: 30\n", `rules.yaml:8: rule "stripe": max_wait: "30" must be a duration with a unit`},
+		{"wait_slots negative", rule + "    wait_slots: -1\n", `rules.yaml:8: rule "stripe": wait_slots: "-1" must be a whole number from 0 to 10000`},
 
 		// Policies.
 		{"limits with algorithm", edit("    tasks:", "    limits: [{name: a, algorithm: gcra, limit: 1, period: 1s}]\n    tasks:"), `rules.yaml:6: rule "stripe": algorithm: cannot be combined with limits; set it in each of the limits`},
