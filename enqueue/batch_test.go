@@ -1,9 +1,11 @@
 package enqueue
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -12,6 +14,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/jobthrottle/jobthrottle/worker"
@@ -56,7 +59,7 @@ func (c *fakeClient) EnqueueContext(_ context.Context, task *asynq.Task, opts ..
 		}
 	}
 	c.tasks = append(c.tasks, e)
-	return &asynq.TaskInfo{ID: fmt.Sprint("id-", len(c.tasks))}, nil
+	return &asynq.TaskInfo{ID: fmt.Sprint("id-", len(c.tasks)), Queue: cmp.Or(e.queue, "default")}, nil
 }
 
 var apiRule = throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(20).WithBurst(1)}
@@ -146,8 +149,12 @@ func TestBatchUnpaced(t *testing.T) {
 		t.Fatalf("Run = %+v, %v", res, err)
 	}
 	for i, e := range c.tasks {
-		if !e.processAt.IsZero() || len(e.task.Headers()) != 0 || e.task.Payload() != nil {
-			t.Errorf("task %d: ProcessAt %v, headers %v, payload %q; want none", i, e.processAt, e.task.Headers(), e.task.Payload())
+		us, err := strconv.ParseInt(e.task.Headers()[worker.EnqueuedHeader], 10, 64)
+		if err != nil || time.Since(time.UnixMicro(us)) > time.Minute || time.Since(time.UnixMicro(us)) < 0 {
+			t.Errorf("task %d: %s header %q; want the enqueue time", i, worker.EnqueuedHeader, e.task.Headers()[worker.EnqueuedHeader])
+		}
+		if !e.processAt.IsZero() || len(e.task.Headers()) != 1 || e.task.Payload() != nil {
+			t.Errorf("task %d: ProcessAt %v, headers %v, payload %q; want none but the enqueue time", i, e.processAt, e.task.Headers(), e.task.Payload())
 		}
 	}
 }
@@ -232,6 +239,47 @@ func TestBatchLead(t *testing.T) {
 		b.Pacer.Lead = -1
 		if _, err := b.Run(context.Background(), c); err == nil {
 			t.Error("negative Lead accepted")
+		}
+	})
+}
+
+// TestPacerEnqueueWakeups paces single tasks with a wake-up ledger: each is
+// booked, keeps its own headers and gains the receipt, is scheduled a second
+// after its slot (asynq's schedule is then only the fallback), and is
+// recorded in the ledger for its slot on the Redis clock.
+func TestPacerEnqueueWakeups(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client) {
+		ctx := context.Background()
+		w, err := admission.NewWakeups(rdb, worker.WakeupsKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := &Pacer{Limiter: newLimiter(t, rdb, apiRule), Subject: worker.Fixed("s"), Wakeups: w}
+		c := &fakeClient{}
+		start := time.Now()
+		for i := range 3 {
+			task := asynq.NewTaskWithHeaders("t", nil, map[string]string{"trace": fmt.Sprint(i)})
+			info, err := p.Enqueue(ctx, c, task, asynq.Queue("low"))
+			if err != nil || info.ID != fmt.Sprint("id-", i+1) {
+				t.Fatalf("Enqueue %d: %v, %v", i, info, err)
+			}
+		}
+		entries, err := rdb.ZRangeWithScores(ctx, worker.WakeupsKey, 0, -1).Result()
+		if err != nil || len(entries) != 3 {
+			t.Fatalf("ledger %v, %v; want 3 wake-ups", entries, err)
+		}
+		for i, e := range c.tasks {
+			slot := time.Duration(i) * 50 * time.Millisecond
+			h := e.task.Headers()
+			if h["trace"] != fmt.Sprint(i) || h[worker.ReceiptHeader] == "" || e.queue != "low" {
+				t.Errorf("task %d: headers %v, queue %q; want its own header, a receipt, queue low", i, h, e.queue)
+			}
+			if got := e.processAt.Sub(start); got != slot+time.Second {
+				t.Errorf("task %d scheduled at +%v, want its slot %v + 1s", i, got, slot)
+			}
+			if m, at := entries[i].Member, time.UnixMicro(int64(entries[i].Score)).Sub(start); m != admission.Member("low", fmt.Sprint("id-", i+1)) || at != slot {
+				t.Errorf("wake-up %d: %q at +%v; want task id-%d in queue low at +%v", i, m, at, i+1, slot)
+			}
 		}
 	})
 }

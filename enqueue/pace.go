@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/jobthrottle/jobthrottle/worker"
 )
@@ -32,14 +33,27 @@ type PaceSpec struct {
 
 	// Inline, when Rules is nil: the workers' rule.
 	Prefix    string               // key prefix; if empty, worker.DefaultConfigPrefix
-	Algorithm throttle.Algorithm   // GCRA or TokenBucket; if zero, GCRA
+	Algorithm throttle.Algorithm   // if zero, GCRA
 	Limit     throttle.Limit       // count per period, burst
 	Subject   worker.SubjectConfig // exactly one of Fixed and PayloadField
 
 	// Keep is how long a receipt outlives its slot (Pacer.Keep).
 	Keep time.Duration
-	// Lead schedules each task this long before its slot (Pacer.Lead).
+	// Lead schedules each task this long before its slot (Pacer.Lead),
+	// for workers without wake-ups. If zero, each task is recorded in the
+	// workers' wake-up ledger (worker.WakeupsKey on the same Redis,
+	// Pacer.Wakeups) instead, which workers with worker.WithAsynq (as
+	// cmd/worker runs) use to start it on its slot.
 	Lead time.Duration
+}
+
+// wakeups returns the ledger a Pacer records its tasks in: the workers'
+// on rdb, unless a Lead asks for whole-second scheduling instead.
+func (s *PaceSpec) wakeups(rdb redis.UniversalClient) (*admission.Wakeups, error) {
+	if s.Lead > 0 {
+		return nil, nil
+	}
+	return admission.NewWakeups(rdb, worker.WakeupsKey)
 }
 
 // Pacer builds the Pacer for batches of taskType on rdb. base supplies the
@@ -55,9 +69,6 @@ func (s *PaceSpec) Pacer(rdb redis.UniversalClient, taskType string, base thrott
 	if algo == 0 {
 		algo = throttle.GCRA
 	}
-	if algo != throttle.GCRA && algo != throttle.TokenBucket {
-		return nil, fmt.Errorf("enqueue: pace algorithm %v cannot book slots ahead; use gcra or token_bucket", algo)
-	}
 	if (s.Subject.Fixed == "") == (s.Subject.PayloadField == "") {
 		return nil, errors.New("enqueue: pace subject: give exactly one of a fixed subject and a payload field, as the workers' rule does")
 	}
@@ -70,7 +81,11 @@ func (s *PaceSpec) Pacer(rdb redis.UniversalClient, taskType string, base thrott
 	if err != nil {
 		return nil, fmt.Errorf("enqueue: pace: %w", err)
 	}
-	return &Pacer{Limiter: lim, Subject: s.Subject.Subject(), Keep: s.Keep, Lead: s.Lead}, nil
+	w, err := s.wakeups(rdb)
+	if err != nil {
+		return nil, fmt.Errorf("enqueue: pace: %w", err)
+	}
+	return &Pacer{Limiter: lim, Subject: s.Subject.Subject(), Keep: s.Keep, Lead: s.Lead, Wakeups: w}, nil
 }
 
 func (s *PaceSpec) rulesPacer(rdb redis.UniversalClient, taskType string, base throttle.Options) (*Pacer, error) {
@@ -82,11 +97,15 @@ func (s *PaceSpec) rulesPacer(rdb redis.UniversalClient, taskType string, base t
 	if err != nil {
 		return nil, err
 	}
-	return &Pacer{Limiter: lim, Subject: rc.Subject.Subject(), Keep: s.Keep, Lead: s.Lead}, nil
+	w, err := s.wakeups(rdb)
+	if err != nil {
+		return nil, fmt.Errorf("enqueue: pace: %w", err)
+	}
+	return &Pacer{Limiter: lim, Subject: rc.Subject.Subject(), Keep: s.Keep, Lead: s.Lead, Wakeups: w}, nil
 }
 
 // rule returns the rule of s.Rules that the workers apply to taskType,
-// checking that it agrees with s.Rule and can book ahead.
+// checking that it agrees with s.Rule.
 func (s *PaceSpec) rule(taskType string) (worker.RuleConfig, error) {
 	rc, ok := s.Rules.RuleFor(taskType)
 	switch {
@@ -96,11 +115,6 @@ func (s *PaceSpec) rule(taskType string) (worker.RuleConfig, error) {
 		return rc, fmt.Errorf("enqueue: %s: no rule applies to tasks of type %q: the workers do not limit them, so there is nothing to pace against", s.Rules.File, taskType)
 	case s.Rule != "" && s.Rule != rc.Name:
 		return rc, fmt.Errorf("enqueue: %s: the workers apply rule %q to tasks of type %q, not %q; pacing under %q would charge every task twice", s.Rules.File, rc.Name, taskType, s.Rule, s.Rule)
-	}
-	for _, l := range rc.Limits {
-		if l.Algorithm != throttle.GCRA && l.Algorithm != throttle.TokenBucket {
-			return rc, fmt.Errorf("enqueue: %s:%d: rule %q: limit %q is %v, which cannot book slots ahead; pacing needs gcra or token_bucket", s.Rules.File, rc.Line, rc.Name, l.Name, l.Algorithm)
-		}
 	}
 	return rc, nil
 }

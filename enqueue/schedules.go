@@ -426,8 +426,8 @@ func (p *parser) pace(n *yaml.Node, file *Schedules) (*PaceSpec, error) {
 			return nil, err
 		}
 		a, err := throttle.ParseAlgorithm(as)
-		if err != nil || (a != throttle.GCRA && a != throttle.TokenBucket) {
-			return nil, p.Failf(v, "pace.algorithm", "%q: use gcra (leaky_bucket) or token_bucket, the algorithms that can book slots ahead", as)
+		if err != nil {
+			return nil, p.Failf(v, "pace.algorithm", "%q: use gcra (leaky_bucket), token_bucket, fixed_window, sliding_log or sliding_window", as)
 		}
 		ps.Algorithm = a
 	}

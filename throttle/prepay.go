@@ -39,7 +39,8 @@ func (l *Limiter) member(id string) string {
 }
 
 // PrepayN books n permits for subject like ReserveN (same bounds, same
-// errors, ErrNotReservable unless every rule is TokenBucket or GCRA) and,
+// errors; every algorithm can prepay, the windows included, whose ledgers
+// hold future admissions) and,
 // in the same round trip, records a receipt for them in Redis, kept until
 // keep after the slot (DefaultReceiptKeep if keep ≤ 0). Pass
 // Reservation.Receipt with the job to whoever acts at TimeToAct; it calls
@@ -49,9 +50,6 @@ func (l *Limiter) member(id string) string {
 // To book far ahead (a large batch), use a limiter whose MaxWait is zero
 // or large enough, and a context without a deadline.
 func (l *Limiter) PrepayN(ctx context.Context, subject string, n int, keep time.Duration) (*Reservation, error) {
-	if !l.reservable {
-		return nil, ErrNotReservable
-	}
 	if keep <= 0 {
 		keep = DefaultReceiptKeep
 	}

@@ -158,10 +158,6 @@ func TestPrepayReceiptExpires(t *testing.T) {
 func TestPrepayErrors(t *testing.T) {
 	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
 		ctx := context.Background()
-		win := mustNew(t, rdb, Options{}, Rule{Name: "w", Algorithm: FixedWindow, Limit: PerSecond(1)})
-		if _, err := win.PrepayN(ctx, "s", 1, 0); !errors.Is(err, ErrNotReservable) {
-			t.Errorf("window limiter: %v, want ErrNotReservable", err)
-		}
 		l := mustNew(t, rdb, Options{MaxWait: time.Second}, Rule{Name: "b", Algorithm: GCRA, Limit: PerSecond(1).WithBurst(1)})
 		if _, err := l.PrepayN(ctx, "s", 2, 0); !errors.Is(err, ErrExceedsCapacity) {
 			t.Errorf("n above burst: %v, want ErrExceedsCapacity", err)
@@ -183,4 +179,36 @@ func TestPrepayErrors(t *testing.T) {
 			t.Errorf("Redis down: %v, want ErrRedis", err)
 		}
 	})
+}
+
+// TestPrepayWindows paces 25 permits under windows of 10 per second: the
+// windows book ahead too, 10 to a window for the fixed window, each permit
+// a period after the one 10 before it for the sliding log.
+func TestPrepayWindows(t *testing.T) {
+	for _, tc := range []struct {
+		algo Algorithm
+		want func(i int) time.Duration
+	}{
+		{FixedWindow, func(i int) time.Duration { return time.Duration(i/10) * time.Second }},
+		{SlidingLog, func(i int) time.Duration { return time.Duration(i/10) * time.Second }},
+	} {
+		t.Run(tc.algo.String(), func(t *testing.T) {
+			virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+				ctx := context.Background()
+				l := mustNew(t, rdb, Options{}, Rule{Name: "w", Algorithm: tc.algo, Limit: Limit{Count: 10, Period: time.Second}})
+				for i := range 25 {
+					r, err := l.PrepayN(ctx, "s", 1, time.Minute)
+					if err != nil {
+						t.Fatalf("PrepayN %d: %v", i, err)
+					}
+					if got, want := r.Delay(), tc.want(i); got != want {
+						t.Errorf("PrepayN %d: slot in %v, want %v", i, got, want)
+					}
+				}
+				if res := allow(t, l, "s", 1); res.Allowed || res.RetryAfter != 2*time.Second {
+					t.Errorf("Allow after booking 25: %+v; want denied until the third window has room (2s)", res)
+				}
+			})
+		})
+	}
 }
