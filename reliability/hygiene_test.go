@@ -26,7 +26,8 @@ var exerciseRules = []throttle.Rule{
 
 // exercise drives every operation of the library that touches Redis, on
 // every algorithm, a three-rule policy and a group, under prefix: Allow
-// past the limit, Wait (admitted and cancelled), Reserve and Cancel (the
+// past the limit, Wait (admitted and cancelled), Admit (booked, held,
+// redeemed), Reserve and Cancel (the
 // last, an earlier and a lone reservation; window permits given back by a
 // group), PrepayN and Redeem, PauseFor and Paused. Everything it books lies
 // within about 1.5s. It fails the test
@@ -106,6 +107,19 @@ func exerciseErr(rdb redis.UniversalClient, prefix string) (err error) {
 		must(l.PauseFor(ctx, "paused", 300*time.Millisecond), rule.Name, " PauseFor")
 		_, err := l.Paused(ctx, "paused")
 		must(err, rule.Name, " Paused")
+		// Admit: turns granted, then booked ahead under task IDs; one
+		// booking redeemed, one held (early), the rest left to lapse.
+		for i := range 6 {
+			_, err := l.Admit(ctx, throttle.AdmitRequest{Subject: "admit", N: 1, ID: fmt.Sprint("task-", i), Wait: 0, Tolerance: 100 * time.Millisecond})
+			must(err, rule.Name, " Admit")
+		}
+		for _, wait := range []time.Duration{0, -1} {
+			a, err := l.Admit(ctx, throttle.AdmitRequest{Subject: "admit", N: 1, ID: "task-5", Wait: wait, Tolerance: 100 * time.Millisecond})
+			must(err, rule.Name, " Admit again")
+			if want := map[time.Duration]throttle.AdmitStatus{0: throttle.Held, -1: throttle.Redeemed}[wait]; a.Status != want {
+				must(fmt.Errorf("status %v, want %v", a.Status, want), rule.Name, " Admit a booked task")
+			}
+		}
 		if rule.Algorithm != throttle.TokenBucket && rule.Algorithm != throttle.GCRA {
 			continue
 		}

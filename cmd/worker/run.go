@@ -177,7 +177,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if err != nil {
 		return err
 	}
-	mw, err := cfg.Middleware(rdb, worker.WithLogger(log), worker.WithMetrics(metrics), worker.WithRequeue(rdb))
+	mw, err := cfg.Middleware(rdb, worker.WithLogger(log), worker.WithMetrics(metrics), worker.WithAsynq(rdb))
 	if err != nil {
 		return err
 	}

@@ -77,10 +77,11 @@ func main() {
 	var mu sync.Mutex
 	var runs []ran
 	slots := map[string]time.Time{} // task ID → slot
-	mw, err := cfg.Middleware(rdb, worker.WithLogger(slog.New(slog.DiscardHandler)))
+	mw, err := cfg.Middleware(rdb, worker.WithLogger(slog.New(slog.DiscardHandler)), worker.WithAsynq(rdb))
 	if err != nil {
 		log.Fatal(err)
 	}
+	defer mw.Drain()
 	mux := asynq.NewServeMux()
 	mux.Use(mw.Wrap)
 	mux.HandleFunc("report:build", func(ctx context.Context, t *asynq.Task) error {

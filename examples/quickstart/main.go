@@ -68,11 +68,12 @@ func main() {
 			Tasks:   []string{"report:*"},
 			Limiter: lim,
 			Subject: worker.Fixed("partner-api"), // one limit shared by every task
-			MaxWait: 10 * time.Second,            // wait in the worker up to 10s, else defer
-		}}, worker.WithLogger(quietLogger()))
+			MaxWait: time.Second,                 // wait in the worker up to 1s, else park until the booked turn
+		}}, worker.WithLogger(quietLogger()), worker.WithAsynq(rdb)) // WithAsynq: parked tasks are woken on time
 		if err != nil {
 			log.Fatal(err)
 		}
+		defer mw.Drain()
 		mux := asynq.NewServeMux()
 		mux.Use(mw.Wrap)
 		mux.HandleFunc("report:build", func(ctx context.Context, t *asynq.Task) error {

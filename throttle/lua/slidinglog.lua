@@ -36,14 +36,20 @@ end
 local function commit_sliding_log(key, count, period, extra, n, delay, c, newest)
   local t = now + delay
   local ts = string.format('%d', t)
-  -- The sequence continues after the members already at this
-  -- microsecond, so neither a refund in between nor a booking made at
-  -- another moment can cause a collision.
-  local seq = 0
+  -- Members must not collide with one already at this microsecond (a
+  -- refund in between, or a booking made at another moment, can make the
+  -- count repeat): if the log reaches t, each candidate is probed, and
+  -- the block moves past any member it finds. Only ZSCORE, which every
+  -- Redis has and the minimal ACL allows.
+  local seq = c
   if newest >= t then
-    for _, m in ipairs(redis.call('ZRANGEBYSCORE', key, ts, ts)) do
-      local s = tonumber(string.match(m, ':(%d+)$')) or 0
-      if s > seq then seq = s end
+    local i = 1
+    while i <= n do
+      if redis.call('ZSCORE', key, ts .. ':' .. string.format('%d', seq + i)) then
+        seq, i = seq + i, 1
+      else
+        i = i + 1
+      end
     end
   end
   if n == 1 then
