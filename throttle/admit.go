@@ -10,8 +10,8 @@ import (
 // job. In one round trip it redeems the caller's booking (made by an
 // earlier Admit under the same ID) or a receipt from PrepayN, or takes a
 // new turn: granted if the slot is within Wait, booked under ID for later
-// otherwise. Every algorithm can book, the windows included (their ledgers
-// hold future admissions; see README.md, "Booking").
+// otherwise. Every algorithm can book, the windows included: their state
+// holds future admissions (each algorithm's Lua file says how).
 
 // AdmitRequest is what Admit decides on.
 type AdmitRequest struct {

@@ -12,7 +12,11 @@
 // TokenBucket and GCRA it reserves the earliest free slot in one round trip
 // and sleeps until then, refunding the slot if the context ends first; for
 // windows, waiters in one process queue and only the first asks Redis, at
-// the moment the script says a permit frees.
+// the moment the script says a permit frees. Admit is for work that can
+// leave and come back (a queued job): in one round trip it redeems the
+// caller's booked turn, or takes a new one, booked under the caller's ID
+// if it is later than the caller can wait. Every algorithm can book ahead:
+// the windows keep a ledger of future admissions in their own state.
 //
 //	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
 //	lim, err := throttle.New(rdb, throttle.Options{Prefix: "myapp:"},
