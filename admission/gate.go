@@ -216,8 +216,11 @@ func (g *Gate) Admit(ctx context.Context, req Request) (Decision, error) {
 		wait = max(wait, g.cfg.MaxWait)
 	}
 	byDeadline := false
-	if dl, ok := ctx.Deadline(); ok && dl.Sub(start) < wait {
-		wait, byDeadline = max(dl.Sub(start), 0), true
+	if dl, ok := ctx.Deadline(); ok && dl.Sub(start)-wakeSlack < wait {
+		// Less the slack: the turn is mapped from the Redis clock onto
+		// ours, so a turn granted right at the bound can land just past
+		// it, and the job would give back a turn it was granted.
+		wait, byDeadline = max(dl.Sub(start)-wakeSlack, 0), true
 	}
 	a, err := g.lim.Admit(ctx, throttle.AdmitRequest{
 		Subject: req.Subject, N: cost, ID: req.ID, Receipt: req.Receipt, BookAs: req.BookAs,
@@ -250,6 +253,11 @@ func (g *Gate) Admit(ctx context.Context, req Request) (Decision, error) {
 // refundTimeout bounds the refund of a turn whose wait ended with its
 // context.
 const refundTimeout = 2 * time.Second
+
+// wakeSlack is kept between a granted turn and the context's deadline:
+// more than the error of mapping a turn from the Redis clock onto the
+// local one (a round trip, on a busy machine).
+const wakeSlack = 25 * time.Millisecond
 
 // takeSlot takes one of subject's waiting slots, and reports whether one
 // was free.

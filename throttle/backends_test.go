@@ -288,3 +288,60 @@ func (c *scriptCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func (c *scriptCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
+
+// TestBackendsAdmit books turns ahead under task IDs with every algorithm
+// and a mixed policy, on each backend (on a cluster, the rule keys and the
+// receipt set share the subject's slot): 3 per hour admit three turns now,
+// the fourth is booked ahead (at the next fixed window, or at least the
+// 20m interval later for the others), an early return is held, a second Admit of the
+// fourth is not booked twice, and the booking lapses into a new turn when
+// redeemed.
+func TestBackendsAdmit(t *testing.T) {
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			policies := [][]throttle.Rule{{
+				{Name: "a", Algorithm: throttle.GCRA, Limit: throttle.PerHour(3)},
+				{Name: "b", Algorithm: throttle.SlidingLog, Limit: throttle.PerHour(3)},
+			}}
+			for _, algo := range allAlgorithms {
+				policies = append(policies, []throttle.Rule{{Name: "r", Algorithm: algo, Limit: throttle.PerHour(3)}})
+			}
+			for _, rules := range policies {
+				t.Run(rules[0].Algorithm.String()+fmt.Sprint("x", len(rules)), func(t *testing.T) {
+					l, err := throttle.New(b.Client, throttle.Options{Prefix: redistest.Prefix(t)}, rules...)
+					if err != nil {
+						t.Fatal(err)
+					}
+					req := func(id string, wait time.Duration) throttle.AdmitRequest {
+						return throttle.AdmitRequest{Subject: "s", N: 1, ID: id, Wait: wait, Tolerance: time.Second}
+					}
+					for i := range 3 {
+						if a, err := l.Admit(ctx, req(fmt.Sprint("t", i), 0)); err != nil || a.Status != throttle.Granted {
+							t.Fatalf("admit %d: %+v, %v; want granted", i, a, err)
+						}
+					}
+					a, err := l.Admit(ctx, req("t3", 0))
+					earliest := 19 * time.Minute // the buckets' interval; a window's end may be sooner
+					if rules[0].Algorithm == throttle.FixedWindow {
+						earliest = time.Microsecond
+					}
+					if err != nil || a.Status != throttle.Booked || a.Delay < earliest || a.Delay > time.Hour+3*time.Minute {
+						t.Fatalf("4th: %+v, %v; want booked %v to 1h ahead", a, err, earliest)
+					}
+					again, err := l.Admit(ctx, req("t3", time.Minute))
+					if err != nil || again.Status != throttle.Held || again.Delay > a.Delay || again.Delay < a.Delay-time.Minute {
+						t.Fatalf("4th again, early: %+v, %v; want held for the same turn", again, err)
+					}
+					if res, err := l.Allow(ctx, "s"); err != nil || res.Allowed || res.RetryAfter < a.Delay-time.Minute {
+						t.Fatalf("Allow after the booking: %+v, %v; want denied until after the booked turn", res, err)
+					}
+					redeemed, err := l.Admit(ctx, req("t3", -1))
+					if err != nil || redeemed.Status != throttle.Redeemed {
+						t.Fatalf("4th, able to wait: %+v, %v; want redeemed", redeemed, err)
+					}
+				})
+			}
+		})
+	}
+}
