@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -43,6 +44,8 @@ const (
 	DefaultTick = 50 * time.Millisecond
 	// wakeBatch bounds the wake-ups one look takes.
 	wakeBatch = 256
+	// wakeParallel bounds the wake functions running at once.
+	wakeParallel = 16
 	// ledgerKeepMs is how long the ledger outlives its latest wake-up.
 	ledgerKeepMs = int64(time.Hour / time.Millisecond)
 )
@@ -95,9 +98,10 @@ type RunConfig struct {
 }
 
 // Run wakes due jobs until ctx ends, then returns nil. Each due member is
-// taken from the ledger by exactly one process and passed to wake; if
-// wake returns an error matching ErrWakeLater, it is put back to be tried
-// again one Tick later. Run sleeps until the next wake-up is due, at most
+// taken from the ledger by exactly one process and passed to wake (up to
+// 16 at once, so wake must be safe for concurrent use); if wake returns an
+// error matching ErrWakeLater, it is put back to be tried again one Tick
+// later. Run sleeps until the next wake-up is due, at most
 // Tick, so it costs Redis one small script call per Tick per process.
 func (w *Wakeups) Run(ctx context.Context, cfg RunConfig, wake func(ctx context.Context, member string) error) error {
 	if cfg.Lead <= 0 {
@@ -117,18 +121,28 @@ func (w *Wakeups) Run(ctx context.Context, cfg RunConfig, wake func(ctx context.
 			report(err)
 			next = cfg.Tick
 		}
+		// Wake concurrently: at a high rate one look takes many jobs, and
+		// waking them one round trip after another would make the last
+		// late for its turn.
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, wakeParallel)
 		for _, m := range members {
-			err := wake(ctx, m)
-			if errors.Is(err, ErrWakeLater) {
-				// Not ready to be woken (still finishing its run, say):
-				// one tick later, on the Redis clock.
-				err = w.Add(ctx, m, redisNow.Add(cfg.Tick+cfg.Lead))
-				next = min(next, cfg.Tick)
-			}
-			if err != nil && !errors.Is(err, ErrWakeLater) {
-				report(err)
-			}
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer func() { <-sem; wg.Done() }()
+				err := wake(ctx, m)
+				if errors.Is(err, ErrWakeLater) {
+					// Not ready to be woken (still finishing its run,
+					// say): one tick later, on the Redis clock.
+					err = w.Add(ctx, m, redisNow.Add(cfg.Tick+cfg.Lead))
+				}
+				if err != nil {
+					report(err)
+				}
+			}()
 		}
+		wg.Wait()
 		if len(members) == wakeBatch {
 			continue
 		}
