@@ -176,21 +176,7 @@ func maxTurnsPerWindow(starts []taskStart, subject string, d time.Duration) int 
 			turns = append(turns, s.wait.Turn)
 		}
 	}
-	return maxPerWindow(turns, d)
-}
-
-// maxPerWindow returns the most times in any half-open window of length d.
-func maxPerWindow(times []time.Time, d time.Duration) int {
-	times = slices.Clone(times)
-	slices.SortFunc(times, time.Time.Compare)
-	best, j := 0, 0
-	for i := range times {
-		for times[i].Sub(times[j]) >= d {
-			j++
-		}
-		best = max(best, i-j+1)
-	}
-	return best
+	return redistest.MaxInWindow(turns, d)
 }
 
 // TestParkBacklog: 300 tasks of one tenant enqueued at once, three worker
@@ -311,11 +297,11 @@ func TestParkFleetDownAndBack(t *testing.T) {
 			after = append(after, s.at)
 		}
 	}
-	if most := maxPerWindow(after, time.Second); most > rate+2 {
+	if most := redistest.MaxInWindow(after, time.Second); most > rate+2 {
 		t.Errorf("%d tasks started in one second after the fleet came back, want at most %d", most, rate+2)
 	}
 	t.Logf("%d started before the stop, %d after; at most %d turns and %d starts in a second after",
-		before, len(after), maxTurnsPerWindow(starts, "acme", time.Second), maxPerWindow(after, time.Second))
+		before, len(after), maxTurnsPerWindow(starts, "acme", time.Second), redistest.MaxInWindow(after, time.Second))
 }
 
 // scriptCounter counts a client's script calls.

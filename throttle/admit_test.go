@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"testing"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
 )
 
 // admitRules are one rule of each algorithm at 10 per second (burst 1 for
@@ -30,20 +31,6 @@ func windowBound(r Rule) int {
 		return r.Limit.Count + r.Limit.Burst
 	}
 	return r.Limit.Count
-}
-
-// maxInWindow returns the most times in any half-open window of length d.
-func maxInWindow(times []time.Time, d time.Duration) int {
-	s := slices.Clone(times)
-	slices.SortFunc(s, func(a, b time.Time) int { return a.Compare(b) })
-	best, j := 0, 0
-	for i := range s {
-		for s[i].Sub(s[j]) >= d {
-			j++
-		}
-		best = max(best, i-j+1)
-	}
-	return best
 }
 
 // TestAdmitBacklog books a backlog of 100 callers at one instant under each
@@ -110,7 +97,7 @@ func TestAdmitBacklog(t *testing.T) {
 				if got, want := calls.n.Load(), int64(len(order)); got != want {
 					t.Errorf("%d redemptions sent %d script calls, want %d", want, got, want)
 				}
-				if got, bound := maxInWindow(starts, rule.Limit.Period), windowBound(rule); got > bound {
+				if got, bound := redistest.MaxInWindow(starts, rule.Limit.Period), windowBound(rule); got > bound {
 					t.Errorf("%d admissions in one period, bound %d", got, bound)
 				}
 				last := slots[order[len(order)-1]]
