@@ -40,6 +40,10 @@ type Pacer struct {
 	Limiter *throttle.Limiter
 	// Subject derives a task's subject as the workers do.
 	Subject worker.Subject
+	// Cost derives a task's permits as the workers do (the rule's cost);
+	// if nil, one. A task of cost 0 is enqueued unpaced: the workers run
+	// it without charging.
+	Cost worker.Cost
 	// Keep is how long a receipt outlives its slot, for a task that runs
 	// late; a task later than that is charged again. If zero,
 	// throttle.DefaultReceiptKeep is used.
@@ -81,9 +85,19 @@ func (p *Pacer) enqueue(ctx context.Context, c Enqueuer, task *asynq.Task, opts 
 	if err != nil {
 		return nil, time.Time{}, fmt.Errorf("subject: %w", err)
 	}
+	n := 1
+	if p.Cost != nil {
+		if n, err = p.Cost(task); err != nil {
+			return nil, time.Time{}, fmt.Errorf("cost: %w", err)
+		}
+		if n == 0 {
+			info, err := c.EnqueueContext(ctx, task, opts...)
+			return info, time.Now(), err
+		}
+	}
 	// Booking ahead is the point: ctx's deadline (a scheduler's
 	// --run-for, say) must not bound how far ahead a slot may be.
-	r, err := p.Limiter.PrepayN(context.WithoutCancel(ctx), subject, 1, p.Keep)
+	r, err := p.Limiter.PrepayN(context.WithoutCancel(ctx), subject, n, p.Keep)
 	if err != nil {
 		return nil, time.Time{}, err
 	}

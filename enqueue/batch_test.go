@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -280,6 +281,35 @@ func TestPacerEnqueueWakeups(t *testing.T) {
 			if m, at := entries[i].Member, time.UnixMicro(int64(entries[i].Score)).Sub(start); m != admission.Member("low", fmt.Sprint("id-", i+1)) || at != slot {
 				t.Errorf("wake-up %d: %q at +%v; want task id-%d in queue low at +%v", i, m, at, i+1, slot)
 			}
+		}
+	})
+}
+
+// TestPacerCost books each task's cost: 4, 2 and 0 permits under 20/s burst
+// 5 put the second task 2 intervals after the burst and leave the third
+// unpaced.
+func TestPacerCost(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client) {
+		rule := throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(20).WithBurst(5)}
+		p := &Pacer{Limiter: newLimiter(t, rdb, rule), Subject: worker.Fixed("s"), Cost: worker.PayloadCost("n")}
+		c := &fakeClient{}
+		start := time.Now()
+		for _, n := range []int{4, 2, 0} {
+			if _, err := p.Enqueue(context.Background(), c, asynq.NewTask("t", fmt.Appendf(nil, `{"n": %d}`, n))); err != nil {
+				t.Fatalf("cost %d: %v", n, err)
+			}
+		}
+		if got := c.tasks[0].processAt.Sub(start); got != 0 {
+			t.Errorf("4 under burst 5: scheduled +%v, want now", got)
+		}
+		if got := c.tasks[1].processAt.Sub(start); got != 50*time.Millisecond {
+			t.Errorf("2 more: scheduled +%v, want +50ms (one interval past the burst)", got)
+		}
+		if e := c.tasks[2]; !e.processAt.IsZero() || e.task.Headers()[worker.ReceiptHeader] != "" {
+			t.Errorf("cost 0: %+v; want unpaced, no receipt", e)
+		}
+		if _, err := p.Enqueue(context.Background(), c, asynq.NewTask("t", []byte(`{"n": "x"}`))); err == nil || !strings.Contains(err.Error(), "cost") {
+			t.Errorf("a bad cost: %v; want an error naming the cost", err)
 		}
 	})
 }

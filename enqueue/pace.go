@@ -101,7 +101,7 @@ func (s *PaceSpec) rulesPacer(rdb redis.UniversalClient, taskType string, base t
 	if err != nil {
 		return nil, fmt.Errorf("enqueue: pace: %w", err)
 	}
-	return &Pacer{Limiter: lim, Subject: rc.Subject.Subject(), Keep: s.Keep, Lead: s.Lead, Wakeups: w}, nil
+	return &Pacer{Limiter: lim, Subject: rc.Subject.Subject(), Cost: rc.Cost.Cost(), Keep: s.Keep, Lead: s.Lead, Wakeups: w}, nil
 }
 
 // rule returns the rule of s.Rules that the workers apply to taskType,

@@ -57,9 +57,19 @@ func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (
 	}
 	if err != nil {
 		m.metrics.decided(r.Name, OutcomeError)
-		return Wait{}, t.archive(ctx, "worker: task archived: no subject", err)
+		return Wait{}, t.archive(ctx, "worker: task archived: no subject", true, err)
 	}
 	t.subject, t.log = subject, t.log.With("subject", subject)
+	if t.cost, err = r.cost(task); err != nil {
+		m.metrics.decided(r.Name, OutcomeError)
+		return Wait{}, t.archive(ctx, "worker: task archived: no cost", false, fmt.Errorf("cannot derive the cost: %w", err))
+	}
+	if t.cost == 0 {
+		// Free: nothing to charge, nothing to wait for.
+		w := Wait{Rule: r.Name, Subject: subject}
+		m.admitted(t, w)
+		return w, nil
+	}
 
 	retried, _ := asynq.GetRetryCount(ctx)
 	maxRetry, known := asynq.GetMaxRetry(ctx)
@@ -84,7 +94,7 @@ func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (
 		bookID = nextCopyID(t.id)
 	}
 	m.metrics.waiting(r.Name, 1)
-	d, err := r.gate.Admit(wctx, admission.Request{Subject: subject, ID: t.id, BookAs: bookID, Receipt: task.Headers()[ReceiptHeader]})
+	d, err := r.gate.Admit(wctx, admission.Request{Subject: subject, Cost: t.cost, ID: t.id, BookAs: bookID, Receipt: task.Headers()[ReceiptHeader]})
 	m.metrics.waiting(r.Name, -1)
 	if err != nil {
 		return Wait{}, m.notAdmitted(ctx, wctx, t, err)
@@ -106,6 +116,7 @@ type taskRun struct {
 	task        *asynq.Task
 	id          string
 	subject     string
+	cost        int
 	lastAttempt bool
 	start       time.Time
 	log         *slog.Logger
@@ -117,9 +128,10 @@ func (m *Middleware) newTaskRun(ctx context.Context, r *ruleGate, task *asynq.Ta
 		log: m.log.With("rule", r.Name, "task_id", id, "task_type", task.Type())}
 }
 
-// archive returns the error that archives a task that can never run.
-func (t *taskRun) archive(ctx context.Context, msg string, err error) error {
-	err = &subjectError{rule: t.rule.Name, taskID: t.id, taskType: t.task.Type(), err: err}
+// archive returns the error that archives a task that can never run;
+// noSubject says its subject was the reason.
+func (t *taskRun) archive(ctx context.Context, msg string, noSubject bool, err error) error {
+	err = &archivedError{rule: t.rule.Name, taskID: t.id, taskType: t.task.Type(), noSubject: noSubject, err: err}
 	t.log.WarnContext(ctx, msg, "error", err)
 	return err
 }
@@ -199,7 +211,7 @@ func (m *Middleware) waitInPlace(ctx context.Context, t *taskRun) (Wait, error) 
 		defer cancelEnd()
 	}
 	m.metrics.waiting(r.Name, 1)
-	err := r.Limiter.WaitN(wctx, t.subject, 1)
+	err := r.Limiter.WaitN(wctx, t.subject, t.cost)
 	m.metrics.waiting(r.Name, -1)
 	if err != nil {
 		return Wait{}, m.notAdmitted(ctx, wctx, t, err)
@@ -241,9 +253,12 @@ func (m *Middleware) notAdmitted(ctx, wctx context.Context, t *taskRun, err erro
 		// time is known, so defer it by as long as it has waited.
 		err = fmt.Errorf("worker: the wait for a turn reached the rule's max_wait or the task's deadline while queued behind others: %w", wctx.Err())
 		retryAt = now.Add(now.Sub(t.start))
-	case errors.Is(err, throttle.ErrInvalidSubject), errors.Is(err, throttle.ErrExceedsCapacity):
+	case errors.Is(err, throttle.ErrInvalidSubject):
 		m.metrics.decided(r.Name, OutcomeError)
-		return t.archive(ctx, "worker: task archived: it can never be admitted", err)
+		return t.archive(ctx, "worker: task archived: it can never be admitted", true, err)
+	case errors.Is(err, throttle.ErrExceedsCapacity):
+		m.metrics.decided(r.Name, OutcomeError)
+		return t.archive(ctx, "worker: task archived: it can never be admitted", false, err)
 	default:
 		m.metrics.decided(r.Name, OutcomeError)
 		return fmt.Errorf("worker: rule %q: %w", r.Name, err)

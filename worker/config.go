@@ -57,6 +57,7 @@ type RuleConfig struct {
 	Limits    []throttle.Rule
 	MaxWait   time.Duration // 0: admission.DefaultMaxWait (Rule.MaxWait)
 	WaitSlots int           // 0: admission.DefaultWaitSlots (Rule.WaitSlots)
+	Cost      CostConfig    // permits per task; the zero value is one
 	Line      int           // where the rule starts in the file
 }
 
@@ -65,6 +66,25 @@ type RuleConfig struct {
 type SubjectConfig struct {
 	Fixed        string // one subject for every task
 	PayloadField string // a top-level field of the task's JSON payload
+}
+
+// CostConfig says how many permits each task of a rule takes: at most one
+// field is set; the zero value is one permit per task.
+type CostConfig struct {
+	Permits      int    // a fixed number of permits per task, at least 1
+	PayloadField string // a top-level field of the task's JSON payload (PayloadCost)
+}
+
+// Cost returns the Cost function c describes; nil (one permit) for the
+// zero value.
+func (c CostConfig) Cost() Cost {
+	switch {
+	case c.PayloadField != "":
+		return PayloadCost(c.PayloadField)
+	case c.Permits > 0:
+		return FixedCost(c.Permits)
+	}
+	return nil
 }
 
 // Subject returns the Subject function s describes.
@@ -187,7 +207,7 @@ func (c *Config) Middleware(rdb redis.UniversalClient, opts ...Option) (*Middlew
 		if err != nil {
 			return nil, err
 		}
-		rules = append(rules, Rule{Name: r.Name, Tasks: r.Tasks, Limiter: lim, Subject: r.Subject.Subject(), MaxWait: r.MaxWait, WaitSlots: r.WaitSlots})
+		rules = append(rules, Rule{Name: r.Name, Tasks: r.Tasks, Limiter: lim, Subject: r.Subject.Subject(), Cost: r.Cost.Cost(), MaxWait: r.MaxWait, WaitSlots: r.WaitSlots})
 	}
 	return NewMiddleware(rules, opts...)
 }
@@ -199,12 +219,13 @@ const maxWaitSlots = 10000
 // The fields each mapping of a rules file may have.
 var (
 	fileFields  = []string{"prefix", "fail_open", "rules"}
-	ruleFields  = []string{"name", "tasks", "subject", "algorithm", "limit", "period", "burst", "precision", "max_wait", "wait_slots", "limits"}
+	ruleFields  = []string{"name", "tasks", "subject", "algorithm", "limit", "period", "burst", "precision", "max_wait", "wait_slots", "cost", "limits"}
 	limitFields = []string{"name", "algorithm", "limit", "period", "burst", "precision"}
 	// limitOnly are the rule fields that describe a single limit, which a
 	// policy (limits) puts in each of its limits instead.
 	limitOnly     = []string{"algorithm", "limit", "period", "burst", "precision"}
 	subjectFields = []string{"fixed", "payload_field"}
+	costFields    = []string{"payload_field"}
 )
 
 // nameRE is what rule and limit names may look like: they become metric
@@ -312,6 +333,10 @@ func (p *parser) ruleConfig(n *yaml.Node, i int, names map[string]int, owner map
 			return r, err
 		}
 	}
+	costNode := fields["cost"]
+	if r.Cost, err = p.cost(costNode); err != nil {
+		return r, err
+	}
 
 	limits := fields["limits"]
 	if limits == nil {
@@ -320,7 +345,7 @@ func (p *parser) ruleConfig(n *yaml.Node, i int, names map[string]int, owner map
 			return r, err
 		}
 		r.Limits = []throttle.Rule{l}
-		return r, nil
+		return r, p.checkCost(costNode, r)
 	}
 	for _, f := range limitOnly {
 		if v := fields[f]; v != nil {
@@ -359,7 +384,7 @@ func (p *parser) ruleConfig(n *yaml.Node, i int, names map[string]int, owner map
 		}
 		r.Limits = append(r.Limits, l)
 	}
-	return r, nil
+	return r, p.checkCost(costNode, r)
 }
 
 func (p *parser) tasks(rule, n *yaml.Node, owner map[string]string) ([]string, error) {
@@ -422,6 +447,50 @@ func (p *parser) subject(rule, n *yaml.Node) (SubjectConfig, error) {
 		}
 	}
 	return s, nil
+}
+
+// cost reads a rule's cost: a whole number of permits, or
+// {payload_field: <field>}; nil is the default, one permit.
+func (p *parser) cost(n *yaml.Node) (CostConfig, error) {
+	var c CostConfig
+	if n == nil {
+		return c, nil
+	}
+	if n = yamlfile.Resolve(n); n.Kind != yaml.MappingNode {
+		v, err := p.Int(n, "cost", 1, MaxCost)
+		c.Permits = v
+		return c, err
+	}
+	fields, err := p.Mapping(n, "cost", "cost", costFields)
+	if err != nil {
+		return c, err
+	}
+	v := fields["payload_field"]
+	if v == nil {
+		return c, p.Failf(n, "cost", "give a whole number of permits, or {payload_field: <JSON field>}")
+	}
+	if c.PayloadField, err = p.Str(v, "cost.payload_field"); err != nil {
+		return c, err
+	}
+	if c.PayloadField == "" {
+		return c, p.Failf(v, "cost.payload_field", `must name a top-level field of the JSON payload, such as "recipients"`)
+	}
+	return c, nil
+}
+
+// checkCost refuses a fixed cost that a limit of r can never admit at
+// once (its burst, or a window's limit).
+func (p *parser) checkCost(n *yaml.Node, r RuleConfig) error {
+	for _, l := range r.Limits {
+		capacity := l.Limit.Count
+		if l.Algorithm == throttle.TokenBucket || l.Algorithm == throttle.GCRA {
+			capacity = l.Limit.Burst
+		}
+		if r.Cost.Permits > capacity {
+			return p.Failf(n, "cost", "%d permits per task, but limit %q admits at most %d at once; raise its burst or lower the cost", r.Cost.Permits, l.Name, capacity)
+		}
+	}
+	return nil
 }
 
 // limit reads one limit's algorithm, limit, period, burst and precision

@@ -38,6 +38,7 @@ rules:
     limit: 1000
     period: 1m
     wait_slots: 4
+    cost: {payload_field: recipients}
 `
 
 func TestParseConfig(t *testing.T) {
@@ -64,7 +65,7 @@ func TestParseConfig(t *testing.T) {
 			{
 				Name: "global", Tasks: []string{"*"}, Subject: SubjectConfig{Fixed: "global"},
 				Limits:    []throttle.Rule{{Name: "global", Algorithm: throttle.GCRA, Limit: throttle.Limit{Count: 1000, Period: time.Minute, Burst: 1000}}},
-				WaitSlots: 4, Line: 20,
+				WaitSlots: 4, Cost: CostConfig{PayloadField: "recipients"}, Line: 20,
 			},
 		},
 	}
@@ -147,8 +148,8 @@ func TestParseConfigErrors(t *testing.T) {
 		{"fail_open word", "fail_open: maybe\n" + rule, `rules.yaml:1: fail_open: "maybe" must be true or false`},
 
 		// A rule's own fields.
-		{"rule not a mapping", "rules: [stripe]\n", `rules.yaml:1: rule #1: a rule must be a mapping with the fields name, tasks, subject, algorithm, limit, period, burst, precision, max_wait, wait_slots, limits`},
-		{"unknown rule field", edit("    period: 1s\n", "    perod: 1s\n"), `rules.yaml:7: rule #1: unknown field "perod" in a rule; allowed: name, tasks, subject, algorithm, limit, period, burst, precision, max_wait, wait_slots, limits`},
+		{"rule not a mapping", "rules: [stripe]\n", `rules.yaml:1: rule #1: a rule must be a mapping with the fields name, tasks, subject, algorithm, limit, period, burst, precision, max_wait, wait_slots, cost, limits`},
+		{"unknown rule field", edit("    period: 1s\n", "    perod: 1s\n"), `rules.yaml:7: rule #1: unknown field "perod" in a rule; allowed: name, tasks, subject, algorithm, limit, period, burst, precision, max_wait, wait_slots, cost, limits`},
 		{"repeated rule field", edit("    limit: 20\n", "    limit: 20\n    limit: 30\n"), `rules.yaml:7: rule #1: limit: repeats the field set on line 6; give it once`},
 		{"no name", edit("  - name: stripe\n    tasks", "  - tasks"), `rules.yaml:2: rule #1: name: missing; give the rule a name (letters, digits, '-' and '_' only, at most 64)`},
 		{"bad name", edit("name: stripe", "name: stripe.v2"), `rules.yaml:2: rule #1: name: "stripe.v2": use letters, digits, '-' and '_' only, at most 64`},
@@ -201,6 +202,10 @@ func TestParseConfigErrors(t *testing.T) {
 		{"too many buckets", edit("algorithm: gcra", "algorithm: sliding_window") + "    precision: 10us\n", `rules.yaml:8: rule "stripe": precision: 10µs gives more than 10000 buckets per period 1s`},
 		{"max_wait negative", rule + "    max_wait: -1s\n", `rules.yaml:8: rule "stripe": max_wait: "-1s" must be at least 0s`},
 		{"max_wait number", rule + "    max_wait: 30\n", `rules.yaml:8: rule "stripe": max_wait: "30" must be a duration with a unit`},
+		{"cost zero", rule + "    cost: 0\n", `rules.yaml:8: rule "stripe": cost: "0" must be a whole number from 1 to 1073741824`},
+		{"cost over burst", rule + "    burst: 5\n    cost: 6\n", `rules.yaml:9: rule "stripe": cost: 6 permits per task, but limit "stripe" admits at most 5 at once; raise its burst or lower the cost`},
+		{"cost unknown field", rule + "    cost: {field: n}\n", `rules.yaml:8: rule "stripe": cost: unknown field "field" in cost; allowed: payload_field`},
+		{"cost empty field", rule + "    cost: {payload_field: \"\"}\n", `rules.yaml:8: rule "stripe": cost.payload_field: must name a top-level field of the JSON payload, such as "recipients"`},
 		{"wait_slots negative", rule + "    wait_slots: -1\n", `rules.yaml:8: rule "stripe": wait_slots: "-1" must be a whole number from 0 to 10000`},
 
 		// Policies.

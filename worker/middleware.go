@@ -46,6 +46,11 @@ type Rule struct {
 	// Subject derives what the rule limits from the task. Required; use
 	// Fixed for one limit shared by every task of the rule.
 	Subject Subject
+	// Cost derives how many permits a task takes (FixedCost,
+	// PayloadCost). If nil, every task takes one. A cost larger than a
+	// limit can ever admit at once archives the task with a
+	// *throttle.CapacityError.
+	Cost Cost
 	// MaxWait bounds how long a task may wait in its handler, holding a
 	// worker slot, for a new turn. A task whose turn would come later
 	// parks: the turn is booked under its task ID and the task is

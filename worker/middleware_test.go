@@ -433,3 +433,44 @@ jobthrottle_waiters{rule="r"} 1
 		t.Error(err)
 	}
 }
+
+// TestCost charges each task the permits its payload names: a batch of 5
+// under a burst of 5 runs at once, then one of 3 waits for 3 intervals; a
+// cost of 0 runs free; a cost the burst can never hold, or one the payload
+// does not give as a whole number, archives the task with the reason.
+func TestCost(t *testing.T) {
+	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := context.Background()
+		lim, err := throttle.New(rdb, throttle.Options{}, throttle.Rule{Name: "mail", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(10).WithBurst(5)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rules := []Rule{{Name: "mail", Tasks: []string{"mail:*"}, Limiter: lim, Subject: Fixed("smtp"), Cost: PayloadCost("recipients")}}
+		task := func(payload string) *asynq.Task { return asynq.NewTask("mail:batch", []byte(payload)) }
+
+		if w, called, err := run(t, ctx, rules, task(`{"recipients": 5}`)); err != nil || !called || w.Duration != 0 {
+			t.Fatalf("5 under burst 5: %+v, %v, %v; want run at once", w, called, err)
+		}
+		if w, called, err := run(t, ctx, rules, task(`{"recipients": 0}`)); err != nil || !called || w.Duration != 0 {
+			t.Fatalf("0 recipients: %+v, %v, %v; want run at once, free", w, called, err)
+		}
+		if w, called, err := run(t, ctx, rules, task(`{"recipients": 3}`)); err != nil || !called || w.Duration != 300*time.Millisecond {
+			t.Fatalf("3 after 5: %+v, %v, %v; want run after 300ms (3 intervals)", w, called, err)
+		}
+		for _, tc := range []struct{ payload, want string }{
+			{`{"recipients": 6}`, `6 permits requested, but it admits at most 5 at once`},
+			{`{"recipients": "6"}`, `cannot derive the cost: payload cost field "recipients" is a string; want a whole number of permits`},
+			{`{"recipients": 1.5}`, `cannot derive the cost: payload cost field "recipients" is 1.5; want a whole number of permits`},
+			{`{}`, `cannot derive the cost: payload has no cost field "recipients"`},
+		} {
+			_, called, err := run(t, ctx, rules, task(tc.payload))
+			if called || !errors.Is(err, asynq.SkipRetry) || errors.Is(err, ErrNoSubject) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("%s: called %v, %v; want archived (SkipRetry) with %q", tc.payload, called, err, tc.want)
+			}
+		}
+		// Nothing above charged: the next permit is where the 3 left it.
+		if res, _ := lim.Allow(ctx, "smtp"); res.Allowed || res.RetryAfter != 100*time.Millisecond {
+			t.Errorf("after the archived tasks: %+v; want the next permit in 100ms", res)
+		}
+	})
+}

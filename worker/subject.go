@@ -68,6 +68,8 @@ func kind(raw []byte) string {
 		return "an object"
 	case raw[0] == '[':
 		return "an array"
+	case raw[0] == '"':
+		return "a string"
 	case bytes.Equal(raw, []byte("null")):
 		return "null"
 	default:
@@ -80,14 +82,27 @@ func kind(raw []byte) string {
 // asynq.SkipRetry, so asynq archives the task at once with the reason.
 var ErrNoSubject = errors.New("worker: cannot derive the task's subject")
 
-// subjectError is the middleware's error for a task without a subject.
-type subjectError struct {
+// archivedError is the middleware's error for a task that can never be
+// admitted: no subject (it matches ErrNoSubject), no cost, or a cost
+// beyond its rule's capacity. It matches asynq.SkipRetry, so asynq
+// archives the task at once with the reason.
+type archivedError struct {
 	rule, taskID, taskType string
+	noSubject              bool
 	err                    error
 }
 
-func (e *subjectError) Error() string {
-	return fmt.Sprintf("worker: rule %q: task %s (%s): cannot derive the subject: %v; archived without retry", e.rule, e.taskID, e.taskType, e.err)
+func (e *archivedError) Error() string {
+	what := ""
+	if e.noSubject {
+		what = "cannot derive the subject: "
+	}
+	return fmt.Sprintf("worker: rule %q: task %s (%s): %s%v; archived without retry", e.rule, e.taskID, e.taskType, what, e.err)
 }
 
-func (e *subjectError) Unwrap() []error { return []error{ErrNoSubject, e.err, asynq.SkipRetry} }
+func (e *archivedError) Unwrap() []error {
+	if e.noSubject {
+		return []error{ErrNoSubject, e.err, asynq.SkipRetry}
+	}
+	return []error{e.err, asynq.SkipRetry}
+}
