@@ -75,6 +75,13 @@ func (f *parkFleet) server(concurrency int, rule throttle.Rule, maxWait time.Dur
 	if err != nil {
 		f.t.Fatal(err)
 	}
+	return f.serve(rdb, concurrency, mw)
+}
+
+// serve starts one asynq server on rdb whose handler, behind mw, records
+// each start; it returns a func that shuts it down (also run at cleanup).
+func (f *parkFleet) serve(rdb redis.UniversalClient, concurrency int, mw *worker.Middleware) func() {
+	f.t.Helper()
 	mux := asynq.NewServeMux()
 	mux.Use(mw.Wrap)
 	mux.HandleFunc("job:", func(ctx context.Context, task *asynq.Task) error {
@@ -108,10 +115,13 @@ func (f *parkFleet) server(concurrency int, rule throttle.Rule, maxWait time.Dur
 }
 
 // enqueue enqueues n tasks of tenant at once.
-func (f *parkFleet) enqueue(tenant string, n int) {
+func (f *parkFleet) enqueue(tenant string, n int) { f.enqueueType("job:call", tenant, n) }
+
+// enqueueType enqueues n tasks of a type and tenant at once.
+func (f *parkFleet) enqueueType(taskType, tenant string, n int) {
 	f.t.Helper()
 	for range n {
-		info, err := f.client.Enqueue(asynq.NewTask("job:call", fmt.Appendf(nil, `{"tenant":%q}`, tenant)), asynq.Retention(time.Hour))
+		info, err := f.client.Enqueue(asynq.NewTask(taskType, fmt.Appendf(nil, `{"tenant":%q}`, tenant)), asynq.Retention(time.Hour))
 		if err != nil {
 			f.t.Fatal(err)
 		}
@@ -318,4 +328,52 @@ func (c scriptCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 }
 func (c scriptCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
+}
+
+// TestParkSharedBudget: two task types of two rules draw on one budget of
+// the rules file (20/s); 100 of each enqueued at once on two workers. Their
+// turns together never pass the budget in any second on the Redis clock,
+// and the 200 take the budget's 10s, not the 5s two separate limits would.
+func TestParkSharedBudget(t *testing.T) {
+	t.Parallel()
+	f := newParkFleet(t)
+	cfg, err := worker.ParseConfig("rules.yaml", fmt.Appendf(nil, `prefix: %q
+budgets:
+  - {name: smtp, algorithm: gcra, limit: 20, period: 1s, burst: 1}
+rules:
+  - name: send
+    tasks: ["job:send"]
+    subject: {fixed: relay}
+    budget: smtp
+  - name: digest
+    tasks: ["job:digest"]
+    subject: {fixed: relay}
+    budget: smtp
+`, f.prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		rdb := f.proc.Client(t)
+		mw, err := cfg.Middleware(rdb, worker.WithAsynq(rdb), worker.WithLogger(slog.New(slog.DiscardHandler)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.serve(rdb, 10, mw)
+	}
+	f.enqueueType("job:send", "a", 100)
+	f.enqueueType("job:digest", "a", 100)
+	starts := f.wait(200, 60*time.Second)
+	f.check(starts)
+	var turns []time.Time
+	for _, s := range starts {
+		turns = append(turns, s.wait.Turn)
+	}
+	if most := redistest.MaxInWindow(turns, time.Second); most > 21 {
+		t.Errorf("%d turns of the two types in one second on the Redis clock, want at most 21 (the budget + burst)", most)
+	}
+	slices.SortFunc(turns, time.Time.Compare)
+	if span := turns[len(turns)-1].Sub(turns[0]); span < 199*time.Second/20-time.Millisecond {
+		t.Errorf("200 turns span %v, want the budget's 9.95s", span)
+	}
 }

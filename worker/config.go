@@ -41,6 +41,11 @@ type Config struct {
 	Prefix string
 	// FailOpen admits tasks while Redis cannot be reached (throttle.Options.FailOpen).
 	FailOpen bool
+	// Budgets are named limits that several rules may share (a rule's
+	// budget, or a policy limit's): their keys are <prefix>{<subject>}:<name>,
+	// so every rule drawing on a budget, whatever its task types, charges
+	// the same ledger for the same subject.
+	Budgets []throttle.Rule
 	// Rules in file order.
 	Rules []RuleConfig
 }
@@ -218,9 +223,9 @@ const maxWaitSlots = 10000
 
 // The fields each mapping of a rules file may have.
 var (
-	fileFields  = []string{"prefix", "fail_open", "rules"}
-	ruleFields  = []string{"name", "tasks", "subject", "algorithm", "limit", "period", "burst", "precision", "max_wait", "wait_slots", "cost", "limits"}
-	limitFields = []string{"name", "algorithm", "limit", "period", "burst", "precision"}
+	fileFields  = []string{"prefix", "fail_open", "budgets", "rules"}
+	ruleFields  = []string{"name", "tasks", "subject", "algorithm", "limit", "period", "burst", "precision", "max_wait", "wait_slots", "cost", "budget", "limits"}
+	limitFields = []string{"name", "algorithm", "limit", "period", "burst", "precision", "budget"}
 	// limitOnly are the rule fields that describe a single limit, which a
 	// policy (limits) puts in each of its limits instead.
 	limitOnly     = []string{"algorithm", "limit", "period", "burst", "precision"}
@@ -238,8 +243,9 @@ const nameRule = "letters, digits, '-' and '_' only, at most 64"
 // rule being parsed for errors.
 type parser struct {
 	yamlfile.Reader
-	file string
-	rule string // "" for file-level fields
+	file          string
+	rule          string // "" for file-level fields
+	budgetsByName map[string]throttle.Rule
 }
 
 // duration reads a duration as Reader.Duration does, in whole
@@ -273,6 +279,15 @@ func (p *parser) config(root *yaml.Node) (*Config, error) {
 		if c.FailOpen, err = p.Bool(n, "fail_open"); err != nil {
 			return nil, err
 		}
+	}
+	if n := fields["budgets"]; n != nil {
+		if c.Budgets, err = p.budgets(n); err != nil {
+			return nil, err
+		}
+	}
+	p.budgetsByName = map[string]throttle.Rule{}
+	for _, b := range c.Budgets {
+		p.budgetsByName[b.Name] = b
 	}
 	rules := fields["rules"]
 	if rules == nil {
@@ -314,6 +329,9 @@ func (p *parser) ruleConfig(n *yaml.Node, i int, names map[string]int, owner map
 	if line, dup := names[r.Name]; dup {
 		return r, p.Failf(nn, "name", "%q is also the name of the rule on line %d; names must be unique", r.Name, line)
 	}
+	if _, clash := p.budgetsByName[r.Name]; clash {
+		return r, p.Failf(nn, "name", "%q is also the name of a budget; a rule of that name would share the budget's keys, so rename one", r.Name)
+	}
 	names[r.Name] = nn.Line
 	p.rule = r.Name
 
@@ -339,6 +357,19 @@ func (p *parser) ruleConfig(n *yaml.Node, i int, names map[string]int, owner map
 	}
 
 	limits := fields["limits"]
+	if bn := fields["budget"]; bn != nil {
+		for _, f := range append([]string{"limits"}, limitOnly...) {
+			if v := fields[f]; v != nil {
+				return r, p.Failf(v, f, "cannot be combined with budget; the budget defines the limit")
+			}
+		}
+		b, err := p.budget(bn, "budget")
+		if err != nil {
+			return r, err
+		}
+		r.Limits = []throttle.Rule{b}
+		return r, p.checkCost(costNode, r)
+	}
 	if limits == nil {
 		l, err := p.limit(n, fields, "", r.Name)
 		if err != nil {
@@ -362,6 +393,22 @@ func (p *parser) ruleConfig(n *yaml.Node, i int, names map[string]int, owner map
 		lf, err := p.Mapping(ln, path, "a limit", limitFields)
 		if err != nil {
 			return r, err
+		}
+		if bn := lf["budget"]; bn != nil {
+			if len(lf) != 1 {
+				return r, p.Failf(ln, path, "a budget entry has only the field budget; the budget defines the limit")
+			}
+			b, err := p.budget(bn, yamlfile.Join(path, "budget"))
+			if err != nil {
+				return r, err
+			}
+			for _, l := range r.Limits {
+				if l.Name == b.Name {
+					return r, p.Failf(bn, yamlfile.Join(path, "budget"), "%q is listed twice", b.Name)
+				}
+			}
+			r.Limits = append(r.Limits, b)
+			continue
 		}
 		ln2 := lf["name"]
 		if ln2 == nil {
@@ -447,6 +494,57 @@ func (p *parser) subject(rule, n *yaml.Node) (SubjectConfig, error) {
 		}
 	}
 	return s, nil
+}
+
+// budgets reads the file's named limits.
+func (p *parser) budgets(n *yaml.Node) ([]throttle.Rule, error) {
+	if n.Kind != yaml.SequenceNode || len(n.Content) == 0 {
+		return nil, p.Failf(n, "budgets", "%s must be a list of at least one named limit", yamlfile.Describe(n))
+	}
+	var out []throttle.Rule
+	seen := map[string]int{}
+	for j, bn := range n.Content {
+		bn = yamlfile.Resolve(bn)
+		path := "budgets[" + strconv.Itoa(j+1) + "]"
+		bf, err := p.Mapping(bn, path, "a budget", limitFields[:len(limitFields)-1])
+		if err != nil {
+			return nil, err
+		}
+		nn := bf["name"]
+		if nn == nil {
+			return nil, p.Failf(bn, yamlfile.Join(path, "name"), "missing; give each budget a name (%s)", nameRule)
+		}
+		name, err := p.Str(nn, yamlfile.Join(path, "name"))
+		if err != nil {
+			return nil, err
+		}
+		if !nameRE.MatchString(name) {
+			return nil, p.Failf(nn, yamlfile.Join(path, "name"), "%q: use %s", name, nameRule)
+		}
+		if line, dup := seen[name]; dup {
+			return nil, p.Failf(nn, yamlfile.Join(path, "name"), "%q is also the name of the budget on line %d; names must be unique", name, line)
+		}
+		seen[name] = nn.Line
+		b, err := p.limit(bn, bf, path, name)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, b)
+	}
+	return out, nil
+}
+
+// budget reads a reference to a budget of the file.
+func (p *parser) budget(n *yaml.Node, field string) (throttle.Rule, error) {
+	name, err := p.Str(n, field)
+	if err != nil {
+		return throttle.Rule{}, err
+	}
+	b, ok := p.budgetsByName[name]
+	if !ok {
+		return b, p.Failf(n, field, "%q is not a budget of this file; define it under budgets", name)
+	}
+	return b, nil
 }
 
 // cost reads a rule's cost: a whole number of permits, or

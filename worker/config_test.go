@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -9,6 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
@@ -133,9 +138,9 @@ func TestParseConfigErrors(t *testing.T) {
 		{"bad indent", "rules:\n  - name: a\n   tasks: [b]\n", `rules.yaml:1: invalid YAML: did not find expected '-' indicator`}, // the line yaml reports
 		{"tab indent", "rules:\n\t- name: a\n", `rules.yaml:2: invalid YAML: found character that cannot start any token`},
 		{"two documents", rule + "---\nrules: []\n", `rules.yaml:8: a second YAML document; a rules file holds one`},
-		{"not a mapping", "- a\n- b\n", `rules.yaml:1: the file must be a mapping with the fields prefix, fail_open, rules`},
-		{"scalar", "hello\n", `rules.yaml:1: the file must be a mapping with the fields prefix, fail_open, rules`},
-		{"unknown top-level", "prefx: a\n" + rule, `rules.yaml:1: unknown field "prefx" in the file; allowed: prefix, fail_open, rules`},
+		{"not a mapping", "- a\n- b\n", `rules.yaml:1: the file must be a mapping with the fields prefix, fail_open, budgets, rules`},
+		{"scalar", "hello\n", `rules.yaml:1: the file must be a mapping with the fields prefix, fail_open, budgets, rules`},
+		{"unknown top-level", "prefx: a\n" + rule, `rules.yaml:1: unknown field "prefx" in the file; allowed: prefix, fail_open, budgets, rules`},
 		{"repeated top-level", "prefix: a\nprefix: b\n" + rule, `rules.yaml:2: prefix: repeats the field set on line 1; give it once`},
 		{"no rules", "prefix: a\n", `rules.yaml:1: rules: missing; list at least one rule`},
 		{"empty rules", "rules: []\n", `rules.yaml:1: rules: a list must be a list of at least one rule`},
@@ -148,8 +153,8 @@ func TestParseConfigErrors(t *testing.T) {
 		{"fail_open word", "fail_open: maybe\n" + rule, `rules.yaml:1: fail_open: "maybe" must be true or false`},
 
 		// A rule's own fields.
-		{"rule not a mapping", "rules: [stripe]\n", `rules.yaml:1: rule #1: a rule must be a mapping with the fields name, tasks, subject, algorithm, limit, period, burst, precision, max_wait, wait_slots, cost, limits`},
-		{"unknown rule field", edit("    period: 1s\n", "    perod: 1s\n"), `rules.yaml:7: rule #1: unknown field "perod" in a rule; allowed: name, tasks, subject, algorithm, limit, period, burst, precision, max_wait, wait_slots, cost, limits`},
+		{"rule not a mapping", "rules: [stripe]\n", `rules.yaml:1: rule #1: a rule must be a mapping with the fields name, tasks, subject, algorithm, limit, period, burst, precision, max_wait, wait_slots, cost, budget, limits`},
+		{"unknown rule field", edit("    period: 1s\n", "    perod: 1s\n"), `rules.yaml:7: rule #1: unknown field "perod" in a rule; allowed: name, tasks, subject, algorithm, limit, period, burst, precision, max_wait, wait_slots, cost, budget, limits`},
 		{"repeated rule field", edit("    limit: 20\n", "    limit: 20\n    limit: 30\n"), `rules.yaml:7: rule #1: limit: repeats the field set on line 6; give it once`},
 		{"no name", edit("  - name: stripe\n    tasks", "  - tasks"), `rules.yaml:2: rule #1: name: missing; give the rule a name (letters, digits, '-' and '_' only, at most 64)`},
 		{"bad name", edit("name: stripe", "name: stripe.v2"), `rules.yaml:2: rule #1: name: "stripe.v2": use letters, digits, '-' and '_' only, at most 64`},
@@ -301,4 +306,81 @@ func FuzzParseConfig(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestBudgets parses a budget shared by two rules, one drawing on it alone
+// and one in a policy beside its own limit: both limiters charge the
+// budget's one key, so their sum never exceeds it.
+func TestBudgets(t *testing.T) {
+	const file = `budgets:
+  - {name: email, algorithm: fixed_window, limit: 10, period: 1m}
+rules:
+  - name: send
+    tasks: ["email:send"]
+    subject: {fixed: smtp}
+    budget: email
+  - name: digest
+    tasks: ["email:digest"]
+    subject: {fixed: smtp}
+    limits:
+      - {budget: email}
+      - {name: own, algorithm: gcra, limit: 100, period: 1s}
+`
+	c, err := ParseConfig("rules.yaml", []byte(file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	budget := throttle.Rule{Name: "email", Algorithm: throttle.FixedWindow, Limit: throttle.Limit{Count: 10, Period: time.Minute, Burst: 10}}
+	if got := c.Rules[0].Limits; len(got) != 1 || got[0] != budget {
+		t.Errorf("send's limits %v, want the budget %v", got, budget)
+	}
+	if got := c.Rules[1].Limits; len(got) != 2 || got[0] != budget || got[1].Name != "digest.own" {
+		t.Errorf("digest's limits %v, want the budget then digest.own", got)
+	}
+	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := context.Background()
+		send, err := c.Limiter(rdb, "send", throttle.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		digest, err := c.Limiter(rdb, "digest", throttle.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		admitted := 0
+		for i := range 30 {
+			l := send
+			if i%3 == 0 {
+				l = digest
+			}
+			if res, err := l.Allow(ctx, "smtp"); err != nil {
+				t.Fatal(err)
+			} else if res.Allowed {
+				admitted++
+			}
+		}
+		if admitted != 10 {
+			t.Errorf("send and digest together admitted %d in one minute, want the budget's 10", admitted)
+		}
+	})
+
+	for _, tc := range []struct{ name, file, want string }{
+		{"unknown budget", "rules:\n  - name: r\n    tasks: [t]\n    subject: {fixed: s}\n    budget: nope\n",
+			`rules.yaml:5: rule "r": budget: "nope" is not a budget of this file; define it under budgets`},
+		{"budget and limit", "budgets:\n  - {name: b, algorithm: gcra, limit: 1, period: 1s}\nrules:\n  - name: r\n    tasks: [t]\n    subject: {fixed: s}\n    budget: b\n    limit: 3\n",
+			`rules.yaml:8: rule "r": limit: cannot be combined with budget; the budget defines the limit`},
+		{"rule named as a budget", "budgets:\n  - {name: b, algorithm: gcra, limit: 1, period: 1s}\nrules:\n  - name: b\n    tasks: [t]\n    subject: {fixed: s}\n    budget: b\n",
+			`rules.yaml:4: rule #1: name: "b" is also the name of a budget; a rule of that name would share the budget's keys, so rename one`},
+		{"budget entry with more", "budgets:\n  - {name: b, algorithm: gcra, limit: 1, period: 1s}\nrules:\n  - name: r\n    tasks: [t]\n    subject: {fixed: s}\n    limits:\n      - {budget: b, limit: 3}\n",
+			`rules.yaml:8: rule "r": limits[1]: a budget entry has only the field budget; the budget defines the limit`},
+		{"budget without name", "budgets:\n  - {algorithm: gcra, limit: 1, period: 1s}\nrules: []\n",
+			`rules.yaml:2: budgets[1].name: missing; give each budget a name`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseConfig("rules.yaml", []byte(tc.file))
+			if err == nil || !strings.HasPrefix(err.Error(), tc.want) {
+				t.Errorf("got  %v\nwant %s", err, tc.want)
+			}
+		})
+	}
 }
