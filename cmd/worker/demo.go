@@ -88,8 +88,8 @@ func (d *demo) echo(ctx context.Context, t *asynq.Task) error {
 		return fmt.Errorf("demo:echo: payload: %v: %w", err, asynq.SkipRetry)
 	}
 	w, _ := worker.WaitedFrom(ctx)
-	d.log.Info("demo:echo", "tenant", p.Tenant, "message", p.Message, "waited", w.Duration.Round(time.Millisecond))
-	return writeResult(t, map[string]any{"message": p.Message, "waited_ms": w.Duration.Milliseconds()})
+	d.log.Info("demo:echo", "tenant", p.Tenant, "message", p.Message, "waited", w.Duration.Round(time.Millisecond), "turn", w.Turn, "booked", w.Redeemed)
+	return writeResult(t, map[string]any{"message": p.Message, "waited_ms": w.Duration.Milliseconds(), "turn": w.Turn, "booked": w.Redeemed})
 }
 
 func (d *demo) callAPI(ctx context.Context, t *asynq.Task) error {

@@ -1,0 +1,144 @@
+package reliability
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+)
+
+// TestFleetKilledMidBacklog runs three built cmd/worker processes on a
+// backlog of 300 demo:echo tasks of a hot tenant (20/s each tenant) and
+// then 10 of a cold one, and kills one worker with SIGKILL after 5s. The
+// other two go on: every task completes exactly once (those the dead worker
+// was running come back through asynq's own recovery, the only failures
+// counted), no turn of one tenant passes 20 + 1 in any second on the
+// Redis clock (a task's result carries its turn), and the cold tenant's
+// tasks get their turns within 2s of being enqueued although 300 hot ones
+// were ahead of them in the queue.
+func TestFleetKilledMidBacklog(t *testing.T) {
+	t.Parallel() // long: the killed worker's tasks wait for asynq's recovery
+	bin := buildBinary(t, "cmd/worker")
+	srv := redistest.Server(t)
+	rdb := srv.Client(t)
+	prefix := redistest.Prefix(t)
+	rules := filepath.Join(t.TempDir(), "rules.yaml")
+	if err := os.WriteFile(rules, fmt.Appendf(nil, `prefix: %q
+rules:
+  - name: echo
+    tasks: ["demo:echo"]
+    subject: {payload_field: tenant}
+    algorithm: gcra
+    limit: 20
+    period: 1s
+    burst: 1
+    max_wait: 1s
+`, prefix), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var workers []*process
+	for range 3 {
+		w := startProcess(t, nil, bin, "--redis", srv.URL(), "--config", rules, "--concurrency", "10", "--log-level", "info")
+		workers = append(workers, w)
+	}
+	for _, w := range workers {
+		w.waitFor(t, "worker: processing", 30*time.Second)
+	}
+
+	const hot, cold = 300, 10
+	client := asynq.NewClientFromRedisClient(rdb)
+	enqueue := func(tenant string, n int) time.Time {
+		for i := range n {
+			task := asynq.NewTask("demo:echo", fmt.Appendf(nil, `{"tenant": %q, "message": "%s-%d"}`, tenant, tenant, i))
+			if _, err := client.Enqueue(task, asynq.MaxRetry(3), asynq.Retention(time.Hour)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return time.Now()
+	}
+	enqueue("hot", hot)
+	coldEnqueued := enqueue("cold", cold)
+
+	time.Sleep(5 * time.Second)
+	if err := workers[0].cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	insp := asynq.NewInspectorFromRedisClient(rdb)
+	var q *asynq.QueueInfo
+	for deadline := time.Now().Add(4 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		var err error
+		if q, err = insp.GetQueueInfo("default"); err == nil && q.Completed == hot+cold {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not every task completed within 4 minutes of the kill: %+v, %v", q, err)
+		}
+	}
+	if q.Archived != 0 {
+		t.Errorf("%d tasks archived, want none", q.Archived)
+	}
+	completed, err := insp.ListCompletedTasks("default", asynq.PageSize(2*(hot+cold)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int{}
+	turns := map[string][]time.Time{}
+	recovered := 0
+	for _, ti := range completed {
+		var p struct{ Tenant, Message string }
+		var r struct {
+			Turn   time.Time `json:"turn"`
+			Booked bool      `json:"booked"`
+		}
+		if err := json.Unmarshal(ti.Payload, &p); err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(ti.Result, &r); err != nil || r.Turn.IsZero() {
+			t.Fatalf("task %s result %q: %v; want its turn", ti.ID, ti.Result, err)
+		}
+		seen[p.Message]++
+		turns[p.Tenant] = append(turns[p.Tenant], r.Turn)
+		if ti.Retried > 0 {
+			recovered++
+		}
+	}
+	for i := range hot + cold {
+		tenant, n := "hot", i
+		if i >= hot {
+			tenant, n = "cold", i-hot
+		}
+		if m := fmt.Sprintf("%s-%d", tenant, n); seen[m] != 1 {
+			t.Errorf("task %s completed %d times, want once", m, seen[m])
+		}
+	}
+	// Only the tasks the dead worker held (at most its 10 slots) may have
+	// a failure counted: asynq's recovery of a task whose worker died.
+	if recovered > 10 {
+		t.Errorf("%d tasks completed with a failure counted, want at most the dead worker's 10", recovered)
+	}
+	for tenant, ts := range turns {
+		if most := redistest.MaxInWindow(ts, time.Second); most > 21 {
+			t.Errorf("tenant %s: %d turns in one second on the Redis clock, want at most 21", tenant, most)
+		}
+	}
+	slices.SortFunc(turns["cold"], time.Time.Compare)
+	if late := turns["cold"][len(turns["cold"])-1].Sub(coldEnqueued); late > 2*time.Second {
+		t.Errorf("the last cold task's turn came %v after it was enqueued, want within 2s", late)
+	}
+	stats, _ := rdb.Info(context.Background(), "stats").Result()
+	for _, l := range strings.Split(stats, "\n") {
+		if strings.HasPrefix(l, "total_commands_processed:") {
+			t.Logf("%d tasks, 1 worker of 3 killed: %d recovered by asynq, Redis %s (asynq's and jobthrottle's, for the whole run)",
+				hot+cold, recovered, strings.TrimSpace(l))
+		}
+	}
+}
