@@ -248,24 +248,26 @@ func TestKeyTTLs(t *testing.T) {
 	}
 }
 
-// The token bucket keeps its state in one string "<tk> <ts> <ev>". A
-// string it cannot read is a full bucket, replaced on the next charge; a
-// key of another type (a hash, the format before the first release) fails
-// with ErrRedis wrapping WRONGTYPE, as a changed algorithm does.
+// The token bucket keeps its state in one string "<tw> <tr> <ew> <er>"
+// (bucket.lua): the time the bucket is full again and the latest time to
+// act, each as whole µs and a remainder in 1/count µs. A string it cannot
+// read is a full bucket, replaced on the next charge; a key of another
+// type (a hash, the format before the first release) fails with ErrRedis
+// wrapping WRONGTYPE, as a changed algorithm does.
 func TestTokenBucketState(t *testing.T) {
 	virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
 		ctx := context.Background()
 		l := mustNew(t, rdb, Options{}, rule(TokenBucket, PerSecond(10).WithBurst(5))...)
 		k := "throttle:{s}:r"
 		allow(t, l, "s", 2)
-		// 3 tokens left at the call's Redis time, which is also the time to
-		// act of the latest permit.
+		// 3 tokens left: full again 2 intervals (200ms) after the call's
+		// Redis time, which is also the time to act of the latest permit.
 		got, err := rdb.Get(ctx, k).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
 		us := time.Now().UnixMicro()
-		if want := fmt.Sprintf("3 %d %d", us, us); got != want {
+		if want := fmt.Sprintf("%d 0 %d 0", us+200_000, us); got != want {
 			t.Fatalf("GET %s = %q, want %q", k, got, want)
 		}
 

@@ -66,9 +66,12 @@ end
 --   s1, s2    when ok, what commit needs of the state check read
 -- commit(key, count, period, extra, n, delay, s1, s2) charges the request
 -- that check admitted and returns its refund ticket.
--- refund(key, count, period, extra, n, ticket, ckey) gives back what commit
--- took. ckey (nil if the caller gave none) is the rule's record of
--- cancelled reservations (bucket algorithms; see cancelled_* below).
+-- refund(key, count, period, extra, n, ticket, ckey, undo) gives back what
+-- commit took. ckey (nil if the caller gave none) is the rule's record of
+-- cancelled reservations (bucket algorithms, bucket.lua). undo is true when
+-- a Group rolls back a part its caller never used; otherwise the refund is
+-- a Reservation.Cancel, which the bucket algorithms honour only before the
+-- time to act (bucket.lua). The windows give back in both cases.
 --
 -- Each algorithm also registers a pause function (see driver.lua, op
 -- 'pause'): pause(key, count, period, extra, untl) moves the rule's state so
@@ -87,13 +90,8 @@ end
 local refund, pause
 if rare then refund, pause = {}, {} end
 
-local keep_ttl, cancelled_add, cancelled_pop, rint
+local keep_ttl
 if rare then
-
--- rint formats a number that may have a fraction as the nearest integer.
-function rint(x)
-  return string.format('%.0f', x)
-end
 
 -- keep_ttl makes key live at least us more microseconds; a longer TTL is
 -- kept (PEXPIRE would shorten it).
@@ -102,46 +100,6 @@ function keep_ttl(key, us)
   local cur = redis.call('PTTL', key)
   if cur >= 0 and cur >= want then return end
   redis.call('PEXPIRE', key, want)
-end
-
--- Cancelled reservations of the bucket algorithms. A reservation holds a
--- place in the rule's queue that ends at its ticket (GCRA: the TAT it left;
--- token bucket: its time to act). Cancelling the last place moves the
--- queue's end back; cancelling one with later places still held cannot
--- (they were granted times that count on it), so it is recorded in ckey, a
--- sorted set scored by the ticket with members "<ticket> <n>", and given
--- back when every place after it has been cancelled too. So a storm of
--- cancellations in any order, from any number of processes, gives back
--- all of its capacity, and a cancelled place is never lent twice.
-
--- cancelled_add records a cancelled place that ends at ticket and holds n
--- permits; end_us is the queue's end, until which the record is kept.
-function cancelled_add(ckey, ticket, n, end_us)
-  redis.call('ZADD', ckey, ticket, ticket .. ' ' .. n)
-  keep_ttl(ckey, end_us - now)
-end
-
--- cancelled_pop takes the recorded places that now end the queue, whose
--- end is at e (within eps), one after another, and returns the new end and
--- the permits given back. size(n) is the length of n permits' place. Places
--- that end at or before stale are dropped: the rule is back to full
--- capacity by the time the queue's end reaches them.
-function cancelled_pop(ckey, e, eps, size, stale)
-  redis.call('ZREMRANGEBYSCORE', ckey, '-inf', rint(stale))
-  local permits = 0
-  while true do
-    local top = redis.call('ZREVRANGE', ckey, 0, 0, 'WITHSCORES')
-    if not top[1] then break end
-    local x = tonumber(top[2])
-    if x < e - eps then break end
-    redis.call('ZREM', ckey, top[1])
-    if x <= e + eps then
-      local hn = tonumber(string.match(top[1], ' (%d+)$'))
-      e = x - size(hn)
-      permits = permits + hn
-    end
-  end
-  return e, permits
 end
 
 end
