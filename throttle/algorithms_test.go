@@ -235,7 +235,7 @@ func TestKeyTTLs(t *testing.T) {
 				l := mustNew(t, rdb, Options{}, tc.rule)
 				time.Sleep(tc.wait)
 				allow(t, l, "s", tc.n)
-				k := "throttle:{s}:r"
+				k := "jobthrottle:{s}:r"
 				if got := rdb.PTTL(context.Background(), k).Val(); got != tc.want {
 					t.Fatalf("PTTL %s = %v, want %v", k, got, tc.want)
 				}
@@ -258,7 +258,7 @@ func TestTokenBucketState(t *testing.T) {
 	virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
 		ctx := context.Background()
 		l := mustNew(t, rdb, Options{}, rule(TokenBucket, PerSecond(10).WithBurst(5))...)
-		k := "throttle:{s}:r"
+		k := "jobthrottle:{s}:r"
 		allow(t, l, "s", 2)
 		// 3 tokens left: full again 2 intervals (200ms) after the call's
 		// Redis time, which is also the time to act of the latest permit.

@@ -121,7 +121,7 @@ func (f *batchFlags) flagSet(stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&f.rate, "rate", "", "inline rule instead of --rule-config: count/period such as 20/s, 100/m, 3/500ms; must match the workers' rule")
 	fs.IntVar(&f.burst, "burst", 1, "inline rule: burst")
 	fs.StringVar(&f.algorithm, "algorithm", "gcra", "inline rule: gcra or token_bucket")
-	fs.StringVar(&f.prefix, "prefix", worker.DefaultConfigPrefix, "inline rule: the workers' key prefix")
+	fs.StringVar(&f.prefix, "prefix", throttle.DefaultPrefix, "inline rule: the workers' key prefix")
 	fs.StringVar(&f.subject, "subject", "", "inline rule: the workers' fixed subject")
 	fs.StringVar(&f.subjectField, "subject-field", "", "inline rule: the payload field the workers take the subject from")
 	fs.DurationVar(&f.lead, "lead", 0, "schedule each task this long before its slot, so that it reaches a worker early and waits there for the slot\n(use the workers' DelayedTaskCheckInterval or more; default 0: at the slot)")
