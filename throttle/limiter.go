@@ -165,8 +165,10 @@ func (l *Limiter) Allow(ctx context.Context, subject string) (Result, error) {
 //
 // n = 0 is the state read, for every algorithm: it charges nothing and
 // reports Remaining and ResetAfter under every rule. Allowed is false
-// only while a request of 0 would have to wait (reservations hold a
-// bucket in debt, or a pause runs), and RetryAfter then says for how long.
+// only while a request of 0 would have to wait (reservations or a pause
+// hold a bucket in debt, or a fixed window is paused), and RetryAfter then
+// says for how long. See the package doc for how this and the rest compare
+// with golang.org/x/time/rate and redis_rate.
 func (l *Limiter) AllowN(ctx context.Context, subject string, n int) (Result, error) {
 	res, _, err := l.decide(ctx, "allow", subject, n, -1, false)
 	return res, err
