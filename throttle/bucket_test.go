@@ -3,6 +3,8 @@ package throttle
 import (
 	"context"
 	"errors"
+	"math/big"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -208,6 +210,56 @@ func eachBucket(t *testing.T, f func(t *testing.T, l *Limiter)) {
 			virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
 				f(t, mustNew(t, rdb, Options{}, Rule{Name: "r", Algorithm: algo, Limit: PerSecond(10).WithBurst(1)}))
 			})
+		})
+	}
+}
+
+// bk_div (bucket.lua) is exact wherever the scripts use it: a*b = q*m + r,
+// 0 <= r < m, for a, b, m below 2^53 (m below 2^52) whose quotient stays
+// below 2^53, on both of its paths; checked against math/big on every
+// backend's Lua.
+func TestBucketDivisionExact(t *testing.T) {
+	var src []byte
+	for _, f := range []string{"prelude.lua", "bucket.lua"} {
+		b, err := luaFiles.ReadFile("lua/" + f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		src = append(append(src, b...), '\n')
+	}
+	// bk_div over ARGV[2..], three numbers a, b, m at a time: "q r" each.
+	script := redis.NewScript(string(src) + `
+local out = {}
+for i = 2, #ARGV, 3 do
+  local q, r = bk_div(tonumber(ARGV[i]), tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]))
+  out[#out + 1] = string.format('%d %d', q, r)
+end
+return out`)
+	rng := rand.New(rand.NewPCG(11, 7))
+	var args []any
+	var want []string
+	for len(want) < 2000 {
+		m := 1 + rng.Int64N(1<<(1+rng.IntN(51)))
+		a := rng.Int64N(1 << (1 + rng.IntN(52)))
+		b := rng.Int64N(1 << (1 + rng.IntN(52)))
+		q, r := new(big.Int).QuoRem(new(big.Int).Mul(big.NewInt(a), big.NewInt(b)), big.NewInt(m), new(big.Int))
+		if q.BitLen() > 53 {
+			continue
+		}
+		args = append(args, a, b, m)
+		want = append(want, q.String()+" "+r.String())
+	}
+	for _, be := range redistest.Backends(t) {
+		t.Run(be.Name, func(t *testing.T) {
+			got, err := script.Run(context.Background(), be.Client, []string{redistest.Prefix(t) + "{x}"}, append([]any{"allow"}, args...)...).StringSlice()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range want {
+				if got[i] != want[i] {
+					t.Fatalf("bk_div(%d, %d, %d) = %s, want %s", args[3*i], args[3*i+1], args[3*i+2], got[i], want[i])
+				}
+			}
 		})
 	}
 }
