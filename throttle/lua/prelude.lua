@@ -90,8 +90,13 @@ end
 local refund, pause
 if rare then refund, pause = {}, {} end
 
-local keep_ttl
+local keep_ttl, cancelled_add, cancelled_pop, rint
 if rare then
+
+-- rint formats a number that may have a fraction as the nearest integer.
+function rint(x)
+  return string.format('%.0f', x)
+end
 
 -- keep_ttl makes key live at least us more microseconds; a longer TTL is
 -- kept (PEXPIRE would shorten it).
@@ -100,6 +105,48 @@ function keep_ttl(key, us)
   local cur = redis.call('PTTL', key)
   if cur >= 0 and cur >= want then return end
   redis.call('PEXPIRE', key, want)
+end
+
+-- cancelled_add and cancelled_pop are the record of cancelled places the
+-- bucket algorithms kept before issue 11; bucket.lua now keeps its own,
+-- with exact times, and these stay for other operations that may use them.
+-- A reservation holds a place in the rule's queue that ends at its ticket (GCRA: the TAT it left;
+-- token bucket: its time to act). Cancelling the last place moves the
+-- queue's end back; cancelling one with later places still held cannot
+-- (they were granted times that count on it), so it is recorded in ckey, a
+-- sorted set scored by the ticket with members "<ticket> <n>", and given
+-- back when every place after it has been cancelled too. So a storm of
+-- cancellations in any order, from any number of processes, gives back
+-- all of its capacity, and a cancelled place is never lent twice.
+
+-- cancelled_add records a cancelled place that ends at ticket and holds n
+-- permits; end_us is the queue's end, until which the record is kept.
+function cancelled_add(ckey, ticket, n, end_us)
+  redis.call('ZADD', ckey, ticket, ticket .. ' ' .. n)
+  keep_ttl(ckey, end_us - now)
+end
+
+-- cancelled_pop takes the recorded places that now end the queue, whose
+-- end is at e (within eps), one after another, and returns the new end and
+-- the permits given back. size(n) is the length of n permits' place. Places
+-- that end at or before stale are dropped: the rule is back to full
+-- capacity by the time the queue's end reaches them.
+function cancelled_pop(ckey, e, eps, size, stale)
+  redis.call('ZREMRANGEBYSCORE', ckey, '-inf', rint(stale))
+  local permits = 0
+  while true do
+    local top = redis.call('ZREVRANGE', ckey, 0, 0, 'WITHSCORES')
+    if not top[1] then break end
+    local x = tonumber(top[2])
+    if x < e - eps then break end
+    redis.call('ZREM', ckey, top[1])
+    if x <= e + eps then
+      local hn = tonumber(string.match(top[1], ' (%d+)$'))
+      e = x - size(hn)
+      permits = permits + hn
+    end
+  end
+  return e, permits
 end
 
 end
