@@ -181,12 +181,21 @@ function bk_refund(key, count, period, burst, n, ticket, ckey, undo)
       ew, er = pw, pr
       if not ckey then break end
       -- A recorded cancellation that ends where ev now is: give it back.
+      -- Records past ev can no longer match, records before now are
+      -- stale; the candidates are then the top ones (ZREVRANGE in pages:
+      -- the least commands, none beyond the documented ACL set).
       redis.call('ZREMRANGEBYSCORE', ckey, '-inf', '(' .. string.format('%d', now))
       redis.call('ZREMRANGEBYSCORE', ckey, '(' .. string.format('%d', ew), '+inf')
-      local hit
-      for _, m in ipairs(redis.call('ZRANGEBYSCORE', ckey, string.format('%d', ew), string.format('%d', ew))) do
-        local w, r, k = string.match(m, '^(%d+) (%d+) (%d+)$')
-        if tonumber(r) == er then hit, n = m, tonumber(k) break end
+      local hit, from = nil, 0
+      while not hit do
+        local page = redis.call('ZREVRANGE', ckey, from, from + 15)
+        for _, m in ipairs(page) do
+          local w, r, k = string.match(m, '^(%d+) (%d+) (%d+)$')
+          if tonumber(w) ~= ew then page = {} break end
+          if tonumber(r) == er then hit, n = m, tonumber(k) break end
+        end
+        if #page < 16 then break end
+        from = from + 16
       end
       if not hit then break end
       redis.call('ZREM', ckey, hit)
