@@ -187,7 +187,9 @@ func (l *Limiter) Reserve(ctx context.Context, subject string) (*Reservation, er
 // The booking is bounded by the context's deadline and by MaxWait: if the
 // slot is later, nothing is booked and a *DelayError says when it would
 // be (errors.Is(err, context.DeadlineExceeded) when the deadline bounded
-// it).
+// it). n = 0 charges nothing and has nothing to cancel; as in x/time/rate
+// it is granted at once, or, while reservations hold a bucket in debt,
+// when the debt is repaid.
 func (l *Limiter) ReserveN(ctx context.Context, subject string, n int) (*Reservation, error) {
 	if !l.reservable {
 		return nil, ErrNotReservable
@@ -225,7 +227,9 @@ func (l *Limiter) Wait(ctx context.Context, subject string) error {
 // would come after the context's deadline (the error then matches
 // context.DeadlineExceeded) or after MaxWait (matching ErrMaxWait). If the
 // context ends while waiting, the reservation is refunded and ctx.Err()
-// returned. n larger than a rule's capacity is a *CapacityError.
+// returned. n larger than a rule's capacity is a *CapacityError. n = 0
+// charges nothing: it returns at once unless a request of 0 would wait
+// (see AllowN), and then waits as x/time/rate's WaitN(ctx, 0) does.
 func (l *Limiter) WaitN(ctx context.Context, subject string, n int) error {
 	r, err := l.acquire(ctx, subject, n)
 	if err != nil {
