@@ -70,7 +70,7 @@ type Limiter struct {
 
 	mu      sync.Mutex
 	queues  map[string]*waitQueue   // window waits, by encoded subject
-	refunds map[string]*refundBatch // refunds waiting for a call, by subject
+	refunds map[string]*refundBatch // refunds waiting for a call, by escaped subject; undos apart
 }
 
 // New returns a Limiter that applies every rule to each subject. It returns
@@ -449,9 +449,12 @@ func (l *Limiter) refund(ctx context.Context, subject string, n int, tickets []s
 		return err // bad input fails before it is queued
 	}
 	e := &refundEntry{ctx: ctx, n: n, tickets: tickets, done: make(chan struct{})}
-	batchKey := subject
+	// Cancels and undos of one subject go in separate batches (one op per
+	// call). An escaped subject holds no NUL, so the undo key, with a NUL
+	// in front, is never another subject's.
+	batchKey := escape(subject)
 	if undo {
-		batchKey = "undo\x00" + subject // no subject holds NUL after escape
+		batchKey = "\x00" + batchKey
 	}
 	l.mu.Lock()
 	b, flushing := l.refunds[batchKey]
