@@ -15,8 +15,9 @@
 --
 -- State: one string "<tw> <tr> <ew> <er>": TAT = tw + tr / count and ev =
 -- ew + er / count, the time to act of the latest reservation
--- (golang.org/x/time/rate's lastEvent), which Cancel needs. TTL: until
--- both have passed; a missing key is a full bucket.
+-- (golang.org/x/time/rate's lastEvent), which Cancel needs; "<tw> <ew>"
+-- when both remainders are 0 (every interval that is a whole number of
+-- µs). TTL: until both have passed; a missing key is a full bucket.
 --
 -- A reservation's refund ticket is its exact time to act, "<w> <r>".
 
@@ -57,6 +58,8 @@ end
 local function bk_load(key, count, period, burst)
   local v = redis.call('GET', key)
   if not v then return now, 0, 0, 0 end
+  local a, c = string.match(v, '^(%d+) (%d+)$')
+  if a then return tonumber(a), 0, tonumber(c), 0 end
   local a, b, c, d = string.match(v, '^(%d+) (%d+) (%d+) (%d+)$')
   if a then
     a, b, c, d = tonumber(a), tonumber(b), tonumber(c), tonumber(d)
@@ -75,20 +78,10 @@ local function bk_load(key, count, period, burst)
   return now, 0, 0, 0
 end
 
--- bk_left returns the whole tokens in the bucket when TAT - now = dw + dr /
--- count >= 0: floor(burst - (TAT - now) / T), at least 0.
-local function bk_left(count, period, burst, bq, br, dw, dr)
-  if dw > bq or (dw == bq and dr > br) then return 0 end
-  -- (TAT - now) / T = (dw * count + dr) / period, rounded up
-  local q1, r1 = bk_div(dw, count, period)
-  local q2, r2 = bk_div(r1 + dr, 1, period)
-  if r2 > 0 then q2 = q2 + 1 end
-  return burst - q1 - q2
-end
-
 -- check: n tokens are taken from the bucket, which may go into debt for a
 -- reservation (its time to act is when the debt is repaid: the new TAT
--- minus burst * T). s1, s2 = the new TAT.
+-- minus burst * T). Remaining and reset are read at the new TAT if the
+-- request is admitted, else at the current one. s1, s2 = the new TAT.
 local function bk_check(key, count, period, burst, n, reserve, max_wait)
   local tw, tr, ew, er = bk_load(key, count, period, burst)
   if tw < now then tw, tr = now, 0 end
@@ -104,14 +97,22 @@ local function bk_check(key, count, period, burst, n, reserve, max_wait)
     delay = xw - now
     if xr > 0 then delay = delay + 1 end
   end
-  if delay == 0 or (reserve and (max_wait < 0 or delay <= max_wait)) then
-    local reset = aw - now
-    if ar > 0 then reset = reset + 1 end
-    return true, delay, bk_left(count, period, burst, bq, br, aw - now, ar), reset, aw, ar
+  local ok = delay == 0 or (reserve and (max_wait < 0 or delay <= max_wait))
+  local dw, dr = tw - now, tr
+  if ok then dw, dr = aw - now, ar end
+  local reset = dw
+  if dr > 0 then reset = reset + 1 end
+  -- Whole tokens: floor(burst - (TAT - now) / T), 0 in debt, with
+  -- (TAT - now) / T = (dw * count + dr) / period.
+  local left = 0
+  if dw < bq or (dw == bq and dr <= br) then
+    local q1, r1 = bk_div(dw, count, period)
+    local q2, r2 = bk_div(r1 + dr, 1, period)
+    if r2 > 0 then q2 = q2 + 1 end
+    left = burst - q1 - q2
   end
-  local reset = tw - now
-  if tr > 0 then reset = reset + 1 end
-  return false, delay, bk_left(count, period, burst, bq, br, tw - now, tr), reset
+  if ok then return true, delay, left, reset, aw, ar end
+  return false, delay, left, reset
 end
 
 -- bk_store writes the state; the key lives until both TAT and ev passed.
@@ -120,7 +121,13 @@ local function bk_store(key, tw, tr, ew, er)
   if ew > h or (ew == h and er > hr) then h, hr = ew, er end
   h = h - now
   if hr > 0 then h = h + 1 end
-  redis.call('SET', key, string.format('%d %d %d %d', tw, tr, ew, er), 'PX', ttl_ms(h))
+  local v
+  if tr == 0 and er == 0 then
+    v = string.format('%d %d', tw, ew)
+  else
+    v = string.format('%d %d %d %d', tw, tr, ew, er)
+  end
+  redis.call('SET', key, v, 'PX', ttl_ms(h))
 end
 
 -- commit stores the new TAT (aw, ar) and the reservation's time to act
