@@ -119,6 +119,7 @@ func main() {
 	budget := flag.Duration("budget", 24*time.Minute, "rerun the noisiest Wait scenarios until this long after the start (full run)")
 	lab := flag.Bool("jitterlab", false, "run the jitter lab (about 4 minutes): gcra Wait, a send-anchored prototype and x/time/rate, quiet and beside busy processes")
 	md := flag.String("md", "../BENCHMARKS.md", "where to write the report")
+	flag.IntVar(&rateOverride, "rate", 0, "override the Wait scenarios' rate R (permits per second; 0: 200), e.g. 5000 for the hot-key check of issue 11")
 	flag.Parse()
 
 	if *child != "" {
@@ -169,6 +170,9 @@ func main() {
 // niceness is the priority the run got (0: left as it was).
 var niceness int
 
+// rateOverride, if above 0, replaces the Wait scenarios' rate (-rate).
+var rateOverride int
+
 func run(full bool, only string, dur time.Duration, skip, mdPath string, budget time.Duration, logf func(string, ...any)) error {
 	t0 := time.Now()
 	var filter *regexp.Regexp
@@ -195,6 +199,9 @@ func run(full bool, only string, dur time.Duration, skip, mdPath string, budget 
 	}
 	if dur > 0 {
 		cfg.DurationS = dur.Seconds()
+	}
+	if rateOverride > 0 {
+		cfg.Rate = rateOverride
 	}
 	exe, err := os.Executable()
 	if err != nil {

@@ -67,7 +67,7 @@ var apiRule = throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: thrott
 
 func newLimiter(t *testing.T, rdb redis.UniversalClient, rules ...throttle.Rule) *throttle.Limiter {
 	t.Helper()
-	l, err := throttle.New(rdb, throttle.Options{Prefix: worker.DefaultConfigPrefix}, rules...)
+	l, err := throttle.New(rdb, throttle.Options{Prefix: throttle.DefaultPrefix}, rules...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,7 +32,7 @@ type PaceSpec struct {
 	Rule string
 
 	// Inline, when Rules is nil: the workers' rule.
-	Prefix    string               // key prefix; if empty, worker.DefaultConfigPrefix
+	Prefix    string               // key prefix; if empty, throttle.DefaultPrefix
 	Algorithm throttle.Algorithm   // if zero, GCRA
 	Limit     throttle.Limit       // count per period, burst
 	Subject   worker.SubjectConfig // exactly one of Fixed and PayloadField
@@ -74,7 +74,7 @@ func (s *PaceSpec) Pacer(rdb redis.UniversalClient, taskType string, base thrott
 	}
 	prefix := s.Prefix
 	if prefix == "" {
-		prefix = worker.DefaultConfigPrefix
+		prefix = throttle.DefaultPrefix
 	}
 	lim, err := throttle.New(rdb, throttle.Options{Prefix: prefix, Logger: base.Logger, OnRedisError: base.OnRedisError},
 		throttle.Rule{Name: s.Rule, Algorithm: algo, Limit: s.Limit})

@@ -35,7 +35,7 @@ type Schedules struct {
 	Rules       string
 	RulesConfig *worker.Config
 	// Prefix is the key prefix of inline pace rules; if the file has none,
-	// worker.DefaultConfigPrefix.
+	// throttle.DefaultPrefix.
 	Prefix    string
 	Schedules []Schedule
 }
@@ -207,7 +207,7 @@ func (p *parser) parse(root *yaml.Node) (*Schedules, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Schedules{File: p.file, Prefix: worker.DefaultConfigPrefix}
+	s := &Schedules{File: p.file, Prefix: throttle.DefaultPrefix}
 	if n := fields["rules"]; n != nil {
 		if s.Rules, err = p.nonEmpty(n, "rules", "the path of the workers' rules file"); err != nil {
 			return nil, err

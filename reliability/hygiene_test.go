@@ -120,6 +120,12 @@ func exerciseErr(rdb redis.UniversalClient, prefix string) (err error) {
 				must(fmt.Errorf("status %v, want %v", a.Status, want), rule.Name, " Admit a booked task")
 			}
 		}
+		// The state read, AllowAtMost and Reset (issue 11).
+		_, err = l.AllowN(ctx, "allow", 0)
+		must(err, rule.Name, " AllowN(0)")
+		_, _, err = l.AllowAtMost(ctx, "atmost", 3)
+		must(err, rule.Name, " AllowAtMost")
+		must(l.Reset(ctx, "atmost"), rule.Name, " Reset")
 		if rule.Algorithm != throttle.TokenBucket && rule.Algorithm != throttle.GCRA {
 			continue
 		}
@@ -139,8 +145,7 @@ func exerciseErr(rdb redis.UniversalClient, prefix string) (err error) {
 		must(err, rule.Name, " PrepayN")
 		must(p2.Cancel(ctx), rule.Name, " Cancel a prepaid reservation")
 	}
-	// Refunds of every kind: a lone reservation given back (GCRA then
-	// deletes its key), and window permits given back when a later part of
+	// Refunds of every kind: a lone reservation given back, and window permits given back when a later part of
 	// a group denies.
 	for _, rule := range exerciseRules[3:] {
 		r, err := newLim(rule).Reserve(ctx, "lone")

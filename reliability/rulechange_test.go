@@ -101,16 +101,18 @@ func TestRuleChangeOnLiveKeys(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					var last time.Duration
+					// Delay counts down from now (as x/time/rate's), so
+					// the time to act is what must never move earlier.
+					var last time.Time
 					for i := range 40 {
 						r, err := lim.Reserve(ctx, "tenant")
 						if err != nil {
 							t.Fatalf("%v: reservation %d: %v", a, i, err)
 						}
-						if i > 0 && r.Delay() < last {
-							t.Fatalf("%v: reservation %d delay %v after %v; want never shorter", a, i, r.Delay(), last)
+						if i > 0 && (r.Delay() <= 0 || r.TimeToAct().Before(last)) {
+							t.Fatalf("%v: reservation %d delay %v, time to act %v after %v; want positive and never earlier", a, i, r.Delay(), r.TimeToAct(), last)
 						}
-						last = r.Delay()
+						last = r.TimeToAct()
 					}
 				}
 			})

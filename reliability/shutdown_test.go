@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -64,13 +65,18 @@ rules:
 	}
 
 	// ahead returns how far ahead of Redis's clock the rule's GCRA state
-	// (its theoretical arrival time, µs) stands: how long a new task would
+	// (its theoretical arrival time: the first field, whole µs, of
+	// throttle/lua/bucket.lua's state) stands: how long a new task would
 	// wait.
 	key := prefix + "{acme}:echo"
 	ahead := func() time.Duration {
-		v, err := rdb.Get(ctx, key).Float64()
+		s, err := rdb.Get(ctx, key).Result()
 		if err != nil {
 			return 0 // no key: nothing booked
+		}
+		v, err := strconv.ParseFloat(strings.Fields(s)[0], 64)
+		if err != nil {
+			t.Fatalf("GCRA state %q: %v", s, err)
 		}
 		now, err := rdb.Time(ctx).Result()
 		if err != nil {

@@ -235,7 +235,7 @@ func TestKeyTTLs(t *testing.T) {
 				l := mustNew(t, rdb, Options{}, tc.rule)
 				time.Sleep(tc.wait)
 				allow(t, l, "s", tc.n)
-				k := "throttle:{s}:r"
+				k := "jobthrottle:{s}:r"
 				if got := rdb.PTTL(context.Background(), k).Val(); got != tc.want {
 					t.Fatalf("PTTL %s = %v, want %v", k, got, tc.want)
 				}
@@ -248,24 +248,27 @@ func TestKeyTTLs(t *testing.T) {
 	}
 }
 
-// The token bucket keeps its state in one string "<tk> <ts> <ev>". A
-// string it cannot read is a full bucket, replaced on the next charge; a
-// key of another type (a hash, the format before the first release) fails
-// with ErrRedis wrapping WRONGTYPE, as a changed algorithm does.
+// The token bucket keeps its state in one string (bucket.lua): the time
+// the bucket is full again and the latest time to act, "<tw> <ew>" in
+// whole µs, or "<tw> <tr> <ew> <er>" with remainders in 1/count µs when
+// an interval is not whole µs. A string it cannot
+// read is a full bucket, replaced on the next charge; a key of another
+// type (a hash, the format before the first release) fails with ErrRedis
+// wrapping WRONGTYPE, as a changed algorithm does.
 func TestTokenBucketState(t *testing.T) {
 	virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
 		ctx := context.Background()
 		l := mustNew(t, rdb, Options{}, rule(TokenBucket, PerSecond(10).WithBurst(5))...)
-		k := "throttle:{s}:r"
+		k := "jobthrottle:{s}:r"
 		allow(t, l, "s", 2)
-		// 3 tokens left at the call's Redis time, which is also the time to
-		// act of the latest permit.
+		// 3 tokens left: full again 2 intervals (200ms) after the call's
+		// Redis time, which is also the time to act of the latest permit.
 		got, err := rdb.Get(ctx, k).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
 		us := time.Now().UnixMicro()
-		if want := fmt.Sprintf("3 %d %d", us, us); got != want {
+		if want := fmt.Sprintf("%d %d", us+200_000, us); got != want {
 			t.Fatalf("GET %s = %q, want %q", k, got, want)
 		}
 

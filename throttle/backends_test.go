@@ -345,3 +345,58 @@ func TestBackendsAdmit(t *testing.T) {
 		})
 	}
 }
+
+// Issue 11 on every backend: an interval that is not a whole number of
+// microseconds (7 per hour: 514285714.28…µs) admits its burst at one
+// instant with exact counts; n = 0 reads without charging; AllowAtMost
+// takes what is left; Reset forgets the subject.
+func TestBackendsExactStateAtMostReset(t *testing.T) {
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			for _, algo := range allAlgorithms {
+				t.Run(algo.String(), func(t *testing.T) {
+					l, err := throttle.New(b.Client, throttle.Options{Prefix: redistest.Prefix(t)},
+						throttle.Rule{Name: "r", Algorithm: algo, Limit: throttle.Limit{Count: 7, Period: time.Hour, Burst: 2}})
+					if err != nil {
+						t.Fatal(err)
+					}
+					capacity := 2
+					if algo != throttle.TokenBucket && algo != throttle.GCRA {
+						capacity = 7
+					}
+					if res, err := l.AllowN(ctx, "s", 0); err != nil || !res.Allowed || res.Remaining != capacity {
+						t.Fatalf("AllowN(0) = %+v, %v; want allowed with %d left", res, err, capacity)
+					}
+					if res, err := l.Allow(ctx, "s"); err != nil || !res.Allowed || res.Remaining != capacity-1 {
+						t.Fatalf("Allow = %+v, %v; want allowed with %d left", res, err, capacity-1)
+					}
+					got, res, err := l.AllowAtMost(ctx, "s", 10)
+					if err != nil || got != capacity-1 || res.Remaining != 0 {
+						t.Fatalf("AllowAtMost(10) = %d, %+v, %v; want %d, 0 left", got, res, err, capacity-1)
+					}
+					res, err = l.AllowN(ctx, "s", 0)
+					if err != nil || !res.Allowed || res.Remaining != 0 {
+						t.Fatalf("AllowN(0) when spent = %+v, %v; want allowed (0 waits for nothing) with 0 left", res, err)
+					}
+					if got, res, err = l.AllowAtMost(ctx, "s", 1); err != nil || got != 0 || res.Allowed || res.RetryAfter <= 0 {
+						t.Fatalf("AllowAtMost(1) when spent = %d, %+v, %v; want 0 and a RetryAfter", got, res, err)
+					}
+					if algo == throttle.TokenBucket || algo == throttle.GCRA {
+						// The next permit: one interval after the first, rounded up.
+						iv := time.Hour / 7
+						if res.RetryAfter > iv+time.Microsecond || res.RetryAfter < iv-time.Minute {
+							t.Fatalf("RetryAfter %v, want just under %v", res.RetryAfter, iv+time.Microsecond)
+						}
+					}
+					if err := l.Reset(ctx, "s"); err != nil {
+						t.Fatal(err)
+					}
+					if res, err := l.AllowN(ctx, "s", capacity); err != nil || !res.Allowed {
+						t.Fatalf("AllowN(%d) after Reset = %+v, %v; want allowed", capacity, res, err)
+					}
+				})
+			}
+		})
+	}
+}

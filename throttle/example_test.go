@@ -110,7 +110,9 @@ func ExampleLimiter_Reserve() {
 		if err != nil {
 			panic(err)
 		}
-		fmt.Println("act in", r.Delay())
+		// Delay counts down from the reply (as in x/time/rate); rounded
+		// here for a stable output.
+		fmt.Println("act in", r.Delay().Round(10*time.Millisecond))
 	}
 	// Output:
 	// act in 0s

@@ -144,12 +144,12 @@ func FuzzLimitValidate(f *testing.F) {
 }
 
 // acceptable reports whether err is one the library may answer a valid
-// rule with: none, a request over capacity or below 1, or a wait past a
+// rule with: none, a request over capacity or below 0, or a wait past a
 // bound. Redis and script errors are not.
 func acceptable(err error) bool {
 	var de *throttle.DelayError
 	return err == nil || errors.Is(err, throttle.ErrExceedsCapacity) || errors.As(err, &de) ||
-		strings.Contains(err.Error(), "must be at least 1") && !errors.Is(err, throttle.ErrRedis)
+		strings.Contains(err.Error(), "must not be negative") && !errors.Is(err, throttle.ErrRedis)
 }
 
 // FuzzSubjectKey checks the subject encoding through the exported surface:

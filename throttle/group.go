@@ -112,9 +112,10 @@ func (g *Group) WaitN(ctx context.Context, subject string, n int) error {
 	return nil
 }
 
-// cancelAll refunds every reservation, even after ctx has ended.
+// cancelAll refunds every reservation, even after ctx has ended, and
+// even after its time to act: the caller did not act on any (undo).
 func cancelAll(ctx context.Context, held []*Reservation) {
 	for _, r := range held {
-		r.cancelDetached(ctx)
+		r.cancelDetached(ctx, true)
 	}
 }

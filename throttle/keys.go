@@ -8,8 +8,11 @@ import (
 // MaxSubjectLen bounds a subject's length in bytes, before encoding.
 const MaxSubjectLen = 1024
 
-// DefaultPrefix is the key prefix used when Options.Prefix is empty.
-const DefaultPrefix = "throttle:"
+// DefaultPrefix is the key prefix used when Options.Prefix is empty, and
+// the default of every other part of jobthrottle (the worker's rules file,
+// enqueue), so that producers and workers left at their defaults share one
+// ledger.
+const DefaultPrefix = "jobthrottle:"
 
 // key returns the Redis key of a rule over an encoded subject:
 // <prefix>{<subject>}:<rule>. All keys of one subject share the hash tag,

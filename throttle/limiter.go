@@ -16,7 +16,7 @@ import (
 // Options configure a Limiter. The zero value is a fail-closed limiter
 // under DefaultPrefix whose waits are bounded only by their contexts.
 type Options struct {
-	// Prefix starts every key. If empty, DefaultPrefix ("throttle:") is
+	// Prefix starts every key. If empty, DefaultPrefix ("jobthrottle:") is
 	// used. It must not contain '{' or '}', which would break the
 	// subject's hash tag.
 	Prefix string
@@ -70,7 +70,7 @@ type Limiter struct {
 
 	mu      sync.Mutex
 	queues  map[string]*waitQueue   // window waits, by encoded subject
-	refunds map[string]*refundBatch // refunds waiting for a call, by subject
+	refunds map[string]*refundBatch // refunds waiting for a call, by escaped subject; undos apart
 }
 
 // New returns a Limiter that applies every rule to each subject. It returns
@@ -118,8 +118,12 @@ func New(rdb redis.UniversalClient, opts Options, rules ...Rule) (*Limiter, erro
 		if r.Algorithm == SlidingWindow {
 			extra = r.precision().Microseconds()
 		}
+		count, period := int64(r.Limit.Count), r.Limit.Period.Microseconds()
+		if r.Algorithm.bucket() {
+			count, period = lowestTerms(count, period) // bucket.lua: exact times
+		}
 		l.keyRules = append(l.keyRules, escape(r.Name))
-		l.ruleArgs = append(l.ruleArgs, r.Algorithm.String(), r.Limit.Count, r.Limit.Period.Microseconds(), extra)
+		l.ruleArgs = append(l.ruleArgs, r.Algorithm.String(), count, period, extra)
 		l.reservable = l.reservable && r.Algorithm.bucket()
 	}
 	return l, nil
@@ -158,6 +162,13 @@ func (l *Limiter) Allow(ctx context.Context, subject string) (Result, error) {
 // none otherwise. It never waits. It returns a *CapacityError if n is
 // more than a rule can ever admit at once, and an error matching ErrRedis
 // if Redis fails (unless FailOpen, which allows).
+//
+// n = 0 is the state read, for every algorithm: it charges nothing and
+// reports Remaining and ResetAfter under every rule. Allowed is false
+// only while a request of 0 would have to wait (reservations or a pause
+// hold a bucket in debt, or a fixed window is paused), and RetryAfter then
+// says for how long. See the package doc for how this and the rest compare
+// with golang.org/x/time/rate and redis_rate.
 func (l *Limiter) AllowN(ctx context.Context, subject string, n int) (Result, error) {
 	res, _, err := l.decide(ctx, "allow", subject, n, -1, false)
 	return res, err
@@ -176,7 +187,9 @@ func (l *Limiter) Reserve(ctx context.Context, subject string) (*Reservation, er
 // The booking is bounded by the context's deadline and by MaxWait: if the
 // slot is later, nothing is booked and a *DelayError says when it would
 // be (errors.Is(err, context.DeadlineExceeded) when the deadline bounded
-// it).
+// it). n = 0 charges nothing and has nothing to cancel; as in x/time/rate
+// it is granted at once, or, while reservations hold a bucket in debt,
+// when the debt is repaid.
 func (l *Limiter) ReserveN(ctx context.Context, subject string, n int) (*Reservation, error) {
 	if !l.reservable {
 		return nil, ErrNotReservable
@@ -214,7 +227,9 @@ func (l *Limiter) Wait(ctx context.Context, subject string) error {
 // would come after the context's deadline (the error then matches
 // context.DeadlineExceeded) or after MaxWait (matching ErrMaxWait). If the
 // context ends while waiting, the reservation is refunded and ctx.Err()
-// returned. n larger than a rule's capacity is a *CapacityError.
+// returned. n larger than a rule's capacity is a *CapacityError. n = 0
+// charges nothing: it returns at once unless a request of 0 would wait
+// (see AllowN), and then waits as x/time/rate's WaitN(ctx, 0) does.
 func (l *Limiter) WaitN(ctx context.Context, subject string, n int) error {
 	r, err := l.acquire(ctx, subject, n)
 	if err != nil {
@@ -258,8 +273,8 @@ var noBound any = int64(-1)
 
 // request is one call's keys and arguments.
 func (l *Limiter) request(op, subject string, n int, maxWait int64, tickets []string) ([]string, []any, error) {
-	if n < 1 {
-		return nil, nil, fmt.Errorf("throttle: n = %d permits: must be at least 1", n)
+	if n < 0 {
+		return nil, nil, fmt.Errorf("throttle: n = %d permits: must not be negative (0 reads the state)", n)
 	}
 	for _, r := range l.rules {
 		if c := r.Limit.capacity(r.Algorithm); n > c {
@@ -381,8 +396,12 @@ func (l *Limiter) parse(reply []any) (Result, int64, error) {
 	}, ints[5], nil
 }
 
-// tickets returns the refund tickets of an admitted reply, one per rule.
+// tickets returns the refund tickets of an admitted reply, one per rule;
+// nil if it has none (n = 0 charged nothing).
 func tickets(reply []any) []string {
+	if len(reply) <= 6 {
+		return nil
+	}
 	t := make([]string, 0, len(reply)-6)
 	for _, v := range reply[6:] {
 		s, _ := v.(string)
@@ -423,22 +442,30 @@ func (l *Limiter) redisOK() {
 // out) costs a few round trips instead of one each, and does not queue for
 // the client's connections until the refunds time out. It returns when its
 // refund is made, or when ctx ends; the refund is then still made if Redis
-// answers.
-func (l *Limiter) refund(ctx context.Context, subject string, n int, tickets []string) error {
+// answers. undo (a Group rolling back a part) gives the permits back even
+// after their time to act, which a Cancel does not (bucket.lua).
+func (l *Limiter) refund(ctx context.Context, subject string, n int, tickets []string, undo bool) error {
 	if _, _, err := l.request("refund", subject, n, -1, tickets); err != nil {
 		return err // bad input fails before it is queued
 	}
 	e := &refundEntry{ctx: ctx, n: n, tickets: tickets, done: make(chan struct{})}
+	// Cancels and undos of one subject go in separate batches (one op per
+	// call). An escaped subject holds no NUL, so the undo key, with a NUL
+	// in front, is never another subject's.
+	batchKey := escape(subject)
+	if undo {
+		batchKey = "\x00" + batchKey
+	}
 	l.mu.Lock()
-	b, flushing := l.refunds[subject]
+	b, flushing := l.refunds[batchKey]
 	if !flushing {
-		b = &refundBatch{}
-		l.refunds[subject] = b
+		b = &refundBatch{undo: undo}
+		l.refunds[batchKey] = b
 	}
 	b.pending = append(b.pending, e)
 	l.mu.Unlock()
 	if !flushing {
-		go l.flushRefunds(subject, b)
+		go l.flushRefunds(batchKey, subject, b)
 	}
 	select {
 	case <-e.done:
@@ -455,6 +482,7 @@ const maxRefundBatch = 256
 // refundBatch holds the refunds of one subject waiting for a call.
 type refundBatch struct {
 	pending []*refundEntry
+	undo    bool // op 'undo' rather than 'refund'
 }
 
 // refundEntry is one reservation to give back.
@@ -466,19 +494,20 @@ type refundEntry struct {
 	err     error
 }
 
-// flushRefunds sends subject's pending refunds until there are none left.
-func (l *Limiter) flushRefunds(subject string, b *refundBatch) {
+// flushRefunds sends subject's pending refunds until there are none left;
+// batchKey is b's key in l.refunds.
+func (l *Limiter) flushRefunds(batchKey, subject string, b *refundBatch) {
 	for {
 		l.mu.Lock()
 		batch := b.pending[:min(len(b.pending), maxRefundBatch)]
 		b.pending = b.pending[len(batch):]
 		if len(batch) == 0 {
-			delete(l.refunds, subject)
+			delete(l.refunds, batchKey)
 			l.mu.Unlock()
 			return
 		}
 		l.mu.Unlock()
-		err := l.refundNow(subject, batch)
+		err := l.refundNow(subject, batch, b.undo)
 		for _, e := range batch {
 			e.err = err
 			close(e.done)
@@ -488,9 +517,13 @@ func (l *Limiter) flushRefunds(subject string, b *refundBatch) {
 
 // refundNow gives back every reservation of batch in one script call,
 // bounded by refundTimeout.
-func (l *Limiter) refundNow(subject string, batch []*refundEntry) error {
+func (l *Limiter) refundNow(subject string, batch []*refundEntry, undo bool) error {
 	first := batch[0]
-	keys, args, err := l.request("refund", subject, first.n, -1, first.tickets)
+	op := "refund"
+	if undo {
+		op = "undo"
+	}
+	keys, args, err := l.request(op, subject, first.n, -1, first.tickets)
 	if err != nil {
 		return err
 	}

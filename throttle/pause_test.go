@@ -219,7 +219,7 @@ func TestPauseKeyIsNoRuleKey(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := map[string]bool{"throttle:{s}:%21pause": true, "throttle:{s}:%21receipts": true, "throttle:{s}:!pause": true}
+		want := map[string]bool{"jobthrottle:{s}:%21pause": true, "jobthrottle:{s}:%21receipts": true, "jobthrottle:{s}:!pause": true}
 		if len(keys) != len(want) {
 			t.Fatalf("keys = %v, want %v", keys, want)
 		}

@@ -17,10 +17,10 @@ type Reservation struct {
 	lim     *Limiter
 	subject string
 	n       int
-	tickets []string // one refund ticket per rule; nil if admitted without Redis (fail open)
-	receipt string   // the receipt id of a prepaid reservation (prepay.go), else ""
-	delay   time.Duration
-	at      time.Time // local monotonic time to act (redisClock.wake)
+	tickets []string      // one refund ticket per rule; nil if admitted without Redis (fail open)
+	receipt string        // the receipt id of a prepaid reservation (prepay.go), else ""
+	delay   time.Duration // the delay Redis granted, from its now (prepay.go)
+	at      time.Time     // local monotonic time to act (redisClock.wake)
 
 	slot time.Time // a prepaid reservation's slot on the Redis clock (prepay.go)
 
@@ -28,31 +28,40 @@ type Reservation struct {
 	cancelErr error
 }
 
-// Delay is how long the caller had to wait, from the moment Redis
-// granted the reservation, before acting.
-func (r *Reservation) Delay() time.Duration { return r.delay }
+// Delay is how long the caller must still wait before acting: the time
+// from now until TimeToAct, 0 once it has passed. As in
+// golang.org/x/time/rate, it shrinks as time passes; read it right after
+// Reserve for the delay Redis granted.
+func (r *Reservation) Delay() time.Duration { return max(0, time.Until(r.at)) }
 
 // TimeToAct is the local time at which the caller may act: the slot Redis
 // granted, mapped from Redis's clock onto the local monotonic clock
 // (clock.go), so that it does not move with the latency of the reply.
 func (r *Reservation) TimeToAct() time.Time { return r.at }
 
-// Cancel gives the reserved permits back. Later reservations granted on
-// the strength of them keep their slots, so those permits come back only
-// when the later ones are cancelled too (Redis remembers, whichever
-// process cancels, in whatever order), or at once as far as the later ones
-// hold fewer permits (as x/time/rate's Cancel does). Use it when the
-// caller will not act. A prepaid reservation (PrepayN) also loses its
-// receipt. Calling it again does nothing and returns the first call's
-// error.
+// Cancel tells the limiter that the caller will not act, and gives back
+// what it can, as golang.org/x/time/rate's Cancel does, decided on the
+// Redis clock: after the time to act, nothing (the permits are taken to
+// be used); before it, the permits less those that later reservations
+// already took. Later reservations keep their slots; permits they hold
+// come back when those are cancelled too (Redis remembers, whichever
+// process cancels, in whatever order; x/time/rate would keep them). A
+// prepaid reservation (PrepayN) also loses its receipt. Calling it again
+// does nothing and returns the first call's error.
 func (r *Reservation) Cancel(ctx context.Context) error {
+	return r.cancel(ctx, false)
+}
+
+// cancel is Cancel; with undo (a Group rolling back a part its caller
+// never used) the permits come back even after the time to act.
+func (r *Reservation) cancel(ctx context.Context, undo bool) error {
 	r.once.Do(func() {
 		if r.receipt != "" {
 			// First, so that the receipt can no longer be redeemed.
 			r.cancelErr = r.lim.dropReceipt(ctx, r.subject, r.receipt)
 		}
 		if r.tickets != nil {
-			r.cancelErr = errors.Join(r.cancelErr, r.lim.refund(ctx, r.subject, r.n, r.tickets))
+			r.cancelErr = errors.Join(r.cancelErr, r.lim.refund(ctx, r.subject, r.n, r.tickets, undo))
 		}
 	})
 	return r.cancelErr
@@ -62,16 +71,16 @@ func (r *Reservation) Cancel(ctx context.Context) error {
 // cancels the reservation and returns ctx.Err().
 func (r *Reservation) wait(ctx context.Context) error {
 	if err := sleep(ctx, time.Until(r.at)); err != nil {
-		r.cancelDetached(ctx)
+		r.cancelDetached(ctx, false)
 		return err
 	}
 	return nil
 }
 
 // cancelDetached refunds after ctx has ended, on a context that keeps
-// ctx's values but not its cancellation.
-func (r *Reservation) cancelDetached(ctx context.Context) {
+// ctx's values but not its cancellation; undo as for cancel.
+func (r *Reservation) cancelDetached(ctx context.Context, undo bool) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
 	defer cancel()
-	_ = r.Cancel(rctx)
+	_ = r.cancel(rctx, undo)
 }

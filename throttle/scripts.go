@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"embed"
+	"slices"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
@@ -24,19 +25,26 @@ var (
 	allScript *redis.Script
 )
 
-var algorithmFiles = map[Algorithm]string{
-	FixedWindow:   "fixedwindow.lua",
-	SlidingLog:    "slidinglog.lua",
-	SlidingWindow: "slidingwindow.lua",
-	TokenBucket:   "tokenbucket.lua",
-	GCRA:          "gcra.lua",
+// algorithmFiles lists each algorithm's Lua files, in order: the two
+// bucket algorithms share bucket.lua, their exact arithmetic.
+var algorithmFiles = map[Algorithm][]string{
+	FixedWindow:   {"fixedwindow.lua"},
+	SlidingLog:    {"slidinglog.lua"},
+	SlidingWindow: {"slidingwindow.lua"},
+	TokenBucket:   {"bucket.lua", "tokenbucket.lua"},
+	GCRA:          {"bucket.lua", "gcra.lua"},
 }
 
 func init() {
 	all := []string{"prelude.lua"}
 	for a := FixedWindow; a <= GCRA; a++ {
-		scripts[a] = buildScript("prelude.lua", algorithmFiles[a], "use_"+a.String()+".lua", "driver.lua")
-		all = append(all, algorithmFiles[a])
+		files := append([]string{"prelude.lua"}, algorithmFiles[a]...)
+		scripts[a] = buildScript(append(files, "use_"+a.String()+".lua", "driver.lua")...)
+		for _, f := range algorithmFiles[a] {
+			if !slices.Contains(all, f) {
+				all = append(all, f)
+			}
+		}
 	}
 	allScript = buildScript(append(all, "use_all.lua", "driver.lua")...)
 }

@@ -98,7 +98,8 @@ func ExampleLimiter_PrepayN() {
 		if err != nil {
 			panic(err)
 		}
-		fmt.Println("job due in", r.Delay()) // schedule the job for r.TimeToAct()
+		// Schedule the job for r.TimeToAct(); Delay counts down to it.
+		fmt.Println("job due in", r.Delay().Round(10*time.Millisecond))
 		receipts = append(receipts, r.Receipt())
 	}
 

@@ -3,6 +3,7 @@ package throttle
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -267,8 +268,8 @@ func TestRequestOverCapacity(t *testing.T) {
 					t.Errorf("%s %s n=%d: %v, want a CapacityError for capacity %d", tc.rule.Name, name, tc.n, err, tc.cap)
 				}
 			}
-			if _, err := l.AllowN(context.Background(), "s", 0); err == nil {
-				t.Errorf("AllowN(0) succeeded, want an error")
+			if _, err := l.AllowN(context.Background(), "s", -1); err == nil || !strings.HasPrefix(err.Error(), "throttle: ") {
+				t.Errorf("AllowN(-1) = %v, want a throttle error", err)
 			}
 		}
 		if got := calls.n.Load(); got != 0 {

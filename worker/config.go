@@ -16,9 +16,6 @@ import (
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
-// DefaultConfigPrefix is the key prefix of a rules file without prefix.
-const DefaultConfigPrefix = "jobthrottle:"
-
 // Config is a parsed rules file (see README.md for the format):
 //
 //	prefix: "jobthrottle:"
@@ -37,7 +34,7 @@ const DefaultConfigPrefix = "jobthrottle:"
 type Config struct {
 	// File is the name the config was parsed under, used in messages.
 	File string
-	// Prefix starts every Redis key. DefaultConfigPrefix if the file has none.
+	// Prefix starts every Redis key. throttle.DefaultPrefix if the file has none.
 	Prefix string
 	// FailOpen admits tasks while Redis cannot be reached (throttle.Options.FailOpen).
 	FailOpen bool
@@ -263,7 +260,7 @@ func (p *parser) config(root *yaml.Node) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Config{File: p.file, Prefix: DefaultConfigPrefix}
+	c := &Config{File: p.file, Prefix: throttle.DefaultPrefix}
 	if n := fields["prefix"]; n != nil {
 		if c.Prefix, err = p.Str(n, "prefix"); err != nil {
 			return nil, err
@@ -272,7 +269,7 @@ func (p *parser) config(root *yaml.Node) (*Config, error) {
 			return nil, p.Failf(n, "prefix", "%q must not contain '{' or '}', which delimit the subject's hash tag", c.Prefix)
 		}
 		if c.Prefix == "" {
-			return nil, p.Failf(n, "prefix", `must not be empty; leave it out for %q`, DefaultConfigPrefix)
+			return nil, p.Failf(n, "prefix", `must not be empty; leave it out for %q`, throttle.DefaultPrefix)
 		}
 	}
 	if n := fields["fail_open"]; n != nil {

@@ -87,7 +87,7 @@ func TestParseConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if min.Prefix != DefaultConfigPrefix || min.FailOpen || min.Rules[0].MaxWait != 0 || min.Rules[0].Limits[0].Limit.Burst != 1 {
+	if min.Prefix != throttle.DefaultPrefix || min.FailOpen || min.Rules[0].MaxWait != 0 || min.Rules[0].Limits[0].Limit.Burst != 1 {
 		t.Errorf("defaults: %+v", min)
 	}
 }

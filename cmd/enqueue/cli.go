@@ -121,7 +121,7 @@ func (f *batchFlags) flagSet(stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&f.rate, "rate", "", "inline rule instead of --rule-config: count/period such as 20/s, 100/m, 3/500ms; must match the workers' rule")
 	fs.IntVar(&f.burst, "burst", 1, "inline rule: burst")
 	fs.StringVar(&f.algorithm, "algorithm", "gcra", "inline rule: gcra, token_bucket, fixed_window, sliding_log or sliding_window")
-	fs.StringVar(&f.prefix, "prefix", worker.DefaultConfigPrefix, "inline rule: the workers' key prefix")
+	fs.StringVar(&f.prefix, "prefix", throttle.DefaultPrefix, "inline rule: the workers' key prefix")
 	fs.StringVar(&f.subject, "subject", "", "inline rule: the workers' fixed subject")
 	fs.StringVar(&f.subjectField, "subject-field", "", "inline rule: the payload field the workers take the subject from")
 	fs.DurationVar(&f.lead, "lead", 0, "for workers without wake-ups only: schedule each task this long before its slot, in whole seconds, so that it\nreaches a worker early and waits there for the slot (default 0: the workers wake each task just before its slot)")

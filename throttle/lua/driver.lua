@@ -6,10 +6,12 @@
 --               pause ends; prepay: the subject's receipt set,
 --               <prefix>{<subject>}:!receipts
 -- KEYS[r+1+i] -> refund: rule i's record of cancelled reservations,
---               <prefix>{<subject>}:<rule>!cancelled (prelude.lua,
---               cancelled_*); a refund always has these 2r + 1 keys
--- ARGV[1]    -> operation: 'allow', 'reserve', 'prepay', 'refund' or 'pause'
--- ARGV[2]    -> n, the number of permits
+--               <prefix>{<subject>}:<rule>!cancelled (bucket.lua);
+--               a refund always has these 2r + 1 keys
+-- ARGV[1]    -> operation: 'allow', 'reserve', 'prepay', 'refund', 'undo',
+--               'atmost' or 'pause'
+-- ARGV[2]    -> n, the number of permits; 0 (allow, reserve) reads the state
+--               and charges nothing
 -- ARGV[3]    -> reserve, prepay: the longest delay accepted, microseconds
 --               (-1: no bound); pause: the pause, microseconds (at least 1)
 -- then for rule i, five values starting at ARGV[4 + 5 * (i - 1)]:
@@ -54,6 +56,12 @@
 -- booking, scored by the slot (status 2), a slot past the horizon is
 -- denied, charging nothing (status 0). Its reply has the shape above, the
 -- status in place of ok.
+-- atmost is allow of as many of n permits as every rule has now, at least
+-- 1; when admitted, its reply ends with that number after the tickets.
+-- n = 0 charges nothing: ok tells whether a request of 0 would be admitted
+-- now (reserve: within the bound; delay until then), with no tickets.
+-- undo is refund for a part a Group rolls back, which its caller never
+-- used: the bucket algorithms give it back even after its time to act.
 -- refund returns 1. After refunding, a pause still running is applied again,
 -- so that giving back a permit booked before the pause cannot admit a
 -- request before the pause ends.
@@ -98,14 +106,14 @@ if rare then
     return untl - now
   end
 
-  if op == 'refund' then
+  if op == 'refund' or op == 'undo' then
     nrules = (#KEYS - 1) / 2
     -- refund_one gives back m permits with the tickets ticket(i).
     local function refund_one(m, ticket)
       for i = 1, nrules do
         local algo, count, period, extra = rule(i)
         local tk = ticket(i)
-        if tk ~= '' then refund[algo](KEYS[i], count, period, extra, m, tk, KEYS[nrules + 1 + i]) end
+        if tk ~= '' then refund[algo](KEYS[i], count, period, extra, m, tk, KEYS[nrules + 1 + i], op == 'undo') end
       end
     end
     refund_one(n, function(i) return ARGV[4 + 5 * (i - 1) + 4] end)
@@ -121,6 +129,19 @@ if rare then
     end
     return 1
   end
+end
+
+-- atmost: n becomes what every rule has now (a state read, n = 0), at
+-- least 1, and the request an allow of that many.
+local atmost = op == 'atmost'
+if atmost then
+  for i = 1, nrules do
+    local algo, count, period, extra = rule(i)
+    local _, _, left = (one_check or checks[algo])(KEYS[i], count, period, extra, 0, false, 0)
+    if left < n then n = left end
+  end
+  if n < 1 then n = 1 end
+  op = 'allow'
 end
 
 local reserve = op == 'reserve' or op == 'prepay' or op == 'admit'
@@ -153,10 +174,10 @@ if nrules == 1 then
   -- remaining is clamped: a paused window may hold more than its count.
   if remaining < 0 then remaining = 0 end
   reset = math.ceil(math.min(reset, max_us))
-  if not ok then return {0, 1, remaining, math.ceil(math.min(delay, max_us)), reset, now} end
+  if not ok or n == 0 then return {ok and 1 or 0, 1, remaining, math.ceil(math.min(delay, max_us)), reset, now} end
   local ticket = (one_commit or commits[algo])(KEYS[1], count, period, extra, n, delay, s1, s2)
   reply = {1, 1, remaining, math.ceil(math.min(delay, max_us)), reset, now, ticket}
-  if op ~= 'prepay' and op ~= 'admit' then return reply end
+  if op ~= 'prepay' and op ~= 'admit' and not atmost then return reply end
 else
   local oks, delays, rems, resets, s1s, s2s = {}, {}, {}, {}, {}, {}
   local ok = true
@@ -179,7 +200,7 @@ else
     end
   end
   reply = {ok and 1 or 0, decider, rems[decider], delay, reset, now}
-  if ok then
+  if ok and n > 0 then
     for i = 1, nrules do
       local algo, count, period, extra = rule(i)
       reply[6 + i] = (one_commit or commits[algo])(KEYS[i], count, period, extra, n, delays[i], s1s[i], s2s[i])
@@ -205,4 +226,5 @@ if reply[1] == 1 and op == 'prepay' then
   redis.call('ZADD', rkey, string.format('%d', now + reply[4]), ARGV[4 + 5 * nrules])
   keep_ttl(rkey, reply[4] + keep)
 end
+if atmost and reply[1] == 1 then reply[#reply + 1] = n end
 return reply

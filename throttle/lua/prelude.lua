@@ -66,9 +66,12 @@ end
 --   s1, s2    when ok, what commit needs of the state check read
 -- commit(key, count, period, extra, n, delay, s1, s2) charges the request
 -- that check admitted and returns its refund ticket.
--- refund(key, count, period, extra, n, ticket, ckey) gives back what commit
--- took. ckey (nil if the caller gave none) is the rule's record of
--- cancelled reservations (bucket algorithms; see cancelled_* below).
+-- refund(key, count, period, extra, n, ticket, ckey, undo) gives back what
+-- commit took. ckey (nil if the caller gave none) is the rule's record of
+-- cancelled reservations (bucket algorithms, bucket.lua). undo is true when
+-- a Group rolls back a part its caller never used; otherwise the refund is
+-- a Reservation.Cancel, which the bucket algorithms honour only before the
+-- time to act (bucket.lua). The windows give back in both cases.
 --
 -- Each algorithm also registers a pause function (see driver.lua, op
 -- 'pause'): pause(key, count, period, extra, untl) moves the rule's state so
@@ -104,8 +107,10 @@ function keep_ttl(key, us)
   redis.call('PEXPIRE', key, want)
 end
 
--- Cancelled reservations of the bucket algorithms. A reservation holds a
--- place in the rule's queue that ends at its ticket (GCRA: the TAT it left;
+-- cancelled_add and cancelled_pop are the record of cancelled places the
+-- bucket algorithms kept before issue 11; bucket.lua now keeps its own,
+-- with exact times, and these stay for other operations that may use them.
+-- A reservation holds a place in the rule's queue that ends at its ticket (GCRA: the TAT it left;
 -- token bucket: its time to act). Cancelling the last place moves the
 -- queue's end back; cancelling one with later places still held cannot
 -- (they were granted times that count on it), so it is recorded in ckey, a

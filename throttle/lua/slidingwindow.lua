@@ -17,7 +17,10 @@ local function check_sliding_window(key, count, period, precision, n, reserve, m
   -- A bucket starting at s stops counting in (s + span - now) µs.
   local span = precision + period
   local flat = redis.call('HGETALL', key)
-  local stale, c, newest = nil, 0, math.floor(now / precision) * precision
+  -- cur: the bucket a permit admitted now goes in; newest: the newest
+  -- bucket holding permits (a booked one may lie ahead of cur).
+  local cur = math.floor(now / precision) * precision
+  local stale, c, newest = nil, 0, nil
   for i = 1, #flat, 2 do
     local s = tonumber(flat[i])
     if not s or s + span - now <= 0 then
@@ -25,13 +28,16 @@ local function check_sliding_window(key, count, period, precision, n, reserve, m
       stale[#stale + 1] = flat[i]
     else
       local v = tonumber(flat[i + 1])
-      if v > 0 then c = c + v end
-      if s > newest then newest = s end
+      if v > 0 then
+        c = c + v
+        if not newest or s > newest then newest = s end
+      end
     end
   end
   if stale then redis.call('HDEL', key, unpack(stale)) end
+  local last = math.max(cur, newest or cur)
   if c + n <= count then
-    return true, 0, count - c - n, newest + span - now, now, newest
+    return true, 0, count - c - n, last + span - now, now, last
   end
   -- Denied now: the request fits once the oldest buckets holding
   -- c + n - count permits have left.
@@ -48,13 +54,15 @@ local function check_sliding_window(key, count, period, precision, n, reserve, m
     if freed >= need then delay = b[1] + span - now; break end
   end
   if reserve and (max_wait < 0 or delay <= max_wait) then
-    return true, delay, 0, math.max(newest, now + delay) + span - now, now + delay, newest
+    local b = math.floor((now + delay) / precision) * precision
+    return true, delay, 0, math.max(newest, b) + span - now, now + delay, newest
   end
   return false, delay, count - c, newest + span - now
 end
 
 -- commit counts n more permits in the bucket holding the Redis time at;
--- the ticket is that bucket's start. The TTL covers the newest bucket.
+-- the ticket is that bucket's start. The TTL covers the newest bucket
+-- (newest: the newest holding permits before this one, as check saw).
 local function commit_sliding_window(key, count, period, precision, n, delay, at, newest)
   local b = math.floor(at / precision) * precision
   local s = string.format('%d', b)

@@ -1,0 +1,230 @@
+-- The token bucket and the leaky bucket (GCRA) in one exact arithmetic.
+-- Both are golang.org/x/time/rate's limiter: a bucket of extra (burst)
+-- tokens refilled at count tokens per period. Kept as a GCRA: the
+-- theoretical arrival time TAT, the moment from which the bucket is full
+-- (tokens at t = burst - (TAT - t) / T, with T = period / count). The two
+-- algorithms make the same decisions; they keep the same state.
+--
+-- count and period come reduced to lowest terms by the caller
+-- (throttle/limiter.go), so T = period / count exactly. Every time here is an
+-- exact rational w + r / count microseconds, w and r integers, 0 <= r <
+-- count: no time is ever rounded, whatever count (issue 11: a double holding
+-- an absolute time of 1.8e15 µs keeps only a quarter of a microsecond).
+-- Times of about 1.8e15 and remainders below count (at most 2^40) are exact
+-- in a double; products that could pass 2^53 go through bk_div.
+--
+-- State: one string "<tw> <tr> <ew> <er>": TAT = tw + tr / count and ev =
+-- ew + er / count, the time to act of the latest reservation
+-- (golang.org/x/time/rate's lastEvent), which Cancel needs; "<tw> <ew>"
+-- when both remainders are 0 (every interval that is a whole number of
+-- µs). TTL: until both have passed; a missing key is a full bucket.
+--
+-- A reservation's refund ticket is its exact time to act, "<w> <r>".
+
+-- bk_div returns q, r with a * b = q * m + r, 0 <= r < m, exactly,
+-- for integers a, b >= 0 and 1 <= m < 2^52 whose quotient q is below 2^53.
+-- Below 2^52 the double product is exact and a division gives q to within
+-- one; above, a long multiplication over the bits of a keeps every
+-- intermediate below 2^53.
+local function bk_div(a, b, m)
+  local p = a * b
+  if p < 4503599627370496 then
+    local q = math.floor(p / m)
+    local r = p - q * m
+    if r < 0 then return q - 1, r + m end
+    if r >= m then return q + 1, r - m end
+    return q, r
+  end
+  local bq, br = bk_div(b, 1, m)
+  local q, r, rest, bit = 0, 0, a, 1
+  while bit * 2 <= rest do bit = bit * 2 end
+  while bit >= 1 do
+    q, r = q * 2, r * 2
+    if r >= m then q, r = q + 1, r - m end
+    if rest >= bit then
+      rest = rest - bit
+      r = r + br
+      if r >= m then q, r = q + 1, r - m end
+    end
+    bit = bit / 2
+  end
+  return a * bq + q, r
+end
+
+-- bk_load reads the state: TAT and ev. A missing or unreadable key is a
+-- full bucket (TAT = now) whose last reservation is long past. The formats
+-- before issue 11 (GCRA: TAT as a number; token bucket: "<tokens> <time>
+-- <time to act>") are read rounded up to the microsecond.
+local function bk_load(key, count, period, burst)
+  local v = redis.call('GET', key)
+  if not v then return now, 0, 0, 0 end
+  local a, c = string.match(v, '^(%d+) (%d+)$')
+  if a then return tonumber(a), 0, tonumber(c), 0 end
+  local a, b, c, d = string.match(v, '^(%d+) (%d+) (%d+) (%d+)$')
+  if a then
+    a, b, c, d = tonumber(a), tonumber(b), tonumber(c), tonumber(d)
+    -- A remainder of another count (the rule changed): rounded up.
+    if b >= count then a, b = a + 1, 0 end
+    if d >= count then c, d = c + 1, 0 end
+    return a, b, c, d
+  end
+  local x = tonumber(v)
+  if x then return math.ceil(x), 0, 0, 0 end
+  local tk, ts, ev = string.match(v, '^(%S+) (%S+) (%S+)$')
+  tk, ts, ev = tonumber(tk), tonumber(ts), tonumber(ev)
+  if tk and ts and ev then
+    return math.ceil(ts + (burst - tk) * period / count), 0, math.ceil(ev), 0
+  end
+  return now, 0, 0, 0
+end
+
+-- check: n tokens are taken from the bucket, which may go into debt for a
+-- reservation (its time to act is when the debt is repaid: the new TAT
+-- minus burst * T). Remaining and reset are read at the new TAT if the
+-- request is admitted, else at the current one. s1, s2 = the new TAT.
+local function bk_check(key, count, period, burst, n, reserve, max_wait)
+  local tw, tr, ew, er = bk_load(key, count, period, burst)
+  if tw < now then tw, tr = now, 0 end
+  local bq, br = bk_div(burst, period, count)
+  local nq, nr = bk_div(n, period, count)
+  local aw, ar = tw + nq, tr + nr
+  if ar >= count then aw, ar = aw + 1, ar - count end
+  -- x = the new TAT - burst * T: the time to act, if later than now
+  local xw, xr = aw - bq, ar - br
+  if xr < 0 then xw, xr = xw - 1, xr + count end
+  local delay = 0
+  if xw > now or (xw == now and xr > 0) then
+    delay = xw - now
+    if xr > 0 then delay = delay + 1 end
+  end
+  local ok = delay == 0 or (reserve and (max_wait < 0 or delay <= max_wait))
+  local dw, dr = tw - now, tr
+  if ok then dw, dr = aw - now, ar end
+  local reset = dw
+  if dr > 0 then reset = reset + 1 end
+  -- Whole tokens: floor(burst - (TAT - now) / T), 0 in debt, with
+  -- (TAT - now) / T = (dw * count + dr) / period.
+  local left = 0
+  if dw < bq or (dw == bq and dr <= br) then
+    local q1, r1 = bk_div(dw, count, period)
+    local q2, r2 = bk_div(r1 + dr, 1, period)
+    if r2 > 0 then q2 = q2 + 1 end
+    left = burst - q1 - q2
+  end
+  if ok then return true, delay, left, reset, aw, ar end
+  return false, delay, left, reset
+end
+
+-- bk_store writes the state; the key lives until both TAT and ev passed.
+local function bk_store(key, tw, tr, ew, er)
+  local h, hr = tw, tr
+  if ew > h or (ew == h and er > hr) then h, hr = ew, er end
+  h = h - now
+  if hr > 0 then h = h + 1 end
+  local v
+  if tr == 0 and er == 0 then
+    v = string.format('%d %d', tw, ew)
+  else
+    v = string.format('%d %d %d %d', tw, tr, ew, er)
+  end
+  redis.call('SET', key, v, 'PX', ttl_ms(h))
+end
+
+-- commit stores the new TAT (aw, ar) and the reservation's time to act
+-- (now if it had no delay), which is ev and the ticket.
+local function bk_commit(key, count, period, burst, n, delay, aw, ar)
+  local ew, er = now, 0
+  if delay > 0 then
+    local bq, br = bk_div(burst, period, count)
+    ew, er = aw - bq, ar - br
+    if er < 0 then ew, er = ew - 1, er + count end
+  end
+  bk_store(key, aw, ar, ew, er)
+  return string.format('%d %d', ew, er)
+end
+
+-- Refunds and pauses only (prelude.lua: rare).
+local bk_refund, bk_pause
+if rare then
+
+-- refund (Reservation.Cancel) as golang.org/x/time/rate's CancelAt: a
+-- reservation whose time to act x passed gives nothing back (its tokens
+-- are taken to be used); otherwise it gives back n * T less what later
+-- reservations took (ev - x), and, if it is the latest (x = ev), ev moves
+-- back to its start unless that has passed. undo (a Group rolling back a
+-- part) skips the time-to-act test: the caller never acted.
+--
+-- Beyond x/time/rate: a reservation that gives back nothing because later
+-- ones hold its place is recorded in ckey, a sorted set scored by its
+-- time to act's whole microseconds, members "<w> <r> <n>"; when ev comes
+-- back to it (every later one was cancelled too), it is given back then.
+-- So a storm of cancellations in any order returns the whole queue.
+function bk_refund(key, count, period, burst, n, ticket, ckey, undo)
+  local xw, xr = string.match(ticket, '^(%d+) (%d+)$')
+  if not xw then return end
+  xw, xr = tonumber(xw), tonumber(xr)
+  if (xw < now and not undo) or redis.call('EXISTS', key) == 0 then return end
+  local tw, tr, ew, er = bk_load(key, count, period, burst)
+  local nq, nr = bk_div(n, period, count)
+  -- restore = n * T - (ev - x)
+  local rw, rr = nq + xw - ew, nr + xr - er
+  if rr < 0 then rw, rr = rw - 1, rr + count elseif rr >= count then rw, rr = rw + 1, rr - count end
+  if rw < 0 or (rw == 0 and rr == 0) then
+    if ckey and xw >= now then
+      redis.call('ZADD', ckey, string.format('%d', xw), string.format('%d %d %d', xw, xr, n))
+      keep_ttl(ckey, xw - now + 1)
+    end
+    return
+  end
+  if tw < now then tw, tr = now, 0 end
+  tw, tr = tw - rw, tr - rr
+  if tr < 0 then tw, tr = tw - 1, tr + count end
+  if tw < now then tw, tr = now, 0 end
+  if xw == ew and xr == er then
+    while true do
+      local pw, pr = ew - nq, er - nr
+      if pr < 0 then pw, pr = pw - 1, pr + count end
+      if pw < now then break end
+      ew, er = pw, pr
+      if not ckey then break end
+      -- A recorded cancellation that ends where ev now is: give it back.
+      -- Records past ev can no longer match, records before now are
+      -- stale; the candidates are then the top ones (ZREVRANGE in pages:
+      -- the least commands, none beyond the documented ACL set).
+      redis.call('ZREMRANGEBYSCORE', ckey, '-inf', '(' .. string.format('%d', now))
+      redis.call('ZREMRANGEBYSCORE', ckey, '(' .. string.format('%d', ew), '+inf')
+      local hit, from = nil, 0
+      while not hit do
+        local page = redis.call('ZREVRANGE', ckey, from, from + 15)
+        for _, m in ipairs(page) do
+          local w, r, k = string.match(m, '^(%d+) (%d+) (%d+)$')
+          if tonumber(w) ~= ew then page = {} break end
+          if tonumber(r) == er then hit, n = m, tonumber(k) break end
+        end
+        if #page < 16 then break end
+        from = from + 16
+      end
+      if not hit then break end
+      redis.call('ZREM', ckey, hit)
+      nq, nr = bk_div(n, period, count)
+      tw, tr = tw - nq, tr - nr
+      if tr < 0 then tw, tr = tw - 1, tr + count end
+      if tw < now then tw, tr = now, 0 end
+    end
+  end
+  bk_store(key, tw, tr, ew, er)
+end
+
+-- pause: TAT moves to untl + (burst - 1) * T, so that the bucket holds
+-- exactly one token at untl: one permit then, the next ones at the steady
+-- rate. A later TAT is kept; ev is unchanged (refunds are paused again by
+-- the driver).
+function bk_pause(key, count, period, burst, untl)
+  local tw, tr, ew, er = bk_load(key, count, period, burst)
+  local fq, fr = bk_div(burst - 1, period, count)
+  local fw = untl + fq
+  if tw > fw or (tw == fw and tr >= fr) then return end
+  bk_store(key, fw, fr, ew, er)
+end
+
+end
