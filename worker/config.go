@@ -156,21 +156,17 @@ func (c *Config) Rule(name string) (RuleConfig, bool) {
 // middleware chooses it: the rule listing the exact type, else the one
 // with the longest matching prefix pattern.
 func (c *Config) RuleFor(taskType string) (RuleConfig, bool) {
-	best, bestLen := -1, -1
-	for i, r := range c.Rules {
-		for _, p := range r.Tasks {
-			if p == taskType {
-				return r, true
-			}
-			if prefix, ok := strings.CutSuffix(p, "*"); ok && strings.HasPrefix(taskType, prefix) && len(prefix) > bestLen {
-				best, bestLen = i, len(prefix)
-			}
+	var r router[int]
+	for i, rc := range c.Rules {
+		for _, p := range rc.Tasks {
+			r.add(p, i)
 		}
 	}
-	if best < 0 {
+	i, ok := r.lookup(taskType)
+	if !ok {
 		return RuleConfig{}, false
 	}
-	return c.Rules[best], true
+	return c.Rules[i], true
 }
 
 // Limiter builds the limiter of the rule named rule: its Limits under the

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sort"
 	"strings"
 	"time"
 
@@ -94,8 +93,7 @@ const DefaultRedisRetryDelay = 5 * time.Second
 //
 // A Middleware is safe for concurrent use.
 type Middleware struct {
-	exact      map[string]*ruleGate
-	prefixes   []prefixRule // longest prefix first
+	rules      router[*ruleGate]
 	log        *slog.Logger
 	metrics    *Metrics
 	requeue    *requeuer
@@ -111,11 +109,6 @@ type Middleware struct {
 type ruleGate struct {
 	Rule
 	gate *admission.Gate
-}
-
-type prefixRule struct {
-	prefix string
-	rule   *ruleGate
 }
 
 // Option configures a Middleware.
@@ -178,7 +171,6 @@ func NewMiddleware(rules []Rule, opts ...Option) (*Middleware, error) {
 		opt(&o)
 	}
 	m := &Middleware{
-		exact:      map[string]*ruleGate{},
 		log:        o.logger,
 		metrics:    o.metrics,
 		redisRetry: o.redisRetry,
@@ -244,14 +236,9 @@ func NewMiddleware(rules []Rule, opts ...Option) (*Middleware, error) {
 				return nil, bad("tasks", fmt.Sprintf("pattern %q is also in rule %q; a task type takes one rule", p, other))
 			}
 			owner[p] = r.Name
-			if prefix, ok := strings.CutSuffix(p, "*"); ok {
-				m.prefixes = append(m.prefixes, prefixRule{prefix, rule})
-			} else {
-				m.exact[p] = rule
-			}
+			m.rules.add(p, rule)
 		}
 	}
-	sort.SliceStable(m.prefixes, func(i, j int) bool { return len(m.prefixes[i].prefix) > len(m.prefixes[j].prefix) })
 	if m.wakeups != nil {
 		m.stopped = make(chan struct{})
 		go m.wakeLoop()
@@ -272,15 +259,8 @@ func checkPattern(p string) error {
 
 // rule returns the rule for a task type, or nil.
 func (m *Middleware) rule(taskType string) *ruleGate {
-	if r, ok := m.exact[taskType]; ok {
-		return r
-	}
-	for _, p := range m.prefixes {
-		if strings.HasPrefix(taskType, p.prefix) {
-			return p.rule
-		}
-	}
-	return nil
+	r, _ := m.rules.lookup(taskType)
+	return r
 }
 
 // Wrap returns next throttled by the middleware's rules: an
