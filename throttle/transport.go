@@ -41,6 +41,7 @@ type Transport struct {
 	maxPause time.Duration
 	base     http.RoundTripper
 	onPause  func(subject string, d time.Duration, err error)
+	noWait   bool
 }
 
 // DefaultMaxPause caps the pause a Retry-After can cause when
@@ -69,6 +70,11 @@ type TransportOptions struct {
 	// with the error from Redis if the pause could not be recorded. Use it
 	// for logs and metrics; it must not block.
 	OnPause func(subject string, d time.Duration, err error)
+	// NoWait sends each request at once, without taking a permit, and
+	// only listens to the responses (pauses on 429 and 503). Use it when
+	// the caller already holds the permit: the worker middleware admitted
+	// the task that sends the request, under the same limiter and subject.
+	NoWait bool
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -83,7 +89,7 @@ func NewTransport(lim *Limiter, opts TransportOptions) (*Transport, error) {
 	if opts.MaxPause < 0 || opts.MaxPause > MaxPause {
 		return nil, &ConfigError{Field: "max_pause", Reason: "must be between 0 (the default, " + DefaultMaxPause.String() + ") and " + MaxPause.String()}
 	}
-	t := &Transport{lim: lim, subject: opts.Subject, maxPause: opts.MaxPause, base: opts.Base, onPause: opts.OnPause}
+	t := &Transport{lim: lim, subject: opts.Subject, maxPause: opts.MaxPause, base: opts.Base, onPause: opts.OnPause, noWait: opts.NoWait}
 	if t.subject == nil {
 		t.subject = hostSubject
 	}
@@ -112,7 +118,14 @@ func hostSubject(req *http.Request) string {
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
 	subject := t.subject(req)
-	if err := t.wait(ctx, subject); err != nil {
+	if t.noWait {
+		if _, err := EncodeSubject(subject); err != nil {
+			if req.Body != nil {
+				_ = req.Body.Close()
+			}
+			return nil, err
+		}
+	} else if err := t.wait(ctx, subject); err != nil {
 		if req.Body != nil {
 			_ = req.Body.Close()
 		}

@@ -193,7 +193,9 @@ func (c *Config) Middleware(rdb redis.UniversalClient, opts ...Option) (*Middlew
 
 // The fields each mapping of a rules file may have.
 var (
-	fileFields  = []string{"prefix", "fail_open", "rules"}
+	// fileFields' "handlers" is read by package handler (what runs each
+	// task type); ParseConfig only lets it through.
+	fileFields  = []string{"prefix", "fail_open", "rules", "handlers"}
 	ruleFields  = []string{"name", "tasks", "subject", "algorithm", "limit", "period", "burst", "precision", "max_wait", "limits"}
 	limitFields = []string{"name", "algorithm", "limit", "period", "burst", "precision"}
 	// limitOnly are the rule fields that describe a single limit, which a

@@ -15,6 +15,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobthrottle/jobthrottle/handler"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/jobthrottle/jobthrottle/worker"
 )
@@ -74,9 +75,14 @@ func (d *demo) close() {
 	_ = d.api.Shutdown(ctx)
 }
 
-func (d *demo) register(mux *asynq.ServeMux) {
-	mux.HandleFunc(TypeEcho, d.echo)
-	mux.HandleFunc(TypeAPI, d.callAPI)
+// register adds the demo task types that the rules file's handlers do
+// not run.
+func (d *demo) register(mux *asynq.ServeMux, handlers *handler.Config) {
+	for typ, f := range map[string]asynq.HandlerFunc{TypeEcho: d.echo, TypeAPI: d.callAPI} {
+		if _, ok := handlers.Handler(typ); !ok {
+			mux.Handle(typ, f)
+		}
+	}
 }
 
 func (d *demo) echo(ctx context.Context, t *asynq.Task) error {

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"runtime"
 	"strconv"
 	"strings"
@@ -21,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobthrottle/jobthrottle/handler"
 	"github.com/jobthrottle/jobthrottle/internal/devredis"
 	"github.com/jobthrottle/jobthrottle/worker"
 )
@@ -150,12 +152,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	}
 
 	// The rules first: a malformed file fails before anything starts.
-	var cfg *worker.Config
-	if o.config != "" {
-		cfg, err = worker.LoadConfig(o.config)
-	} else {
-		cfg, err = worker.ParseConfig("rules.example.yaml (built in)", exampleRules)
-	}
+	cfg, handlers, err := loadRules(o.config)
 	if err != nil {
 		return err
 	}
@@ -197,7 +194,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 
 	mux := asynq.NewServeMux()
 	mux.Use(mw.Wrap)
-	demo.register(mux)
+	if err := handlers.Register(mux, handler.Options{Rules: cfg, Redis: rdb, Getenv: getenv, Logger: log}); err != nil {
+		return err
+	}
+	demo.register(mux, handlers)
 	srv := asynq.NewServerFromRedisClient(rdb, worker.Configure(asynq.Config{
 		Concurrency:     o.concurrency,
 		Queues:          o.queues,
@@ -221,6 +221,28 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	srv.Shutdown()
 	log.Info("worker: stopped")
 	return nil
+}
+
+// loadRules reads the rules file at path (the built-in demo rules if
+// path is ""): the limits and the handlers.
+func loadRules(path string) (*worker.Config, *handler.Config, error) {
+	name, data := "rules.example.yaml (built in)", exampleRules
+	if path != "" {
+		var err error
+		if data, err = os.ReadFile(path); err != nil {
+			return nil, nil, fmt.Errorf("reading the rules file: %w", err)
+		}
+		name = path
+	}
+	cfg, err := worker.ParseConfig(name, data)
+	if err != nil {
+		return nil, nil, err
+	}
+	handlers, err := handler.ParseConfig(name, data)
+	if err != nil {
+		return nil, nil, err
+	}
+	return cfg, handlers, nil
 }
 
 // connect opens the Redis of o.redisURL, or starts an in-memory one (and
