@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -264,4 +266,104 @@ func relative(base time.Time, ts []time.Time) []time.Duration {
 		out = append(out, t.Sub(base).Round(time.Millisecond))
 	}
 	return out
+}
+
+// jobScript is the program of the command test: $1 picks what it does,
+// $2 is echoed back, stdin is the payload.
+const jobScript = `#!/bin/sh
+input=$(cat)
+case "$1" in
+ok) printf 'in=%s arg=%s greeting=%s type=%s pad=' "$input" "$2" "$GREETING" "$JOBTHROTTLE_TASK_TYPE"; printf '%0200d' 0 ;;
+refuse) echo "line one" >&2; echo "the input is not a report" >&2; exit 65 ;;
+flaky) if [ -f "$MARK" ]; then printf done; else : > "$MARK"; echo "busy, try later" >&2; exit 3; fi ;;
+slow) exec sleep 10 ;;
+env) env | sort ;;
+esac
+`
+
+// A command rule end to end on a real Redis and asynq server: exit 0
+// stores stdout (cut) as the result; a no-retry exit code archives at
+// once with the stderr tail; another code retries; a timeout kills the
+// program; the payload comes on stdin and a field as one whole argument,
+// never parsed by a shell; the worker's environment does not leak.
+func TestCommandHandlerEndToEnd(t *testing.T) {
+	t.Parallel()
+	proc := redistest.Server(t)
+	rdb := proc.Client(t)
+	dir := t.TempDir()
+	script := filepath.Join(dir, "job.sh")
+	if err := os.WriteFile(script, []byte(jobScript), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	mark := filepath.Join(dir, "flaky.mark")
+	rules := fmt.Sprintf(`
+prefix: %q
+rules:
+  - name: reports
+    tasks: ["report:*"]
+    subject: {payload_field: tenant}
+    algorithm: gcra
+    limit: 100
+    period: 1s
+handlers:
+  - task: report:render
+    result_limit: 300
+    command:
+      argv: [%q, "{mode}", "{arg}"]
+      env: {GREETING: "hello ${TEST_GREETING}", MARK: %q}
+      timeout: 700ms
+`, redistest.Prefix(t), script, mark)
+	env := map[string]string{"TEST_GREETING": "world", "PATH": os.Getenv("PATH"), "REDIS_URL": "redis://:hunter2@x:6379"}
+	fleet(t, rdb, rules, 1, 4, func(k string) string { return env[k] })
+
+	client := asynq.NewClientFromRedisClient(rdb)
+	insp := asynq.NewInspectorFromRedisClient(rdb)
+	evil := `$(touch ` + filepath.Join(dir, "pwned") + `); echo "quoted" *`
+	ids := map[string]string{}
+	var all []string
+	for _, c := range []struct {
+		mode, arg string
+		retry     int
+	}{{"ok", evil, 3}, {"refuse", "-", 3}, {"flaky", "-", 3}, {"slow", "-", 0}, {"env", "-", 3}} {
+		payload, _ := json.Marshal(map[string]any{"tenant": 7, "mode": c.mode, "arg": c.arg})
+		info, err := client.Enqueue(asynq.NewTask("report:render", payload), asynq.MaxRetry(c.retry), asynq.Retention(time.Hour))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[c.mode] = info.ID
+		all = append(all, info.ID)
+	}
+	infos := settle(t, insp, all, 30*time.Second)
+
+	ok := infos[ids["ok"]]
+	payload, _ := json.Marshal(map[string]any{"tenant": 7, "mode": "ok", "arg": evil})
+	wantPrefix := "in=" + string(payload) + " arg=" + evil + " greeting=hello world type=report:render pad=000"
+	if ok.State != asynq.TaskStateCompleted || !strings.HasPrefix(string(ok.Result), wantPrefix) || len(ok.Result) != 300 {
+		t.Errorf("ok: %v, result (%d bytes) %q; want completed with stdout cut to 300 bytes, starting %q", ok.State, len(ok.Result), ok.Result, wantPrefix)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "pwned")); err == nil {
+		t.Error("a payload value was run by a shell")
+	}
+	refuse := infos[ids["refuse"]]
+	if refuse.State != asynq.TaskStateArchived || refuse.Retried != 0 || !strings.Contains(refuse.LastErr, "exited with 65") ||
+		!strings.Contains(refuse.LastErr, `the input is not a report`) {
+		t.Errorf("refuse: %v retried %d, last error %q; want archived at once, exit 65 and the stderr tail", refuse.State, refuse.Retried, refuse.LastErr)
+	}
+	flaky := infos[ids["flaky"]]
+	if flaky.State != asynq.TaskStateCompleted || flaky.Retried != 1 || string(flaky.Result) != "done" {
+		t.Errorf("flaky: %v retried %d result %q; want completed after one retry", flaky.State, flaky.Retried, flaky.Result)
+	}
+	slow := infos[ids["slow"]]
+	if slow.State != asynq.TaskStateArchived || !strings.Contains(slow.LastErr, "killed after the timeout of 700ms") {
+		t.Errorf("slow: %v, last error %q; want killed at the timeout (and archived: no retry left)", slow.State, slow.LastErr)
+	}
+	envOut := string(infos[ids["env"]].Result)
+	for _, leak := range []string{"REDIS_URL", "hunter2", "TEST_GREETING"} {
+		if strings.Contains(envOut, leak) {
+			t.Errorf("the command's environment holds %s:\n%s", leak, envOut)
+		}
+	}
+	if !strings.Contains(envOut, "GREETING=hello world") || !strings.Contains(envOut, "JOBTHROTTLE_TASK_ID="+ids["env"]) {
+		t.Errorf("the command's environment lacks GREETING or JOBTHROTTLE_TASK_ID:\n%s", envOut)
+	}
 }
