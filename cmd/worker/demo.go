@@ -87,14 +87,18 @@ func (d *demo) register(mux *asynq.ServeMux, handlers *handler.Config) {
 
 func (d *demo) echo(ctx context.Context, t *asynq.Task) error {
 	var p struct {
-		Tenant  string `json:"tenant"`
 		Message string `json:"message"`
 	}
 	if err := json.Unmarshal(t.Payload(), &p); err != nil {
 		return fmt.Errorf("demo:echo: payload: %v: %w", err, asynq.SkipRetry)
 	}
+	// The tenant is read as the rules read subjects: a string or a number.
+	tenant, err := worker.PayloadField("tenant")(t)
+	if err != nil {
+		return fmt.Errorf("demo:echo: %v: %w", err, asynq.SkipRetry)
+	}
 	w, _ := worker.WaitedFrom(ctx)
-	d.log.Info("demo:echo", "tenant", p.Tenant, "message", p.Message, "waited", w.Duration.Round(time.Millisecond))
+	d.log.Info("demo:echo", "tenant", tenant, "message", p.Message, "waited", w.Duration.Round(time.Millisecond))
 	return writeResult(t, map[string]any{"message": p.Message, "waited_ms": w.Duration.Milliseconds()})
 }
 
