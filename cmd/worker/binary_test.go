@@ -3,89 +3,29 @@ package main
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
 
+	"github.com/jobthrottle/jobthrottle/internal/cmdtest"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 )
 
-var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
-)
-
 // TestMain removes the binary the tests built.
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if binPath != "" {
-		_ = os.RemoveAll(filepath.Dir(binPath))
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(cmdtest.Main(m)) }
 
-// binary builds cmd/worker once and returns its path.
-func binary(t *testing.T) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "jobthrottle-worker-bin")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "worker")
-		if out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return binPath
-}
-
-// runBinary runs the built worker to its end and returns its exit code,
-// stdout and stderr.
-func runBinary(t *testing.T, env []string, args ...string) (int, string, string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, binary(t), args...)
-	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	return code, out.String(), errb.String()
-}
-
-// closedAddr is a loopback address nothing listens on.
-func closedAddr(t *testing.T) string {
-	srv := httptest.NewServer(http.NotFoundHandler())
-	addr := srv.Listener.Addr().String()
-	srv.Close()
-	return addr
-}
+// closedAddr is a loopback address nothing listens on (port 1, tcpmux,
+// is not served on test machines).
+const closedAddr = "127.0.0.1:1"
 
 // Usage mistakes exit 2 with one line that says what to fix, never
 // "worker: worker:", and never echo a malformed --redis value.
@@ -110,7 +50,7 @@ func TestBinaryUsageErrors(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			code, _, stderr := runBinary(t, nil, c.args...)
+			code, _, stderr := cmdtest.Run(t, nil, c.args...)
 			if code != exitUsage || !strings.Contains(stderr, c.want) {
 				t.Errorf("worker %s: exit %d, stderr:\n%s\nwant exit 2 and %q", strings.Join(c.args, " "), code, stderr, c.want)
 			}
@@ -121,7 +61,7 @@ func TestBinaryUsageErrors(t *testing.T) {
 			}
 		})
 	}
-	if code, _, _ := runBinary(t, nil, "-h"); code != exitOK {
+	if code, _, _ := cmdtest.Run(t, nil, "-h"); code != exitOK {
 		t.Errorf("-h exits %d, want 0", code)
 	}
 }
@@ -160,8 +100,8 @@ handlers:
       no_retry_exit_codes: [2, 65]
 `)
 	// A Redis URL nobody answers: --check must not need it.
-	env := []string{"PARTNER_TOKEN=s3cret-token", "REDIS_URL=redis://" + closedAddr(t)}
-	code, stdout, stderr := runBinary(t, env, "--check", "--config", rules)
+	env := []string{"PARTNER_TOKEN=s3cret-token", "REDIS_URL=redis://" + closedAddr}
+	code, stdout, stderr := cmdtest.Run(t, env, "--check", "--config", rules)
 	if code != exitOK {
 		t.Fatalf("exit %d, stderr:\n%s", code, stderr)
 	}
@@ -184,7 +124,7 @@ handlers:
 	}
 
 	bad := writeRules(t, "rules:\n  - {name: r, tasks: [x], subject: {fixed: s}, algorithm: gcra, limit: 1, period: 1s}\nhandlers:\n  - task: x\n    http: {url: \"https://{host}/v1\"}\n")
-	code, stdout, stderr = runBinary(t, nil, "--check", "--config", bad)
+	code, stdout, stderr = cmdtest.Run(t, nil, "--check", "--config", bad)
 	want := `worker: ` + bad + `:5: handlers[1].http.url: "https://{host}/v1": the host must be written out in the file`
 	if code != exitUsage || !strings.Contains(stderr, want) || stdout != "" {
 		t.Errorf("exit %d, stdout %q, stderr:\n%s\nwant exit 2 and %s", code, stdout, stderr, want)
@@ -195,7 +135,7 @@ handlers:
 // included.
 func TestBinaryJSONLogs(t *testing.T) {
 	t.Parallel()
-	code, _, stderr := runBinary(t, nil, "--log-format", "json", "--redis", "redis://app:hunter2@"+closedAddr(t)+"/0?dial_timeout=100ms")
+	code, _, stderr := cmdtest.Run(t, nil, "--log-format", "json", "--redis", "redis://app:hunter2@"+closedAddr+"/0?dial_timeout=100ms")
 	if code != exitError {
 		t.Errorf("exit %d, want 1 (Redis does not answer)", code)
 	}
@@ -227,8 +167,7 @@ func TestBinaryJSONLogs(t *testing.T) {
 func TestBinaryHealthAndDemo(t *testing.T) {
 	t.Parallel()
 	proc := redistest.Server(t)
-	cmd := exec.Command(binary(t), "--metrics-addr", "127.0.0.1:0", "--shutdown-timeout", "2s")
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "REDIS_URL=" + proc.URL()}
+	cmd := cmdtest.Command(t, []string{"REDIS_URL=" + proc.URL()}, "--metrics-addr", "127.0.0.1:0", "--shutdown-timeout", "2s")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
