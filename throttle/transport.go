@@ -30,6 +30,19 @@ import (
 // the pause once more before it is sent (one more round trip) and, if
 // paused, books a new slot after it.
 //
+// Every response's rate-limit headers are read too (ParseRateLimitHeaders:
+// the IETF RateLimit and RateLimit-Policy fields, X-RateLimit-Limit,
+// -Remaining and -Reset). A policy (or, without one, the remaining
+// requests over the time to reset) slower than the configured limit
+// becomes a learned limit for the subject: a GCRA schedule at
+// LearnedMargin of that rate, kept in Redis under
+// <prefix>{<subject>}:~learned, so that every process that learned it
+// shares one schedule; requests then wait on it as well as on the
+// configured limit. A learned limit never loosens the configured one, is
+// replaced by each answer that announces another, and is forgotten a
+// minute after the last answer that repeated it. None remaining before
+// the reset pauses the subject until the reset, for every worker.
+//
 // The response is returned to the caller unchanged; the transport never
 // retries by itself, so a request body is sent at most once. Retry at the
 // caller (an asynq retry, say): the retry waits out the pause.
@@ -41,7 +54,9 @@ type Transport struct {
 	maxPause time.Duration
 	base     http.RoundTripper
 	onPause  func(subject string, d time.Duration, err error)
+	onLearn  func(subject string, info RateLimitInfo)
 	noWait   bool
+	learner  *learner
 }
 
 // DefaultMaxPause caps the pause a Retry-After can cause when
@@ -75,6 +90,9 @@ type TransportOptions struct {
 	// the caller already holds the permit: the worker middleware admitted
 	// the task that sends the request, under the same limiter and subject.
 	NoWait bool
+	// OnLearn, if set, is called when a response's rate-limit headers
+	// change the limit learned for a subject. It must not block.
+	OnLearn func(subject string, info RateLimitInfo)
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -89,7 +107,7 @@ func NewTransport(lim *Limiter, opts TransportOptions) (*Transport, error) {
 	if opts.MaxPause < 0 || opts.MaxPause > MaxPause {
 		return nil, &ConfigError{Field: "max_pause", Reason: "must be between 0 (the default, " + DefaultMaxPause.String() + ") and " + MaxPause.String()}
 	}
-	t := &Transport{lim: lim, subject: opts.Subject, maxPause: opts.MaxPause, base: opts.Base, onPause: opts.OnPause, noWait: opts.NoWait}
+	t := &Transport{lim: lim, subject: opts.Subject, maxPause: opts.MaxPause, base: opts.Base, onPause: opts.OnPause, onLearn: opts.OnLearn, noWait: opts.NoWait, learner: newLearner(lim)}
 	if t.subject == nil {
 		t.subject = hostSubject
 	}
@@ -131,6 +149,15 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		return nil, err
 	}
+	if l := t.learner.get(subject, time.Now()); l != nil {
+		// The upstream said it allows less than the configured limit.
+		if err := l.Wait(ctx, subject); err != nil {
+			if req.Body != nil {
+				_ = req.Body.Close()
+			}
+			return nil, err
+		}
+	}
 	resp, err := t.base.RoundTrip(req)
 	if err != nil {
 		return nil, err
@@ -138,6 +165,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
 		t.pause(ctx, subject, resp)
 	}
+	t.learn(ctx, subject, resp)
 	return resp, nil
 }
 
@@ -177,6 +205,11 @@ func (t *Transport) pause(ctx context.Context, subject string, resp *http.Respon
 	if !ok || d <= 0 {
 		return
 	}
+	t.pauseFor(ctx, subject, d)
+}
+
+// pauseFor pauses subject for d, capped at MaxPause, for every worker.
+func (t *Transport) pauseFor(ctx context.Context, subject string, d time.Duration) {
 	d = min(d, t.maxPause)
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pauseTimeout)
 	defer cancel()
