@@ -149,14 +149,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		return nil, err
 	}
-	if l := t.learner.get(subject, time.Now()); l != nil {
-		// The upstream said it allows less than the configured limit.
-		if err := l.Wait(ctx, subject); err != nil {
-			if req.Body != nil {
-				_ = req.Body.Close()
-			}
-			return nil, err
+	// The upstream may have said it allows less than the configured limit.
+	if err := t.learner.wait(ctx, subject); err != nil {
+		if req.Body != nil {
+			_ = req.Body.Close()
 		}
+		return nil, err
 	}
 	resp, err := t.base.RoundTrip(req)
 	if err != nil {

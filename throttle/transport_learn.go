@@ -201,8 +201,8 @@ func newLearner(lim *Limiter) *learner {
 	return l
 }
 
-// get returns the learned limiter of subject, or nil.
-func (l *learner) get(subject string, now time.Time) *Limiter {
+// get returns what was learned for subject, or nil.
+func (l *learner) get(subject string, now time.Time) *learned {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	e := l.bySubject[subject]
@@ -213,7 +213,26 @@ func (l *learner) get(subject string, now time.Time) *Limiter {
 		delete(l.bySubject, subject)
 		return nil
 	}
-	return e.lim
+	return e
+}
+
+// wait takes a slot of subject's learned schedule, if there is one. A
+// request that waited on a schedule which an answer meanwhile replaced
+// by a slower one takes a slot of the new schedule too: requests booked
+// at the old rate would otherwise all go out at it, over the new limit.
+func (l *learner) wait(ctx context.Context, subject string) error {
+	e := l.get(subject, time.Now())
+	for e != nil {
+		if err := e.lim.Wait(ctx, subject); err != nil {
+			return err
+		}
+		cur := l.get(subject, time.Now())
+		if cur == nil || cur == e || cur.interval <= e.interval {
+			return nil
+		}
+		e = cur
+	}
+	return nil
 }
 
 // set records that subject allows one request per interval; an interval
