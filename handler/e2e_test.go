@@ -367,3 +367,34 @@ handlers:
 		t.Errorf("the command's environment lacks GREETING or JOBTHROTTLE_TASK_ID:\n%s", envOut)
 	}
 }
+
+// A task with no retry left cannot be deferred (asynq would archive it):
+// on a 429 it waits in its slot for the upstream's time and sends again.
+func TestHTTPHandlerNoRetryLeftWaits(t *testing.T) {
+	t.Parallel()
+	proc := redistest.Server(t)
+	rdb := proc.Client(t)
+	up := newUpstream(time.Second)
+	api := httptest.NewServer(up)
+	t.Cleanup(api.Close)
+	rules := fmt.Sprintf(`
+prefix: %q
+rules:
+  - {name: partner, tasks: ["partner:call"], subject: {fixed: partner}, algorithm: gcra, limit: 10, period: 1s}
+handlers:
+  - {task: "partner:call", http: {method: PUT, url: "%s/v1/items/{item}"}}
+`, redistest.Prefix(t), api.URL)
+	fleet(t, rdb, rules, 1, 2, nil)
+	client := asynq.NewClientFromRedisClient(rdb)
+	info, err := client.Enqueue(asynq.NewTask("partner:call", []byte(`{"item": 42}`)), asynq.MaxRetry(0), asynq.Timeout(20*time.Second), asynq.Retention(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := settle(t, asynq.NewInspectorFromRedisClient(rdb), []string{info.ID}, 20*time.Second)[info.ID]
+	up.mu.Lock()
+	defer up.mu.Unlock()
+	if got.State != asynq.TaskStateCompleted || up.tooMany != 1 || fmt.Sprint(up.answered["42"]) != "[200]" || up.bodies["42"] != `{"item": 42}` {
+		t.Errorf("task %v (%s), upstream: %d × 429, then %v with body %q; want completed after one 429 and one 200 with the payload",
+			got.State, got.LastErr, up.tooMany, up.answered["42"], up.bodies["42"])
+	}
+}

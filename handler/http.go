@@ -24,6 +24,10 @@ import (
 // running).
 const DefaultRetryAfter = 5 * time.Second
 
+// pausedTimeout bounds the look-up of a pause after a 429, which
+// outlives the request's context.
+const pausedTimeout = 2 * time.Second
+
 // ExcerptLimit is how much of a rejected response's body goes into the
 // task's error: 512 bytes.
 const ExcerptLimit = 512
@@ -189,9 +193,11 @@ func (h *httpHandler) throttled(ctx context.Context, task *asynq.Task, subject s
 	now := time.Now()
 	wait := time.Duration(0)
 	if h.lim != nil {
-		if left, err := h.lim.Paused(context.WithoutCancel(ctx), subject); err == nil {
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pausedTimeout)
+		if left, err := h.lim.Paused(pctx, subject); err == nil {
 			wait = left
 		}
+		cancel()
 	}
 	if wait <= 0 {
 		date := now
