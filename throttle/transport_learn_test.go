@@ -1,6 +1,7 @@
 package throttle
 
 import (
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -9,6 +10,8 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
 )
 
 func TestParseRateLimitHeaders(t *testing.T) {
@@ -156,7 +159,17 @@ func TestTransportLearnsPolicy(t *testing.T) {
 func TestTransportFollowsPolicyChange(t *testing.T) {
 	virtual(t, func(t *testing.T, _ *redis.Client, m *miniredis.Miniredis) {
 		up := &policyUpstream{quota: 5}
-		a := newWorker(t, m, up, Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(50).WithBurst(1)})
+		rdb := redistest.PipeClient(m)
+		t.Cleanup(func() { _ = rdb.Close() })
+		var learnedQuotas []int
+		tr, err := NewTransport(mustNew(t, rdb, Options{}, Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(50).WithBurst(1)}), TransportOptions{
+			Base:    up,
+			OnLearn: func(subject string, info RateLimitInfo) { learnedQuotas = append(learnedQuotas, info.Quota) },
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := &http.Client{Transport: tr}
 		for range 3 {
 			get(t, a, "http://api.example/")
 		}
@@ -178,6 +191,9 @@ func TestTransportFollowsPolicyChange(t *testing.T) {
 			if i < len(gaps) && (gaps[i]-want[i] > ms || want[i]-gaps[i] > ms) {
 				t.Errorf("gap %d is %v, want %v (all gaps %v)", i+1, gaps[i], want[i], gaps)
 			}
+		}
+		if fmt.Sprint(learnedQuotas) != "[5 20]" {
+			t.Errorf("OnLearn saw quotas %v; want [5 20]: called when the learned limit changes", learnedQuotas)
 		}
 	})
 }

@@ -184,7 +184,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if o.config == "" {
 		log.Warn("worker: no --config or JOBTHROTTLE_CONFIG: using the built-in demo rules", "rules", ruleNames(cfg))
 	} else {
-		log.Info("worker: rules loaded", "file", o.config, "rules", ruleNames(cfg))
+		log.Info("worker: rules loaded", "file", o.config, "rules", ruleNames(cfg), "handlers", handlerNames(handlers))
 	}
 
 	reg := prometheus.NewRegistry()
@@ -376,6 +376,14 @@ type redisLogger struct{ log *slog.Logger }
 
 func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
 	l.log.WarnContext(ctx, fmt.Sprintf(format, v...), "component", "go-redis")
+}
+
+func handlerNames(c *handler.Config) []string {
+	var names []string
+	for _, h := range c.Handlers {
+		names = append(names, h.Task)
+	}
+	return names
 }
 
 // asynqLevel is the asynq log level matching a slog level.
