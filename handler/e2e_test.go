@@ -398,3 +398,65 @@ handlers:
 			got.State, got.LastErr, up.tooMany, up.answered["42"], up.bodies["42"])
 	}
 }
+
+// An upstream that announces a policy slower than the rule: the handlers
+// learn it, and a task whose slot on it is further than the rule's
+// max_wait is deferred to that slot, nothing sent, no failure counted.
+func TestHTTPHandlerLearnedLimitDefers(t *testing.T) {
+	t.Parallel()
+	proc := redistest.Server(t)
+	rdb := proc.Client(t)
+	var mu sync.Mutex
+	var calls []time.Time
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		calls = append(calls, time.Now())
+		mu.Unlock()
+		w.Header().Set("RateLimit-Policy", `"default";q=2;w=1`)
+		fmt.Fprint(w, "ok")
+	}))
+	t.Cleanup(api.Close)
+	rules := fmt.Sprintf(`
+prefix: %q
+rules:
+  - {name: partner, tasks: ["partner:call"], subject: {fixed: partner}, algorithm: gcra, limit: 100, period: 1s, max_wait: 100ms}
+handlers:
+  - {task: "partner:call", http: {url: "%s/v1/items/{item}"}}
+`, redistest.Prefix(t), api.URL)
+	// One at a time, so that each request follows an answer.
+	fleet(t, rdb, rules, 1, 1, nil)
+	client := asynq.NewClientFromRedisClient(rdb)
+	var ids []string
+	for i := range 4 {
+		info, err := client.Enqueue(asynq.NewTask("partner:call", []byte(fmt.Sprintf(`{"item": %d}`, i))), asynq.MaxRetry(2), asynq.Retention(time.Hour))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, info.ID)
+	}
+	infos := settle(t, asynq.NewInspectorFromRedisClient(rdb), ids, 30*time.Second)
+	deferred := 0
+	for id, info := range infos {
+		if info.State != asynq.TaskStateCompleted || info.Retried != 0 || string(info.Result) != "ok" {
+			t.Errorf("task %s: %v retried %d result %q (%s)", id, info.State, info.Retried, info.Result, info.LastErr)
+		}
+		if strings.Contains(info.LastErr, "past the limiter's MaxWait") {
+			deferred++
+		}
+	}
+	if deferred == 0 {
+		t.Error("no task was deferred for the learned limit")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(calls) != 4 {
+		t.Fatalf("the upstream saw %d requests; want 4: a deferred task sends nothing", len(calls))
+	}
+	// After the first answer, 2/s at 95%: 526ms apart (the first learned
+	// slot is free).
+	for i := 2; i < len(calls); i++ {
+		if d := calls[i].Sub(calls[i-1]); d < 500*time.Millisecond {
+			t.Errorf("requests %d and %d were %v apart; the learned 2/s was not kept", i, i+1, d)
+		}
+	}
+}

@@ -71,7 +71,11 @@ func newHTTPHandler(s Spec, opts Options, log *slog.Logger) (*httpHandler, error
 			}
 			tr, err := throttle.NewTransport(lim, throttle.TransportOptions{
 				NoWait: true, // the middleware admitted the task
-				Base:   base,
+				// A limit learned from the upstream may be slower than the
+				// rule: wait for it in the slot no longer than the rule
+				// lets a task wait, else defer the task.
+				MaxLearnedWait: rc.MaxWait,
+				Base:           base,
 				Subject: func(req *http.Request) string {
 					s, _ := req.Context().Value(subjectKey{}).(string)
 					return s
@@ -157,6 +161,12 @@ func (h *httpHandler) send(ctx context.Context, task *asynq.Task) error {
 	}
 	what := h.spec.HTTP.Method + " " + h.url.origin
 	resp, err := h.client.Do(req)
+	var de *throttle.DelayError
+	if errors.As(err, &de) {
+		// The upstream's learned limit has no slot for this request soon
+		// enough: nothing was sent; come back at its slot.
+		return &worker.ThrottledError{Rule: h.rule, Subject: subject, RetryAt: time.Now().Add(de.RetryAfter), Err: de}
+	}
 	if err != nil {
 		var ue *url.Error
 		if errors.As(err, &ue) {

@@ -90,6 +90,13 @@ type TransportOptions struct {
 	// the caller already holds the permit: the worker middleware admitted
 	// the task that sends the request, under the same limiter and subject.
 	NoWait bool
+	// MaxLearnedWait bounds how long a request waits for its slot on a
+	// learned limit: a request whose slot is further away fails at once
+	// with a *DelayError (matching ErrMaxWait), nothing consumed and
+	// nothing sent, so that a caller such as a job handler can come back
+	// later instead of holding its worker. If zero, only the request's
+	// context bounds the wait.
+	MaxLearnedWait time.Duration
 	// OnLearn, if set, is called when a response's rate-limit headers
 	// change the limit learned for a subject. It must not block.
 	OnLearn func(subject string, info RateLimitInfo)
@@ -104,10 +111,13 @@ func NewTransport(lim *Limiter, opts TransportOptions) (*Transport, error) {
 	if lim == nil {
 		return nil, errors.New("throttle: NewTransport: nil Limiter")
 	}
+	if opts.MaxLearnedWait < 0 {
+		return nil, &ConfigError{Field: "max_learned_wait", Reason: "must not be negative"}
+	}
 	if opts.MaxPause < 0 || opts.MaxPause > MaxPause {
 		return nil, &ConfigError{Field: "max_pause", Reason: "must be between 0 (the default, " + DefaultMaxPause.String() + ") and " + MaxPause.String()}
 	}
-	t := &Transport{lim: lim, subject: opts.Subject, maxPause: opts.MaxPause, base: opts.Base, onPause: opts.OnPause, onLearn: opts.OnLearn, noWait: opts.NoWait, learner: newLearner(lim)}
+	t := &Transport{lim: lim, subject: opts.Subject, maxPause: opts.MaxPause, base: opts.Base, onPause: opts.OnPause, onLearn: opts.OnLearn, noWait: opts.NoWait, learner: newLearner(lim, opts.MaxLearnedWait)}
 	if t.subject == nil {
 		t.subject = hostSubject
 	}

@@ -190,10 +190,11 @@ type learner struct {
 	mu         sync.Mutex
 	bySubject  map[string]*learned
 	configured time.Duration // the configured limit's shortest interval per request
+	maxWait    time.Duration // TransportOptions.MaxLearnedWait
 }
 
-func newLearner(lim *Limiter) *learner {
-	l := &learner{bySubject: map[string]*learned{}}
+func newLearner(lim *Limiter, maxWait time.Duration) *learner {
+	l := &learner{bySubject: map[string]*learned{}, maxWait: maxWait}
 	for _, r := range lim.rules {
 		// The slowest rule bounds the steady rate.
 		l.configured = max(l.configured, r.Limit.Period/time.Duration(r.Limit.Count))
@@ -254,7 +255,7 @@ func (l *learner) set(base *Limiter, subject string, interval time.Duration, now
 		e.until = now.Add(learnedTTL)
 		return false
 	}
-	lim, err := New(base.rdb, Options{Prefix: base.prefix, FailOpen: base.opts.FailOpen, Logger: base.opts.Logger, OnRedisError: base.opts.OnRedisError},
+	lim, err := New(base.rdb, Options{Prefix: base.prefix, FailOpen: base.opts.FailOpen, Logger: base.opts.Logger, OnRedisError: base.opts.OnRedisError, MaxWait: l.maxWait},
 		Rule{Name: learnedRule, Algorithm: GCRA, Limit: Limit{Count: 1, Period: interval, Burst: 1}})
 	if err != nil {
 		return false
