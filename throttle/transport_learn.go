@@ -183,6 +183,7 @@ type learned struct {
 	lim      *Limiter
 	interval time.Duration
 	until    time.Time
+	replaced chan struct{} // closed when another schedule replaces this one
 }
 
 // learner holds a Transport's learned limits, by subject.
@@ -211,29 +212,54 @@ func (l *learner) get(subject string, now time.Time) *learned {
 		return nil
 	}
 	if now.After(e.until) {
-		delete(l.bySubject, subject)
+		l.drop(subject)
 		return nil
 	}
 	return e
 }
 
 // wait takes a slot of subject's learned schedule, if there is one. A
-// request that waited on a schedule which an answer meanwhile replaced
-// by a slower one takes a slot of the new schedule too: requests booked
-// at the old rate would otherwise all go out at it, over the new limit.
+// request waiting for its slot when an answer replaces the schedule
+// gives the slot back and books one on the new schedule: requests booked
+// at the old rate would otherwise go out at it, over a lower limit or
+// late for a higher one.
 func (l *learner) wait(ctx context.Context, subject string) error {
 	e := l.get(subject, time.Now())
 	for e != nil {
-		if err := e.lim.Wait(ctx, subject); err != nil {
+		r, err := e.lim.Reserve(ctx, subject)
+		if err != nil {
 			return err
 		}
-		cur := l.get(subject, time.Now())
-		if cur == nil || cur == e || cur.interval <= e.interval {
+		timer := time.NewTimer(time.Until(r.TimeToAct()))
+		select {
+		case <-timer.C:
 			return nil
+		case <-e.replaced:
+			timer.Stop()
+			l.cancel(ctx, r)
+			e = l.get(subject, time.Now())
+		case <-ctx.Done():
+			timer.Stop()
+			l.cancel(ctx, r)
+			return ctx.Err()
 		}
-		e = cur
 	}
 	return nil
+}
+
+// cancel gives a learned slot back, after ctx may have ended.
+func (l *learner) cancel(ctx context.Context, r *Reservation) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pauseTimeout)
+	defer cancel()
+	_ = r.Cancel(cctx)
+}
+
+// drop forgets subject's entry, waking its waiters. l.mu is held.
+func (l *learner) drop(subject string) {
+	if e := l.bySubject[subject]; e != nil {
+		close(e.replaced)
+		delete(l.bySubject, subject)
+	}
 }
 
 // set records that subject allows one request per interval; an interval
@@ -245,7 +271,7 @@ func (l *learner) set(base *Limiter, subject string, interval time.Duration, now
 	e := l.bySubject[subject]
 	if interval <= l.configured {
 		if e != nil {
-			delete(l.bySubject, subject)
+			l.drop(subject)
 			return true
 		}
 		return false
@@ -263,17 +289,20 @@ func (l *learner) set(base *Limiter, subject string, interval time.Duration, now
 	if e == nil && len(l.bySubject) >= maxLearned {
 		for s, old := range l.bySubject {
 			if now.After(old.until) {
-				delete(l.bySubject, s)
+				l.drop(s)
 			}
 		}
 		for s := range l.bySubject {
 			if len(l.bySubject) < maxLearned {
 				break
 			}
-			delete(l.bySubject, s)
+			l.drop(s)
 		}
 	}
-	l.bySubject[subject] = &learned{lim: lim, interval: interval, until: now.Add(learnedTTL)}
+	if e != nil {
+		close(e.replaced)
+	}
+	l.bySubject[subject] = &learned{lim: lim, interval: interval, until: now.Add(learnedTTL), replaced: make(chan struct{})}
 	return true
 }
 

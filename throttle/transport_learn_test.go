@@ -222,3 +222,28 @@ func learnedInterval(perSecond float64) time.Duration {
 	margin := LearnedMargin
 	return time.Duration(float64(time.Second) / (perSecond * margin)).Round(time.Microsecond)
 }
+
+// Requests waiting on a learned schedule when an answer announces a
+// faster one give their slots back and book on the new schedule, rather
+// than going out at the old rate.
+func TestTransportWaitersFollowFasterPolicy(t *testing.T) {
+	virtual(t, func(t *testing.T, _ *redis.Client, m *miniredis.Miniredis) {
+		up := &policyUpstream{quota: 5}
+		a := newWorker(t, m, up, Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(100).WithBurst(1)})
+		get(t, a, "http://api.example/") // learns 5/s
+		up.mu.Lock()
+		up.quota = 20
+		up.mu.Unlock()
+		start := at()
+		var wg sync.WaitGroup
+		for range 6 {
+			wg.Go(func() { get(t, a, "http://api.example/") })
+		}
+		wg.Wait()
+		// The first of the six goes at once and learns 20/s; at 5/s the
+		// other five would take 5 × 210ms, at 20/s about 5 × 53ms.
+		if took := up.calls[len(up.calls)-1] - start; took > 600*ms {
+			t.Errorf("the six requests took %v (gaps %v); the waiters kept the old 5/s schedule", took, up.gaps())
+		}
+	})
+}
