@@ -36,8 +36,9 @@ import (
 // requests over the time to reset) slower than the configured limit
 // becomes a learned limit for the subject: a GCRA schedule at
 // LearnedMargin of that rate, kept in Redis under
-// <prefix>{<subject>}:~learned, so that every process that learned it
-// shares one schedule; requests then wait on it as well as on the
+// <prefix>{<subject>}:~learned-<interval µs>, so that every process that
+// learned it shares one schedule (requests waiting when another limit is
+// learned give their slots back and book on the new schedule); requests then wait on it as well as on the
 // configured limit. A learned limit never loosens the configured one, is
 // replaced by each answer that announces another, and is forgotten a
 // minute after the last answer that repeated it. None remaining before

@@ -173,9 +173,14 @@ const learnedTTL = time.Minute
 // maxLearned bounds the subjects a Transport remembers limits for.
 const maxLearned = 1024
 
-// learnedRule names the limit learned for a subject: its key is
-// <prefix>{<subject>}:~learned. Rules files cannot name a rule with '~'.
-const learnedRule = "~learned"
+// learnedRule names the schedule learned for a subject at one interval:
+// its key is <prefix>{<subject>}:~learned-<interval in µs>. Rules files
+// cannot name a rule with '~'. A schedule per interval means that a new
+// limit starts from a fresh schedule rather than behind the bookings made
+// at the old rate; every process that learned the same limit shares it.
+func learnedRule(interval time.Duration) string {
+	return "~learned-" + strconv.FormatInt(interval.Microseconds(), 10)
+}
 
 // learned is the limit learned for one subject: a GCRA limiter in the
 // same Redis, so that every process that learned it shares one schedule.
@@ -282,7 +287,7 @@ func (l *learner) set(base *Limiter, subject string, interval time.Duration, now
 		return false
 	}
 	lim, err := New(base.rdb, Options{Prefix: base.prefix, FailOpen: base.opts.FailOpen, Logger: base.opts.Logger, OnRedisError: base.opts.OnRedisError, MaxWait: l.maxWait},
-		Rule{Name: learnedRule, Algorithm: GCRA, Limit: Limit{Count: 1, Period: interval, Burst: 1}})
+		Rule{Name: learnedRule(interval), Algorithm: GCRA, Limit: Limit{Count: 1, Period: interval, Burst: 1}})
 	if err != nil {
 		return false
 	}

@@ -183,10 +183,12 @@ func TestTransportFollowsPolicyChange(t *testing.T) {
 		fast := learnedInterval(20)
 		gaps := up.gaps()
 		// gaps[0]: the configured 20ms (the learned schedule starts with
-		// the request after the first answer). Then 5/s; the answer to
-		// request 4 announces 20/s, but request 5's slot was booked at
-		// 5/s after request 4's. Then 20/s.
-		want := []time.Duration{20 * ms, slow, slow, slow, fast, fast}
+		// the request after the first answer). Then 5/s. The answer to
+		// request 4 (sent at 5/s) announces 20/s: request 5 takes the
+		// first slot of the fresh 20/s schedule at once (its configured
+		// permit was free: request 4 took its own before it waited on the
+		// learned schedule), then 20/s.
+		want := []time.Duration{20 * ms, slow, slow, 0, fast, fast}
 		for i := range want {
 			if i < len(gaps) && (gaps[i]-want[i] > ms || want[i]-gaps[i] > ms) {
 				t.Errorf("gap %d is %v, want %v (all gaps %v)", i+1, gaps[i], want[i], gaps)
