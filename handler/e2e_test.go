@@ -254,7 +254,7 @@ handlers:
 		t.Errorf("%d requests were answered 429 (%v after the first); want at most the 8 already under way: the whole fleet should pause", up.tooMany, relative(up.firstAt, up.during))
 	}
 	for _, at := range up.during {
-		if d := at.Sub(up.firstAt); d > 300*time.Millisecond {
+		if d := at.Sub(up.firstAt); d > 500*time.Millisecond {
 			t.Errorf("a request reached the upstream %v into its 2s pause; every worker should hold back", d)
 		}
 	}
