@@ -50,7 +50,14 @@ type httpHandler struct {
 type subjectKey struct{}
 
 func newHTTPHandler(s Spec, opts Options, log *slog.Logger) (*httpHandler, error) {
-	h := &httpHandler{spec: s, url: s.HTTP.url, headers: http.Header{}, log: log}
+	u := s.HTTP.url
+	if u == nil { // a Spec built in code rather than parsed
+		var err error
+		if u, err = parseURLTemplate(s.HTTP.URL); err != nil {
+			return nil, fmt.Errorf("url %q: %w", s.HTTP.URL, err)
+		}
+	}
+	h := &httpHandler{spec: s, url: u, headers: http.Header{}, log: log}
 	for _, hd := range s.HTTP.Headers {
 		v, err := expandEnv(hd.Value, opts.Getenv)
 		if err != nil {
