@@ -19,6 +19,12 @@ import (
 // DefaultConfigPrefix is the key prefix of a rules file without prefix.
 const DefaultConfigPrefix = "jobthrottle:"
 
+// handlersField is the rules file's section that package handler reads
+// (what runs each task type); ParseConfig only lets it through.
+const handlersField = "handlers"
+
+func init() { fileFields = append(fileFields, handlersField) }
+
 // Config is a parsed rules file (see README.md for the format):
 //
 //	prefix: "jobthrottle:"
@@ -193,9 +199,7 @@ func (c *Config) Middleware(rdb redis.UniversalClient, opts ...Option) (*Middlew
 
 // The fields each mapping of a rules file may have.
 var (
-	// fileFields' "handlers" is read by package handler (what runs each
-	// task type); ParseConfig only lets it through.
-	fileFields  = []string{"prefix", "fail_open", "rules", "handlers"}
+	fileFields  = []string{"prefix", "fail_open", "rules"}
 	ruleFields  = []string{"name", "tasks", "subject", "algorithm", "limit", "period", "burst", "precision", "max_wait", "limits"}
 	limitFields = []string{"name", "algorithm", "limit", "period", "burst", "precision"}
 	// limitOnly are the rule fields that describe a single limit, which a
