@@ -14,7 +14,7 @@ import (
 // understands them, for `worker --check`: what CI runs on a rules change.
 // It connects to nothing.
 func check(w io.Writer, cfg *worker.Config, handlers *handler.Config) {
-	fmt.Fprintf(w, "%s: OK: %d rules, %d handlers; prefix %q, fail_open %v\n", cfg.File, len(cfg.Rules), len(handlers.Handlers), cfg.Prefix, cfg.FailOpen)
+	fmt.Fprintf(w, "%s: OK: %s, %s; prefix %q, fail_open %v\n", cfg.File, count(len(cfg.Rules), "rule"), count(len(handlers.Handlers), "handler"), cfg.Prefix, cfg.FailOpen)
 	for _, r := range cfg.Rules {
 		subject := fmt.Sprintf("payload field %q", r.Subject.PayloadField)
 		if r.Subject.PayloadField == "" {
@@ -52,4 +52,12 @@ func describeLimit(l throttle.Rule) string {
 		}
 	}
 	return s
+}
+
+// count is "1 rule", "2 rules".
+func count(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
