@@ -21,10 +21,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Exit codes, as cmd/enqueue's.
@@ -36,6 +39,7 @@ const (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	processLogs = func(log *slog.Logger) { redis.SetLogger(redisLogger{log}) }
 	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(exitCode(os.Stderr, err))

@@ -162,9 +162,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		log = slog.New(slog.NewTextHandler(stderr, hopts))
 	}
 
-	// go-redis's own lines (dial retries, pool notices) go to the same
-	// logger, so that --log-format json gives only JSON.
-	redis.SetLogger(redisLogger{log})
+	if processLogs != nil {
+		processLogs(log)
+	}
 
 	// The rules first: a malformed file fails before anything starts.
 	cfg, handlers, err := loadRules(o.config)
@@ -369,6 +369,12 @@ func ruleNames(c *worker.Config) []string {
 	}
 	return names
 }
+
+// processLogs, if set, routes the process-wide loggers to log: main sets
+// it so that go-redis's own lines (dial retries, pool notices) go to the
+// same logger and --log-format json gives only JSON. go-redis has one
+// logger per process, so tests, which call run in parallel, leave it nil.
+var processLogs func(log *slog.Logger)
 
 // redisLogger sends go-redis's own log lines to slog, at warn level:
 // they are about connections failing and retried.
