@@ -87,18 +87,14 @@ func (d *demo) register(mux *asynq.ServeMux, handlers *handler.Config) {
 
 func (d *demo) echo(ctx context.Context, t *asynq.Task) error {
 	var p struct {
-		Message string `json:"message"`
+		Tenant  tenantID `json:"tenant"`
+		Message string   `json:"message"`
 	}
 	if err := json.Unmarshal(t.Payload(), &p); err != nil {
 		return fmt.Errorf("demo:echo: payload: %v: %w", err, asynq.SkipRetry)
 	}
-	// The tenant is read as the rules read subjects: a string or a number.
-	tenant, err := worker.PayloadField("tenant")(t)
-	if err != nil {
-		return fmt.Errorf("demo:echo: %v: %w", err, asynq.SkipRetry)
-	}
 	w, _ := worker.WaitedFrom(ctx)
-	d.log.Info("demo:echo", "tenant", tenant, "message", p.Message, "waited", w.Duration.Round(time.Millisecond))
+	d.log.Info("demo:echo", "tenant", p.Tenant, "message", p.Message, "waited", w.Duration.Round(time.Millisecond))
 	return writeResult(t, map[string]any{"message": p.Message, "waited_ms": w.Duration.Milliseconds()})
 }
 
@@ -130,6 +126,24 @@ func (d *demo) callAPI(ctx context.Context, t *asynq.Task) error {
 	d.log.Info("demo:api", "account", p.AccountID, "status", resp.StatusCode, "waited", w.Duration.Round(time.Millisecond))
 	_, err = t.ResultWriter().Write(body)
 	return err
+}
+
+// tenantID is demo:echo's tenant, read as the rules read subjects
+// (worker.PayloadField): a JSON string, or a number as written.
+type tenantID string
+
+func (id *tenantID) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err == nil {
+		*id = tenantID(s)
+		return nil
+	}
+	var n json.Number
+	if err := json.Unmarshal(b, &n); err != nil {
+		return fmt.Errorf("tenant %s: want a string or a number", b)
+	}
+	*id = tenantID(n)
+	return nil
 }
 
 func writeResult(t *asynq.Task, v any) error {
