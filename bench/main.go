@@ -5,6 +5,7 @@
 //	cd bench && go run . -full     # the committed run (about 20 minutes)
 //	cd bench && go run . -quick    # a 2-second-per-scenario subset
 //	cd bench && go run . -jitterlab  # the jitter lab (5 minutes), beside the day's results
+//	cd bench && go run . -upstream   # limits learned from the upstream (1 minute), into the report
 //	cd bench && go run . -report results/2026-01-02.json   # redo the report only
 package main
 
@@ -120,6 +121,7 @@ func main() {
 	lab := flag.Bool("jitterlab", false, "run the jitter lab (about 4 minutes): gcra Wait, a send-anchored prototype and x/time/rate, quiet and beside busy processes")
 	md := flag.String("md", "../BENCHMARKS.md", "where to write the report")
 	flag.IntVar(&rateOverride, "rate", 0, "override the Wait scenarios' rate R (permits per second; 0: 200), e.g. 5000 for the hot-key check of issue 11")
+	upstream := flag.Bool("upstream", false, "run the upstream part (about 1 minute): limits learned from a fake API's headers beside the plain Retry-After pause; results/<date>-upstream.json, then the report")
 	flag.Parse()
 
 	if *child != "" {
@@ -138,6 +140,8 @@ func main() {
 	switch {
 	case *report != "":
 		err = regenerate(*report, *md)
+	case *upstream:
+		err = runUpstream(*md, logf)
 	case *full || *quick || *lab:
 		if *nice != 0 {
 			restore, rerr := renice(*nice)

@@ -20,6 +20,9 @@ func writeReport(res *runResult, jsonPath, mdPath string) error {
 	if lab := readLab(jsonPath); lab != nil {
 		md += renderLab(lab, filepath.ToSlash(filepath.Join("bench", strings.TrimSuffix(jsonPath, ".json")+"-jitterlab.json")))
 	}
+	if up, path := readUpstream(); up != nil {
+		md += renderUpstream(up, filepath.ToSlash(filepath.Join("bench", path)))
+	}
 	return os.WriteFile(mdPath, []byte(md), 0o644)
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -140,5 +141,29 @@ func TestServerCost(t *testing.T) {
 		if r.Impl == "redis_rate" && (r.IrPerCall < 10_000 || r.IrPerCall > 1_000_000) {
 			t.Errorf("redis_rate: %.0f Ir/call, want 10 000..1 000 000 (about 71 000 by hand)", r.IrPerCall)
 		}
+	}
+}
+
+// TestUpstreamSmoke runs the upstream part for 2 seconds with headers:
+// the fleet learns L and gets (almost) no 429 after the first answers.
+func TestUpstreamSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a 2-second real-time run")
+	}
+	addr := testRedisAddr(t)
+	cfg := upstreamConfig{Phases: []upstreamPhase{{L: 40, DurationS: 1}, {L: 20, DurationS: 1}}, Workers: 2, Goroutines: 4,
+		Configured: 1000, LatencyMS: 1, BinMS: 100, SettleS: 0.5, ReachWithin: 0.9}
+	res, err := upstreamScenario(addr, cfg, true, "smoke-upstream:")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Requests == 0 || len(res.Phases) != 2 {
+		t.Fatalf("result %+v", res)
+	}
+	if p := res.Phases[1]; p.TooMany > 5 {
+		t.Errorf("%d answers of 429 after L fell to 20; the fleet should have learned it", p.TooMany)
+	}
+	if md := renderUpstream(&upstreamRun{Config: cfg, Scenarios: []upstreamResult{*res}}, "x.json"); !strings.Contains(md, "## Limits learned from the upstream") {
+		t.Errorf("report section:\n%s", md)
 	}
 }

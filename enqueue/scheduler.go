@@ -82,6 +82,9 @@ func NewScheduler(s *Schedules, opts SchedulerOptions) (*Scheduler, error) {
 		if sc.Timeout > 0 {
 			j.batch.Options = append(j.batch.Options, asynq.Timeout(sc.Timeout))
 		}
+		if sc.Retention > 0 {
+			j.batch.Options = append(j.batch.Options, asynq.Retention(sc.Retention))
+		}
 		if sc.Pace != nil {
 			if opts.Redis == nil {
 				return nil, fmt.Errorf("enqueue: schedule %q is paced but SchedulerOptions.Redis is nil", sc.Name)

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/robfig/cron/v3"
 	"go.yaml.in/yaml/v3"
 
@@ -71,7 +72,10 @@ type Schedule struct {
 	Queue    string // "" for asynq's default queue
 	MaxRetry int    // -1 for asynq's default
 	Timeout  time.Duration
-	Overlap  Overlap
+	// Retention keeps completed tasks (and their results) this long
+	// (asynq.Retention); 0 for asynq's default (none).
+	Retention time.Duration
+	Overlap   Overlap
 	// Pace is nil for an unpaced schedule. Its Rules is set by
 	// LoadSchedules from the file's rules.
 	Pace *PaceSpec
@@ -103,10 +107,13 @@ func (e *ScheduleError) Error() string {
 // MaxCount bounds a schedule's count.
 const MaxCount = 10_000_000
 
+// MaxRetention bounds a schedule's retention: 90 days.
+const MaxRetention = 90 * 24 * time.Hour
+
 // The fields each mapping may have.
 var (
 	fileFields     = []string{"rules", "prefix", "schedules"}
-	scheduleFields = []string{"name", "cron", "timezone", "type", "count", "payload", "payloads", "queue", "max_retry", "timeout", "overlap", "pace"}
+	scheduleFields = []string{"name", "cron", "timezone", "type", "count", "payload", "payloads", "queue", "max_retry", "timeout", "retention", "overlap", "pace"}
 	paceFields     = []string{"rule", "rate", "burst", "algorithm", "subject", "keep", "lead"}
 	inlineOnly     = []string{"burst", "algorithm", "subject"}
 	subjectFields  = []string{"fixed", "payload_field"}
@@ -156,11 +163,22 @@ func LoadSchedules(path string) (*Schedules, error) {
 				return nil, fail("count", "%d is more than the %d payloads in %s", sc.Count, len(sc.loaded), sc.Payloads)
 			}
 		}
-		if sc.Pace != nil && sc.Pace.Limit.Count == 0 {
+		if sc.Pace == nil {
+			continue
+		}
+		subject := sc.Pace.Subject.Subject()
+		if sc.Pace.Limit.Count == 0 {
 			sc.Pace.Rules = s.RulesConfig
-			if _, err := sc.Pace.rule(sc.Type); err != nil {
+			rc, err := sc.Pace.rule(sc.Type)
+			if err != nil {
 				return nil, fail("pace", "%v", strings.TrimPrefix(err.Error(), "enqueue: "))
 			}
+			subject = rc.Subject.Subject()
+		}
+		// Every firing would fail on a payload without the subject:
+		// say so now.
+		if err := checkSubjects(sc, subject); err != nil {
+			return nil, fail(err.field, "%s", err.reason)
 		}
 	}
 	return s, nil
@@ -291,6 +309,12 @@ func (p *parser) scheduleAt(n *yaml.Node, i int, names map[string]int, file *Sch
 	if sc.schedule, err = parseCron(spec); err != nil {
 		return sc, p.Failf(cn, "cron", "%q: %v; use five fields (minute hour day month weekday), six with seconds first, or a descriptor such as @hourly or @every 30s", sc.Cron, err)
 	}
+	if every, ok := strings.CutPrefix(strings.TrimSpace(sc.Cron), "@every "); ok {
+		// robfig/cron turns anything under a second into one second.
+		if d, err := time.ParseDuration(strings.TrimSpace(every)); err == nil && d < time.Second {
+			return sc, p.Failf(cn, "cron", "%q: the interval must be at least 1s", sc.Cron)
+		}
+	}
 
 	tn := fields["type"]
 	if tn == nil {
@@ -336,6 +360,11 @@ func (p *parser) scheduleAt(n *yaml.Node, i int, names map[string]int, file *Sch
 	}
 	if v := fields["timeout"]; v != nil {
 		if sc.Timeout, err = p.Duration(v, "timeout", time.Second, 7*24*time.Hour); err != nil {
+			return sc, err
+		}
+	}
+	if v := fields["retention"]; v != nil {
+		if sc.Retention, err = p.Duration(v, "retention", time.Second, MaxRetention); err != nil {
 			return sc, err
 		}
 	}
@@ -456,6 +485,31 @@ func (p *parser) pace(n *yaml.Node, file *Schedules) (*PaceSpec, error) {
 		return nil, p.Failf(rate, "pace.rate", "%v", strings.TrimPrefix(err.Error(), "throttle: "))
 	}
 	return ps, nil
+}
+
+// subjectProblem is a payload of a paced schedule whose subject cannot be
+// derived.
+type subjectProblem struct{ field, reason string }
+
+// checkSubjects derives the subject of every payload of a paced schedule
+// (one empty payload if it has none), as each firing will.
+func checkSubjects(sc *Schedule, subject worker.Subject) *subjectProblem {
+	switch {
+	case sc.Payloads != "":
+		for i, p := range sc.loaded {
+			if sc.Count > 0 && i >= sc.Count {
+				break
+			}
+			if _, err := subject(asynq.NewTask(sc.Type, p)); err != nil {
+				return &subjectProblem{"payloads", fmt.Sprintf("payload %d of %s: %v; a paced task needs the subject the workers' rule reads", i+1, sc.Payloads, err)}
+			}
+		}
+	default:
+		if _, err := subject(asynq.NewTask(sc.Type, sc.Payload)); err != nil {
+			return &subjectProblem{"payload", fmt.Sprintf("%v; a paced task needs the subject the workers' rule reads", err)}
+		}
+	}
+	return nil
 }
 
 // peekName returns the value of a mapping's name field, or "".

@@ -30,6 +30,20 @@ import (
 // the pause once more before it is sent (one more round trip) and, if
 // paused, books a new slot after it.
 //
+// Every response's rate-limit headers are read too (ParseRateLimitHeaders:
+// the IETF RateLimit and RateLimit-Policy fields, X-RateLimit-Limit,
+// -Remaining and -Reset). A policy (or, without one, the remaining
+// requests over the time to reset) slower than the configured limit
+// becomes a learned limit for the subject: a GCRA schedule at
+// LearnedMargin of that rate, kept in Redis under
+// <prefix>{<subject>}:~learned-<interval µs>, so that every process that
+// learned it shares one schedule (requests waiting when another limit is
+// learned give their slots back and book on the new schedule); requests then wait on it as well as on the
+// configured limit. A learned limit never loosens the configured one, is
+// replaced by each answer that announces another, and is forgotten a
+// minute after the last answer that repeated it. None remaining before
+// the reset pauses the subject until the reset, for every worker.
+//
 // The response is returned to the caller unchanged; the transport never
 // retries by itself, so a request body is sent at most once. Retry at the
 // caller (an asynq retry, say): the retry waits out the pause.
@@ -41,6 +55,9 @@ type Transport struct {
 	maxPause time.Duration
 	base     http.RoundTripper
 	onPause  func(subject string, d time.Duration, err error)
+	onLearn  func(subject string, info RateLimitInfo)
+	noWait   bool
+	learner  *learner
 }
 
 // DefaultMaxPause caps the pause a Retry-After can cause when
@@ -69,6 +86,21 @@ type TransportOptions struct {
 	// with the error from Redis if the pause could not be recorded. Use it
 	// for logs and metrics; it must not block.
 	OnPause func(subject string, d time.Duration, err error)
+	// NoWait sends each request at once, without taking a permit, and
+	// only listens to the responses (pauses on 429 and 503). Use it when
+	// the caller already holds the permit: the worker middleware admitted
+	// the task that sends the request, under the same limiter and subject.
+	NoWait bool
+	// MaxLearnedWait bounds how long a request waits for its slot on a
+	// learned limit: a request whose slot is further away fails at once
+	// with a *DelayError (matching ErrMaxWait), nothing consumed and
+	// nothing sent, so that a caller such as a job handler can come back
+	// later instead of holding its worker. If zero, only the request's
+	// context bounds the wait.
+	MaxLearnedWait time.Duration
+	// OnLearn, if set, is called when a response's rate-limit headers
+	// change the limit learned for a subject. It must not block.
+	OnLearn func(subject string, info RateLimitInfo)
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -80,10 +112,13 @@ func NewTransport(lim *Limiter, opts TransportOptions) (*Transport, error) {
 	if lim == nil {
 		return nil, errors.New("throttle: NewTransport: nil Limiter")
 	}
+	if opts.MaxLearnedWait < 0 {
+		return nil, &ConfigError{Field: "max_learned_wait", Reason: "must not be negative"}
+	}
 	if opts.MaxPause < 0 || opts.MaxPause > MaxPause {
 		return nil, &ConfigError{Field: "max_pause", Reason: "must be between 0 (the default, " + DefaultMaxPause.String() + ") and " + MaxPause.String()}
 	}
-	t := &Transport{lim: lim, subject: opts.Subject, maxPause: opts.MaxPause, base: opts.Base, onPause: opts.OnPause}
+	t := &Transport{lim: lim, subject: opts.Subject, maxPause: opts.MaxPause, base: opts.Base, onPause: opts.OnPause, onLearn: opts.OnLearn, noWait: opts.NoWait, learner: newLearner(lim, opts.MaxLearnedWait)}
 	if t.subject == nil {
 		t.subject = hostSubject
 	}
@@ -112,7 +147,21 @@ func hostSubject(req *http.Request) string {
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
 	subject := t.subject(req)
-	if err := t.wait(ctx, subject); err != nil {
+	if t.noWait {
+		if _, err := EncodeSubject(subject); err != nil {
+			if req.Body != nil {
+				_ = req.Body.Close()
+			}
+			return nil, err
+		}
+	} else if err := t.wait(ctx, subject); err != nil {
+		if req.Body != nil {
+			_ = req.Body.Close()
+		}
+		return nil, err
+	}
+	// The upstream may have said it allows less than the configured limit.
+	if err := t.learner.wait(ctx, subject); err != nil {
 		if req.Body != nil {
 			_ = req.Body.Close()
 		}
@@ -125,6 +174,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
 		t.pause(ctx, subject, resp)
 	}
+	t.learn(ctx, subject, resp)
 	return resp, nil
 }
 
@@ -164,6 +214,11 @@ func (t *Transport) pause(ctx context.Context, subject string, resp *http.Respon
 	if !ok || d <= 0 {
 		return
 	}
+	t.pauseFor(ctx, subject, d)
+}
+
+// pauseFor pauses subject for d, capped at MaxPause, for every worker.
+func (t *Transport) pauseFor(ctx context.Context, subject string, d time.Duration) {
 	d = min(d, t.maxPause)
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pauseTimeout)
 	defer cancel()

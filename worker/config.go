@@ -16,6 +16,10 @@ import (
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
+// handlersField is the rules file's section that package handler reads
+// (what runs each task type); ParseConfig only lets it through.
+const handlersField = "handlers"
+
 // Config is a parsed rules file (see README.md for the format):
 //
 //	prefix: "jobthrottle:"
@@ -216,7 +220,7 @@ const maxWaitSlots = 10000
 
 // The fields each mapping of a rules file may have.
 var (
-	fileFields  = []string{"prefix", "fail_open", "budgets", "rules"}
+	fileFields  = []string{"prefix", "fail_open", "budgets", "rules", handlersField}
 	ruleFields  = []string{"name", "tasks", "subject", "algorithm", "limit", "period", "burst", "precision", "max_wait", "wait_slots", "cost", "budget", "limits"}
 	limitFields = []string{"name", "algorithm", "limit", "period", "burst", "precision", "budget"}
 	// limitOnly are the rule fields that describe a single limit, which a

@@ -138,9 +138,9 @@ func TestParseConfigErrors(t *testing.T) {
 		{"bad indent", "rules:\n  - name: a\n   tasks: [b]\n", `rules.yaml:1: invalid YAML: did not find expected '-' indicator`}, // the line yaml reports
 		{"tab indent", "rules:\n\t- name: a\n", `rules.yaml:2: invalid YAML: found character that cannot start any token`},
 		{"two documents", rule + "---\nrules: []\n", `rules.yaml:8: a second YAML document; a rules file holds one`},
-		{"not a mapping", "- a\n- b\n", `rules.yaml:1: the file must be a mapping with the fields prefix, fail_open, budgets, rules`},
-		{"scalar", "hello\n", `rules.yaml:1: the file must be a mapping with the fields prefix, fail_open, budgets, rules`},
-		{"unknown top-level", "prefx: a\n" + rule, `rules.yaml:1: unknown field "prefx" in the file; allowed: prefix, fail_open, budgets, rules`},
+		{"not a mapping", "- a\n- b\n", `rules.yaml:1: the file must be a mapping with the fields prefix, fail_open, budgets, rules, handlers`},
+		{"scalar", "hello\n", `rules.yaml:1: the file must be a mapping with the fields prefix, fail_open, budgets, rules, handlers`},
+		{"unknown top-level", "prefx: a\n" + rule, `rules.yaml:1: unknown field "prefx" in the file; allowed: prefix, fail_open, budgets, rules, handlers`},
 		{"repeated top-level", "prefix: a\nprefix: b\n" + rule, `rules.yaml:2: prefix: repeats the field set on line 1; give it once`},
 		{"no rules", "prefix: a\n", `rules.yaml:1: rules: missing; list at least one rule`},
 		{"empty rules", "rules: []\n", `rules.yaml:1: rules: a list must be a list of at least one rule`},

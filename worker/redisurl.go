@@ -94,7 +94,8 @@ var secretParams = []string{"password", "sentinel_password"}
 // logs and errors. A URL that does not parse is shown as its scheme only.
 func RedactURL(rawURL string) string {
 	u, err := url.Parse(rawURL)
-	if err == nil && u.Opaque != "" {
+	if err == nil && (u.Opaque != "" || u.Scheme == "") {
+		// Not a URL at all: perhaps a password pasted in the wrong place.
 		return "(a Redis URL without scheme://)"
 	}
 	if err != nil {

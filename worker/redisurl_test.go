@@ -106,6 +106,8 @@ func TestRedactURL(t *testing.T) {
 		"redis://h:1?sentinel_password=x":              "redis://h:1?sentinel_password=xxxxx",
 		"redis://user:pw@host:bad":                     "redis://(does not parse)",
 		"user:pw@host:6379":                            "(a Redis URL without scheme://)",
+		"hunter2":                                      "(a Redis URL without scheme://)",
+		"redis//:hunter2@host:1":                       "(a Redis URL without scheme://)",
 		"%zz:pw@host":                                  "(a Redis URL that does not parse)",
 		"redis-cluster://:pw@a:1,b:2":                  "redis-cluster://:xxxxx@a:1,b:2",
 		"unix://:pw@/run/redis.sock?db=1&password=pw2": "unix://:xxxxx@/run/redis.sock?db=1&password=xxxxx",

@@ -100,7 +100,7 @@ type batchFlags struct {
 	rate, algorithm, prefix       string
 	burst                         int
 	subject, subjectField         string
-	keep, lead                    time.Duration
+	keep, lead, retention         time.Duration
 	redis                         string
 }
 
@@ -113,8 +113,9 @@ func (f *batchFlags) flagSet(stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&f.payload, "payload", "", "JSON payload of every task")
 	fs.StringVar(&f.payloads, "payloads", "", "file with one JSON payload per line, one task each")
 	fs.StringVar(&f.queue, "queue", "", "asynq queue (default asynq's \"default\")")
-	fs.IntVar(&f.maxRetry, "max-retry", -1, "asynq MaxRetry of each task; -1 for asynq's default (25)")
-	fs.DurationVar(&f.timeout, "timeout", 0, "asynq Timeout of each task (default asynq's)")
+	fs.IntVar(&f.maxRetry, "max-retry", -1, "asynq MaxRetry of each task, 0 or more (default asynq's, 25)")
+	fs.DurationVar(&f.timeout, "timeout", 0, "asynq Timeout of each task, positive (default asynq's)")
+	fs.DurationVar(&f.retention, "retention", 0, "asynq Retention: keep each completed task and its result this long, positive (default asynq's: not kept)")
 	fs.BoolVar(&f.pace, "pace", false, "book each task's slot in the workers' ledger and schedule it for that slot")
 	fs.StringVar(&f.ruleConfig, "rule-config", "", "the workers' rules file; pace under the rule it applies to --type")
 	fs.StringVar(&f.rule, "rule", "", "the workers' rule name (with --rule-config: a check; with --rate: required)")
@@ -220,11 +221,24 @@ func (f *batchFlags) batch(fs *flag.FlagSet) (*enqueue.Batch, *enqueue.PaceSpec,
 	if f.queue != "" {
 		b.Options = append(b.Options, asynq.Queue(f.queue))
 	}
+	switch {
+	case set["max-retry"] && f.maxRetry < 0:
+		return nil, nil, fmt.Errorf("--max-retry %d must be 0 or more; leave it out for asynq's default (25)", f.maxRetry)
+	case set["timeout"] && f.timeout <= 0:
+		return nil, nil, fmt.Errorf("--timeout %v must be positive; leave it out for asynq's default", f.timeout)
+	case set["retention"] && f.retention <= 0:
+		return nil, nil, fmt.Errorf("--retention %v must be positive; leave it out to keep no completed task", f.retention)
+	case set["keep"] && f.keep <= 0:
+		return nil, nil, fmt.Errorf("--keep %v must be positive; leave it out for the default (24h)", f.keep)
+	}
 	if f.maxRetry >= 0 {
 		b.Options = append(b.Options, asynq.MaxRetry(f.maxRetry))
 	}
 	if f.timeout > 0 {
 		b.Options = append(b.Options, asynq.Timeout(f.timeout))
+	}
+	if f.retention > 0 {
+		b.Options = append(b.Options, asynq.Retention(f.retention))
 	}
 	inline := []string{"rate", "burst", "algorithm", "prefix", "subject", "subject-field"}
 	if !f.pace {
@@ -280,7 +294,8 @@ func runSchedule(ctx context.Context, args []string, stderr io.Writer, getenv fu
 	fs := flag.NewFlagSet("enqueue schedule", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	config := fs.String("config", "", "schedules file (required; see README.md)")
-	runFor := fs.Duration("run-for", 0, "stop after this long (default: run until interrupted)")
+	runFor := fs.Duration("run-for", 0, "stop after this long and exit 1 if any firing failed (default: run until interrupted)")
+	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics (firings by outcome) at http://<addr>/metrics, such as :9091")
 	redisURL := fs.String("redis", "", redisHelp)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -312,7 +327,16 @@ func runSchedule(ctx context.Context, args []string, stderr io.Writer, getenv fu
 	defer rdb.Close()
 	client := asynq.NewClientFromRedisClient(rdb)
 	defer client.Close()
-	sch, err := enqueue.NewScheduler(s, enqueue.SchedulerOptions{Redis: rdb, Client: client, Logger: log})
+	firings := newFiringMetrics()
+	if *metricsAddr != "" {
+		stop, err := firings.serve(*metricsAddr, log)
+		if err != nil {
+			fail(stderr, "enqueue schedule", err)
+			return exitUsage
+		}
+		defer stop()
+	}
+	sch, err := enqueue.NewScheduler(s, enqueue.SchedulerOptions{Redis: rdb, Client: client, Logger: log, OnBatch: firings.onBatch})
 	if err != nil {
 		fail(stderr, "enqueue schedule", err)
 		return exitUsage
@@ -327,7 +351,11 @@ func runSchedule(ctx context.Context, args []string, stderr io.Writer, getenv fu
 		fail(stderr, "enqueue schedule", err)
 		return exitError
 	}
-	log.Info("enqueue: stopped")
+	log.Info("enqueue: stopped", "firings", firings.total(), "failed", firings.failed())
+	if n := firings.failed(); n > 0 && *runFor > 0 {
+		fmt.Fprintf(stderr, "enqueue schedule: %d of %d firings failed (see the log)\n", n, firings.total())
+		return exitError
+	}
 	return exitOK
 }
 

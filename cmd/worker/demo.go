@@ -15,6 +15,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobthrottle/jobthrottle/handler"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/jobthrottle/jobthrottle/worker"
 )
@@ -74,15 +75,20 @@ func (d *demo) close() {
 	_ = d.api.Shutdown(ctx)
 }
 
-func (d *demo) register(mux *asynq.ServeMux) {
-	mux.HandleFunc(TypeEcho, d.echo)
-	mux.HandleFunc(TypeAPI, d.callAPI)
+// register adds the demo task types that the rules file's handlers do
+// not run.
+func (d *demo) register(mux *asynq.ServeMux, handlers *handler.Config) {
+	for typ, f := range map[string]asynq.HandlerFunc{TypeEcho: d.echo, TypeAPI: d.callAPI} {
+		if _, ok := handlers.Handler(typ); !ok {
+			mux.Handle(typ, f)
+		}
+	}
 }
 
 func (d *demo) echo(ctx context.Context, t *asynq.Task) error {
 	var p struct {
-		Tenant  string `json:"tenant"`
-		Message string `json:"message"`
+		Tenant  tenantID `json:"tenant"`
+		Message string   `json:"message"`
 	}
 	if err := json.Unmarshal(t.Payload(), &p); err != nil {
 		return fmt.Errorf("demo:echo: payload: %v: %w", err, asynq.SkipRetry)
@@ -120,6 +126,24 @@ func (d *demo) callAPI(ctx context.Context, t *asynq.Task) error {
 	d.log.Info("demo:api", "account", p.AccountID, "status", resp.StatusCode, "waited", w.Duration.Round(time.Millisecond))
 	_, err = t.ResultWriter().Write(body)
 	return err
+}
+
+// tenantID is demo:echo's tenant, read as the rules read subjects
+// (worker.PayloadField): a JSON string, or a number as written.
+type tenantID string
+
+func (id *tenantID) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err == nil {
+		*id = tenantID(s)
+		return nil
+	}
+	var n json.Number
+	if err := json.Unmarshal(b, &n); err != nil {
+		return fmt.Errorf("tenant %s: want a string or a number", b)
+	}
+	*id = tenantID(n)
+	return nil
 }
 
 func writeResult(t *asynq.Task, v any) error {

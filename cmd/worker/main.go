@@ -1,14 +1,18 @@
 // Command worker runs an asynq worker whose tasks are throttled by a rules
-// file shared by every worker process through Redis:
+// file shared by every worker process through Redis, and run by the
+// handlers the file names (http calls and commands):
 //
 //	worker --redis redis://:password@redis:6379/0 --config rules.yaml \
 //	       --concurrency 20 --queues critical=6,default=3 --metrics-addr :9090
+//	worker --check --config rules.yaml    # validate and print the rules, connect to nothing
 //
 // Without --redis (or REDIS_URL) it starts an in-memory Redis on loopback
 // and logs its address first. Without --config it uses built-in demo
-// rules. It handles the demo task types demo:echo and demo:api (which
-// calls a local "third-party API" through throttle.Transport). SIGINT or
-// SIGTERM shut it down gracefully. See worker/README.md.
+// rules. It also handles the demo task types demo:echo and demo:api
+// (which calls a local "third-party API" through throttle.Transport).
+// SIGINT or SIGTERM shut it down gracefully. Exit status: 0 done, 1 a
+// failure at run time, 2 bad flags or a bad rules file. See
+// worker/README.md.
 package main
 
 import (
@@ -16,19 +20,63 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Exit codes, as cmd/enqueue's.
+const (
+	exitOK    = 0
+	exitError = 1 // the work failed
+	exitUsage = 2 // bad flags or files
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Getenv, os.Stderr); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			os.Exit(0)
-		}
-		fmt.Fprintln(os.Stderr, "worker:", err)
-		os.Exit(1)
-	}
+	processLogs = func(log *slog.Logger) { redis.SetLogger(redisLogger{log}) }
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(exitCode(os.Stderr, err))
 }
+
+// usageError is a mistake in the flags or the rules file: exit 2.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+// exitCode prints err, if any, as "worker: <message>" (without the
+// package prefix the message may already carry) and returns the exit
+// status for it.
+func exitCode(w io.Writer, err error) int {
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	var ue usageError
+	if errors.As(err, &ue) && ue.err == errFlagParse {
+		return exitUsage // the flag package has printed the message and usage
+	}
+	msg := err.Error()
+	for changed := true; changed; {
+		changed = false
+		for _, p := range []string{"worker: ", "handler: ", "throttle: "} {
+			if s, ok := strings.CutPrefix(msg, p); ok {
+				msg, changed = s, true
+			}
+		}
+	}
+	fmt.Fprintln(w, "worker:", msg)
+	if errors.As(err, &ue) {
+		return exitUsage
+	}
+	return exitError
+}
+
+// errFlagParse stands for an error the flag package has already printed.
+var errFlagParse = errors.New("bad flags")

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"runtime"
 	"strconv"
 	"strings"
@@ -21,7 +22,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobthrottle/jobthrottle/handler"
 	"github.com/jobthrottle/jobthrottle/internal/devredis"
+	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/jobthrottle/jobthrottle/worker"
 )
 
@@ -45,6 +48,7 @@ type options struct {
 	demoAPIRate     int
 	logLevel        slog.Level
 	logJSON         bool
+	check           bool
 }
 
 // parseFlags reads the flags, falling back to the environment for the
@@ -59,14 +63,18 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (optio
 	fs.StringVar(&o.config, "config", "", "rules file (YAML, see worker/README.md), else $JOBTHROTTLE_CONFIG; if neither, built-in demo rules")
 	fs.IntVar(&o.concurrency, "concurrency", 0, "tasks processed at once (0: the number of CPUs)")
 	fs.StringVar(&queues, "queues", "default=1", "queues to process and their priorities, such as critical=6,default=3")
-	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://<addr>/metrics, such as :9090, else $JOBTHROTTLE_METRICS_ADDR")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://<addr>/metrics, with /healthz and /readyz beside, such as :9090, else $JOBTHROTTLE_METRICS_ADDR")
 	fs.StringVar(&o.embeddedAddr, "embedded-redis-addr", "127.0.0.1:0", "where the in-memory Redis listens when no Redis URL is given")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM, how long running tasks may finish before they are put back in their queues")
 	fs.IntVar(&o.demoAPIRate, "demo-api-rate", 5, "requests per second that demo:api tasks send to the demo third-party API, across all workers")
 	fs.StringVar(&level, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&format, "log-format", "text", "text or json")
+	fs.BoolVar(&o.check, "check", false, "validate the rules file, print its rules and handlers as understood, and exit (0 if valid, 2 if not); connects to nothing")
 	if err := fs.Parse(args); err != nil {
-		return o, err
+		if errors.Is(err, flag.ErrHelp) {
+			return o, err
+		}
+		return o, usageError{errFlagParse}
 	}
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected argument %q: every setting is a flag (see -help)", fs.Arg(0))
@@ -136,10 +144,15 @@ func parseQueues(s string) (map[string]int, error) {
 }
 
 // run runs the worker until ctx ends, then shuts it down gracefully.
-func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
+// Mistakes in the flags and the rules file are usageErrors.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	o, err := parseFlags(args, getenv, stderr)
 	if err != nil {
-		return err
+		var ue usageError
+		if errors.Is(err, flag.ErrHelp) || errors.As(err, &ue) {
+			return err
+		}
+		return usageError{err}
 	}
 	hopts := &slog.HandlerOptions{Level: o.logLevel}
 	var log *slog.Logger
@@ -149,15 +162,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 		log = slog.New(slog.NewTextHandler(stderr, hopts))
 	}
 
-	// The rules first: a malformed file fails before anything starts.
-	var cfg *worker.Config
-	if o.config != "" {
-		cfg, err = worker.LoadConfig(o.config)
-	} else {
-		cfg, err = worker.ParseConfig("rules.example.yaml (built in)", exampleRules)
+	if processLogs != nil {
+		processLogs(log)
 	}
+
+	// The rules first: a malformed file fails before anything starts.
+	cfg, handlers, err := loadRules(o.config)
 	if err != nil {
 		return err
+	}
+	if o.check {
+		check(stdout, cfg, handlers)
+		return nil
 	}
 
 	rdb, closeRedis, err := connect(ctx, log, o)
@@ -168,7 +184,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	if o.config == "" {
 		log.Warn("worker: no --config or JOBTHROTTLE_CONFIG: using the built-in demo rules", "rules", ruleNames(cfg))
 	} else {
-		log.Info("worker: rules loaded", "file", o.config, "rules", ruleNames(cfg))
+		log.Info("worker: rules loaded", "file", o.config, "rules", ruleNames(cfg), "handlers", handlerNames(handlers))
 	}
 
 	reg := prometheus.NewRegistry()
@@ -188,7 +204,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	defer demo.close()
 
 	if o.metricsAddr != "" {
-		stop, err := serveMetrics(o.metricsAddr, reg, log)
+		ready, err := readiness(rdb, cfg)
+		if err != nil {
+			return err
+		}
+		stop, err := serveMetrics(o.metricsAddr, reg, ready, log)
 		if err != nil {
 			return err
 		}
@@ -197,7 +217,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 
 	mux := asynq.NewServeMux()
 	mux.Use(mw.Wrap)
-	demo.register(mux)
+	if err := handlers.Register(mux, handler.Options{Rules: cfg, Redis: rdb, Getenv: getenv, Logger: log}); err != nil {
+		return err
+	}
+	demo.register(mux, handlers)
 	srv := asynq.NewServerFromRedisClient(rdb, worker.Configure(asynq.Config{
 		Concurrency:     o.concurrency,
 		Queues:          o.queues,
@@ -223,6 +246,28 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 	return nil
 }
 
+// loadRules reads the rules file at path (the built-in demo rules if
+// path is ""): the limits and the handlers.
+func loadRules(path string) (*worker.Config, *handler.Config, error) {
+	name, data := "rules.example.yaml (built in)", exampleRules
+	if path != "" {
+		var err error
+		if data, err = os.ReadFile(path); err != nil {
+			return nil, nil, usageError{fmt.Errorf("reading the rules file: %w", err)}
+		}
+		name = path
+	}
+	cfg, err := worker.ParseConfig(name, data)
+	if err != nil {
+		return nil, nil, usageError{err}
+	}
+	handlers, err := handler.ParseConfig(name, data)
+	if err != nil {
+		return nil, nil, usageError{err}
+	}
+	return cfg, handlers, nil
+}
+
 // connect opens the Redis of o.redisURL, or starts an in-memory one (and
 // says so in the first log line), and checks that it answers.
 func connect(ctx context.Context, log *slog.Logger, o options) (redis.UniversalClient, func(), error) {
@@ -242,7 +287,7 @@ func connect(ctx context.Context, log *slog.Logger, o options) (redis.UniversalC
 	} else {
 		var err error
 		if rdb, err = worker.OpenRedis(o.redisURL); err != nil {
-			return nil, nil, err
+			return nil, nil, usageError{err}
 		}
 		closeAll = func() { _ = rdb.Close() }
 		redacted = worker.RedactURL(o.redisURL)
@@ -257,21 +302,37 @@ func connect(ctx context.Context, log *slog.Logger, o options) (redis.UniversalC
 	return rdb, closeAll, nil
 }
 
-// serveMetrics serves /metrics on addr until stop is called.
-func serveMetrics(addr string, reg *prometheus.Registry, log *slog.Logger) (stop func(), err error) {
+// serveMetrics serves /metrics, /healthz (the process is up) and /readyz
+// (ready answers nil: Redis answers and the throttle scripts run) on addr
+// until stop is called.
+func serveMetrics(addr string, reg *prometheus.Registry, ready func(context.Context) error, log *slog.Logger) (stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("-metrics-addr: %w", err)
+		return nil, usageError{fmt.Errorf("-metrics-addr: %w", err)}
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
+		defer cancel()
+		if err := ready(ctx); err != nil {
+			// The error names no password: connect() checked the URL.
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("worker: metrics server failed", "error", err)
 		}
 	}()
-	log.Info("worker: serving metrics", "url", "http://"+ln.Addr().String()+"/metrics")
+	base := "http://" + ln.Addr().String()
+	log.Info("worker: serving metrics", "url", base+"/metrics", "healthz", base+"/healthz", "readyz", base+"/readyz")
 	return func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -279,10 +340,54 @@ func serveMetrics(addr string, reg *prometheus.Registry, log *slog.Logger) (stop
 	}, nil
 }
 
+// readyTimeout bounds the checks of one /readyz request.
+const readyTimeout = 2 * time.Second
+
+// readiness returns the /readyz check: Redis answers PING, and a throttle
+// script runs under the rules' prefix (go-redis loads it if Redis has
+// lost it, say after a restart).
+func readiness(rdb redis.UniversalClient, cfg *worker.Config) (func(context.Context) error, error) {
+	lim, err := cfg.Limiter(rdb, cfg.Rules[0].Name, throttle.Options{})
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context) error {
+		if err := rdb.Ping(ctx).Err(); err != nil {
+			return fmt.Errorf("Redis does not answer: %v", err)
+		}
+		if _, err := lim.Paused(ctx, "readyz"); err != nil {
+			return fmt.Errorf("the throttle scripts do not run: %v", err)
+		}
+		return nil
+	}, nil
+}
+
 func ruleNames(c *worker.Config) []string {
 	var names []string
 	for _, r := range c.Rules {
 		names = append(names, r.Name)
+	}
+	return names
+}
+
+// processLogs, if set, routes the process-wide loggers to log: main sets
+// it so that go-redis's own lines (dial retries, pool notices) go to the
+// same logger and --log-format json gives only JSON. go-redis has one
+// logger per process, so tests, which call run in parallel, leave it nil.
+var processLogs func(log *slog.Logger)
+
+// redisLogger sends go-redis's own log lines to slog, at warn level:
+// they are about connections failing and retried.
+type redisLogger struct{ log *slog.Logger }
+
+func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	l.log.WarnContext(ctx, fmt.Sprintf(format, v...), "component", "go-redis")
+}
+
+func handlerNames(c *handler.Config) []string {
+	var names []string
+	for _, h := range c.Handlers {
+		names = append(names, h.Task)
 	}
 	return names
 }

@@ -1,0 +1,63 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/jobthrottle/jobthrottle/handler"
+	"github.com/jobthrottle/jobthrottle/throttle"
+	"github.com/jobthrottle/jobthrottle/worker"
+)
+
+// check prints the rules and handlers of a valid rules file as the worker
+// understands them, for `worker --check`: what CI runs on a rules change.
+// It connects to nothing.
+func check(w io.Writer, cfg *worker.Config, handlers *handler.Config) {
+	fmt.Fprintf(w, "%s: OK: %s, %s; prefix %q, fail_open %v\n", cfg.File, count(len(cfg.Rules), "rule"), count(len(handlers.Handlers), "handler"), cfg.Prefix, cfg.FailOpen)
+	for _, r := range cfg.Rules {
+		subject := fmt.Sprintf("payload field %q", r.Subject.PayloadField)
+		if r.Subject.PayloadField == "" {
+			subject = fmt.Sprintf("fixed %q", r.Subject.Fixed)
+		}
+		maxWait := "the task's deadline"
+		if r.MaxWait > 0 {
+			maxWait = r.MaxWait.String()
+		}
+		fmt.Fprintf(w, "rule %q (line %d): tasks %s; subject: %s; max_wait: %s\n", r.Name, r.Line, strings.Join(r.Tasks, ", "), subject, maxWait)
+		for _, l := range r.Limits {
+			fmt.Fprintf(w, "  limit %s\n", describeLimit(l))
+		}
+	}
+	for _, h := range handlers.Handlers {
+		rule := "no rule limits it"
+		if rc, ok := cfg.RuleFor(h.Task); ok {
+			rule = fmt.Sprintf("limited by rule %q", rc.Name)
+		}
+		fmt.Fprintf(w, "handler %q (line %d): %s; %s\n", h.Task, h.Line, h.Describe(), rule)
+	}
+}
+
+// describeLimit is one limit in words: "api: gcra, 20 per 1s, burst 5".
+func describeLimit(l throttle.Rule) string {
+	s := fmt.Sprintf("%s: %v, %d per %v", l.Name, l.Algorithm, l.Limit.Count, l.Limit.Period)
+	switch l.Algorithm {
+	case throttle.GCRA, throttle.TokenBucket:
+		s += fmt.Sprintf(", burst %d", l.Limit.Burst)
+	case throttle.SlidingWindow:
+		if l.Precision > 0 {
+			s += fmt.Sprintf(", precision %v", l.Precision)
+		} else {
+			s += fmt.Sprintf(", precision %v (period/20)", l.Limit.Period/20)
+		}
+	}
+	return s
+}
+
+// count is "1 rule", "2 rules".
+func count(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}

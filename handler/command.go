@@ -1,0 +1,128 @@
+package handler
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/jobthrottle/jobthrottle/worker"
+)
+
+// StderrTail is how much of the end of a failed command's stderr goes
+// into the task's error: 1 KiB.
+const StderrTail = 1 << 10
+
+// waitDelay bounds how long a command's output is awaited after it was
+// killed (its children may hold the pipes open).
+const waitDelay = 2 * time.Second
+
+// commandHandler runs one command handler.
+type commandHandler struct {
+	spec Spec
+	path string   // argv[0] looked up
+	env  []string // resolved
+	log  *slog.Logger
+}
+
+func newCommandHandler(s Spec, opts Options, log *slog.Logger) (*commandHandler, error) {
+	path, err := exec.LookPath(s.Command.Argv[0])
+	if err != nil {
+		return nil, fmt.Errorf("command: %w", err)
+	}
+	h := &commandHandler{spec: s, path: path, log: log}
+	// The worker's own environment may hold the Redis password: a command
+	// gets PATH and what its env lists, nothing else.
+	if p := opts.Getenv("PATH"); p != "" {
+		h.env = append(h.env, "PATH="+p)
+	}
+	for _, e := range s.Command.Env {
+		v, err := expandEnv(e.Value, opts.Getenv)
+		if err != nil {
+			return nil, fmt.Errorf("env %s: %w", e.Name, err)
+		}
+		h.env = append(h.env, e.Name+"="+v)
+	}
+	return h, nil
+}
+
+// ProcessTask runs the command with the task's payload on stdin.
+func (h *commandHandler) ProcessTask(ctx context.Context, task *asynq.Task) error {
+	args, err := h.args(task)
+	if err != nil {
+		return payloadError(task, err)
+	}
+	cs := h.spec.Command
+	rctx, cancel := context.WithTimeout(ctx, cs.Timeout)
+	defer cancel()
+	cmd := exec.CommandContext(rctx, h.path, args...)
+	cmd.Args[0] = cs.Argv[0]
+	cmd.Stdin = bytes.NewReader(task.Payload())
+	cmd.Env = append(slices.Clip(h.env), "JOBTHROTTLE_TASK_ID="+task.ResultWriter().TaskID(), "JOBTHROTTLE_TASK_TYPE="+task.Type())
+	stdout := &cappedBuffer{limit: h.spec.ResultLimit}
+	stderr := &tailBuffer{size: StderrTail}
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	cmd.WaitDelay = waitDelay
+	err = cmd.Run()
+	name := cs.Argv[0]
+	tail := func() string {
+		s := strings.TrimSpace(strings.ToValidUTF8(string(stderr.b), "?"))
+		if s == "" {
+			return "(no stderr)"
+		}
+		return "stderr: " + strconv.Quote(s)
+	}
+	var exitErr *exec.ExitError
+	switch {
+	case err == nil:
+		return writeResult(task, stdout.b, h.spec.ResultLimit)
+	case rctx.Err() != nil && ctx.Err() == nil:
+		return fmt.Errorf("handler: %s: killed after the timeout of %v; will retry; %s", name, cs.Timeout, tail())
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case errors.As(err, &exitErr) && exitErr.Exited():
+		code := exitErr.ExitCode()
+		if slices.Contains(cs.NoRetryExitCodes, code) {
+			h.log.Warn("handler: the command refused the task; archived", "task_id", task.ResultWriter().TaskID(), "exit_code", code)
+			return fmt.Errorf("handler: %s exited with %d (no retry); archived without retry; %s: %w", name, code, tail(), asynq.SkipRetry)
+		}
+		return fmt.Errorf("handler: %s exited with %d; will retry; %s", name, code, tail())
+	default:
+		return fmt.Errorf("handler: %s: %v; will retry; %s", name, err, tail())
+	}
+}
+
+// args returns the command's arguments after the program, each
+// placeholder argument replaced by its payload field, whole.
+func (h *commandHandler) args(task *asynq.Task) ([]string, error) {
+	argv := h.spec.Command.Argv
+	out := make([]string, 0, len(argv)-1)
+	for _, a := range argv[1:] {
+		if field, ok := wholePlaceholder(a); ok {
+			v, err := worker.PayloadField(field)(task)
+			if err != nil {
+				return nil, fmt.Errorf("argv: %v", err)
+			}
+			a = v
+		}
+		out = append(out, a)
+	}
+	return out, nil
+}
+
+// wholePlaceholder reports whether a is exactly {field}, and the field.
+func wholePlaceholder(a string) (string, bool) {
+	loc := placeholderRE.FindStringSubmatchIndex(a)
+	if loc == nil || loc[0] != 0 || loc[1] != len(a) {
+		return "", false
+	}
+	return a[loc[2]:loc[3]], true
+}

@@ -1,0 +1,518 @@
+package handler
+
+import (
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/jobthrottle/jobthrottle/internal/yamlfile"
+	"github.com/jobthrottle/jobthrottle/worker"
+)
+
+// Defaults and bounds of the handlers section.
+const (
+	// DefaultResultLimit is how much of a response body (http) or of
+	// stdout (command) becomes the task's result when result_limit is not
+	// set: 64 KiB. Longer output is cut there.
+	DefaultResultLimit = 64 << 10
+	// MaxResultLimit is the largest result_limit accepted: 1 MiB. Results
+	// are stored in Redis for the task's retention.
+	MaxResultLimit = 1 << 20
+	// DefaultHTTPTimeout bounds one HTTP request when timeout is not set.
+	DefaultHTTPTimeout = 30 * time.Second
+	// DefaultCommandTimeout bounds one command run when timeout is not set.
+	DefaultCommandTimeout = time.Minute
+	// MaxTimeout is the longest timeout accepted.
+	MaxTimeout = 24 * time.Hour
+	// DefaultNoRetryExitCode is the exit code that archives a task at once
+	// when no_retry_exit_codes is not set: 65, EX_DATAERR of sysexits.h
+	// ("the input data was incorrect").
+	DefaultNoRetryExitCode = 65
+)
+
+// Config is the handlers section of a rules file: what runs each task
+// type.
+//
+//	handlers:
+//	  - task: partner:sync
+//	    http:
+//	      method: POST
+//	      url: "https://api.partner.example/v1/accounts/{account_id}/sync"
+//	      headers: {Authorization: "Bearer ${PARTNER_TOKEN}"}
+//	      timeout: 10s
+//	  - task: report:render
+//	    command:
+//	      argv: ["/usr/local/bin/render", "--tenant", "{tenant}"]
+//	      timeout: 2m
+//
+// ParseConfig and LoadConfig return only valid configs.
+type Config struct {
+	// File is the name the config was parsed under, used in messages.
+	File string
+	// Handlers in file order; none if the file has no handlers section.
+	Handlers []Spec
+}
+
+// Spec says what runs one task type: exactly one of HTTP and Command is
+// set.
+type Spec struct {
+	Task        string // the exact task type
+	HTTP        *HTTPSpec
+	Command     *CommandSpec
+	ResultLimit int // bytes of output kept as the task's result
+	Line        int // where the handler starts in the file
+}
+
+// HTTPSpec is an http handler: the task's payload is sent as the body of
+// one request.
+type HTTPSpec struct {
+	Method string
+	// URL is the template as written. Placeholders {field} take a
+	// top-level payload field (a string or a number), escaped; they may
+	// appear in the path and the query only.
+	URL     string
+	Headers []Header // in file order
+	Timeout time.Duration
+
+	url *urlTemplate
+}
+
+// Header is one request header. Value may hold ${VAR} references to the
+// worker's environment, resolved when the handlers are built and never
+// logged.
+type Header struct {
+	Name, Value string
+}
+
+// EnvVar is one variable of a command's environment. Value may hold
+// ${VAR} references to the worker's environment.
+type EnvVar struct {
+	Name, Value string
+}
+
+// CommandSpec is a command handler: argv run without a shell, the task's
+// payload on its stdin.
+type CommandSpec struct {
+	// Argv is the program and its arguments. An argument that is exactly
+	// {field} is replaced by that payload field's value, as one whole
+	// argument; the program (Argv[0]) is always literal.
+	Argv    []string
+	Env     []EnvVar // in file order
+	Timeout time.Duration
+	// NoRetryExitCodes archive the task at once (no retry); other non-zero
+	// codes are retried.
+	NoRetryExitCodes []int
+}
+
+// LoadConfig reads the handlers section of the rules file at path.
+func LoadConfig(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("handler: reading rules file: %w", err)
+	}
+	return ParseConfig(path, data)
+}
+
+// ParseConfig reads the handlers section of a rules file (the rest of the
+// file is worker.ParseConfig's); name is used in messages. It returns a
+// *worker.ConfigError naming the line and the field for the first
+// problem found. A file without a handlers section gives an empty Config.
+func ParseConfig(name string, data []byte) (*Config, error) {
+	p := &parser{}
+	p.Reader = yamlfile.Reader{
+		Fail: func(line int, field, reason string) error {
+			return &worker.ConfigError{File: name, Line: line, Field: field, Reason: reason}
+		},
+		DurationExamples: "10s, 500ms or 2m",
+		DurationSyntax:   "(ms, s, m, h), such as 10s or 2m",
+	}
+	root, err := p.Root(data, "rules", "the file is empty")
+	if err != nil {
+		return nil, err
+	}
+	c := &Config{File: name}
+	root = yamlfile.Resolve(root)
+	if root.Kind != yaml.MappingNode {
+		return c, nil // worker.ParseConfig reports it
+	}
+	var list *yaml.Node
+	for i := 0; i+1 < len(root.Content); i += 2 {
+		if root.Content[i].Value == "handlers" {
+			list = yamlfile.Resolve(root.Content[i+1])
+		}
+	}
+	if list == nil {
+		return c, nil
+	}
+	if list.Kind != yaml.SequenceNode {
+		return nil, p.Failf(list, "handlers", "%s must be a list of handlers, each with task and http or command", yamlfile.Describe(list))
+	}
+	seen := map[string]int{}
+	for i, n := range list.Content {
+		s, err := p.spec(yamlfile.Resolve(n), "handlers["+strconv.Itoa(i+1)+"]", seen)
+		if err != nil {
+			return nil, err
+		}
+		c.Handlers = append(c.Handlers, s)
+	}
+	return c, nil
+}
+
+// Handler returns the handler of task type task.
+func (c *Config) Handler(task string) (Spec, bool) {
+	for _, s := range c.Handlers {
+		if s.Task == task {
+			return s, true
+		}
+	}
+	return Spec{}, false
+}
+
+// The fields each mapping of the handlers section may have.
+var (
+	specFields    = []string{"task", "http", "command", "result_limit"}
+	httpFields    = []string{"method", "url", "headers", "timeout"}
+	commandFields = []string{"argv", "env", "timeout", "no_retry_exit_codes"}
+)
+
+var (
+	// placeholderRE is a {field} placeholder.
+	placeholderRE = regexp.MustCompile(`\{([A-Za-z0-9_-]+)\}`)
+	// envRefRE is a ${VAR} reference.
+	envRefRE  = regexp.MustCompile(`\$\{([^}]*)\}`)
+	envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	// headerNameRE is an HTTP field name (RFC 9110 token).
+	headerNameRE = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+)
+
+type parser struct {
+	yamlfile.Reader
+}
+
+func (p *parser) spec(n *yaml.Node, path string, seen map[string]int) (Spec, error) {
+	f := func(field string) string { return yamlfile.Join(path, field) }
+	fields, err := p.Mapping(n, path, "a handler", specFields)
+	if err != nil {
+		return Spec{}, err
+	}
+	s := Spec{Line: n.Line, ResultLimit: DefaultResultLimit}
+	tn := fields["task"]
+	if tn == nil {
+		return s, p.Failf(n, f("task"), "missing; give the task type this handler runs, such as partner:sync")
+	}
+	if s.Task, err = p.Str(tn, f("task")); err != nil {
+		return s, err
+	}
+	if s.Task == "" || strings.ContainsAny(s.Task, "* \t\n") {
+		return s, p.Failf(tn, f("task"), "%q: give one exact task type, such as partner:sync (no patterns, no spaces)", s.Task)
+	}
+	if line, dup := seen[s.Task]; dup {
+		return s, p.Failf(tn, f("task"), "%q also has the handler on line %d; a task type takes one handler", s.Task, line)
+	}
+	seen[s.Task] = tn.Line
+	if v := fields["result_limit"]; v != nil {
+		if s.ResultLimit, err = p.Int(v, f("result_limit"), 0, MaxResultLimit); err != nil {
+			return s, err
+		}
+	}
+	hn, cn := fields["http"], fields["command"]
+	switch {
+	case hn != nil && cn != nil:
+		return s, p.Failf(cn, f("command"), "cannot be combined with http; a handler runs one of them")
+	case hn != nil:
+		s.HTTP, err = p.http(hn, f("http"))
+	case cn != nil:
+		s.Command, err = p.command(cn, f("command"))
+	default:
+		return s, p.Failf(n, path, "needs http (call an API) or command (run a program)")
+	}
+	return s, err
+}
+
+func (p *parser) http(n *yaml.Node, path string) (*HTTPSpec, error) {
+	f := func(field string) string { return yamlfile.Join(path, field) }
+	fields, err := p.Mapping(n, path, "http", httpFields)
+	if err != nil {
+		return nil, err
+	}
+	h := &HTTPSpec{Method: http.MethodPost, Timeout: DefaultHTTPTimeout}
+	if v := fields["method"]; v != nil {
+		if h.Method, err = p.Str(v, f("method")); err != nil {
+			return nil, err
+		}
+		switch h.Method {
+		case http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete:
+		default:
+			return nil, p.Failf(v, f("method"), "%q: use GET, POST, PUT, PATCH or DELETE (upper case)", h.Method)
+		}
+	}
+	un := fields["url"]
+	if un == nil {
+		return nil, p.Failf(n, f("url"), `missing; give the URL, such as "https://api.example.com/v1/accounts/{account_id}"`)
+	}
+	if h.URL, err = p.Str(un, f("url")); err != nil {
+		return nil, err
+	}
+	if h.url, err = parseURLTemplate(h.URL); err != nil {
+		return nil, p.Failf(un, f("url"), "%q: %v", h.URL, err)
+	}
+	if v := fields["headers"]; v != nil {
+		m, err := p.stringMap(v, f("headers"), "a mapping of header names to values, such as {Authorization: \"Bearer ${TOKEN}\"}")
+		if err != nil {
+			return nil, err
+		}
+		for _, kv := range m {
+			if !headerNameRE.MatchString(kv.name) {
+				return nil, p.Failf(kv.node, f("headers"), "%q is not a valid header name", kv.name)
+			}
+			if strings.ContainsAny(kv.value, "\r\n") {
+				return nil, p.Failf(kv.node, yamlfile.Join(f("headers"), kv.name), "must be one line")
+			}
+			h.Headers = append(h.Headers, Header{Name: http.CanonicalHeaderKey(kv.name), Value: kv.value})
+		}
+	}
+	if v := fields["timeout"]; v != nil {
+		if h.Timeout, err = p.Duration(v, f("timeout"), time.Millisecond, MaxTimeout); err != nil {
+			return nil, err
+		}
+	}
+	return h, nil
+}
+
+func (p *parser) command(n *yaml.Node, path string) (*CommandSpec, error) {
+	f := func(field string) string { return yamlfile.Join(path, field) }
+	fields, err := p.Mapping(n, path, "command", commandFields)
+	if err != nil {
+		return nil, err
+	}
+	c := &CommandSpec{Timeout: DefaultCommandTimeout, NoRetryExitCodes: []int{DefaultNoRetryExitCode}}
+	an := fields["argv"]
+	if an == nil {
+		return nil, p.Failf(n, f("argv"), `missing; give the program and its arguments as a list, such as ["/usr/local/bin/render", "--tenant", "{tenant}"]`)
+	}
+	if an.Kind != yaml.SequenceNode || len(an.Content) == 0 {
+		return nil, p.Failf(an, f("argv"), `%s must be a list of at least the program, such as ["/usr/local/bin/render", "{tenant}"]`, yamlfile.Describe(an))
+	}
+	for i, v := range an.Content {
+		v = yamlfile.Resolve(v)
+		field := f("argv[" + strconv.Itoa(i+1) + "]")
+		if v.Kind != yaml.ScalarNode || (v.ShortTag() != "!!str" && v.ShortTag() != "!!int") {
+			return nil, p.Failf(v, field, "%s must be a string", yamlfile.Describe(v))
+		}
+		if i == 0 {
+			if v.Value == "" || placeholderRE.MatchString(v.Value) {
+				return nil, p.Failf(v, field, "%q: the program must be a literal path or name, never taken from the payload", v.Value)
+			}
+		} else if _, whole := wholePlaceholder(v.Value); !whole && placeholderRE.MatchString(v.Value) {
+			return nil, p.Failf(v, field, "%q: a payload field fills a whole argument only; write it as its own element, such as [\"--tenant\", \"{tenant}\"]", v.Value)
+		}
+		c.Argv = append(c.Argv, v.Value)
+	}
+	if v := fields["env"]; v != nil {
+		m, err := p.stringMap(v, f("env"), "a mapping of variable names to values, such as {API_TOKEN: \"${API_TOKEN}\"}")
+		if err != nil {
+			return nil, err
+		}
+		for _, kv := range m {
+			if !envNameRE.MatchString(kv.name) {
+				return nil, p.Failf(kv.node, f("env"), "%q is not a variable name; use letters, digits and '_'", kv.name)
+			}
+			c.Env = append(c.Env, EnvVar{Name: kv.name, Value: kv.value})
+		}
+	}
+	if v := fields["timeout"]; v != nil {
+		if c.Timeout, err = p.Duration(v, f("timeout"), time.Millisecond, MaxTimeout); err != nil {
+			return nil, err
+		}
+	}
+	if v := fields["no_retry_exit_codes"]; v != nil {
+		if v.Kind != yaml.SequenceNode {
+			return nil, p.Failf(v, f("no_retry_exit_codes"), "%s must be a list of exit codes from 1 to 255, such as [65]; [] for none", yamlfile.Describe(v))
+		}
+		c.NoRetryExitCodes = []int{}
+		for _, cn := range v.Content {
+			code, err := p.Int(yamlfile.Resolve(cn), f("no_retry_exit_codes"), 1, 255)
+			if err != nil {
+				return nil, err
+			}
+			if !slices.Contains(c.NoRetryExitCodes, code) {
+				c.NoRetryExitCodes = append(c.NoRetryExitCodes, code)
+			}
+		}
+	}
+	return c, nil
+}
+
+type namedValue struct {
+	name, value string
+	node        *yaml.Node
+}
+
+// stringMap reads a mapping of names to string values whose ${VAR}
+// references are well formed, in file order.
+func (p *parser) stringMap(n *yaml.Node, path, what string) ([]namedValue, error) {
+	n = yamlfile.Resolve(n)
+	if n.Kind != yaml.MappingNode {
+		return nil, p.Failf(n, path, "%s must be %s", yamlfile.Describe(n), what)
+	}
+	var out []namedValue
+	seen := map[string]int{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := yamlfile.Resolve(n.Content[i]), yamlfile.Resolve(n.Content[i+1])
+		if k.Kind != yaml.ScalarNode {
+			return nil, p.Failf(k, path, "must be %s", what)
+		}
+		field := yamlfile.Join(path, k.Value)
+		if line, dup := seen[strings.ToLower(k.Value)]; dup {
+			return nil, p.Failf(k, field, "repeats the name set on line %d; give it once", line)
+		}
+		seen[strings.ToLower(k.Value)] = k.Line
+		if v.Kind != yaml.ScalarNode || v.ShortTag() == "!!null" || v.ShortTag() == "!!map" || v.ShortTag() == "!!seq" {
+			return nil, p.Failf(v, field, "%s must be a string", yamlfile.Describe(v))
+		}
+		for _, m := range envRefRE.FindAllStringSubmatch(v.Value, -1) {
+			if !envNameRE.MatchString(m[1]) {
+				return nil, p.Failf(v, field, "%q is not an environment variable reference; write ${NAME} with letters, digits and '_'", m[0])
+			}
+		}
+		out = append(out, namedValue{name: k.Value, value: v.Value, node: k})
+	}
+	return out, nil
+}
+
+// EnvRefs returns the names of the environment variables value refers to
+// with ${NAME}.
+func EnvRefs(value string) []string {
+	var names []string
+	for _, m := range envRefRE.FindAllStringSubmatch(value, -1) {
+		names = append(names, m[1])
+	}
+	return names
+}
+
+// expandEnv replaces each ${NAME} of value with getenv(NAME); a variable
+// that is unset or empty is an error naming it (never its value).
+func expandEnv(value string, getenv func(string) string) (string, error) {
+	var missing string
+	out := envRefRE.ReplaceAllStringFunc(value, func(ref string) string {
+		name := ref[2 : len(ref)-1]
+		v := getenv(name)
+		if v == "" && missing == "" {
+			missing = name
+		}
+		return v
+	})
+	if missing != "" {
+		return "", fmt.Errorf("environment variable %s is not set; set it in the worker's environment", missing)
+	}
+	return out, nil
+}
+
+// urlTemplate is a parsed http url: a fixed scheme and host, then path
+// and query parts with placeholders.
+type urlTemplate struct {
+	origin string // scheme://host[:port], never from a payload
+	parts  []urlPart
+}
+
+type urlPart struct {
+	literal string
+	field   string // a placeholder if not ""
+	query   bool   // the placeholder is in the query
+}
+
+// parseURLTemplate checks that raw is an http or https URL whose scheme
+// and host are literal, and splits the rest into parts.
+func parseURLTemplate(raw string) (*urlTemplate, error) {
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok || (scheme != "http" && scheme != "https") {
+		return nil, fmt.Errorf("must start with http:// or https://")
+	}
+	end := strings.IndexAny(rest, "/?#")
+	if end < 0 {
+		end = len(rest)
+	}
+	host := rest[:end]
+	if host == "" || strings.ContainsAny(host, "{}@") {
+		return nil, fmt.Errorf("the host must be written out in the file (no placeholders, no user:password@)")
+	}
+	tail := rest[end:]
+	if strings.Contains(tail, "#") {
+		return nil, fmt.Errorf("a URL sent to a server has no #fragment; remove it")
+	}
+	u, err := url.Parse(placeholderRE.ReplaceAllString(raw, "x"))
+	if err != nil {
+		return nil, fmt.Errorf("is not a URL: %v", err.(*url.Error).Err)
+	}
+	if u.Host != host {
+		return nil, fmt.Errorf("the host %q does not parse as one", host)
+	}
+	t := &urlTemplate{origin: scheme + "://" + host}
+	query := false
+	for len(tail) > 0 {
+		loc := placeholderRE.FindStringSubmatchIndex(tail)
+		if loc == nil {
+			t.parts = append(t.parts, urlPart{literal: tail})
+			break
+		}
+		lit := tail[:loc[0]]
+		if strings.Contains(lit, "?") {
+			query = true
+		}
+		if strings.ContainsAny(lit, "{}") {
+			return nil, fmt.Errorf("%q: a placeholder is {field} with letters, digits, '-' and '_'", lit)
+		}
+		t.parts = append(t.parts, urlPart{literal: lit}, urlPart{field: tail[loc[2]:loc[3]], query: query})
+		tail = tail[loc[1]:]
+	}
+	if last := t.parts; len(last) > 0 && strings.ContainsAny(last[len(last)-1].literal, "{}") {
+		return nil, fmt.Errorf("a placeholder is {field} with letters, digits, '-' and '_'")
+	}
+	return t, nil
+}
+
+// Describe says what s runs, in one line, for `worker --check`. It
+// names header and env variables and the ${VAR}s they come from, never
+// their values.
+func (s Spec) Describe() string {
+	var b strings.Builder
+	secrets := func(name, value string) string {
+		if refs := EnvRefs(value); len(refs) > 0 {
+			return name + " from ${" + strings.Join(refs, "}, ${") + "}"
+		}
+		return name
+	}
+	switch {
+	case s.HTTP != nil:
+		h := s.HTTP
+		fmt.Fprintf(&b, "http %s %s, timeout %v", h.Method, h.URL, h.Timeout)
+		if len(h.Headers) > 0 {
+			var names []string
+			for _, hd := range h.Headers {
+				names = append(names, secrets(hd.Name, hd.Value))
+			}
+			fmt.Fprintf(&b, ", headers: %s", strings.Join(names, "; "))
+		}
+	case s.Command != nil:
+		c := s.Command
+		fmt.Fprintf(&b, "command %q, timeout %v", c.Argv, c.Timeout)
+		if len(c.Env) > 0 {
+			var names []string
+			for _, e := range c.Env {
+				names = append(names, secrets(e.Name, e.Value))
+			}
+			fmt.Fprintf(&b, ", env: %s", strings.Join(names, "; "))
+		}
+		fmt.Fprintf(&b, ", no retry on exit codes %v", c.NoRetryExitCodes)
+	}
+	fmt.Fprintf(&b, ", result up to %d bytes", s.ResultLimit)
+	return b.String()
+}

@@ -1,0 +1,85 @@
+package handler
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/jobthrottle/jobthrottle/worker"
+)
+
+const rulesHead = "rules:\n  - {name: r, tasks: [\"x\"], subject: {fixed: s}, algorithm: gcra, limit: 1, period: 1s}\n"
+
+// Every mistake in the handlers section is a *worker.ConfigError naming
+// the line and the field, and saying what to write.
+func TestParseConfigErrors(t *testing.T) {
+	cases := []struct {
+		name, handlers, want string
+	}{
+		{"not a list", "handlers: {task: x}", `rules.yaml:3: handlers: a mapping must be a list`},
+		{"no task", "handlers:\n  - http: {url: \"https://a.example/\"}", `rules.yaml:4: handlers[1].task: missing`},
+		{"pattern task", "handlers:\n  - {task: \"x:*\", command: {argv: [ls]}}", `handlers[1].task: "x:*": give one exact task type`},
+		{"duplicate", "handlers:\n  - {task: x, command: {argv: [ls]}}\n  - {task: x, command: {argv: [ls]}}", `rules.yaml:5: handlers[2].task: "x" also has the handler on line 4`},
+		{"neither", "handlers:\n  - {task: x}", `handlers[1]: needs http (call an API) or command (run a program)`},
+		{"both", "handlers:\n  - {task: x, command: {argv: [ls]}, http: {url: \"https://a.example\"}}", `handlers[1].command: cannot be combined with http`},
+		{"unknown field", "handlers:\n  - {task: x, command: {argv: [ls], shell: true}}", `unknown field "shell" in command`},
+		{"host placeholder", "handlers:\n  - {task: x, http: {url: \"https://{host}/v1\"}}", `handlers[1].http.url: "https://{host}/v1": the host must be written out`},
+		{"userinfo", "handlers:\n  - {task: x, http: {url: \"https://u:p@a.example/v1\"}}", `no user:password@`},
+		{"scheme", "handlers:\n  - {task: x, http: {url: \"ftp://a.example/v1\"}}", `must start with http:// or https://`},
+		{"fragment", "handlers:\n  - {task: x, http: {url: \"https://a.example/v1#{id}\"}}", `no #fragment`},
+		{"method", "handlers:\n  - {task: x, http: {url: \"https://a.example/\", method: get}}", `"get": use GET, POST, PUT, PATCH or DELETE`},
+		{"header env", "handlers:\n  - {task: x, http: {url: \"https://a.example/\", headers: {A: \"${1X}\"}}}", `handlers[1].http.headers.A: "${1X}" is not an environment variable reference`},
+		{"header newline", "handlers:\n  - {task: x, http: {url: \"https://a.example/\", headers: {A: \"a\\nb\"}}}", `must be one line`},
+		{"timeout", "handlers:\n  - {task: x, http: {url: \"https://a.example/\", timeout: 0s}}", `handlers[1].http.timeout: "0s" must be at least 1ms`},
+		{"program placeholder", "handlers:\n  - {task: x, command: {argv: [\"{prog}\"]}}", `handlers[1].command.argv[1]: "{prog}": the program must be a literal`},
+		{"partial placeholder", "handlers:\n  - {task: x, command: {argv: [ls, \"--t={t}\"]}}", `handlers[1].command.argv[2]: "--t={t}": a payload field fills a whole argument only`},
+		{"exit code", "handlers:\n  - {task: x, command: {argv: [ls], no_retry_exit_codes: [0]}}", `no_retry_exit_codes: "0" must be a whole number from 1 to 255`},
+		{"result limit", "handlers:\n  - {task: x, result_limit: 2000000, command: {argv: [ls]}}", `result_limit: "2000000" must be a whole number from 0 to 1048576`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			data := []byte(rulesHead + c.handlers + "\n")
+			if _, err := worker.ParseConfig("rules.yaml", data); err != nil {
+				t.Fatalf("worker.ParseConfig refuses the handlers section: %v", err)
+			}
+			_, err := ParseConfig("rules.yaml", data)
+			var ce *worker.ConfigError
+			if !errors.As(err, &ce) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("got %v; want a *worker.ConfigError containing %q", err, c.want)
+			}
+		})
+	}
+}
+
+func TestParseConfigDefaultsAndDescribe(t *testing.T) {
+	data := []byte(rulesHead + `handlers:
+  - task: partner:sync
+    http:
+      url: "https://api.example.com/v1/a/{id}?q={q}"
+      headers: {Authorization: "Bearer ${TOKEN}", Accept: application/json}
+  - task: report:render
+    command: {argv: [render, "{tenant}"], env: {KEY: "${KEY}"}}
+`)
+	c, err := ParseConfig("rules.yaml", data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, ok := c.Handler("partner:sync")
+	if !ok || h.HTTP.Method != "POST" || h.HTTP.Timeout != DefaultHTTPTimeout || h.ResultLimit != DefaultResultLimit {
+		t.Fatalf("http defaults: %+v", h)
+	}
+	got := h.Describe()
+	want := `http POST https://api.example.com/v1/a/{id}?q={q}, timeout 30s, headers: Authorization from ${TOKEN}; Accept, result up to 65536 bytes`
+	if got != want {
+		t.Errorf("Describe:\n got %s\nwant %s", got, want)
+	}
+	cmd, _ := c.Handler("report:render")
+	if got, want := cmd.Describe(), `command ["render" "{tenant}"], timeout 1m0s, env: KEY from ${KEY}, no retry on exit codes [65], result up to 65536 bytes`; got != want {
+		t.Errorf("Describe:\n got %s\nwant %s", got, want)
+	}
+	if err := c.Register(asynq.NewServeMux(), Options{Getenv: func(string) string { return "" }}); err == nil || !strings.Contains(err.Error(), "environment variable TOKEN is not set") {
+		t.Errorf("Register with TOKEN unset: %v", err)
+	}
+}

@@ -1,0 +1,285 @@
+package handler
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/jobthrottle/jobthrottle/throttle"
+	"github.com/jobthrottle/jobthrottle/worker"
+)
+
+// DefaultRetryAfter is how long a task is deferred when the upstream
+// answers 429 or 503 without a Retry-After header (and no pause is
+// running).
+const DefaultRetryAfter = 5 * time.Second
+
+// pausedTimeout bounds the look-up of a pause after a 429, which
+// outlives the request's context.
+const pausedTimeout = 2 * time.Second
+
+// ExcerptLimit is how much of a rejected response's body goes into the
+// task's error: 512 bytes.
+const ExcerptLimit = 512
+
+// httpHandler runs one http handler.
+type httpHandler struct {
+	spec    Spec
+	url     *urlTemplate
+	headers http.Header
+	client  *http.Client
+	log     *slog.Logger
+	// rule, subject and lim are set when a rule limits the task type:
+	// a 429 or 503 pauses lim for the task's subject.
+	rule    string
+	subject worker.Subject
+	lim     *throttle.Limiter
+}
+
+// subjectKey carries a request's subject to the transport.
+type subjectKey struct{}
+
+func newHTTPHandler(s Spec, opts Options, log *slog.Logger) (*httpHandler, error) {
+	u := s.HTTP.url
+	if u == nil { // a Spec built in code rather than parsed
+		var err error
+		if u, err = parseURLTemplate(s.HTTP.URL); err != nil {
+			return nil, fmt.Errorf("url %q: %w", s.HTTP.URL, err)
+		}
+	}
+	h := &httpHandler{spec: s, url: u, headers: http.Header{}, log: log}
+	for _, hd := range s.HTTP.Headers {
+		v, err := expandEnv(hd.Value, opts.Getenv)
+		if err != nil {
+			return nil, fmt.Errorf("header %s: %w", hd.Name, err)
+		}
+		h.headers.Add(hd.Name, v)
+	}
+	base := opts.Base
+	if base == nil {
+		base = http.DefaultTransport.(*http.Transport).Clone()
+	}
+	rt := base
+	if opts.Rules != nil {
+		if rc, ok := opts.Rules.RuleFor(s.Task); ok {
+			lim, err := opts.Rules.Limiter(opts.Redis, rc.Name, throttle.Options{Logger: log})
+			if err != nil {
+				return nil, err
+			}
+			tr, err := throttle.NewTransport(lim, throttle.TransportOptions{
+				NoWait: true, // the middleware admitted the task
+				// A limit learned from the upstream may be slower than the
+				// rule: wait for it in the slot no longer than the rule
+				// lets a task wait, else defer the task.
+				MaxLearnedWait: rc.MaxWait,
+				Base:           base,
+				Subject: func(req *http.Request) string {
+					s, _ := req.Context().Value(subjectKey{}).(string)
+					return s
+				},
+				OnPause: func(subject string, d time.Duration, err error) {
+					if err != nil {
+						log.Error("handler: the upstream asked to slow down, but the pause could not be recorded in Redis", "rule", rc.Name, "subject", subject, "pause", d, "error", err)
+						return
+					}
+					log.Warn("handler: the upstream asked to slow down; every worker pauses", "rule", rc.Name, "subject", subject, "pause", d)
+				},
+			})
+			if err != nil {
+				return nil, err
+			}
+			h.rule, h.subject, h.lim, rt = rc.Name, rc.Subject.Subject(), lim, tr
+		}
+	}
+	h.client = &http.Client{
+		Transport: rt,
+		// A redirect could take the worker's headers to another host.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+	return h, nil
+}
+
+// ProcessTask sends the task's request. A deferral for a task with no
+// retry left would archive it, so such a task waits in its slot for the
+// upstream's time instead, if its deadline allows, and tries again.
+func (h *httpHandler) ProcessTask(ctx context.Context, task *asynq.Task) error {
+	for {
+		err := h.send(ctx, task)
+		var te *worker.ThrottledError
+		if !errors.As(err, &te) || !noRetryLeft(ctx) {
+			return err
+		}
+		if dl, ok := ctx.Deadline(); ok && te.RetryAt.After(dl) {
+			return err
+		}
+		t := time.NewTimer(time.Until(te.RetryAt))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+	}
+}
+
+func (h *httpHandler) send(ctx context.Context, task *asynq.Task) error {
+	target, err := h.url.expand(task)
+	if err != nil {
+		return payloadError(task, err)
+	}
+	subject := ""
+	if h.subject != nil {
+		if subject, err = h.subject(task); err != nil {
+			return payloadError(task, err)
+		}
+		ctx = context.WithValue(ctx, subjectKey{}, subject)
+		// A task that slept until its slot may have been overtaken by a
+		// pause another worker recorded meanwhile: then it does not send.
+		if w, ok := worker.WaitedFrom(ctx); ok && w.Duration > 0 {
+			if left, err := h.lim.Paused(ctx, subject); err == nil && left > 0 {
+				return &worker.ThrottledError{Rule: h.rule, Subject: subject, RetryAt: time.Now().Add(left),
+					Err: fmt.Errorf("handler: %s is paused: its upstream asked every worker to slow down", h.url.origin)}
+			}
+		}
+	}
+	rctx, cancel := context.WithTimeout(ctx, h.spec.HTTP.Timeout)
+	defer cancel()
+	var body io.Reader
+	if h.spec.HTTP.Method != http.MethodGet {
+		body = bytes.NewReader(task.Payload())
+	}
+	req, err := http.NewRequestWithContext(rctx, h.spec.HTTP.Method, target, body)
+	if err != nil {
+		return payloadError(task, err)
+	}
+	req.Header = h.headers.Clone()
+	if body != nil && req.Header.Get("Content-Type") == "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	what := h.spec.HTTP.Method + " " + h.url.origin
+	resp, err := h.client.Do(req)
+	var de *throttle.DelayError
+	if errors.As(err, &de) {
+		// The upstream's learned limit has no slot for this request soon
+		// enough: nothing was sent; come back at its slot.
+		return &worker.ThrottledError{Rule: h.rule, Subject: subject, RetryAt: time.Now().Add(de.RetryAfter), Err: de}
+	}
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // the URL may carry payload data; the origin says enough
+		}
+		if rctx.Err() != nil && ctx.Err() == nil {
+			return fmt.Errorf("handler: %s: no answer within the timeout of %v; will retry", what, h.spec.HTTP.Timeout)
+		}
+		return fmt.Errorf("handler: %s: %v; will retry", what, err)
+	}
+	defer resp.Body.Close()
+	out, readErr := io.ReadAll(io.LimitReader(resp.Body, int64(max(h.spec.ResultLimit, ExcerptLimit))+1))
+	_, _ = io.CopyN(io.Discard, resp.Body, 64<<10) // let the connection be reused
+	code := resp.StatusCode
+	switch {
+	case code >= 200 && code < 300:
+		if readErr != nil {
+			return fmt.Errorf("handler: %s: reading the answer: %v; will retry", what, readErr)
+		}
+		return writeResult(task, out, h.spec.ResultLimit)
+	case code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable:
+		return h.throttled(ctx, task, subject, resp, out)
+	case code >= 500:
+		return fmt.Errorf("handler: %s answered %s: %s; will retry", what, resp.Status, excerpt(out))
+	default: // 3xx (not followed) and 4xx
+		h.log.Warn("handler: the upstream rejected the request; task archived", "task_id", task.ResultWriter().TaskID(), "status", code)
+		return fmt.Errorf("handler: %s answered %s: %s; archived without retry: %w", what, resp.Status, excerpt(out), asynq.SkipRetry)
+	}
+}
+
+// throttled defers a task whose upstream asked to slow down, until the
+// pause the transport recorded ends (or Retry-After, without a rule).
+func (h *httpHandler) throttled(ctx context.Context, task *asynq.Task, subject string, resp *http.Response, body []byte) error {
+	now := time.Now()
+	wait := time.Duration(0)
+	if h.lim != nil {
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pausedTimeout)
+		if left, err := h.lim.Paused(pctx, subject); err == nil {
+			wait = left
+		}
+		cancel()
+	}
+	if wait <= 0 {
+		date := now
+		if d, err := http.ParseTime(resp.Header.Get("Date")); err == nil {
+			date = d
+		}
+		if d, ok := throttle.ParseRetryAfter(resp.Header.Get("Retry-After"), date); ok && d > 0 {
+			wait = d
+		}
+	}
+	if wait <= 0 {
+		wait = DefaultRetryAfter
+	}
+	retryAt := now.Add(wait)
+	h.log.Info("handler: deferred until the upstream's time", "task_id", task.ResultWriter().TaskID(), "status", resp.StatusCode, "retry_at", retryAt.UTC().Format(time.RFC3339Nano))
+	return &worker.ThrottledError{
+		Rule: h.rule, Subject: subject, RetryAt: retryAt,
+		Err: fmt.Errorf("handler: %s %s answered %s: %s", h.spec.HTTP.Method, h.url.origin, resp.Status, excerpt(body)),
+	}
+}
+
+// excerpt is the start of a response body, for errors: at most
+// ExcerptLimit bytes of valid UTF-8 on one line.
+func excerpt(b []byte) string {
+	if len(b) > ExcerptLimit {
+		b = b[:ExcerptLimit]
+		for len(b) > 0 && !utf8.Valid(b) {
+			b = b[:len(b)-1]
+		}
+	}
+	s := strings.Join(strings.Fields(strings.ToValidUTF8(string(b), "?")), " ")
+	if s == "" {
+		return "(empty body)"
+	}
+	return fmt.Sprintf("%q", s)
+}
+
+// expand fills the template's placeholders from task's payload: path
+// values escaped as one path segment ("." and ".." refused), query values
+// as query values. The scheme and host are the template's.
+func (t *urlTemplate) expand(task *asynq.Task) (string, error) {
+	var b strings.Builder
+	b.WriteString(t.origin)
+	for _, p := range t.parts {
+		if p.field == "" {
+			b.WriteString(p.literal)
+			continue
+		}
+		v, err := worker.PayloadField(p.field)(task)
+		if err != nil {
+			return "", fmt.Errorf("url: %v", err)
+		}
+		if p.query {
+			b.WriteString(url.QueryEscape(v))
+			continue
+		}
+		if v == "." || v == ".." {
+			return "", fmt.Errorf("url: payload field %q is %q, which is not a path segment", p.field, v)
+		}
+		b.WriteString(url.PathEscape(v))
+	}
+	s := b.String()
+	// Defence in depth: the origin cannot change.
+	if u, err := url.Parse(s); err != nil || u.Scheme+"://"+u.Host != t.origin {
+		return "", fmt.Errorf("url: the payload values do not make a URL under %s", t.origin)
+	}
+	return s, nil
+}
