@@ -2,6 +2,7 @@ package handler
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/jobthrottle/jobthrottle/worker"
 )
@@ -80,8 +82,9 @@ func newHTTPHandler(s Spec, opts Options, log *slog.Logger) (*httpHandler, error
 				NoWait: true, // the middleware admitted the task
 				// A limit learned from the upstream may be slower than the
 				// rule: wait for it in the slot no longer than the rule
-				// lets a task wait, else defer the task.
-				MaxLearnedWait: rc.MaxWait,
+				// lets a task wait (its default, if unset), else defer the
+				// task.
+				MaxLearnedWait: cmp.Or(rc.MaxWait, admission.DefaultMaxWait),
 				Base:           base,
 				Subject: func(req *http.Request) string {
 					s, _ := req.Context().Value(subjectKey{}).(string)

@@ -118,6 +118,7 @@ type taskRun struct {
 	subject     string
 	cost        int
 	lastAttempt bool
+	byMaxWait   bool // the wait in place was bounded by the rule's MaxWait, not the deadline
 	start       time.Time
 	log         *slog.Logger
 }
@@ -209,6 +210,8 @@ func (m *Middleware) waitInPlace(ctx context.Context, t *taskRun) (Wait, error) 
 		var cancelEnd context.CancelFunc
 		wctx, cancelEnd = context.WithDeadline(wctx, end)
 		defer cancelEnd()
+		dl, hasDeadline := ctx.Deadline()
+		t.byMaxWait = canDefer && r.MaxWait > 0 && (!hasDeadline || end.Before(dl.Add(-min(deadlineMargin, max(dl.Sub(t.start), 0)/4))))
 	}
 	m.metrics.waiting(r.Name, 1)
 	err := r.Limiter.WaitN(wctx, t.subject, t.cost)
@@ -240,6 +243,11 @@ func (m *Middleware) notAdmitted(ctx, wctx context.Context, t *taskRun, err erro
 		return ctx.Err()
 	case errors.As(err, &delay):
 		retryAt = now.Add(delay.RetryAfter)
+		if delay.Deadline && t.byMaxWait {
+			// The limiter saw a context deadline, but that deadline was
+			// the rule's max_wait: say so.
+			err = &maxWaitError{after: delay.RetryAfter, maxWait: r.MaxWait}
+		}
 	case errors.Is(err, throttle.ErrRedis):
 		outcome = OutcomeError
 		retryAt = now.Add(m.redisRetry)
@@ -251,7 +259,11 @@ func (m *Middleware) notAdmitted(ctx, wctx context.Context, t *taskRun, err erro
 		// The bound passed while the task was queued behind others in
 		// this process (window rules waiting in place): no admission
 		// time is known, so defer it by as long as it has waited.
-		err = fmt.Errorf("worker: the wait for a turn reached the rule's max_wait or the task's deadline while queued behind others: %w", wctx.Err())
+		bound := "the task's deadline"
+		if t.byMaxWait {
+			bound = fmt.Sprintf("the rule's max_wait of %v", r.MaxWait)
+		}
+		err = fmt.Errorf("worker: the wait for a turn reached %s while queued behind others in this process: %w", bound, wctx.Err())
 		retryAt = now.Add(now.Sub(t.start))
 	case errors.Is(err, throttle.ErrInvalidSubject):
 		m.metrics.decided(r.Name, OutcomeError)
@@ -349,3 +361,14 @@ func waitEnd(ctx context.Context, maxWait time.Duration, start time.Time, canDef
 	}
 	return end, !end.IsZero()
 }
+
+// maxWaitError is the cause of a deferral whose turn is past the rule's
+// MaxWait (a limiter that cannot book, waiting in place). It matches
+// throttle.ErrMaxWait.
+type maxWaitError struct{ after, maxWait time.Duration }
+
+func (e *maxWaitError) Error() string {
+	return fmt.Sprintf("worker: its turn, in %v, is past the rule's max_wait of %v", e.after.Round(time.Millisecond), e.maxWait)
+}
+
+func (e *maxWaitError) Unwrap() error { return throttle.ErrMaxWait }

@@ -197,28 +197,34 @@ func TestPayloadField(t *testing.T) {
 func TestDeferral(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
+		maxWait   time.Duration
 		err       error
 		wantAt    time.Duration
 		wantCause error
 		outcome   string
+		wantText  string
 	}{
-		{"past max wait", &throttle.DelayError{Rule: "stripe", RetryAfter: 3 * time.Second}, 3 * time.Second, throttle.ErrMaxWait, OutcomeDeferred},
-		{"past deadline", &throttle.DelayError{Rule: "stripe", RetryAfter: time.Minute, Deadline: true}, time.Minute, context.DeadlineExceeded, OutcomeDeferred},
-		{"redis down", fmt.Errorf("%w eval: connection refused", throttle.ErrRedis), 7 * time.Second, throttle.ErrRedis, OutcomeError},
+		// The limiter sees the deadline the middleware set for max_wait;
+		// the cause names max_wait, not a context deadline.
+		{"past max wait", time.Second, &throttle.DelayError{Rule: "stripe", RetryAfter: 3 * time.Second, Deadline: true}, 3 * time.Second, throttle.ErrMaxWait, OutcomeDeferred,
+			"worker: its turn, in 3s, is past the rule's max_wait of 1s"},
+		{"past deadline", 0, &throttle.DelayError{Rule: "stripe", RetryAfter: time.Minute, Deadline: true}, time.Minute, context.DeadlineExceeded, OutcomeDeferred,
+			"is past the context deadline"},
+		{"redis down", time.Second, fmt.Errorf("%w eval: connection refused", throttle.ErrRedis), 7 * time.Second, throttle.ErrRedis, OutcomeError, "connection refused"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				start := time.Now()
 				m, _ := NewMetrics(prometheus.NewRegistry())
 				f := &fakeWaiter{wait: func(context.Context, string) error { return tc.err }}
-				_, called, err := run(t, context.Background(), []Rule{{Name: "stripe", Tasks: []string{"stripe:*"}, Limiter: f, Subject: PayloadField("acct"), MaxWait: time.Second}},
+				_, called, err := run(t, context.Background(), []Rule{{Name: "stripe", Tasks: []string{"stripe:*"}, Limiter: f, Subject: PayloadField("acct"), MaxWait: tc.maxWait}},
 					asynq.NewTask("stripe:charge", []byte(`{"acct": "acct_42"}`)), WithMetrics(m), WithRedisRetryDelay(7*time.Second))
 				var te *ThrottledError
 				if called || !errors.As(err, &te) {
 					t.Fatalf("got %v (handler ran: %v); want a *ThrottledError", err, called)
 				}
-				if te.Rule != "stripe" || te.Subject != "acct_42" || !te.RetryAt.Equal(start.Add(tc.wantAt)) || !errors.Is(err, tc.wantCause) {
-					t.Errorf("got %+v; want rule stripe, subject acct_42, RetryAt start+%v, cause %v", te, tc.wantAt, tc.wantCause)
+				if te.Rule != "stripe" || te.Subject != "acct_42" || !te.RetryAt.Equal(start.Add(tc.wantAt)) || !errors.Is(err, tc.wantCause) || !strings.Contains(err.Error(), tc.wantText) {
+					t.Errorf("got %+v; want rule stripe, subject acct_42, RetryAt start+%v, cause %v, saying %q", te, tc.wantAt, tc.wantCause, tc.wantText)
 				}
 				if IsFailure(err) {
 					t.Error("IsFailure(deferral) = true")
