@@ -41,7 +41,8 @@ type AdmitRequest struct {
 	// Tolerance is how late a caller may come back for its booking or
 	// receipt: one that comes later takes a new turn, and its old slot
 	// (long past) is not redeemed, so a fleet that was down does not run
-	// its overdue work in one burst. Required: at least 1µs.
+	// its overdue work in one burst. Required: at least 1µs. (A booking
+	// whose slot falls inside a pause, PauseFor, is not redeemed either.)
 	Tolerance time.Duration
 }
 
@@ -130,7 +131,7 @@ func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error
 	if err != nil {
 		return Admission{}, err
 	}
-	keys = append(keys, l.receiptsKey(req.Subject))
+	keys = append(keys, l.receiptsKey(req.Subject), l.pauseKey(req.Subject))
 	booking := ""
 	switch {
 	case req.BookAs != "":

@@ -242,3 +242,45 @@ func TestAdmitCancelRefunds(t *testing.T) {
 		})
 	}
 }
+
+// TestAdmitPauseDropsBookings pauses a subject (the upstream answered 429)
+// while turns are booked: a booking whose turn falls inside the pause is not
+// redeemed, its caller takes a new turn after the pause; one booked past
+// the pause is redeemed as usual.
+func TestAdmitPauseDropsBookings(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := context.Background()
+		l := mustNew(t, rdb, Options{}, Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(10).WithBurst(1)})
+		req := func(id string, wait time.Duration) AdmitRequest {
+			return AdmitRequest{Subject: "s", N: 1, ID: id, Wait: wait, Tolerance: 50 * ms}
+		}
+		slots := map[string]time.Duration{}
+		for i := range 10 {
+			id := fmt.Sprint("t", i)
+			a, err := l.Admit(ctx, req(id, 0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			slots[id] = a.Delay
+		}
+		if slots["t3"] != 300*ms || slots["t9"] != 900*ms {
+			t.Fatalf("slots %v; want 100ms apart", slots)
+		}
+		if err := l.PauseFor(ctx, "s", 500*ms); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(300 * ms)
+		// t3's turn (300ms) is inside the pause (until 500ms): a new turn,
+		// after every booking already made.
+		a, err := l.Admit(ctx, req("t3", 0))
+		if err != nil || a.Status != Booked || a.Delay < 700*ms {
+			t.Errorf("t3 at its turn inside the pause: %+v, %v; want a new turn after the others", a, err)
+		}
+		// t7's turn (700ms) is after the pause: held, then redeemed.
+		time.Sleep(400 * ms)
+		a, err = l.Admit(ctx, req("t7", 0))
+		if err != nil || a.Status != Redeemed {
+			t.Errorf("t7 at its turn after the pause: %+v, %v; want redeemed", a, err)
+		}
+	})
+}

@@ -21,7 +21,9 @@
 -- prepay only, after the rules:
 --   ARGV[4 + 5r] -> the receipt: id and rule names, a sorted-set member
 --   ARGV[5 + 5r] -> how long the receipt is kept after its slot, microseconds
--- admit only (KEYS[r+1] is the receipt set, as for prepay), after the rules:
+-- admit only (KEYS[r+1] is the receipt set, as for prepay, and KEYS[r+2] the
+-- pause key: a booking is not redeemed while the subject is paused), after
+-- the rules:
 --   ARGV[4 + 5r] -> the member to book a new turn under: an id and the
 --                   rule names ('' if the caller cannot book)
 --   ARGV[5 + 5r] -> tolerance, microseconds: a booking or receipt whose slot
@@ -34,7 +36,7 @@
 -- refund only, after the rules: more reservations to give back in the same
 -- call, each as 1 + r values: its n, then its ticket for each rule
 -- The number of rules r is floor((#ARGV - 3) / 5), for refund (#KEYS - 1) / 2,
--- for admit #KEYS - 1.
+-- for admit #KEYS - 2.
 --
 -- allow and reserve return
 --   {ok (1/0), deciding rule index (1-based), remaining, delay microseconds,
@@ -73,7 +75,7 @@ local op = ARGV[1]
 local n = tonumber(ARGV[2])
 local max_wait = tonumber(ARGV[3])
 local nrules = math.floor((#ARGV - 3) / 5)
-if op == 'admit' then nrules = #KEYS - 1 end
+if op == 'admit' then nrules = #KEYS - 2 end
 
 -- one_check and one_commit (a script of one algorithm) or checks and
 -- commits (by algorithm name) come from the use_*.lua file before this one.
@@ -150,8 +152,16 @@ if op == 'admit' then
   local rkey, b = KEYS[nrules + 1], 4 + 5 * nrules
   local booking, tol = ARGV[b], tonumber(ARGV[b + 1])
   redis.call('ZREMRANGEBYSCORE', rkey, '-inf', '(' .. string.format('%d', now - tol))
+  -- A booking whose turn falls inside a pause (the upstream said stop) is
+  -- not redeemed: it is dropped and its caller takes a new turn, which the
+  -- pause has moved past its end.
+  local pause_end = tonumber(redis.call('GET', KEYS[nrules + 2])) or 0
   for i = b + 3, #ARGV do
     local slot = tonumber(redis.call('ZSCORE', rkey, ARGV[i]))
+    if slot and slot < pause_end then
+      redis.call('ZREM', rkey, ARGV[i])
+      slot = nil
+    end
     if slot then
       local d = slot - now
       if d < 0 then d = 0 end
