@@ -407,21 +407,10 @@ func (p *parser) ruleConfig(n *yaml.Node, i int, names map[string]int, owner map
 			r.Limits = append(r.Limits, b)
 			continue
 		}
-		ln2 := lf["name"]
-		if ln2 == nil {
-			return r, p.Failf(ln, yamlfile.Join(path, "name"), "missing; give each limit of a policy a name (%s)", nameRule)
-		}
-		name, err := p.Str(ln2, yamlfile.Join(path, "name"))
+		name, err := p.listName(ln, lf["name"], path, "limit of a policy", "within a rule", seen)
 		if err != nil {
 			return r, err
 		}
-		if !nameRE.MatchString(name) {
-			return r, p.Failf(ln2, yamlfile.Join(path, "name"), "%q: use %s", name, nameRule)
-		}
-		if line, dup := seen[name]; dup {
-			return r, p.Failf(ln2, yamlfile.Join(path, "name"), "%q is also the name of the limit on line %d; names must be unique within a rule", name, line)
-		}
-		seen[name] = ln2.Line
 		l, err := p.limit(ln, lf, path, r.Name+"."+name)
 		if err != nil {
 			return r, err
@@ -507,21 +496,10 @@ func (p *parser) budgets(n *yaml.Node) ([]throttle.Rule, error) {
 		if err != nil {
 			return nil, err
 		}
-		nn := bf["name"]
-		if nn == nil {
-			return nil, p.Failf(bn, yamlfile.Join(path, "name"), "missing; give each budget a name (%s)", nameRule)
-		}
-		name, err := p.Str(nn, yamlfile.Join(path, "name"))
+		name, err := p.listName(bn, bf["name"], path, "budget", "", seen)
 		if err != nil {
 			return nil, err
 		}
-		if !nameRE.MatchString(name) {
-			return nil, p.Failf(nn, yamlfile.Join(path, "name"), "%q: use %s", name, nameRule)
-		}
-		if line, dup := seen[name]; dup {
-			return nil, p.Failf(nn, yamlfile.Join(path, "name"), "%q is also the name of the budget on line %d; names must be unique", name, line)
-		}
-		seen[name] = nn.Line
 		b, err := p.limit(bn, bf, path, name)
 		if err != nil {
 			return nil, err
@@ -529,6 +507,29 @@ func (p *parser) budgets(n *yaml.Node) ([]throttle.Rule, error) {
 		out = append(out, b)
 	}
 	return out, nil
+}
+
+// listName reads the name (node nn) of the list entry at n and path: a
+// limit of a policy or a budget (what), unique among those seen (within
+// says where, for the message).
+func (p *parser) listName(n, nn *yaml.Node, path, what, within string, seen map[string]int) (string, error) {
+	field := yamlfile.Join(path, "name")
+	if nn == nil {
+		return "", p.Failf(n, field, "missing; give each %s a name (%s)", what, nameRule)
+	}
+	name, err := p.Str(nn, field)
+	if err != nil {
+		return "", err
+	}
+	if !nameRE.MatchString(name) {
+		return "", p.Failf(nn, field, "%q: use %s", name, nameRule)
+	}
+	if line, dup := seen[name]; dup {
+		what, _, _ = strings.Cut(what, " ")
+		return "", p.Failf(nn, field, "%q is also the name of the %s on line %d; names must be unique%s", name, what, line, strings.TrimSuffix(" "+within, " "))
+	}
+	seen[name] = nn.Line
+	return name, nil
 }
 
 // budget reads a reference to a budget of the file.
