@@ -1,5 +1,24 @@
 package throttle
 
+import "fmt"
+
+// validateBurst checks the burst of a bucket rule (TokenBucket, GCRA).
+func validateBurst(r Rule) error {
+	l := r.Limit
+	bad := func(reason string) error {
+		return &ConfigError{Rule: r.Name, Field: "burst", Reason: fmt.Sprintf("%v %s", l.Burst, reason)}
+	}
+	switch {
+	case l.Burst < 1:
+		return bad("must be at least 1 (PerSecond and friends set it to the count)")
+	case l.Burst > MaxCount:
+		return bad(fmt.Sprintf("must be at most %d", MaxCount))
+	case float64(l.Burst)*float64(l.Period)/float64(l.Count) > float64(MaxPeriod):
+		return bad(fmt.Sprintf("burst × period / count must be at most %v", MaxPeriod))
+	}
+	return nil
+}
+
 // lowestTerms reduces a bucket rule's count and period (µs) by their
 // greatest common divisor before they reach the script. The interval T =
 // period / count is unchanged; bucket.lua keeps every time as a whole

@@ -70,7 +70,10 @@ func FromRate(perSecond float64, burst int) (Limit, error) {
 		}
 		if r := math.Round(c); r >= 1 && math.Abs(c-r) <= 1e-9*c {
 			l := Limit{Count: int(r), Period: time.Duration(scale * float64(time.Second)), Burst: burst}
-			return l, l.validate(TokenBucket)
+			if err := l.validate(); err != nil {
+				return l, err
+			}
+			return l, validateBurst(Rule{Limit: l})
 		}
 	}
 	return Limit{}, fmt.Errorf("throttle: rate %v per second cannot be expressed as a whole count per period up to %v", perSecond, MaxPeriod)
@@ -89,8 +92,8 @@ func (l Limit) String() string {
 	return fmt.Sprintf("%d per %v (burst %d)", l.Count, l.Period, l.Burst)
 }
 
-// validate reports the first invalid field of l for algorithm a.
-func (l Limit) validate(a Algorithm) error {
+// validate reports the first invalid field that every limit checks.
+func (l Limit) validate() error {
 	switch {
 	case l.Count < 1:
 		return fieldError("count", l.Count, "must be at least 1")
@@ -100,18 +103,6 @@ func (l Limit) validate(a Algorithm) error {
 		return fieldError("period", l.Period, "must be at least 1µs")
 	case l.Period > MaxPeriod:
 		return fieldError("period", l.Period, fmt.Sprintf("must be at most %v", MaxPeriod))
-	case a == SlidingLog && l.Count > MaxLogCount:
-		return fieldError("count", l.Count, fmt.Sprintf("must be at most %d for sliding_log, which stores every permit; use sliding_window", MaxLogCount))
-	}
-	if a.bucket() {
-		switch {
-		case l.Burst < 1:
-			return fieldError("burst", l.Burst, "must be at least 1 (PerSecond and friends set it to the count)")
-		case l.Burst > MaxCount:
-			return fieldError("burst", l.Burst, fmt.Sprintf("must be at most %d", MaxCount))
-		case float64(l.Burst)*float64(l.Period)/float64(l.Count) > float64(MaxPeriod):
-			return fieldError("burst", l.Burst, fmt.Sprintf("burst × period / count must be at most %v", MaxPeriod))
-		}
 	}
 	return nil
 }
@@ -145,45 +136,6 @@ const (
 	GCRA
 )
 
-var algorithmNames = map[Algorithm]string{
-	FixedWindow:   "fixed_window",
-	SlidingLog:    "sliding_log",
-	SlidingWindow: "sliding_window",
-	TokenBucket:   "token_bucket",
-	GCRA:          "gcra",
-}
-
-// String returns the algorithm's name as used in rules files: fixed_window,
-// sliding_log, sliding_window, token_bucket or gcra.
-func (a Algorithm) String() string {
-	if s, ok := algorithmNames[a]; ok {
-		return s
-	}
-	return fmt.Sprintf("Algorithm(%d)", int(a))
-}
-
-// ParseAlgorithm returns the algorithm named s. It also accepts
-// "leaky_bucket" for GCRA and "sliding_window_counter" for SlidingWindow,
-// with dashes or underscores, in any case.
-func ParseAlgorithm(s string) (Algorithm, error) {
-	norm := strings.ReplaceAll(strings.ToLower(strings.TrimSpace(s)), "-", "_")
-	switch norm {
-	case "leaky_bucket":
-		return GCRA, nil
-	case "sliding_window_counter":
-		return SlidingWindow, nil
-	}
-	for a, name := range algorithmNames {
-		if name == norm {
-			return a, nil
-		}
-	}
-	return 0, fmt.Errorf("throttle: unknown algorithm %q: use fixed_window, sliding_log, sliding_window, token_bucket or gcra (leaky_bucket)", s)
-}
-
-// bucket reports whether a can reserve future permits.
-func (a Algorithm) bucket() bool { return a == TokenBucket || a == GCRA }
-
 // Rule is one named limit over a subject.
 type Rule struct {
 	// Name identifies the rule in keys, results and errors. Non-empty;
@@ -201,37 +153,22 @@ func (r Rule) String() string {
 	return fmt.Sprintf("%s: %v %v", r.Name, r.Algorithm, r.Limit)
 }
 
-// precision returns the effective bucket width of a SlidingWindow rule.
-func (r Rule) precision() time.Duration {
-	if r.Precision != 0 {
-		return r.Precision
-	}
-	return max(r.Limit.Period/20, time.Microsecond)
-}
-
 // Validate reports whether r is usable, with an error naming the rule and
 // the field.
 func (r Rule) Validate() error {
 	if r.Name == "" {
 		return &ConfigError{Field: "name", Reason: "must not be empty"}
 	}
-	if _, ok := algorithmNames[r.Algorithm]; !ok {
-		return &ConfigError{Rule: r.Name, Field: "algorithm", Reason: fmt.Sprintf("%v is not one of fixed_window, sliding_log, sliding_window, token_bucket, gcra", r.Algorithm)}
+	spec := r.Algorithm.spec()
+	if spec == nil {
+		return &ConfigError{Rule: r.Name, Field: "algorithm", Reason: fmt.Sprintf("%v is not one of %s", r.Algorithm, strings.Join(algorithmNames(), ", "))}
 	}
-	if err := r.Limit.validate(r.Algorithm); err != nil {
+	if err := r.Limit.validate(); err != nil {
 		err.(*ConfigError).Rule = r.Name
 		return err
 	}
-	if r.Algorithm == SlidingWindow {
-		p := r.precision()
-		switch {
-		case p < time.Microsecond:
-			return &ConfigError{Rule: r.Name, Field: "precision", Reason: fmt.Sprintf("%v must be at least 1µs", p)}
-		case p > r.Limit.Period:
-			return &ConfigError{Rule: r.Name, Field: "precision", Reason: fmt.Sprintf("%v must not exceed the period %v", p, r.Limit.Period)}
-		case r.Limit.Period/p > MaxBuckets:
-			return &ConfigError{Rule: r.Name, Field: "precision", Reason: fmt.Sprintf("%v gives more than %d buckets per period %v", p, MaxBuckets, r.Limit.Period)}
-		}
+	if spec.validate != nil {
+		return spec.validate(r)
 	}
 	return nil
 }

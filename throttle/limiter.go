@@ -114,12 +114,13 @@ func New(rdb redis.UniversalClient, opts Options, rules ...Rule) (*Limiter, erro
 			return nil, &ConfigError{Rule: r.Name, Field: "name", Reason: "is used by two rules of one limiter; rule names must be unique"}
 		}
 		seen[r.Name] = true
+		spec := r.Algorithm.spec()
 		extra := int64(r.Limit.Burst)
-		if r.Algorithm == SlidingWindow {
-			extra = r.precision().Microseconds()
+		if spec.extra != nil {
+			extra = spec.extra(r)
 		}
 		count, period := int64(r.Limit.Count), r.Limit.Period.Microseconds()
-		if r.Algorithm.bucket() {
+		if spec.bucket {
 			count, period = lowestTerms(count, period) // bucket.lua: exact times
 		}
 		l.keyRules = append(l.keyRules, escape(r.Name))

@@ -25,22 +25,12 @@ var (
 	allScript *redis.Script
 )
 
-// algorithmFiles lists each algorithm's Lua files, in order: the two
-// bucket algorithms share bucket.lua, their exact arithmetic.
-var algorithmFiles = map[Algorithm][]string{
-	FixedWindow:   {"fixedwindow.lua"},
-	SlidingLog:    {"slidinglog.lua"},
-	SlidingWindow: {"slidingwindow.lua"},
-	TokenBucket:   {"bucket.lua", "tokenbucket.lua"},
-	GCRA:          {"bucket.lua", "gcra.lua"},
-}
-
 func init() {
 	all := []string{"prelude.lua"}
-	for a := FixedWindow; a <= GCRA; a++ {
-		files := append([]string{"prelude.lua"}, algorithmFiles[a]...)
-		scripts[a] = buildScript(append(files, "use_"+a.String()+".lua", "driver.lua")...)
-		for _, f := range algorithmFiles[a] {
+	for _, a := range registered() {
+		files := a.spec().files
+		scripts[a] = buildScript(append(append([]string{"prelude.lua"}, files...), "use_"+a.String()+".lua", "driver.lua")...)
+		for _, f := range files {
 			if !slices.Contains(all, f) {
 				all = append(all, f)
 			}

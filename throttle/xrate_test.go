@@ -72,7 +72,7 @@ func randomLimit(rng *rand.Rand, trial int) Limit {
 	periods := []time.Duration{time.Second, 7 * time.Second, 1500 * time.Millisecond, time.Minute, time.Hour, 24 * time.Hour, 333 * time.Microsecond}
 	for {
 		l := Limit{Count: 1 + rng.IntN(600), Period: periods[rng.IntN(len(periods))], Burst: 1 + rng.IntN(8)}
-		if c, _ := lowestTerms(int64(l.Count), l.Period.Microseconds()); c <= 500 && l.validate(GCRA) == nil {
+		if c, _ := lowestTerms(int64(l.Count), l.Period.Microseconds()); c <= 500 && (Rule{Name: "x", Algorithm: GCRA, Limit: l}).Validate() == nil {
 			return l
 		}
 	}

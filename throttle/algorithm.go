@@ -1,0 +1,107 @@
+package throttle
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// algorithm is everything that differs from one algorithm to another. Each
+// is registered by its own file (fixedwindow.go, slidinglog.go,
+// slidingwindow.go, tokenbucket.go, gcra.go), beside its Lua file; the rest
+// of the package looks them up, so a new algorithm is a constant, one Go
+// file and its Lua files.
+type algorithm struct {
+	name    string   // as in rules files, results and the scripts (check_<name>)
+	aliases []string // other names ParseAlgorithm accepts
+	// files are the Lua files that define check_<name> and commit_<name>,
+	// in order; use_<name>.lua hands them to the driver (scripts.go).
+	files []string
+	// bucket: a burst applies (Limit.Burst), Wait reserves a future slot,
+	// and count and period reach the script in lowest terms (bucket.lua's
+	// exact arithmetic). Otherwise the limit admits Count at most at once.
+	bucket bool
+	// validate checks what only this algorithm requires of a rule, after
+	// the checks every limit has (nil: nothing more).
+	validate func(Rule) error
+	// extra is the script's fourth value for a rule (nil: Limit.Burst).
+	extra func(Rule) int64
+}
+
+// registry holds the registered algorithms.
+var registry = map[Algorithm]*algorithm{}
+
+// register adds an algorithm. Each algorithm's file calls it in a
+// package-level var declaration (var _ = register(...)), which Go runs
+// before any init function, whatever the files' order: scripts.go's init
+// then finds every algorithm registered.
+func register(a Algorithm, spec *algorithm) bool {
+	if _, dup := registry[a]; dup {
+		panic(fmt.Sprintf("throttle: algorithm %d registered twice", a))
+	}
+	registry[a] = spec
+	return true
+}
+
+// spec returns a's description, or nil for an unknown algorithm.
+func (a Algorithm) spec() *algorithm { return registry[a] }
+
+// registered returns the registered algorithms in order.
+func registered() []Algorithm {
+	as := make([]Algorithm, 0, len(registry))
+	for a := range registry {
+		as = append(as, a)
+	}
+	slices.SortFunc(as, func(x, y Algorithm) int { return cmp.Compare(x, y) })
+	return as
+}
+
+// String returns the algorithm's name as used in rules files: fixed_window,
+// sliding_log, sliding_window, token_bucket or gcra.
+func (a Algorithm) String() string {
+	if s := a.spec(); s != nil {
+		return s.name
+	}
+	return fmt.Sprintf("Algorithm(%d)", int(a))
+}
+
+// ParseAlgorithm returns the algorithm named s. It also accepts
+// "leaky_bucket" for GCRA and "sliding_window_counter" for SlidingWindow,
+// with dashes or underscores, in any case.
+func ParseAlgorithm(s string) (Algorithm, error) {
+	norm := strings.ReplaceAll(strings.ToLower(strings.TrimSpace(s)), "-", "_")
+	for _, a := range registered() {
+		if spec := a.spec(); spec.name == norm || slices.Contains(spec.aliases, norm) {
+			return a, nil
+		}
+	}
+	return 0, fmt.Errorf("throttle: unknown algorithm %q: use %s", s, algorithmList())
+}
+
+// algorithmNames returns every algorithm's name, in order.
+func algorithmNames() []string {
+	var names []string
+	for _, a := range registered() {
+		names = append(names, a.spec().name)
+	}
+	return names
+}
+
+// algorithmList names every algorithm for messages: "fixed_window,
+// sliding_log, …, token_bucket or gcra (leaky_bucket)".
+func algorithmList() string {
+	names := algorithmNames()
+	for i, n := range names {
+		if n == "gcra" {
+			names[i] += " (leaky_bucket)"
+		}
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
+}
+
+// bucket reports whether a can reserve future permits with a burst.
+func (a Algorithm) bucket() bool {
+	s := a.spec()
+	return s != nil && s.bucket
+}
