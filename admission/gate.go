@@ -67,6 +67,11 @@ type Config struct {
 	// queue that schedules in whole seconds, or a wake-up sent ahead of the
 	// slot). If zero, DefaultEarlyWait.
 	EarlyWait time.Duration
+	// Shared, if set, also bounds the jobs waiting longer than EarlyWait
+	// across every gate that shares it (all rules, all subjects): with
+	// many hot subjects, WaitSlots each could still fill the worker slots.
+	// If nil, only WaitSlots bounds them.
+	Shared *Slots
 	// Tolerance is how late a job may come back for its booked turn and
 	// still take it; a later one takes a new turn. If zero, the interval of
 	// the limiter's tightest rule (period / count), at least 1ms and at
@@ -259,12 +264,12 @@ const refundTimeout = 2 * time.Second
 // local one (a round trip, on a busy machine).
 const wakeSlack = 25 * time.Millisecond
 
-// takeSlot takes one of subject's waiting slots, and reports whether one
-// was free.
+// takeSlot takes one of subject's waiting slots (and one of the shared
+// ones), and reports whether one was free.
 func (g *Gate) takeSlot(subject string) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.waiting[subject] >= g.cfg.WaitSlots {
+	if g.waiting[subject] >= g.cfg.WaitSlots || !g.cfg.Shared.take() {
 		return false
 	}
 	g.waiting[subject]++
@@ -274,9 +279,44 @@ func (g *Gate) takeSlot(subject string) bool {
 func (g *Gate) releaseSlot(subject string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	g.cfg.Shared.release()
 	if g.waiting[subject]--; g.waiting[subject] <= 0 {
 		delete(g.waiting, subject)
 	}
+}
+
+// Slots is a bound on waiting jobs shared by several gates (Config.Shared):
+// at most n of their jobs wait longer than EarlyWait at once. A nil *Slots
+// bounds nothing. It is safe for concurrent use.
+type Slots struct {
+	mu   sync.Mutex
+	n    int
+	used int
+}
+
+// NewSlots returns a bound of n waiting jobs; n < 1 is taken as 1.
+func NewSlots(n int) *Slots { return &Slots{n: max(n, 1)} }
+
+func (s *Slots) take() bool {
+	if s == nil {
+		return true
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.used >= s.n {
+		return false
+	}
+	s.used++
+	return true
+}
+
+func (s *Slots) release() {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.used--
 }
 
 // sleepUntil waits until t or until ctx ends, whose error it returns then.

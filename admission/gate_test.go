@@ -184,3 +184,47 @@ func TestConfigErrors(t *testing.T) {
 		}
 	})
 }
+
+// TestGateSharedSlots: two gates (two rules) share a bound of 2 waiting
+// jobs: with two jobs of two subjects waiting, a third job of a third
+// subject, whose own per-subject slots are free, parks at once.
+func TestGateSharedSlots(t *testing.T) {
+	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		shared := NewSlots(2)
+		cfg := Config{MaxWait: 10 * time.Second, WaitSlots: 2, EarlyWait: 50 * ms, Shared: shared}
+		a := newGate(t, rdb, cfg, gcra5)
+		b := newGate(t, rdb, cfg, throttle.Rule{Name: "other", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(5).WithBurst(1)})
+		ctx := context.Background()
+		for _, g := range []*Gate{a, b} {
+			for _, s := range []string{"x", "y", "z"} {
+				if d, err := g.Admit(ctx, Request{Subject: s, ID: "first-" + s}); err != nil || d.Outcome != Run {
+					t.Fatalf("first of %s: %+v %v", s, d, err)
+				}
+			}
+		}
+		var wg sync.WaitGroup
+		for _, w := range []struct {
+			g *Gate
+			s string
+		}{{a, "x"}, {b, "y"}} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if d, err := w.g.Admit(ctx, Request{Subject: w.s, ID: "wait-" + w.s}); err != nil || d.Outcome != Run || d.Waited != 200*ms {
+					t.Errorf("waiter on %s: %+v %v; want run after 200ms", w.s, d, err)
+				}
+			}()
+		}
+		time.Sleep(ms)
+		synctest.Wait()
+		d, err := a.Admit(ctx, Request{Subject: "z", ID: "third"})
+		if err != nil || d.Outcome != Park {
+			t.Errorf("a third subject with the shared slots taken: %+v %v; want parked", d, err)
+		}
+		wg.Wait()
+		// Both waiters are done: the shared slots are free again.
+		if d, err := b.Admit(ctx, Request{Subject: "z", ID: "later"}); err != nil || d.Outcome != Run {
+			t.Errorf("after the waiters: %+v %v; want run after waiting", d, err)
+		}
+	})
+}

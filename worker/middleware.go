@@ -119,6 +119,7 @@ type options struct {
 	metrics    *Metrics
 	asynq      redis.UniversalClient
 	redisRetry time.Duration
+	waiting    int
 }
 
 // WithLogger sets the structured logger. If unset, slog.Default() is used.
@@ -157,6 +158,15 @@ func WithAsynq(rdb redis.UniversalClient) Option { return func(o *options) { o.a
 // Deprecated: use WithAsynq, which also wakes parked tasks on time.
 func WithRequeue(rdb redis.UniversalClient) Option { return WithAsynq(rdb) }
 
+// WithMaxWaiting bounds how many tasks, of every rule and subject together,
+// wait in their handlers for longer than a moment (see Rule.WaitSlots) in
+// this process: give about half the server's concurrency, so that however
+// many subjects are over their limits, the other half of the worker slots
+// stays free for tasks that can run. If unset or not positive, only each
+// rule's WaitSlots per subject bounds them. cmd/worker sets half its
+// concurrency.
+func WithMaxWaiting(n int) Option { return func(o *options) { o.waiting = n } }
+
 // WithRedisRetryDelay sets how long a task is deferred when its limiter
 // cannot reach Redis. If unset or not positive, DefaultRedisRetryDelay.
 func WithRedisRetryDelay(d time.Duration) Option { return func(o *options) { o.redisRetry = d } }
@@ -190,6 +200,10 @@ func NewMiddleware(rules []Rule, opts ...Option) (*Middleware, error) {
 	}
 	m.drainCtx, m.drain = context.WithCancel(context.Background())
 
+	var shared *admission.Slots
+	if o.waiting > 0 {
+		shared = admission.NewSlots(o.waiting)
+	}
 	names := map[string]bool{}
 	owner := map[string]string{}
 	for i := range rules {
@@ -217,7 +231,7 @@ func NewMiddleware(rules []Rule, opts ...Option) (*Middleware, error) {
 		rule := &ruleGate{Rule: *r}
 		rule.Tasks = append([]string(nil), r.Tasks...)
 		if lim, ok := r.Limiter.(*throttle.Limiter); ok {
-			cfg := admission.Config{MaxWait: r.MaxWait, WaitSlots: r.WaitSlots}
+			cfg := admission.Config{MaxWait: r.MaxWait, WaitSlots: r.WaitSlots, Shared: shared}
 			if m.wakeups == nil {
 				// Parked tasks come back in whole seconds, up to a second
 				// early (see parkAt): let them wait that out in place.

@@ -193,7 +193,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
-	mw, err := cfg.Middleware(rdb, worker.WithLogger(log), worker.WithMetrics(metrics), worker.WithAsynq(rdb))
+	concurrency := o.concurrency
+	if concurrency == 0 {
+		concurrency = runtime.NumCPU() // asynq's default
+	}
+	// Half the slots at most wait for turns, so the other half always
+	// serves tasks that can run, however many subjects are over their limits.
+	mw, err := cfg.Middleware(rdb, worker.WithLogger(log), worker.WithMetrics(metrics), worker.WithAsynq(rdb),
+		worker.WithMaxWaiting(max(concurrency/2, 1)))
 	if err != nil {
 		return err
 	}
@@ -230,10 +237,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}))
 	if err := srv.Start(mux); err != nil {
 		return fmt.Errorf("starting the asynq server: %w", err)
-	}
-	concurrency := o.concurrency
-	if concurrency == 0 {
-		concurrency = runtime.NumCPU() // asynq's default
 	}
 	log.Info("worker: processing", "queues", o.queues, "concurrency", concurrency)
 
