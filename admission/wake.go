@@ -93,7 +93,8 @@ type RunConfig struct {
 	Lead time.Duration
 	// Tick is the longest Run sleeps between looks. If zero, DefaultTick.
 	Tick time.Duration
-	// OnError, if set, is called with every error of a look or a wake.
+	// OnError, if set, is called with every error of a look or a wake,
+	// possibly from several goroutines at once.
 	OnError func(error)
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -153,13 +154,29 @@ func (m *Middleware) parkAt(ctx context.Context, t *taskRun, bookID string, d ad
 	return d.At.Add(-unwokenLead).Truncate(time.Second)
 }
 
-// wakeLoop runs the wake-up ledger until Drain.
+// wakeLoop runs the wake-up ledger until Drain. Its errors are logged at
+// most once per wakeErrorEvery (with how many there were), so that a Redis
+// outage does not log one line per tick.
 func (m *Middleware) wakeLoop() {
 	defer close(m.stopped)
+	var mu sync.Mutex // OnError is called from concurrent wakes
+	var last time.Time
+	var since int
 	_ = m.wakeups.Run(m.drainCtx, admission.RunConfig{
-		OnError: func(err error) { m.log.Warn("worker: wake-ups", "error", err) },
+		OnError: func(err error) {
+			m.metrics.OnRedisError(err, false)
+			mu.Lock()
+			defer mu.Unlock()
+			if since++; time.Since(last) >= wakeErrorEvery {
+				m.log.Warn("worker: wake-ups: parked tasks come back by asynq's own schedule until this clears", "error", err, "errors", since)
+				last, since = time.Now(), 0
+			}
+		},
 	}, m.wake)
 }
+
+// wakeErrorEvery spaces the wake-up loop's error logs.
+const wakeErrorEvery = 10 * time.Second
 
 // wake moves a parked task to its queue's pending list. A task that is
 // gone (done, deleted) or already pending is left alone; one that is
