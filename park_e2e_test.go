@@ -377,3 +377,46 @@ rules:
 		t.Errorf("200 turns span %v, want the budget's 9.95s", span)
 	}
 }
+
+// TestParkWithoutWakeups: a middleware without WithAsynq has no wake-up
+// ledger; a parked task is scheduled for the whole second before its turn
+// (asynq's resolution) and waits out the rest in its slot. 60 tasks at
+// 10/s on two workers: each parks at most about once, and the turns keep
+// the limit.
+func TestParkWithoutWakeups(t *testing.T) {
+	t.Parallel()
+	const n, rate = 60, 10
+	f := newParkFleet(t)
+	rule := throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(rate).WithBurst(1)}
+	for range 2 {
+		rdb := f.proc.Client(t)
+		lim, err := throttle.New(rdb, throttle.Options{Prefix: f.prefix}, rule)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mw, err := worker.NewMiddleware([]worker.Rule{{Name: "api", Tasks: []string{"job:*"}, Limiter: lim,
+			Subject: worker.PayloadField("tenant"), MaxWait: 200 * time.Millisecond, WaitSlots: 2}}, worker.WithLogger(slog.New(slog.DiscardHandler)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.serve(rdb, 10, mw)
+	}
+	start := time.Now()
+	f.enqueue("acme", n)
+	starts := f.wait(n, 60*time.Second)
+	took := time.Since(start)
+	f.check(starts)
+	if most := maxTurnsPerWindow(starts, "acme", time.Second); most > rate+1 {
+		t.Errorf("%d turns in one second on the Redis clock, want at most %d", most, rate+1)
+	}
+	f.mu.Lock()
+	parks := f.parks
+	f.mu.Unlock()
+	if per := float64(parks) / n; per > 1.05 {
+		t.Errorf("%.3f parks per task, want at most 1.05", per)
+	}
+	if want := time.Duration(n-1) * time.Second / rate; took > want+3*time.Second {
+		t.Errorf("%d tasks took %v, want at most %v + 3s", n, took, want)
+	}
+	t.Logf("without wake-ups: %d tasks in %v, %.3f parks per task", n, took.Round(time.Millisecond), float64(parks)/n)
+}
