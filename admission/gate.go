@@ -42,9 +42,9 @@ const (
 	// DefaultWaitSlots is how many jobs of one subject may wait in one
 	// process for longer than EarlyWait when Config.WaitSlots is zero.
 	DefaultWaitSlots = 2
-	// DefaultEarlyWait is how long a job waits in place for a turn that is
-	// about to come, whatever the waiting slots, when Config.EarlyWait is
-	// zero.
+	// DefaultEarlyWait is how long a job back early for its booked turn
+	// waits for it in place, whatever the waiting slots, when
+	// Config.EarlyWait is zero.
 	DefaultEarlyWait = 500 * time.Millisecond
 	// maxTolerance bounds the default tolerance.
 	maxTolerance = time.Second
@@ -62,10 +62,11 @@ type Config struct {
 	// fill every worker slot with waiting jobs: the others park at once.
 	// If zero, DefaultWaitSlots.
 	WaitSlots int
-	// EarlyWait is how long any job waits in place for a turn about to
-	// come: a new turn, or its booked one when it comes back early (a
-	// queue that schedules in whole seconds, or a wake-up sent ahead of the
-	// slot). If zero, DefaultEarlyWait.
+	// EarlyWait is how long a job that comes back early for its booked
+	// turn waits for it in place (a queue that schedules in whole seconds,
+	// or a wake-up sent ahead of the slot), whatever the waiting slots. If
+	// zero, DefaultEarlyWait. A new turn is waited for only in a waiting
+	// slot (MaxWait, WaitSlots).
 	EarlyWait time.Duration
 	// Shared, if set, also bounds the jobs waiting longer than EarlyWait
 	// across every gate that shares it (all rules, all subjects): with
@@ -75,8 +76,10 @@ type Config struct {
 	// Tolerance is how late a job may come back for its booked turn and
 	// still take it; a later one takes a new turn. If zero, the interval of
 	// the limiter's tightest rule (period / count), at least 1ms and at
-	// most 1s: lateness up to one interval keeps the starts within one
-	// permit of what the ledger admits in any window.
+	// most 1s: a start late by up to one interval keeps the starts of any
+	// window within limit + burst. A larger tolerance lets a loaded worker
+	// whose jobs come back late keep more of their turns, at the price of
+	// the turns of one tolerance more in a window.
 	Tolerance time.Duration
 }
 
@@ -197,9 +200,10 @@ type Decision struct {
 	Waited time.Duration
 }
 
-// Admit decides for req: run (after waiting for a turn at most MaxWait
-// away, or EarlyWait once WaitSlots jobs of the subject are waiting) or
-// park until the booked turn. It waits no longer than ctx's deadline.
+// Admit decides for req: run (now, after waiting in one of the subject's
+// WaitSlots for a new turn at most MaxWait away, or after waiting at most
+// EarlyWait for a booked turn it came back early for) or park until the
+// booked turn. It waits no longer than ctx's deadline.
 //
 // It returns ctx.Err() if ctx ends while the job waits (a new turn's
 // permits are refunded; a redeemed booking is spent), an error matching
@@ -215,21 +219,31 @@ func (g *Gate) Admit(ctx context.Context, req Request) (Decision, error) {
 	if cost == 0 {
 		cost = 1
 	}
-	wait := g.cfg.EarlyWait
+	// A new turn is waited for only in one of the subject's waiting slots:
+	// without one, a job whose turn is not now parks, however close the
+	// turn, so that a subject over its limit cannot keep every worker slot
+	// cycling through its own jobs while others queue behind them. A job
+	// back for a turn it already has may wait EarlyWait for it.
+	wait, early := time.Duration(0), g.cfg.EarlyWait
 	if g.takeSlot(req.Subject) {
 		defer g.releaseSlot(req.Subject)
-		wait = max(wait, g.cfg.MaxWait)
+		wait = g.cfg.MaxWait
+		early = max(early, wait)
 	}
 	byDeadline := false
-	if dl, ok := ctx.Deadline(); ok && dl.Sub(start)-wakeSlack < wait {
+	if dl, ok := ctx.Deadline(); ok {
 		// Less the slack: the turn is mapped from the Redis clock onto
 		// ours, so a turn granted right at the bound can land just past
 		// it, and the job would give back a turn it was granted.
-		wait, byDeadline = max(dl.Sub(start)-wakeSlack, 0), true
+		left := max(dl.Sub(start)-wakeSlack, 0)
+		if left < wait {
+			wait, byDeadline = left, true
+		}
+		early = min(early, left)
 	}
 	a, err := g.lim.Admit(ctx, throttle.AdmitRequest{
 		Subject: req.Subject, N: cost, ID: req.ID, Receipt: req.Receipt, BookAs: req.BookAs,
-		Wait: wait, Tolerance: g.cfg.Tolerance,
+		Wait: wait, EarlyWait: max(early, time.Microsecond), Tolerance: g.cfg.Tolerance,
 	})
 	if err != nil {
 		return Decision{}, err

@@ -228,3 +228,36 @@ func TestGateSharedSlots(t *testing.T) {
 		}
 	})
 }
+
+// TestGateNoWaitWithoutSlot: at 50/s, turns are 20ms apart, well inside
+// EarlyWait; still, of 10 jobs of one subject arriving at once only those
+// holding one of its 2 waiting slots wait for a new turn (and the one whose
+// turn is now runs): the others park, so a hot subject cannot keep the
+// worker slots cycling through its own jobs while other subjects queue.
+func TestGateNoWaitWithoutSlot(t *testing.T) {
+	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		rule := throttle.Rule{Name: "hot", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(50).WithBurst(1)}
+		g := newGate(t, rdb, Config{MaxWait: time.Second, WaitSlots: 2, EarlyWait: 500 * ms}, rule)
+		ctx := context.Background()
+		var mu sync.Mutex
+		outcomes := map[Outcome]int{}
+		var wg sync.WaitGroup
+		for i := range 10 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				d, err := g.Admit(ctx, Request{Subject: "hot", ID: fmt.Sprint("job-", i)})
+				if err != nil {
+					t.Error(err)
+				}
+				mu.Lock()
+				outcomes[d.Outcome]++
+				mu.Unlock()
+			}()
+		}
+		wg.Wait()
+		if outcomes[Run] > 3 || outcomes[Park] < 7 {
+			t.Errorf("outcomes %v: want at most 3 run (one now, two in the waiting slots) and the rest parked", outcomes)
+		}
+	})
+}

@@ -32,9 +32,14 @@ type AdmitRequest struct {
 	// of ID: for a caller that will come back under another identity (a
 	// task requeued as a copy). ID is still redeemed.
 	BookAs string
-	// Wait is how long the caller can wait where it is. A negative Wait
-	// means without bound (nothing is booked).
+	// Wait is how long the caller can wait where it is for a new turn. A
+	// negative Wait means without bound (nothing is booked).
 	Wait time.Duration
+	// EarlyWait is how long the caller can wait where it is for its booking
+	// or receipt, if it comes back before the turn; a later one is Held.
+	// If zero, Wait. A caller may wait longer for a turn it already has
+	// than for a new one: it leaves no one else waiting.
+	EarlyWait time.Duration
 	// Horizon bounds how far ahead a new booking may be: a later slot is
 	// Denied and charges nothing. If zero, there is no bound.
 	Horizon time.Duration
@@ -139,7 +144,11 @@ func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error
 	case req.ID != "":
 		booking = l.member(req.ID)
 	}
-	args = append(args, booking, max(req.Tolerance.Microseconds(), 1), horizon)
+	early := wait
+	if req.EarlyWait > 0 {
+		early = req.EarlyWait.Microseconds()
+	}
+	args = append(args, booking, max(req.Tolerance.Microseconds(), 1), horizon, early)
 	for _, id := range [...]string{req.ID, req.Receipt} {
 		if id != "" {
 			args = append(args, l.member(id))

@@ -179,10 +179,13 @@ func TestAsynqWaitsForSlots(t *testing.T) {
 	b := newBed(t)
 	m, _ := NewMetrics(prometheus.NewRegistry())
 	lim := b.limiter(throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(10).WithBurst(1)})
-	mw := middleware(t, []Rule{{Name: "api", Tasks: []string{"api:*"}, Limiter: lim, Subject: PayloadField("acct"), MaxWait: 10 * time.Second}}, WithMetrics(m))
+	// Eight waiting slots for the subject: every task may wait in its
+	// worker slot for a turn within MaxWait (with the default two, the
+	// others would park).
+	const n = 8
+	mw := middleware(t, []Rule{{Name: "api", Tasks: []string{"api:*"}, Limiter: lim, Subject: PayloadField("acct"), MaxWait: 10 * time.Second, WaitSlots: n}}, WithMetrics(m))
 	b.serve(mw, asynq.Config{Concurrency: 8})
 
-	const n = 8
 	for range n {
 		b.enqueue("api:call", `{"acct": "a1"}`, asynq.MaxRetry(2))
 	}

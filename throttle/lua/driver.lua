@@ -30,9 +30,12 @@
 --                   passed more than this long ago is stale
 --   ARGV[6 + 5r] -> horizon, microseconds: the latest slot a new booking may
 --                   take (-1: no bound)
---   ARGV[7 + 5r] ... -> members to redeem, in order: the caller's earlier
+--   ARGV[7 + 5r] -> how long the caller can wait where it is for a booking
+--                   or receipt that comes due, microseconds (-1: no bound)
+--   ARGV[8 + 5r] ... -> members to redeem, in order: the caller's earlier
 --                   booking, a receipt made by prepay
---   ARGV[3] is how long the caller can wait where it is (-1: no bound).
+--   ARGV[3] is how long the caller can wait where it is for a new turn
+--   (-1: no bound).
 -- refund only, after the rules: more reservations to give back in the same
 -- call, each as 1 + r values: its n, then its ticket for each rule
 -- The number of rules r is floor((#ARGV - 3) / 5), for refund (#KEYS - 1) / 2,
@@ -50,7 +53,7 @@
 -- prepay is reserve that, when admitted, also records the receipt scored
 -- by the slot's Redis time (µs), for a later redeem (redeem.lua).
 -- admit decides for a caller that may come back later (a queued task): it
--- redeems the caller's booking or receipt if one is due within ARGV[3]
+-- redeems the caller's booking or receipt if one is due within ARGV[7 + 5r]
 -- (status 3; delay until its slot), reports one that is later (status 4,
 -- nothing changes), drops a stale one, and otherwise takes a new turn: a
 -- slot within ARGV[3] is granted as reserve grants it (status 1, with
@@ -156,7 +159,8 @@ if op == 'admit' then
   -- not redeemed: it is dropped and its caller takes a new turn, which the
   -- pause has moved past its end.
   local pause_end = tonumber(redis.call('GET', KEYS[nrules + 2])) or 0
-  for i = b + 3, #ARGV do
+  local early = tonumber(ARGV[b + 3])
+  for i = b + 4, #ARGV do
     local slot = tonumber(redis.call('ZSCORE', rkey, ARGV[i]))
     if slot and slot < pause_end then
       redis.call('ZREM', rkey, ARGV[i])
@@ -165,7 +169,7 @@ if op == 'admit' then
     if slot then
       local d = slot - now
       if d < 0 then d = 0 end
-      if wait_here >= 0 and d > wait_here then return {4, 1, 0, d, 0, now} end
+      if early >= 0 and d > early then return {4, 1, 0, d, 0, now} end
       redis.call('ZREM', rkey, ARGV[i])
       return {3, 1, 0, d, 0, now}
     end
