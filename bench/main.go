@@ -5,6 +5,7 @@
 //	cd bench && go run . -full     # the committed run (about 20 minutes)
 //	cd bench && go run . -quick    # a 2-second-per-scenario subset
 //	cd bench && go run . -jitterlab  # the jitter lab (5 minutes), beside the day's results
+//	cd bench && go run . -backlog    # parking against deferral (issue 9, about 15 minutes)
 //	cd bench && go run . -report results/2026-01-02.json   # redo the report only
 package main
 
@@ -118,6 +119,7 @@ func main() {
 	nice := flag.Int("nice", -10, "scheduling priority for the run (the clients, children and redis-server), to shield its timing from other work on a shared machine; 0 leaves it")
 	budget := flag.Duration("budget", 24*time.Minute, "rerun the noisiest Wait scenarios until this long after the start (full run)")
 	lab := flag.Bool("jitterlab", false, "run the jitter lab (about 4 minutes): gcra Wait, a send-anchored prototype and x/time/rate, quiet and beside busy processes")
+	backlog := flag.Bool("backlog", false, "run the backlog part (about 15 minutes): parking against deferral with asynq servers in this process, results/<date>-backlog.json")
 	md := flag.String("md", "../BENCHMARKS.md", "where to write the report")
 	flag.Parse()
 
@@ -137,7 +139,7 @@ func main() {
 	switch {
 	case *report != "":
 		err = regenerate(*report, *md)
-	case *full || *quick || *lab:
+	case *full || *quick || *lab || *backlog:
 		if *nice != 0 {
 			restore, rerr := renice(*nice)
 			defer restore()
@@ -147,6 +149,10 @@ func main() {
 			}
 		}
 		niceness = *nice
+		if *backlog {
+			err = runBacklogPart(logf, defaultBacklogConfig())
+			break
+		}
 		if *lab {
 			d := 10 * time.Second
 			if *dur > 0 {
