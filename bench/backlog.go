@@ -94,6 +94,11 @@ type backlogRun struct {
 	MaxTurns1s  int `json:"max_turns_1s"`
 	MaxStarts1s int `json:"max_starts_1s"`
 	Bound1s     int `json:"bound_1s"`
+	// The turns on the Redis clock (same host: the same clock as the
+	// local one): the first after the first enqueue, and from the first
+	// to the last (N/R less 1/R if no booked turn was wasted).
+	FirstTurnS float64 `json:"first_turn_s,omitempty"`
+	TurnSpanS  float64 `json:"turn_span_s,omitempty"`
 }
 
 // hotColdRun is Hot tasks of tenant "hot" ahead of Cold of "cold".
@@ -256,6 +261,16 @@ func runBacklogCase(ctx context.Context, addr, mode string, sz backlogSize, cfg 
 		r.TookS = lastStart(starts).Sub(t0).Seconds()
 	}
 	r.MaxStarts1s, r.MaxTurns1s = mostInSecond(starts, "", time.Time{})
+	var turns []time.Time
+	for _, s := range starts {
+		if !s.turn.IsZero() {
+			turns = append(turns, s.turn)
+		}
+	}
+	if len(turns) > 0 {
+		first, last := slices.MinFunc(turns, time.Time.Compare), slices.MaxFunc(turns, time.Time.Compare)
+		r.FirstTurnS, r.TurnSpanS = first.Sub(t0).Seconds(), last.Sub(first).Seconds()
+	}
 	return r, nil
 }
 

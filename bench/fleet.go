@@ -58,6 +58,7 @@ type taskStart struct {
 	id, subject string
 	at          time.Time // local clock
 	turn        time.Time // the turn on the Redis clock; zero without one (deferral)
+	redeemed    bool      // it ran on a turn booked before it came (parked, or paced)
 }
 
 type fleet struct {
@@ -201,7 +202,7 @@ func (f *fleet) startOne() error {
 		w, _ := worker.WaitedFrom(ctx)
 		id, _ := asynq.GetTaskID(ctx)
 		f.mu.Lock()
-		f.starts = append(f.starts, taskStart{id: id, subject: w.Subject, at: at, turn: w.Turn})
+		f.starts = append(f.starts, taskStart{id: id, subject: w.Subject, at: at, turn: w.Turn, redeemed: w.Redeemed})
 		f.mu.Unlock()
 		return nil
 	})
@@ -353,6 +354,11 @@ type counts struct {
 	NetUsecPerTask float64 `json:"net_usec_per_task"`
 	// DuplicateStarts counts handler starts beyond the first of a task.
 	DuplicateStarts int `json:"duplicate_starts"`
+	// Redeemed counts the tasks that ran on a turn booked before they
+	// came (when they parked, or by their producer): the others took a
+	// new turn when they ran, e.g. because they came back later than the
+	// tolerance and their booked turn had lapsed.
+	Redeemed int `json:"redeemed"`
 }
 
 func (f *fleet) counts(n int, before, after serverStats, starts []taskStart) counts {
@@ -371,6 +377,9 @@ func (f *fleet) counts(n int, before, after serverStats, starts []taskStart) cou
 	c.RedisCPUmsPerTask = per((after.CPU - before.CPU) * 1000)
 	seen := map[string]bool{}
 	for _, s := range starts {
+		if s.redeemed {
+			c.Redeemed++
+		}
 		if seen[s.id] {
 			c.DuplicateStarts++
 		}

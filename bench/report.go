@@ -316,18 +316,19 @@ func renderBacklog(bl *backlogResult, rel string) string {
 		idleProbe.Seconds(), c.CapFactor, c.CapSlackS)
 
 	p("### Backlog of one subject\n\n")
-	p("N tasks of one subject enqueued at once (unpaced, by %d goroutines) to %d worker servers × concurrency %d (or as the row says), `max_wait` %gs. The issue asks for concurrency / rate > `max_wait`, the regime where today's deferral spins: it holds for 5/s and 50/s on 3 × 20 slots (12 s and 1.2 s), not for 500/s (0.12 s: every task's turn is within `max_wait`, so it waits in its slot and neither mode parks or defers), hence the row with 3 × 200 slots (1.2 s). Completion is from the first enqueue to the last handler start; target ≤ N/R × 1.02 + 2 s, ≤ 2.05 limiter calls, ≤ 1.05 parks (or deferrals) and ≤ 2.1 dequeues per task, Redis time per task flat as N grows.\n\n",
+	p("N tasks of one subject enqueued at once (unpaced, by %d goroutines) to %d worker servers × concurrency %d (or as the row says), `max_wait` %gs. The issue asks for concurrency / rate > `max_wait`, the regime where today's deferral spins: it holds for 5/s and 50/s on 3 × 20 slots (12 s and 1.2 s), not for 500/s (0.12 s: every task's turn is within `max_wait`, so it waits in its slot and neither mode parks or defers), hence the row with 3 × 200 slots (1.2 s). Completion is from the first enqueue to the last handler start; target ≤ N/R × 1.02 + 2 s, ≤ 2.05 limiter calls, ≤ 1.05 parks (or deferrals) and ≤ 2.1 dequeues per task, Redis time per task flat as N grows; on the Redis clock no more turns than limit + burst in any 1 s (handler starts, on the local clock, may show a few more: they trail their turns). *Ran on a booked turn* counts the tasks whose turn was booked before they came (`Wait.Redeemed`); a parked task that comes back later than the tolerance (one interval, 1/R) takes a new turn instead, and its booked turn goes unused, which shows as turns spread over more than (N − 1)/R.\n\n",
 		enqueueProducers, c.Servers, c.Concurrency, c.MaxWaitS)
-	p("| N | R/s | slots | mode | completion (N/R; target) | limiter calls/task | parks or deferrals/task | dequeues/task | Redis µs/task (net of idle polling) | Redis CPU ms/task | most in 1 s: turns · starts / bound |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+	p("| N | R/s | slots | mode | completion (N/R; target) | limiter calls/task | parks or deferrals/task | dequeues/task | Redis µs/task (net of idle polling) | Redis CPU ms/task | most in 1 s: turns · starts / bound | ran on a booked turn | turns: first − last (after the first enqueue) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range bl.Backlog {
 		took := fmt.Sprintf("%.1f s (%g s; ≤ %.1f s): %s", r.TookS, r.IdealS, r.TargetS, metCell(r.TookS <= r.TargetS))
 		if !r.Finished {
 			took = fmt.Sprintf("**did not finish** in %.0f s: %d of %d done (%g s; ≤ %.1f s)", r.CapS, r.Done, r.N, r.IdealS, r.TargetS)
 		}
-		p("| %d | %d | %d × %d | %s | %s | %s | %s | %s | %.0f (%.0f) | %.3f | %s · %d / %d |\n", r.N, r.Rate, r.Servers, r.Concurrency, r.Mode, took,
+		p("| %d | %d | %d × %d | %s | %s | %s | %s | %s | %.0f (%.0f) | %.3f | %s / %d | %d | %s |\n", r.N, r.Rate, r.Servers, r.Concurrency, r.Mode, took,
 			marked(fmt.Sprintf("%.3f", r.CallsPerTask), r.CallsPerTask <= 2.05), marked(fmt.Sprintf("%.3f", r.ParksPerTask), r.ParksPerTask <= 1.05),
 			marked(fmt.Sprintf("%.3f", r.DequeuesPerTask), r.DequeuesPerTask <= 2.1),
-			r.RedisUsecPerTask, r.NetUsecPerTask, r.RedisCPUmsPerTask, turnsCell(r.MaxTurns1s), r.MaxStarts1s, r.Bound1s)
+			r.RedisUsecPerTask, r.NetUsecPerTask, r.RedisCPUmsPerTask,
+			marked(fmt.Sprintf("%s · %d", turnsCell(r.MaxTurns1s), r.MaxStarts1s), r.MaxTurns1s <= r.Bound1s), r.Bound1s, r.Redeemed, turnSpan(r))
 	}
 	p("\n")
 	p("### Hot and cold subjects\n\n")
@@ -372,6 +373,14 @@ func renderBacklog(bl *backlogResult, rel string) string {
 		}
 	}
 	return b.String()
+}
+
+// turnSpan is when a backlog's turns began and ended, or — without turns.
+func turnSpan(r *backlogRun) string {
+	if r.MaxTurns1s < 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%.2f − %.2f s", r.FirstTurnS, r.FirstTurnS+r.TurnSpanS)
 }
 
 // metCell says whether a target was met.
