@@ -6,6 +6,7 @@
 //	cd bench && go run . -quick    # a 2-second-per-scenario subset
 //	cd bench && go run . -jitterlab  # the jitter lab (5 minutes), beside the day's results
 //	cd bench && go run . -upstream   # limits learned from the upstream (1 minute), into the report
+//	cd bench && go run . -backlog    # parking against deferral (issue 9, about 15 minutes)
 //	cd bench && go run . -report results/2026-01-02.json   # redo the report only
 package main
 
@@ -119,6 +120,7 @@ func main() {
 	nice := flag.Int("nice", -10, "scheduling priority for the run (the clients, children and redis-server), to shield its timing from other work on a shared machine; 0 leaves it")
 	budget := flag.Duration("budget", 24*time.Minute, "rerun the noisiest Wait scenarios until this long after the start (full run)")
 	lab := flag.Bool("jitterlab", false, "run the jitter lab (about 4 minutes): gcra Wait, a send-anchored prototype and x/time/rate, quiet and beside busy processes")
+	backlog := flag.Bool("backlog", false, "run the backlog part (about 15 minutes): parking against deferral with asynq servers in this process, results/<date>-backlog.json")
 	md := flag.String("md", "../BENCHMARKS.md", "where to write the report")
 	flag.IntVar(&rateOverride, "rate", 0, "override the Wait scenarios' rate R (permits per second; 0: 200), e.g. 5000 for the hot-key check of issue 11")
 	upstream := flag.Bool("upstream", false, "run the upstream part (about 1 minute): limits learned from a fake API's headers beside the plain Retry-After pause; results/<date>-upstream.json, then the report")
@@ -142,7 +144,7 @@ func main() {
 		err = regenerate(*report, *md)
 	case *upstream:
 		err = runUpstream(*md, logf)
-	case *full || *quick || *lab:
+	case *full || *quick || *lab || *backlog:
 		if *nice != 0 {
 			restore, rerr := renice(*nice)
 			defer restore()
@@ -152,6 +154,10 @@ func main() {
 			}
 		}
 		niceness = *nice
+		if *backlog {
+			err = runBacklogPart(logf, defaultBacklogConfig())
+			break
+		}
 		if *lab {
 			d := 10 * time.Second
 			if *dur > 0 {

@@ -1,11 +1,15 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
+
+	"github.com/jobthrottle/jobthrottle/admission"
 )
 
 // writeReport writes the plot beside the results file and BENCHMARKS.md.
@@ -22,6 +26,9 @@ func writeReport(res *runResult, jsonPath, mdPath string) error {
 	}
 	if up, path := readUpstream(); up != nil {
 		md += renderUpstream(up, filepath.ToSlash(filepath.Join("bench", path)))
+	}
+	if bl, path := readBacklog(jsonPath); bl != nil {
+		md += renderBacklog(bl, filepath.ToSlash(filepath.Join("bench", path)))
 	}
 	return os.WriteFile(mdPath, []byte(md), 0o644)
 }
@@ -272,4 +279,133 @@ func renderLab(lab *labResult, rel string) string {
 		p("| %s | %s | %.0f | %.0f | %s | %.1f | %d / %d | %.2f %% | %.0f |\n", s.Condition, s.Impl, s.JitterP50us, s.JitterP99us, s.JitterP99Range, s.WaitP99ms, s.Max1s, s.Bound1s, s.AccuracyMin*100, s.CanaryP99us)
 	}
 	return b.String()
+}
+
+// readBacklog reads the backlog part's results for the report of a run's:
+// the file beside it (<date>-backlog.json), else the newest one in its
+// directory, since the backlog part runs on its own day, not with the
+// main run.
+func readBacklog(jsonPath string) (*backlogResult, string) {
+	path := strings.TrimSuffix(jsonPath, ".json") + "-backlog.json"
+	if _, err := os.Stat(path); err != nil {
+		found, _ := filepath.Glob(filepath.Join(filepath.Dir(jsonPath), "*-backlog.json"))
+		if len(found) == 0 {
+			return nil, ""
+		}
+		slices.Sort(found)
+		path = found[len(found)-1]
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, ""
+	}
+	var res backlogResult
+	if json.Unmarshal(b, &res) != nil {
+		return nil, ""
+	}
+	return &res, path
+}
+
+// renderBacklog is the backlog part's section of the report: parking
+// against deferral, issue 9's targets.
+func renderBacklog(bl *backlogResult, rel string) string {
+	var b strings.Builder
+	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	c, m := bl.Config, bl.Machine
+	p("\n## Backlogs, hot subjects and restarts: parking against deferral\n\n")
+	p("From [%s](%s): `%s`, %s (runtime %s), library at %s; %d CPUs, %s, redis-server %s; load average %s at the start, %s at the end (the machine is shared: other sessions built and tested on it meanwhile).\n\n",
+		rel, rel, bl.Command, bl.Date, (time.Duration(bl.RuntimeS) * time.Second).String(), bl.Library.Commit, m.NProc, m.GoVersion, m.RedisVersion, m.LoadStart, m.LoadEnd)
+	p("Every worker is an asynq v0.26 server in the bench's process, with its own go-redis clients, on a throwaway redis-server, behind `worker.NewMiddleware(rules, worker.WithAsynq(rdb))` (`worker.Configure` sets asynq's check intervals to 100 ms). Each scenario runs twice in the same run, with the same settings: **parking** gives the rule its `*throttle.Limiter`, so a task that cannot run soon parks on a turn booked under its ID and is woken just before it; **deferral** hides the limiter behind a type that only has `WaitN`, so the middleware waits in place up to `max_wait` and otherwise defers the task to the limiter's estimate, booking nothing (the behaviour before parking). The server is flushed before each run. What is counted: **limiter calls** are EVALSHA/EVAL on the limiters' own clients (a go-redis hook); **dequeues** are the tasks asynq handed a worker (an outer middleware before the throttle); **parks / deferrals** are the handler errors asynq's ErrorHandler saw (`worker.ErrParked`, or another `*worker.ThrottledError`); **Redis µs** is the server's `INFO commandstats` usec over every command (asynq's own included; *net*: less the rate the same fleet cost idle, measured for %g s before the tasks, over the run's length) and **Redis CPU** its used_cpu_user + used_cpu_sys, deltas per task; **turns** are `worker.WaitedFrom(ctx).Turn`, the turn on the Redis clock (the deferral has none: —); **starts** are the handler start times on the local clock. Per-task figures divide by the tasks enqueued. Every GCRA rule has burst 1, so the bound in any 1 s is limit + 1. A run that has not finished at %g × its ideal time + %g s is stopped and reported as such.\n\n",
+		idleProbe.Seconds(), c.CapFactor, c.CapSlackS)
+
+	p("### Backlog of one subject\n\n")
+	p("N tasks of one subject enqueued at once (unpaced, by %d goroutines) to %d worker servers × concurrency %d (or as the row says), `max_wait` %gs. The issue asks for concurrency / rate > `max_wait`, the regime where today's deferral spins: it holds for 5/s and 50/s on 3 × 20 slots (12 s and 1.2 s), not for 500/s (0.12 s: every task's turn is within `max_wait`, so it waits in its slot and neither mode parks or defers), hence the row with 3 × 200 slots (1.2 s). Completion is from the first enqueue to the last handler start; target ≤ N/R × 1.02 + 2 s, ≤ 2.05 limiter calls, ≤ 1.05 parks (or deferrals) and ≤ 2.1 dequeues per task, Redis time per task flat as N grows; on the Redis clock no more turns than limit + burst in any 1 s (handler starts, on the local clock, may show a few more: they trail their turns). *Ran on a booked turn* counts the tasks whose turn was booked before they came (`Wait.Redeemed`); a parked task that comes back later than the tolerance (one interval, 1/R) takes a new turn instead, and its booked turn goes unused, which shows as turns spread over more than (N − 1)/R.\n\n",
+		enqueueProducers, c.Servers, c.Concurrency, c.MaxWaitS)
+	p("| N | R/s | slots | mode | completion (N/R; target) | limiter calls/task | parks or deferrals/task | dequeues/task | Redis µs/task (net of idle polling) | Redis CPU ms/task | most in 1 s: turns · starts / bound | ran on a booked turn | turns: first − last (after the first enqueue) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, r := range bl.Backlog {
+		took := fmt.Sprintf("%.1f s (%g s; ≤ %.1f s): %s", r.TookS, r.IdealS, r.TargetS, metCell(r.TookS <= r.TargetS))
+		if !r.Finished {
+			took = fmt.Sprintf("**did not finish** in %.0f s: %d of %d done (%g s; ≤ %.1f s)", r.CapS, r.Done, r.N, r.IdealS, r.TargetS)
+		}
+		p("| %d | %d | %d × %d | %s | %s | %s | %s | %s | %.0f (%.0f) | %.3f | %s / %d | %d | %s |\n", r.N, r.Rate, r.Servers, r.Concurrency, r.Mode, took,
+			marked(fmt.Sprintf("%.3f", r.CallsPerTask), r.CallsPerTask <= 2.05), marked(fmt.Sprintf("%.3f", r.ParksPerTask), r.ParksPerTask <= 1.05),
+			marked(fmt.Sprintf("%.3f", r.DequeuesPerTask), r.DequeuesPerTask <= 2.1),
+			r.RedisUsecPerTask, r.NetUsecPerTask, r.RedisCPUmsPerTask,
+			marked(fmt.Sprintf("%s · %d", turnsCell(r.MaxTurns1s), r.MaxStarts1s), r.MaxTurns1s <= r.Bound1s), r.Bound1s, r.Redeemed, turnSpan(r))
+	}
+	p("\n")
+	p("### Hot and cold subjects\n\n")
+	p("One worker server, concurrency %d, a per-tenant rule: the hot tenant's tasks enqueued at once, then %d of a cold tenant. Cold p99 (the worst of %d) is from each cold task's enqueue to its start, target ≤ 2 s; the hot tenant's rate is (k − 1) / (last − first) over its k turns on the Redis clock (and its starts on the local clock), target ≥ 98 %% of its limit. *Slots ÷ R* is how far ahead the last of a full set of worker slots' turns is: a task whose turn is at most %v away waits in its slot whatever `wait_slots` says (`admission.DefaultEarlyWait`), and only a task that parks leaves the queue free for the cold ones.\n\n",
+		c.HotConcurrency, c.Cold, c.Cold, admission.DefaultEarlyWait)
+	p("| hot tasks @ R/s | slots ÷ R | max_wait | mode | cold p50 | cold p99 (≤ 2 s) | hot rate, turns (≥ 98 %%) | hot rate, starts | most hot in 1 s: turns · starts / bound | parks or deferrals/task | limiter calls/task | done |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, r := range bl.HotCold {
+		cold := marked(fmt.Sprintf("%.2f s", r.ColdMaxS), r.ColdMaxS <= 2)
+		if r.ColdStarted < r.Cold {
+			cold = fmt.Sprintf("**%d of %d cold tasks never ran** in %.0f s", r.Cold-r.ColdStarted, r.Cold, r.CapS)
+		}
+		turns := "—"
+		if r.HotRateTurns >= 0 {
+			turns = marked(fmt.Sprintf("%.2f/s = %.1f %%", r.HotRateTurns, r.HotPctTurns), r.HotPctTurns >= 98)
+		}
+		done := fmt.Sprintf("%d of %d", r.Done, r.Hot+r.Cold)
+		if !r.Finished {
+			done = fmt.Sprintf("%d of %d (stopped at %.0f s)", r.Done, r.Hot+r.Cold, r.CapS)
+		}
+		p("| %d @ %d | %.2g s | %g s | %s | %.2f s | %s | %s | %.2f/s = %.1f %% | %s · %d / %d | %.3f | %.3f | %s |\n", r.Hot, r.Rate, float64(c.HotConcurrency)/float64(r.Rate), r.MaxWaitS, r.Mode,
+			r.ColdP50S, cold, turns, r.HotRateStarts, r.HotPctStarts, turnsCell(r.HotMaxTurns1s), r.HotMaxStarts1s, r.Rate+1, r.ParksPerTask, r.CallsPerTask, done)
+	}
+	p("\n")
+	p("### A paced batch, the fleet stopped and restarted\n\n")
+	p("%d tasks paced at %d/s through `enqueue.Pacer` (with the wake-up ledger) and `Batch.Run` to %d worker servers × concurrency %d (`max_wait` %gs); %g s after the batch began every server is stopped (`Stop`, `Middleware.Drain`, `Shutdown`), and %g s later three new ones start. Target: at most limit + burst = %d in any 1 s, on the Redis clock (turns) and on the local clock (starts) from the first second back. The deferral's workers cannot redeem the producer's receipts, so they charge each task on a key of their own (the pacer's bookings only schedule the tasks); the parking workers redeem them.\n\n",
+		c.RestartTasks, c.RestartRate, c.RestartServers, c.RestartConcurrency, c.RestartMaxWaitS, c.RestartStopAfterS, c.RestartDownS, c.RestartRate+1)
+	p("| mode | started before the stop | done | last start after the restart | most in 1 s, whole run: turns · starts | from the restart: turns · starts | bound | parks or deferrals/task | limiter calls/task |\n|---|---|---|---|---|---|---|---|---|\n")
+	for _, r := range bl.Restart {
+		done := fmt.Sprintf("%d of %d", r.Done, r.Tasks)
+		if !r.Finished {
+			done += " (stopped)"
+		}
+		whole := marked(fmt.Sprintf("%s · %d", turnsCell(r.MaxTurns1s), r.MaxStarts1s), r.MaxStarts1s <= r.Bound1s && r.MaxTurns1s <= r.Bound1s)
+		after := marked(fmt.Sprintf("%s · %d", turnsCell(r.MaxTurns1sAfter), r.MaxStarts1sAfter), r.MaxStarts1sAfter <= r.Bound1s && r.MaxTurns1sAfter <= r.Bound1s)
+		p("| %s | %d | %s | %.1f s | %s | %s | %d | %.3f | %.3f |\n", r.Mode, r.StartedBefore, done, r.AfterS, whole, after,
+			r.Bound1s, r.ParksPerTask, r.CallsPerTask)
+	}
+	if len(bl.Errors) > 0 {
+		p("\nErrors in this run:\n\n")
+		for _, e := range bl.Errors {
+			p("- %s\n", strings.ReplaceAll(e, "\n", " "))
+		}
+	}
+	return b.String()
+}
+
+// turnSpan is when a backlog's turns began and ended, or — without turns.
+func turnSpan(r *backlogRun) string {
+	if r.MaxTurns1s < 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%.2f − %.2f s", r.FirstTurnS, r.FirstTurnS+r.TurnSpanS)
+}
+
+// metCell says whether a target was met.
+func metCell(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "**missed**"
+}
+
+// marked is a figure, marked if it misses its target.
+func marked(fig string, ok bool) string {
+	if ok {
+		return fig
+	}
+	return fig + " (**missed**)"
+}
+
+// turnsCell is a most-turns figure, or — where there were no turns.
+func turnsCell(n int) string {
+	if n < 0 {
+		return "—"
+	}
+	return fmt.Sprint(n)
 }

@@ -189,6 +189,7 @@ func parseInfo(s string) map[string]string {
 type serverStats struct {
 	CPU      float64          // used_cpu_user + used_cpu_sys, seconds
 	Calls    map[string]int64 // INFO commandstats calls, by command
+	Usec     map[string]int64 // INFO commandstats usec, by command
 	Memory   int64            // used_memory, bytes
 	Clients  int64            // connected_clients
 	Keys     int64
@@ -201,7 +202,7 @@ func readStats(ctx context.Context, rdb *redis.Client) (serverStats, error) {
 		return serverStats{}, err
 	}
 	m := parseInfo(s)
-	st := serverStats{Calls: map[string]int64{}}
+	st := serverStats{Calls: map[string]int64{}, Usec: map[string]int64{}}
 	u, _ := strconv.ParseFloat(m["used_cpu_user"], 64)
 	y, _ := strconv.ParseFloat(m["used_cpu_sys"], 64)
 	st.CPU = u + y
@@ -216,6 +217,9 @@ func readStats(ctx context.Context, rdb *redis.Client) (serverStats, error) {
 		for _, f := range strings.Split(v, ",") {
 			if c, ok := strings.CutPrefix(f, "calls="); ok {
 				st.Calls[name], _ = strconv.ParseInt(c, 10, 64)
+			}
+			if u, ok := strings.CutPrefix(f, "usec="); ok {
+				st.Usec[name], _ = strconv.ParseInt(u, 10, 64)
 			}
 		}
 	}
