@@ -40,7 +40,7 @@ const (
 	// when Config.MaxWait is zero.
 	DefaultMaxWait = time.Second
 	// DefaultWaitSlots is how many jobs of one subject may wait in one
-	// process for longer than EarlyWait when Config.WaitSlots is zero.
+	// process for a new turn when Config.WaitSlots is zero.
 	DefaultWaitSlots = 2
 	// DefaultEarlyWait is how long a job back early for its booked turn
 	// waits for it in place, whatever the waiting slots, when
@@ -58,7 +58,7 @@ type Config struct {
 	// deadline.
 	MaxWait time.Duration
 	// WaitSlots bounds how many jobs of one subject wait in this process
-	// for longer than EarlyWait, so that a subject over its limit cannot
+	// for a new turn, so that a subject over its limit cannot
 	// fill every worker slot with waiting jobs: the others park at once.
 	// If zero, DefaultWaitSlots.
 	WaitSlots int
@@ -68,8 +68,8 @@ type Config struct {
 	// zero, DefaultEarlyWait. A new turn is waited for only in a waiting
 	// slot (MaxWait, WaitSlots).
 	EarlyWait time.Duration
-	// Shared, if set, also bounds the jobs waiting longer than EarlyWait
-	// across every gate that shares it (all rules, all subjects): with
+	// Shared, if set, also bounds the jobs waiting for a new turn across
+	// every gate that shares it (all rules, all subjects): with
 	// many hot subjects, WaitSlots each could still fill the worker slots.
 	// If nil, only WaitSlots bounds them.
 	Shared *Slots
@@ -90,7 +90,7 @@ type Gate struct {
 	cfg Config
 
 	mu      sync.Mutex
-	waiting map[string]int // jobs waiting longer than EarlyWait, by subject
+	waiting map[string]int // jobs holding a waiting slot, by subject
 }
 
 // New returns a Gate over lim. It returns an error naming the field if a
@@ -300,7 +300,7 @@ func (g *Gate) releaseSlot(subject string) {
 }
 
 // Slots is a bound on waiting jobs shared by several gates (Config.Shared):
-// at most n of their jobs wait longer than EarlyWait at once. A nil *Slots
+// at most n of their jobs hold a waiting slot at once. A nil *Slots
 // bounds nothing. It is safe for concurrent use.
 type Slots struct {
 	mu   sync.Mutex

@@ -60,9 +60,9 @@ type Rule struct {
 	// the wait. Never longer than the task's deadline allows.
 	MaxWait time.Duration
 	// WaitSlots bounds how many tasks of one subject wait in their
-	// handlers (for longer than a moment) in this process at once; the
-	// others park at once, so a subject over its limit cannot fill the
-	// worker slots that other subjects need. If zero,
+	// handlers for a new turn in this process at once; the others park at
+	// once, however close their turns, so a subject over its limit cannot
+	// fill the worker slots that other subjects need. If zero,
 	// admission.DefaultWaitSlots (2).
 	WaitSlots int
 }
@@ -159,8 +159,8 @@ func WithAsynq(rdb redis.UniversalClient) Option { return func(o *options) { o.a
 func WithRequeue(rdb redis.UniversalClient) Option { return WithAsynq(rdb) }
 
 // WithMaxWaiting bounds how many tasks, of every rule and subject together,
-// wait in their handlers for longer than a moment (see Rule.WaitSlots) in
-// this process: give about half the server's concurrency, so that however
+// wait in their handlers for a new turn (see Rule.WaitSlots) in this
+// process: give about half the server's concurrency, so that however
 // many subjects are over their limits, the other half of the worker slots
 // stays free for tasks that can run. If unset or not positive, only each
 // rule's WaitSlots per subject bounds them. cmd/worker sets half its
