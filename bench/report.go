@@ -335,8 +335,8 @@ func renderBacklog(bl *backlogResult, rel string) string {
 	}
 	p("\n")
 	p("### Hot and cold subjects\n\n")
-	p("One worker server, concurrency %d, a per-tenant rule: the hot tenant's tasks enqueued at once, then %d of a cold tenant. Cold p99 (the worst of %d) is from each cold task's enqueue to its start, target ≤ 2 s; the hot tenant's rate is (k − 1) / (last − first) over its k turns on the Redis clock (and its starts on the local clock), target ≥ 98 %% of its limit. *Slots ÷ R* is how far ahead the last of a full set of worker slots' turns is: a task whose turn is at most %v away waits in its slot whatever `wait_slots` says (`admission.DefaultEarlyWait`), and only a task that parks leaves the queue free for the cold ones.\n\n",
-		c.HotConcurrency, c.Cold, c.Cold, admission.DefaultEarlyWait)
+	p("One worker server, concurrency %d, a per-tenant rule: the hot tenant's tasks enqueued at once, then %d of a cold tenant. Cold p99 (the worst of %d) is from each cold task's enqueue to its start, target ≤ 2 s; the hot tenant's rate is (k − 1) / (last − first) over its k turns on the Redis clock (and its starts on the local clock), target ≥ 98 %% of its limit. *Slots ÷ R* is how far ahead the last of a full set of worker slots' turns is. Only a task holding one of its subject's `wait_slots` (default %d) waits for a new turn, however close it is; the others park, which leaves the queue free for the cold ones. (In the first run of this part, a task whose turn was within %v waited whatever `wait_slots` said, so at 50/s on 10 slots no hot task ever parked and the cold ones waited 20 s behind 1000 hot ones; the library changed after it.)\n\n",
+		c.HotConcurrency, c.Cold, c.Cold, admission.DefaultWaitSlots, admission.DefaultEarlyWait)
 	p("| hot tasks @ R/s | slots ÷ R | max_wait | mode | cold p50 | cold p99 (≤ 2 s) | hot rate, turns (≥ 98 %%) | hot rate, starts | most hot in 1 s: turns · starts / bound | parks or deferrals/task | limiter calls/task | done |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range bl.HotCold {
 		cold := marked(fmt.Sprintf("%.2f s", r.ColdMaxS), r.ColdMaxS <= 2)
