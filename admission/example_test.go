@@ -1,0 +1,50 @@
+package admission_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/jobthrottle/jobthrottle/admission"
+	"github.com/jobthrottle/jobthrottle/throttle"
+)
+
+// Three jobs of one account arrive together under a limit of one per
+// minute: the first runs, the others park on turns booked a minute apart,
+// and a parked job that comes back early for its turn is told to come back
+// again, its turn kept.
+func ExampleGate() {
+	m, err := miniredis.Run() // an in-process Redis; pass your own client
+	if err != nil {
+		panic(err)
+	}
+	defer m.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer rdb.Close()
+	var lim *throttle.Limiter
+	lim, err = throttle.New(rdb, throttle.Options{},
+		throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.PerMinute(1).WithBurst(1)})
+	if err != nil {
+		panic(err)
+	}
+	gate, err := admission.New(lim, admission.Config{})
+	if err != nil {
+		panic(err)
+	}
+	ctx := context.Background()
+	for _, id := range []string{"job-1", "job-2", "job-3", "job-2"} {
+		d, err := gate.Admit(ctx, admission.Request{Subject: "acct-42", ID: id})
+		if err != nil {
+			panic(err)
+		}
+		fmt.Printf("%s: %v (%v), turn in %v\n", id, d.Outcome, d.Turn, time.Until(d.At).Round(time.Minute))
+	}
+	// Output:
+	// job-1: run (granted), turn in 0s
+	// job-2: park (booked), turn in 1m0s
+	// job-3: park (booked), turn in 2m0s
+	// job-2: park (held), turn in 1m0s
+}
