@@ -106,7 +106,9 @@ func (p *Pacer) enqueue(ctx context.Context, c Enqueuer, task *asynq.Task, opts 
 		headers = map[string]string{}
 	}
 	headers[worker.ReceiptHeader] = r.Receipt()
-	headers[worker.EnqueuedHeader] = strconv.FormatInt(time.Now().UnixMicro(), 10)
+	if headers[worker.EnqueuedHeader] == "" { // a Batch stamps its tasks itself
+		headers[worker.EnqueuedHeader] = strconv.FormatInt(time.Now().UnixMicro(), 10)
+	}
 	at := r.TimeToAct().Add(-p.Lead)
 	if p.Wakeups != nil {
 		// asynq's schedule only as a fallback, after the wake-up.
