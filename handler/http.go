@@ -17,6 +17,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/jobthrottle/jobthrottle/admission"
+	"github.com/jobthrottle/jobthrottle/httpthrottle"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/jobthrottle/jobthrottle/worker"
 )
@@ -78,7 +79,7 @@ func newHTTPHandler(s Spec, opts Options, log *slog.Logger) (*httpHandler, error
 			if err != nil {
 				return nil, err
 			}
-			tr, err := throttle.NewTransport(lim, throttle.TransportOptions{
+			tr, err := httpthrottle.New(lim, httpthrottle.Options{
 				NoWait: true, // the middleware admitted the task
 				// A limit learned from the upstream may be slower than the
 				// rule: wait for it in the slot no longer than the rule
@@ -224,7 +225,7 @@ func (h *httpHandler) throttled(ctx context.Context, task *asynq.Task, subject s
 		if d, err := http.ParseTime(resp.Header.Get("Date")); err == nil {
 			date = d
 		}
-		if d, ok := throttle.ParseRetryAfter(resp.Header.Get("Retry-After"), date); ok && d > 0 {
+		if d, ok := httpthrottle.ParseRetryAfter(resp.Header.Get("Retry-After"), date); ok && d > 0 {
 			wait = d
 		}
 	}

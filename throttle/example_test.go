@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
@@ -146,15 +145,4 @@ func ExampleNewGroup() {
 	// a: allowed=false (tenant)
 	// b: allowed=true (global)
 	// c: allowed=false (global)
-}
-
-// What an upstream's rate-limit headers say; Transport reads every
-// response this way and follows a limit tighter than its own.
-func ExampleParseRateLimitHeaders() {
-	h := http.Header{}
-	h.Set("RateLimit-Policy", `"default";q=100;w=60`)
-	h.Set("RateLimit", `"default";r=0;t=12`)
-	info, ok := throttle.ParseRateLimitHeaders(h, time.Now())
-	fmt.Println(ok, info.Quota, info.Window, info.Remaining, info.Reset)
-	// Output: true 100 1m0s 0 12s
 }

@@ -130,6 +130,13 @@ func New(rdb redis.UniversalClient, opts Options, rules ...Rule) (*Limiter, erro
 	return l, nil
 }
 
+// With returns a Limiter over other rules that shares l's Redis client and
+// options: another limit on the same ledger, such as one learned from an
+// upstream's answers. Errors are New's.
+func (l *Limiter) With(rules ...Rule) (*Limiter, error) {
+	return New(l.rdb, l.opts, rules...)
+}
+
 // Rules returns a copy of the limiter's rules.
 func (l *Limiter) Rules() []Rule { return append([]Rule(nil), l.rules...) }
 
