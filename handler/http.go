@@ -150,7 +150,7 @@ func (h *httpHandler) send(ctx context.Context, task *asynq.Task) error {
 		// A task that slept until its slot may have been overtaken by a
 		// pause another worker recorded meanwhile: then it does not send.
 		if w, ok := worker.WaitedFrom(ctx); ok && w.Duration > 0 {
-			if left, err := h.lim.Paused(ctx, subject); err == nil && left > 0 {
+			if left, err := h.lim.PauseFor(ctx, subject, 0); err == nil && left > 0 {
 				return &worker.ThrottledError{Rule: h.rule, Subject: subject, RetryAt: time.Now().Add(left),
 					Err: fmt.Errorf("handler: %s is paused: its upstream asked every worker to slow down", h.url.origin)}
 			}
@@ -215,7 +215,7 @@ func (h *httpHandler) throttled(ctx context.Context, task *asynq.Task, subject s
 	wait := time.Duration(0)
 	if h.lim != nil {
 		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pausedTimeout)
-		if left, err := h.lim.Paused(pctx, subject); err == nil {
+		if left, err := h.lim.PauseFor(pctx, subject, 0); err == nil {
 			wait = left
 		}
 		cancel()

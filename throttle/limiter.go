@@ -53,20 +53,23 @@ type Options struct {
 //
 // A Limiter is safe for concurrent use.
 type Limiter struct {
-	rdb        redis.UniversalClient
-	rules      []Rule
-	opts       Options
-	prefix     string
-	keyRules   []string // escaped rule names, the last part of each key
-	ruleArgs   []any    // per rule: algorithm, count, period µs, extra; a ticket follows each
-	script     *redis.Script
-	reservable bool
+	rdb       redis.UniversalClient
+	rules     []Rule
+	opts      Options
+	prefix    string
+	keyRules  []string // escaped rule names, the last part of each key
+	ruleArgs  []any    // per rule: algorithm, count, period µs, extra; a ticket follows each
+	script    *redis.Script
+	tolerance time.Duration // Admit's default: the tightest rule's interval, in [1ms, 1s]
+	buckets   bool          // every rule is a bucket: WaitN reserves; else window waits queue here (window.go)
 
 	failingOpen atomic.Bool
 	cache       scriptCache
 
 	clock redisClock   // maps Redis TIME to local time for waking (clock.go)
 	batch allowBatcher // concurrent AllowN calls sent together (batch.go)
+
+	parts []part // rules over several subjects (subjects.go); then nothing above is used but rdb, rules and opts
 
 	mu      sync.Mutex
 	queues  map[string]*waitQueue   // window waits, by encoded subject
@@ -90,14 +93,14 @@ func New(rdb redis.UniversalClient, opts Options, rules ...Rule) (*Limiter, erro
 		return nil, &ConfigError{Field: "max_wait", Reason: fmt.Sprintf("%v must not be negative", opts.MaxWait)}
 	}
 	l := &Limiter{
-		rdb:        rdb,
-		rules:      append([]Rule(nil), rules...),
-		opts:       opts,
-		prefix:     opts.Prefix,
-		script:     scriptFor(rules),
-		reservable: true,
-		queues:     map[string]*waitQueue{},
-		refunds:    map[string]*refundBatch{},
+		rdb:    rdb,
+		rules:  append([]Rule(nil), rules...),
+		opts:   opts,
+		prefix: opts.Prefix,
+
+		buckets: true,
+		queues:  map[string]*waitQueue{},
+		refunds: map[string]*refundBatch{},
 	}
 	if l.prefix == "" {
 		l.prefix = DefaultPrefix
@@ -106,7 +109,7 @@ func New(rdb redis.UniversalClient, opts Options, rules ...Rule) (*Limiter, erro
 		l.opts.Logger = slog.Default()
 	}
 	seen := map[string]bool{}
-	for _, r := range rules {
+	for _, r := range l.rules {
 		if err := r.Validate(); err != nil {
 			return nil, err
 		}
@@ -124,9 +127,22 @@ func New(rdb redis.UniversalClient, opts Options, rules ...Rule) (*Limiter, erro
 			count, period = lowestTerms(count, period) // bucket.lua: exact times
 		}
 		l.keyRules = append(l.keyRules, escape(r.Name))
-		l.ruleArgs = append(l.ruleArgs, r.Algorithm.String(), count, period, extra)
-		l.reservable = l.reservable && r.Algorithm.bucket()
+		l.ruleArgs = append(l.ruleArgs, string(r.Algorithm), count, period, extra)
+		l.buckets = l.buckets && r.Algorithm.bucket()
 	}
+	l.tolerance = time.Second
+	for _, r := range l.rules {
+		l.tolerance = min(l.tolerance, r.Limit.interval())
+	}
+	l.tolerance = max(l.tolerance, time.Millisecond)
+	parts, err := splitParts(l)
+	if err != nil {
+		return nil, err
+	}
+	if l.parts = parts; parts != nil {
+		return l, nil
+	}
+	l.script = scriptFor(l.rules)
 	return l, nil
 }
 
@@ -136,9 +152,6 @@ func New(rdb redis.UniversalClient, opts Options, rules ...Rule) (*Limiter, erro
 func (l *Limiter) With(rules ...Rule) (*Limiter, error) {
 	return New(l.rdb, l.opts, rules...)
 }
-
-// Rules returns a copy of the limiter's rules.
-func (l *Limiter) Rules() []Rule { return append([]Rule(nil), l.rules...) }
 
 // Result is the outcome of Allow.
 type Result struct {
@@ -167,7 +180,7 @@ func (l *Limiter) Allow(ctx context.Context, subject string) (Result, error) {
 }
 
 // AllowN takes n permits for subject if every rule has them now, and
-// none otherwise. It never waits. It returns a *CapacityError if n is
+// none otherwise. It never waits. It returns an error matching ErrExceedsCapacity if n is
 // more than a rule can ever admit at once, and an error matching ErrRedis
 // if Redis fails (unless FailOpen, which allows).
 //
@@ -178,19 +191,18 @@ func (l *Limiter) Allow(ctx context.Context, subject string) (Result, error) {
 // says for how long. See the package doc for how this and the rest compare
 // with golang.org/x/time/rate and redis_rate.
 func (l *Limiter) AllowN(ctx context.Context, subject string, n int) (Result, error) {
+	if l.parts != nil {
+		return l.allowParts(ctx, subject, n)
+	}
 	res, _, err := l.decide(ctx, "allow", subject, n, -1, false)
 	return res, err
 }
 
-// Reserve is ReserveN(ctx, subject, 1).
-func (l *Limiter) Reserve(ctx context.Context, subject string) (*Reservation, error) {
-	return l.ReserveN(ctx, subject, 1)
-}
-
 // ReserveN books n permits for subject at the earliest time every rule
 // can grant them, in one round trip, and returns the reservation: the
-// caller must wait Delay before acting, or Cancel it. Only limiters whose
-// rules are all TokenBucket or GCRA can reserve (else ErrNotReservable).
+// caller must wait Delay before acting, or Cancel it. Every algorithm can
+// reserve: the windows book into their ledger of future admissions (each
+// algorithm's Lua file says how).
 //
 // The booking is bounded by the context's deadline and by MaxWait: if the
 // slot is later, nothing is booked and a *DelayError says when it would
@@ -199,8 +211,8 @@ func (l *Limiter) Reserve(ctx context.Context, subject string) (*Reservation, er
 // it is granted at once, or, while reservations hold a bucket in debt,
 // when the debt is repaid.
 func (l *Limiter) ReserveN(ctx context.Context, subject string, n int) (*Reservation, error) {
-	if !l.reservable {
-		return nil, ErrNotReservable
+	if l.parts != nil {
+		return l.acquireParts(ctx, subject, n, true)
 	}
 	bound, byDeadline := l.waitBound(ctx, time.Now())
 	maxWait := int64(-1)
@@ -233,9 +245,9 @@ func (l *Limiter) Wait(ctx context.Context, subject string) error {
 //
 // It fails at once, consuming nothing, with a *DelayError if the permits
 // would come after the context's deadline (the error then matches
-// context.DeadlineExceeded) or after MaxWait (matching ErrMaxWait). If the
+// context.DeadlineExceeded) or after MaxWait (Deadline false). If the
 // context ends while waiting, the reservation is refunded and ctx.Err()
-// returned. n larger than a rule's capacity is a *CapacityError. n = 0
+// returned. n larger than a rule's capacity is an error matching ErrExceedsCapacity. n = 0
 // charges nothing: it returns at once unless a request of 0 would wait
 // (see AllowN), and then waits as x/time/rate's WaitN(ctx, 0) does.
 func (l *Limiter) WaitN(ctx context.Context, subject string, n int) error {
@@ -253,7 +265,10 @@ func (l *Limiter) acquire(ctx context.Context, subject string, n int) (*Reservat
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if l.reservable {
+	if l.parts != nil {
+		return l.acquireParts(ctx, subject, n, false)
+	}
+	if l.buckets {
 		return l.ReserveN(ctx, subject, n)
 	}
 	return l.waitWindow(ctx, subject, n)
@@ -286,7 +301,7 @@ func (l *Limiter) request(op, subject string, n int, maxWait int64, tickets []st
 	}
 	for _, r := range l.rules {
 		if c := r.Limit.capacity(r.Algorithm); n > c {
-			return nil, nil, &CapacityError{Rule: r.Name, N: n, Capacity: c}
+			return nil, nil, capacityError(r.Name, n, c)
 		}
 	}
 	enc, err := EncodeSubject(subject)
@@ -450,7 +465,8 @@ func (l *Limiter) redisOK() {
 // out) costs a few round trips instead of one each, and does not queue for
 // the client's connections until the refunds time out. It returns when its
 // refund is made, or when ctx ends; the refund is then still made if Redis
-// answers. undo (a Group rolling back a part) gives the permits back even
+// answers. undo (rolling back the part of one subject when another's
+// rules refuse: subjects.go) gives the permits back even
 // after their time to act, which a Cancel does not (bucket.lua).
 func (l *Limiter) refund(ctx context.Context, subject string, n int, tickets []string, undo bool) error {
 	if _, _, err := l.request("refund", subject, n, -1, tickets); err != nil {
@@ -563,13 +579,4 @@ func (l *Limiter) refundNow(subject string, batch []*refundEntry, undo bool) err
 		return &redisError{op: "refund", err: err}
 	}
 	return nil
-}
-
-// String lists the limiter's rules.
-func (l *Limiter) String() string {
-	parts := make([]string, len(l.rules))
-	for i, r := range l.rules {
-		parts[i] = r.String()
-	}
-	return "throttle.Limiter{" + strings.Join(parts, "; ") + "}"
 }

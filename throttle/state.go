@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"context"
+	"errors"
 	"fmt"
 )
 
@@ -17,6 +18,9 @@ import (
 // rule's capacity is capped by what the rule can ever hold. Errors are as
 // for AllowN (a fail-open limiter admits all n when Redis fails).
 func (l *Limiter) AllowAtMost(ctx context.Context, subject string, n int) (granted int, res Result, err error) {
+	if l.parts != nil {
+		return 0, Result{}, errOneSubject
+	}
 	if n < 1 {
 		return 0, Result{}, fmt.Errorf("throttle: AllowAtMost(n = %d): n must be at least 1; use AllowN(ctx, subject, 0) to read the state", n)
 	}
@@ -62,6 +66,13 @@ func (l *Limiter) AllowAtMost(ctx context.Context, subject string, n int) (grant
 // one DEL of the subject's keys. Errors: ErrInvalidSubject, or an error
 // matching ErrRedis (FailOpen does not apply).
 func (l *Limiter) Reset(ctx context.Context, subject string) error {
+	if l.parts != nil {
+		var errs []error
+		for _, p := range l.parts {
+			errs = append(errs, p.lim.Reset(ctx, p.of(subject)))
+		}
+		return errors.Join(errs...)
+	}
 	enc, err := EncodeSubject(subject)
 	if err != nil {
 		return err

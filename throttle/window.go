@@ -106,7 +106,7 @@ func (l *Limiter) awaitTurn(ctx context.Context, subject string, w *waiter, star
 		case <-expired:
 			// The permits freed so far went to waiters ahead; the next
 			// comes no sooner than the head was told, or one interval.
-			return &DelayError{Rule: l.rules[0].Name, RetryAfter: max(until.Sub(now), l.rules[0].Limit.Interval())}
+			return &DelayError{Rule: l.rules[0].Name, RetryAfter: max(until.Sub(now), l.rules[0].Limit.interval())}
 		}
 	}
 }
