@@ -123,14 +123,11 @@ func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error
 	if req.Horizon < 0 || req.Horizon > maxPeriod {
 		return Admission{}, fmt.Errorf("throttle: admit: horizon %v: must be between 0 (no bound) and %v", req.Horizon, maxPeriod)
 	}
-	wait, horizon := int64(-1), int64(-1)
-	if req.Wait >= 0 {
-		wait = req.Wait.Microseconds()
-	}
+	wait, horizon := micros(req.Wait), unbounded
 	if req.Horizon > 0 {
 		horizon = req.Horizon.Microseconds()
 	}
-	keys, args, err := l.request("admit", req.Subject, req.N, wait, nil)
+	keys, args, err := l.request(opAdmit, req.Subject, req.N, wait, nil)
 	if err != nil {
 		return Admission{}, err
 	}
@@ -152,35 +149,29 @@ func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error
 			args = append(args, l.member(id))
 		}
 	}
-	reply, err := l.run(ctx, l.script, keys, args...).Slice()
-	recv := time.Now()
-	if err != nil {
-		r, err := l.failOpenOr(ctx, "admit", req.Subject, req.N, err)
+	rep, recv, err := l.call(ctx, opAdmit, keys, args)
+	if re, ok := err.(*redisError); ok {
+		r, err := l.failOpenOr(ctx, opAdmit, req.Subject, req.N, re.err)
 		if err != nil {
 			return Admission{}, err
 		}
 		return Admission{Status: Granted, Rule: l.rules[0].Name, At: r.at, Reservation: r}, nil
 	}
-	l.redisOK()
-	res, redisNow, err := l.parse(reply)
 	if err != nil {
 		return Admission{}, err
 	}
-	status := int64(0)
-	if v, ok := reply[0].(int64); ok {
-		status = v
-	}
+	res := rep.Result
 	a := Admission{
 		Delay: res.RetryAfter,
-		Slot:  time.UnixMicro(redisNow).Add(res.RetryAfter),
+		Slot:  time.UnixMicro(rep.redisNow).Add(res.RetryAfter),
 	}
-	a.At = l.clock.wake(recv, redisNow, a.Delay)
-	switch status {
+	a.At = l.clock.wake(recv, rep.redisNow, a.Delay)
+	switch rep.status {
 	case admitDenied:
 		a.Status, a.Rule = Denied, res.Rule
 	case admitGranted:
 		a.Status, a.Rule = Granted, res.Rule
-		a.Reservation = &Reservation{lim: l, subject: req.Subject, n: req.N, tickets: tickets(reply), delay: a.Delay, at: a.At}
+		a.Reservation = &Reservation{lim: l, subject: req.Subject, n: req.N, tickets: rep.tickets(len(l.rules)), delay: a.Delay, at: a.At}
 	case admitBooked:
 		a.Status, a.Rule = Booked, res.Rule
 	case admitRedeemed:
@@ -188,7 +179,7 @@ func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error
 	case admitHeld:
 		a.Status = Held
 	default:
-		return Admission{}, badReply(reply)
+		return Admission{}, badReply(rep.raw)
 	}
 	return a, nil
 }

@@ -69,7 +69,7 @@ func (e *DelayError) Is(target error) bool {
 // redisError wraps an error from Redis so that it matches ErrRedis and
 // still unwraps to the cause.
 type redisError struct {
-	op  string
+	op  op
 	err error
 }
 

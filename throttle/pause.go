@@ -24,8 +24,8 @@ const maxPause = maxPeriod
 // pauseKey returns <prefix>{<subject>}:!pause, which holds the Redis time
 // (microseconds) at which the subject's current pause ends, with a TTL of
 // the pause. The subject must have passed EncodeSubject.
-func (l *Limiter) pauseKey(subject string) string {
-	return key(l.prefix, escape(subject), pauseSuffix)
+func (p *policy) pauseKey(subject string) string {
+	return key(p.prefix, escape(subject), pauseSuffix)
 }
 
 // PauseFor holds back every rule of the limiter for subject so that no
@@ -66,25 +66,26 @@ func (l *Limiter) PauseFor(ctx context.Context, subject string, d time.Duration)
 		return longest, nil
 	}
 	var cmd *redis.Cmd
+	var err error
 	if d <= 0 {
 		if _, err := EncodeSubject(subject); err != nil {
 			return 0, err
 		}
-		cmd = l.run(ctx, pausedScript, []string{l.pauseKey(subject)})
+		cmd, err = l.exec(ctx, opPaused, pausedScript, []string{l.pauseKey(subject)}, nil)
 	} else {
 		us := (d + time.Microsecond - 1) / time.Microsecond
-		keys, args, err := l.request("pause", subject, 1, int64(us), nil)
-		if err != nil {
-			return 0, err
+		keys, args, rerr := l.request(opPause, subject, 1, int64(us), nil)
+		if rerr != nil {
+			return 0, rerr
 		}
-		cmd = l.run(ctx, l.script, append(keys, l.pauseKey(subject)), args...)
+		cmd, err = l.exec(ctx, opPause, l.script, append(keys, l.pauseKey(subject)), args)
+	}
+	if err != nil {
+		return 0, err
 	}
 	us, err := cmd.Int64()
 	if err != nil {
-		if l.opts.OnRedisError != nil {
-			l.opts.OnRedisError(err, false)
-		}
-		return 0, &redisError{op: "pause", err: err}
+		return 0, err
 	}
 	return time.Duration(us) * time.Microsecond, nil
 }

@@ -24,14 +24,14 @@ const defaultReceiptKeep = 24 * time.Hour
 
 // receiptsKey returns <prefix>{<subject>}:!receipts. The subject must have
 // passed EncodeSubject.
-func (l *Limiter) receiptsKey(subject string) string {
-	return key(l.prefix, escape(subject), receiptsSuffix)
+func (p *policy) receiptsKey(subject string) string {
+	return key(p.prefix, escape(subject), receiptsSuffix)
 }
 
 // member is the receipt set's member for id under this limiter's rules:
 // a limiter with other rules does not find it.
-func (l *Limiter) member(id string) string {
-	return id + " " + strings.Join(l.keyRules, ",")
+func (p *policy) member(id string) string {
+	return id + " " + strings.Join(p.keyRules, ",")
 }
 
 // PrepayN books n permits for subject like ReserveN (same bounds, same
@@ -56,38 +56,25 @@ func (l *Limiter) PrepayN(ctx context.Context, subject string, n int, keep time.
 		return nil, fmt.Errorf("throttle: receipt keep %v: must be at most %v", keep, maxPeriod)
 	}
 	bound, byDeadline := l.waitBound(ctx, time.Now())
-	maxWait := int64(-1)
-	if bound >= 0 {
-		maxWait = bound.Microseconds()
-	}
-	keys, args, err := l.request("prepay", subject, n, maxWait, nil)
+	keys, args, err := l.request(opPrepay, subject, n, micros(bound), nil)
 	if err != nil {
 		return nil, err
 	}
 	id := newReceiptID()
 	keys = append(keys, l.receiptsKey(subject))
 	args = append(args, l.member(id), keep.Microseconds())
-	reply, err := l.run(ctx, l.script, keys, args...).Slice()
-	recv := time.Now()
-	if err != nil {
-		// No fail-open here: a receipt that Redis never recorded would
-		// only make the consumer charge again.
-		if l.opts.OnRedisError != nil {
-			l.opts.OnRedisError(err, false)
-		}
-		return nil, &redisError{op: "prepay", err: err}
-	}
-	l.redisOK()
-	res, redisNow, err := l.parse(reply)
+	// No fail-open here (opPrepay): a receipt that Redis never recorded
+	// would only make the consumer charge again.
+	rep, recv, err := l.call(ctx, opPrepay, keys, args)
 	if err != nil {
 		return nil, err
 	}
-	if !res.Allowed {
-		return nil, &DelayError{Rule: res.Rule, RetryAfter: res.RetryAfter, Deadline: byDeadline}
+	if !rep.Allowed {
+		return nil, &DelayError{Rule: rep.Rule, RetryAfter: rep.RetryAfter, Deadline: byDeadline}
 	}
-	return &Reservation{lim: l, subject: subject, n: n, tickets: tickets(reply), receipt: id,
-		delay: res.RetryAfter, at: l.clock.wake(recv, redisNow, res.RetryAfter),
-		slot: time.UnixMicro(redisNow).Add(res.RetryAfter)}, nil
+	return &Reservation{lim: l, subject: subject, n: n, tickets: rep.tickets(len(l.rules)), receipt: id,
+		delay: rep.RetryAfter, at: l.clock.wake(recv, rep.redisNow, rep.RetryAfter),
+		slot: time.UnixMicro(rep.redisNow).Add(rep.RetryAfter)}, nil
 }
 
 // Receipt returns the receipt of a reservation made by PrepayN: its id,
@@ -99,10 +86,7 @@ func (r *Reservation) Receipt() (id string, slot time.Time) { return r.receipt, 
 
 // dropReceipt forgets a receipt, so that it can no longer be redeemed.
 func (l *Limiter) dropReceipt(ctx context.Context, subject, receipt string) error {
-	if err := l.rdb.ZRem(ctx, l.receiptsKey(subject), l.member(receipt)).Err(); err != nil {
-		return &redisError{op: "drop receipt", err: err}
-	}
-	return nil
+	return l.result(opDropReceipt, l.rdb.ZRem(ctx, l.receiptsKey(subject), l.member(receipt)).Err())
 }
 
 // maxReceiptLen bounds the receipts Admit looks up; ours are 32 bytes.

@@ -32,7 +32,7 @@ type Reservation struct {
 
 // Delay is how long the caller must still wait before acting, 0 once the
 // time to act has passed: the slot Redis granted, mapped from Redis's
-// clock onto the local monotonic clock (clock.go), so that it does not
+// clock onto the local monotonic clock, so that it does not
 // move with the latency of the reply. As in golang.org/x/time/rate, it
 // shrinks as time passes; read it right after ReserveN for the delay
 // Redis granted, and act at time.Now().Add(Delay()).

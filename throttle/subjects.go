@@ -66,7 +66,7 @@ func (l *Limiter) allowParts(ctx context.Context, subject string, n int) (Result
 	held := make([]*Reservation, 0, len(l.parts))
 	var best Result
 	for i, p := range l.parts {
-		res, r, err := p.lim.decide(ctx, "allow", p.of(subject), n, -1, true)
+		res, r, err := p.lim.decide(ctx, opAllow, p.of(subject), n, unbounded, true)
 		if err != nil || !res.Allowed {
 			undoAll(ctx, held)
 			return res, err

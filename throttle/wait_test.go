@@ -351,10 +351,10 @@ func TestWindowQueueCancelledWaiterLeaves(t *testing.T) {
 		if err := <-third; err != nil || at() != 2*time.Second {
 			t.Fatalf("third: %v at %v, want admitted at 2s", err, at())
 		}
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		if len(l.queues) != 0 {
-			t.Fatalf("%d queues left after all waiters left", len(l.queues))
+		l.queues.mu.Lock()
+		defer l.queues.mu.Unlock()
+		if len(l.queues.bySubject) != 0 {
+			t.Fatalf("%d queues left after all waiters left", len(l.queues.bySubject))
 		}
 	})
 }
