@@ -51,14 +51,14 @@ type Options struct {
 //
 // A Limiter is safe for concurrent use.
 type Limiter struct {
-	policy              // the rules, their keys and script arguments (policy.go)
-	runner              // Redis: script calls, fail-open, hooks (run.go)
-	opts   Options      // as given, with a Logger
-	clock  redisClock   // maps Redis TIME to local time for waking (clock.go)
-	batch  allowBatcher // concurrent AllowN calls sent together (batch.go)
-	queues windowQueues // window waits, by encoded subject (window.go)
-	refunds refunder    // refunds waiting for a call, by escaped subject (refund.go)
-	parts  []part       // rules over several subjects (subjects.go); then only policy, runner and opts are used
+	policy               // the rules, their keys and script arguments (policy.go)
+	runner               // Redis: script calls, fail-open, hooks (run.go)
+	opts    Options      // as given, with a Logger
+	clock   redisClock   // maps Redis TIME to local time for waking (clock.go)
+	batch   allowBatcher // concurrent AllowN calls sent together (batch.go)
+	queues  windowQueues // window waits, by encoded subject (window.go)
+	refunds refunder     // refunds waiting for a call, by escaped subject (refund.go)
+	parts   []part       // rules over several subjects (subjects.go); then only policy, runner and opts are used
 }
 
 // New returns a Limiter that applies every rule to each subject. It returns
