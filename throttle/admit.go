@@ -89,7 +89,9 @@ type Admission struct {
 	// every process: use it to schedule a wake-up in Redis.
 	Slot time.Time
 	// Reservation holds a Granted turn's permits, to Cancel if the
-	// caller will not act; nil otherwise.
+	// caller will not act, or to Settle once it has. A Redeemed turn's
+	// is there to Settle (its Cancel gives nothing back: the turn is
+	// spent); nil otherwise.
 	Reservation *Reservation
 }
 
@@ -131,7 +133,7 @@ func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error
 	if err != nil {
 		return Admission{}, err
 	}
-	keys = append(keys, l.receiptsKey(req.Subject), l.pauseKey(req.Subject))
+	keys = append(keys, l.receiptsKey(req.Subject), l.pauseKey(req.Subject), l.ticketsKey(req.Subject))
 	booking := ""
 	switch {
 	case req.BookAs != "":
@@ -176,6 +178,11 @@ func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error
 		a.Status, a.Rule = Booked, res.Rule
 	case admitRedeemed:
 		a.Status = Redeemed
+		if t := redeemedTickets(rep.raw, len(l.rules)); t != nil {
+			// To settle (Reservation.Settle); the turn is spent, so
+			// Cancel gives nothing back.
+			a.Reservation = &Reservation{lim: l, subject: req.Subject, n: req.N, tickets: t, delay: a.Delay, at: a.At, spent: true}
+		}
 	case admitHeld:
 		a.Status = Held
 	default:

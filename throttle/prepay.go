@@ -61,7 +61,7 @@ func (l *Limiter) PrepayN(ctx context.Context, subject string, n int, keep time.
 		return nil, err
 	}
 	id := newReceiptID()
-	keys = append(keys, l.receiptsKey(subject))
+	keys = append(keys, l.receiptsKey(subject), l.ticketsKey(subject))
 	args = append(args, l.member(id), keep.Microseconds())
 	// No fail-open here (opPrepay): a receipt that Redis never recorded
 	// would only make the consumer charge again.

@@ -24,6 +24,8 @@ type Reservation struct {
 
 	slot time.Time // a prepaid reservation's slot on the Redis clock (prepay.go)
 
+	spent bool // a redeemed booking or receipt (admit.go): Cancel gives nothing back, Settle corrects it
+
 	parts []*Reservation // a limiter over several subjects: each part's (subjects.go)
 
 	once      sync.Once
@@ -62,7 +64,7 @@ func (r *Reservation) cancel(ctx context.Context, undo bool) error {
 			// First, so that the receipt can no longer be redeemed.
 			r.cancelErr = r.lim.dropReceipt(ctx, r.subject, r.receipt)
 		}
-		if r.tickets != nil {
+		if r.tickets != nil && !r.spent {
 			r.cancelErr = errors.Join(r.cancelErr, r.lim.refund(ctx, r.subject, r.n, r.tickets, undo))
 		}
 	})

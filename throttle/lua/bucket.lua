@@ -143,9 +143,43 @@ local function bk_commit(key, count, period, burst, n, delay, aw, ar)
   return string.format('%d %d', ew, er)
 end
 
--- Refunds and pauses only (prelude.lua: rare).
-local bk_refund, bk_pause
+-- Refunds, settles and pauses only (prelude.lua: rare).
+local bk_refund, bk_pause, bk_settle
 if rare then
+
+-- settle corrects a reservation of n tokens, whose time to act x is the
+-- ticket, to actual tokens. More: TAT moves (actual - n) * T later, from
+-- now if the bucket is full: a debt that later requests wait for. Fewer:
+-- TAT moves back (n - actual) * T, but no further than what the
+-- reservation still holds: the bucket refills its tokens by x + burst * T
+-- whatever happens after x, so giving back more than x + burst * T - now
+-- could make a window hold more than the limit; and never before now (a
+-- full bucket). The exact arithmetic is check's; ev is unchanged.
+function bk_settle(key, count, period, burst, n, actual, ticket)
+  local xw, xr = string.match(ticket, '^(%d+) (%d+)$')
+  if not xw then return end
+  xw, xr = tonumber(xw), tonumber(xr)
+  if actual < n and redis.call('EXISTS', key) == 0 then return end
+  local tw, tr, ew, er = bk_load(key, count, period, burst)
+  if tw < now then tw, tr = now, 0 end
+  if actual > n then
+    local dq, dr = bk_div(actual - n, period, count)
+    tw, tr = tw + dq, tr + dr
+    if tr >= count then tw, tr = tw + 1, tr - count end
+  else
+    local dq, dr = bk_div(n - actual, period, count)
+    local bq, br = bk_div(burst, period, count)
+    -- m = x + burst * T - now, the most the reservation still holds
+    local mw, mr = xw + bq - now, xr + br
+    if mr >= count then mw, mr = mw + 1, mr - count end
+    if mw < 0 or (mw == 0 and mr == 0) then return end
+    if mw < dq or (mw == dq and mr < dr) then dq, dr = mw, mr end
+    tw, tr = tw - dq, tr - dr
+    if tr < 0 then tw, tr = tw - 1, tr + count end
+    if tw < now then tw, tr = now, 0 end
+  end
+  bk_store(key, tw, tr, ew, er)
+end
 
 -- refund (Reservation.Cancel) as golang.org/x/time/rate's CancelAt: a
 -- reservation whose time to act x passed gives nothing back (its tokens

@@ -9,11 +9,12 @@
 --               <prefix>{<subject>}:<rule>!cancelled (bucket.lua);
 --               a refund always has these 2r + 1 keys
 -- ARGV[1]    -> operation: 'allow', 'reserve', 'prepay', 'refund', 'undo',
---               'atmost' or 'pause'
+--               'atmost', 'pause' or 'settle'
 -- ARGV[2]    -> n, the number of permits; 0 (allow, reserve) reads the state
 --               and charges nothing
 -- ARGV[3]    -> reserve, prepay: the longest delay accepted, microseconds
---               (-1: no bound); pause: the pause, microseconds (at least 1)
+--               (-1: no bound); pause: the pause, microseconds (at least 1);
+--               settle: the actual cost, permits (ARGV[2] is the reserved n)
 -- then for rule i, five values starting at ARGV[4 + 5 * (i - 1)]:
 --   algorithm name, count, period (microseconds),
 --   extra (burst; precision in microseconds for sliding_window),
@@ -21,6 +22,11 @@
 -- prepay only, after the rules:
 --   ARGV[4 + 5r] -> the receipt: id and rule names, a sorted-set member
 --   ARGV[5 + 5r] -> how long the receipt is kept after its slot, microseconds
+-- prepay and admit: KEYS[r+2] (prepay), KEYS[r+3] (admit) -> the subject's
+--   tickets of booked turns and receipts, <prefix>{<subject>}:!tickets, a
+--   hash: member -> the refund tickets of its rules, joined by '\n', kept
+--   so that whoever redeems it can settle it (op 'settle'). admit's reply
+--   for a redeemed one (status 3) ends with them, one string.
 -- admit only (KEYS[r+1] is the receipt set, as for prepay, and KEYS[r+2] the
 -- pause key: a booking is not redeemed while the subject is paused), after
 -- the rules:
@@ -39,7 +45,11 @@
 -- refund only, after the rules: more reservations to give back in the same
 -- call, each as 1 + r values: its n, then its ticket for each rule
 -- The number of rules r is floor((#ARGV - 3) / 5), for refund (#KEYS - 1) / 2,
--- for admit #KEYS - 2.
+-- for admit #KEYS - 3.
+-- settle (KEYS[r+1]: the pause key) charges (ARGV[3] - ARGV[2]) more permits,
+-- or gives back that many if negative, against each rule's ticket
+-- (settle[algo], prelude.lua), then applies a running pause again as refund
+-- does; it returns 1.
 --
 -- allow and reserve return
 --   {ok (1/0), deciding rule index (1-based), remaining, delay microseconds,
@@ -78,7 +88,7 @@ local op = ARGV[1]
 local n = tonumber(ARGV[2])
 local max_wait = tonumber(ARGV[3])
 local nrules = math.floor((#ARGV - 3) / 5)
-if op == 'admit' then nrules = #KEYS - 2 end
+if op == 'admit' then nrules = #KEYS - 3 end
 
 -- one_check and one_commit (a script of one algorithm) or checks and
 -- commits (by algorithm name) come from the use_*.lua file before this one.
@@ -134,6 +144,16 @@ if rare then
     end
     return 1
   end
+
+  if op == 'settle' then
+    for i = 1, nrules do
+      local algo, count, period, extra, tk = rule(i)
+      if tk ~= '' then settle[algo](KEYS[i], count, period, extra, n, max_wait, tk) end
+    end
+    local untl = tonumber(redis.call('GET', KEYS[nrules + 1]))
+    if untl and untl > now then pause_all(untl) end
+    return 1
+  end
 end
 
 -- atmost: n becomes what every rule has now (a state read, n = 0), at
@@ -159,6 +179,7 @@ if op == 'admit' then
   -- not redeemed: it is dropped and its caller takes a new turn, which the
   -- pause has moved past its end.
   local pause_end = tonumber(redis.call('GET', KEYS[nrules + 2])) or 0
+  local tkey = KEYS[nrules + 3]
   local early = tonumber(ARGV[b + 3])
   for i = b + 4, #ARGV do
     local slot = tonumber(redis.call('ZSCORE', rkey, ARGV[i]))
@@ -171,9 +192,17 @@ if op == 'admit' then
       if d < 0 then d = 0 end
       if early >= 0 and d > early then return {4, 1, 0, d, 0, now} end
       redis.call('ZREM', rkey, ARGV[i])
+      local tk = redis.call('HGET', tkey, ARGV[i])
+      if tk then
+        redis.call('HDEL', tkey, ARGV[i])
+        return {3, 1, 0, d, 0, now, tk}
+      end
       return {3, 1, 0, d, 0, now}
     end
   end
+  -- None redeemed: their tickets, if any (stale, or dropped in a pause),
+  -- go too.
+  if #ARGV >= b + 4 then redis.call('HDEL', tkey, unpack(ARGV, b + 4)) end
   -- A new turn, booked as far as the horizon allows; without a booking id,
   -- only as far as the caller can wait.
   max_wait = tonumber(ARGV[b + 2])
@@ -232,6 +261,7 @@ if reply[1] == 1 and op == 'admit' and wait_here >= 0 and reply[4] > wait_here t
   local rkey, tol = KEYS[nrules + 1], tonumber(ARGV[b + 1])
   redis.call('ZADD', rkey, string.format('%d', now + reply[4]), ARGV[b])
   keep_ttl(rkey, reply[4] + tol)
+  if n > 0 then keep_tickets(KEYS[nrules + 3], rkey, ARGV[b], table.concat(reply, '\n', 7, 6 + nrules), reply[4] + tol) end
   return {2, reply[2], reply[3], reply[4], reply[5], now}
 end
 if reply[1] == 1 and op == 'prepay' then
@@ -239,6 +269,7 @@ if reply[1] == 1 and op == 'prepay' then
   redis.call('ZREMRANGEBYSCORE', rkey, '-inf', '(' .. string.format('%d', now - keep))
   redis.call('ZADD', rkey, string.format('%d', now + reply[4]), ARGV[4 + 5 * nrules])
   keep_ttl(rkey, reply[4] + keep)
+  if n > 0 then keep_tickets(KEYS[nrules + 2], rkey, ARGV[4 + 5 * nrules], table.concat(reply, '\n', 7, 6 + nrules), reply[4] + keep) end
 end
 if atmost and reply[1] == 1 then reply[#reply + 1] = n end
 return reply

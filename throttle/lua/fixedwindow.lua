@@ -65,6 +65,25 @@ refund['fixed_window'] = function(key, count, period, extra, n, ticket)
   redis.call('HSET', key, 'c', string.format('%d', c))
 end
 
+-- settle: the ticket's window, if it is still the one held, counts actual
+-- instead of n permits (more than count is a debt: the window admits
+-- nothing more). Once the ticket's window has ended there is nothing to
+-- correct: a fixed window forgets its past. If a later window is already
+-- booked (w > ticket), more permits are counted there; fewer cannot be
+-- given back, since the ticket's window is no longer held.
+settle['fixed_window'] = function(key, count, period, extra, n, actual, ticket)
+  local v = redis.call('HMGET', key, 'w', 'c')
+  local w, t = tonumber(v[1]), tonumber(ticket)
+  if not w or not t then return end
+  if w == t then
+    local c = (tonumber(v[2]) or 0) + actual - n
+    if c < 0 then c = 0 end
+    redis.call('HSET', key, 'c', string.format('%d', c))
+  elseif w > t and actual > n then
+    redis.call('HINCRBY', key, 'c', actual - n)
+  end
+end
+
 -- pause: a window has no state for later windows, so a pause is a field of
 -- its own, pu = untl (Redis time, microseconds), in the same hash, which
 -- check honours. TTL: at least until pu.

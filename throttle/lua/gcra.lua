@@ -10,4 +10,5 @@ local check_gcra, commit_gcra = bk_check, bk_commit
 if rare then
   refund['gcra'] = bk_refund
   pause['gcra'] = bk_pause
+  settle['gcra'] = bk_settle
 end

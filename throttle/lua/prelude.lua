@@ -73,6 +73,14 @@ end
 -- a Reservation.Cancel, which the bucket algorithms honour only before the
 -- time to act (bucket.lua). The windows give back in both cases.
 --
+-- Each algorithm also registers a settle function (driver.lua, op
+-- 'settle'): settle(key, count, period, extra, n, actual, ticket) corrects
+-- a request of n permits that commit charged (ticket: its refund ticket)
+-- to actual permits, after the caller acted: actual > n charges the
+-- difference, even into debt (the rule then admits nothing more until it
+-- is repaid); actual < n gives it back, as far as the rule still holds
+-- it (each algorithm's file says how far).
+--
 -- Each algorithm also registers a pause function (see driver.lua, op
 -- 'pause'): pause(key, count, period, extra, untl) moves the rule's state so
 -- that no request is admitted before the Redis time untl (microseconds),
@@ -87,10 +95,10 @@ end
 -- and reserve, the hot path, define only the check and commit functions of
 -- the algorithms in the script and the num/ttl_ms helpers; everything else
 -- is defined inside `if rare`.
-local refund, pause
-if rare then refund, pause = {}, {} end
+local refund, pause, settle
+if rare then refund, pause, settle = {}, {}, {} end
 
-local keep_ttl, cancelled_add, cancelled_pop, rint
+local keep_ttl, keep_tickets, cancelled_add, cancelled_pop, rint
 if rare then
 
 -- rint formats a number that may have a fraction as the nearest integer.
@@ -105,6 +113,23 @@ function keep_ttl(key, us)
   local cur = redis.call('PTTL', key)
   if cur >= 0 and cur >= want then return end
   redis.call('PEXPIRE', key, want)
+end
+
+-- keep_tickets records the refund tickets of a booking or receipt (member of
+-- the receipt set rkey) in the hash tkey, kept at least us more
+-- microseconds, so that whoever redeems it can settle it. A member that
+-- leaves rkey unredeemed (stale, cancelled) leaves its field behind: when
+-- the hash holds far more fields than rkey members, the fields whose
+-- member is gone are dropped (rarely, so at a small cost per booking).
+function keep_tickets(tkey, rkey, member, tickets, us)
+  redis.call('HSET', tkey, member, tickets)
+  keep_ttl(tkey, us)
+  local h = redis.call('HLEN', tkey)
+  if h > 64 and h > 2 * redis.call('ZCARD', rkey) then
+    for _, f in ipairs(redis.call('HKEYS', tkey)) do
+      if not redis.call('ZSCORE', rkey, f) then redis.call('HDEL', tkey, f) end
+    end
+  end
 end
 
 -- cancelled_add and cancelled_pop are the record of cancelled places the

@@ -78,6 +78,27 @@ refund['sliding_log'] = function(key, count, period, extra, n, ticket)
   redis.call('ZREM', key, unpack(members))
 end
 
+-- settle: while the request's permits are in the log (time t, the
+-- ticket's), fewer drops the last n - actual of its members; more adds
+-- actual - n members at t, as commit adds them (the log may then hold more
+-- than count: a debt that later requests wait for).
+settle['sliding_log'] = function(key, count, period, extra, n, actual, ticket)
+  local ts, seq = string.match(ticket, '^(%d+):(%d+)$')
+  if not ts then return end
+  local t = tonumber(ts)
+  if t + period <= now then return end
+  if actual < n then
+    local members = {}
+    for i = actual + 1, n do members[#members + 1] = ts .. ':' .. string.format('%d', tonumber(seq) + i) end
+    redis.call('ZREM', key, unpack(members))
+    return
+  end
+  local newest = t
+  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  if last[2] and tonumber(last[2]) > newest then newest = tonumber(last[2]) end
+  commit_sliding_log(key, count, period, extra, actual - n, t - now, redis.call('ZCARD', key), newest)
+end
+
 -- pause: count placeholder members "!pause:1" … "!pause:<count>" (never a
 -- "<time>:<seq>" member), scored untl - period, so the log is full until
 -- untl and they leave at untl exactly; the check's own arithmetic then

@@ -82,6 +82,23 @@ refund['sliding_window'] = function(key, count, period, precision, n, ticket)
   end
 end
 
+-- settle: the ticket's bucket counts actual instead of n permits, while it
+-- still counts (more than count in the window is a debt: nothing more is
+-- admitted until enough buckets leave).
+settle['sliding_window'] = function(key, count, period, precision, n, actual, ticket)
+  local s = tonumber(ticket)
+  if not s or s + precision + period - now <= 0 then return end
+  if actual < n then
+    if redis.call('HEXISTS', key, ticket) == 0 then return end
+    if redis.call('HINCRBY', key, ticket, actual - n) <= 0 then
+      redis.call('HDEL', key, ticket)
+    end
+    return
+  end
+  redis.call('HINCRBY', key, ticket, actual - n)
+  keep_ttl(key, s + precision + period - now)
+end
+
 -- pause: the bucket j = ceil((untl - period) / precision) - 1 (starting at
 -- j * precision), the last one still counting just before untl, is filled
 -- to count, so nothing is admitted before untl (and, the bucket's width being the algorithm's

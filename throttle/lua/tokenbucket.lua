@@ -9,4 +9,5 @@ local check_token_bucket, commit_token_bucket = bk_check, bk_commit
 if rare then
   refund['token_bucket'] = bk_refund
   pause['token_bucket'] = bk_pause
+  settle['token_bucket'] = bk_settle
 end

@@ -1,0 +1,134 @@
+package throttle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Reserve, then settle: for a budget whose real cost is known only after
+// the work (the tokens an LLM call used), the caller reserves an estimate
+// and, once it knows, settles the reservation to the actual cost in one
+// script call on the Redis clock (lua/driver.lua, op 'settle'): the
+// difference is given back, or charged, into debt if need be.
+
+// ticketsSuffix names a subject's hash of the refund tickets of booked
+// turns and receipts (<prefix>{<subject>}:!tickets), kept so that whoever
+// redeems one (Admit) gets a Reservation it can settle.
+const ticketsSuffix = "!tickets"
+
+// opSettle is the driver's operation that corrects a reservation.
+const opSettle op = "settle"
+
+// errSettled is Settle's error for a reservation already settled or
+// cancelled.
+var errSettled = errors.New("throttle: settle: the reservation was already settled or cancelled; settle it once")
+
+// ticketsKey returns <prefix>{<subject>}:!tickets. The subject must have
+// passed EncodeSubject.
+func (p *policy) ticketsKey(subject string) string {
+	return key(p.prefix, escape(subject), ticketsSuffix)
+}
+
+// Settle corrects the reservation, once the caller has acted, to the
+// permits it actually used: the difference from the permits reserved is
+// given back (actual smaller) or charged (actual larger), under every rule,
+// atomically, decided on the Redis clock. It is for costs known only
+// afterwards: reserve an estimate, act, settle the real cost.
+//
+// Charged permits may exceed what a rule can admit at once: the rule is
+// then in debt, and later requests wait until it is repaid. Given-back
+// permits are bounded by what each rule still holds of the reservation, so
+// that settling never lets a window hold more than the limit: a token
+// bucket or GCRA gives back at most what it would still be refilling
+// (nothing once burst × interval has passed since the time to act); a
+// fixed window only while the reservation's window is the current one; a
+// sliding window or sliding log while the reservation's permits still
+// count. A charge lands where the reservation's permits were counted (the
+// windows), or moves the bucket's next slot later.
+//
+// A reservation is settled once: a second Settle, or a Settle after
+// Cancel, returns an error and changes nothing; Cancel after Settle does
+// nothing. A reservation admitted without Redis (Options.FailOpen) settles
+// to nothing. actual must not be negative, and a charge must not put a
+// bucket rule more than ten years in debt. It returns an error matching
+// ErrRedis if Redis fails (the reservation then keeps its permits).
+func (r *Reservation) Settle(ctx context.Context, actual int) error {
+	if actual < 0 {
+		return fmt.Errorf("throttle: settle: actual = %d permits: must not be negative", actual)
+	}
+	if err := r.lim.checkDebt(r.n, actual); err != nil {
+		return err
+	}
+	done := false
+	var err error
+	r.once.Do(func() {
+		done = true
+		err = r.settle(ctx, actual)
+	})
+	if !done {
+		return errSettled
+	}
+	return err
+}
+
+// settle sends the correction of each part (a limiter over several
+// subjects) or of the reservation itself.
+func (r *Reservation) settle(ctx context.Context, actual int) error {
+	var err error
+	for _, p := range r.parts {
+		err = errors.Join(err, p.Settle(ctx, actual))
+	}
+	if r.tickets == nil || actual == r.n {
+		return err
+	}
+	keys, args, rerr := r.lim.request(opSettle, r.subject, r.n, int64(actual), r.tickets)
+	if rerr != nil {
+		return errors.Join(err, rerr)
+	}
+	keys = append(keys, r.lim.pauseKey(r.subject))
+	_, rerr = r.lim.exec(ctx, opSettle, r.lim.script, keys, args)
+	return errors.Join(err, rerr)
+}
+
+// checkDebt refuses a settle of n permits to actual that would put a bucket
+// rule more than maxPeriod in debt, beyond exact arithmetic in Lua.
+func (l *Limiter) checkDebt(n, actual int) error {
+	if actual <= n {
+		return nil
+	}
+	for _, r := range l.rules {
+		if !r.Algorithm.bucket() {
+			continue
+		}
+		if d := float64(actual-n) * float64(r.Limit.Period) / float64(r.Limit.Count); d > float64(maxPeriod) {
+			return fmt.Errorf("throttle: settle: actual = %d permits: rule %q would be %v in debt; at most %v", actual, r.Name, time.Duration(d).Round(time.Hour), maxPeriod)
+		}
+	}
+	for _, p := range l.parts {
+		if err := p.lim.checkDebt(n, actual); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// redeemedTickets returns the tickets admit's reply carries for a redeemed
+// booking or receipt (one string, one line per rule), or nil if it has none
+// (recorded before tickets were kept, or under other rules).
+func redeemedTickets(raw []any, rules int) []string {
+	if len(raw) < 7 {
+		return nil
+	}
+	s, ok := raw[6].(string)
+	if !ok {
+		return nil
+	}
+	t := strings.Split(s, "\n")
+	if len(t) != rules {
+		return nil
+	}
+	return t
+}
