@@ -184,6 +184,11 @@ type Decision struct {
 	Slot time.Time
 	// Waited is how long Admit kept the job.
 	Waited time.Duration
+	// Reservation holds the permits of a Run turn, for a job whose real
+	// cost is known only once it has run: Settle them to it
+	// (throttle.Reservation.Settle). Nil for Park, and for a turn booked
+	// before the limiter kept tickets.
+	Reservation *throttle.Reservation
 }
 
 // Admit decides for req: run (now, after waiting in one of the subject's
@@ -234,10 +239,10 @@ func (g *Gate) Admit(ctx context.Context, req Request) (Decision, error) {
 	if err != nil {
 		return Decision{}, err
 	}
-	d := Decision{Turn: a.Status, Rule: a.Rule, At: a.At, Slot: a.Slot}
+	d := Decision{Turn: a.Status, Rule: a.Rule, At: a.At, Slot: a.Slot, Reservation: a.Reservation}
 	switch a.Status {
 	case throttle.Booked, throttle.Held:
-		d.Outcome = Park
+		d.Outcome, d.Reservation = Park, nil
 	case throttle.Granted, throttle.Redeemed:
 		if err := sleepUntil(ctx, a.At); err != nil {
 			if a.Reservation != nil {

@@ -101,7 +101,7 @@ func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (
 		return Wait{}, m.notAdmitted(ctx, wctx, t, err)
 	}
 	if d.Outcome == admission.Run {
-		w := Wait{Rule: r.Name, Subject: subject, Duration: d.Waited, Redeemed: d.Turn == throttle.Redeemed, Turn: d.Slot}
+		w := Wait{Rule: r.Name, Subject: subject, Duration: d.Waited, Redeemed: d.Turn == throttle.Redeemed, Turn: d.Slot, res: d.Reservation, cost: t.cost}
 		m.admitted(t, w)
 		return w, nil
 	}

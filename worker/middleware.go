@@ -45,7 +45,12 @@ type Rule struct {
 	// Cost derives how many permits a task takes (FixedCost,
 	// PayloadCost). If nil, every task takes one. A cost larger than a
 	// limit can ever admit at once archives the task with a
-	// error matching throttle.ErrExceedsCapacity.
+	// error matching throttle.ErrExceedsCapacity. With a Cost, the cost
+	// is an estimate that the handler may correct with SetCost once it
+	// knows the real one (the tokens an LLM call used): the rule is
+	// settled to it when the handler returns. Every limit of the
+	// Limiter is charged the same cost; for limits of different costs
+	// (requests beside tokens), see SetCost.
 	Cost Cost
 	// MaxWait bounds how long a task may wait in its handler, holding a
 	// worker slot, for a new turn. A task whose turn would come later
@@ -282,11 +287,15 @@ func (m *Middleware) Wrap(next asynq.Handler) asynq.Handler {
 		if r == nil {
 			return next.ProcessTask(ctx, task)
 		}
+		ctx, rep := withCostReport(ctx)
 		w, err := m.admit(ctx, r, task)
 		if err != nil {
+			rep.notRun() // an outer rule's turn goes back (settle.go)
 			return err
 		}
-		return next.ProcessTask(context.WithValue(ctx, waitKey{}, w), task)
+		err = next.ProcessTask(context.WithValue(ctx, waitKey{}, w), task)
+		m.settle(ctx, r, task, w, rep)
+		return err
 	})
 }
 
@@ -325,6 +334,9 @@ type Wait struct {
 	// books turns (a *throttle.Limiter): when it was booked for, if
 	// Redeemed.
 	Turn time.Time
+
+	res  *throttle.Reservation // the turn's permits, to settle (settle.go); nil if none
+	cost int                   // the permits it took: the rule's Cost, an estimate
 }
 
 type waitKey struct{}

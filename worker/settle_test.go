@@ -1,0 +1,124 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/jobthrottle/jobthrottle/throttle"
+)
+
+// remaining reads a limiter's permits left for subject, charging nothing.
+func remaining(t *testing.T, lim *throttle.Limiter, subject string) int {
+	t.Helper()
+	res, err := lim.AllowN(context.Background(), subject, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.Remaining
+}
+
+// TestSetCost: a rule charges its estimate, and the handler's SetCost
+// settles it when the handler returns, up or down, whatever the handler
+// returns; a handler that reports nothing keeps the estimate.
+func TestSetCost(t *testing.T) {
+	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := context.Background()
+		lim, err := throttle.New(rdb, throttle.Options{}, throttle.Rule{Name: "tpm", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(100)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mw, err := NewMiddleware([]Rule{{Name: "tpm", Tasks: []string{"llm:*"}, Limiter: lim, Subject: Fixed("api"), Cost: FixedCost(40)}}, WithLogger(quiet))
+		if err != nil {
+			t.Fatal(err)
+		}
+		handle := func(report int, fail error) error {
+			return mw.Wrap(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+				if report >= 0 {
+					if err := SetCost(ctx, report+1); err != nil { // the last call counts
+						t.Error(err)
+					}
+					if err := SetCost(ctx, report); err != nil {
+						t.Error(err)
+					}
+				}
+				return fail
+			})).ProcessTask(ctx, asynq.NewTask("llm:chat", nil))
+		}
+		for _, tc := range []struct {
+			name   string
+			report int
+			fail   error
+			want   int
+		}{
+			{"down", 15, nil, 85},
+			{"up", 70, nil, 30},
+			{"not reported", -1, nil, 60},
+			{"failed after reporting", 5, errors.New("upstream 500"), 95},
+		} {
+			time.Sleep(5 * time.Second) // full again
+			if err := handle(tc.report, tc.fail); !errors.Is(err, tc.fail) {
+				t.Fatalf("%s: handler returned %v, want %v", tc.name, err, tc.fail)
+			}
+			if got := remaining(t, lim, "api"); got != tc.want {
+				t.Errorf("%s: remaining %d, want %d", tc.name, got, tc.want)
+			}
+		}
+		if err := SetCost(ctx, 1); err == nil {
+			t.Error("SetCost outside a middleware succeeded")
+		}
+	})
+}
+
+// TestSetCostTwoLimits: tokens (an estimate, settled) and requests (one per
+// task) are two rules in two middlewares. A task that runs settles the
+// tokens and keeps its request; one that the inner requests rule defers
+// gives the tokens rule its turn back.
+func TestSetCostTwoLimits(t *testing.T) {
+	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := context.Background()
+		tokens, err := throttle.New(rdb, throttle.Options{}, throttle.Rule{Name: "tpm", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(100)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		requests, err := throttle.New(rdb, throttle.Options{}, throttle.Rule{Name: "rpm", Algorithm: throttle.GCRA, Limit: throttle.Limit{Count: 1, Period: 10 * time.Second, Burst: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		outer, err := NewMiddleware([]Rule{{Name: "tpm", Tasks: []string{"llm:*"}, Limiter: tokens, Subject: Fixed("api"), Cost: FixedCost(40)}}, WithLogger(quiet))
+		if err != nil {
+			t.Fatal(err)
+		}
+		inner, err := NewMiddleware([]Rule{{Name: "rpm", Tasks: []string{"llm:*"}, Limiter: requests, Subject: Fixed("api")}}, WithLogger(quiet))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ran := 0
+		h := outer.Wrap(inner.Wrap(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
+			ran++
+			return SetCost(ctx, 25)
+		})))
+		if err := h.ProcessTask(ctx, asynq.NewTask("llm:chat", nil)); err != nil || ran != 1 {
+			t.Fatalf("first task: %v, ran %d", err, ran)
+		}
+		if got := remaining(t, tokens, "api"); got != 75 {
+			t.Errorf("tokens after the first: %d, want 75", got)
+		}
+		var te *ThrottledError
+		if err := h.ProcessTask(ctx, asynq.NewTask("llm:chat", nil)); !errors.As(err, &te) || te.Rule != "rpm" || ran != 1 {
+			t.Fatalf("second task: %v, ran %d; want deferred by rpm", err, ran)
+		}
+		if got := remaining(t, tokens, "api"); got != 75 {
+			t.Errorf("tokens after a task that did not run: %d, want 75 (its estimate given back)", got)
+		}
+		if got := remaining(t, requests, "api"); got != 0 {
+			t.Errorf("requests: %d left, want 0", got)
+		}
+	})
+}
