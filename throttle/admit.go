@@ -173,15 +173,15 @@ func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error
 		a.Status, a.Rule = Denied, res.Rule
 	case admitGranted:
 		a.Status, a.Rule = Granted, res.Rule
-		a.Reservation = &Reservation{lim: l, subject: req.Subject, n: req.N, tickets: rep.tickets(len(l.rules)), delay: a.Delay, at: a.At}
+		a.Reservation = &Reservation{lim: l, subject: req.Subject, n: req.N, tickets: rep.tickets(len(l.rules)), delay: a.Delay, at: a.At, booked: rep.redisNow}
 	case admitBooked:
 		a.Status, a.Rule = Booked, res.Rule
 	case admitRedeemed:
 		a.Status = Redeemed
-		if t := redeemedTickets(rep.raw, len(l.rules)); t != nil {
+		if t, booked := redeemedTickets(rep.raw, len(l.rules)); t != nil {
 			// To settle (Reservation.Settle); the turn is spent, so
 			// Cancel gives nothing back.
-			a.Reservation = &Reservation{lim: l, subject: req.Subject, n: req.N, tickets: t, delay: a.Delay, at: a.At, spent: true}
+			a.Reservation = &Reservation{lim: l, subject: req.Subject, n: req.N, tickets: t, delay: a.Delay, at: a.At, spent: true, booked: booked}
 		}
 	case admitHeld:
 		a.Status = Held

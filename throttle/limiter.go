@@ -319,7 +319,7 @@ func (l *Limiter) ask(ctx context.Context, o op, subject string, n int, bound in
 	if !keep {
 		return res, nil, nil
 	}
-	r := &Reservation{lim: l, subject: subject, n: n, tickets: rep.tickets(len(l.rules)), delay: delay, at: recv}
+	r := &Reservation{lim: l, subject: subject, n: n, tickets: rep.tickets(len(l.rules)), delay: delay, at: recv, booked: rep.redisNow}
 	if o != opAllow {
 		// allow's permits are now: they need no wake time and skip the
 		// clock estimator's lock.

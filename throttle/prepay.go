@@ -72,7 +72,7 @@ func (l *Limiter) PrepayN(ctx context.Context, subject string, n int, keep time.
 	if !rep.Allowed {
 		return nil, &DelayError{Rule: rep.Rule, RetryAfter: rep.RetryAfter, Deadline: byDeadline}
 	}
-	return &Reservation{lim: l, subject: subject, n: n, tickets: rep.tickets(len(l.rules)), receipt: id,
+	return &Reservation{lim: l, subject: subject, n: n, tickets: rep.tickets(len(l.rules)), receipt: id, booked: rep.redisNow,
 		delay: rep.RetryAfter, at: l.clock.wake(recv, rep.redisNow, rep.RetryAfter),
 		slot: time.UnixMicro(rep.redisNow).Add(rep.RetryAfter)}, nil
 }

@@ -24,7 +24,8 @@ type Reservation struct {
 
 	slot time.Time // a prepaid reservation's slot on the Redis clock (prepay.go)
 
-	spent bool // a redeemed booking or receipt (admit.go): Cancel gives nothing back, Settle corrects it
+	spent  bool  // a redeemed booking or receipt (admit.go): Cancel gives nothing back, Settle corrects it
+	booked int64 // Redis time (µs) of the call that made it, for Settle; -1 if unknown
 
 	parts []*Reservation // a limiter over several subjects: each part's (subjects.go)
 

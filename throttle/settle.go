@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -13,6 +14,10 @@ import (
 // and, once it knows, settles the reservation to the actual cost in one
 // script call on the Redis clock (lua/driver.lua, op 'settle'): the
 // difference is given back, or charged, into debt if need be.
+
+// settledSuffix follows a rule's name: <rule>!settled records the
+// permits given back by settles, which later settles take into account.
+const settledSuffix = "!settled"
 
 // ticketsSuffix names a subject's hash of the refund tickets of booked
 // turns and receipts (<prefix>{<subject>}:!tickets), kept so that whoever
@@ -88,7 +93,14 @@ func (r *Reservation) settle(ctx context.Context, actual int) error {
 	if rerr != nil {
 		return errors.Join(err, rerr)
 	}
+	// The pause key, then each rule's record of give-backs (bucket.lua);
+	// after the rules, when the reservation was made (0: unknown).
 	keys = append(keys, r.lim.pauseKey(r.subject))
+	enc := escape(r.subject)
+	for _, kr := range r.lim.keyRules {
+		keys = append(keys, key(r.lim.prefix, enc, kr+settledSuffix))
+	}
+	args = append(args, r.booked)
 	_, rerr = r.lim.exec(ctx, opSettle, r.lim.script, keys, args)
 	return errors.Join(err, rerr)
 }
@@ -116,19 +128,24 @@ func (l *Limiter) checkDebt(n, actual int) error {
 }
 
 // redeemedTickets returns the tickets admit's reply carries for a redeemed
-// booking or receipt (one string, one line per rule), or nil if it has none
-// (recorded before tickets were kept, or under other rules).
-func redeemedTickets(raw []any, rules int) []string {
+// booking or receipt (one string: a line per rule, then the Redis time of
+// the booking), and that time; nil if it has none (recorded before tickets
+// were kept, or under other rules).
+func redeemedTickets(raw []any, rules int) ([]string, int64) {
 	if len(raw) < 7 {
-		return nil
+		return nil, 0
 	}
 	s, ok := raw[6].(string)
 	if !ok {
-		return nil
+		return nil, 0
 	}
 	t := strings.Split(s, "\n")
-	if len(t) != rules {
-		return nil
+	if len(t) != rules+1 {
+		return nil, 0
 	}
-	return t
+	booked, err := strconv.ParseInt(t[rules], 10, 64)
+	if err != nil {
+		return nil, 0
+	}
+	return t[:rules], booked
 }

@@ -1,9 +1,13 @@
 package throttle
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"math/rand/v2"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -240,4 +244,91 @@ func TestSettleSubjects(t *testing.T) {
 			t.Errorf("global: remaining %d, want 19", got)
 		}
 	})
+}
+
+// TestSettleNeverOverAdmits runs workers that reserve a random estimate,
+// act at their slot using a random part of it, and settle it after a
+// random latency, on virtual time, with several reservations always
+// outstanding. Taking each request's actual permits as used at its time to
+// act, no window may hold more than the rule allows: for the buckets,
+// burst + rate × span in any span; for the sliding window, count in any
+// period. With a burst that covers the reservations outstanding (here
+// 3s of the rate against at most 8 × 400 permits), a bucket gives back
+// what each did not use and runs near its rate on the actual costs: at
+// least 90% of it, where the estimates alone would allow about half. (The
+// sliding window settles exactly too, but books a backlog period by
+// period, whatever it gives back: only its bound is checked.)
+func TestSettleNeverOverAdmits(t *testing.T) {
+	const rate = 1000 // permits per second: 1 per ms
+	for _, rule := range []Rule{
+		{Name: "tb", Algorithm: TokenBucket, Limit: PerSecond(rate).WithBurst(3000)},
+		{Name: "gcra", Algorithm: GCRA, Limit: PerSecond(rate).WithBurst(3000)},
+		{Name: "sw", Algorithm: SlidingWindow, Limit: Limit{Count: rate, Period: time.Second}, Precision: 20 * ms},
+	} {
+		t.Run(string(rule.Algorithm), func(t *testing.T) {
+			virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+				l := mustNew(t, rdb, Options{}, rule)
+				type use struct {
+					at time.Duration
+					n  int
+				}
+				var mu sync.Mutex
+				var uses []use
+				var wg sync.WaitGroup
+				start := time.Now()
+				for w := range 8 {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						rng := rand.New(rand.NewPCG(uint64(w), 7))
+						for range 40 {
+							est := 100 + rng.IntN(300)
+							actual := rng.IntN(est + 1)
+							r, err := l.ReserveN(context.Background(), "s", est)
+							if err != nil {
+								t.Error(err)
+								return
+							}
+							time.Sleep(r.Delay())
+							mu.Lock()
+							uses = append(uses, use{time.Since(start), actual})
+							mu.Unlock()
+							time.Sleep(time.Duration(rng.IntN(400)) * ms)
+							if err := r.Settle(context.Background(), actual); err != nil {
+								t.Error(err)
+								return
+							}
+						}
+					}()
+				}
+				wg.Wait()
+				slices.SortFunc(uses, func(a, b use) int { return cmp.Compare(a.at, b.at) })
+				total := 0
+				for i := range uses {
+					sum := 0
+					for j := i; j < len(uses); j++ {
+						span := uses[j].at - uses[i].at
+						sum += uses[j].n
+						allowed := rule.Limit.Burst + int(span/ms)
+						if !rule.Algorithm.bucket() {
+							if span >= time.Second {
+								break
+							}
+							allowed = rule.Limit.Count
+						}
+						if sum > allowed {
+							t.Fatalf("%d permits used in [%v, %v], more than the %d allowed", sum, uses[i].at, uses[j].at, allowed)
+						}
+					}
+					total += uses[i].n
+				}
+				span := uses[len(uses)-1].at - uses[0].at
+				share := float64(total-rule.Limit.Burst) / (rate * span.Seconds())
+				t.Logf("used %d permits in %v: at least %.1f%% of the rate, the burst aside", total, span, 100*share)
+				if rule.Algorithm.bucket() && share < 0.9 {
+					t.Errorf("used %.1f%% of the rate, want at least 90%%", 100*share)
+				}
+			})
+		})
+	}
 }

@@ -149,13 +149,26 @@ if rare then
 
 -- settle corrects a reservation of n tokens, whose time to act x is the
 -- ticket, to actual tokens. More: TAT moves (actual - n) * T later, from
--- now if the bucket is full: a debt that later requests wait for. Fewer:
--- TAT moves back (n - actual) * T, but no further than what the
--- reservation still holds: the bucket refills its tokens by x + burst * T
--- whatever happens after x, so giving back more than x + burst * T - now
--- could make a window hold more than the limit; and never before now (a
--- full bucket). The exact arithmetic is check's; ev is unchanged.
-function bk_settle(key, count, period, burst, n, actual, ticket)
+-- now if the bucket is full: a debt that later requests wait for.
+--
+-- Fewer: TAT moves back, by (n - actual) * T at most. Why it may not
+-- always move that far: every reservation holds a place on the TAT line,
+-- of its n * T, that starts at or after its time to act and ends at most
+-- burst * T after it; that is what keeps any span within burst + rate.
+-- Moving TAT back moves the places of the reservations behind this one
+-- back too, so it may move by no more than the least room any of them has
+-- between its place's start and its own time to act. Their places start
+-- after this one's ends, at e (x + burst * T, or at least x + n * T if it
+-- was admitted at once: x = booked, the Redis time of its call), less
+-- what settles since its booking moved it back (recorded in skey), and their
+-- times to act are at most ev: the room is at least e - ev. The latest
+-- reservation (x = ev) gives back exactly; never before now (a full
+-- bucket). ev is unchanged.
+--
+-- skey, a sorted set: each give-back, scored by the time to act of the
+-- reservation that gave it, member "<x>:<µs given back>:<now>:<x rest>",
+-- kept two burst * T.
+function bk_settle(key, count, period, burst, n, actual, ticket, booked, skey)
   local xw, xr = string.match(ticket, '^(%d+) (%d+)$')
   if not xw then return end
   xw, xr = tonumber(xw), tonumber(xr)
@@ -168,15 +181,29 @@ function bk_settle(key, count, period, burst, n, actual, ticket)
     if tr >= count then tw, tr = tw + 1, tr - count end
   else
     local dq, dr = bk_div(n - actual, period, count)
+    local span = burst
+    if xw == booked and xr == 0 then span = n end
+    local sq, sr = bk_div(span, period, count)
+    -- m = e - ev, then less the earlier give-backs
+    local mw, mr = xw + sq - ew, xr + sr - er
+    if mr < 0 then mw, mr = mw - 1, mr + count elseif mr >= count then mw, mr = mw + 1, mr - count end
     local bq, br = bk_div(burst, period, count)
-    -- m = x + burst * T - now, the most the reservation still holds
-    local mw, mr = xw + bq - now, xr + br
-    if mr >= count then mw, mr = mw + 1, mr - count end
+    if br > 0 then bq = bq + 1 end
+    redis.call('ZREMRANGEBYSCORE', skey, '-inf', '(' .. string.format('%d', now - 2 * bq))
+    for _, m in ipairs(redis.call('ZRANGEBYSCORE', skey, string.format('%d', xw - bq), string.format('%d', xw))) do
+      local g, at = string.match(m, '^%d+:(%d+):(%d+):')
+      -- one made before this reservation was booked did not move it
+      if tonumber(at) >= booked then mw = mw - tonumber(g) end
+    end
     if mw < 0 or (mw == 0 and mr == 0) then return end
     if mw < dq or (mw == dq and mr < dr) then dq, dr = mw, mr end
     tw, tr = tw - dq, tr - dr
     if tr < 0 then tw, tr = tw - 1, tr + count end
     if tw < now then tw, tr = now, 0 end
+    local g = dq
+    if dr > 0 then g = g + 1 end
+    redis.call('ZADD', skey, string.format('%d', xw), string.format('%d:%d:%d:%d', xw, g, now, xr))
+    keep_ttl(skey, 2 * bq)
   end
   bk_store(key, tw, tr, ew, er)
 end

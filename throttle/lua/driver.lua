@@ -24,7 +24,8 @@
 --   ARGV[5 + 5r] -> how long the receipt is kept after its slot, microseconds
 -- prepay and admit: KEYS[r+2] (prepay), KEYS[r+3] (admit) -> the subject's
 --   tickets of booked turns and receipts, <prefix>{<subject>}:!tickets, a
---   hash: member -> the refund tickets of its rules, joined by '\n', kept
+--   hash: member -> the refund tickets of its rules and the Redis time
+--   (µs) of the call that booked them, one a line, kept
 --   so that whoever redeems it can settle it (op 'settle'). admit's reply
 --   for a redeemed one (status 3) ends with them, one string.
 -- admit only (KEYS[r+1] is the receipt set, as for prepay, and KEYS[r+2] the
@@ -46,10 +47,12 @@
 -- call, each as 1 + r values: its n, then its ticket for each rule
 -- The number of rules r is floor((#ARGV - 3) / 5), for refund (#KEYS - 1) / 2,
 -- for admit #KEYS - 3.
--- settle (KEYS[r+1]: the pause key) charges (ARGV[3] - ARGV[2]) more permits,
--- or gives back that many if negative, against each rule's ticket
--- (settle[algo], prelude.lua), then applies a running pause again as refund
--- does; it returns 1.
+-- settle (KEYS[r+1]: the pause key; KEYS[r+1+i]: rule i's record of
+-- give-backs, <prefix>{<subject>}:<rule>!settled, bucket.lua) charges
+-- (ARGV[3] - ARGV[2]) more permits, or gives back that many if negative,
+-- against each rule's ticket (settle[algo], prelude.lua), then applies a
+-- running pause again as refund does; it returns 1. ARGV[4 + 5r] is the
+-- Redis time (µs) of the call that made the reservation, -1 if unknown.
 --
 -- allow and reserve return
 --   {ok (1/0), deciding rule index (1-based), remaining, delay microseconds,
@@ -146,9 +149,10 @@ if rare then
   end
 
   if op == 'settle' then
+    local booked = tonumber(ARGV[4 + 5 * nrules]) or -1
     for i = 1, nrules do
       local algo, count, period, extra, tk = rule(i)
-      if tk ~= '' then settle[algo](KEYS[i], count, period, extra, n, max_wait, tk) end
+      if tk ~= '' then settle[algo](KEYS[i], count, period, extra, n, max_wait, tk, booked, KEYS[nrules + 1 + i]) end
     end
     local untl = tonumber(redis.call('GET', KEYS[nrules + 1]))
     if untl and untl > now then pause_all(untl) end
@@ -261,7 +265,7 @@ if reply[1] == 1 and op == 'admit' and wait_here >= 0 and reply[4] > wait_here t
   local rkey, tol = KEYS[nrules + 1], tonumber(ARGV[b + 1])
   redis.call('ZADD', rkey, string.format('%d', now + reply[4]), ARGV[b])
   keep_ttl(rkey, reply[4] + tol)
-  if n > 0 then keep_tickets(KEYS[nrules + 3], rkey, ARGV[b], table.concat(reply, '\n', 7, 6 + nrules), reply[4] + tol) end
+  if n > 0 then keep_tickets(KEYS[nrules + 3], rkey, ARGV[b], table.concat(reply, '\n', 7, 6 + nrules) .. '\n' .. string.format('%d', now), reply[4] + tol) end
   return {2, reply[2], reply[3], reply[4], reply[5], now}
 end
 if reply[1] == 1 and op == 'prepay' then
@@ -269,7 +273,7 @@ if reply[1] == 1 and op == 'prepay' then
   redis.call('ZREMRANGEBYSCORE', rkey, '-inf', '(' .. string.format('%d', now - keep))
   redis.call('ZADD', rkey, string.format('%d', now + reply[4]), ARGV[4 + 5 * nrules])
   keep_ttl(rkey, reply[4] + keep)
-  if n > 0 then keep_tickets(KEYS[nrules + 2], rkey, ARGV[4 + 5 * nrules], table.concat(reply, '\n', 7, 6 + nrules), reply[4] + keep) end
+  if n > 0 then keep_tickets(KEYS[nrules + 2], rkey, ARGV[4 + 5 * nrules], table.concat(reply, '\n', 7, 6 + nrules) .. '\n' .. string.format('%d', now), reply[4] + keep) end
 end
 if atmost and reply[1] == 1 then reply[#reply + 1] = n end
 return reply

@@ -74,12 +74,15 @@ end
 -- time to act (bucket.lua). The windows give back in both cases.
 --
 -- Each algorithm also registers a settle function (driver.lua, op
--- 'settle'): settle(key, count, period, extra, n, actual, ticket) corrects
+-- 'settle'): settle(key, count, period, extra, n, actual, ticket, booked,
+-- skey) corrects
 -- a request of n permits that commit charged (ticket: its refund ticket)
 -- to actual permits, after the caller acted: actual > n charges the
 -- difference, even into debt (the rule then admits nothing more until it
 -- is repaid); actual < n gives it back, as far as the rule still holds
--- it (each algorithm's file says how far).
+-- it (each algorithm's file says how far). booked is the Redis time of the
+-- call that made the reservation (-1 if unknown); skey the rule's record
+-- of give-backs (bucket.lua).
 --
 -- Each algorithm also registers a pause function (see driver.lua, op
 -- 'pause'): pause(key, count, period, extra, untl) moves the rule's state so
