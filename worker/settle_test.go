@@ -110,6 +110,7 @@ func TestSetCostTwoLimits(t *testing.T) {
 		if got := remaining(t, tokens, "api"); got != 75 {
 			t.Errorf("tokens after the first: %d, want 75", got)
 		}
+		time.Sleep(time.Millisecond)
 		var te *ThrottledError
 		if err := h.ProcessTask(ctx, asynq.NewTask("llm:chat", nil)); !errors.As(err, &te) || te.Rule != "rpm" || ran != 1 {
 			t.Fatalf("second task: %v, ran %d; want deferred by rpm", err, ran)
