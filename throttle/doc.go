@@ -40,6 +40,16 @@
 // subject share one Redis Cluster slot; every key has a TTL no longer than
 // it must remember.
 //
+// For a cost known only afterwards (the tokens an LLM call used), reserve
+// an estimate (ReserveN, WaitN's Reservation, Admit), act, then
+// Reservation.Settle the real cost: in one script call the difference is
+// given back, or charged, into debt if need be (later requests wait for
+// it). Settling never lets a rule admit more than its bound: the windows
+// correct the count where the reservation was counted (a fixed window only
+// while that window lasts); a bucket gives back what it did not use as far
+// as the reservations booked behind it leave room, which a burst larger
+// than the estimates in flight at once makes all of it (see Settle).
+//
 // AllowN(ctx, subject, 0) reads a subject's state under every rule without
 // charging it; AllowAtMost takes what there is, up to n; Reset forgets a
 // subject; PauseFor holds every rule of a subject back until a time an
@@ -96,6 +106,9 @@
 //	                                                                                     the time to act
 //	Wait                  fails at once past the deadline  — (loop Allow, sleep)         the same; also Options.MaxWait; windows
 //	                                                                                     queue locally; *DelayError says when
+//	settle (reserve, act, —                                —                             Reservation.Settle(actual): the difference
+//	then the real cost)                                                                  given back or charged, atomically (see
+//	                                                                                     Settle for how much a bucket gives back)
 //	limit changes         SetLimit, SetBurst               per call                      a Limiter's rules are fixed; a new Limiter
 //	                                                                                     reads the old state (rounded up)
 //	algorithms            token bucket                     GCRA                          both, plus three windows

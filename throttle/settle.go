@@ -44,15 +44,24 @@ func (p *policy) ticketsKey(subject string) string {
 // afterwards: reserve an estimate, act, settle the real cost.
 //
 // Charged permits may exceed what a rule can admit at once: the rule is
-// then in debt, and later requests wait until it is repaid. Given-back
-// permits are bounded by what each rule still holds of the reservation, so
-// that settling never lets a window hold more than the limit: a token
-// bucket or GCRA gives back at most what it would still be refilling
-// (nothing once burst × interval has passed since the time to act); a
-// fixed window only while the reservation's window is the current one; a
-// sliding window or sliding log while the reservation's permits still
-// count. A charge lands where the reservation's permits were counted (the
-// windows), or moves the bucket's next slot later.
+// then in debt, and later requests wait until it is repaid. A charge lands
+// where the reservation's permits were counted (the windows), or moves the
+// bucket's next slot later.
+//
+// Given-back permits are bounded so that settling never lets a rule admit
+// more than its bound (a window's count; a bucket's burst + rate in any
+// span). A sliding window or sliding log gives back exactly, while the
+// reservation's permits still count; a fixed window while the
+// reservation's window is the current one. A token bucket or GCRA gives
+// back exactly if no reservation was booked after this one; otherwise as
+// much as the reservations booked behind it leave room for, about
+// burst × interval less the time their estimates span (those booked at
+// once: n × interval) less what other settles gave back meanwhile. So give
+// a bucket whose costs are settled a burst well above the estimates in
+// flight at once: then every unused permit comes back.
+// (The windows settle exactly but book a backlog period by period,
+// whatever comes back: for a budget settled under a backlog, prefer a
+// bucket.)
 //
 // A reservation is settled once: a second Settle, or a Settle after
 // Cancel, returns an error and changes nothing; Cancel after Settle does
