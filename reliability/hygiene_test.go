@@ -29,7 +29,7 @@ var exerciseRules = []throttle.Rule{
 // past the limit, Wait (admitted and cancelled), Admit (booked, held,
 // redeemed), Reserve and Cancel (the
 // last, an earlier and a lone reservation; window permits given back by a
-// group), PrepayN and Admit on its receipt, PauseFor. Everything it books lies
+// group), Settle up and down, PrepayN and Admit on its receipt, PauseFor. Everything it books lies
 // within about 1.5s. It fails the test
 // on the first error; exerciseErr returns it instead.
 func exercise(t testing.TB, rdb redis.UniversalClient, prefix string) {
@@ -146,6 +146,17 @@ func exerciseErr(rdb redis.UniversalClient, prefix string) (err error) {
 		p2, err := l.PrepayN(ctx, "prepaid", 1, 500*time.Millisecond)
 		must(err, rule.Name, " PrepayN")
 		must(p2.Cancel(ctx), rule.Name, " Cancel a prepaid reservation")
+	}
+	// Settles, up and down, of every algorithm: a reservation, and a turn
+	// booked by Admit and redeemed (its tickets kept in Redis).
+	for _, rule := range exerciseRules {
+		l := newLim(rule)
+		r, err := l.ReserveN(ctx, "settled", 2)
+		must(err, rule.Name, " Reserve to settle")
+		must(r.Settle(ctx, 1), rule.Name, " Settle down")
+		r, err = l.ReserveN(ctx, "settled", 1)
+		must(err, rule.Name, " Reserve to settle")
+		must(r.Settle(ctx, 2), rule.Name, " Settle up")
 	}
 	// Refunds of every kind: a lone reservation given back, and window permits given back when a later part of
 	// a group denies.

@@ -190,10 +190,13 @@ function bk_settle(key, count, period, burst, n, actual, ticket, booked, skey)
     local bq, br = bk_div(burst, period, count)
     if br > 0 then bq = bq + 1 end
     redis.call('ZREMRANGEBYSCORE', skey, '-inf', '(' .. string.format('%d', now - 2 * bq))
-    for _, m in ipairs(redis.call('ZRANGEBYSCORE', skey, string.format('%d', xw - bq), string.format('%d', xw))) do
-      local g, at = string.match(m, '^%d+:(%d+):(%d+):')
+    -- (ZRANGE by rank: the record is kept short, and it needs no command
+    -- beyond the minimal ACL nor Redis 6.2's BYSCORE.)
+    for _, m in ipairs(redis.call('ZRANGE', skey, 0, -1)) do
+      local x, g, at = string.match(m, '^(%d+):(%d+):(%d+):')
+      x = tonumber(x)
       -- one made before this reservation was booked did not move it
-      if tonumber(at) >= booked then mw = mw - tonumber(g) end
+      if x >= xw - bq and x <= xw and tonumber(at) >= booked then mw = mw - tonumber(g) end
     end
     if mw < 0 or (mw == 0 and mr == 0) then return end
     if mw < dq or (mw == dq and mr < dr) then dq, dr = mw, mr end

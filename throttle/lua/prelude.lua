@@ -121,17 +121,24 @@ end
 -- keep_tickets records the refund tickets of a booking or receipt (member of
 -- the receipt set rkey) in the hash tkey, kept at least us more
 -- microseconds, so that whoever redeems it can settle it. A member that
--- leaves rkey unredeemed (stale, cancelled) leaves its field behind: when
--- the hash holds far more fields than rkey members, the fields whose
--- member is gone are dropped (rarely, so at a small cost per booking).
+-- leaves rkey unredeemed (stale, cancelled) leaves its field behind: the
+-- field '#' (never a member: members hold a space) counts the fields
+-- written since the last sweep, and when it passes twice the members of
+-- rkey, the fields whose member is gone are dropped (rarely, so at a small
+-- cost per booking; with the commands of the minimal ACL).
 function keep_tickets(tkey, rkey, member, tickets, us)
   redis.call('HSET', tkey, member, tickets)
   keep_ttl(tkey, us)
-  local h = redis.call('HLEN', tkey)
+  local h = redis.call('HINCRBY', tkey, '#', 1)
   if h > 64 and h > 2 * redis.call('ZCARD', rkey) then
-    for _, f in ipairs(redis.call('HKEYS', tkey)) do
-      if not redis.call('ZSCORE', rkey, f) then redis.call('HDEL', tkey, f) end
+    local flat, left = redis.call('HGETALL', tkey), 0
+    for i = 1, #flat, 2 do
+      local f = flat[i]
+      if f ~= '#' then
+        if redis.call('ZSCORE', rkey, f) then left = left + 1 else redis.call('HDEL', tkey, f) end
+      end
     end
+    redis.call('HSET', tkey, '#', string.format('%d', left))
   end
 end
 
