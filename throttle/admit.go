@@ -1,7 +1,9 @@
 package throttle
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -43,6 +45,12 @@ type AdmitRequest struct {
 	// Horizon bounds how far ahead a new booking may be: a later slot is
 	// Denied and charges nothing. If zero, there is no bound.
 	Horizon time.Duration
+	// Waiter identifies the caller under the limiter's Concurrency rule,
+	// as the holder of a place or in the queue for one, across its
+	// arrivals: Options.OnHandoff receives it when a freed place is handed
+	// to the caller while it is parked. If empty, ID; one of them is
+	// required with a Concurrency rule.
+	Waiter string
 	// Tolerance is how late a caller may come back for its booking or
 	// receipt: one that comes later takes a new turn, and its old slot
 	// (long past) is not redeemed, so a fleet that was down does not run
@@ -62,7 +70,10 @@ const (
 	// will not act, Admission.Reservation.Cancel refunds it.
 	Granted
 	// Booked: a new turn later than Wait, booked under the request's ID
-	// for Admission.At. Leave, and come back then.
+	// for Admission.At. Leave, and come back then. With a Concurrency
+	// rule (Admission.Rule names it) whose places are all taken: the
+	// caller is in the queue for one; leave, and come back when
+	// Options.OnHandoff names it, or at Admission.At at the latest.
 	Booked
 	// Redeemed: the caller's booking or receipt is due within Wait, and is
 	// used up. Act at Admission.At.
@@ -108,6 +119,7 @@ const (
 	admitBooked   = 2
 	admitRedeemed = 3
 	admitHeld     = 4
+	admitQueued   = 5 // waiting for a place of the Concurrency rule
 )
 
 // Admit decides for a caller that can come back later; see AdmitRequest
@@ -119,8 +131,8 @@ func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error
 	if req.Tolerance <= 0 {
 		return Admission{}, fmt.Errorf("throttle: admit: tolerance %v: must be at least 1µs", req.Tolerance)
 	}
-	if len(req.ID) > maxReceiptLen || len(req.Receipt) > maxReceiptLen || len(req.BookAs) > maxReceiptLen {
-		return Admission{}, fmt.Errorf("throttle: admit: an ID or receipt is at most %d bytes; hash longer ones", maxReceiptLen)
+	if len(req.ID) > maxReceiptLen || len(req.Receipt) > maxReceiptLen || len(req.BookAs) > maxReceiptLen || len(req.Waiter) > maxReceiptLen {
+		return Admission{}, fmt.Errorf("throttle: admit: an ID, receipt or waiter is at most %d bytes; hash longer ones", maxReceiptLen)
 	}
 	if req.Horizon < 0 || req.Horizon > MaxPeriod {
 		return Admission{}, fmt.Errorf("throttle: admit: horizon %v: must be between 0 (no bound) and %v", req.Horizon, MaxPeriod)
@@ -148,7 +160,13 @@ func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error
 	if req.EarlyWait > 0 {
 		early = req.EarlyWait.Microseconds()
 	}
-	args = append(args, booking, max(req.Tolerance.Microseconds(), 1), horizon, early)
+	waiter := "" // the caller under the Concurrency rule, if any
+	if l.leases != nil {
+		if waiter = cmp.Or(req.Waiter, req.ID); waiter == "" {
+			return Admission{}, errors.New("throttle: admit: a limiter with a concurrency rule needs an ID or a Waiter")
+		}
+	}
+	args = append(args, booking, max(req.Tolerance.Microseconds(), 1), horizon, early, waiter)
 	for _, id := range [...]string{req.ID, req.Receipt} {
 		if id != "" {
 			args = append(args, l.member(id))
@@ -164,6 +182,10 @@ func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error
 		return Admission{Status: Granted, Rule: l.rules[0].Name, At: r.at, Reservation: r}, nil
 	}
 	l.redisOK()
+	woken := l.leases.woken(reply, len(l.rules))
+	if woken != nil {
+		reply = reply[:len(reply)-1]
+	}
 	res, redisNow, err := l.parse(reply)
 	if err != nil {
 		return Admission{}, err
@@ -189,8 +211,16 @@ func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error
 		a.Status = Redeemed
 	case admitHeld:
 		a.Status = Held
+	case admitQueued:
+		a.Status, a.Rule = Booked, res.Rule
 	default:
 		return Admission{}, badReply(reply)
+	}
+	if l.leases != nil {
+		if a.Status == Granted || a.Status == Redeemed {
+			l.leases.hold(req.Subject, waiter)
+		}
+		l.leases.deliver(woken)
 	}
 	return a, nil
 }

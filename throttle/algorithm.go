@@ -22,6 +22,9 @@ type algorithm struct {
 	// and count and period reach the script in lowest terms (bucket.lua's
 	// exact arithmetic). Otherwise the limit admits Count at most at once.
 	bucket bool
+	// holders: the rule counts holders of a place (Concurrency), not
+	// permits; a request's n does not charge it.
+	holders bool
 	// validate checks what only this algorithm requires of a rule, after
 	// the checks every limit has (nil: nothing more).
 	validate func(Rule) error
@@ -58,7 +61,7 @@ func registered() []Algorithm {
 }
 
 // String returns the algorithm's name as used in rules files: fixed_window,
-// sliding_log, sliding_window, token_bucket or gcra.
+// sliding_log, sliding_window, token_bucket, gcra or concurrency.
 func (a Algorithm) String() string {
 	if s := a.spec(); s != nil {
 		return s.name

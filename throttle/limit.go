@@ -109,6 +109,9 @@ func (l Limit) validate() error {
 
 // capacity is the largest request l can ever admit under algorithm a.
 func (l Limit) capacity(a Algorithm) int {
+	if s := a.spec(); s != nil && s.holders {
+		return MaxCount // a holder takes one place, whatever its n
+	}
 	if a.bucket() {
 		return l.Burst
 	}
@@ -134,6 +137,16 @@ const (
 	// timestamp per key, smooth pacing at Interval, bursts up to Burst. Wait
 	// reserves.
 	GCRA
+	// Concurrency limits how many holders of a subject run at once, across
+	// every process: Limit.Count places, each held under a lease of
+	// Limit.Period (the lease; 30s is a good default) that the holder's
+	// process renews while it runs, so that a process that dies frees its
+	// places within the lease. Take a place with Wait (or Admit), give it
+	// back with Release. A caller that finds every place taken waits in a
+	// first-come, first-served queue per subject and is handed the next
+	// place that frees. A policy may hold one Concurrency rule beside its
+	// rate rules (20/s and at most 5 at once), decided in the same call.
+	Concurrency
 )
 
 // Rule is one named limit over a subject.

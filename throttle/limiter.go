@@ -43,6 +43,14 @@ type Options struct {
 	// write and one read per batch instead of per call. A go-redis hook
 	// sees a batch in ProcessPipelineHook, not in ProcessHook.
 	NoBatching bool
+	// OnHandoff, if set, is called with the waiters (AdmitRequest.Waiter)
+	// that a call of this limiter handed a freed place of its Concurrency
+	// rule to, so that the caller wakes them: they were parked, and come
+	// back to take the place. The asynq worker sets it
+	// (worker.WakeOnHandoff). If nil, a parked waiter comes back at its
+	// fallback time (Admission.At). Waiters in Wait in this process are
+	// woken directly. It must not block for long.
+	OnHandoff func(waiters []string)
 }
 
 // A Limiter decides, through Redis, whether a subject (a tenant, an API
@@ -67,6 +75,8 @@ type Limiter struct {
 
 	clock redisClock   // maps Redis TIME to local time for waking (clock.go)
 	batch allowBatcher // concurrent AllowN calls sent together (batch.go)
+
+	leases *leases // the places of a Concurrency rule (concurrency.go); nil without one
 
 	mu      sync.Mutex
 	queues  map[string]*waitQueue   // window waits, by encoded subject
@@ -127,6 +137,10 @@ func New(rdb redis.UniversalClient, opts Options, rules ...Rule) (*Limiter, erro
 		l.ruleArgs = append(l.ruleArgs, r.Algorithm.String(), count, period, extra)
 		l.reservable = l.reservable && r.Algorithm.bucket()
 	}
+	var err error
+	if l.leases, err = newLeases(l); err != nil {
+		return nil, err
+	}
 	return l, nil
 }
 
@@ -178,6 +192,9 @@ func (l *Limiter) Allow(ctx context.Context, subject string) (Result, error) {
 // says for how long. See the package doc for how this and the rest compare
 // with golang.org/x/time/rate and redis_rate.
 func (l *Limiter) AllowN(ctx context.Context, subject string, n int) (Result, error) {
+	if l.leases != nil {
+		return Result{}, l.leases.only("AllowN")
+	}
 	res, _, err := l.decide(ctx, "allow", subject, n, -1, false)
 	return res, err
 }
@@ -239,6 +256,9 @@ func (l *Limiter) Wait(ctx context.Context, subject string) error {
 // charges nothing: it returns at once unless a request of 0 would wait
 // (see AllowN), and then waits as x/time/rate's WaitN(ctx, 0) does.
 func (l *Limiter) WaitN(ctx context.Context, subject string, n int) error {
+	if l.leases != nil {
+		return l.leases.wait(ctx, subject, n)
+	}
 	r, err := l.acquire(ctx, subject, n)
 	if err != nil {
 		return err

@@ -1,0 +1,158 @@
+package throttle
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+)
+
+// concRule is at most two holders at once, each leased for 30s.
+var concRule = Rule{Name: "conc", Algorithm: Concurrency, Limit: Limit{Count: 2, Period: 30 * time.Second}}
+
+// handoffs records what a limiter's OnHandoff receives.
+type handoffs struct {
+	mu  sync.Mutex
+	ids []string
+}
+
+func (h *handoffs) add(ids []string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.ids = append(h.ids, ids...)
+}
+
+func (h *handoffs) take() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ids := h.ids
+	h.ids = nil
+	return ids
+}
+
+// admitID admits the caller id and fails the test on error.
+func admitID(t *testing.T, l *Limiter, id string) Admission {
+	t.Helper()
+	a, err := l.Admit(context.Background(), AdmitRequest{Subject: "s", N: 1, ID: id, Wait: 0, Tolerance: time.Second})
+	if err != nil {
+		t.Fatalf("Admit(%s): %v", id, err)
+	}
+	return a
+}
+
+// TestConcurrencyQueue takes both places, queues two more callers in
+// arrival order with a fallback at the earliest lease's expiry, and hands
+// each freed place to the head of the queue: the releaser's OnHandoff names
+// it, and it is granted when it comes back, before any newcomer.
+func TestConcurrencyQueue(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		h := &handoffs{}
+		l := mustNew(t, rdb, Options{OnHandoff: h.add}, concRule)
+		ctx := context.Background()
+		for _, id := range []string{"a", "b"} {
+			if a := admitID(t, l, id); a.Status != Granted {
+				t.Fatalf("%s: got %v, want granted", id, a.Status)
+			}
+		}
+		for _, id := range []string{"c", "d", "c"} {
+			a := admitID(t, l, id)
+			if a.Status != Booked || a.Rule != "conc" {
+				t.Fatalf("%s: got %v by %q, want booked (queued) by conc", id, a.Status, a.Rule)
+			}
+			if a.Delay != 30*time.Second {
+				t.Fatalf("%s: fallback in %v, want 30s (the earliest lease's expiry)", id, a.Delay)
+			}
+		}
+		time.Sleep(time.Second)
+		if err := l.Release(ctx, "s"); err != nil {
+			t.Fatal(err)
+		}
+		if got := h.take(); !slices.Equal(got, []string{"c"}) {
+			t.Fatalf("handed off to %v, want [c] (the head of the queue)", got)
+		}
+		if a := admitID(t, l, "e"); a.Status != Booked {
+			t.Fatalf("newcomer e: got %v, want queued behind d", a.Status)
+		}
+		if a := admitID(t, l, "c"); a.Status != Granted {
+			t.Fatalf("c, back: got %v, want granted on the place handed to it", a.Status)
+		}
+		for range 2 {
+			if err := l.Release(ctx, "s"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := h.take(); !slices.Equal(got, []string{"d", "e"}) {
+			t.Fatalf("handed off to %v, want [d e]", got)
+		}
+		for _, id := range []string{"d", "e"} {
+			if a := admitID(t, l, id); a.Status != Granted {
+				t.Fatalf("%s: got %v, want granted", id, a.Status)
+			}
+		}
+		for range 2 {
+			if err := l.Release(ctx, "s"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := l.Release(ctx, "s"); err == nil {
+			t.Fatal("Release with no place held: got nil error")
+		}
+	})
+}
+
+// TestConcurrencyDeadHolder: a process that dies holding a place (its
+// renewals stop) loses it when its lease expires, and the live holder's
+// renewal hands it to the waiter; while a holder lives, renewals keep its
+// place however long it runs.
+func TestConcurrencyDeadHolder(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
+		rule := concRule
+		rule.Limit.Period = 3 * time.Second
+		h := &handoffs{}
+		live := mustNew(t, rdb, Options{OnHandoff: h.add}, rule)
+		rdb2 := redistest.PipeClient(m)
+		defer rdb2.Close()
+		dead := mustNew(t, rdb2, Options{}, rule)
+		if a := admitID(t, live, "live"); a.Status != Granted {
+			t.Fatalf("live: %v", a.Status)
+		}
+		if a := admitID(t, dead, "dead"); a.Status != Granted {
+			t.Fatalf("dead: %v", a.Status)
+		}
+		// The dead process stops renewing: it forgets its place.
+		dead.leases.drop("s", "dead")
+		start := time.Now()
+		if a := admitID(t, live, "waiter"); a.Status != Booked {
+			t.Fatalf("waiter: %v", a.Status)
+		}
+		for len(h.ids) == 0 && time.Since(start) < 10*time.Second {
+			time.Sleep(100 * time.Millisecond)
+		}
+		got, took := h.take(), time.Since(start)
+		if !slices.Equal(got, []string{"waiter"}) {
+			t.Fatalf("handed off to %v, want [waiter]", got)
+		}
+		if took < 3*time.Second || took > 3*time.Second+rule.Limit.Period/3+200*time.Millisecond {
+			t.Fatalf("the dead holder's place was handed on after %v, want within a third of a lease after its 3s lease", took)
+		}
+		// The live holder still holds its place (10 leases later).
+		time.Sleep(30 * time.Second)
+		if a := admitID(t, live, "waiter"); a.Status != Granted {
+			t.Fatalf("waiter back: %v, want granted", a.Status)
+		}
+		if a := admitID(t, live, "late"); a.Status != Booked {
+			t.Fatalf("late: %v, want queued: the live holder and the waiter hold both places", a.Status)
+		}
+		for range 2 {
+			if err := live.Release(context.Background(), "s"); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}
