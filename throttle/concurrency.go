@@ -41,10 +41,10 @@ type leases struct {
 	count int
 	lease time.Duration
 
-	mu       sync.Mutex
-	held     map[string][]string      // subject -> ids holding a place
-	waiting  map[string]chan struct{} // ids of Wait callers -> woken when handed a place
-	idle     chan struct{}            // closed when no place is held: the renewal goroutine, if any, ends
+	mu      sync.Mutex
+	held    map[string][]string      // subject -> ids holding a place
+	waiting map[string]chan struct{} // ids of Wait callers -> woken when handed a place
+	idle    chan struct{}            // closed when no place is held: the renewal goroutine, if any, ends
 }
 
 // newLeases returns the leases of l's Concurrency rule; nil without one, an

@@ -156,3 +156,117 @@ func TestConcurrencyDeadHolder(t *testing.T) {
 		}
 	})
 }
+
+// TestConcurrencyPolicy: 1/s (burst 1) and at most one at once, decided
+// together. A caller that finds the place taken is queued without taking a
+// turn of the rate rule; one whose booked turn comes due while the place is
+// taken keeps that turn, paid, and runs on it when it has the place:
+// neither lost nor charged twice.
+func TestConcurrencyPolicy(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := context.Background()
+		rate := Rule{Name: "rate", Algorithm: GCRA, Limit: PerSecond(1)}
+		one := Rule{Name: "one", Algorithm: Concurrency, Limit: Limit{Count: 1, Period: 30 * time.Second}}
+		h := &handoffs{}
+		l := mustNew(t, rdb, Options{OnHandoff: h.add}, rate, one)
+		state := mustNew(t, rdb, Options{}, rate) // reads the rate rule's key
+		tokens := func() int { return allow(t, state, "s", 0).Remaining }
+
+		if a := admitID(t, l, "a"); a.Status != Granted {
+			t.Fatalf("a: %v", a.Status)
+		}
+		if a := admitID(t, l, "b"); a.Status != Booked || a.Rule != "one" {
+			t.Fatalf("b: %v by %q, want queued by one", a.Status, a.Rule)
+		}
+		time.Sleep(time.Second) // the bucket refills: a queued caller took no turn
+		if got := tokens(); got != 1 {
+			t.Fatalf("tokens after b queued: %d, want 1", got)
+		}
+		// a ends: b is handed the place, and takes the token.
+		if err := l.Release(ctx, "s"); err != nil {
+			t.Fatal(err)
+		}
+		if a := admitID(t, l, "b"); a.Status != Granted {
+			t.Fatalf("b with the place: %v, want granted", a.Status)
+		}
+		if a := admitID(t, l, "c"); a.Status != Booked || a.Rule != "one" {
+			t.Fatalf("c: %v by %q, want queued by one", a.Status, a.Rule)
+		}
+		if err := l.Release(ctx, "s"); err != nil { // b ends: c is handed the place
+			t.Fatal(err)
+		}
+		if got := h.take(); !slices.Equal(got, []string{"b", "c"}) {
+			t.Fatalf("handoffs %v, want [b c]", got)
+		}
+		// c has the place, but its rate turn is 1s away: it books the turn
+		// and gives the place up.
+		a := admitID(t, l, "c")
+		if a.Status != Booked || a.Rule != "rate" || a.Delay != time.Second {
+			t.Fatalf("c with the place: %v by %q in %v, want booked by rate in 1s", a.Status, a.Rule, a.Delay)
+		}
+		// Another process holds the place when c's turn comes: c keeps its
+		// turn, paid, and waits for the place.
+		other := mustNew(t, rdb, Options{}, one)
+		if a := admitID(t, other, "e"); a.Status != Granted {
+			t.Fatalf("e: %v, want granted: the place was free", a.Status)
+		}
+		time.Sleep(a.Delay)
+		if a := admitID(t, l, "c"); a.Status != Booked || a.Rule != "one" {
+			t.Fatalf("c at its turn, place taken: %v by %q, want queued by one", a.Status, a.Rule)
+		}
+		time.Sleep(5 * time.Second) // far past c's turn and its tolerance
+		before := tokens()
+		if err := other.Release(ctx, "s"); err != nil {
+			t.Fatal(err)
+		}
+		if a := admitID(t, l, "c"); a.Status != Redeemed {
+			t.Fatalf("c with the place: %v, want redeemed on its paid turn", a.Status)
+		}
+		if got := tokens(); got != before {
+			t.Fatalf("tokens: %d after c ran, %d before: its turn was charged again", got, before)
+		}
+		if err := l.Release(ctx, "s"); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// TestConcurrencyWaitRelease: Wait takes a place or waits in line for one;
+// Release in this process wakes the next waiter at once; a Wait whose
+// context ends leaves the line.
+func TestConcurrencyWaitRelease(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := context.Background()
+		one := Rule{Name: "one", Algorithm: Concurrency, Limit: Limit{Count: 1, Period: 30 * time.Second}}
+		l := mustNew(t, rdb, Options{}, one)
+		if err := l.Wait(ctx, "s"); err != nil {
+			t.Fatal(err)
+		}
+		short, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		if err := l.Wait(short, "s"); err != context.DeadlineExceeded {
+			t.Fatalf("Wait with a 1s context: %v, want context.DeadlineExceeded", err)
+		}
+		got := make(chan time.Duration)
+		start := time.Now()
+		go func() {
+			if err := l.Wait(ctx, "s"); err != nil {
+				t.Error(err)
+			}
+			got <- time.Since(start)
+		}()
+		time.Sleep(2 * time.Second)
+		if err := l.Release(ctx, "s"); err != nil {
+			t.Fatal(err)
+		}
+		if d := <-got; d != 2*time.Second {
+			t.Fatalf("the waiter took the place after %v, want 2s (at the release)", d)
+		}
+		if err := l.Release(ctx, "s"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.Allow(ctx, "s"); err == nil {
+			t.Fatal("Allow on a concurrency limit: got nil error")
+		}
+	})
+}
