@@ -86,8 +86,9 @@ type Config struct {
 // Gate admits jobs under one throttle.Limiter. It is safe for concurrent
 // use.
 type Gate struct {
-	lim *throttle.Limiter
-	cfg Config
+	lim    *throttle.Limiter
+	cfg    Config
+	leased bool // lim has a Concurrency rule: a job that runs holds a place
 
 	mu      sync.Mutex
 	waiting map[string]int // jobs holding a waiting slot, by subject
@@ -121,7 +122,11 @@ func New(lim *throttle.Limiter, cfg Config) (*Gate, error) {
 	if cfg.Tolerance == 0 {
 		cfg.Tolerance = defaultTolerance(lim.Rules())
 	}
-	return &Gate{lim: lim, cfg: cfg, waiting: map[string]int{}}, nil
+	g := &Gate{lim: lim, cfg: cfg, waiting: map[string]int{}}
+	for _, r := range lim.Rules() {
+		g.leased = g.leased || r.Algorithm == throttle.Concurrency
+	}
+	return g, nil
 }
 
 // defaultTolerance is the interval of the tightest rule, clamped to
@@ -156,6 +161,11 @@ type Request struct {
 	// BookAs, if not empty, is the ID the job will come back under, if not
 	// ID (a task requeued as a copy): a new turn is booked under it.
 	BookAs string
+	// Waiter is the job under the limiter's Concurrency rule, if it has
+	// one (throttle.AdmitRequest.Waiter): what the limiter's OnHandoff is
+	// given to wake the job when a place is handed to it. If empty, ID.
+	// A job that runs holds a place until Release (Gate.Release).
+	Waiter string
 }
 
 // Outcome is what a job does after Admit.
@@ -242,7 +252,7 @@ func (g *Gate) Admit(ctx context.Context, req Request) (Decision, error) {
 		early = min(early, left)
 	}
 	a, err := g.lim.Admit(ctx, throttle.AdmitRequest{
-		Subject: req.Subject, N: cost, ID: req.ID, Receipt: req.Receipt, BookAs: req.BookAs,
+		Subject: req.Subject, N: cost, ID: req.ID, Receipt: req.Receipt, BookAs: req.BookAs, Waiter: req.Waiter,
 		Wait: wait, EarlyWait: max(early, time.Microsecond), Tolerance: g.cfg.Tolerance,
 	})
 	if err != nil {
@@ -254,11 +264,14 @@ func (g *Gate) Admit(ctx context.Context, req Request) (Decision, error) {
 		d.Outcome = Park
 	case throttle.Granted, throttle.Redeemed:
 		if err := sleepUntil(ctx, a.At); err != nil {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
 			if a.Reservation != nil {
-				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
 				_ = a.Reservation.Cancel(rctx)
-				cancel()
 			}
+			if g.leased {
+				_ = g.lim.Release(rctx, req.Subject)
+			}
+			cancel()
 			return Decision{}, err
 		}
 		d.Outcome, d.At = Run, time.Now()
@@ -267,6 +280,17 @@ func (g *Gate) Admit(ctx context.Context, req Request) (Decision, error) {
 	}
 	d.Waited = time.Since(start)
 	return d, nil
+}
+
+// Release gives back the place under the limiter's Concurrency rule that
+// a job of subject, run by Admit in this process, holds: call it when the
+// job ends, succeeded or not. It does nothing if the limiter has no
+// Concurrency rule; otherwise it returns throttle.Limiter.Release's error.
+func (g *Gate) Release(ctx context.Context, subject string) error {
+	if !g.leased {
+		return nil
+	}
+	return g.lim.Release(ctx, subject)
 }
 
 // refundTimeout bounds the refund of a turn whose wait ended with its

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/throttle"
@@ -94,14 +95,17 @@ func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (
 	if t.lastAttempt {
 		bookID = nextCopyID(t.id)
 	}
+	// Under a concurrency rule, the task waits for a place as the wake-up
+	// member that brings it back (WakeOnHandoff).
+	queue, _ := asynq.GetQueueName(ctx)
 	m.metrics.waiting(r.Name, 1)
-	d, err := r.gate.Admit(wctx, admission.Request{Subject: subject, Cost: t.cost, ID: t.id, BookAs: bookID, Receipt: task.Headers()[ReceiptHeader]})
+	d, err := r.gate.Admit(wctx, admission.Request{Subject: subject, Cost: t.cost, ID: t.id, BookAs: bookID, Receipt: task.Headers()[ReceiptHeader], Waiter: admission.Member(queue, bookID)})
 	m.metrics.waiting(r.Name, -1)
 	if err != nil {
 		return Wait{}, m.notAdmitted(ctx, wctx, t, err)
 	}
 	if d.Outcome == admission.Run {
-		w := Wait{Rule: r.Name, Subject: subject, Duration: d.Waited, Redeemed: d.Turn == throttle.Redeemed, Turn: d.Slot}
+		w := Wait{Rule: r.Name, Subject: subject, Duration: d.Waited, Redeemed: d.Turn == throttle.Redeemed, Turn: d.Slot, gate: r.gate}
 		m.admitted(t, w)
 		return w, nil
 	}
@@ -136,6 +140,44 @@ func (t *taskRun) archive(ctx context.Context, msg string, noSubject bool, err e
 	err = &archivedError{rule: t.rule.Name, taskID: t.id, taskType: t.task.Type(), noSubject: noSubject, err: err}
 	t.log.WarnContext(ctx, msg, "error", err)
 	return err
+}
+
+// WakeOnHandoff returns a throttle.Options.OnHandoff that wakes the tasks
+// a freed place of a concurrency rule was handed to, through the wake-up
+// ledger in rdb (the asynq server's Redis, WakeupsKey): the wake-up loop of
+// any middleware with WithAsynq moves them to pending at once. Config's
+// Middleware sets it on the limiters it builds; set it on limiters of
+// your own that have a throttle.Concurrency rule.
+func WakeOnHandoff(rdb redis.UniversalClient) func(waiters []string) {
+	wakeups, _ := admission.NewWakeups(rdb, WakeupsKey)
+	return func(waiters []string) {
+		ctx, cancel := context.WithTimeout(context.Background(), handoffTimeout)
+		defer cancel()
+		for _, w := range waiters {
+			if err := wakeups.Add(ctx, w, time.UnixMicro(0)); err != nil {
+				slog.Warn("worker: cannot wake a task handed a place of a concurrency rule; it comes back at its fallback", "member", w, "error", err)
+			}
+		}
+	}
+}
+
+// handoffTimeout bounds WakeOnHandoff's writes.
+const handoffTimeout = 5 * time.Second
+
+// releaseTimeout bounds the release of a task's place.
+const releaseTimeout = 5 * time.Second
+
+// release gives back the place a task ran under (a concurrency rule),
+// whatever its handler returned.
+func (w Wait) release(log *slog.Logger) {
+	if w.gate == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	if err := w.gate.Release(ctx, w.Subject); err != nil {
+		log.Warn("worker: cannot release the task's place of a concurrency rule; it frees when its lease expires", "rule", w.Rule, "subject", w.Subject, "error", err)
+	}
 }
 
 // parkAt records the task's wake-up and returns the RetryAt that parks it.

@@ -174,15 +174,16 @@ func (c *Config) RuleFor(taskType string) (RuleConfig, bool) {
 }
 
 // Limiter builds the limiter of the rule named rule: its Limits under the
-// config's Prefix and FailOpen, with base's Logger and OnRedisError (other
-// fields of base are ignored). Producers that pace tasks at enqueue time
-// (throttle.Limiter.PrepayN) use it to book in the ledger the workers use.
+// config's Prefix and FailOpen, with base's Logger, OnRedisError and
+// OnHandoff (other fields of base are ignored). Producers that pace tasks
+// at enqueue time (throttle.Limiter.PrepayN) use it to book in the ledger
+// the workers use.
 func (c *Config) Limiter(rdb redis.UniversalClient, rule string, base throttle.Options) (*throttle.Limiter, error) {
 	r, ok := c.Rule(rule)
 	if !ok {
 		return nil, fmt.Errorf("worker: %s: no rule named %q", c.File, rule)
 	}
-	opts := throttle.Options{Prefix: c.Prefix, FailOpen: c.FailOpen, Logger: base.Logger, OnRedisError: base.OnRedisError}
+	opts := throttle.Options{Prefix: c.Prefix, FailOpen: c.FailOpen, Logger: base.Logger, OnRedisError: base.OnRedisError, OnHandoff: base.OnHandoff}
 	lim, err := throttle.New(rdb, opts, r.Limits...)
 	if err != nil {
 		return nil, fmt.Errorf("worker: %s:%d: rule %q: %w", c.File, r.Line, r.Name, err)
@@ -203,6 +204,9 @@ func (c *Config) Middleware(rdb redis.UniversalClient, opts ...Option) (*Middlew
 	if o.metrics != nil {
 		base.OnRedisError = o.metrics.OnRedisError
 	}
+	if o.asynq != nil {
+		base.OnHandoff = WakeOnHandoff(o.asynq)
+	}
 	rules := make([]Rule, 0, len(c.Rules))
 	for _, r := range c.Rules {
 		lim, err := c.Limiter(rdb, r.Name, base)
@@ -221,11 +225,11 @@ const maxWaitSlots = 10000
 // The fields each mapping of a rules file may have.
 var (
 	fileFields  = []string{"prefix", "fail_open", "budgets", "rules", handlersField}
-	ruleFields  = []string{"name", "tasks", "subject", "algorithm", "limit", "period", "burst", "precision", "max_wait", "wait_slots", "cost", "budget", "limits"}
-	limitFields = []string{"name", "algorithm", "limit", "period", "burst", "precision", "budget"}
+	ruleFields  = []string{"name", "tasks", "subject", "algorithm", "limit", "period", "burst", "precision", "lease", "max_wait", "wait_slots", "cost", "budget", "limits"}
+	limitFields = []string{"name", "algorithm", "limit", "period", "burst", "precision", "lease", "budget"}
 	// limitOnly are the rule fields that describe a single limit, which a
 	// policy (limits) puts in each of its limits instead.
-	limitOnly     = []string{"algorithm", "limit", "period", "burst", "precision"}
+	limitOnly     = []string{"algorithm", "limit", "period", "burst", "precision", "lease"}
 	subjectFields = []string{"fixed", "payload_field"}
 	costFields    = []string{"payload_field"}
 )
@@ -574,10 +578,47 @@ func (p *parser) cost(n *yaml.Node) (CostConfig, error) {
 	return c, nil
 }
 
+// DefaultLease is the lease of a concurrency rule whose lease is not set:
+// how long a place is kept for a worker that stopped renewing it (killed),
+// and so how long such a place stays taken.
+const DefaultLease = 30 * time.Second
+
+// concurrency reads a concurrency limit: limit places, each leased for
+// lease (DefaultLease if unset); period, burst and precision do not apply.
+func (p *parser) concurrency(n *yaml.Node, fields map[string]*yaml.Node, path string, r throttle.Rule) (throttle.Rule, error) {
+	f := func(field string) string { return yamlfile.Join(path, field) }
+	for _, field := range []string{"period", "burst", "precision"} {
+		if v := fields[field]; v != nil {
+			return r, p.Failf(v, f(field), "does not apply to concurrency, which limits tasks running at once; give limit and lease")
+		}
+	}
+	ln := fields["limit"]
+	if ln == nil {
+		return r, p.Failf(n, f("limit"), "missing; how many tasks may run at once, such as 5")
+	}
+	var err error
+	if r.Limit.Count, err = p.Int(ln, f("limit"), 1, throttle.MaxCount); err != nil {
+		return r, err
+	}
+	r.Limit.Period, r.Limit.Burst = DefaultLease, r.Limit.Count
+	if le := fields["lease"]; le != nil {
+		if r.Limit.Period, err = p.duration(le, f("lease"), 100*time.Millisecond, throttle.MaxPeriod); err != nil {
+			return r, err
+		}
+	}
+	if err := r.Validate(); err != nil {
+		return r, p.Failf(n, path, "%v", err)
+	}
+	return r, nil
+}
+
 // checkCost refuses a fixed cost that a limit of r can never admit at
 // once (its burst, or a window's limit).
 func (p *parser) checkCost(n *yaml.Node, r RuleConfig) error {
 	for _, l := range r.Limits {
+		if l.Algorithm == throttle.Concurrency {
+			continue // a task takes one place, whatever its cost
+		}
 		capacity := l.Limit.Count
 		if l.Algorithm == throttle.TokenBucket || l.Algorithm == throttle.GCRA {
 			capacity = l.Limit.Burst
@@ -602,7 +643,7 @@ func (p *parser) limit(n *yaml.Node, fields map[string]*yaml.Node, path, name st
 		return nil, p.Failf(n, f(field), "missing; %s", help)
 	}
 
-	an, err := need("algorithm", "one of fixed_window, sliding_log, sliding_window, token_bucket, gcra")
+	an, err := need("algorithm", "one of fixed_window, sliding_log, sliding_window, token_bucket, gcra, concurrency")
 	if err != nil {
 		return r, err
 	}
@@ -611,7 +652,13 @@ func (p *parser) limit(n *yaml.Node, fields map[string]*yaml.Node, path, name st
 		return r, err
 	}
 	if r.Algorithm, err = throttle.ParseAlgorithm(as); err != nil {
-		return r, p.Failf(an, f("algorithm"), "%q is not one of fixed_window, sliding_log, sliding_window, token_bucket, gcra (or leaky_bucket)", as)
+		return r, p.Failf(an, f("algorithm"), "%q is not one of fixed_window, sliding_log, sliding_window, token_bucket, gcra (or leaky_bucket), concurrency", as)
+	}
+	if r.Algorithm == throttle.Concurrency {
+		return p.concurrency(n, fields, path, r)
+	}
+	if ln := fields["lease"]; ln != nil {
+		return r, p.Failf(ln, f("lease"), "applies only to concurrency")
 	}
 
 	maxCount := int64(throttle.MaxCount)

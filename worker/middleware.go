@@ -289,6 +289,7 @@ func (m *Middleware) Wrap(next asynq.Handler) asynq.Handler {
 		if err != nil {
 			return err
 		}
+		defer w.release(m.log)
 		return next.ProcessTask(context.WithValue(ctx, waitKey{}, w), task)
 	})
 }
@@ -328,6 +329,8 @@ type Wait struct {
 	// books turns (a *throttle.Limiter): when it was booked for, if
 	// Redeemed.
 	Turn time.Time
+
+	gate *admission.Gate // the rule's gate, whose place the task holds (Release)
 }
 
 type waitKey struct{}
