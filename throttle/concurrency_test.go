@@ -270,3 +270,22 @@ func TestConcurrencyWaitRelease(t *testing.T) {
 		}
 	})
 }
+
+// TestConcurrencyPause: PauseFor on a policy with a concurrency rule holds
+// back its rate rule and leaves the places alone.
+func TestConcurrencyPause(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := context.Background()
+		l := mustNew(t, rdb, Options{}, Rule{Name: "rate", Algorithm: GCRA, Limit: PerSecond(10)}, concRule)
+		if err := l.PauseFor(ctx, "s", 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		a := admitID(t, l, "a")
+		if a.Status != Booked || a.Rule != "rate" || a.Delay != 5*time.Second {
+			t.Fatalf("after a 5s pause: %v by %q in %v, want booked by rate in 5s", a.Status, a.Rule, a.Delay)
+		}
+		if _, _, err := l.AllowAtMost(ctx, "s", 1); err == nil {
+			t.Fatal("AllowAtMost on a concurrency limit: got nil error")
+		}
+	})
+}

@@ -273,6 +273,9 @@ func (l *Limiter) acquire(ctx context.Context, subject string, n int) (*Reservat
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	if l.leases != nil {
+		return nil, l.leases.only("a Group")
+	}
 	if l.reservable {
 		return l.ReserveN(ctx, subject, n)
 	}

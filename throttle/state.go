@@ -17,6 +17,9 @@ import (
 // rule's capacity is capped by what the rule can ever hold. Errors are as
 // for AllowN (a fail-open limiter admits all n when Redis fails).
 func (l *Limiter) AllowAtMost(ctx context.Context, subject string, n int) (granted int, res Result, err error) {
+	if l.leases != nil {
+		return 0, Result{}, l.leases.only("AllowAtMost")
+	}
 	if n < 1 {
 		return 0, Result{}, fmt.Errorf("throttle: AllowAtMost(n = %d): n must be at least 1; use AllowN(ctx, subject, 0) to read the state", n)
 	}

@@ -38,6 +38,10 @@ function commit_concurrency()
   return ''
 end
 
+-- A pause (PauseFor) holds back the policy's rate rules; places are not
+-- paused. Refunds never reach the rule: its ticket is ''.
+pause['concurrency'] = function() end
+
 cc = {}
 
 -- cc.open reaps expired leases of key, hands free places to the head
