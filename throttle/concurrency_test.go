@@ -28,6 +28,12 @@ func (h *handoffs) add(ids []string) {
 	h.ids = append(h.ids, ids...)
 }
 
+func (h *handoffs) len() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.ids)
+}
+
 func (h *handoffs) take() []string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -131,7 +137,7 @@ func TestConcurrencyDeadHolder(t *testing.T) {
 		if a := admitID(t, live, "waiter"); a.Status != Booked {
 			t.Fatalf("waiter: %v", a.Status)
 		}
-		for len(h.ids) == 0 && time.Since(start) < 10*time.Second {
+		for h.len() == 0 && time.Since(start) < 10*time.Second {
 			time.Sleep(100 * time.Millisecond)
 		}
 		got, took := h.take(), time.Since(start)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -421,8 +422,13 @@ func (p *parser) ruleConfig(n *yaml.Node, i int, names map[string]int, owner map
 		}
 		r.Limits = append(r.Limits, l)
 	}
+	if conc := slices.IndexFunc(r.Limits, isConcurrency); conc >= 0 && slices.ContainsFunc(r.Limits[conc+1:], isConcurrency) {
+		return r, p.Failf(limits, "limits", "a policy has at most one concurrency limit")
+	}
 	return r, p.checkCost(costNode, r)
 }
+
+func isConcurrency(r throttle.Rule) bool { return r.Algorithm == throttle.Concurrency }
 
 func (p *parser) tasks(rule, n *yaml.Node, owner map[string]string) ([]string, error) {
 	if n == nil {
