@@ -166,6 +166,9 @@ type Request struct {
 	// given to wake the job when a place is handed to it. If empty, ID.
 	// A job that runs holds a place until Release (Gate.Release).
 	Waiter string
+	// WaitAs, if not empty, is the Waiter the job comes back as, if not
+	// Waiter (a task requeued as a copy): it takes over Waiter's place.
+	WaitAs string
 }
 
 // Outcome is what a job does after Admit.
@@ -252,7 +255,7 @@ func (g *Gate) Admit(ctx context.Context, req Request) (Decision, error) {
 		early = min(early, left)
 	}
 	a, err := g.lim.Admit(ctx, throttle.AdmitRequest{
-		Subject: req.Subject, N: cost, ID: req.ID, Receipt: req.Receipt, BookAs: req.BookAs, Waiter: req.Waiter,
+		Subject: req.Subject, N: cost, ID: req.ID, Receipt: req.Receipt, BookAs: req.BookAs, Waiter: req.Waiter, WaitAs: req.WaitAs,
 		Wait: wait, EarlyWait: max(early, time.Microsecond), Tolerance: g.cfg.Tolerance,
 	})
 	if err != nil {

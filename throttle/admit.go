@@ -51,6 +51,10 @@ type AdmitRequest struct {
 	// to the caller while it is parked. If empty, ID; one of them is
 	// required with a Concurrency rule.
 	Waiter string
+	// WaitAs, if not empty, is the Waiter the caller comes back as, if not
+	// Waiter (a task requeued as a copy): it takes over Waiter's place in
+	// the queue, or the place it holds.
+	WaitAs string
 	// Tolerance is how late a caller may come back for its booking or
 	// receipt: one that comes later takes a new turn, and its old slot
 	// (long past) is not redeemed, so a fleet that was down does not run
@@ -131,7 +135,7 @@ func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error
 	if req.Tolerance <= 0 {
 		return Admission{}, fmt.Errorf("throttle: admit: tolerance %v: must be at least 1µs", req.Tolerance)
 	}
-	if len(req.ID) > maxReceiptLen || len(req.Receipt) > maxReceiptLen || len(req.BookAs) > maxReceiptLen || len(req.Waiter) > maxReceiptLen {
+	if len(req.ID) > maxReceiptLen || len(req.Receipt) > maxReceiptLen || len(req.BookAs) > maxReceiptLen || len(req.Waiter) > maxReceiptLen || len(req.WaitAs) > maxReceiptLen {
 		return Admission{}, fmt.Errorf("throttle: admit: an ID, receipt or waiter is at most %d bytes; hash longer ones", maxReceiptLen)
 	}
 	if req.Horizon < 0 || req.Horizon > MaxPeriod {
@@ -160,13 +164,14 @@ func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error
 	if req.EarlyWait > 0 {
 		early = req.EarlyWait.Microseconds()
 	}
-	waiter := "" // the caller under the Concurrency rule, if any
+	waiter, waitAs := "", "" // the caller under the Concurrency rule, if any
 	if l.leases != nil {
 		if waiter = cmp.Or(req.Waiter, req.ID); waiter == "" {
 			return Admission{}, errors.New("throttle: admit: a limiter with a concurrency rule needs an ID or a Waiter")
 		}
+		waitAs = cmp.Or(req.WaitAs, waiter)
 	}
-	args = append(args, booking, max(req.Tolerance.Microseconds(), 1), horizon, early, waiter)
+	args = append(args, booking, max(req.Tolerance.Microseconds(), 1), horizon, early, waiter, waitAs)
 	for _, id := range [...]string{req.ID, req.Receipt} {
 		if id != "" {
 			args = append(args, l.member(id))
@@ -218,7 +223,7 @@ func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error
 	}
 	if l.leases != nil {
 		if a.Status == Granted || a.Status == Redeemed {
-			l.leases.hold(req.Subject, waiter)
+			l.leases.hold(req.Subject, waitAs)
 		}
 		l.leases.deliver(woken)
 	}

@@ -295,3 +295,33 @@ func TestConcurrencyPause(t *testing.T) {
 		}
 	})
 }
+
+// TestConcurrencyWaitAs: a caller that comes back under another id (a task
+// requeued as a copy) keeps its place in the queue under that id.
+func TestConcurrencyWaitAs(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := context.Background()
+		h := &handoffs{}
+		one := Rule{Name: "one", Algorithm: Concurrency, Limit: Limit{Count: 1, Period: 30 * time.Second}}
+		l := mustNew(t, rdb, Options{OnHandoff: h.add}, one)
+		for _, id := range []string{"a", "x", "b"} {
+			admitID(t, l, id)
+		}
+		a, err := l.Admit(ctx, AdmitRequest{Subject: "s", N: 1, ID: "x", WaitAs: "x~1", Tolerance: time.Second})
+		if err != nil || a.Status != Booked {
+			t.Fatalf("x as x~1: %v, %v; want queued", a.Status, err)
+		}
+		if err := l.Release(ctx, "s"); err != nil {
+			t.Fatal(err)
+		}
+		if got := h.take(); !slices.Equal(got, []string{"x~1"}) {
+			t.Fatalf("handed off to %v, want [x~1]: x's place, ahead of b", got)
+		}
+		if a := admitID(t, l, "x~1"); a.Status != Granted {
+			t.Fatalf("x~1: %v, want granted", a.Status)
+		}
+		if err := l.Release(ctx, "s"); err != nil {
+			t.Fatal(err)
+		}
+	})
+}

@@ -99,7 +99,8 @@ func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (
 	// member that brings it back (WakeOnHandoff).
 	queue, _ := asynq.GetQueueName(ctx)
 	m.metrics.waiting(r.Name, 1)
-	d, err := r.gate.Admit(wctx, admission.Request{Subject: subject, Cost: t.cost, ID: t.id, BookAs: bookID, Receipt: task.Headers()[ReceiptHeader], Waiter: admission.Member(queue, bookID)})
+	d, err := r.gate.Admit(wctx, admission.Request{Subject: subject, Cost: t.cost, ID: t.id, BookAs: bookID, Receipt: task.Headers()[ReceiptHeader],
+		Waiter: admission.Member(queue, t.id), WaitAs: admission.Member(queue, bookID)})
 	m.metrics.waiting(r.Name, -1)
 	if err != nil {
 		return Wait{}, m.notAdmitted(ctx, wctx, t, err)

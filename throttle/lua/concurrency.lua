@@ -45,10 +45,19 @@ pause['concurrency'] = function() end
 cc = {}
 
 -- cc.open reaps expired leases of key, hands free places to the head
--- waiters, and returns the state of id's place: c.holding is true if id
--- holds one (a lease, or a claim just handed to it).
-function cc.open(key, count, lease, id)
-  local c = {key = key, count = count, lease = lease, id = id, woken = {}}
+-- waiters, and returns the state of the caller's place: c.holding is true
+-- if it holds one (a lease, or a claim just handed to it). The caller is
+-- id; if it goes on as another id, as (a task requeued as a copy), as
+-- takes over id's place, in the queue or among the holders.
+function cc.open(key, count, lease, id, as)
+  local c = {key = key, count = count, lease = lease, id = as or id, woken = {}}
+  if as and as ~= '' and as ~= id then
+    local s = redis.call('ZSCORE', key, id)
+    if s then
+      redis.call('ZREM', key, id)
+      redis.call('ZADD', key, s, as)
+    end
+  end
   redis.call('ZREMRANGEBYSCORE', key, '0', string.format('%d', now))
   cc.handoff(c)
   local s = tonumber(redis.call('ZSCORE', key, id))

@@ -35,7 +35,10 @@
 --   ARGV[8 + 5r] -> the caller's id under a concurrency rule of the policy
 --                   (concurrency.lua): the holder or waiter it is ('' if
 --                   the policy has none)
---   ARGV[9 + 5r] ... -> members to redeem, in order: the caller's earlier
+--   ARGV[9 + 5r] -> the id it holds or waits under from now on (a task
+--                   requeued as a copy), which takes over ARGV[8 + 5r]'s
+--                   place; the same id otherwise
+--   ARGV[10 + 5r] ... -> members to redeem, in order: the caller's earlier
 --                   booking, a receipt made by prepay
 --   ARGV[3] is how long the caller can wait where it is for a new turn
 --   (-1: no bound).
@@ -173,7 +176,7 @@ if op == 'admit' then
     for i = 1, nrules do
       local algo, count, period = rule(i)
       if algo == 'concurrency' then
-        c = cc.open(KEYS[i], count, period, ARGV[b + 4])
+        c = cc.open(KEYS[i], count, period, ARGV[b + 4], ARGV[b + 5])
         c.rule = i
       end
     end
@@ -191,7 +194,7 @@ if op == 'admit' then
   -- pause has moved past its end.
   local pause_end = tonumber(redis.call('GET', KEYS[nrules + 2])) or 0
   local early = tonumber(ARGV[b + 3])
-  for i = b + 5, #ARGV do
+  for i = b + 6, #ARGV do
     local slot = tonumber(redis.call('ZSCORE', rkey, ARGV[i]))
     if slot and slot < 0 and c and not cc.free(c) then return wait_place() end
     if slot and slot >= 0 and slot < pause_end then
