@@ -306,6 +306,7 @@ func TestConcurrencyWaitAs(t *testing.T) {
 		l := mustNew(t, rdb, Options{OnHandoff: h.add}, one)
 		for _, id := range []string{"a", "x", "b"} {
 			admitID(t, l, id)
+			time.Sleep(time.Millisecond) // arrivals at one µs are ordered by id
 		}
 		a, err := l.Admit(ctx, AdmitRequest{Subject: "s", N: 1, ID: "x", WaitAs: "x~1", Tolerance: time.Second})
 		if err != nil || a.Status != Booked {
