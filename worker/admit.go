@@ -106,7 +106,10 @@ func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (
 		return Wait{}, m.notAdmitted(ctx, wctx, t, err)
 	}
 	if d.Outcome == admission.Run {
-		w := Wait{Rule: r.Name, Subject: subject, Duration: d.Waited, Redeemed: d.Turn == throttle.Redeemed, Turn: d.Slot, gate: r.gate}
+		w := Wait{Rule: r.Name, Subject: subject, Duration: d.Waited, Redeemed: d.Turn == throttle.Redeemed, Turn: d.Slot}
+		if r.leased {
+			w.gate = r.gate
+		}
 		m.admitted(t, w)
 		return w, nil
 	}

@@ -108,7 +108,8 @@ type Middleware struct {
 // *throttle.Limiter, such as a *throttle.Group, which waits in place).
 type ruleGate struct {
 	Rule
-	gate *admission.Gate
+	gate   *admission.Gate
+	leased bool // the limiter has a concurrency rule: a task that runs holds a place
 }
 
 // Option configures a Middleware.
@@ -241,6 +242,9 @@ func NewMiddleware(rules []Rule, opts ...Option) (*Middleware, error) {
 			if rule.gate, err = admission.New(lim, cfg); err != nil {
 				return nil, bad("limiter", err.Error())
 			}
+			for _, lr := range lim.Rules() {
+				rule.leased = rule.leased || lr.Algorithm == throttle.Concurrency
+			}
 		}
 		for _, p := range rule.Tasks {
 			if err := checkPattern(p); err != nil {
@@ -289,7 +293,10 @@ func (m *Middleware) Wrap(next asynq.Handler) asynq.Handler {
 		if err != nil {
 			return err
 		}
-		defer w.release(m.log)
+		if w.gate != nil {
+			m.metrics.holding(r.Name, 1)
+			defer func() { w.release(m.log); m.metrics.holding(r.Name, -1) }()
+		}
 		return next.ProcessTask(context.WithValue(ctx, waitKey{}, w), task)
 	})
 }
@@ -330,7 +337,7 @@ type Wait struct {
 	// Redeemed.
 	Turn time.Time
 
-	gate *admission.Gate // the rule's gate, whose place the task holds (Release)
+	gate *admission.Gate // the gate of a concurrency rule, whose place the task holds until release
 }
 
 type waitKey struct{}
