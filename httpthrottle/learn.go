@@ -205,6 +205,9 @@ type learner struct {
 func newLearner(lim *throttle.Limiter, maxWait time.Duration) *learner {
 	l := &learner{bySubject: map[string]*learned{}, maxWait: maxWait}
 	for _, r := range lim.Rules() {
+		if r.Algorithm == throttle.Concurrency {
+			continue // a concurrency rule sets no rate
+		}
 		// The slowest rule bounds the steady rate.
 		l.configured = max(l.configured, r.Limit.Period/time.Duration(r.Limit.Count))
 	}

@@ -161,8 +161,12 @@ type Rule struct {
 	Precision time.Duration
 }
 
-// String describes the rule, such as "api: gcra 20 per 1s (burst 20)".
+// String describes the rule, such as "api: gcra 20 per 1s (burst 20)" or
+// "exports: concurrency, at most 5 at once, lease 30s".
 func (r Rule) String() string {
+	if r.Algorithm == Concurrency {
+		return fmt.Sprintf("%s: concurrency, at most %d at once, lease %v", r.Name, r.Limit.Count, r.Limit.Period)
+	}
 	return fmt.Sprintf("%s: %v %v", r.Name, r.Algorithm, r.Limit)
 }
 

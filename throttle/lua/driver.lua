@@ -196,7 +196,11 @@ if op == 'admit' then
   local early = tonumber(ARGV[b + 3])
   for i = b + 6, #ARGV do
     local slot = tonumber(redis.call('ZSCORE', rkey, ARGV[i]))
-    if slot and slot < 0 and c and not cc.free(c) then return wait_place() end
+    if slot and slot < 0 and c and not cc.free(c) then
+      local reply = wait_place()
+      keep_ttl(rkey, reply[4] + c.lease)
+      return reply
+    end
     if slot and slot >= 0 and slot < pause_end then
       redis.call('ZREM', rkey, ARGV[i])
       slot = nil
@@ -205,8 +209,9 @@ if op == 'admit' then
       local d = slot - now
       if d < 0 then d = 0 end
       if early >= 0 and d > early then
-        if c then return cc.reply(c, {4, 1, 0, d, 0, now}, nrules) end
-        return {4, 1, 0, d, 0, now}
+        if not c then return {4, 1, 0, d, 0, now} end
+        if c.holding then cc.give(c) end
+        return cc.reply(c, {4, 1, 0, d, 0, now}, nrules)
       end
       if c and not cc.free(c) then
         -- The turn has come but every place of the concurrency rule is
@@ -297,7 +302,7 @@ if reply[1] == 1 and later then
 end
 if reply[1] == 1 and op == 'prepay' then
   local rkey, keep = KEYS[nrules + 1], tonumber(ARGV[5 + 5 * nrules])
-  redis.call('ZREMRANGEBYSCORE', rkey, '-inf', '(' .. string.format('%d', now - keep))
+  redis.call('ZREMRANGEBYSCORE', rkey, '0', '(' .. string.format('%d', now - keep))
   redis.call('ZADD', rkey, string.format('%d', now + reply[4]), ARGV[4 + 5 * nrules])
   keep_ttl(rkey, reply[4] + keep)
 end
