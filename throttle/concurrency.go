@@ -293,7 +293,7 @@ func (s *leases) wait(ctx context.Context, subject string, n int) error {
 				}
 				return giveUp(&DelayError{Rule: a.Rule, RetryAfter: a.Delay, Deadline: byDeadline})
 			}
-			if err := sleepCtx(ctx, a.At); err != nil {
+			if err := sleep(ctx, time.Until(a.At)); err != nil {
 				if a.Reservation != nil {
 					_ = a.Reservation.Cancel(context.WithoutCancel(ctx))
 				}
@@ -313,21 +313,5 @@ func (s *leases) wait(ctx context.Context, subject string, n int) error {
 		default:
 			return giveUp(&DelayError{Rule: a.Rule, RetryAfter: a.Delay})
 		}
-	}
-}
-
-// sleepCtx waits until t or until ctx ends, whose error it returns then.
-func sleepCtx(ctx context.Context, t time.Time) error {
-	d := time.Until(t)
-	if d <= 0 {
-		return nil
-	}
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-timer.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }
