@@ -102,8 +102,8 @@ func readConcEvents(t *testing.T, rdb *redis.Client, prefix string) []concEvent 
 // limit of 3 (lease 2s) over 60 tasks of 300ms of one subject. One worker
 // is killed with SIGKILL while it runs a task. Measured from the handlers:
 // never more than 3 tasks run at once (the killed one's counted as running
-// until its lease could have expired); the dead worker's places free within
-// the lease (plus a renewal interval, the wake-up and asynq's pick-up: 1s),
+// until its lease could first have expired); the dead worker's places free
+// within the lease (plus the wake-up and asynq's pick-up: 1s), not before,
 // after which the two others run 3 at once; and every task the dead
 // worker was not running completes once, long before asynq would re-run
 // the killed ones (its own lease, 30s).
@@ -197,8 +197,10 @@ func TestConcurrencyWorkerKilled(t *testing.T) {
 	}
 
 	// Replay the events: running tasks at each instant; the killed
-	// worker's open tasks count as running until their leases could have
-	// expired (kill + lease).
+	// worker's open tasks count as running until their leases could first
+	// have expired: renewed every third of the lease, the last renewal was
+	// at most a third of a lease before the kill.
+	const earliestExpiry = concLease*2/3 - 50*time.Millisecond // less the renewal ticker's jitter
 	evs := readConcEvents(t, rdb, prefix)
 	ended := map[string]bool{}
 	for _, e := range evs {
@@ -208,7 +210,7 @@ func TestConcurrencyWorkerKilled(t *testing.T) {
 	}
 	for _, e := range evs {
 		if e.start && e.pid == victim && !ended[e.task] {
-			evs = append(evs, concEvent{pid: victim, task: e.task, at: killed.Add(concLease)})
+			evs = append(evs, concEvent{pid: victim, task: e.task, at: killed.Add(earliestExpiry)})
 		}
 	}
 	slices.SortFunc(evs, func(a, b concEvent) int {
@@ -234,7 +236,7 @@ func TestConcurrencyWorkerKilled(t *testing.T) {
 		}
 		running += d
 		most = max(most, running)
-		if e.pid != victim || e.at.Before(killed) {
+		if e.pid != victim {
 			live += d
 		}
 		if e.start && e.pid != victim && e.at.After(killed) && live >= concPlaces && full.IsZero() {
@@ -257,5 +259,8 @@ func TestConcurrencyWorkerKilled(t *testing.T) {
 		victim, orphans, concPlaces, freed.Round(time.Millisecond), concLease, most, n-orphans)
 	if freed > concLease+time.Second {
 		t.Errorf("full concurrency came back %v after the kill, want within the lease %v + 1s", freed, concLease)
+	}
+	if freed < earliestExpiry {
+		t.Errorf("full concurrency came back %v after the kill, before the dead worker's leases could expire (%v)", freed, earliestExpiry)
 	}
 }

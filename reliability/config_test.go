@@ -111,7 +111,7 @@ func TestInvalidConfig(t *testing.T) {
 			{"FromRate zero", func() error { _, err := throttle.FromRate(0, 1); return err }, "above 0"},
 			{"FromRate negative", func() error { _, err := throttle.FromRate(-3, 1); return err }, "above 0"},
 			{"FromRate tiny", func() error { _, err := throttle.FromRate(1e-300, 1); return err }, "cannot be expressed"},
-			{"ParseAlgorithm", func() error { _, err := throttle.ParseAlgorithm("leaky"); return err }, "use fixed_window, sliding_log, sliding_window, token_bucket or gcra"},
+			{"ParseAlgorithm", func() error { _, err := throttle.ParseAlgorithm("leaky"); return err }, "use fixed_window, sliding_log, sliding_window, token_bucket, gcra (leaky_bucket) or concurrency"},
 		} {
 			err := c.err()
 			if err == nil || !strings.Contains(err.Error(), c.want) || !strings.HasPrefix(err.Error(), "throttle: ") {

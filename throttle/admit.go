@@ -20,7 +20,12 @@ type AdmitRequest struct {
 	// Subject is what is limited, as for Allow. Required.
 	Subject string
 	// N is the number of permits (at least 1; a *CapacityError if more
-	// than a rule can ever admit).
+	// than a rule can ever admit). With a Concurrency rule, N = 0 takes
+	// nothing and only brings the places up to date: the places of
+	// expired leases are handed to their waiters (Options.OnHandoff); the
+	// answer is Booked, At the earliest lease's expiry, while some wait
+	// (look again then: that is how a fleet whose holders all died goes
+	// on), else Denied.
 	N int
 	// ID identifies the caller across arrivals (a task ID): a slot too
 	// late for Wait is booked under it, and redeemed when the caller
@@ -222,7 +227,7 @@ func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error
 		return Admission{}, badReply(reply)
 	}
 	if l.leases != nil {
-		if a.Status == Granted || a.Status == Redeemed {
+		if req.N > 0 && (a.Status == Granted || a.Status == Redeemed) {
 			l.leases.hold(req.Subject, waitAs)
 		}
 		l.leases.deliver(woken)

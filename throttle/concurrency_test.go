@@ -330,3 +330,45 @@ func TestConcurrencyWaitAs(t *testing.T) {
 		}
 	})
 }
+
+// TestConcurrencySweep: Admit with N = 0 takes nothing; it hands the places
+// of expired leases to their waiters (OnHandoff), and says when to look
+// again while some wait: how a fleet whose holders all died goes on.
+func TestConcurrencySweep(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := context.Background()
+		h := &handoffs{}
+		one := Rule{Name: "one", Algorithm: Concurrency, Limit: Limit{Count: 1, Period: 3 * time.Second}}
+		l := mustNew(t, rdb, Options{OnHandoff: h.add}, one)
+		sweep := func() Admission {
+			a, err := l.Admit(ctx, AdmitRequest{Subject: "s", N: 0, Waiter: "sweep", Tolerance: time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return a
+		}
+		if a := sweep(); a.Status != Denied {
+			t.Fatalf("sweep of an idle subject: %v, want denied (nobody waits)", a.Status)
+		}
+		admitID(t, l, "dead")
+		l.leases.drop("s", "dead") // its process dies
+		admitID(t, l, "w")
+		a := sweep()
+		if a.Status != Booked || a.Delay != 3*time.Second {
+			t.Fatalf("sweep while w waits: %v in %v, want booked in 3s (the dead lease's expiry)", a.Status, a.Delay)
+		}
+		time.Sleep(a.Delay)
+		if a := sweep(); a.Status != Denied {
+			t.Fatalf("sweep after the expiry: %v, want denied (w was handed the place)", a.Status)
+		}
+		if got := h.take(); !slices.Equal(got, []string{"w"}) {
+			t.Fatalf("handed off to %v, want [w]", got)
+		}
+		if a := admitID(t, l, "w"); a.Status != Granted {
+			t.Fatalf("w: %v, want granted", a.Status)
+		}
+		if err := l.Release(ctx, "s"); err != nil {
+			t.Fatal(err)
+		}
+	})
+}

@@ -113,6 +113,9 @@ func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (
 		m.admitted(t, w)
 		return w, nil
 	}
+	if r.leased && d.Rule == r.placeRule {
+		m.sweepLater(ctx, t, d)
+	}
 	retryAt := m.parkAt(ctx, t, bookID, d)
 	m.metrics.bookedAhead(r.Name, time.Until(d.At))
 	return Wait{}, m.deferTask(ctx, t, retryAt, ErrParked, OutcomeParked,
@@ -200,6 +203,52 @@ func (m *Middleware) parkAt(ctx context.Context, t *taskRun, bookID string, d ad
 	return d.At.Add(-unwokenLead).Truncate(time.Second)
 }
 
+// sweepMember is the wake-up ledger's member for the sweep of a subject
+// of a rule with a concurrency limit: an empty queue name, which no asynq
+// task has.
+func sweepMember(rule, subject string) string { return admission.Member("", rule, subject) }
+
+// sweepLater makes sure a sweep of the subject of a task that parked
+// waiting for a place of its rule's concurrency limit is due within a
+// lease. A place is handed to the next waiter when it is released, or
+// when any call (a renewal of a live holder, a task's arrival) finds its
+// lease expired; if every holder's worker died, nothing else would look.
+// The sweep looks, once a lease while tasks wait, whatever their number.
+func (m *Middleware) sweepLater(ctx context.Context, t *taskRun, d admission.Decision) {
+	if m.wakeups == nil {
+		return
+	}
+	redisNow := d.Slot.Add(-time.Until(d.At))
+	if err := m.wakeups.AddIfAbsent(ctx, sweepMember(t.rule.Name, t.subject), redisNow.Add(t.rule.lease+admission.DefaultLead)); err != nil {
+		t.log.WarnContext(ctx, "worker: cannot schedule the sweep of a concurrency limit; waiting tasks come back at their fallbacks", "error", err)
+	}
+}
+
+// sweep brings the places of a rule's concurrency limit for subject up to
+// date (expired leases handed to their waiters, who are woken through
+// OnHandoff), and comes back when the earliest lease expires while tasks
+// still wait.
+func (m *Middleware) sweep(ctx context.Context, member, rule, subject string) error {
+	r := m.byName[rule]
+	if r == nil || !r.leased {
+		return nil // a rule of another worker's configuration
+	}
+	a, err := r.gate.Limiter().Admit(ctx, throttle.AdmitRequest{Subject: subject, N: 0, Waiter: "sweep", Tolerance: time.Second})
+	if err != nil {
+		return fmt.Errorf("worker: sweep of rule %q: %w", rule, err)
+	}
+	if a.Status != throttle.Booked {
+		return nil // nobody waits
+	}
+	// The loop takes a member DefaultLead before its slot: after the
+	// expiry, then, not just before it.
+	return m.wakeups.Add(ctx, member, a.Slot.Add(admission.DefaultLead+sweepMargin))
+}
+
+// sweepMargin puts a sweep after the lease it waits for has expired on the
+// Redis clock.
+const sweepMargin = 10 * time.Millisecond
+
 // wakeLoop runs the wake-up ledger until Drain. Its errors are logged at
 // most once per wakeErrorEvery (with how many there were), so that a Redis
 // outage does not log one line per tick.
@@ -230,6 +279,9 @@ const wakeErrorEvery = 10 * time.Second
 // an archived one is not revived.
 func (m *Middleware) wake(ctx context.Context, member string) error {
 	parts, ok := admission.Split(member)
+	if ok && len(parts) == 3 && parts[0] == "" {
+		return m.sweep(ctx, member, parts[1], parts[2])
+	}
 	if !ok || len(parts) != 2 {
 		return fmt.Errorf("worker: wake-up %q is not a queue and task ID", member)
 	}

@@ -94,6 +94,7 @@ const DefaultRedisRetryDelay = 5 * time.Second
 // A Middleware is safe for concurrent use.
 type Middleware struct {
 	rules      router[*ruleGate]
+	byName     map[string]*ruleGate
 	log        *slog.Logger
 	metrics    *Metrics
 	requeue    *requeuer
@@ -110,6 +111,10 @@ type ruleGate struct {
 	Rule
 	gate   *admission.Gate
 	leased bool // the limiter has a concurrency rule: a task that runs holds a place
+	// placeRule and lease are the limiter's concurrency rule's name and
+	// lease: a task it queues parks, and the subject is swept (sweep).
+	placeRule string
+	lease     time.Duration
 }
 
 // Option configures a Middleware.
@@ -185,6 +190,7 @@ func NewMiddleware(rules []Rule, opts ...Option) (*Middleware, error) {
 		log:        o.logger,
 		metrics:    o.metrics,
 		redisRetry: o.redisRetry,
+		byName:     map[string]*ruleGate{},
 	}
 	if m.log == nil {
 		m.log = slog.Default()
@@ -230,6 +236,7 @@ func NewMiddleware(rules []Rule, opts ...Option) (*Middleware, error) {
 		}
 		names[r.Name] = true
 		rule := &ruleGate{Rule: *r}
+		m.byName[r.Name] = rule
 		rule.Tasks = append([]string(nil), r.Tasks...)
 		if lim, ok := r.Limiter.(*throttle.Limiter); ok {
 			cfg := admission.Config{MaxWait: r.MaxWait, WaitSlots: r.WaitSlots, Shared: shared}
@@ -243,7 +250,9 @@ func NewMiddleware(rules []Rule, opts ...Option) (*Middleware, error) {
 				return nil, bad("limiter", err.Error())
 			}
 			for _, lr := range lim.Rules() {
-				rule.leased = rule.leased || lr.Algorithm == throttle.Concurrency
+				if lr.Algorithm == throttle.Concurrency {
+					rule.leased, rule.placeRule, rule.lease = true, lr.Name, lr.Limit.Period
+				}
 			}
 		}
 		for _, p := range rule.Tasks {

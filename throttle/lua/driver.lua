@@ -181,6 +181,20 @@ if op == 'admit' then
       end
     end
   end
+  if c and n == 0 then
+    -- n = 0 reads the places: cc.open has reaped the expired leases and
+    -- handed their places on; nothing is taken. Status 5 while some wait,
+    -- with the delay until the earliest lease expires (when to look
+    -- again), else 0; remaining is the free places.
+    local live = redis.call('ZCOUNT', c.key, '0', '+inf')
+    if redis.call('ZCOUNT', c.key, '-inf', '(0') == 0 then
+      return cc.reply(c, {0, c.rule, c.count - live, 0, 0, now}, nrules)
+    end
+    local first = redis.call('ZRANGEBYSCORE', c.key, '0', '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+    local d = c.lease
+    if first[2] then d = tonumber(first[2]) - now end
+    return cc.reply(c, {5, c.rule, c.count - live, d, 0, now}, nrules)
+  end
   -- wait_place queues the caller for a place of the concurrency rule: it
   -- comes back when a place is handed to it, or at the fallback.
   local function wait_place()
