@@ -37,6 +37,9 @@ func (c *opCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			args := cmd.Args()
 			nkeys, _ := args[2].(int)
 			op := fmt.Sprint(args[3+nkeys])
+			if op == "admit" && fmt.Sprint(args[4+nkeys]) == "0" {
+				op = "sweep" // Admit with N = 0: the sweep of a subject
+			}
 			c.mu.Lock()
 			c.n[op]++
 			c.mu.Unlock()
@@ -54,7 +57,7 @@ func (c *opCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 // at once, each running 20ms. Never more than 3 run at once, measured in
 // the handlers; every task runs once, none fails; and the limiter calls
 // per task stay at most 3 (a parked task: admit, admit again when handed a
-// place, release), renewals counted apart.
+// place, release), renewals and sweeps counted apart.
 func TestConcurrencyBacklog(t *testing.T) {
 	t.Parallel()
 	const n, places, work = 300, 3, 20 * time.Millisecond
@@ -72,7 +75,7 @@ func TestConcurrencyBacklog(t *testing.T) {
 		rdb := proc.Client(t)
 		limRDB := proc.Client(t)
 		limRDB.AddHook(ops)
-		lim, err := throttle.New(limRDB, throttle.Options{Prefix: prefix, OnHandoff: worker.WakeOnHandoff(rdb)}, rule)
+		lim, err := throttle.New(limRDB, throttle.Options{Prefix: prefix, OnHandoff: worker.WakeOnHandoff(rdb), Logger: slog.New(slog.DiscardHandler)}, rule)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -152,8 +155,11 @@ func TestConcurrencyBacklog(t *testing.T) {
 	ops.mu.Lock()
 	defer ops.mu.Unlock()
 	perTask := float64(ops.n["admit"]+ops.n["release"]) / n
-	t.Logf("%d tasks, at most %d at once, in %v (%.0f/s; %d at once × %v each is at most %.0f/s); parks %d; limiter calls per task %.2f (admit %d, release %d), renewals %d",
-		n, most.Load(), took.Round(time.Millisecond), n/took.Seconds(), places, work, places/work.Seconds(), parks.Load(), perTask, ops.n["admit"], ops.n["release"], ops.n["renew"])
+	t.Logf("%d tasks, at most %d at once, in %v (%.0f/s; %d at once × %v each is at most %.0f/s); parks %d; limiter calls per task %.2f (admit %d, release %d); apart: renewals %d, sweeps %d",
+		n, most.Load(), took.Round(time.Millisecond), n/took.Seconds(), places, work, places/work.Seconds(), parks.Load(), perTask, ops.n["admit"], ops.n["release"], ops.n["renew"], ops.n["sweep"])
+	if ops.n["release"] != n {
+		t.Errorf("%d places released, want %d: one per task", ops.n["release"], n)
+	}
 	if perTask > 3 {
 		t.Errorf("limiter calls per task: %.2f, want at most 3", perTask)
 	}

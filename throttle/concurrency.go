@@ -158,6 +158,25 @@ func (s *leases) renew(idle chan struct{}) {
 	}
 }
 
+// takeLast forgets one of the places held for subject, the latest taken
+// (the places a process holds for a subject are alike), and returns its id.
+func (s *leases) takeLast(subject string) (string, bool) {
+	s.mu.Lock()
+	ids := s.held[subject]
+	if len(ids) == 0 {
+		s.mu.Unlock()
+		return "", false
+	}
+	id := ids[len(ids)-1]
+	s.mu.Unlock()
+	// drop takes the lock again; another takeLast between the two may
+	// have taken id: then take the next.
+	if !s.drop(subject, id) {
+		return s.takeLast(subject)
+	}
+	return id, true
+}
+
 // drop forgets a place id held for subject; it reports whether it was held.
 func (s *leases) drop(subject, id string) bool {
 	s.mu.Lock()
@@ -227,14 +246,8 @@ func (l *Limiter) Release(ctx context.Context, subject string) error {
 	if s == nil {
 		return errors.New("throttle: release: the limiter has no concurrency rule")
 	}
-	s.mu.Lock()
-	ids := s.held[subject]
-	var id string
-	if len(ids) > 0 {
-		id = ids[len(ids)-1]
-	}
-	s.mu.Unlock()
-	if id == "" || !s.drop(subject, id) {
+	id, ok := s.takeLast(subject)
+	if !ok {
 		return fmt.Errorf("throttle: release: this process holds no place of rule %q for subject %q", l.rules[s.rule].Name, subject)
 	}
 	woken, _, err := s.call("release", subject, []string{id})

@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -369,6 +370,34 @@ func TestConcurrencySweep(t *testing.T) {
 		}
 		if err := l.Release(ctx, "s"); err != nil {
 			t.Fatal(err)
+		}
+	})
+}
+
+// TestConcurrencyReleaseRace: concurrent Releases in one process give back
+// every place the process holds, one each (they once picked the same one).
+func TestConcurrencyReleaseRace(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := context.Background()
+		many := Rule{Name: "many", Algorithm: Concurrency, Limit: Limit{Count: 50, Period: 30 * time.Second}}
+		l := mustNew(t, rdb, Options{}, many)
+		for i := range 50 {
+			admitID(t, l, fmt.Sprint("h", i))
+		}
+		var wg sync.WaitGroup
+		errs := make(chan error, 50)
+		for range 50 {
+			wg.Go(func() { errs <- l.Release(ctx, "s") })
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		if n := rdb.ZCard(ctx, "jobthrottle:{s}:many").Val(); n != 0 {
+			t.Fatalf("%d places still held, want 0", n)
 		}
 	})
 }
