@@ -59,10 +59,13 @@
 // Options.OnHandoff, which wakes it: the asynq worker moves the parked task
 // to pending through its wake-up ledger (worker.WakeOnHandoff); a Wait in
 // the same process is woken directly. If nobody is left to notice an
-// expiry (every holder died), each waiter comes back at its fallback,
-// Admission.At: the first Count of the queue when the earliest lease
-// expires, the next Count one lease later, and so on; the first to come
-// back hands the freed places on. A claim whose waiter never comes back
+// expiry (every holder died), Admit with N = 0 does: it takes nothing,
+// hands the expired places on, and says when the earliest lease expires
+// while some wait (the asynq worker runs it as a sweep per subject in its
+// wake-up ledger, once a lease while tasks wait). As a last resort each
+// waiter also comes back on its own at its fallback, Admission.At: the
+// first Count of the queue when the earliest lease expires, the next Count
+// one lease later, and so on. A claim whose waiter never comes back
 // expires like any lease. Admit with an ID (or a Waiter) is the same for
 // queued jobs: Booked, with the Concurrency rule as Admission.Rule, means
 // queued for a place; Granted or Redeemed means the caller holds one until
