@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobthrottle/jobthrottle/enqueue"
+	"github.com/jobthrottle/jobthrottle/internal/redisurl"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/jobthrottle/jobthrottle/worker"
 )
@@ -65,7 +66,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 }
 
 // connect opens the Redis named by --redis or REDIS_URL, as cmd/worker
-// does (worker.OpenRedis: one server, TLS, Cluster or Sentinel), and
+// does (redisurl.Open: one server, TLS, Cluster or Sentinel), and
 // checks that it answers. Logs and errors show the URL without password.
 func connect(ctx context.Context, flagURL string, getenv func(string) string, log *slog.Logger) (redis.UniversalClient, error) {
 	raw := flagURL
@@ -75,11 +76,11 @@ func connect(ctx context.Context, flagURL string, getenv func(string) string, lo
 	if raw == "" {
 		raw = defaultRedisURL
 	}
-	rdb, err := worker.OpenRedis(raw)
+	rdb, err := redisurl.Open(raw)
 	if err != nil {
 		return nil, err
 	}
-	redacted := worker.RedactURL(raw)
+	redacted := redisurl.Redact(raw)
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := rdb.Ping(pctx).Err(); err != nil {

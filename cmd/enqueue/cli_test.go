@@ -12,6 +12,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/hibiken/asynq"
 
+	"github.com/jobthrottle/jobthrottle/internal/redisurl"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/jobthrottle/jobthrottle/worker"
 )
@@ -122,7 +123,7 @@ func TestBatchPacedEndToEnd(t *testing.T) {
 		t.Errorf("no progress lines when not on a terminal:\n%s", stderr)
 	}
 
-	rdb, err := worker.OpenRedis(url)
+	rdb, err := redisurl.Open(url)
 	if err != nil {
 		t.Fatal(err)
 	}

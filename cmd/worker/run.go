@@ -24,6 +24,7 @@ import (
 
 	"github.com/jobthrottle/jobthrottle/handler"
 	"github.com/jobthrottle/jobthrottle/internal/devredis"
+	"github.com/jobthrottle/jobthrottle/internal/redisurl"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/jobthrottle/jobthrottle/worker"
 )
@@ -289,11 +290,11 @@ func connect(ctx context.Context, log *slog.Logger, o options) (redis.UniversalC
 		redacted = dev.URL()
 	} else {
 		var err error
-		if rdb, err = worker.OpenRedis(o.redisURL); err != nil {
+		if rdb, err = redisurl.Open(o.redisURL); err != nil {
 			return nil, nil, usageError{err}
 		}
 		closeAll = func() { _ = rdb.Close() }
-		redacted = worker.RedactURL(o.redisURL)
+		redacted = redisurl.Redact(o.redisURL)
 		log.Info("worker: using Redis", "url", redacted)
 	}
 	pctx, cancel := context.WithTimeout(ctx, pingTimeout)
