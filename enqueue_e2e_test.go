@@ -19,6 +19,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/enqueue"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/throttle"
@@ -179,7 +180,7 @@ rules:
 
 	type start struct {
 		at   time.Time
-		wait worker.Wait
+		wait admission.Wait
 	}
 	var mu sync.Mutex
 	starts := map[int]start{}
@@ -195,7 +196,7 @@ rules:
 			if err := json.Unmarshal(task.Payload(), &p); err != nil {
 				t.Error(err)
 			}
-			w, _ := worker.WaitedFrom(ctx)
+			w, _ := admission.WaitedFrom(ctx)
 			mu.Lock()
 			defer mu.Unlock()
 			starts[p.I] = start{at: time.Now(), wait: w}

@@ -21,6 +21,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/jobthrottle/jobthrottle/worker"
@@ -47,7 +48,7 @@ type parkFleet struct {
 type taskStart struct {
 	id, subject string
 	at          time.Time // handler start, local clock
-	wait        worker.Wait
+	wait        admission.Wait
 }
 
 func newParkFleet(t *testing.T) *parkFleet {
@@ -85,7 +86,7 @@ func (f *parkFleet) serve(rdb redis.UniversalClient, concurrency int, mw *worker
 	mux := asynq.NewServeMux()
 	mux.Use(mw.Wrap)
 	mux.HandleFunc("job:", func(ctx context.Context, task *asynq.Task) error {
-		w, _ := worker.WaitedFrom(ctx)
+		w, _ := admission.WaitedFrom(ctx)
 		id, _ := asynq.GetTaskID(ctx)
 		f.mu.Lock()
 		defer f.mu.Unlock()

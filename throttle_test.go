@@ -14,6 +14,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/jobthrottle/jobthrottle/worker"
@@ -246,7 +247,7 @@ func TestParkedPastDeadlineRunsLater(t *testing.T) {
 		t.Errorf("ran %v after enqueueing, before its slot %v later", d, slot)
 	}
 	_, errs := f.ran()
-	var te *worker.ThrottledError
+	var te *admission.ThrottledError
 	if len(errs) != 1 || !errors.As(errs[0], &te) || !errors.Is(errs[0], worker.ErrParked) {
 		t.Fatalf("errors %v; want the task parked once, because its turn was past its 1s deadline", errs)
 	}

@@ -377,7 +377,7 @@ func runRestartCase(ctx context.Context, addr, mode string, cfg backlogConfig, l
 	if err != nil {
 		return nil, err
 	}
-	wakeups, err := admission.NewWakeups(f.admin, worker.WakeupsKey)
+	wakeups, err := admission.NewWakeups(f.admin, admission.WakeupsKey)
 	if err != nil {
 		return nil, err
 	}

@@ -2,7 +2,7 @@
 // the source: each task's slot is booked in the same Redis ledger the
 // workers' throttle rules use (throttle.Limiter.PrepayN), the task is
 // scheduled for that slot (asynq.ProcessAt) and carries the booking's
-// receipt (worker.ReceiptHeader), which the worker middleware redeems
+// receipt (admission.ReceiptHeader), which the worker middleware redeems
 // instead of charging the rule again. The batch arrives paced; workers do
 // not wait for permits and nothing is counted twice.
 //
@@ -58,7 +58,7 @@ type Pacer struct {
 	// are scheduled for their slot. Ignored with Wakeups.
 	Lead time.Duration
 	// Wakeups, if set, is the workers' wake-up ledger (on the asynq
-	// Redis, at worker.WakeupsKey): each task is recorded there for its
+	// Redis, at admission.WakeupsKey): each task is recorded there for its
 	// slot, so that a worker with worker.WithAsynq moves it to pending just
 	// before the slot, and asynq's own schedule (the whole second after the
 	// slot) is only a fallback. Tasks then start on their slots, spread over
@@ -67,7 +67,7 @@ type Pacer struct {
 }
 
 // Enqueue books task's slot, schedules it for that slot with its receipt
-// (worker.ReceiptHeader) and enqueues it through c, with opts (do not set
+// (admission.ReceiptHeader) and enqueues it through c, with opts (do not set
 // ProcessAt or ProcessIn): one call for a producer that enqueues a task
 // at a time, such as a web handler. A task whose enqueueing fails gives
 // its slot back. The task's own headers are kept.
@@ -105,9 +105,9 @@ func (p *Pacer) enqueue(ctx context.Context, c Enqueuer, task *asynq.Task, opts 
 	if headers == nil {
 		headers = map[string]string{}
 	}
-	headers[worker.ReceiptHeader] = r.Receipt()
-	if headers[worker.EnqueuedHeader] == "" { // a Batch stamps its tasks itself
-		headers[worker.EnqueuedHeader] = strconv.FormatInt(time.Now().UnixMicro(), 10)
+	headers[admission.ReceiptHeader] = r.Receipt()
+	if headers[admission.EnqueuedHeader] == "" { // a Batch stamps its tasks itself
+		headers[admission.EnqueuedHeader] = strconv.FormatInt(time.Now().UnixMicro(), 10)
 	}
 	at := r.TimeToAct().Add(-p.Lead)
 	if p.Wakeups != nil {
@@ -234,7 +234,7 @@ func (b *Batch) Run(ctx context.Context, c Enqueuer) (Result, error) {
 
 func (b *Batch) enqueue(ctx context.Context, c Enqueuer, i, n int) (Enqueued, error) {
 	e := Enqueued{Index: i, Count: n, Due: time.Now()}
-	task := asynq.NewTaskWithHeaders(b.Type, b.payload(i), map[string]string{worker.EnqueuedHeader: strconv.FormatInt(e.Due.UnixMicro(), 10)})
+	task := asynq.NewTaskWithHeaders(b.Type, b.payload(i), map[string]string{admission.EnqueuedHeader: strconv.FormatInt(e.Due.UnixMicro(), 10)})
 	var info *asynq.TaskInfo
 	var err error
 	if b.Pacer != nil {

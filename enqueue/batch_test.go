@@ -105,7 +105,7 @@ func TestBatchPaced(t *testing.T) {
 			if seen[i].Index != i || seen[i].Count != 10 || !seen[i].Paced || !seen[i].Due.Equal(want) || seen[i].ID == "" {
 				t.Errorf("OnEnqueued %d: %+v", i, seen[i])
 			}
-			receipt := e.task.Headers()[worker.ReceiptHeader]
+			receipt := e.task.Headers()[admission.ReceiptHeader]
 			d, ok, err := w.Redeem(ctx, "acme", receipt)
 			if err != nil || !ok || d != want.Sub(start) {
 				t.Errorf("task %d: Redeem = %v, %v, %v; want %v, true", i, d, ok, err, want.Sub(start))
@@ -150,9 +150,9 @@ func TestBatchUnpaced(t *testing.T) {
 		t.Fatalf("Run = %+v, %v", res, err)
 	}
 	for i, e := range c.tasks {
-		us, err := strconv.ParseInt(e.task.Headers()[worker.EnqueuedHeader], 10, 64)
+		us, err := strconv.ParseInt(e.task.Headers()[admission.EnqueuedHeader], 10, 64)
 		if err != nil || time.Since(time.UnixMicro(us)) > time.Minute || time.Since(time.UnixMicro(us)) < 0 {
-			t.Errorf("task %d: %s header %q; want the enqueue time", i, worker.EnqueuedHeader, e.task.Headers()[worker.EnqueuedHeader])
+			t.Errorf("task %d: %s header %q; want the enqueue time", i, admission.EnqueuedHeader, e.task.Headers()[admission.EnqueuedHeader])
 		}
 		if !e.processAt.IsZero() || len(e.task.Headers()) != 1 || e.task.Payload() != nil {
 			t.Errorf("task %d: ProcessAt %v, headers %v, payload %q; want none but the enqueue time", i, e.processAt, e.task.Headers(), e.task.Payload())
@@ -251,7 +251,7 @@ func TestBatchLead(t *testing.T) {
 func TestPacerEnqueueWakeups(t *testing.T) {
 	virtual(t, func(t *testing.T, rdb *redis.Client) {
 		ctx := context.Background()
-		w, err := admission.NewWakeups(rdb, worker.WakeupsKey)
+		w, err := admission.NewWakeups(rdb, admission.WakeupsKey)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -265,14 +265,14 @@ func TestPacerEnqueueWakeups(t *testing.T) {
 				t.Fatalf("Enqueue %d: %v, %v", i, info, err)
 			}
 		}
-		entries, err := rdb.ZRangeWithScores(ctx, worker.WakeupsKey, 0, -1).Result()
+		entries, err := rdb.ZRangeWithScores(ctx, admission.WakeupsKey, 0, -1).Result()
 		if err != nil || len(entries) != 3 {
 			t.Fatalf("ledger %v, %v; want 3 wake-ups", entries, err)
 		}
 		for i, e := range c.tasks {
 			slot := time.Duration(i) * 50 * time.Millisecond
 			h := e.task.Headers()
-			if h["trace"] != fmt.Sprint(i) || h[worker.ReceiptHeader] == "" || e.queue != "low" {
+			if h["trace"] != fmt.Sprint(i) || h[admission.ReceiptHeader] == "" || e.queue != "low" {
 				t.Errorf("task %d: headers %v, queue %q; want its own header, a receipt, queue low", i, h, e.queue)
 			}
 			if got := e.processAt.Sub(start); got != slot+time.Second {
@@ -305,7 +305,7 @@ func TestPacerCost(t *testing.T) {
 		if got := c.tasks[1].processAt.Sub(start); got != 50*time.Millisecond {
 			t.Errorf("2 more: scheduled +%v, want +50ms (one interval past the burst)", got)
 		}
-		if e := c.tasks[2]; !e.processAt.IsZero() || e.task.Headers()[worker.ReceiptHeader] != "" {
+		if e := c.tasks[2]; !e.processAt.IsZero() || e.task.Headers()[admission.ReceiptHeader] != "" {
 			t.Errorf("cost 0: %+v; want unpaced, no receipt", e)
 		}
 		if _, err := p.Enqueue(context.Background(), c, asynq.NewTask("t", []byte(`{"n": "x"}`))); err == nil || !strings.Contains(err.Error(), "cost") {

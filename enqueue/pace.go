@@ -41,7 +41,7 @@ type PaceSpec struct {
 	Keep time.Duration
 	// Lead schedules each task this long before its slot (Pacer.Lead),
 	// for workers without wake-ups. If zero, each task is recorded in the
-	// workers' wake-up ledger (worker.WakeupsKey on the same Redis,
+	// workers' wake-up ledger (admission.WakeupsKey on the same Redis,
 	// Pacer.Wakeups) instead, which workers with worker.WithAsynq (as
 	// cmd/worker runs) use to start it on its slot.
 	Lead time.Duration
@@ -53,7 +53,7 @@ func (s *PaceSpec) wakeups(rdb redis.UniversalClient) (*admission.Wakeups, error
 	if s.Lead > 0 {
 		return nil, nil
 	}
-	return admission.NewWakeups(rdb, worker.WakeupsKey)
+	return admission.NewWakeups(rdb, admission.WakeupsKey)
 }
 
 // Pacer builds the Pacer for batches of taskType on rdb. base supplies the

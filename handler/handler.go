@@ -15,7 +15,7 @@
 // no_retry_exit_codes, and a payload the handler cannot use: archived at
 // once (the error wraps asynq.SkipRetry). An upstream that asks to slow
 // down (429, 503): the rule's subject is paused in Redis for every worker
-// and the task is deferred with a *worker.ThrottledError, which
+// and the task is deferred with a *admission.ThrottledError, which
 // worker.Configure reschedules without counting a failure. Everything
 // else (5xx, timeouts, connection errors, other exit codes): asynq's
 // retry with backoff.

@@ -118,7 +118,7 @@ func newHTTPHandler(s Spec, opts Options, log *slog.Logger) (*httpHandler, error
 func (h *httpHandler) ProcessTask(ctx context.Context, task *asynq.Task) error {
 	for {
 		err := h.send(ctx, task)
-		var te *worker.ThrottledError
+		var te *admission.ThrottledError
 		if !errors.As(err, &te) || !noRetryLeft(ctx) {
 			return err
 		}
@@ -148,9 +148,9 @@ func (h *httpHandler) send(ctx context.Context, task *asynq.Task) error {
 		ctx = context.WithValue(ctx, subjectKey{}, subject)
 		// A task that slept until its slot may have been overtaken by a
 		// pause another worker recorded meanwhile: then it does not send.
-		if w, ok := worker.WaitedFrom(ctx); ok && w.Duration > 0 {
+		if w, ok := admission.WaitedFrom(ctx); ok && w.Duration > 0 {
 			if left, err := h.lim.Paused(ctx, subject); err == nil && left > 0 {
-				return &worker.ThrottledError{Rule: h.rule, Subject: subject, RetryAt: time.Now().Add(left),
+				return &admission.ThrottledError{Rule: h.rule, Subject: subject, RetryAt: time.Now().Add(left),
 					Err: fmt.Errorf("handler: %s is paused: its upstream asked every worker to slow down", h.url.origin)}
 			}
 		}
@@ -175,7 +175,7 @@ func (h *httpHandler) send(ctx context.Context, task *asynq.Task) error {
 	if errors.As(err, &de) {
 		// The upstream's learned limit has no slot for this request soon
 		// enough: nothing was sent; come back at its slot.
-		return &worker.ThrottledError{Rule: h.rule, Subject: subject, RetryAt: time.Now().Add(de.RetryAfter), Err: de}
+		return &admission.ThrottledError{Rule: h.rule, Subject: subject, RetryAt: time.Now().Add(de.RetryAfter), Err: de}
 	}
 	if err != nil {
 		var ue *url.Error
@@ -233,7 +233,7 @@ func (h *httpHandler) throttled(ctx context.Context, task *asynq.Task, subject s
 	}
 	retryAt := now.Add(wait)
 	h.log.Info("handler: deferred until the upstream's time", "task_id", task.ResultWriter().TaskID(), "status", resp.StatusCode, "retry_at", retryAt.UTC().Format(time.RFC3339Nano))
-	return &worker.ThrottledError{
+	return &admission.ThrottledError{
 		Rule: h.rule, Subject: subject, RetryAt: retryAt,
 		Err: fmt.Errorf("handler: %s %s answered %s: %s", h.spec.HTTP.Method, h.url.origin, resp.Status, excerpt(body)),
 	}

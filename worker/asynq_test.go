@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
@@ -43,7 +44,7 @@ type bed struct {
 type ran struct {
 	id   string
 	at   time.Time
-	wait Wait
+	wait admission.Wait
 }
 
 func newBed(t *testing.T) *bed {
@@ -96,7 +97,7 @@ func (b *bed) serve(mw *Middleware, cfg asynq.Config) *asynq.Server {
 	mux.Use(mw.Wrap)
 	handler := func(ctx context.Context, task *asynq.Task) error {
 		id, _ := asynq.GetTaskID(ctx)
-		w, _ := WaitedFrom(ctx)
+		w, _ := admission.WaitedFrom(ctx)
 		b.mu.Lock()
 		b.ran = append(b.ran, ran{id: id, at: time.Now(), wait: w})
 		b.mu.Unlock()
@@ -254,7 +255,7 @@ func TestAsynqDeferralKeepsRetries(t *testing.T) {
 
 	var throttled int
 	for _, err := range b.seenErrors() {
-		var te *ThrottledError
+		var te *admission.ThrottledError
 		if !errors.As(err, &te) {
 			t.Errorf("unexpected error %v", err)
 		}
@@ -281,7 +282,7 @@ func TestAsynqDeferredUntilRetryAt(t *testing.T) {
 	b.serve(mw, asynq.Config{})
 	task := b.enqueue("slow", "", asynq.MaxRetry(1), asynq.Retention(time.Hour))
 
-	var te *ThrottledError
+	var te *admission.ThrottledError
 	eventually(t, 10*time.Second, "the task deferred", func() bool {
 		errs := b.seenErrors()
 		return len(errs) > 0 && errors.As(errs[0], &te)
@@ -385,7 +386,7 @@ func TestAsynqWindowRules(t *testing.T) {
 	}
 	var deferred int
 	for _, err := range b.seenErrors() {
-		var te *ThrottledError
+		var te *admission.ThrottledError
 		if !errors.As(err, &te) {
 			t.Errorf("unexpected error %v", err)
 		}
@@ -500,9 +501,9 @@ func TestAsynqLastAttemptRequeued(t *testing.T) {
 	if c.MaxRetry != 0 || c.Timeout != time.Minute || c.Retention != time.Hour || string(c.Payload) != `{"x": 1}` || c.Type != "slow" {
 		t.Errorf("copy %+v does not keep the original's options", c)
 	}
-	var te *ThrottledError
+	var te *admission.ThrottledError
 	if errs := b.seenErrors(); len(errs) != 1 || !errors.As(errs[0], &te) || te.Requeued != copyID || !errors.Is(errs[0], asynq.RevokeTask) {
-		t.Errorf("errors %v; want one *ThrottledError requeued as %s", errs, copyID)
+		t.Errorf("errors %v; want one *admission.ThrottledError requeued as %s", errs, copyID)
 	}
 	b.noFailures()
 }
@@ -547,9 +548,9 @@ func TestAsynqRedisDown(t *testing.T) {
 
 	eventually(t, 10*time.Second, "the task deferred twice", func() bool { return len(b.seenErrors()) >= 2 })
 	for _, err := range b.seenErrors() {
-		var te *ThrottledError
+		var te *admission.ThrottledError
 		if !errors.As(err, &te) || !errors.Is(err, throttle.ErrRedis) {
-			t.Errorf("got %v; want a *ThrottledError caused by Redis", err)
+			t.Errorf("got %v; want a *admission.ThrottledError caused by Redis", err)
 		}
 	}
 	if info := b.info(task.ID); info.Retried != 0 {

@@ -19,7 +19,7 @@
 //	return srv.Run(mux)
 //
 // Configure sets asynq.Config.IsFailure and RetryDelayFunc to IsFailure
-// and RetryDelay: a deferred task returns a *ThrottledError, which asynq
+// and RetryDelay: a deferred task returns a *admission.ThrottledError, which asynq
 // then moves to its retry set for RetryAt (rounded up to the whole second,
 // asynq's resolution) without incrementing its retry count. A task whose
 // subject cannot be derived (a malformed payload) is archived at once with

@@ -12,6 +12,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/jobthrottle/jobthrottle/worker"
 )
@@ -131,8 +132,8 @@ func ExampleNewMiddleware() {
 func ExampleRetryDelay() {
 	retry := worker.RetryDelay(nil)
 	at := time.Now().Add(90 * time.Second)
-	d := retry(0, &worker.ThrottledError{Rule: "stripe", Subject: "acct_42", RetryAt: at}, nil)
-	fmt.Println(d >= 90*time.Second && d <= 91*time.Second, worker.IsFailure(&worker.ThrottledError{}), worker.IsFailure(errors.New("boom")))
+	d := retry(0, &admission.ThrottledError{Rule: "stripe", Subject: "acct_42", RetryAt: at}, nil)
+	fmt.Println(d >= 90*time.Second && d <= 91*time.Second, worker.IsFailure(&admission.ThrottledError{}), worker.IsFailure(errors.New("boom")))
 	// Output:
 	// true false true
 }

@@ -53,7 +53,7 @@ type Rule struct {
 	// MaxWait bounds how long a task may wait in its handler, holding a
 	// worker slot, for a new turn. A task whose turn would come later
 	// parks: the turn is booked under its task ID and the task is
-	// deferred with a *ThrottledError until then. If zero,
+	// deferred with a *admission.ThrottledError until then. If zero,
 	// admission.DefaultMaxWait (1s); for a Limiter that cannot book (not a
 	// *throttle.Limiter, such as a *throttle.Group), which defers the task
 	// to an estimate instead, zero means only the task's deadline bounds
@@ -67,14 +67,6 @@ type Rule struct {
 	WaitSlots int
 }
 
-// ReceiptHeader is the asynq task header that carries a receipt from
-// throttle.Limiter.PrepayN: a task paced at enqueue time under the same
-// limiter and subject. The middleware redeems it instead of charging the
-// rule again, and waits only if the task came before its slot. A receipt
-// that does not redeem (unknown, expired, used, or for other rules) is
-// ignored and the task is charged as usual.
-const ReceiptHeader = "jobthrottle-receipt"
-
 // DefaultRedisRetryDelay is how long a task is deferred when its limiter
 // cannot reach Redis (and is not fail-open), unless WithRedisRetryDelay
 // says otherwise.
@@ -86,7 +78,7 @@ const DefaultRedisRetryDelay = 5 * time.Second
 //
 // For each matched task it derives the subject, then waits on the rule's
 // limiter for one permit, bounded by the rule's MaxWait and the task's
-// deadline. If the permit would come later, it returns a *ThrottledError
+// deadline. If the permit would come later, it returns a *admission.ThrottledError
 // with the admission time, and asynq reschedules the task for that time
 // without counting a failure, provided the server's asynq.Config uses
 // IsFailure and RetryDelay (Configure sets both).
@@ -132,7 +124,7 @@ func WithMetrics(m *Metrics) Option { return func(o *options) { o.metrics = m } 
 // (rdb), which it uses for two things:
 //
 //   - Wake-ups. A parked task is recorded in a ledger in rdb
-//     (WakeupsKey), and every middleware with WithAsynq runs a loop that
+//     (admission.WakeupsKey), and every middleware with WithAsynq runs a loop that
 //     moves each parked task to its queue's pending list (asynq's
 //     Inspector.RunTask) shortly before its turn, instead of waiting for
 //     asynq's own schedule, which keeps whole seconds. So parked tasks
@@ -145,9 +137,9 @@ func WithMetrics(m *Metrics) Option { return func(o *options) { o.metrics = m } 
 //     (same type, payload, headers, queue, timeout, deadline and
 //     retention; the retries it had left; the ID "<id>~throttled<n>")
 //     scheduled for the turn, and revoking the original (the returned
-//     *ThrottledError then matches asynq.RevokeTask). Without it, such a
+//     *admission.ThrottledError then matches asynq.RevokeTask). Without it, such a
 //     task waits in its handler as long as its deadline allows, ignoring
-//     MaxWait, and is archived with a *ThrottledError only if even that is
+//     MaxWait, and is archived with a *admission.ThrottledError only if even that is
 //     not enough.
 //
 // Call Drain (or Close) when the server stops, to end the wake-up loop.
@@ -194,7 +186,7 @@ func NewMiddleware(rules []Rule, opts ...Option) (*Middleware, error) {
 	if o.asynq != nil {
 		m.requeue = &requeuer{client: asynq.NewClientFromRedisClient(o.asynq), insp: asynq.NewInspectorFromRedisClient(o.asynq)}
 		var err error
-		if m.wakeups, err = admission.NewWakeups(o.asynq, WakeupsKey); err != nil {
+		if m.wakeups, err = admission.NewWakeups(o.asynq, admission.WakeupsKey); err != nil {
 			return nil, fmt.Errorf("worker: %w", err)
 		}
 	}
@@ -231,14 +223,14 @@ func NewMiddleware(rules []Rule, opts ...Option) (*Middleware, error) {
 		rule := &ruleGate{Rule: *r}
 		rule.Tasks = append([]string(nil), r.Tasks...)
 		if lim, ok := r.Limiter.(*throttle.Limiter); ok {
-			cfg := admission.Config{MaxWait: r.MaxWait, WaitSlots: r.WaitSlots, Shared: shared}
+			gopts := admission.Options{MaxWait: r.MaxWait, WaitSlots: r.WaitSlots, Shared: shared}
 			if m.wakeups == nil {
 				// Parked tasks come back in whole seconds, up to a second
 				// early (see parkAt): let them wait that out in place.
-				cfg.EarlyWait = earlyWaitUnwoken
+				gopts.EarlyWait = earlyWaitUnwoken
 			}
 			var err error
-			if rule.gate, err = admission.New(lim, cfg); err != nil {
+			if rule.gate, err = admission.New(lim, gopts); err != nil {
 				return nil, bad("limiter", err.Error())
 			}
 		}
@@ -289,7 +281,7 @@ func (m *Middleware) Wrap(next asynq.Handler) asynq.Handler {
 		if err != nil {
 			return err
 		}
-		return next.ProcessTask(context.WithValue(ctx, waitKey{}, w), task)
+		return next.ProcessTask(admission.WithWait(ctx, w), task)
 	})
 }
 
@@ -313,30 +305,4 @@ func (m *Middleware) Drain() {
 func (m *Middleware) Close() error {
 	m.Drain()
 	return nil
-}
-
-// Wait tells a handler how the middleware admitted its task; see
-// WaitedFrom.
-type Wait struct {
-	Rule     string        // the rule that admitted the task
-	Subject  string        // the subject it limited
-	Duration time.Duration // how long the task waited in its handler for its turn
-	// Redeemed reports that the task ran on a turn booked before it
-	// arrived: when it parked, or by its producer (ReceiptHeader).
-	Redeemed bool
-	// Turn is the task's turn on the Redis clock, if the rule's limiter
-	// books turns (a *throttle.Limiter): when it was booked for, if
-	// Redeemed.
-	Turn time.Time
-}
-
-type waitKey struct{}
-
-// WaitedFrom returns how the middleware admitted the task whose handler
-// context is ctx, and false if no rule applied. Handlers may include it in
-// their result (task.ResultWriter()); the middleware itself writes no
-// result, so it never clobbers the handler's.
-func WaitedFrom(ctx context.Context) (Wait, bool) {
-	w, ok := ctx.Value(waitKey{}).(Wait)
-	return w, ok
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
@@ -42,17 +43,17 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 // run passes task through a middleware of rules to a handler that records
 // how it was admitted.
-func run(t *testing.T, ctx context.Context, rules []Rule, task *asynq.Task, opts ...Option) (Wait, bool, error) {
+func run(t *testing.T, ctx context.Context, rules []Rule, task *asynq.Task, opts ...Option) (admission.Wait, bool, error) {
 	t.Helper()
 	mw, err := NewMiddleware(rules, append([]Option{WithLogger(quiet)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var w Wait
+	var w admission.Wait
 	var called bool
 	err = mw.Wrap(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
 		called = true
-		w, _ = WaitedFrom(ctx)
+		w, _ = admission.WaitedFrom(ctx)
 		return nil
 	})).ProcessTask(ctx, task)
 	return w, called, err
@@ -219,9 +220,9 @@ func TestDeferral(t *testing.T) {
 				f := &fakeWaiter{wait: func(context.Context, string) error { return tc.err }}
 				_, called, err := run(t, context.Background(), []Rule{{Name: "stripe", Tasks: []string{"stripe:*"}, Limiter: f, Subject: PayloadField("acct"), MaxWait: tc.maxWait}},
 					asynq.NewTask("stripe:charge", []byte(`{"acct": "acct_42"}`)), WithMetrics(m), WithRedisRetryDelay(7*time.Second))
-				var te *ThrottledError
+				var te *admission.ThrottledError
 				if called || !errors.As(err, &te) {
-					t.Fatalf("got %v (handler ran: %v); want a *ThrottledError", err, called)
+					t.Fatalf("got %v (handler ran: %v); want a *admission.ThrottledError", err, called)
 				}
 				if te.Rule != "stripe" || te.Subject != "acct_42" || !te.RetryAt.Equal(start.Add(tc.wantAt)) || !errors.Is(err, tc.wantCause) || !strings.Contains(err.Error(), tc.wantText) {
 					t.Errorf("got %+v; want rule stripe, subject acct_42, RetryAt start+%v, cause %v, saying %q", te, tc.wantAt, tc.wantCause, tc.wantText)
@@ -287,7 +288,7 @@ func TestWaitedFrom(t *testing.T) {
 		if err != nil || !called {
 			t.Fatalf("err %v, called %v", err, called)
 		}
-		if want := (Wait{Rule: "tenant", Subject: "acme", Duration: 1500 * time.Millisecond}); w != want {
+		if want := (admission.Wait{Rule: "tenant", Subject: "acme", Duration: 1500 * time.Millisecond}); w != want {
 			t.Errorf("WaitedFrom = %+v, want %+v", w, want)
 		}
 		if got := testutil.ToFloat64(m.decisions.WithLabelValues("tenant", OutcomeWaited)); got != 1 {
@@ -297,7 +298,7 @@ func TestWaitedFrom(t *testing.T) {
 			t.Errorf("wait histogram series = %d, want 1", n)
 		}
 	})
-	if _, ok := WaitedFrom(context.Background()); ok {
+	if _, ok := admission.WaitedFrom(context.Background()); ok {
 		t.Error("WaitedFrom(background) reported a wait")
 	}
 }
@@ -309,7 +310,7 @@ func TestContextEndedWhileWaiting(t *testing.T) {
 		time.AfterFunc(time.Second, cancel)
 		f := &fakeWaiter{wait: func(ctx context.Context, _ string) error { <-ctx.Done(); return ctx.Err() }}
 		_, called, err := run(t, ctx, []Rule{{Name: "r", Tasks: []string{"t"}, Limiter: f, Subject: Fixed("s"), MaxWait: time.Hour}}, asynq.NewTask("t", nil), WithMetrics(m))
-		var te *ThrottledError
+		var te *admission.ThrottledError
 		if called || !errors.Is(err, context.Canceled) || errors.As(err, &te) {
 			t.Errorf("got %v (handler ran: %v); want context.Canceled, not a deferral", err, called)
 		}
@@ -329,9 +330,9 @@ func TestQueuedPastBound(t *testing.T) {
 		start := time.Now()
 		f := &fakeWaiter{wait: func(ctx context.Context, _ string) error { <-ctx.Done(); return ctx.Err() }}
 		_, _, err := run(t, context.Background(), []Rule{{Name: "r", Tasks: []string{"t"}, Limiter: f, Subject: Fixed("s"), MaxWait: 2 * time.Second}}, asynq.NewTask("t", nil))
-		var te *ThrottledError
+		var te *admission.ThrottledError
 		if !errors.As(err, &te) || !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("got %v; want a *ThrottledError caused by the bound", err)
+			t.Fatalf("got %v; want a *admission.ThrottledError caused by the bound", err)
 		}
 		if want := start.Add(4 * time.Second); !te.RetryAt.Equal(want) {
 			t.Errorf("RetryAt = start+%v, want start+4s (deferred by as long as it waited)", te.RetryAt.Sub(start))
@@ -353,9 +354,9 @@ func TestDrain(t *testing.T) {
 		start := time.Now()
 		mw.Drain()
 		err = <-errc
-		var te *ThrottledError
+		var te *admission.ThrottledError
 		if !errors.As(err, &te) || !errors.Is(err, ErrDraining) || !te.RetryAt.Equal(start) {
-			t.Errorf("got %v; want a *ThrottledError for now, caused by ErrDraining", err)
+			t.Errorf("got %v; want a *admission.ThrottledError for now, caused by ErrDraining", err)
 		}
 		// Later tasks defer at once.
 		if err := h.ProcessTask(context.Background(), asynq.NewTask("t", nil)); !errors.Is(err, ErrDraining) {
@@ -364,7 +365,7 @@ func TestDrain(t *testing.T) {
 	})
 }
 
-// TestRedeem runs a task paced by its producer (PrepayN, ReceiptHeader)
+// TestRedeem runs a task paced by its producer (PrepayN, admission.ReceiptHeader)
 // on the receipt, without charging the rule again, after waiting for its
 // slot; a receipt that does not redeem is charged as usual.
 func TestRedeem(t *testing.T) {
@@ -383,7 +384,7 @@ func TestRedeem(t *testing.T) {
 			receipt = res.Receipt() // the last: its slot is 700ms away
 		}
 		rules := []Rule{{Name: "r", Tasks: []string{"t"}, Limiter: lim, Subject: Fixed("s")}}
-		task := asynq.NewTaskWithHeaders("t", nil, map[string]string{ReceiptHeader: receipt})
+		task := asynq.NewTaskWithHeaders("t", nil, map[string]string{admission.ReceiptHeader: receipt})
 		w, called, err := run(t, ctx, rules, task)
 		if err != nil || !called {
 			t.Fatalf("err %v, called %v; want the receipt to admit", err, called)

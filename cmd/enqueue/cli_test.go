@@ -12,6 +12,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/hibiken/asynq"
 
+	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/internal/redisurl"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/jobthrottle/jobthrottle/worker"
@@ -146,7 +147,7 @@ func TestBatchPacedEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, ti := range append(pending, scheduled...) {
-		d, ok, err := lim.Redeem(context.Background(), "acme", ti.Headers[worker.ReceiptHeader])
+		d, ok, err := lim.Redeem(context.Background(), "acme", ti.Headers[admission.ReceiptHeader])
 		if err != nil || !ok || d > 200*time.Millisecond {
 			t.Errorf("task %s: Redeem = %v, %v, %v; want ok within 150ms", ti.Payload, d, ok, err)
 		}

@@ -20,6 +20,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/enqueue"
 	"github.com/jobthrottle/jobthrottle/internal/devredis"
 	"github.com/jobthrottle/jobthrottle/worker"
@@ -85,7 +86,7 @@ func main() {
 	mux := asynq.NewServeMux()
 	mux.Use(mw.Wrap)
 	mux.HandleFunc("report:build", func(ctx context.Context, t *asynq.Task) error {
-		w, _ := worker.WaitedFrom(ctx)
+		w, _ := admission.WaitedFrom(ctx)
 		id, _ := asynq.GetTaskID(ctx)
 		mu.Lock()
 		runs = append(runs, ran{id: id, at: time.Now(), waited: w.Duration, redeemed: w.Redeemed})
