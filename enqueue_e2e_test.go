@@ -22,6 +22,7 @@ import (
 	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/enqueue"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/jobthrottle/jobthrottle/rules"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/jobthrottle/jobthrottle/worker"
 )
@@ -162,7 +163,7 @@ func TestTransportPausesFleet(t *testing.T) {
 func TestPacedBatchRunsAtItsSlots(t *testing.T) {
 	proc := redistest.Server(t)
 	prefix := redistest.Prefix(t)
-	cfg, err := worker.ParseConfig("rules.yaml", []byte(`prefix: "`+prefix+`"
+	cfg, err := rules.Parse("rules.yaml", []byte(`prefix: "`+prefix+`"
 rules:
   - name: partner
     tasks: ["paced:*"]
@@ -187,7 +188,7 @@ rules:
 	allDone := make(chan struct{})
 	for range 2 {
 		rdb := proc.Client(t)
-		mw, err := cfg.Middleware(rdb, worker.WithLogger(slog.New(slog.DiscardHandler)))
+		mw, err := worker.FromRules(cfg, rdb, worker.Options{Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			t.Fatal(err)
 		}

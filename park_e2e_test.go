@@ -23,6 +23,7 @@ import (
 
 	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/jobthrottle/jobthrottle/rules"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/jobthrottle/jobthrottle/worker"
 )
@@ -71,8 +72,8 @@ func (f *parkFleet) server(concurrency int, rule throttle.Rule, maxWait time.Dur
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	mw, err := worker.NewMiddleware([]worker.Rule{{Name: rule.Name, Tasks: []string{"job:*"}, Limiter: lim,
-		Subject: worker.PayloadField("tenant"), MaxWait: maxWait}}, worker.WithAsynq(rdb), worker.WithLogger(slog.New(slog.DiscardHandler)))
+	mw, err := worker.NewMiddleware([]worker.TaskRule{{Name: rule.Name, Tasks: []string{"job:*"}, Limiter: lim,
+		Subject: worker.PayloadField("tenant"), MaxWait: maxWait}}, worker.Options{Asynq: rdb, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -352,7 +353,7 @@ func (c scriptCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 func TestParkSharedBudget(t *testing.T) {
 	t.Parallel()
 	f := newParkFleet(t)
-	cfg, err := worker.ParseConfig("rules.yaml", fmt.Appendf(nil, `prefix: %q
+	cfg, err := rules.Parse("rules.yaml", fmt.Appendf(nil, `prefix: %q
 budgets:
   - {name: smtp, algorithm: gcra, limit: 20, period: 1s, burst: 1}
 rules:
@@ -370,7 +371,7 @@ rules:
 	}
 	for range 2 {
 		rdb := f.proc.Client(t)
-		mw, err := cfg.Middleware(rdb, worker.WithAsynq(rdb), worker.WithLogger(slog.New(slog.DiscardHandler)))
+		mw, err := worker.FromRules(cfg, rdb, worker.Options{Asynq: rdb, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -408,8 +409,8 @@ func TestParkWithoutWakeups(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		mw, err := worker.NewMiddleware([]worker.Rule{{Name: "api", Tasks: []string{"job:*"}, Limiter: lim,
-			Subject: worker.PayloadField("tenant"), MaxWait: 200 * time.Millisecond, WaitSlots: 2}}, worker.WithLogger(slog.New(slog.DiscardHandler)))
+		mw, err := worker.NewMiddleware([]worker.TaskRule{{Name: "api", Tasks: []string{"job:*"}, Limiter: lim,
+			Subject: worker.PayloadField("tenant"), MaxWait: 200 * time.Millisecond, WaitSlots: 2}}, worker.Options{Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			t.Fatal(err)
 		}

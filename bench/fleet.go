@@ -183,9 +183,9 @@ func (f *fleet) startOne() error {
 	if f.spec.mode == modeDeferral {
 		waiter = waitOnly{lim}
 	}
-	mw, err := worker.NewMiddleware([]worker.Rule{{Name: f.spec.rule.Name, Tasks: []string{"job:*"}, Limiter: waiter,
+	mw, err := worker.NewMiddleware([]worker.TaskRule{{Name: f.spec.rule.Name, Tasks: []string{"job:*"}, Limiter: waiter,
 		Subject: worker.PayloadField("tenant"), MaxWait: f.spec.maxWait}},
-		worker.WithAsynq(rdb), worker.WithLogger(slog.New(slog.DiscardHandler)))
+		worker.Options{Asynq: rdb, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		rdb.Close()
 		limRDB.Close()

@@ -22,7 +22,6 @@ import (
 
 	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/throttle"
-	"github.com/jobthrottle/jobthrottle/worker"
 )
 
 // Enqueuer is the part of *asynq.Client a batch needs.
@@ -38,12 +37,14 @@ type Pacer struct {
 	// prefix, same rule names. Only token_bucket and gcra rules can book
 	// ahead. Its MaxWait must be zero (or longer than the batch takes).
 	Limiter *throttle.Limiter
-	// Subject derives a task's subject as the workers do.
-	Subject worker.Subject
-	// Cost derives a task's permits as the workers do (the rule's cost);
-	// if nil, one. A task of cost 0 is enqueued unpaced: the workers run
-	// it without charging.
-	Cost worker.Cost
+	// Subject derives a task's subject from its payload as the workers do:
+	// the rule's rules.SubjectConfig.Of, such as
+	// rules.SubjectConfig{PayloadField: "account_id"}.Of. Required.
+	Subject func(payload []byte) (string, error)
+	// Cost derives a task's permits from its payload as the workers do
+	// (the rule's rules.CostConfig.Of); if nil, one. A task of cost 0 is
+	// enqueued unpaced: the workers run it without charging.
+	Cost func(payload []byte) (int, error)
 	// Keep is how long a receipt outlives its slot, for a task that runs
 	// late; a task later than that is charged again. If zero,
 	// throttle.DefaultReceiptKeep is used.
@@ -59,7 +60,7 @@ type Pacer struct {
 	Lead time.Duration
 	// Wakeups, if set, is the workers' wake-up ledger (on the asynq
 	// Redis, at admission.WakeupsKey): each task is recorded there for its
-	// slot, so that a worker with worker.WithAsynq moves it to pending just
+	// slot, so that a worker with worker.Options.Asynq moves it to pending just
 	// before the slot, and asynq's own schedule (the whole second after the
 	// slot) is only a fallback. Tasks then start on their slots, spread over
 	// each second, instead of together at its start.
@@ -78,7 +79,7 @@ func (p *Pacer) Enqueue(ctx context.Context, c Enqueuer, task *asynq.Task, opts 
 
 // enqueue is Enqueue, also returning the slot (local time).
 func (p *Pacer) enqueue(ctx context.Context, c Enqueuer, task *asynq.Task, opts []asynq.Option) (*asynq.TaskInfo, time.Time, error) {
-	subject, err := p.Subject(task)
+	subject, err := p.Subject(task.Payload())
 	if err == nil && subject == "" {
 		err = errors.New("the subject is empty")
 	}
@@ -87,7 +88,7 @@ func (p *Pacer) enqueue(ctx context.Context, c Enqueuer, task *asynq.Task, opts 
 	}
 	n := 1
 	if p.Cost != nil {
-		if n, err = p.Cost(task); err != nil {
+		if n, err = p.Cost(task.Payload()); err != nil {
 			return nil, time.Time{}, fmt.Errorf("cost: %w", err)
 		}
 		if n == 0 {
@@ -158,8 +159,8 @@ type Enqueued struct {
 	Paced bool
 }
 
-// Result sums up a batch run.
-type Result struct {
+// Summary sums up a batch run.
+type Summary struct {
 	Enqueued int       // tasks enqueued, even when Run fails part way
 	LastDue  time.Time // when the last enqueued task is due
 }
@@ -203,12 +204,12 @@ func (b *Batch) payload(i int) []byte {
 // Run enqueues the batch through c, in order. A paced task books its slot
 // first (one Redis round trip) and is cancelled (its permit refunded) if
 // enqueueing it fails. Run stops at the first error, leaving the tasks
-// already enqueued in place: Result.Enqueued says how many. ctx's
+// already enqueued in place: Summary.Enqueued says how many. ctx's
 // cancellation stops the batch between two tasks; its deadline does not
 // bound how far ahead a paced task is booked (the Pacer's limiter MaxWait
 // does, if set).
-func (b *Batch) Run(ctx context.Context, c Enqueuer) (Result, error) {
-	var res Result
+func (b *Batch) Run(ctx context.Context, c Enqueuer) (Summary, error) {
+	var res Summary
 	if err := b.Validate(); err != nil {
 		return res, err
 	}

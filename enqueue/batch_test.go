@@ -17,8 +17,8 @@ import (
 
 	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/jobthrottle/jobthrottle/rules"
 	"github.com/jobthrottle/jobthrottle/throttle"
-	"github.com/jobthrottle/jobthrottle/worker"
 )
 
 // virtual runs f in a synctest bubble with a miniredis inside it, so Redis
@@ -83,7 +83,7 @@ func TestBatchPaced(t *testing.T) {
 		var seen []Enqueued
 		b := Batch{
 			Type: "email:send", Count: 10, Payloads: [][]byte{[]byte(`{"to":"x"}`)},
-			Pacer:      &Pacer{Limiter: newLimiter(t, rdb, apiRule), Subject: worker.Fixed("acme")},
+			Pacer:      &Pacer{Limiter: newLimiter(t, rdb, apiRule), Subject: rules.SubjectConfig{Fixed: "acme"}.Of},
 			Options:    []asynq.Option{asynq.Queue("mail")},
 			OnEnqueued: func(e Enqueued) { seen = append(seen, e) },
 		}
@@ -126,7 +126,7 @@ func TestBatchSubjectPerPayload(t *testing.T) {
 		b := Batch{
 			Type:     "sync",
 			Payloads: [][]byte{[]byte(`{"t":"a"}`), []byte(`{"t":"b"}`), []byte(`{"t":"a"}`), []byte(`{"t":"b"}`)},
-			Pacer:    &Pacer{Limiter: newLimiter(t, rdb, apiRule), Subject: worker.PayloadField("t")},
+			Pacer:    &Pacer{Limiter: newLimiter(t, rdb, apiRule), Subject: rules.SubjectConfig{PayloadField: "t"}.Of},
 		}
 		start := time.Now()
 		if _, err := b.Run(context.Background(), c); err != nil {
@@ -171,7 +171,7 @@ func TestBatchEnqueueFailureRefunds(t *testing.T) {
 			return nil
 		}}
 		lim := newLimiter(t, rdb, apiRule)
-		b := Batch{Type: "t", Count: 5, Pacer: &Pacer{Limiter: lim, Subject: worker.Fixed("s")}}
+		b := Batch{Type: "t", Count: 5, Pacer: &Pacer{Limiter: lim, Subject: rules.SubjectConfig{Fixed: "s"}.Of}}
 		res, err := b.Run(context.Background(), c)
 		if !errors.Is(err, boom) || res.Enqueued != 2 {
 			t.Fatalf("Run = %+v, %v; want 2 enqueued and boom", res, err)
@@ -194,7 +194,7 @@ func TestBatchValidate(t *testing.T) {
 		{"negative count", Batch{Type: "t", Count: -1}},
 		{"nothing to enqueue", Batch{Type: "t"}},
 		{"count above payloads", Batch{Type: "t", Count: 3, Payloads: [][]byte{nil, nil}}},
-		{"pacer without limiter", Batch{Type: "t", Count: 1, Pacer: &Pacer{Subject: worker.Fixed("s")}}},
+		{"pacer without limiter", Batch{Type: "t", Count: 1, Pacer: &Pacer{Subject: rules.SubjectConfig{Fixed: "s"}.Of}}},
 		{"pacer without subject", Batch{Type: "t", Count: 1, Pacer: &Pacer{Limiter: lim}}},
 	}
 	for _, c := range cases {
@@ -210,7 +210,7 @@ func TestBatchBadSubject(t *testing.T) {
 	virtual(t, func(t *testing.T, rdb *redis.Client) {
 		c := &fakeClient{}
 		b := Batch{Type: "t", Payloads: [][]byte{[]byte(`{"t":"a"}`), []byte(`{}`)},
-			Pacer: &Pacer{Limiter: newLimiter(t, rdb, apiRule), Subject: worker.PayloadField("t")}}
+			Pacer: &Pacer{Limiter: newLimiter(t, rdb, apiRule), Subject: rules.SubjectConfig{PayloadField: "t"}.Of}}
 		res, err := b.Run(context.Background(), c)
 		if err == nil || res.Enqueued != 1 {
 			t.Fatalf("Run = %+v, %v; want 1 enqueued, then an error", res, err)
@@ -223,7 +223,7 @@ func TestBatchBadSubject(t *testing.T) {
 func TestBatchLead(t *testing.T) {
 	virtual(t, func(t *testing.T, rdb *redis.Client) {
 		c := &fakeClient{}
-		b := Batch{Type: "t", Count: 3, Pacer: &Pacer{Limiter: newLimiter(t, rdb, apiRule), Subject: worker.Fixed("s"), Lead: 300 * time.Millisecond}}
+		b := Batch{Type: "t", Count: 3, Pacer: &Pacer{Limiter: newLimiter(t, rdb, apiRule), Subject: rules.SubjectConfig{Fixed: "s"}.Of, Lead: 300 * time.Millisecond}}
 		start := time.Now()
 		res, err := b.Run(context.Background(), c)
 		if err != nil {
@@ -255,7 +255,7 @@ func TestPacerEnqueueWakeups(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p := &Pacer{Limiter: newLimiter(t, rdb, apiRule), Subject: worker.Fixed("s"), Wakeups: w}
+		p := &Pacer{Limiter: newLimiter(t, rdb, apiRule), Subject: rules.SubjectConfig{Fixed: "s"}.Of, Wakeups: w}
 		c := &fakeClient{}
 		start := time.Now()
 		for i := range 3 {
@@ -291,7 +291,7 @@ func TestPacerEnqueueWakeups(t *testing.T) {
 func TestPacerCost(t *testing.T) {
 	virtual(t, func(t *testing.T, rdb *redis.Client) {
 		rule := throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(20).WithBurst(5)}
-		p := &Pacer{Limiter: newLimiter(t, rdb, rule), Subject: worker.Fixed("s"), Cost: worker.PayloadCost("n")}
+		p := &Pacer{Limiter: newLimiter(t, rdb, rule), Subject: rules.SubjectConfig{Fixed: "s"}.Of, Cost: rules.CostConfig{PayloadField: "n"}.Of}
 		c := &fakeClient{}
 		start := time.Now()
 		for _, n := range []int{4, 2, 0} {

@@ -17,8 +17,9 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/jobthrottle/jobthrottle/admission"
+	"github.com/jobthrottle/jobthrottle/internal/jsonpayload"
+	"github.com/jobthrottle/jobthrottle/rules"
 	"github.com/jobthrottle/jobthrottle/throttle"
-	"github.com/jobthrottle/jobthrottle/worker"
 )
 
 // DefaultRetryAfter is how long a task is deferred when the upstream
@@ -41,10 +42,11 @@ type httpHandler struct {
 	headers http.Header
 	client  *http.Client
 	log     *slog.Logger
-	// rule, subject and lim are set when a rule limits the task type:
+	// rule, subject and lim are set when a rule limits the task type
+	// (lim is nil otherwise):
 	// a 429 or 503 pauses lim for the task's subject.
 	rule    string
-	subject worker.Subject
+	subject rules.SubjectConfig
 	lim     *throttle.Limiter
 }
 
@@ -101,7 +103,7 @@ func newHTTPHandler(s Spec, opts Options, log *slog.Logger) (*httpHandler, error
 			if err != nil {
 				return nil, err
 			}
-			h.rule, h.subject, h.lim, rt = rc.Name, rc.Subject.Subject(), lim, tr
+			h.rule, h.subject, h.lim, rt = rc.Name, rc.Subject, lim, tr
 		}
 	}
 	h.client = &http.Client{
@@ -141,8 +143,8 @@ func (h *httpHandler) send(ctx context.Context, task *asynq.Task) error {
 		return payloadError(task, err)
 	}
 	subject := ""
-	if h.subject != nil {
-		if subject, err = h.subject(task); err != nil {
+	if h.lim != nil {
+		if subject, err = h.subject.Of(task.Payload()); err != nil {
 			return payloadError(task, err)
 		}
 		ctx = context.WithValue(ctx, subjectKey{}, subject)
@@ -266,7 +268,7 @@ func (t *urlTemplate) expand(task *asynq.Task) (string, error) {
 			b.WriteString(p.literal)
 			continue
 		}
-		v, err := worker.PayloadField(p.field)(task)
+		v, err := jsonpayload.Field(task.Payload(), p.field)
 		if err != nil {
 			return "", fmt.Errorf("url: %v", err)
 		}

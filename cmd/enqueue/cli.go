@@ -17,8 +17,8 @@ import (
 
 	"github.com/jobthrottle/jobthrottle/enqueue"
 	"github.com/jobthrottle/jobthrottle/internal/redisurl"
+	"github.com/jobthrottle/jobthrottle/rules"
 	"github.com/jobthrottle/jobthrottle/throttle"
-	"github.com/jobthrottle/jobthrottle/worker"
 )
 
 // defaultRedisURL is used when neither --redis nor REDIS_URL is set.
@@ -263,7 +263,7 @@ func (f *batchFlags) batch(fs *flag.FlagSet) (*enqueue.Batch, *enqueue.PaceSpec,
 				return nil, nil, fmt.Errorf("--%s comes from --rule-config; remove it", name)
 			}
 		}
-		cfg, err := worker.LoadConfig(f.ruleConfig)
+		cfg, err := rules.Load(f.ruleConfig)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -284,7 +284,7 @@ func (f *batchFlags) batch(fs *flag.FlagSet) (*enqueue.Batch, *enqueue.PaceSpec,
 			return nil, nil, errors.New("--rate needs exactly one of --subject and --subject-field, as the workers' rule has")
 		}
 		spec.Limit, spec.Algorithm, spec.Prefix = lim, algo, f.prefix
-		spec.Subject = worker.SubjectConfig{Fixed: f.subject, PayloadField: f.subjectField}
+		spec.Subject = rules.SubjectConfig{Fixed: f.subject, PayloadField: f.subjectField}
 	default:
 		return nil, nil, errors.New("--pace needs the workers' rule: --rule-config rules.yaml, or --rule, --rate and --subject/--subject-field")
 	}

@@ -14,8 +14,8 @@ import (
 
 	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/internal/redisurl"
+	"github.com/jobthrottle/jobthrottle/rules"
 	"github.com/jobthrottle/jobthrottle/throttle"
-	"github.com/jobthrottle/jobthrottle/worker"
 )
 
 const rulesFile = `rules:
@@ -112,11 +112,11 @@ func TestRedisPasswordNeverShown(t *testing.T) {
 func TestBatchPacedEndToEnd(t *testing.T) {
 	m := miniredis.RunT(t)
 	dir := t.TempDir()
-	rules := writeFile(t, dir, "rules.yaml", rulesFile)
+	rulesPath := writeFile(t, dir, "rules.yaml", rulesFile)
 	payloads := writeFile(t, dir, "p.jsonl", "{\"n\":1}\n{\"n\":2}\n{\"n\":3}\n{\"n\":4}\n")
 	url := "redis://" + m.Addr()
 	code, stdout, stderr := runCmd(t, map[string]string{"REDIS_URL": url},
-		"batch", "--type", "demo:x", "--payloads", payloads, "--queue", "q", "--pace", "--rule-config", rules)
+		"batch", "--type", "demo:x", "--payloads", payloads, "--queue", "q", "--pace", "--rule-config", rulesPath)
 	if code != exitOK || !strings.Contains(stdout, "enqueued 4 demo:x tasks") || !strings.Contains(stdout, "paced") {
 		t.Fatalf("exit %d\nstdout %s\nstderr %s", code, stdout, stderr)
 	}
@@ -138,7 +138,7 @@ func TestBatchPacedEndToEnd(t *testing.T) {
 	if got := len(pending) + len(scheduled); got != 4 {
 		t.Fatalf("%d tasks in queue q, want 4", got)
 	}
-	cfg, err := worker.LoadConfig(rules)
+	cfg, err := rules.Load(rulesPath)
 	if err != nil {
 		t.Fatal(err)
 	}

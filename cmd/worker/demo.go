@@ -129,7 +129,7 @@ func (d *demo) callAPI(ctx context.Context, t *asynq.Task) error {
 }
 
 // tenantID is demo:echo's tenant, read as the rules read subjects
-// (worker.PayloadField): a JSON string, or a number as written.
+// (rules.SubjectConfig.Of): a JSON string, or a number as written.
 type tenantID string
 
 func (id *tenantID) UnmarshalJSON(b []byte) error {

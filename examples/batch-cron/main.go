@@ -23,6 +23,7 @@ import (
 	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/enqueue"
 	"github.com/jobthrottle/jobthrottle/internal/devredis"
+	"github.com/jobthrottle/jobthrottle/rules"
 	"github.com/jobthrottle/jobthrottle/worker"
 )
 
@@ -65,7 +66,7 @@ func main() {
 			log.Fatal(err)
 		}
 	}
-	cfg, err := worker.LoadConfig(filepath.Join(dir, "rules.yaml"))
+	cfg, err := rules.Load(filepath.Join(dir, "rules.yaml"))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -78,7 +79,7 @@ func main() {
 	var mu sync.Mutex
 	var runs []ran
 	slots := map[string]time.Time{} // task ID → slot
-	mw, err := cfg.Middleware(rdb, worker.WithLogger(slog.New(slog.DiscardHandler)), worker.WithAsynq(rdb))
+	mw, err := worker.FromRules(cfg, rdb, worker.Options{Logger: slog.New(slog.DiscardHandler), Asynq: rdb})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -127,7 +128,7 @@ func main() {
 			slots[e.ID] = e.Due
 			mu.Unlock()
 		},
-		OnBatch: func(_ string, res enqueue.Result, _ error) {
+		OnBatch: func(_ string, res enqueue.Summary, _ error) {
 			mu.Lock()
 			enqueued += res.Enqueued
 			mu.Unlock()

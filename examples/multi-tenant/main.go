@@ -74,7 +74,7 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	mw, err := worker.NewMiddleware([]worker.Rule{{
+	mw, err := worker.NewMiddleware([]worker.TaskRule{{
 		Name:    "reports",
 		Tasks:   []string{"report:*"},
 		Limiter: group,
@@ -82,7 +82,7 @@ func main() {
 		// A task waits in its worker slot at most this long; a later
 		// admission is deferred, which frees the slot for other tenants.
 		MaxWait: 300 * time.Millisecond,
-	}}, worker.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))))
+	}}, worker.Options{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		log.Fatal(err)
 	}
