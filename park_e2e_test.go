@@ -394,7 +394,7 @@ rules:
 	}
 }
 
-// TestParkWithoutWakeups: a middleware without WithAsynq has no wake-up
+// TestParkWithoutWakeups: a middleware without Options.Asynq has no wake-up
 // ledger; a parked task is scheduled for the whole second before its turn
 // (asynq's resolution) and waits out the rest in its slot. 60 tasks at
 // 10/s on two workers: the turns keep the limit and no task spins.

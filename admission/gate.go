@@ -5,8 +5,14 @@
 // a cost, an ID and a deadline, and maps a Park decision back to asynq's
 // retry set and the wake-up ledger (Wakeups).
 //
-// Imports: throttle and go-redis only; it must not import asynq, worker or
-// enqueue.
+// It also owns what producers, workers and handlers must agree on, so
+// that none of them needs another's package: the task headers and the
+// wake-up key (protocol.go), and how a job says "come back later, this is
+// not a failure" (ThrottledError) and learns how it was admitted
+// (WaitedFrom).
+//
+// Imports: throttle and go-redis only; it must not import asynq, rules,
+// worker, enqueue or handler.
 //
 //	gate, err := admission.New(lim, admission.Options{MaxWait: time.Second})
 //	d, err := gate.Admit(ctx, admission.Request{Subject: "acct-42", ID: taskID})

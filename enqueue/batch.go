@@ -8,6 +8,13 @@
 //
 // Schedules run such batches on cron schedules (robfig/cron), with a
 // policy for firings that overlap. cmd/enqueue is the command line.
+//
+// It owns the producer side: batches, schedules and the schedules file,
+// and Pacer (one task at a time, for a web handler). It reads the workers'
+// rules file with package rules and shares the header names and the
+// wake-up ledger with them through package admission. Imports: asynq,
+// robfig/cron, throttle, admission and rules; it must not import worker or
+// handler, so a producer does not link the worker's middleware.
 package enqueue
 
 import (

@@ -200,7 +200,7 @@ func (m *Middleware) wake(ctx context.Context, member string) error {
 
 // waitInPlace admits a task whose rule cannot park it (a Limiter that is
 // not a *throttle.Limiter, or a task on its last attempt without
-// WithAsynq): it waits in its handler, bounded by the rule's MaxWait
+// Options.Asynq): it waits in its handler, bounded by the rule's MaxWait
 // (unless it is on its last attempt) and its deadline, and is deferred to
 // the limiter's answer if that is later.
 func (m *Middleware) waitInPlace(ctx context.Context, t *taskRun) (admission.Wait, error) {
@@ -321,7 +321,7 @@ func (m *Middleware) deferTask(ctx context.Context, t *taskRun, retryAt time.Tim
 	if t.lastAttempt {
 		if m.requeue == nil {
 			m.metrics.decided(rule, OutcomeError)
-			t.log.ErrorContext(ctx, "worker: task archived: throttled past its deadline on its last attempt; use WithAsynq to defer such tasks", "error", te)
+			t.log.ErrorContext(ctx, "worker: task archived: throttled past its deadline on its last attempt; set worker.Options.Asynq to defer such tasks", "error", te)
 			return te
 		}
 		copyID, err := m.requeue.copy(ctx, t.task, t.id, retryAt)

@@ -32,7 +32,7 @@ import (
 //   - The MaxRetry check comes first: a task with no retry left
 //     (MaxRetry(0), or its last attempt after real failures) is archived
 //     whatever IsFailure says. The middleware does not defer such a task
-//     by returning an error. With WithRequeue it enqueues a copy scheduled
+//     by returning an error. With Options.Asynq it enqueues a copy scheduled
 //     for RetryAt and revokes the original; without it, it waits in the
 //     handler for as long as the task's deadline allows, ignoring MaxWait.
 

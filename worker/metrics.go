@@ -36,7 +36,7 @@ const WaitThreshold = 5 * time.Millisecond
 //	jobthrottle_redis_errors_total            errors from Redis seen by the limiters
 //
 // A nil *Metrics records nothing. Pass one to the middleware with
-// WithMetrics; Config.Middleware also wires OnRedisError into the limiters
+// Options.Metrics; FromRules also wires OnRedisError into the limiters
 // it builds.
 type Metrics struct {
 	wait        *prometheus.HistogramVec

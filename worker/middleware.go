@@ -262,7 +262,7 @@ func (m *Middleware) Wrap(next asynq.Handler) asynq.Handler {
 // workers' loops wake the parked tasks). Call it when shutting down, after
 // asynq.Server.Stop and before Shutdown, so that Shutdown does not wait up
 // to ShutdownTimeout for tasks that are only waiting. Tasks on their last
-// attempt are not drained unless WithAsynq is set (deferring would
+// attempt are not drained unless Options.Asynq is set (deferring would
 // archive them); asynq puts them back in their queue when ShutdownTimeout
 // passes. Drain cannot be undone.
 func (m *Middleware) Drain() {
