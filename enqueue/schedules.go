@@ -247,20 +247,9 @@ func (p *parser) scheduleAt(n *yaml.Node, i int, names map[string]int, file *Sch
 	}
 	sc := Schedule{Line: n.Line, MaxRetry: -1}
 
-	nn := fields["name"]
-	if nn == nil {
-		return sc, p.Failf(n, "name", "missing; give the schedule a name (%s)", yamlfile.NameRule)
-	}
-	if sc.Name, err = p.Str(nn, "name"); err != nil {
+	if sc.Name, err = p.Name(n, fields["name"], "name", "the schedule", "schedule", "", names); err != nil {
 		return sc, err
 	}
-	if !yamlfile.ValidName(sc.Name) {
-		return sc, p.Failf(nn, "name", "%q: use %s", sc.Name, yamlfile.NameRule)
-	}
-	if line, dup := names[sc.Name]; dup {
-		return sc, p.Failf(nn, "name", "%q is also the name of the schedule on line %d; names must be unique", sc.Name, line)
-	}
-	names[sc.Name] = nn.Line
 	p.schedule = sc.Name
 
 	if v := fields["timezone"]; v != nil {

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"go.yaml.in/yaml/v3"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jobthrottle/jobthrottle/internal/taskroute"
@@ -99,22 +98,12 @@ func (p *parser) ruleConfig(n *yaml.Node, i int, names map[string]int, owner map
 	r := RuleConfig{Line: n.Line}
 
 	nn := fields["name"]
-	if nn == nil {
-		return r, p.Failf(n, "name", "missing; give the rule a name (%s)", yamlfile.NameRule)
-	}
-	if r.Name, err = p.Str(nn, "name"); err != nil {
+	if r.Name, err = p.Name(n, nn, "name", "the rule", "rule", "", names); err != nil {
 		return r, err
-	}
-	if !yamlfile.ValidName(r.Name) {
-		return r, p.Failf(nn, "name", "%q: use %s", r.Name, yamlfile.NameRule)
-	}
-	if line, dup := names[r.Name]; dup {
-		return r, p.Failf(nn, "name", "%q is also the name of the rule on line %d; names must be unique", r.Name, line)
 	}
 	if _, clash := p.budgetsByName[r.Name]; clash {
 		return r, p.Failf(nn, "name", "%q is also the name of a budget; a rule of that name would share the budget's keys, so rename one", r.Name)
 	}
-	names[r.Name] = nn.Line
 	p.rule = r.Name
 
 	if r.Tasks, err = p.tasks(n, fields["tasks"], owner); err != nil {
@@ -192,7 +181,7 @@ func (p *parser) ruleConfig(n *yaml.Node, i int, names map[string]int, owner map
 			r.Limits = append(r.Limits, b)
 			continue
 		}
-		name, err := p.listName(ln, lf["name"], path, "limit of a policy", "within a rule", seen)
+		name, err := p.Name(ln, lf["name"], yamlfile.Join(path, "name"), "each limit of a policy", "limit", " within a rule", seen)
 		if err != nil {
 			return r, err
 		}
@@ -258,7 +247,7 @@ func (p *parser) budgets(n *yaml.Node) ([]throttle.Rule, error) {
 		if err != nil {
 			return nil, err
 		}
-		name, err := p.listName(bn, bf["name"], path, "budget", "", seen)
+		name, err := p.Name(bn, bf["name"], yamlfile.Join(path, "name"), "each budget", "budget", "", seen)
 		if err != nil {
 			return nil, err
 		}
@@ -269,29 +258,6 @@ func (p *parser) budgets(n *yaml.Node) ([]throttle.Rule, error) {
 		out = append(out, b)
 	}
 	return out, nil
-}
-
-// listName reads the name (node nn) of the list entry at n and path: a
-// limit of a policy or a budget (what), unique among those seen (within
-// says where, for the message).
-func (p *parser) listName(n, nn *yaml.Node, path, what, within string, seen map[string]int) (string, error) {
-	field := yamlfile.Join(path, "name")
-	if nn == nil {
-		return "", p.Failf(n, field, "missing; give each %s a name (%s)", what, yamlfile.NameRule)
-	}
-	name, err := p.Str(nn, field)
-	if err != nil {
-		return "", err
-	}
-	if !yamlfile.ValidName(name) {
-		return "", p.Failf(nn, field, "%q: use %s", name, yamlfile.NameRule)
-	}
-	if line, dup := seen[name]; dup {
-		what, _, _ = strings.Cut(what, " ")
-		return "", p.Failf(nn, field, "%q is also the name of the %s on line %d; names must be unique%s", name, what, line, strings.TrimSuffix(" "+within, " "))
-	}
-	seen[name] = nn.Line
-	return name, nil
 }
 
 // budget reads a reference to a budget of the file.

@@ -203,7 +203,7 @@ func TestDeferral(t *testing.T) {
 				m, _ := NewMetrics(prometheus.NewRegistry())
 				f := &fakeWaiter{wait: func(context.Context, string) error { return tc.err }}
 				_, called, err := run(t, context.Background(), []TaskRule{{Name: "stripe", Tasks: []string{"stripe:*"}, Limiter: f, Subject: PayloadField("acct"), MaxWait: tc.maxWait}},
-					asynq.NewTask("stripe:charge", []byte(`{"acct": "acct_42"}`)), Options{Metrics: m, RedisRetryDelay: 7*time.Second})
+					asynq.NewTask("stripe:charge", []byte(`{"acct": "acct_42"}`)), Options{Metrics: m, RedisRetryDelay: 7 * time.Second})
 				var te *admission.ThrottledError
 				if called || !errors.As(err, &te) {
 					t.Fatalf("got %v (handler ran: %v); want a *admission.ThrottledError", err, called)

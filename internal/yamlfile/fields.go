@@ -25,6 +25,31 @@ const NameRule = "letters, digits, '-' and '_' only, at most 64"
 // schedule (NameRule).
 func ValidName(s string) bool { return nameRE.MatchString(s) }
 
+// Name reads the name (node nn; nil if missing) of the entry at n, such as
+// a rule, a limit of a policy, a budget or a schedule: a string that
+// passes ValidName and is not yet in seen (name → line), which it is added
+// to. give names the entry for a missing name ("the rule", "each budget":
+// "missing; give the rule a name"), kind for a repeated one ("rule": "…
+// is also the name of the rule on line 2; names must be unique"), and
+// within ends that message (" within a rule", or "").
+func (r *Reader) Name(n, nn *yaml.Node, field, give, kind, within string, seen map[string]int) (string, error) {
+	if nn == nil {
+		return "", r.Failf(n, field, "missing; give %s a name (%s)", give, NameRule)
+	}
+	name, err := r.Str(nn, field)
+	if err != nil {
+		return "", err
+	}
+	if !ValidName(name) {
+		return "", r.Failf(nn, field, "%q: use %s", name, NameRule)
+	}
+	if line, dup := seen[name]; dup {
+		return "", r.Failf(nn, field, "%q is also the name of the %s on line %d; names must be unique%s", name, kind, line, within)
+	}
+	seen[name] = nn.Line
+	return name, nil
+}
+
 // Prefix reads a key prefix: a string that is not blank and has no '{'
 // or '}', which delimit the subject's hash tag in every key. def is the
 // default, named in the message for an empty one.
