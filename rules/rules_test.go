@@ -384,3 +384,47 @@ rules:
 		})
 	}
 }
+
+// TestOf derives subjects and costs from payloads as the workers and the
+// producers both do.
+func TestOf(t *testing.T) {
+	payload := []byte(`{"tenant": "acme", "n": 3, "id": 42, "bad": true}`)
+	for _, tc := range []struct {
+		name    string
+		s       SubjectConfig
+		want    string
+		wantErr string
+	}{
+		{"fixed", SubjectConfig{Fixed: "all"}, "all", ""},
+		{"string field", SubjectConfig{PayloadField: "tenant"}, "acme", ""},
+		{"number field", SubjectConfig{PayloadField: "id"}, "42", ""},
+		{"missing", SubjectConfig{PayloadField: "nope"}, "", `payload has no field "nope"`},
+		{"boolean", SubjectConfig{PayloadField: "bad"}, "", `payload field "bad" is a boolean; want a string or a number`},
+	} {
+		got, err := tc.s.Of(payload)
+		if got != tc.want || (err == nil) != (tc.wantErr == "") || err != nil && err.Error() != tc.wantErr {
+			t.Errorf("%s: Of = %q, %v; want %q, %q", tc.name, got, err, tc.want, tc.wantErr)
+		}
+	}
+	for _, tc := range []struct {
+		name    string
+		c       CostConfig
+		want    int
+		wantErr string
+	}{
+		{"zero is one", CostConfig{}, 1, ""},
+		{"permits", CostConfig{Permits: 5}, 5, ""},
+		{"field", CostConfig{PayloadField: "n"}, 3, ""},
+		{"not a number", CostConfig{PayloadField: "tenant"}, 0, `payload cost field "tenant" is a string; want a whole number of permits`},
+		{"not an object", CostConfig{PayloadField: "n"}, 0, `payload is not a JSON object, so it has no cost field "n"`},
+	} {
+		p := payload
+		if tc.name == "not an object" {
+			p = []byte(`[1]`)
+		}
+		got, err := tc.c.Of(p)
+		if got != tc.want || (err == nil) != (tc.wantErr == "") || err != nil && err.Error() != tc.wantErr {
+			t.Errorf("%s: Of = %d, %v; want %d, %q", tc.name, got, err, tc.want, tc.wantErr)
+		}
+	}
+}
