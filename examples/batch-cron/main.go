@@ -4,6 +4,8 @@
 // them again. It runs for about ten seconds and exits.
 //
 //	go run ./examples/batch-cron
+//
+// It uses rules, enqueue, worker and admission (a producer and a worker in one program), and internal/devredis; as a program, nothing imports it.
 package main
 
 import (

@@ -6,6 +6,8 @@
 //	go run ./examples/multi-tenant
 //
 // No Redis is needed: it starts an in-memory one on loopback.
+//
+// It uses throttle and worker, and internal/devredis; as a program, nothing imports it.
 package main
 
 import (

@@ -4,6 +4,8 @@
 //	go run ./examples/quickstart
 //
 // No Redis is needed: it starts an in-memory one on loopback.
+//
+// It uses throttle and worker, and internal/devredis; as a program, nothing imports it.
 package main
 
 import (
