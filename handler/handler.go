@@ -20,9 +20,9 @@
 // else (5xx, timeouts, connection errors, other exit codes): asynq's
 // retry with backoff.
 //
-// Imports: asynq, rules (the file), admission (ThrottledError, WaitedFrom)
-// and throttle (pauses, the HTTP transport); it must not import worker or
-// enqueue: cmd/worker puts the two together.
+// Imports: asynq, rules (the file), admission (ThrottledError, WaitedFrom),
+// throttle (pauses) and httpthrottle (the HTTP transport); it must not
+// import worker or enqueue: cmd/worker puts the two together.
 package handler
 
 import (

@@ -276,7 +276,7 @@ func (f *batchFlags) batch(fs *flag.FlagSet) (*enqueue.Batch, *enqueue.PaceSpec,
 		if err != nil {
 			return nil, nil, fmt.Errorf("--rate: %w", err)
 		}
-		algo, err := throttle.ParseAlgorithm(f.algorithm)
+		algo, err := rules.ParseAlgorithm(f.algorithm)
 		if err != nil {
 			return nil, nil, fmt.Errorf("--algorithm: %w", err)
 		}
