@@ -54,7 +54,7 @@ type Pacer struct {
 	Cost func(payload []byte) (int, error)
 	// Keep is how long a receipt outlives its slot, for a task that runs
 	// late; a task later than that is charged again. If zero,
-	// throttle.DefaultReceiptKeep is used.
+	// throttle's default, 24 hours, is used (Limiter.PrepayN).
 	Keep time.Duration
 	// Lead schedules each task this long before its slot. asynq keeps
 	// ProcessAt in whole seconds (rounded down) and moves due tasks to
