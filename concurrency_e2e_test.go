@@ -79,8 +79,8 @@ func TestConcurrencyBacklog(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		mw, err := worker.NewMiddleware([]worker.Rule{{Name: "running", Tasks: []string{"job:*"}, Limiter: lim, Subject: worker.Fixed("all")}},
-			worker.WithAsynq(rdb), worker.WithLogger(slog.New(slog.DiscardHandler)))
+		mw, err := worker.NewMiddleware([]worker.TaskRule{{Name: "running", Tasks: []string{"job:*"}, Limiter: lim, Subject: worker.Fixed("all")}},
+			worker.Options{Asynq: rdb, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -198,20 +198,33 @@ type learned struct {
 type learner struct {
 	mu         sync.Mutex
 	bySubject  map[string]*learned
-	configured time.Duration // the configured limit's shortest interval per request
+	configured time.Duration // the configured limit's interval per request, once known (knowConfigured)
 	maxWait    time.Duration // Options.MaxLearnedWait
 }
 
-func newLearner(lim *throttle.Limiter, maxWait time.Duration) *learner {
-	l := &learner{bySubject: map[string]*learned{}, maxWait: maxWait}
-	for _, r := range lim.Rules() {
-		if r.Algorithm == throttle.Concurrency {
-			continue // a concurrency rule sets no rate
-		}
-		// The slowest rule bounds the steady rate.
-		l.configured = max(l.configured, r.Limit.Period/time.Duration(r.Limit.Count))
+func newLearner(maxWait time.Duration) *learner {
+	return &learner{bySubject: map[string]*learned{}, maxWait: maxWait}
+}
+
+// knowConfigured reads the configured limit's interval once, from the
+// state read the limiter answers for subject (AllowN of 0): the interval
+// of the rule it reports. With several rules that may be a faster one
+// than the slowest, which only keeps a learned limit that the slowest
+// rule would have made redundant: never one that loosens anything.
+func (l *learner) knowConfigured(ctx context.Context, lim *throttle.Limiter, subject string) {
+	l.mu.Lock()
+	known := l.configured > 0
+	l.mu.Unlock()
+	if known {
+		return
 	}
-	return l
+	res, err := lim.AllowN(ctx, subject, 0)
+	if err != nil || res.Limit.Count < 1 { // a concurrency limiter refuses AllowN: it sets no rate
+		return
+	}
+	l.mu.Lock()
+	l.configured = res.Limit.Period / time.Duration(res.Limit.Count)
+	l.mu.Unlock()
 }
 
 // get returns what was learned for subject, or nil.
@@ -241,7 +254,7 @@ func (l *learner) wait(ctx context.Context, subject string) error {
 		if err != nil {
 			return err
 		}
-		timer := time.NewTimer(time.Until(r.TimeToAct()))
+		timer := time.NewTimer(r.Delay())
 		select {
 		case <-timer.C:
 			return nil
@@ -370,6 +383,7 @@ func (t *Transport) learn(ctx context.Context, subject string, resp *http.Respon
 	if interval > MaxPause {
 		interval = MaxPause
 	}
+	t.learner.knowConfigured(ctx, t.lim, subject)
 	if t.learner.set(t.lim, subject, interval, time.Now()) && t.onLearn != nil {
 		t.onLearn(subject, info)
 	}

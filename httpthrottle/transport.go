@@ -106,7 +106,7 @@ type Options struct {
 	NoWait bool
 	// MaxLearnedWait bounds how long a request waits for its slot on a
 	// learned limit: a request whose slot is further away fails at once
-	// with a *DelayError (matching ErrMaxWait), nothing consumed and
+	// with a *throttle.DelayError (Deadline false), nothing consumed and
 	// nothing sent, so that a caller such as a job handler can come back
 	// later instead of holding its worker. If zero, only the request's
 	// context bounds the wait.
@@ -129,15 +129,18 @@ func New(lim *throttle.Limiter, opts Options) (*Transport, error) {
 	if opts.MaxLearnedWait < 0 {
 		return nil, &throttle.ConfigError{Field: "max_learned_wait", Reason: "must not be negative"}
 	}
-	for _, r := range lim.Rules() {
-		if r.Algorithm == throttle.Concurrency && !opts.NoWait {
-			return nil, &throttle.ConfigError{Rule: r.Name, Field: "algorithm", Reason: "a concurrency rule's places are held until Release, which a Transport does not call; wait and release around the call yourself, and use NoWait"}
+	if !opts.NoWait {
+		// AllowAtMost refuses a limiter with a concurrency rule first, with
+		// a *throttle.ConfigError on its algorithm, before any Redis call.
+		var ce *throttle.ConfigError
+		if _, _, err := lim.AllowAtMost(context.Background(), "", 0); errors.As(err, &ce) && ce.Field == "algorithm" {
+			return nil, &throttle.ConfigError{Rule: ce.Rule, Field: "algorithm", Reason: "a concurrency rule's places are held until Release, which a Transport does not call; wait and release around the call yourself, and use NoWait"}
 		}
 	}
 	if opts.MaxPause < 0 || opts.MaxPause > MaxPause {
 		return nil, &throttle.ConfigError{Field: "max_pause", Reason: "must be between 0 (the default, " + DefaultMaxPause.String() + ") and " + MaxPause.String()}
 	}
-	t := &Transport{lim: lim, subject: opts.Subject, maxPause: opts.MaxPause, base: opts.Base, onPause: opts.OnPause, onLearn: opts.OnLearn, noWait: opts.NoWait, learner: newLearner(lim, opts.MaxLearnedWait)}
+	t := &Transport{lim: lim, subject: opts.Subject, maxPause: opts.MaxPause, base: opts.Base, onPause: opts.OnPause, onLearn: opts.OnLearn, noWait: opts.NoWait, learner: newLearner(opts.MaxLearnedWait)}
 	if t.subject == nil {
 		t.subject = hostSubject
 	}
@@ -222,7 +225,7 @@ func (t *Transport) wait(ctx context.Context, subject string) error {
 		if time.Since(start) < waitedAlone {
 			return nil // decided just now, after any pause
 		}
-		left, err := t.lim.Paused(ctx, subject)
+		left, err := t.lim.PauseFor(ctx, subject, 0)
 		if err != nil || left <= 0 {
 			// A permit is held; failing to learn of a pause must not
 			// cost the request.
@@ -251,7 +254,7 @@ func (t *Transport) pauseFor(ctx context.Context, subject string, d time.Duratio
 	d = min(d, t.maxPause)
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pauseTimeout)
 	defer cancel()
-	err := t.lim.PauseFor(pctx, subject, d)
+	_, err := t.lim.PauseFor(pctx, subject, d)
 	if t.onPause != nil {
 		t.onPause(subject, d, err)
 	}

@@ -215,7 +215,7 @@ func TestTransportWhenToPause(t *testing.T) {
 				if resp.StatusCode != c.status {
 					t.Errorf("status %d, want %d: the response is passed on unchanged", resp.StatusCode, c.status)
 				}
-				left, err := lim.Paused(context.Background(), "api.example:8080")
+				left, err := lim.PauseFor(context.Background(), "api.example:8080", 0)
 				if err != nil || left != c.want {
 					t.Errorf("Paused = %v, %v; want %v", left, err, c.want)
 				}
@@ -239,7 +239,7 @@ func (b *trackedBody) Close() error { b.closed.Store(true); return nil }
 // sent, closes its body and gives its slot back.
 func TestTransportCancelWhileWaiting(t *testing.T) {
 	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
-		lim := mustNew(t, rdb, throttle.Options{}, throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.Every(time.Second)})
+		lim := mustNew(t, rdb, throttle.Options{}, throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.Limit{Count: 1, Period: time.Second, Burst: 1}})
 		var sent atomic.Int64
 		tr, _ := New(lim, Options{Base: roundTripFunc(func(*http.Request) (*http.Response, error) {
 			sent.Add(1)
@@ -276,8 +276,8 @@ func TestTransportCancelWhileWaiting(t *testing.T) {
 // A wait longer than the request's deadline fails at once, unsent.
 func TestTransportDeadline(t *testing.T) {
 	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
-		lim := mustNew(t, rdb, throttle.Options{}, throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.Every(time.Second)})
-		if err := lim.PauseFor(context.Background(), "h", time.Minute); err != nil {
+		lim := mustNew(t, rdb, throttle.Options{}, throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.Limit{Count: 1, Period: time.Second, Burst: 1}})
+		if _, err := lim.PauseFor(context.Background(), "h", time.Minute); err != nil {
 			t.Fatal(err)
 		}
 		tr, _ := New(lim, Options{Base: roundTripFunc(func(*http.Request) (*http.Response, error) {
@@ -325,7 +325,7 @@ func TestTransportWindowLimiter(t *testing.T) {
 
 func TestTransportSubjectAndErrors(t *testing.T) {
 	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
-		lim := mustNew(t, rdb, throttle.Options{}, throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.Every(time.Second)})
+		lim := mustNew(t, rdb, throttle.Options{}, throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.Limit{Count: 1, Period: time.Second, Burst: 1}})
 		if _, err := New(nil, Options{}); err == nil {
 			t.Error("nil limiter accepted")
 		}
@@ -359,4 +359,32 @@ func TestTransportSubjectAndErrors(t *testing.T) {
 			t.Errorf("empty subject: %v, want ErrInvalidSubject", err)
 		}
 	})
+}
+
+// TestTransportRefusesConcurrency: a Transport would take a concurrency
+// rule's places and never release them, so New refuses such a limiter
+// unless NoWait (the caller waits and releases), without asking Redis.
+func TestTransportRefusesConcurrency(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
+	defer rdb.Close()
+	lim, err := throttle.New(rdb, throttle.Options{},
+		throttle.Rule{Name: "rate", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(10)},
+		throttle.Rule{Name: "running", Algorithm: throttle.Concurrency, Limit: throttle.Limit{Count: 2, Period: time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ce *throttle.ConfigError
+	if _, err := New(lim, Options{}); !errors.As(err, &ce) || ce.Rule != "running" || ce.Field != "algorithm" {
+		t.Errorf("New without NoWait: %v, want a *throttle.ConfigError on rule running's algorithm", err)
+	}
+	if _, err := New(lim, Options{NoWait: true}); err != nil {
+		t.Errorf("New with NoWait: %v", err)
+	}
+	rate, err := throttle.New(rdb, throttle.Options{}, throttle.Rule{Name: "rate", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(10)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(rate, Options{}); err != nil {
+		t.Errorf("New on a rate limiter: %v", err)
+	}
 }

@@ -43,8 +43,8 @@ func runConcWorker(addr, prefix string) {
 	if err != nil {
 		panic(err)
 	}
-	mw, err := worker.NewMiddleware([]worker.Rule{{Name: "running", Tasks: []string{"job:*"}, Limiter: lim, Subject: worker.Fixed("all")}},
-		worker.WithAsynq(rdb), worker.WithLogger(log))
+	mw, err := worker.NewMiddleware([]worker.TaskRule{{Name: "running", Tasks: []string{"job:*"}, Limiter: lim, Subject: worker.Fixed("all")}},
+		worker.Options{Asynq: rdb, Logger: log})
 	if err != nil {
 		panic(err)
 	}

@@ -14,7 +14,7 @@ import (
 // for one; lua/lease.lua renews and releases. A Limiter with a Concurrency
 // rule keeps the places its process holds (leases, below) and renews them
 // while they are held.
-var _ = register(Concurrency, &algorithm{name: "concurrency", files: []string{"concurrency.lua"}, holders: true, validate: validateConcurrency})
+var _ = register(Concurrency, &algorithm{rank: 6, files: []string{"concurrency.lua"}, holders: true, validate: validateConcurrency})
 
 // leaseScript renews and releases places (lua/lease.lua).
 var leaseScript = buildScript("prelude.lua", "concurrency.lua", "lease.lua")
@@ -66,8 +66,10 @@ func newLeases(l *Limiter) (*leases, error) {
 
 // only is the error of an operation that a limiter with a Concurrency
 // rule does not offer.
+// It is a *ConfigError naming the rule, field "algorithm", returned before
+// any call to Redis: httpthrottle.New tells a concurrency limiter by it.
 func (s *leases) only(op string) error {
-	return fmt.Errorf("throttle: %s: rule %q is a concurrency limit; take a place with Wait or Admit and give it back with Release", op, s.lim.rules[s.rule].Name)
+	return &ConfigError{Rule: s.lim.rules[s.rule].Name, Field: "algorithm", Reason: op + " does not apply to a concurrency limit; take a place with Wait or Admit and give it back with Release"}
 }
 
 // woken returns the ids that an admit reply says were handed a place: its
@@ -144,7 +146,7 @@ func (s *leases) renew(idle chan struct{}) {
 		}
 		s.mu.Unlock()
 		for subj, ids := range held {
-			woken, lost, err := s.call("renew", subj, ids)
+			woken, lost, err := s.call(opRenew, subj, ids)
 			if err != nil {
 				s.lim.opts.Logger.Warn("throttle: cannot renew concurrency leases; they expire unless a later renewal gets through", "rule", s.lim.rules[s.rule].Name, "subject", subj, "error", err)
 				continue
@@ -200,26 +202,27 @@ func (s *leases) drop(subject, id string) bool {
 	return false
 }
 
-// call runs lease.lua's op for ids.
-func (s *leases) call(op, subject string, ids []string) (woken []any, lost []string, err error) {
+// call runs lease.lua's o (opRenew or opRelease) for ids.
+func (s *leases) call(o op, subject string, ids []string) (woken []any, lost []string, err error) {
 	enc, err := EncodeSubject(subject)
 	if err != nil {
 		return nil, nil, err
 	}
 	l := s.lim
 	args := make([]any, 0, 3+len(ids))
-	args = append(args, op, s.count, s.lease.Microseconds())
+	args = append(args, string(o), s.count, s.lease.Microseconds())
 	for _, id := range ids {
 		args = append(args, id)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), renewTimeout)
 	defer cancel()
-	reply, err := l.run(ctx, leaseScript, []string{key(l.prefix, enc, l.keyRules[s.rule])}, args...).Slice()
+	cmd, err := l.exec(ctx, o, leaseScript, []string{key(l.prefix, enc, l.keyRules[s.rule])}, args)
 	if err != nil {
-		if l.opts.OnRedisError != nil {
-			l.opts.OnRedisError(err, false)
-		}
-		return nil, nil, &redisError{op: op, err: err}
+		return nil, nil, err
+	}
+	reply, err := cmd.Slice()
+	if err != nil {
+		return nil, nil, err
 	}
 	if len(reply) != 2 {
 		return nil, nil, badReply(reply)
@@ -250,7 +253,7 @@ func (l *Limiter) Release(ctx context.Context, subject string) error {
 	if !ok {
 		return fmt.Errorf("throttle: release: this process holds no place of rule %q for subject %q", l.rules[s.rule].Name, subject)
 	}
-	woken, _, err := s.call("release", subject, []string{id})
+	woken, _, err := s.call(opRelease, subject, []string{id})
 	if err != nil {
 		return err
 	}
@@ -270,6 +273,9 @@ const waitTolerance = time.Second
 // deadline or MaxWait. If the context ends, its place (or its place in the
 // queue) is given up and ctx.Err() returned.
 func (s *leases) wait(ctx context.Context, subject string, n int) error {
+	if err := ctx.Err(); err != nil {
+		return err // nothing taken, nothing to give up
+	}
 	l := s.lim
 	id := "wait:" + newReceiptID()
 	woken := make(chan struct{}, 1)
@@ -284,7 +290,7 @@ func (s *leases) wait(ctx context.Context, subject string, n int) error {
 	// giveUp leaves the queue or gives back a place the caller was handed.
 	giveUp := func(err error) error {
 		s.drop(subject, id)
-		if woken, _, rerr := s.call("release", subject, []string{id}); rerr == nil {
+		if woken, _, rerr := s.call(opRelease, subject, []string{id}); rerr == nil {
 			s.deliver(woken)
 		}
 		return err

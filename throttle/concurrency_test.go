@@ -288,7 +288,7 @@ func TestConcurrencyPause(t *testing.T) {
 	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
 		ctx := context.Background()
 		l := mustNew(t, rdb, Options{}, Rule{Name: "rate", Algorithm: GCRA, Limit: PerSecond(10)}, concRule)
-		if err := l.PauseFor(ctx, "s", 5*time.Second); err != nil {
+		if _, err := l.PauseFor(ctx, "s", 5*time.Second); err != nil {
 			t.Fatal(err)
 		}
 		a := admitID(t, l, "a")

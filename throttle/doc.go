@@ -6,14 +6,19 @@
 // script that reads the Redis clock, so machines whose clocks disagree still
 // share one limit: FixedWindow, SlidingLog, SlidingWindow (counter),
 // TokenBucket and GCRA (the leaky bucket); or Concurrency, at most Count
-// holders at once (see below). All rules of a Limiter are checked and
-// charged in one round trip, all or nothing.
+// holders at once (see below). All rules of a Limiter over one subject are
+// checked and charged in one round trip, all or nothing; a rule may name
+// its own subject (Rule.Subject: a global limit beside per-tenant ones),
+// and the subjects are then acquired one after another, a refused request
+// keeping nothing.
 //
 // Allow answers now. Wait blocks until the request is admitted: for
 // TokenBucket and GCRA it reserves the earliest free slot in one round trip
 // and sleeps until then, refunding the slot if the context ends first; for
 // windows, waiters in one process queue and only the first asks Redis, at
-// the moment the script says a permit frees. Admit is for work that can
+// the moment the script says a permit frees. ReserveN books a future slot
+// for any algorithm, and PrepayN books one with a receipt that a consumer
+// redeems through Admit. Admit is for work that can
 // leave and come back (a queued job): in one round trip it redeems the
 // caller's booked turn, or takes a new one, booked under the caller's ID
 // if it is later than the caller can wait. Every algorithm can book ahead:
@@ -69,7 +74,8 @@
 // expires like any lease. Admit with an ID (or a Waiter) is the same for
 // queued jobs: Booked, with the Concurrency rule as Admission.Rule, means
 // queued for a place; Granted or Redeemed means the caller holds one until
-// Release.
+// Release. Admission.Lease is then the rule's lease (zero for answers that
+// are not about a place).
 //
 // A Concurrency rule counts holders, not permits: n (a task's cost)
 // charges the policy's rate rules only, and a holder takes one place. A
@@ -84,8 +90,11 @@
 // and the caller runs on it as soon as it has a place. Its permits were
 // counted at its turn, so the rate rules' turns never exceed their limits;
 // its start can come after its turn (and a few such starts can come
-// together when places free together). AllowN, ReserveN and Group do not
-// take places: use Wait and Release, or Admit.
+// together when places free together). AllowN and ReserveN do not take
+// places (AllowN and AllowAtMost refuse a limiter with a Concurrency rule):
+// use Wait and Release, or Admit. A Concurrency rule and the rules beside
+// it are over the caller's subject: New refuses one in a limiter with
+// Rule.Subject.
 //
 // Keys are <prefix>{<subject>}:<rule> (DefaultPrefix "jobthrottle:", the
 // same default as the worker's rules file and enqueue), so all keys of a
@@ -94,7 +103,13 @@
 //
 // AllowN(ctx, subject, 0) reads a subject's state under every rule without
 // charging it; AllowAtMost takes what there is, up to n; Reset forgets a
-// subject.
+// subject; PauseFor holds every rule of a subject back until a time an
+// upstream gave (package httpthrottle does this for HTTP responses).
+//
+// The package owns the limiter, its algorithms and their Lua scripts. It
+// imports go-redis and the standard library, and nothing else of
+// jobthrottle: the admission, worker and httpthrottle packages build on its
+// exported API.
 //
 // # Exactness
 //
@@ -124,7 +139,7 @@
 //	arithmetic            float64 tokens, ns; a deficit    float64 µs in Lua             exact (see above); whole µs, delays rounded
 //	                      under 1ns admits                                               up; a request 1µs early is denied
 //	rate                  Limit (events/s), Inf allowed    Limit{Rate, Burst, Period}    Limit{Count, Period, Burst}; no Inf; burst ≥ 1
-//	n > burst             AllowN false, WaitN error        denied                        *CapacityError, for every method
+//	n > burst             AllowN false, WaitN error        denied                        ErrExceedsCapacity, for every method
 //	n = 0                 AllowN(0): true unless in debt;  AllowN(0) reads the state     AllowN(0): x/time/rate's Allowed and
 //	                      ReserveN/WaitN(0) wait out the   (Allowed 0)                   RetryAfter, redis_rate's Remaining and
 //	                      debt; moves lastEvent                                          ResetAfter; charges and changes nothing
@@ -133,12 +148,13 @@
 //	RetryAfter if allowed —                                -1                            0
 //	AllowAtMost           —                                grants ≥ 1 or denies          the same; n capped at the burst/count
 //	Reset                 —                                deletes the key               deletes every rule's keys and the pause
-//	Reservation.Delay     time left from now               —                             the same, from TimeToAct on the local clock
+//	Reservation.Delay     time left from now               —                             the same, from the slot on the local clock
 //	Cancel                after the time to act: nothing;  —                             the same, decided on Redis's clock; and a
 //	                      before: n less what later                                      place held by later reservations comes
 //	                      reservations took                                              back when those are cancelled too (x/time/
-//	                                                                                     rate keeps it); a Group's rollback gives
-//	                                                                                     back even after the time to act
+//	                                                                                     rate keeps it); a refusal by another
+//	                                                                                     subject's rules gives back even after
+//	                                                                                     the time to act
 //	Wait                  fails at once past the deadline  — (loop Allow, sleep)         the same; also Options.MaxWait; windows
 //	                                                                                     queue locally; *DelayError says when
 //	limit changes         SetLimit, SetBurst               per call                      a Limiter's rules are fixed; a new Limiter

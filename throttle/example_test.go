@@ -56,8 +56,8 @@ func ExampleNew_policy() {
 
 	lim, err := throttle.New(rdb, throttle.Options{},
 		throttle.Rule{Name: "burst", Algorithm: throttle.SlidingWindow, Limit: throttle.Limit{Count: 200, Period: 10 * time.Second}},
-		throttle.Rule{Name: "hourly", Algorithm: throttle.FixedWindow, Limit: throttle.PerHour(5000)},
-		throttle.Rule{Name: "daily", Algorithm: throttle.SlidingLog, Limit: throttle.PerDay(3)},
+		throttle.Rule{Name: "hourly", Algorithm: throttle.FixedWindow, Limit: throttle.Limit{Count: 5000, Period: time.Hour, Burst: 5000}},
+		throttle.Rule{Name: "daily", Algorithm: throttle.SlidingLog, Limit: throttle.Limit{Count: 3, Period: 24 * time.Hour, Burst: 3}},
 	)
 	if err != nil {
 		panic(err)
@@ -80,7 +80,7 @@ func ExampleLimiter_Wait() {
 	defer stop()
 
 	lim, _ := throttle.New(rdb, throttle.Options{},
-		throttle.Rule{Name: "nightly", Algorithm: throttle.TokenBucket, Limit: throttle.PerHour(1)},
+		throttle.Rule{Name: "nightly", Algorithm: throttle.TokenBucket, Limit: throttle.Limit{Count: 1, Period: time.Hour, Burst: 1}},
 	)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -97,7 +97,7 @@ func ExampleLimiter_Wait() {
 }
 
 // Reserve books a future slot in one round trip; Cancel gives it back.
-func ExampleLimiter_Reserve() {
+func ExampleLimiter_ReserveN() {
 	rdb, stop := exampleRedis()
 	defer stop()
 	ctx := context.Background()
@@ -106,7 +106,7 @@ func ExampleLimiter_Reserve() {
 		throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(10).WithBurst(1)},
 	)
 	for range 3 {
-		r, err := lim.Reserve(ctx, "host")
+		r, err := lim.ReserveN(ctx, "host", 1)
 		if err != nil {
 			panic(err)
 		}
@@ -120,23 +120,19 @@ func ExampleLimiter_Reserve() {
 	// act in 200ms
 }
 
-// A Group combines limits over different subjects: a global limit and one
-// per tenant.
-func ExampleNewGroup() {
+// Rules over different subjects: a limit per tenant, and one global
+// limit (Rule.Subject) that every tenant shares. A request charges both or
+// neither.
+func ExampleRule_subject() {
 	rdb, stop := exampleRedis()
 	defer stop()
 	ctx := context.Background()
 
-	perTenant, _ := throttle.New(rdb, throttle.Options{},
-		throttle.Rule{Name: "tenant", Algorithm: throttle.FixedWindow, Limit: throttle.PerMinute(2)})
-	global, _ := throttle.New(rdb, throttle.Options{},
-		throttle.Rule{Name: "global", Algorithm: throttle.FixedWindow, Limit: throttle.PerMinute(3)})
-	g, _ := throttle.NewGroup(
-		throttle.Part{Limiter: perTenant},
-		throttle.Part{Limiter: global, Subject: throttle.Fixed("all")},
-	)
+	lim, _ := throttle.New(rdb, throttle.Options{},
+		throttle.Rule{Name: "tenant", Algorithm: throttle.FixedWindow, Limit: throttle.Limit{Count: 2, Period: time.Minute}},
+		throttle.Rule{Name: "global", Algorithm: throttle.FixedWindow, Limit: throttle.Limit{Count: 3, Period: time.Minute}, Subject: "all"})
 	for _, tenant := range []string{"a", "a", "a", "b", "c"} {
-		res, _ := g.Allow(ctx, tenant)
+		res, _ := lim.Allow(ctx, tenant)
 		fmt.Printf("%s: allowed=%v (%s)\n", tenant, res.Allowed, res.Rule)
 	}
 	// Output:
@@ -163,7 +159,6 @@ func ExampleLimiter_Release() {
 	if err != nil {
 		panic(err)
 	}
-	fmt.Println(lim.Rules()[0])
 	for i := range 2 {
 		if err := lim.Wait(ctx, "tenant-7"); err != nil {
 			panic(err)
@@ -188,7 +183,6 @@ func ExampleLimiter_Release() {
 		_ = lim.Release(ctx, "tenant-7")
 	}
 	// Output:
-	// exports: concurrency, at most 2 at once, lease 30s
 	// export 0 holds a place
 	// export 1 holds a place
 	// export 2 waits; export 0 ends

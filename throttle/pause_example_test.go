@@ -20,11 +20,11 @@ func ExampleLimiter_PauseFor() {
 	}
 	// The upstream said: come back in 2 seconds. Every process that uses
 	// this Redis, prefix and rule now waits for that.
-	if err := lim.PauseFor(ctx, "api.example.com", 2*time.Second); err != nil {
+	if _, err := lim.PauseFor(ctx, "api.example.com", 2*time.Second); err != nil {
 		panic(err)
 	}
 	res, _ := lim.Allow(ctx, "api.example.com")
-	left, _ := lim.Paused(ctx, "api.example.com")
+	left, _ := lim.PauseFor(ctx, "api.example.com", 0)
 	fmt.Printf("allowed=%v retry after %v; paused for %v\n", res.Allowed, res.RetryAfter, left)
 	// Output:
 	// allowed=false retry after 2s; paused for 2s
@@ -45,20 +45,22 @@ func ExampleLimiter_PrepayN() {
 		if err != nil {
 			panic(err)
 		}
-		// Schedule the job for r.TimeToAct(); Delay counts down to it.
+		// Schedule the job for its slot; Delay counts down to it.
 		fmt.Println("job due in", r.Delay().Round(10*time.Millisecond))
-		receipts = append(receipts, r.Receipt())
+		id, _ := r.Receipt()
+		receipts = append(receipts, id)
 	}
 
 	consumer, _ := throttle.New(rdb, throttle.Options{Prefix: "myapp:"}, rule)
-	delay, ok, _ := consumer.Redeem(ctx, "tenant-7", receipts[2])
-	fmt.Printf("redeemed=%v, wait %v for the slot\n", ok, delay)
-	_, ok, _ = consumer.Redeem(ctx, "tenant-7", receipts[2])
-	fmt.Printf("again: redeemed=%v (charge it as usual)\n", ok)
+	job := throttle.AdmitRequest{Subject: "tenant-7", N: 1, Receipt: receipts[2], Wait: time.Second, Tolerance: time.Second}
+	a, _ := consumer.Admit(ctx, job)
+	fmt.Printf("redeemed=%v, wait %v for the slot\n", a.Status == throttle.Redeemed, a.Delay.Round(10*time.Millisecond))
+	a, _ = consumer.Admit(ctx, job)
+	fmt.Printf("again: redeemed=%v (a new turn, %v)\n", a.Status == throttle.Redeemed, a.Delay.Round(10*time.Millisecond))
 	// Output:
 	// job due in 0s
 	// job due in 50ms
 	// job due in 100ms
 	// redeemed=true, wait 100ms for the slot
-	// again: redeemed=false (charge it as usual)
+	// again: redeemed=false (a new turn, 150ms)
 }
