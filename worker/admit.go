@@ -69,7 +69,7 @@ func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (
 	t.lastAttempt = known && retried >= maxRetry
 	if r.gate == nil || (t.lastAttempt && m.requeue == nil) {
 		w, err := m.waitInPlace(ctx, t)
-		return w, false, err
+		return w, err == nil && r.leased, err
 	}
 
 	wctx, cancel := context.WithCancelCause(ctx)

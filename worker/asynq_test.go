@@ -616,3 +616,23 @@ rules:
 	}
 	b.noFailures()
 }
+
+// TestAsynqLastAttemptConcurrency: a task with no retry left and no Asynq
+// to park it waits in place; under a concurrency limit it then holds a
+// place, which the middleware gives back when its handler returns, so the
+// next one runs (a place kept would be renewed forever).
+func TestAsynqLastAttemptConcurrency(t *testing.T) {
+	t.Parallel()
+	b := newBed(t)
+	lim := b.limiter(throttle.Rule{Name: "one", Algorithm: throttle.Concurrency, Limit: throttle.Limit{Count: 1, Period: 30 * time.Second}})
+	mw := middleware(t, []TaskRule{{Name: "one", Tasks: []string{"t"}, Limiter: lim, Subject: Fixed("s")}})
+	b.serve(mw, asynq.Config{Concurrency: 1})
+	for range 3 {
+		b.enqueue("t", "", asynq.MaxRetry(0), asynq.Timeout(time.Minute))
+	}
+	eventually(t, 10*time.Second, "three runs, one after another", func() bool { return len(b.runs()) == 3 })
+	if err := lim.Release(context.Background(), "s"); err == nil {
+		t.Error("a place is still held after every task ended")
+	}
+	b.noFailures()
+}

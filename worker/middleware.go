@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -98,6 +99,10 @@ type Middleware struct {
 type ruleGate struct {
 	TaskRule
 	gate *admission.Gate
+	// leased: the limiter has a concurrency rule, so a task that waits in
+	// place (waitInPlace) holds a place until its handler returns. Tasks
+	// admitted through the gate learn it from their Decision.Lease.
+	leased bool
 }
 
 // Options configure a Middleware. The zero value uses every default.
@@ -215,6 +220,7 @@ func NewMiddleware(rules []TaskRule, opts Options) (*Middleware, error) {
 			if rule.gate, err = admission.New(lim, gateOpts); err != nil {
 				return nil, bad("limiter", err.Error())
 			}
+			rule.leased = hasConcurrency(lim)
 		}
 		for _, p := range rule.Tasks {
 			if err := taskroute.CheckPattern(p); err != nil {
@@ -232,6 +238,15 @@ func NewMiddleware(rules []TaskRule, opts Options) (*Middleware, error) {
 		go m.wakeLoop()
 	}
 	return m, nil
+}
+
+// hasConcurrency reports whether lim has a concurrency rule: AllowAtMost
+// refuses such a limiter first, with a *throttle.ConfigError on its
+// algorithm, before any call to Redis.
+func hasConcurrency(lim *throttle.Limiter) bool {
+	var ce *throttle.ConfigError
+	_, _, err := lim.AllowAtMost(context.Background(), "", 0)
+	return errors.As(err, &ce) && ce.Field == "algorithm"
 }
 
 // rule returns the rule for a task type, or nil.
