@@ -32,12 +32,14 @@ const asynqHeartbeat = 5 * time.Second
 func leaseKey(queue string) string { return "asynq:{" + queue + "}:lease" }
 
 // leasesHeldSince returns the tasks of queue whose leases no live worker
-// has extended since at: those a worker that died at at held. Call it at
-// least asynqHeartbeat + 1s after at, so that every live worker has
-// extended its own leases past at + 30s since.
+// has extended since at: those that a worker that died at at held, or
+// that asynq lost track of at at. It first waits until two heartbeats and
+// a second have passed since at, so that every live worker has extended
+// each of its own leases at least once since the second after at: to
+// after at + 30s (leases are whole seconds).
 func leasesHeldSince(t *testing.T, rdb redis.UniversalClient, queue string, at time.Time) []string {
 	t.Helper()
-	if wait := time.Until(at.Add(asynqHeartbeat + time.Second)); wait > 0 {
+	if wait := time.Until(at.Add(2*asynqHeartbeat + time.Second)); wait > 0 {
 		time.Sleep(wait)
 	}
 	ids, err := rdb.ZRangeByScore(context.Background(), leaseKey(queue),
