@@ -137,11 +137,14 @@ status=0
 test_pkgs=("${pkgs[@]}")
 if ((full)); then
 	# The packages whose tests take longest are named first: go test starts
-	# the packages' tests in the order given, -p of them at once, so these
-	# start at once instead of after the short ones (./... runs the rest,
-	# and each package once).
+	# the packages' tests in the order given, -p of them at once (2 on CI),
+	# so these start at once instead of after the short ones (./... runs
+	# the rest, and each package once). reliability's first tests and
+	# throttle's load the CPU; the root package's end-to-end tests, which
+	# need it, start once throttle's are done, beside reliability's tests
+	# that mostly wait.
 	test_pkgs=()
-	for p in ./reliability . ./throttle; do [[ -d $p ]] && test_pkgs+=("$p"); done
+	for p in ./reliability ./throttle .; do [[ -d $p ]] && test_pkgs+=("$p"); done
 	test_pkgs+=(./...)
 fi
 go test -race -shuffle=on -count=1 -timeout 30m "${flags[@]}" "${test_pkgs[@]}" || status=$?
