@@ -107,7 +107,7 @@ func receiptOf(r *Reservation) string {
 // receipt up first, and admits only one that is there. It reports the
 // delay until the receipt's slot and whether it was redeemed.
 func redeem(ctx context.Context, l *Limiter, subject, receipt string) (time.Duration, bool, error) {
-	if _, err := EncodeSubject(subject); err != nil {
+	if _, err := encodeSubject(subject); err != nil {
 		return 0, false, err
 	}
 	if receipt == "" || len(receipt) > maxReceiptLen {
@@ -127,4 +127,16 @@ func redeem(ctx context.Context, l *Limiter, subject, receipt string) (time.Dura
 func delayBy(err error, deadline bool) bool {
 	var de *DelayError
 	return errors.As(err, &de) && de.Deadline == deadline
+}
+
+// rateAlgorithms returns the registered algorithms that count permits: all
+// but Concurrency, which counts holders (concurrency_test.go tests it).
+func rateAlgorithms() []Algorithm {
+	var as []Algorithm
+	for _, a := range registered() {
+		if !a.spec().holders {
+			as = append(as, a)
+		}
+	}
+	return as
 }

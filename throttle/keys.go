@@ -21,14 +21,14 @@ func key(prefix, subject, rule string) string {
 	return prefix + "{" + subject + "}:" + rule
 }
 
-// EncodeSubject returns the form a subject takes inside keys,
-// <prefix>{<encoded subject>}:<rule>, for tools that inspect or clean up
-// keys. Bytes other than ASCII letters, digits and -._~@/+=, are written
+// encodeSubject returns the form a subject takes inside keys,
+// <prefix>{<encoded subject>}:<rule> (the package doc describes it to
+// users). Bytes other than ASCII letters, digits and -._~@/+=, are written
 // %XX. The encoding is injective, so two subjects never share a key, and
 // its output has no '{' or '}', so it never ends the hash tag early. An
 // empty subject, or one longer than maxSubjectLen bytes, is an error
 // matching ErrInvalidSubject.
-func EncodeSubject(s string) (string, error) {
+func encodeSubject(s string) (string, error) {
 	switch {
 	case s == "":
 		return "", fmt.Errorf("%w: empty; name what is limited, such as a tenant id or \"global\"", ErrInvalidSubject)

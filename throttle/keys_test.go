@@ -14,24 +14,24 @@ func TestEncodeSubject(t *testing.T) {
 		"tenant-42", "a:b", "a%3Ab", "{x}", "x}", "}{", "a b", "a\x00b", "line\nbreak",
 		"\xff\xfe", "ünïcode", "%", "%25", "host.example.com:443", strings.Repeat("z", maxSubjectLen),
 	} {
-		enc, err := EncodeSubject(s)
+		enc, err := encodeSubject(s)
 		if err != nil {
-			t.Fatalf("EncodeSubject(%q): %v", s, err)
+			t.Fatalf("encodeSubject(%q): %v", s, err)
 		}
 		if strings.ContainsAny(enc, "{}:\x00\n ") {
-			t.Errorf("EncodeSubject(%q) = %q contains a character that could break the key", s, enc)
+			t.Errorf("encodeSubject(%q) = %q contains a character that could break the key", s, enc)
 		}
 		if prev, dup := seen[enc]; dup {
-			t.Errorf("EncodeSubject(%q) = EncodeSubject(%q) = %q", s, prev, enc)
+			t.Errorf("encodeSubject(%q) = encodeSubject(%q) = %q", s, prev, enc)
 		}
 		seen[enc] = s
 	}
-	if got, _ := EncodeSubject("tenant-42"); got != "tenant-42" {
+	if got, _ := encodeSubject("tenant-42"); got != "tenant-42" {
 		t.Errorf("a plain subject changed: %q", got)
 	}
 	for _, bad := range []string{"", strings.Repeat("z", maxSubjectLen+1), strings.Repeat("z", 1<<20)} {
-		if _, err := EncodeSubject(bad); !errors.Is(err, ErrInvalidSubject) {
-			t.Errorf("EncodeSubject(%d bytes): %v, want ErrInvalidSubject", len(bad), err)
+		if _, err := encodeSubject(bad); !errors.Is(err, ErrInvalidSubject) {
+			t.Errorf("encodeSubject(%d bytes): %v, want ErrInvalidSubject", len(bad), err)
 		}
 	}
 }
@@ -39,7 +39,7 @@ func TestEncodeSubject(t *testing.T) {
 // All keys of one subject map to one cluster slot, whatever the subject.
 func TestKeysShareOneSlot(t *testing.T) {
 	for _, s := range []string{"a", "{a}", "a}b", "}{", "x{y}z"} {
-		enc, _ := EncodeSubject(s)
+		enc, _ := encodeSubject(s)
 		k1, k2 := key("p:", enc, "one"), key("p:", enc, "two")
 		if hashTag(k1) != hashTag(k2) || hashTag(k1) != enc {
 			t.Errorf("subject %q: keys %q and %q hash on %q and %q, want %q", s, k1, k2, hashTag(k1), hashTag(k2), enc)

@@ -23,7 +23,7 @@ const maxPause = maxPeriod
 
 // pauseKey returns <prefix>{<subject>}:!pause, which holds the Redis time
 // (microseconds) at which the subject's current pause ends, with a TTL of
-// the pause. The subject must have passed EncodeSubject.
+// the pause. The subject must have passed encodeSubject.
 func (p *policy) pauseKey(subject string) string {
 	return key(p.prefix, escape(subject), pauseSuffix)
 }
@@ -68,7 +68,7 @@ func (l *Limiter) PauseFor(ctx context.Context, subject string, d time.Duration)
 	var cmd *redis.Cmd
 	var err error
 	if d <= 0 {
-		if _, err := EncodeSubject(subject); err != nil {
+		if _, err := encodeSubject(subject); err != nil {
 			return 0, err
 		}
 		cmd, err = l.exec(ctx, opPaused, pausedScript, []string{l.pauseKey(subject)}, nil)

@@ -23,7 +23,7 @@ import (
 const defaultReceiptKeep = 24 * time.Hour
 
 // receiptsKey returns <prefix>{<subject>}:!receipts. The subject must have
-// passed EncodeSubject.
+// passed encodeSubject.
 func (p *policy) receiptsKey(subject string) string {
 	return key(p.prefix, escape(subject), receiptsSuffix)
 }

@@ -32,7 +32,7 @@ const opSettle op = "settle"
 var errSettled = errors.New("throttle: settle: the reservation was already settled or cancelled; settle it once")
 
 // ticketsKey returns <prefix>{<subject>}:!tickets. The subject must have
-// passed EncodeSubject.
+// passed encodeSubject.
 func (p *policy) ticketsKey(subject string) string {
 	return key(p.prefix, escape(subject), ticketsSuffix)
 }

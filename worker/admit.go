@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/throttle"
@@ -17,21 +18,10 @@ import (
 
 // This file is the asynq side of admission: it maps a task to a subject,
 // an ID and a deadline for the rule's admission.Gate, and a decision back
-// to asynq: run the handler, or park (a *ThrottledError for the task's
+// to asynq: run the handler, or park (a *admission.ThrottledError for the task's
 // turn, plus a wake-up in the ledger).
 
-// WakeupsKey is the key, in the asynq server's Redis, of the ledger of
-// parked tasks to wake at their turns (WithAsynq). Every worker of a fleet
-// uses it, whatever its rules' prefix.
-const WakeupsKey = "jobthrottle:{wakeups}"
-
-// EnqueuedHeader is the task header in which jobthrottle's producers
-// (package enqueue) record when a task was enqueued, in Unix microseconds.
-// The middleware reads it for jobthrottle_start_delay_seconds, the time
-// from enqueue to start.
-const EnqueuedHeader = "jobthrottle-enqueued"
-
-// ErrParked is the cause of a *ThrottledError for a task parked until its
+// ErrParked is the cause of a *admission.ThrottledError for a task parked until its
 // turn, which is booked under its task ID: when it comes back, it runs on
 // that turn without asking the limiter again.
 var ErrParked = errors.New("worker: parked until its booked turn")
@@ -47,10 +37,11 @@ const (
 	unwokenLead = 300 * time.Millisecond
 )
 
-// admit decides for a task: the Wait to run it with, or the error the
-// handler must return (a *ThrottledError to park or defer it, ctx.Err() if
-// asynq ended it, an error wrapping asynq.SkipRetry if it can never run).
-func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (Wait, error) {
+// admit decides for a task: the turn to run it on, or the error the
+// handler must return (a *admission.ThrottledError to park or defer it,
+// ctx.Err() if asynq ended it, an error wrapping asynq.SkipRetry if it can
+// never run).
+func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (_ turn, err error) {
 	t := m.newTaskRun(ctx, r, task)
 	subject, err := r.Subject(task)
 	if err == nil && subject == "" {
@@ -58,25 +49,26 @@ func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (
 	}
 	if err != nil {
 		m.metrics.decided(r.Name, OutcomeError)
-		return Wait{}, t.archive(ctx, "worker: task archived: no subject", true, err)
+		return turn{}, t.archive(ctx, "worker: task archived: no subject", true, err)
 	}
 	t.subject, t.log = subject, t.log.With("subject", subject)
 	if t.cost, err = r.cost(task); err != nil {
 		m.metrics.decided(r.Name, OutcomeError)
-		return Wait{}, t.archive(ctx, "worker: task archived: no cost", false, fmt.Errorf("cannot derive the cost: %w", err))
+		return turn{}, t.archive(ctx, "worker: task archived: no cost", false, fmt.Errorf("cannot derive the cost: %w", err))
 	}
 	if t.cost == 0 {
 		// Free: nothing to charge, nothing to wait for.
-		w := Wait{Rule: r.Name, Subject: subject}
+		w := admission.Wait{Rule: r.Name, Subject: subject}
 		m.admitted(t, w)
-		return w, nil
+		return turn{Wait: w}, nil
 	}
 
 	retried, _ := asynq.GetRetryCount(ctx)
 	maxRetry, known := asynq.GetMaxRetry(ctx)
 	t.lastAttempt = known && retried >= maxRetry
 	if r.gate == nil || (t.lastAttempt && m.requeue == nil) {
-		return m.waitInPlace(ctx, t)
+		w, err := m.waitInPlace(ctx, t)
+		return turn{Wait: w, held: err == nil && r.leased}, err
 	}
 
 	wctx, cancel := context.WithCancelCause(ctx)
@@ -94,21 +86,39 @@ func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (
 	if t.lastAttempt {
 		bookID = nextCopyID(t.id)
 	}
+	// Under a concurrency rule, the task waits for a place as the wake-up
+	// member that brings it back (WakeOnHandoff).
+	queue, _ := asynq.GetQueueName(ctx)
 	m.metrics.waiting(r.Name, 1)
-	d, err := r.gate.Admit(wctx, admission.Request{Subject: subject, Cost: t.cost, ID: t.id, BookAs: bookID, Receipt: task.Headers()[ReceiptHeader]})
+	d, err := r.gate.Admit(wctx, admission.Request{Subject: subject, Cost: t.cost, ID: t.id, BookAs: bookID, Receipt: task.Headers()[admission.ReceiptHeader],
+		Waiter: admission.Member(queue, t.id), WaitAs: admission.Member(queue, bookID)})
 	m.metrics.waiting(r.Name, -1)
 	if err != nil {
-		return Wait{}, m.notAdmitted(ctx, wctx, t, err)
+		return turn{}, m.notAdmitted(ctx, wctx, t, err)
 	}
 	if d.Outcome == admission.Run {
-		w := Wait{Rule: r.Name, Subject: subject, Duration: d.Waited, Redeemed: d.Turn == throttle.Redeemed, Turn: d.Slot, res: d.Reservation, cost: t.cost}
+		w := admission.Wait{Rule: r.Name, Subject: subject, Duration: d.Waited, Redeemed: d.Turn == throttle.Redeemed, Turn: d.Slot}
 		m.admitted(t, w)
-		return w, nil
+		return turn{Wait: w, held: d.Lease > 0, res: d.Reservation, cost: t.cost}, nil
+	}
+	if d.Lease > 0 {
+		// Queued for a place of the concurrency rule d.Rule.
+		m.sweepLater(ctx, t, d)
 	}
 	retryAt := m.parkAt(ctx, t, bookID, d)
 	m.metrics.bookedAhead(r.Name, time.Until(d.At))
-	return Wait{}, m.deferTask(ctx, t, retryAt, ErrParked, OutcomeParked,
+	return turn{}, m.deferTask(ctx, t, retryAt, ErrParked, OutcomeParked,
 		"turn", d.Turn, "booked_for", d.Slot.UTC(), "booked_ahead", time.Until(d.At).Round(time.Millisecond))
+}
+
+// turn is how admit lets a task run: the Wait its handler sees, whether
+// it holds a place of a concurrency rule (to release when the handler
+// returns), and the permits it took, to settle (settle.go).
+type turn struct {
+	admission.Wait
+	held bool
+	res  *throttle.Reservation // the turn's permits; nil if none to settle
+	cost int                   // the permits it took: the rule's Cost, an estimate
 }
 
 // taskRun is what admit knows of the task it decides for.
@@ -138,6 +148,41 @@ func (t *taskRun) archive(ctx context.Context, msg string, noSubject bool, err e
 	return err
 }
 
+// WakeOnHandoff returns a throttle.Options.OnHandoff that wakes the tasks
+// a freed place of a concurrency rule was handed to, through the wake-up
+// ledger in rdb (the asynq server's Redis, admission.WakeupsKey): the
+// wake-up loop of any middleware with Options.Asynq moves them to pending
+// at once. FromRules sets it on the limiters it builds (with Asynq); set it
+// on limiters of your own that have a throttle.Concurrency rule.
+func WakeOnHandoff(rdb redis.UniversalClient) func(waiters []string) {
+	wakeups, _ := admission.NewWakeups(rdb, admission.WakeupsKey)
+	return func(waiters []string) {
+		ctx, cancel := context.WithTimeout(context.Background(), handoffTimeout)
+		defer cancel()
+		for _, w := range waiters {
+			if err := wakeups.Add(ctx, w, time.UnixMicro(0)); err != nil {
+				slog.Warn("worker: cannot wake a task handed a place of a concurrency rule; it comes back at its fallback", "member", w, "error", err)
+			}
+		}
+	}
+}
+
+// handoffTimeout bounds WakeOnHandoff's writes.
+const handoffTimeout = 5 * time.Second
+
+// releaseTimeout bounds the release of a task's place.
+const releaseTimeout = 5 * time.Second
+
+// release gives back the place of a concurrency rule that a task of r ran
+// under, whatever its handler returned.
+func (m *Middleware) release(r *ruleGate, w admission.Wait) {
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	if err := r.gate.Limiter().Release(ctx, w.Subject); err != nil {
+		m.log.Warn("worker: cannot release the task's place of a concurrency rule; it frees when its lease expires", "rule", w.Rule, "subject", w.Subject, "error", err)
+	}
+}
+
 // parkAt records the task's wake-up and returns the RetryAt that parks it.
 func (m *Middleware) parkAt(ctx context.Context, t *taskRun, bookID string, d admission.Decision) time.Time {
 	if m.wakeups != nil {
@@ -154,6 +199,52 @@ func (m *Middleware) parkAt(ctx context.Context, t *taskRun, bookID string, d ad
 	return d.At.Add(-unwokenLead).Truncate(time.Second)
 }
 
+// sweepMember is the wake-up ledger's member for the sweep of a subject
+// of a rule with a concurrency limit: an empty queue name, which no asynq
+// task has.
+func sweepMember(rule, subject string) string { return admission.Member("", rule, subject) }
+
+// sweepLater makes sure a sweep of the subject of a task that parked
+// waiting for a place of its rule's concurrency limit is due within a
+// lease (d.Lease, the concurrency rule's). A place is handed to the next waiter when it is released, or
+// when any call (a renewal of a live holder, a task's arrival) finds its
+// lease expired; if every holder's worker died, nothing else would look.
+// The sweep looks, once a lease while tasks wait, whatever their number.
+func (m *Middleware) sweepLater(ctx context.Context, t *taskRun, d admission.Decision) {
+	if m.wakeups == nil {
+		return
+	}
+	redisNow := d.Slot.Add(-time.Until(d.At))
+	if err := m.wakeups.AddIfAbsent(ctx, sweepMember(t.rule.Name, t.subject), redisNow.Add(d.Lease+admission.DefaultLead)); err != nil {
+		t.log.WarnContext(ctx, "worker: cannot schedule the sweep of a concurrency limit; waiting tasks come back at their fallbacks", "error", err)
+	}
+}
+
+// sweep brings the places of a rule's concurrency limit for subject up to
+// date (expired leases handed to their waiters, who are woken through
+// OnHandoff), and comes back when the earliest lease expires while tasks
+// still wait.
+func (m *Middleware) sweep(ctx context.Context, member, rule, subject string) error {
+	r := m.byName[rule]
+	if r == nil || r.gate == nil {
+		return nil // a rule of another worker's configuration
+	}
+	a, err := r.gate.Limiter().Admit(ctx, throttle.AdmitRequest{Subject: subject, N: 0, Waiter: "sweep", Tolerance: time.Second})
+	if err != nil {
+		return fmt.Errorf("worker: sweep of rule %q: %w", rule, err)
+	}
+	if a.Status != throttle.Booked || a.Lease == 0 {
+		return nil // nobody waits (or the rule has no concurrency limit now)
+	}
+	// The loop takes a member DefaultLead before its slot: after the
+	// expiry, then, not just before it.
+	return m.wakeups.Add(ctx, member, a.Slot.Add(admission.DefaultLead+sweepMargin))
+}
+
+// sweepMargin puts a sweep after the lease it waits for has expired on the
+// Redis clock.
+const sweepMargin = 10 * time.Millisecond
+
 // wakeLoop runs the wake-up ledger until Drain. Its errors are logged at
 // most once per wakeErrorEvery (with how many there were), so that a Redis
 // outage does not log one line per tick.
@@ -162,7 +253,7 @@ func (m *Middleware) wakeLoop() {
 	var mu sync.Mutex // OnError is called from concurrent wakes
 	var last time.Time
 	var since int
-	_ = m.wakeups.Run(m.drainCtx, admission.RunConfig{
+	_ = m.wakeups.Run(m.drainCtx, admission.RunOptions{
 		OnError: func(err error) {
 			m.metrics.OnRedisError(err, false)
 			mu.Lock()
@@ -184,6 +275,9 @@ const wakeErrorEvery = 10 * time.Second
 // an archived one is not revived.
 func (m *Middleware) wake(ctx context.Context, member string) error {
 	parts, ok := admission.Split(member)
+	if ok && len(parts) == 3 && parts[0] == "" {
+		return m.sweep(ctx, member, parts[1], parts[2])
+	}
 	if !ok || len(parts) != 2 {
 		return fmt.Errorf("worker: wake-up %q is not a queue and task ID", member)
 	}
@@ -211,10 +305,10 @@ func (m *Middleware) wake(ctx context.Context, member string) error {
 
 // waitInPlace admits a task whose rule cannot park it (a Limiter that is
 // not a *throttle.Limiter, or a task on its last attempt without
-// WithAsynq): it waits in its handler, bounded by the rule's MaxWait
+// Options.Asynq): it waits in its handler, bounded by the rule's MaxWait
 // (unless it is on its last attempt) and its deadline, and is deferred to
 // the limiter's answer if that is later.
-func (m *Middleware) waitInPlace(ctx context.Context, t *taskRun) (Wait, error) {
+func (m *Middleware) waitInPlace(ctx context.Context, t *taskRun) (admission.Wait, error) {
 	r := t.rule
 	canDefer := !t.lastAttempt || m.requeue != nil
 	wctx, cancel := context.WithCancelCause(ctx)
@@ -234,16 +328,16 @@ func (m *Middleware) waitInPlace(ctx context.Context, t *taskRun) (Wait, error) 
 	err := r.Limiter.WaitN(wctx, t.subject, t.cost)
 	m.metrics.waiting(r.Name, -1)
 	if err != nil {
-		return Wait{}, m.notAdmitted(ctx, wctx, t, err)
+		return admission.Wait{}, m.notAdmitted(ctx, wctx, t, err)
 	}
-	w := Wait{Rule: r.Name, Subject: t.subject, Duration: time.Since(t.start)}
+	w := admission.Wait{Rule: r.Name, Subject: t.subject, Duration: time.Since(t.start)}
 	m.admitted(t, w)
 	return w, nil
 }
 
 // notAdmitted returns what the handler returns when the wait for a turn
 // ended in err: ctx.Err() if asynq ended the task (its permits refunded),
-// a *ThrottledError deferring it (Redis failed, Drain, or the turn is past
+// a *admission.ThrottledError deferring it (Redis failed, Drain, or the turn is past
 // its deadline), or an error archiving it (it can never be admitted).
 func (m *Middleware) notAdmitted(ctx, wctx context.Context, t *taskRun, err error) error {
 	r := t.rule
@@ -296,10 +390,10 @@ func (m *Middleware) notAdmitted(ctx, wctx context.Context, t *taskRun, err erro
 }
 
 // admitted records an admission.
-func (m *Middleware) admitted(t *taskRun, w Wait) {
+func (m *Middleware) admitted(t *taskRun, w admission.Wait) {
 	rule := t.rule.Name
 	m.metrics.waited(rule, w.Duration)
-	if us, err := strconv.ParseInt(t.task.Headers()[EnqueuedHeader], 10, 64); err == nil && us > 0 {
+	if us, err := strconv.ParseInt(t.task.Headers()[admission.EnqueuedHeader], 10, 64); err == nil && us > 0 {
 		m.metrics.startDelay(rule, time.Since(time.UnixMicro(us)))
 	}
 	attrs := []any{"waited", w.Duration.Round(time.Millisecond)}
@@ -323,16 +417,16 @@ func (m *Middleware) admitted(t *taskRun, w Wait) {
 	t.log.Log(context.Background(), level, "worker: admitted", attrs...)
 }
 
-// deferTask returns the *ThrottledError that defers the task to retryAt,
+// deferTask returns the *admission.ThrottledError that defers the task to retryAt,
 // requeueing a copy first if the task has no retry left. attrs are added
 // to its log line.
 func (m *Middleware) deferTask(ctx context.Context, t *taskRun, retryAt time.Time, cause error, outcome string, attrs ...any) error {
 	rule := t.rule.Name
-	te := &ThrottledError{Rule: rule, Subject: t.subject, RetryAt: retryAt, Err: cause}
+	te := &admission.ThrottledError{Rule: rule, Subject: t.subject, RetryAt: retryAt, Err: cause}
 	if t.lastAttempt {
 		if m.requeue == nil {
 			m.metrics.decided(rule, OutcomeError)
-			t.log.ErrorContext(ctx, "worker: task archived: throttled past its deadline on its last attempt; use WithAsynq to defer such tasks", "error", te)
+			t.log.ErrorContext(ctx, "worker: task archived: throttled past its deadline on its last attempt; set worker.Options.Asynq to defer such tasks", "error", te)
 			return te
 		}
 		copyID, err := m.requeue.copy(ctx, t.task, t.id, retryAt)
@@ -354,6 +448,9 @@ func (m *Middleware) deferTask(ctx context.Context, t *taskRun, retryAt time.Tim
 		msg = "worker: task parked until its turn"
 	}
 	t.log.InfoContext(ctx, msg, attrs...)
+	if te.Requeued != "" {
+		return revokedError{te}
+	}
 	return te
 }
 

@@ -12,9 +12,9 @@ import (
 const (
 	OutcomeAdmitted = "admitted" // admitted at once (a wait under WaitThreshold)
 	OutcomeWaited   = "waited"   // admitted after waiting in the handler
-	OutcomeRedeemed = "redeemed" // admitted on a turn booked before it arrived: when it parked, or by its producer (ReceiptHeader)
+	OutcomeRedeemed = "redeemed" // admitted on a turn booked before it arrived: when it parked, or by its producer (admission.ReceiptHeader)
 	OutcomeParked   = "parked"   // parked until its turn, booked under its task ID (ErrParked)
-	OutcomeDeferred = "deferred" // deferred with a *ThrottledError for an estimate (Redis failed, Drain, or a limiter that cannot book)
+	OutcomeDeferred = "deferred" // deferred with a *admission.ThrottledError for an estimate (Redis failed, Drain, or a limiter that cannot book)
 	OutcomeRefunded = "refunded" // the task's context ended while waiting; its permits were refunded
 	OutcomeError    = "error"    // no subject (archived), or Redis failed (deferred)
 )
@@ -28,15 +28,16 @@ const WaitThreshold = 5 * time.Millisecond
 // and possibly personal data) nor anything from a payload.
 //
 //	jobthrottle_wait_seconds{rule}            histogram of the time admitted tasks waited in their handlers
-//	jobthrottle_start_delay_seconds{rule}     histogram of the time from enqueue to start (tasks with EnqueuedHeader)
+//	jobthrottle_start_delay_seconds{rule}     histogram of the time from enqueue to start (tasks with admission.EnqueuedHeader)
 //	jobthrottle_decisions_total{rule,outcome} tasks by outcome (see the Outcome constants)
 //	jobthrottle_waiters{rule}                 tasks waiting in handlers now
 //	jobthrottle_booked_ahead_seconds{rule}    how far ahead the latest parked task's turn was booked
 //	jobthrottle_wakeups_total                 parked tasks this process moved to pending at their turns
 //	jobthrottle_redis_errors_total            errors from Redis seen by the limiters
+//	jobthrottle_places_held{rule}             tasks of a concurrency rule running in this process, each holding a place
 //
 // A nil *Metrics records nothing. Pass one to the middleware with
-// WithMetrics; Config.Middleware also wires OnRedisError into the limiters
+// Options.Metrics; FromRules also wires OnRedisError into the limiters
 // it builds.
 type Metrics struct {
 	wait        *prometheus.HistogramVec
@@ -46,6 +47,7 @@ type Metrics struct {
 	ahead       *prometheus.GaugeVec
 	wakeups     prometheus.Counter
 	redisErrors prometheus.Counter
+	places      *prometheus.GaugeVec
 }
 
 // NewMetrics creates the metrics and registers them on reg. It returns an
@@ -64,7 +66,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		delays: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "jobthrottle",
 			Name:      "start_delay_seconds",
-			Help:      "Time from enqueue to start, by rule, for tasks whose producer recorded it (EnqueuedHeader): queue time, parking and waiting together.",
+			Help:      "Time from enqueue to start, by rule, for tasks whose producer recorded it (admission.EnqueuedHeader): queue time, parking and waiting together.",
 			Buckets:   []float64{.01, .05, .1, .25, .5, 1, 2, 5, 10, 30, 60, 120, 300, 900, 3600},
 		}, []string{"rule"}),
 		ahead: prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -93,7 +95,12 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help:      "Errors from Redis seen by the limiters (admitted anyway if fail_open).",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.wait, m.delays, m.decisions, m.waiters, m.ahead, m.wakeups, m.redisErrors} {
+	m.places = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: "jobthrottle",
+		Name:      "places_held",
+		Help:      "Tasks of a concurrency rule running in this process now, each holding one of the rule's places, by rule.",
+	}, []string{"rule"})
+	for _, c := range []prometheus.Collector{m.wait, m.delays, m.decisions, m.waiters, m.ahead, m.wakeups, m.redisErrors, m.places} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("worker: registering metrics: %w", err)
 		}
@@ -142,5 +149,11 @@ func (m *Metrics) bookedAhead(rule string, d time.Duration) {
 func (m *Metrics) woken() {
 	if m != nil {
 		m.wakeups.Inc()
+	}
+}
+
+func (m *Metrics) holding(rule string, delta float64) {
+	if m != nil {
+		m.places.WithLabelValues(rule).Add(delta)
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+
+	"github.com/jobthrottle/jobthrottle/rules"
 )
 
 // Reserve, then settle. A rule with a Cost charges it before the handler
@@ -30,15 +32,15 @@ import (
 // middleware parks or defers does not run, so the outer rule's turn is
 // given back (settled to 0) and the task takes a new one when it returns.
 //
-// It returns an error if n is negative or more than MaxCost, or if ctx is
+// It returns an error if n is negative or more than rules.MaxCost, or if ctx is
 // not a handler's context under a Middleware.
 func SetCost(ctx context.Context, n int) error {
 	rep, ok := ctx.Value(costKey{}).(*costReport)
 	switch {
 	case !ok:
 		return fmt.Errorf("worker: SetCost: the context is not a task's under a Middleware; nothing will be settled")
-	case n < 0 || n > MaxCost:
-		return fmt.Errorf("worker: SetCost: cost %d is out of range; want 0 to %d permits", n, MaxCost)
+	case n < 0 || n > rules.MaxCost:
+		return fmt.Errorf("worker: SetCost: cost %d is out of range; want 0 to %d permits", n, rules.MaxCost)
 	}
 	rep.mu.Lock()
 	defer rep.mu.Unlock()
@@ -95,7 +97,7 @@ func (r *costReport) actual(rule *ruleGate) (int, bool) {
 // settle corrects the task's turn under r once its handler has returned:
 // to the cost the handler reported, or to 0 if an inner middleware did
 // not run it. A failure is logged: the turn then keeps its estimate.
-func (m *Middleware) settle(ctx context.Context, r *ruleGate, task *asynq.Task, w Wait, rep *costReport) {
+func (m *Middleware) settle(ctx context.Context, r *ruleGate, task *asynq.Task, w turn, rep *costReport) {
 	actual, ok := rep.actual(r)
 	if !ok || w.res == nil || actual == w.cost {
 		return

@@ -10,6 +10,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
@@ -34,7 +35,7 @@ func TestSetCost(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		mw, err := NewMiddleware([]Rule{{Name: "tpm", Tasks: []string{"llm:*"}, Limiter: lim, Subject: Fixed("api"), Cost: FixedCost(40)}}, WithLogger(quiet))
+		mw, err := NewMiddleware([]TaskRule{{Name: "tpm", Tasks: []string{"llm:*"}, Limiter: lim, Subject: Fixed("api"), Cost: FixedCost(40)}}, Options{Logger: quiet})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -91,11 +92,11 @@ func TestSetCostTwoLimits(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		outer, err := NewMiddleware([]Rule{{Name: "tpm", Tasks: []string{"llm:*"}, Limiter: tokens, Subject: Fixed("api"), Cost: FixedCost(40)}}, WithLogger(quiet))
+		outer, err := NewMiddleware([]TaskRule{{Name: "tpm", Tasks: []string{"llm:*"}, Limiter: tokens, Subject: Fixed("api"), Cost: FixedCost(40)}}, Options{Logger: quiet})
 		if err != nil {
 			t.Fatal(err)
 		}
-		inner, err := NewMiddleware([]Rule{{Name: "rpm", Tasks: []string{"llm:*"}, Limiter: requests, Subject: Fixed("api")}}, WithLogger(quiet))
+		inner, err := NewMiddleware([]TaskRule{{Name: "rpm", Tasks: []string{"llm:*"}, Limiter: requests, Subject: Fixed("api")}}, Options{Logger: quiet})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -111,7 +112,7 @@ func TestSetCostTwoLimits(t *testing.T) {
 			t.Errorf("tokens after the first: %d, want 75", got)
 		}
 		time.Sleep(time.Millisecond)
-		var te *ThrottledError
+		var te *admission.ThrottledError
 		if err := h.ProcessTask(ctx, asynq.NewTask("llm:chat", nil)); !errors.As(err, &te) || te.Rule != "rpm" || ran != 1 {
 			t.Fatalf("second task: %v, ran %d; want deferred by rpm", err, ran)
 		}

@@ -6,14 +6,14 @@ import (
 	"strings"
 
 	"github.com/jobthrottle/jobthrottle/handler"
+	"github.com/jobthrottle/jobthrottle/rules"
 	"github.com/jobthrottle/jobthrottle/throttle"
-	"github.com/jobthrottle/jobthrottle/worker"
 )
 
 // check prints the rules and handlers of a valid rules file as the worker
 // understands them, for `worker --check`: what CI runs on a rules change.
 // It connects to nothing.
-func check(w io.Writer, cfg *worker.Config, handlers *handler.Config) {
+func check(w io.Writer, cfg *rules.Config, handlers *handler.Config) {
 	fmt.Fprintf(w, "%s: OK: %s, %s; prefix %q, fail_open %v\n", cfg.File, count(len(cfg.Rules), "rule"), count(len(handlers.Handlers), "handler"), cfg.Prefix, cfg.FailOpen)
 	for _, r := range cfg.Rules {
 		subject := fmt.Sprintf("payload field %q", r.Subject.PayloadField)
@@ -40,6 +40,9 @@ func check(w io.Writer, cfg *worker.Config, handlers *handler.Config) {
 
 // describeLimit is one limit in words: "api: gcra, 20 per 1s, burst 5".
 func describeLimit(l throttle.Rule) string {
+	if l.Algorithm == throttle.Concurrency {
+		return fmt.Sprintf("%s: concurrency, at most %d at once, lease %v", l.Name, l.Limit.Count, l.Limit.Period)
+	}
 	s := fmt.Sprintf("%s: %v, %d per %v", l.Name, l.Algorithm, l.Limit.Count, l.Limit.Period)
 	switch l.Algorithm {
 	case throttle.GCRA, throttle.TokenBucket:

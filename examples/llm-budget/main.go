@@ -148,18 +148,18 @@ func run(ctx context.Context, cfg config, out io.Writer) (result, error) {
 		// place, only the tasks in worker slots hold turns; the rest stay
 		// in asynq's pending list, unbooked, and each takes its turn when
 		// a slot frees, on a ledger the calls before it have settled.
-		outer, err := worker.NewMiddleware([]worker.Rule{{
+		outer, err := worker.NewMiddleware([]worker.TaskRule{{
 			Name: "tpm", Tasks: []string{"llm:*"}, Limiter: tokens, Subject: worker.Fixed("llm-api"),
 			Cost: estimate, MaxWait: time.Minute, WaitSlots: cfg.Concurrency,
-		}}, worker.WithLogger(quietLogger()), worker.WithAsynq(rdb))
+		}}, worker.Options{Logger: quietLogger(), Asynq: rdb})
 		if err != nil {
 			return result{}, err
 		}
 		defer outer.Drain()
-		inner, err := worker.NewMiddleware([]worker.Rule{{
+		inner, err := worker.NewMiddleware([]worker.TaskRule{{
 			Name: "rpm", Tasks: []string{"llm:*"}, Limiter: requests, Subject: worker.Fixed("llm-api"),
 			MaxWait: time.Minute, WaitSlots: cfg.Concurrency,
-		}}, worker.WithLogger(quietLogger()), worker.WithAsynq(rdb))
+		}}, worker.Options{Logger: quietLogger(), Asynq: rdb})
 		if err != nil {
 			return result{}, err
 		}

@@ -101,6 +101,10 @@ end
 local refund, pause, settle
 if rare then refund, pause, settle = {}, {}, {} end
 
+-- cc holds the helpers of concurrency rules (concurrency.lua), in the
+-- scripts that include it and for rare operations only; nil otherwise.
+local cc
+
 local keep_ttl, keep_tickets, cancelled_add, cancelled_pop, rint
 if rare then
 
