@@ -156,11 +156,14 @@ func TestNoSubject(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := &fakeWaiter{wait: func(ctx context.Context, subject string) error {
-				// As the real limiter checks a subject (Validate, on a fixed one).
-				if subject == "" {
-					return throttle.ErrInvalidSubject
+				// As the real limiter checks a subject: Validate checks a
+				// fixed one the same way, and the limiter's error matches
+				// ErrInvalidSubject.
+				err := throttle.Rule{Name: "r", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(1), Subject: subject}.Validate()
+				if subject == "" || err != nil {
+					return fmt.Errorf("%w (%v)", throttle.ErrInvalidSubject, err)
 				}
-				return throttle.Rule{Name: "r", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(1), Subject: subject}.Validate()
+				return nil
 			}}
 			m, err := NewMetrics(prometheus.NewRegistry())
 			if err != nil {

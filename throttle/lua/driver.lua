@@ -280,7 +280,7 @@ if op == 'admit' then
   end
   -- None redeemed: their tickets, if any (stale, or dropped in a pause),
   -- go too.
-  if #ARGV >= b + 4 then redis.call('HDEL', tkey, unpack(ARGV, b + 4)) end
+  if #ARGV >= b + 6 then redis.call('HDEL', tkey, unpack(ARGV, b + 6)) end
   -- A new turn, booked as far as the horizon allows; without a booking id,
   -- only as far as the caller can wait.
   max_wait = tonumber(ARGV[b + 2])
