@@ -256,7 +256,7 @@ func run(full bool, only string, dur time.Duration, skip, mdPath string, budget 
 
 	if !skips["throughput"] {
 		d := time.Duration(cfg.TPDurationS * float64(time.Second))
-		names := []string{"jobthrottle/gcra", "jobthrottle/token_bucket", "redis_rate", "redis-benchmark"}
+		names := []string{"jobthrottle/gcra", "jobthrottle/token_bucket", "jobthrottle/gcra (unbatched)", "jobthrottle/token_bucket (unbatched)", "redis_rate", "mennanov/token_bucket", "redis-benchmark"}
 		rounds := map[string][]*throughputResult{}
 		for round := 1; round <= cfg.TPRounds; round++ {
 			for _, name := range names {

@@ -65,6 +65,11 @@ func memCases(r *runner) ([]memCase, error) {
 				write: func(ctx context.Context, s string) error { _, err := l.AllowN(ctx, s, memLimit.Count); return err }, key: key})
 		}
 	}
+	mn := newMennanovTokenBucketEvery(r.rdb, memLimit.Period/time.Duration(memLimit.Count), memLimit.Burst)
+	mnState := mn.keys.make // one limiter per subject, used once
+	cases = append(cases, memCase{impl: "mennanov/token_bucket", state: "after 1 permit (2 keys)", keys: 100_000,
+		write: func(ctx context.Context, s string) error { _, err := mnState(s).Limit(ctx); return err },
+		key:   func(s string) string { return "{mn:tb:" + s + "}available" }})
 	rl := redis_rate.NewLimiter(r.rdb)
 	lim := redis_rate.Limit{Rate: memLimit.Count, Burst: memLimit.Burst, Period: memLimit.Period}
 	cases = append(cases, memCase{impl: "redis_rate", state: "after 1 permit", keys: 100_000,
