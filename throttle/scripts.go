@@ -75,16 +75,17 @@ func scriptFor(rules []Rule) *redis.Script {
 // fastBucketScript decides the commonest bucket call on its own
 // (lua/bucket_fast.lua): an allow or reserve under one token bucket or
 // GCRA rule whose interval is a whole number of µs and whose burst lasts
-// under 2^40 µs, with the same KEYS, ARGV and reply as the driver. It is
+// under 2^40 − 1 µs, with the same KEYS, ARGV and reply as the driver. It is
 // a small script, which is most of why it costs Redis less per call: the
 // Lua collector walks every loaded script about every 50 calls
 // (BENCHMARKS.md, server cost). A call whose state it cannot read it hands
 // back (handedBack), unchanged, for the limiter's own script.
 var fastBucketScript = buildScript("bucket_fast.lua")
 
-// fastBurstLimit is the longest burst, in µs, that bucket_fast.lua's
-// compact state holds: 2^40 µs, 12.7 days.
-const fastBurstLimit = 1 << 40
+// fastBurstLimit bounds the burst, in µs, that bucket_fast.lua's compact
+// state holds: under 2^40 − 1 µs, 12.7 days (bucket.lua: 2^40 − 1 stands
+// for no reservation on record).
+const fastBurstLimit = 1<<40 - 1
 
 // fastScript returns the script that decides a call of script with these
 // keys and args faster (fastBucketScript), or nil if none can. args are
@@ -100,7 +101,7 @@ func fastScript(script *redis.Script, keys []string, args []any) *redis.Script {
 	count, _ := args[4].(int64)
 	period, _ := args[5].(int64)
 	burst, _ := args[6].(int64)
-	if count != 1 || period < 1 || burst < 1 || burst >= fastBurstLimit/period {
+	if count != 1 || period < 1 || burst < 1 || burst > (fastBurstLimit-1)/period {
 		return nil
 	}
 	return fastBucketScript

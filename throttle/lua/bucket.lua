@@ -19,8 +19,10 @@
 -- missing key is a full bucket. The string is, in order of preference:
 --   - compact, when both remainders are 0 (every interval that is a whole
 --     number of µs), tw < 2^52 (until the year 2112) and
---     0 <= d = tw - ew < 2^40 µs (12.7 days): 12 bytes, big-endian,
---     0xF0 + tw's top 4 bits, tw's low 48 bits in 6 bytes, d in 5 bytes.
+--     0 <= d = tw - ew < 2^40 - 1 µs (12.7 days), or ew = 0 (no
+--     reservation on record: a pause of a missing key), written as
+--     d = 2^40 - 1: 12 bytes, big-endian, 0xF0 + tw's top 4 bits, tw's low
+--     48 bits in 6 bytes, d in 5 bytes.
 --     Redis keeps a value of up to 12 bytes in the smallest allocation
 --     beside its object header (the benchmark's bytes per key); the
 --     decimal form below takes 16 bytes more per key. The first byte
@@ -72,7 +74,9 @@ local function bk_unpack(v)
   local c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12 = string.byte(v, 1, 12)
   if c1 < 240 then return nil end
   local tw = ((((((c1 - 240) * 256 + c2) * 256 + c3) * 256 + c4) * 256 + c5) * 256 + c6) * 256 + c7
-  return tw, tw - ((((c8 * 256 + c9) * 256 + c10) * 256 + c11) * 256 + c12)
+  local d = (((c8 * 256 + c9) * 256 + c10) * 256 + c11) * 256 + c12
+  if d == 1099511627775 then return tw, 0 end
+  return tw, tw - d
 end
 
 -- bk_load reads the state: TAT and ev. A missing or unreadable key is a
@@ -149,7 +153,8 @@ local function bk_store(key, tw, tr, ew, er)
   if hr > 0 then h = h + 1 end
   local v
   local d = tw - ew
-  if tr == 0 and er == 0 and tw < 4503599627370496 and d >= 0 and d < 1099511627776 then
+  if ew == 0 and er == 0 then d = 1099511627775 elseif d >= 1099511627775 then d = -1 end
+  if tr == 0 and er == 0 and tw < 4503599627370496 and d >= 0 then
     -- The compact form. string.char truncates each argument: (x / 2^k)
     -- % 256 is exact in a double and truncates to byte k.
     v = string.char(240 + tw / 281474976710656, tw / 1099511627776 % 256, tw / 4294967296 % 256,

@@ -1,7 +1,7 @@
 -- The commonest call of a token bucket or GCRA limiter, as a script of its
 -- own (after time.lua): an allow or reserve under one rule whose interval
 -- is a whole number of µs (count 1 in lowest terms, so T = period) and
--- whose burst lasts under 2^40 µs (12.7 days). scripts.go routes exactly
+-- whose burst lasts under 2^40 - 1 µs (12.7 days). scripts.go routes exactly
 -- those calls here (fastScript); KEYS, ARGV and the reply are driver.lua's.
 --
 -- Its decisions, state, TTL and reply are those the general script
