@@ -19,7 +19,8 @@ type memoryResult struct {
 	State string `json:"state"` // what each key holds
 	Keys  int    `json:"keys"`
 	// UsedMemoryDelta is INFO used_memory after minus before writing Keys
-	// keys (on a flushed server); BytesPerKey is it over Keys.
+	// keys (on a flushed server), less the change in mem_clients_normal
+	// (connection buffers); BytesPerKey is it over Keys.
 	UsedMemoryDelta int64   `json:"used_memory_delta"`
 	BytesPerKey     float64 `json:"bytes_per_key"`
 	// MemoryUsage is MEMORY USAGE (SAMPLES 0) of one representative key,
@@ -125,7 +126,10 @@ func (r *runner) runMemory(ctx context.Context, scale float64) ([]memoryResult, 
 		k := c.key("k0000042")
 		usage, _ := r.rdb.MemoryUsage(ctx, k, 0).Result()
 		enc, _ := r.rdb.ObjectEncoding(ctx, k).Result()
-		delta := after.Memory - before.Memory
+		// The keys' bytes: used_memory less the connections' buffers, which
+		// the 50 writers' pipelines grow and Redis shrinks only once they
+		// have been idle for seconds.
+		delta := (after.Memory - after.ClientMemory) - (before.Memory - before.ClientMemory)
 		res := memoryResult{Impl: c.impl, State: c.state, Keys: n, UsedMemoryDelta: delta,
 			BytesPerKey: float64(delta) / float64(n), MemoryUsage: usage, Encoding: enc,
 			DesignMB1M: c.design, Errors: errs.Load()}
