@@ -21,8 +21,8 @@ func writeReport(res *runResult, jsonPath, mdPath string) error {
 	}
 	notes, _ := os.ReadFile("notes.md")
 	md := renderReport(res, filepath.ToSlash(filepath.Join("bench", jsonPath)), filepath.ToSlash(filepath.Join("bench", plotPath)), string(notes))
-	if lab := readLab(jsonPath); lab != nil {
-		md += renderLab(lab, filepath.ToSlash(filepath.Join("bench", strings.TrimSuffix(jsonPath, ".json")+"-jitterlab.json")))
+	if lab, path := readLab(jsonPath); lab != nil {
+		md += renderLab(lab, filepath.ToSlash(filepath.Join("bench", path)))
 	}
 	if up, path := readUpstream(); up != nil {
 		md += renderUpstream(up, filepath.ToSlash(filepath.Join("bench", path)))
