@@ -162,14 +162,9 @@ func medianF(xs []float64) float64 {
 // newest in its directory (a run of some parts only has none of its own),
 // and names the file it read.
 func readLab(jsonPath string) (*labResult, string) {
-	path := strings.TrimSuffix(jsonPath, ".json") + "-jitterlab.json"
-	if _, err := os.Stat(path); err != nil {
-		found, _ := filepath.Glob(filepath.Join(filepath.Dir(jsonPath), "*-jitterlab.json"))
-		if len(found) == 0 {
-			return nil, ""
-		}
-		slices.Sort(found)
-		path = found[len(found)-1]
+	path := resultBeside(jsonPath, "-jitterlab.json")
+	if path == "" {
+		return nil, ""
 	}
 	b, err := os.ReadFile(path)
 	if err != nil {

@@ -12,6 +12,22 @@ import (
 	"github.com/jobthrottle/jobthrottle/admission"
 )
 
+// resultBeside names the results of a part run on its own (suffix, such
+// as "-backlog.json") that belong beside the run's results file at
+// jsonPath, or else the newest such file in its directory; "" if none.
+func resultBeside(jsonPath, suffix string) string {
+	path := strings.TrimSuffix(jsonPath, ".json") + suffix
+	if _, err := os.Stat(path); err == nil {
+		return path
+	}
+	found, _ := filepath.Glob(filepath.Join(filepath.Dir(jsonPath), "*"+suffix))
+	if len(found) == 0 {
+		return ""
+	}
+	slices.Sort(found)
+	return found[len(found)-1]
+}
+
 // writeReport writes the plot beside the results file and BENCHMARKS.md.
 // The hand-written analysis in notes.md is included as it is.
 func writeReport(res *runResult, jsonPath, mdPath string) error {
@@ -286,14 +302,9 @@ func renderLab(lab *labResult, rel string) string {
 // directory, since the backlog part runs on its own day, not with the
 // main run.
 func readBacklog(jsonPath string) (*backlogResult, string) {
-	path := strings.TrimSuffix(jsonPath, ".json") + "-backlog.json"
-	if _, err := os.Stat(path); err != nil {
-		found, _ := filepath.Glob(filepath.Join(filepath.Dir(jsonPath), "*-backlog.json"))
-		if len(found) == 0 {
-			return nil, ""
-		}
-		slices.Sort(found)
-		path = found[len(found)-1]
+	path := resultBeside(jsonPath, "-backlog.json")
+	if path == "" {
+		return nil, ""
 	}
 	b, err := os.ReadFile(path)
 	if err != nil {
