@@ -1,7 +1,7 @@
 package jobthrottle_test
 
 // End-to-end, for the outbound and enqueue halves: real asynq servers and
-// client on a real redis-server, throttle.Transport in front of a real
+// client on a real redis-server, httpthrottle.Transport in front of a real
 // HTTP server, and batches paced by package enqueue.
 
 import (
@@ -19,8 +19,11 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/enqueue"
+	"github.com/jobthrottle/jobthrottle/httpthrottle"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/jobthrottle/jobthrottle/rules"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/jobthrottle/jobthrottle/worker"
 )
@@ -98,7 +101,7 @@ func TestTransportPausesFleet(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		tr, err := throttle.NewTransport(lim, throttle.TransportOptions{})
+		tr, err := httpthrottle.New(lim, httpthrottle.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -161,7 +164,7 @@ func TestTransportPausesFleet(t *testing.T) {
 func TestPacedBatchRunsAtItsSlots(t *testing.T) {
 	proc := redistest.Server(t)
 	prefix := redistest.Prefix(t)
-	cfg, err := worker.ParseConfig("rules.yaml", []byte(`prefix: "`+prefix+`"
+	cfg, err := rules.Parse("rules.yaml", []byte(`prefix: "`+prefix+`"
 rules:
   - name: partner
     tasks: ["paced:*"]
@@ -179,14 +182,14 @@ rules:
 
 	type start struct {
 		at   time.Time
-		wait worker.Wait
+		wait admission.Wait
 	}
 	var mu sync.Mutex
 	starts := map[int]start{}
 	allDone := make(chan struct{})
 	for range 2 {
 		rdb := proc.Client(t)
-		mw, err := cfg.Middleware(rdb, worker.WithLogger(slog.New(slog.DiscardHandler)))
+		mw, err := worker.FromRules(cfg, rdb, worker.Options{Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -195,7 +198,7 @@ rules:
 			if err := json.Unmarshal(task.Payload(), &p); err != nil {
 				t.Error(err)
 			}
-			w, _ := worker.WaitedFrom(ctx)
+			w, _ := admission.WaitedFrom(ctx)
 			mu.Lock()
 			defer mu.Unlock()
 			starts[p.I] = start{at: time.Now(), wait: w}

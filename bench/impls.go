@@ -67,12 +67,12 @@ var unbatchedImpls = []impl{jtUnbatched(throttle.GCRA), jtUnbatched(throttle.Tok
 
 func jtUnbatched(a throttle.Algorithm) impl {
 	return impl{
-		Name:      "jobthrottle/" + a.String() + " (unbatched)",
-		Algorithm: a.String(),
+		Name:      "jobthrottle/" + string(a) + " (unbatched)",
+		Algorithm: string(a),
 		Redis:     true,
 		Driver:    true,
 		New: func(rdb redis.UniversalClient, r, burst int) (Waiter, error) {
-			l, err := throttle.New(rdb, throttle.Options{Prefix: "jt:" + a.String() + ":", NoBatching: true},
+			l, err := throttle.New(rdb, throttle.Options{Prefix: "jt:" + string(a) + ":", NoBatching: true},
 				throttle.Rule{Name: "r", Algorithm: a, Limit: throttle.PerSecond(r).WithBurst(burst)})
 			return jobthrottle{l}, err
 		},
@@ -104,8 +104,8 @@ func implByName(name string) (impl, error) {
 
 func jtImpl(a throttle.Algorithm) impl {
 	return impl{
-		Name:      "jobthrottle/" + a.String(),
-		Algorithm: a.String(),
+		Name:      "jobthrottle/" + string(a),
+		Algorithm: string(a),
 		Redis:     true,
 		Window:    a != throttle.TokenBucket && a != throttle.GCRA,
 		Driver:    true,
@@ -122,7 +122,7 @@ var _ Waiter = jobthrottle{}
 var _ Allower = jobthrottle{}
 
 func newJobthrottle(rdb redis.UniversalClient, a throttle.Algorithm, r, burst int) (jobthrottle, error) {
-	l, err := throttle.New(rdb, throttle.Options{Prefix: "jt:" + a.String() + ":"},
+	l, err := throttle.New(rdb, throttle.Options{Prefix: "jt:" + string(a) + ":"},
 		throttle.Rule{Name: "r", Algorithm: a, Limit: throttle.PerSecond(r).WithBurst(burst)})
 	return jobthrottle{l}, err
 }
@@ -141,7 +141,7 @@ type sendAnchored struct{ *throttle.Limiter }
 
 func (s sendAnchored) Wait(ctx context.Context, key string) error {
 	t0 := time.Now()
-	r, err := s.Reserve(ctx, key)
+	r, err := s.ReserveN(ctx, key, 1)
 	if err != nil {
 		return err
 	}

@@ -37,13 +37,13 @@ type asynqBed struct {
 
 // newAsynqBed starts an asynq server (concurrency 20) whose tasks of type
 // "e2e:*" go through the middleware rule mw builds on the bed's client.
-func newAsynqBed(t *testing.T, srv *redistest.Proc, rules func(rdb redis.UniversalClient) []worker.Rule) *asynqBed {
+func newAsynqBed(t *testing.T, srv *redistest.Proc, rules func(rdb redis.UniversalClient) []worker.TaskRule) *asynqBed {
 	t.Helper()
 	b := &asynqBed{t: t, srv: srv, seen: map[int]int{}, runs: map[int][]time.Time{}}
 	b.rdb = redis.NewClient(recommendedOptions(srv.Addr()))
 	t.Cleanup(func() { _ = b.rdb.Close() })
 	b.insp = asynq.NewInspectorFromRedisClient(b.rdb)
-	mw, err := worker.NewMiddleware(rules(b.rdb), worker.WithRequeue(b.rdb), worker.WithLogger(slogLogger(newLogRecorder())))
+	mw, err := worker.NewMiddleware(rules(b.rdb), worker.Options{Asynq: b.rdb, Logger: slogLogger(newLogRecorder())})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +150,7 @@ func TestAsynqThroughRedisOutage(t *testing.T) {
 	t.Parallel() // it mostly waits for asynq's recoverer (about 2.5 minutes)
 	srv := redistest.Server(t, redistest.Args("--appendonly", "yes", "--appendfsync", "always"))
 	const tasks, concurrency = 1000, 20
-	b := newAsynqBed(t, srv, func(rdb redis.UniversalClient) []worker.Rule {
+	b := newAsynqBed(t, srv, func(rdb redis.UniversalClient) []worker.TaskRule {
 		prefix := redistest.Prefix(t)
 		bucket, err := throttle.New(rdb, throttle.Options{Prefix: prefix},
 			throttle.Rule{Name: "bucket", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(50).WithBurst(5)})
@@ -162,7 +162,7 @@ func TestAsynqThroughRedisOutage(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return []worker.Rule{
+		return []worker.TaskRule{
 			{Name: "bucket", Tasks: []string{"e2e:bucket"}, Limiter: bucket, Subject: worker.PayloadField("tenant")},
 			{Name: "window", Tasks: []string{"e2e:window"}, Limiter: window, Subject: worker.Fixed("all")},
 		}
@@ -249,17 +249,17 @@ func TestAsynqThroughRedisOutage(t *testing.T) {
 // run, none blocked behind the bad ones.
 func TestMalformedPayloads(t *testing.T) {
 	srv := redistest.Server(t)
-	b := newAsynqBed(t, srv, func(rdb redis.UniversalClient) []worker.Rule {
+	b := newAsynqBed(t, srv, func(rdb redis.UniversalClient) []worker.TaskRule {
 		lim, err := throttle.New(rdb, throttle.Options{Prefix: redistest.Prefix(t)},
 			throttle.Rule{Name: "e2e", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(200).WithBurst(20)})
 		if err != nil {
 			t.Fatal(err)
 		}
-		return []worker.Rule{{Name: "e2e", Tasks: []string{"e2e:*"}, Limiter: lim, Subject: worker.PayloadField("tenant")}}
+		return []worker.TaskRule{{Name: "e2e", Tasks: []string{"e2e:*"}, Limiter: lim, Subject: worker.PayloadField("tenant")}}
 	})
 	bad := []string{
 		`not json`, `[1,2,3]`, `"a string"`, `{"n": 1}`, `{"tenant": null}`, `{"tenant": ""}`,
-		`{"tenant": {"a": 1}}`, `{"tenant": true}`, `{"tenant": "` + strings.Repeat("x", throttle.MaxSubjectLen+1) + `"}`, ``,
+		`{"tenant": {"a": 1}}`, `{"tenant": true}`, `{"tenant": "` + strings.Repeat("x", 1024+1) + `"}`, ``,
 	}
 	const good, badCount = 200, 50
 	b.enqueue(good+badCount, func(int) string { return "e2e:task" }, func(i int) string {

@@ -44,7 +44,7 @@ func TestFastBucketScriptAgreesWithDriver(t *testing.T) {
 			op := []string{"allow", "reserve"}[rng.IntN(2)]
 			n := rng.Int64N(burst + 2)
 			maxWait := []int64{-1, 0, rng.Int64N(3 * T * burst)}[rng.IntN(3)]
-			args := []any{op, n, maxWait, algo.String(), int64(1), T, burst, ""}
+			args := []any{op, n, maxWait, string(algo), int64(1), T, burst, ""}
 			if fastScript(scripts[algo], []string{kf}, args) != fastBucketScript {
 				if T*burst < fastBurstLimit {
 					t.Fatalf("fastScript(%v) did not choose the fast script", args)
@@ -78,7 +78,7 @@ func TestFastBucketScriptAgreesWithDriver(t *testing.T) {
 					t.Fatalf("%v: tickets name %s and %s", args, tf, tg)
 				}
 				if rng.IntN(4) == 0 {
-					refund := []any{[]string{"refund", "undo"}[rng.IntN(2)], n, int64(-1), algo.String(), int64(1), T, burst}
+					refund := []any{[]string{"refund", "undo"}[rng.IntN(2)], n, int64(-1), string(algo), int64(1), T, burst}
 					keysF := []string{kf, "pause-f", kf + "!cancelled"}
 					keysG := []string{kg, "pause-g", kg + "!cancelled"}
 					if err := scripts[algo].Run(ctx, rdb, keysF, append(refund, fast[6])...).Err(); err != nil {

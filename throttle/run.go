@@ -3,9 +3,61 @@ package throttle
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
 )
+
+// A runner makes a limiter's calls to Redis: every script call goes through
+// exec (or, batched, runPipelined), which loads scripts once, reloads them
+// when Redis lost them, and applies the hooks: a failure becomes a
+// *redisError reported to Options.OnRedisError, a success ends a fail-open
+// period.
+type runner struct {
+	rdb         redis.UniversalClient
+	opts        Options
+	cache       scriptCache
+	failingOpen atomic.Bool
+}
+
+// exec runs one call of script for operation o.
+func (r *runner) exec(ctx context.Context, o op, script *redis.Script, keys []string, args []any) (*redis.Cmd, error) {
+	cmd := r.run(ctx, script, keys, args...)
+	return cmd, r.result(o, cmd.Err())
+}
+
+// result applies the hooks to the outcome of a call for o. A failure is
+// reported to OnRedisError here unless o may fail open: failOpenOr
+// reports those, once it has decided.
+func (r *runner) result(o op, err error) error {
+	if err == nil {
+		r.redisOK()
+		return nil
+	}
+	if !o.failsOpen() && r.opts.OnRedisError != nil {
+		r.opts.OnRedisError(err, false)
+	}
+	return &redisError{op: o, err: err}
+}
+
+// redisFailed reports a Redis error and whether to admit anyway.
+func (r *runner) redisFailed(ctx context.Context, err error) bool {
+	open := r.opts.FailOpen && ctx.Err() == nil
+	if open && !r.failingOpen.Swap(true) {
+		r.opts.Logger.Warn("throttle: Redis unreachable, admitting requests (fail open)", "prefix", r.opts.Prefix, "error", err)
+	}
+	if r.opts.OnRedisError != nil {
+		r.opts.OnRedisError(err, open)
+	}
+	return open
+}
+
+// redisOK notes that Redis answered, ending a fail-open period.
+func (r *runner) redisOK() {
+	if r.failingOpen.Load() && r.failingOpen.Swap(false) {
+		r.opts.Logger.Info("throttle: Redis answers again, limits apply", "prefix", r.opts.Prefix)
+	}
+}
 
 // scriptCache remembers which scripts the limiter's Redis already holds, so
 // that every decision is one EVALSHA. go-redis's Script.Run falls back to
@@ -23,7 +75,7 @@ type scriptCache struct {
 // not, and again if Redis has lost it. A call that the fast bucket script
 // can decide goes to it instead (fastScript, scripts.go), and to script
 // only if it hands the call back.
-func (l *Limiter) run(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
+func (l *runner) run(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
 	if fast := fastScript(script, keys, args); fast != nil {
 		if cmd := l.runScript(ctx, fast, keys, args...); !handedBack(cmd) {
 			return cmd
@@ -34,7 +86,7 @@ func (l *Limiter) run(ctx context.Context, script *redis.Script, keys []string, 
 
 // runScript runs script with one EVALSHA, loading it first if this limiter
 // has not, and again if Redis has lost it.
-func (l *Limiter) runScript(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
+func (l *runner) runScript(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
 	l.ensureLoaded(ctx, script)
 	cmd := script.EvalSha(ctx, l.rdb, keys, args...)
 	if lostScript(cmd) {
@@ -45,7 +97,7 @@ func (l *Limiter) runScript(ctx context.Context, script *redis.Script, keys []st
 }
 
 // ensureLoaded loads script unless this limiter already has.
-func (l *Limiter) ensureLoaded(ctx context.Context, script *redis.Script) {
+func (l *runner) ensureLoaded(ctx context.Context, script *redis.Script) {
 	if _, ok := l.cache.loaded.Load(script); !ok {
 		l.load(ctx, script)
 	}
@@ -53,7 +105,7 @@ func (l *Limiter) ensureLoaded(ctx context.Context, script *redis.Script) {
 
 // reload loads script again after Redis lost it (a restart, SCRIPT FLUSH,
 // a failover).
-func (l *Limiter) reload(ctx context.Context, script *redis.Script) {
+func (l *runner) reload(ctx context.Context, script *redis.Script) {
 	l.cache.loaded.Delete(script)
 	l.load(ctx, script)
 }
@@ -67,7 +119,7 @@ func lostScript(cmd *redis.Cmd) bool {
 
 // load sends SCRIPT LOAD unless another goroutine just did. A failure is
 // left to the call that follows, which reports it.
-func (l *Limiter) load(ctx context.Context, script *redis.Script) {
+func (l *runner) load(ctx context.Context, script *redis.Script) {
 	l.cache.mu.Lock()
 	defer l.cache.mu.Unlock()
 	if _, ok := l.cache.loaded.Load(script); ok {
@@ -78,19 +130,18 @@ func (l *Limiter) load(ctx context.Context, script *redis.Script) {
 	}
 }
 
-// runPipelined runs the limiter's script once per call, all in one
-// go-redis pipeline, loading it first as run does, each call going to the
-// fast bucket script where run would send it. Calls that meet NOSCRIPT
-// (they did not run) are sent again after a reload, and calls the fast
-// script hands back are sent again to the limiter's script, in at most two
-// more pipelines. It returns the commands in the order of calls; a
-// pipeline error is each command's error.
-func (l *Limiter) runPipelined(ctx context.Context, calls []*batchedCall) []*redis.Cmd {
+// runPipelined runs script once per call, all in one go-redis pipeline,
+// loading it first as run does, each call going to the fast bucket script
+// where run would send it. Calls that meet NOSCRIPT (they did not run) are
+// sent again after a reload, and calls the fast script hands back are sent
+// again to script, in at most two more pipelines. It returns the commands
+// in the order of calls; a pipeline error is each command's error.
+func (l *runner) runPipelined(ctx context.Context, script *redis.Script, calls []*batchedCall) []*redis.Cmd {
 	uses := make([]*redis.Script, len(calls))
 	todo := make([]int, len(calls))
 	for i, c := range calls {
-		uses[i], todo[i] = l.script, i
-		if fast := fastScript(l.script, c.keys, c.args); fast != nil {
+		uses[i], todo[i] = script, i
+		if fast := fastScript(script, c.keys, c.args); fast != nil {
 			uses[i] = fast
 		}
 	}
@@ -112,7 +163,7 @@ func (l *Limiter) runPipelined(ctx context.Context, calls []*batchedCall) []*red
 				}
 				again = append(again, i)
 			case handedBack(cmd):
-				uses[i] = l.script
+				uses[i] = script
 				again = append(again, i)
 			}
 		}
@@ -123,7 +174,7 @@ func (l *Limiter) runPipelined(ctx context.Context, calls []*batchedCall) []*red
 
 // pipeline sends one EVALSHA per call of todo, calls[i] to uses[i], in one
 // go-redis pipeline, and returns the commands in the order of todo.
-func (l *Limiter) pipeline(ctx context.Context, calls []*batchedCall, uses []*redis.Script, todo []int) []*redis.Cmd {
+func (l *runner) pipeline(ctx context.Context, calls []*batchedCall, uses []*redis.Script, todo []int) []*redis.Cmd {
 	cmds := make([]*redis.Cmd, len(todo))
 	_, _ = l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for j, i := range todo {

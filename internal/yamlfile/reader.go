@@ -1,14 +1,21 @@
 // Package yamlfile reads YAML files node by node so that every error names
-// the file, the line and the field. The rules-file parser (worker) and the
-// schedules-file parser (enqueue) share it, each building its own error
-// type in Reader.Fail:
+// the file, the line and the field. The rules file's parsers (package
+// rules, and package handler for its handlers section) and the schedules
+// file's (package enqueue) share it, each building a *rules.Error in
+// Reader.Fail:
 //
 //	r := &yamlfile.Reader{Fail: func(line int, field, reason string) error {
-//		return &ConfigError{File: name, Line: line, Field: field, Reason: reason}
+//		return &rules.Error{File: name, Line: line, Field: field, Reason: reason}
 //	}}
 //	root, err := r.Root(data, "rules", "the file is empty")
 //	fields, err := r.Mapping(root, "", "the file", []string{"prefix", "rules"})
-//	prefix, err := r.Str(fields["prefix"], "prefix")
+//	prefix, err := r.Prefix(fields["prefix"], "prefix", throttle.DefaultPrefix)
+//
+// It also reads the fields those files share (fields.go): names, the key
+// prefix, a subject.
+//
+// Imports: the YAML parser and throttle (subjects); it must not import
+// rules, worker, enqueue or handler.
 package yamlfile
 
 import (
@@ -149,6 +156,20 @@ func (r *Reader) Int(n *yaml.Node, field string, lo, hi int64) (int, error) {
 	var v int64
 	if err := n.Decode(&v); err != nil || v < lo || v > hi {
 		return 0, r.Failf(n, field, "%q must be a whole number from %d to %d", n.Value, lo, hi)
+	}
+	return int(v), nil
+}
+
+// AtLeast reads a whole number of at least lo; the upper bound is left to
+// whoever checks the value next (throttle.Rule.Validate, say), so that one
+// package states it.
+func (r *Reader) AtLeast(n *yaml.Node, field string, lo int64) (int, error) {
+	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" {
+		return 0, r.Failf(n, field, "%s must be a whole number, at least %d", Describe(n), lo)
+	}
+	var v int64
+	if err := n.Decode(&v); err != nil || v < lo {
+		return 0, r.Failf(n, field, "%q must be a whole number, at least %d", n.Value, lo)
 	}
 	return int(v), nil
 }
