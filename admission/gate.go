@@ -148,6 +148,14 @@ type Request struct {
 	// BookAs, if not empty, is the ID the job will come back under, if not
 	// ID (a task requeued as a copy): a new turn is booked under it.
 	BookAs string
+	// Waiter is the job under the limiter's Concurrency rule, if it has
+	// one (throttle.AdmitRequest.Waiter): what the limiter's OnHandoff is
+	// given to wake the job when a place is handed to it. If empty, ID.
+	// A job that runs holds a place until it ends (Decision.Lease).
+	Waiter string
+	// WaitAs, if not empty, is the Waiter the job comes back as, if not
+	// Waiter (a task requeued as a copy): it takes over Waiter's place.
+	WaitAs string
 }
 
 // Outcome is what a job does after Admit.
@@ -190,6 +198,12 @@ type Decision struct {
 	Slot time.Time
 	// Waited is how long Admit kept the job.
 	Waited time.Duration
+	// Lease is throttle.Admission.Lease: for Run, non-zero when the job
+	// holds a place of the limiter's Concurrency rule, which the caller
+	// gives back with Limiter().Release when the job ends, succeeded or
+	// not; for Park, non-zero when the job is queued for such a place (Rule
+	// names the rule). It is that rule's lease.
+	Lease time.Duration
 }
 
 // Admit decides for req: run (now, after waiting in one of the subject's
@@ -234,23 +248,26 @@ func (g *Gate) Admit(ctx context.Context, req Request) (Decision, error) {
 		early = min(early, left)
 	}
 	a, err := g.lim.Admit(ctx, throttle.AdmitRequest{
-		Subject: req.Subject, N: cost, ID: req.ID, Receipt: req.Receipt, BookAs: req.BookAs,
+		Subject: req.Subject, N: cost, ID: req.ID, Receipt: req.Receipt, BookAs: req.BookAs, Waiter: req.Waiter, WaitAs: req.WaitAs,
 		Wait: wait, EarlyWait: max(early, time.Microsecond), Tolerance: g.opts.Tolerance,
 	})
 	if err != nil {
 		return Decision{}, err
 	}
-	d := Decision{Turn: a.Status, Rule: a.Rule, At: a.At, Slot: a.Slot}
+	d := Decision{Turn: a.Status, Rule: a.Rule, At: a.At, Slot: a.Slot, Lease: a.Lease}
 	switch a.Status {
 	case throttle.Booked, throttle.Held:
 		d.Outcome = Park
 	case throttle.Granted, throttle.Redeemed:
 		if err := sleepUntil(ctx, a.At); err != nil {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
 			if a.Reservation != nil {
-				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
 				_ = a.Reservation.Cancel(rctx)
-				cancel()
 			}
+			if a.Lease > 0 {
+				_ = g.lim.Release(rctx, req.Subject)
+			}
+			cancel()
 			return Decision{}, err
 		}
 		d.Outcome, d.At = Run, time.Now()

@@ -72,6 +72,15 @@ func (w *Wakeups) Add(ctx context.Context, member string, slot time.Time) error 
 	return nil
 }
 
+// AddIfAbsent schedules member to be woken at slot, unless it is in the
+// ledger already: then it stays where it is.
+func (w *Wakeups) AddIfAbsent(ctx context.Context, member string, slot time.Time) error {
+	if err := wakeAddScript.Run(ctx, w.rdb, []string{w.key}, member, slot.UnixMicro(), ledgerKeepMs, "NX").Err(); err != nil {
+		return fmt.Errorf("admission: wakeups: add: %w", err)
+	}
+	return nil
+}
+
 // Remove forgets member, if it is in the ledger.
 func (w *Wakeups) Remove(ctx context.Context, member string) error {
 	if err := w.rdb.ZRem(ctx, w.key, member).Err(); err != nil {

@@ -219,7 +219,7 @@ func (l *learner) knowConfigured(ctx context.Context, lim *throttle.Limiter, sub
 		return
 	}
 	res, err := lim.AllowN(ctx, subject, 0)
-	if err != nil || res.Limit.Count < 1 {
+	if err != nil || res.Limit.Count < 1 { // a concurrency limiter refuses AllowN: it sets no rate
 		return
 	}
 	l.mu.Lock()

@@ -120,13 +120,22 @@ var _ http.RoundTripper = (*Transport)(nil)
 
 // NewTransport returns a Transport that waits on lim before each request.
 // It returns an error if lim is nil or MaxPause is negative or above
-// MaxPause.
+// MaxPause, and a *throttle.ConfigError if lim has a concurrency rule and
+// NoWait is not set.
 func New(lim *throttle.Limiter, opts Options) (*Transport, error) {
 	if lim == nil {
 		return nil, errors.New("httpthrottle: New: nil Limiter")
 	}
 	if opts.MaxLearnedWait < 0 {
 		return nil, &throttle.ConfigError{Field: "max_learned_wait", Reason: "must not be negative"}
+	}
+	if !opts.NoWait {
+		// AllowAtMost refuses a limiter with a concurrency rule first, with
+		// a *throttle.ConfigError on its algorithm, before any Redis call.
+		var ce *throttle.ConfigError
+		if _, _, err := lim.AllowAtMost(context.Background(), "", 0); errors.As(err, &ce) && ce.Field == "algorithm" {
+			return nil, &throttle.ConfigError{Rule: ce.Rule, Field: "algorithm", Reason: "a concurrency rule's places are held until Release, which a Transport does not call; wait and release around the call yourself, and use NoWait"}
+		}
 	}
 	if opts.MaxPause < 0 || opts.MaxPause > MaxPause {
 		return nil, &throttle.ConfigError{Field: "max_pause", Reason: "must be between 0 (the default, " + DefaultMaxPause.String() + ") and " + MaxPause.String()}

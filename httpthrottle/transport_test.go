@@ -360,3 +360,31 @@ func TestTransportSubjectAndErrors(t *testing.T) {
 		}
 	})
 }
+
+// TestTransportRefusesConcurrency: a Transport would take a concurrency
+// rule's places and never release them, so New refuses such a limiter
+// unless NoWait (the caller waits and releases), without asking Redis.
+func TestTransportRefusesConcurrency(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
+	defer rdb.Close()
+	lim, err := throttle.New(rdb, throttle.Options{},
+		throttle.Rule{Name: "rate", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(10)},
+		throttle.Rule{Name: "running", Algorithm: throttle.Concurrency, Limit: throttle.Limit{Count: 2, Period: time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ce *throttle.ConfigError
+	if _, err := New(lim, Options{}); !errors.As(err, &ce) || ce.Rule != "running" || ce.Field != "algorithm" {
+		t.Errorf("New without NoWait: %v, want a *throttle.ConfigError on rule running's algorithm", err)
+	}
+	if _, err := New(lim, Options{NoWait: true}); err != nil {
+		t.Errorf("New with NoWait: %v", err)
+	}
+	rate, err := throttle.New(rdb, throttle.Options{}, throttle.Rule{Name: "rate", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(10)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(rate, Options{}); err != nil {
+		t.Errorf("New on a rate limiter: %v", err)
+	}
+}

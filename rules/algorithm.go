@@ -20,8 +20,8 @@ func ParseAlgorithm(s string) (throttle.Algorithm, error) {
 		return throttle.SlidingWindow, nil
 	}
 	switch a := throttle.Algorithm(norm); a {
-	case throttle.FixedWindow, throttle.SlidingLog, throttle.SlidingWindow, throttle.TokenBucket, throttle.GCRA:
+	case throttle.FixedWindow, throttle.SlidingLog, throttle.SlidingWindow, throttle.TokenBucket, throttle.GCRA, throttle.Concurrency:
 		return a, nil
 	}
-	return "", fmt.Errorf("unknown algorithm %q: use fixed_window, sliding_log, sliding_window, token_bucket or gcra (leaky_bucket)", s)
+	return "", fmt.Errorf("unknown algorithm %q: use fixed_window, sliding_log, sliding_window, token_bucket, gcra (leaky_bucket) or concurrency", s)
 }

@@ -11,7 +11,7 @@ func TestParseAlgorithm(t *testing.T) {
 	for in, want := range map[string]throttle.Algorithm{
 		"fixed_window": throttle.FixedWindow, "sliding_log": throttle.SlidingLog, "sliding_window": throttle.SlidingWindow,
 		"token_bucket": throttle.TokenBucket, "gcra": throttle.GCRA, "Leaky-Bucket": throttle.GCRA, " GCRA ": throttle.GCRA,
-		"sliding-window-counter": throttle.SlidingWindow,
+		"sliding-window-counter": throttle.SlidingWindow, "concurrency": throttle.Concurrency,
 	} {
 		if got, err := ParseAlgorithm(in); err != nil || got != want {
 			t.Errorf("ParseAlgorithm(%q) = %q, %v; want %q", in, got, err, want)

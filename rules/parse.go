@@ -4,6 +4,7 @@ import (
 	"errors"
 	"go.yaml.in/yaml/v3"
 	"math"
+	"slices"
 	"strconv"
 	"time"
 
@@ -19,11 +20,11 @@ const maxWaitSlots = 10000
 // The fields each mapping of a rules file may have.
 var (
 	fileFields  = []string{"prefix", "fail_open", "budgets", "rules", handlersField}
-	ruleFields  = []string{"name", "tasks", "subject", "algorithm", "limit", "period", "burst", "precision", "max_wait", "wait_slots", "cost", "budget", "limits"}
-	limitFields = []string{"name", "algorithm", "limit", "period", "burst", "precision", "budget"}
+	ruleFields  = []string{"name", "tasks", "subject", "algorithm", "limit", "period", "burst", "precision", "lease", "max_wait", "wait_slots", "cost", "budget", "limits"}
+	limitFields = []string{"name", "algorithm", "limit", "period", "burst", "precision", "lease", "budget"}
 	// limitOnly are the rule fields that describe a single limit, which a
 	// policy (limits) puts in each of its limits instead.
-	limitOnly  = []string{"algorithm", "limit", "period", "burst", "precision"}
+	limitOnly  = []string{"algorithm", "limit", "period", "burst", "precision", "lease"}
 	costFields = []string{"payload_field"}
 )
 
@@ -196,8 +197,13 @@ func (p *parser) ruleConfig(n *yaml.Node, i int, names map[string]int, owner map
 		}
 		r.Limits = append(r.Limits, l)
 	}
+	if conc := slices.IndexFunc(r.Limits, isConcurrency); conc >= 0 && slices.ContainsFunc(r.Limits[conc+1:], isConcurrency) {
+		return r, p.Failf(limits, "limits", "a policy has at most one concurrency limit")
+	}
 	return r, p.checkCost(costNode, r)
 }
+
+func isConcurrency(r throttle.Rule) bool { return r.Algorithm == throttle.Concurrency }
 
 func (p *parser) tasks(rule, n *yaml.Node, owner map[string]string) ([]string, error) {
 	if n == nil {
@@ -307,10 +313,44 @@ func (p *parser) cost(n *yaml.Node) (CostConfig, error) {
 	return c, nil
 }
 
+// DefaultLease is the lease of a concurrency rule whose lease is not set:
+// how long a place is kept for a worker that stopped renewing it (killed),
+// and so how long such a place stays taken.
+const DefaultLease = 30 * time.Second
+
+// concurrency reads a concurrency limit: limit places, each leased for
+// lease (DefaultLease if unset); period, burst and precision do not apply.
+func (p *parser) concurrency(n *yaml.Node, fields map[string]*yaml.Node, path string, r throttle.Rule) (throttle.Rule, error) {
+	f := func(field string) string { return yamlfile.Join(path, field) }
+	for _, field := range []string{"period", "burst", "precision"} {
+		if v := fields[field]; v != nil {
+			return r, p.Failf(v, f(field), "does not apply to concurrency, which limits tasks running at once; give limit and lease")
+		}
+	}
+	ln := fields["limit"]
+	if ln == nil {
+		return r, p.Failf(n, f("limit"), "missing; how many tasks may run at once, such as 5")
+	}
+	var err error
+	if r.Limit.Count, err = p.AtLeast(ln, f("limit"), 1); err != nil {
+		return r, err
+	}
+	r.Limit.Period, r.Limit.Burst = DefaultLease, r.Limit.Count
+	if le := fields["lease"]; le != nil {
+		if r.Limit.Period, err = p.duration(le, f("lease"), 100*time.Millisecond, maxDuration); err != nil {
+			return r, err
+		}
+	}
+	return p.validate(n, fields, path, r)
+}
+
 // checkCost refuses a fixed cost that a limit of r can never admit at
 // once (its burst, or a window's limit).
 func (p *parser) checkCost(n *yaml.Node, r RuleConfig) error {
 	for _, l := range r.Limits {
+		if l.Algorithm == throttle.Concurrency {
+			continue // a task takes one place, whatever its cost
+		}
 		capacity := l.Limit.Count
 		if l.Algorithm == throttle.TokenBucket || l.Algorithm == throttle.GCRA {
 			capacity = l.Limit.Burst
@@ -335,7 +375,7 @@ func (p *parser) limit(n *yaml.Node, fields map[string]*yaml.Node, path, name st
 		return nil, p.Failf(n, f(field), "missing; %s", help)
 	}
 
-	an, err := need("algorithm", "one of fixed_window, sliding_log, sliding_window, token_bucket, gcra")
+	an, err := need("algorithm", "one of fixed_window, sliding_log, sliding_window, token_bucket, gcra, concurrency")
 	if err != nil {
 		return r, err
 	}
@@ -344,7 +384,13 @@ func (p *parser) limit(n *yaml.Node, fields map[string]*yaml.Node, path, name st
 		return r, err
 	}
 	if r.Algorithm, err = ParseAlgorithm(as); err != nil {
-		return r, p.Failf(an, f("algorithm"), "%q is not one of fixed_window, sliding_log, sliding_window, token_bucket, gcra (or leaky_bucket)", as)
+		return r, p.Failf(an, f("algorithm"), "%q is not one of fixed_window, sliding_log, sliding_window, token_bucket, gcra (or leaky_bucket), concurrency", as)
+	}
+	if r.Algorithm == throttle.Concurrency {
+		return p.concurrency(n, fields, path, r)
+	}
+	if ln := fields["lease"]; ln != nil {
+		return r, p.Failf(ln, f("lease"), "applies only to concurrency")
 	}
 
 	// Upper bounds are throttle's: r.Validate below reports them.
@@ -384,15 +430,25 @@ func (p *parser) limit(n *yaml.Node, fields map[string]*yaml.Node, path, name st
 			return r, p.Failf(pr, f("precision"), "%q must not exceed the period %v", pr.Value, r.Limit.Period)
 		}
 	}
+	return p.validate(n, fields, path, r)
+}
+
+// validate reports what the checks of limit and concurrency leave to
+// throttle (upper bounds, bucket horizons, bucket counts) at the field
+// throttle names: count is the file's limit, and a concurrency rule's
+// period its lease.
+func (p *parser) validate(n *yaml.Node, fields map[string]*yaml.Node, path string, r throttle.Rule) (throttle.Rule, error) {
+	f := func(field string) string { return yamlfile.Join(path, field) }
 	if err := r.Validate(); err != nil {
-		// What the checks above leave to throttle: bucket horizons,
-		// bucket counts.
 		var ce *throttle.ConfigError
 		field, line := "", n
 		if errors.As(err, &ce) {
 			field = ce.Field
-			if field == "count" {
+			switch {
+			case field == "count":
 				field = "limit"
+			case field == "period" && r.Algorithm == throttle.Concurrency:
+				field = "lease"
 			}
 			if v := fields[field]; v != nil {
 				line = v

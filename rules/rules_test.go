@@ -153,8 +153,8 @@ func TestParseErrors(t *testing.T) {
 		{"fail_open word", "fail_open: maybe\n" + rule, `rules.yaml:1: fail_open: "maybe" must be true or false`},
 
 		// A rule's own fields.
-		{"rule not a mapping", "rules: [stripe]\n", `rules.yaml:1: rule #1: a rule must be a mapping with the fields name, tasks, subject, algorithm, limit, period, burst, precision, max_wait, wait_slots, cost, budget, limits`},
-		{"unknown rule field", edit("    period: 1s\n", "    perod: 1s\n"), `rules.yaml:7: rule #1: unknown field "perod" in a rule; allowed: name, tasks, subject, algorithm, limit, period, burst, precision, max_wait, wait_slots, cost, budget, limits`},
+		{"rule not a mapping", "rules: [stripe]\n", `rules.yaml:1: rule #1: a rule must be a mapping with the fields name, tasks, subject, algorithm, limit, period, burst, precision, lease, max_wait, wait_slots, cost, budget, limits`},
+		{"unknown rule field", edit("    period: 1s\n", "    perod: 1s\n"), `rules.yaml:7: rule #1: unknown field "perod" in a rule; allowed: name, tasks, subject, algorithm, limit, period, burst, precision, lease, max_wait, wait_slots, cost, budget, limits`},
 		{"repeated rule field", edit("    limit: 20\n", "    limit: 20\n    limit: 30\n"), `rules.yaml:7: rule #1: limit: repeats the field set on line 6; give it once`},
 		{"no name", edit("  - name: stripe\n    tasks", "  - tasks"), `rules.yaml:2: rule #1: name: missing; give the rule a name (letters, digits, '-' and '_' only, at most 64)`},
 		{"bad name", edit("name: stripe", "name: stripe.v2"), `rules.yaml:2: rule #1: name: "stripe.v2": use letters, digits, '-' and '_' only, at most 64`},
@@ -224,6 +224,10 @@ func TestParseErrors(t *testing.T) {
 		{"limit duplicate name", policy("      - {name: a, algorithm: gcra, limit: 1, period: 1s}\n      - {name: a, algorithm: gcra, limit: 2, period: 1s}\n"), `rules.yaml:7: rule "p": limits[2].name: "a" is also the name of the limit on line 6; names must be unique within a rule`},
 		{"limit bad period", policy("      - {name: a, algorithm: gcra, limit: 1, period: 1s}\n      - name: b\n        algorithm: fixed_window\n        limit: 5\n        period: 0s\n"), `rules.yaml:10: rule "p": limits[2].period: "0s" must be at least 1µs`},
 		{"limit missing limit", policy("      - {name: a, algorithm: gcra, period: 1s}\n"), `rules.yaml:6: rule "p": limits[1].limit: missing; how many tasks per period, such as 20`},
+		{"concurrency period", policy("      - {name: a, algorithm: concurrency, limit: 3, period: 1s}\n"), `rules.yaml:6: rule "p": limits[1].period: does not apply to concurrency, which limits tasks running at once; give limit and lease`},
+		{"concurrency short lease", policy("      - {name: a, algorithm: concurrency, limit: 3, lease: 10ms}\n"), `rules.yaml:6: rule "p": limits[1].lease: "10ms" must be at least 100ms`},
+		{"concurrency twice", policy("      - {name: a, algorithm: concurrency, limit: 3}\n      - {name: b, algorithm: concurrency, limit: 5}\n"), `rules.yaml:6: rule "p": limits: a policy has at most one concurrency limit`},
+		{"lease on a rate", policy("      - {name: a, algorithm: gcra, limit: 3, period: 1s, lease: 1s}\n"), `rules.yaml:6: rule "p": limits[1].lease: applies only to concurrency`},
 		{"limit burst on window", policy("      - {name: a, algorithm: sliding_log, limit: 3, period: 1s, burst: 2}\n"), `rules.yaml:6: rule "p": limits[1].burst: applies only to token_bucket and gcra; sliding_log admits limit per period`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -239,6 +243,40 @@ func TestParseErrors(t *testing.T) {
 				t.Errorf("got  %s\nwant %s", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestConcurrencyConfig: a concurrency limit is limit places under a lease
+// (30s by default), alone or beside rate limits in a policy.
+func TestConcurrencyConfig(t *testing.T) {
+	c, err := Parse("rules.yaml", []byte(`rules:
+  - name: exports
+    tasks: ["export:*"]
+    subject: {fixed: all}
+    algorithm: concurrency
+    limit: 3
+  - name: partner
+    tasks: ["partner:*"]
+    subject: {payload_field: account_id}
+    cost: 50
+    limits:
+      - {name: rate, algorithm: gcra, limit: 100, period: 1s}
+      - {name: running, algorithm: concurrency, limit: 5, lease: 10s}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []throttle.Rule{
+		{Name: "exports", Algorithm: throttle.Concurrency, Limit: throttle.Limit{Count: 3, Period: DefaultLease, Burst: 3}},
+		{Name: "partner.running", Algorithm: throttle.Concurrency, Limit: throttle.Limit{Count: 5, Period: 10 * time.Second, Burst: 5}},
+	}
+	if got := []throttle.Rule{c.Rules[0].Limits[0], c.Rules[1].Limits[1]}; !reflect.DeepEqual(got, want) {
+		t.Errorf("got  %+v\nwant %+v", got, want)
+	}
+	for _, r := range c.Rules {
+		if _, err := c.Limiter(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), r.Name, throttle.Options{}); err != nil {
+			t.Errorf("Limiter(%s): %v", r.Name, err)
+		}
 	}
 }
 

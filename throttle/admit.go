@@ -1,7 +1,9 @@
 package throttle
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -17,8 +19,13 @@ import (
 type AdmitRequest struct {
 	// Subject is what is limited, as for Allow. Required.
 	Subject string
-	// N is the number of permits (at least 1; an error matching ErrExceedsCapacity if more
-	// than a rule can ever admit).
+	// N is the number of permits (at least 1; an error matching
+	// ErrExceedsCapacity if more than a rule can ever admit). With a
+	// Concurrency rule, N = 0 takes nothing and only brings the places up
+	// to date: the places of expired leases are handed to their waiters
+	// (Options.OnHandoff); the answer is Booked, At the earliest lease's
+	// expiry, while some wait (look again then: that is how a fleet whose
+	// holders all died goes on), else Denied.
 	N int
 	// ID identifies the caller across arrivals (a task ID): a slot too
 	// late for Wait is booked under it, and redeemed when the caller
@@ -43,13 +50,23 @@ type AdmitRequest struct {
 	// Horizon bounds how far ahead a new booking may be: a later slot is
 	// Denied and charges nothing. If zero, there is no bound.
 	Horizon time.Duration
+	// Waiter identifies the caller under the limiter's Concurrency rule,
+	// as the holder of a place or in the queue for one, across its
+	// arrivals: Options.OnHandoff receives it when a freed place is handed
+	// to the caller while it is parked. If empty, ID; one of them is
+	// required with a Concurrency rule.
+	Waiter string
+	// WaitAs, if not empty, is the Waiter the caller comes back as, if not
+	// Waiter (a task requeued as a copy): it takes over Waiter's place in
+	// the queue, or the place it holds.
+	WaitAs string
 	// Tolerance is how late a caller may come back for its booking or
 	// receipt: one that comes later takes a new turn, and its old slot
 	// (long past) is not redeemed, so a fleet that was down does not run
 	// its overdue work in one burst. (A booking whose slot falls inside a
 	// pause, PauseFor, is not redeemed either.) If zero, the interval of
-	// the limiter's tightest rule (Period / Count), at least 1ms and at
-	// most 1s; negative is an error.
+	// the limiter's tightest rate rule (Period / Count), at least 1ms and
+	// at most 1s; negative is an error.
 	Tolerance time.Duration
 }
 
@@ -64,7 +81,10 @@ const (
 	// will not act, Admission.Reservation.Cancel refunds it.
 	Granted AdmitStatus = "granted"
 	// Booked: a new turn later than Wait, booked under the request's ID
-	// for Admission.At. Leave, and come back then.
+	// for Admission.At. Leave, and come back then. With a Concurrency
+	// rule (Admission.Rule names it) whose places are all taken: the
+	// caller is in the queue for one; leave, and come back when
+	// Options.OnHandoff names it, or at Admission.At at the latest.
 	Booked AdmitStatus = "booked"
 	// Redeemed: the caller's booking or receipt is due within Wait, and is
 	// used up. Act at Admission.At.
@@ -91,6 +111,12 @@ type Admission struct {
 	// Reservation holds a Granted turn's permits, to Cancel if the
 	// caller will not act; nil otherwise.
 	Reservation *Reservation
+	// Lease is the lease of the limiter's Concurrency rule when the answer
+	// is about a place under it: Granted or Redeemed (the caller holds a
+	// place until Release) or Booked by that rule (the caller is queued
+	// for a place, and Rule names the rule). Zero otherwise, and always
+	// for a limiter without a Concurrency rule.
+	Lease time.Duration
 }
 
 // Reply statuses of the driver's admit operation (lua/driver.lua).
@@ -100,6 +126,7 @@ const (
 	admitBooked   = 2
 	admitRedeemed = 3
 	admitHeld     = 4
+	admitQueued   = 5 // waiting for a place of the Concurrency rule
 )
 
 // Admit decides for a caller that can come back later; see AdmitRequest
@@ -117,8 +144,8 @@ func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error
 	if l.parts != nil {
 		return l.admitParts(ctx, req)
 	}
-	if len(req.ID) > maxReceiptLen || len(req.Receipt) > maxReceiptLen || len(req.BookAs) > maxReceiptLen {
-		return Admission{}, fmt.Errorf("throttle: admit: an ID or receipt is at most %d bytes; hash longer ones", maxReceiptLen)
+	if len(req.ID) > maxReceiptLen || len(req.Receipt) > maxReceiptLen || len(req.BookAs) > maxReceiptLen || len(req.Waiter) > maxReceiptLen || len(req.WaitAs) > maxReceiptLen {
+		return Admission{}, fmt.Errorf("throttle: admit: an ID, receipt or waiter is at most %d bytes; hash longer ones", maxReceiptLen)
 	}
 	if req.Horizon < 0 || req.Horizon > maxPeriod {
 		return Admission{}, fmt.Errorf("throttle: admit: horizon %v: must be between 0 (no bound) and %v", req.Horizon, maxPeriod)
@@ -143,13 +170,21 @@ func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error
 	if req.EarlyWait > 0 {
 		early = req.EarlyWait.Microseconds()
 	}
-	args = append(args, booking, max(req.Tolerance.Microseconds(), 1), horizon, early)
+	waiter, waitAs := "", "" // the caller under the Concurrency rule, if any
+	if l.leases != nil {
+		if waiter = cmp.Or(req.Waiter, req.ID); waiter == "" {
+			return Admission{}, errors.New("throttle: admit: a limiter with a concurrency rule needs an ID or a Waiter")
+		}
+		waitAs = cmp.Or(req.WaitAs, waiter)
+	}
+	args = append(args, booking, max(req.Tolerance.Microseconds(), 1), horizon, early, waiter, waitAs)
 	for _, id := range [...]string{req.ID, req.Receipt} {
 		if id != "" {
 			args = append(args, l.member(id))
 		}
 	}
 	rep, recv, err := l.call(ctx, opAdmit, keys, args)
+	woken := l.leases.woken(rep.raw, len(l.rules))
 	if re, ok := err.(*redisError); ok {
 		r, err := l.failOpenOr(ctx, opAdmit, req.Subject, req.N, re.err)
 		if err != nil {
@@ -178,8 +213,20 @@ func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error
 		a.Status = Redeemed
 	case admitHeld:
 		a.Status = Held
+	case admitQueued:
+		a.Status, a.Rule = Booked, res.Rule
 	default:
 		return Admission{}, badReply(rep.raw)
+	}
+	if l.leases != nil {
+		if req.N > 0 && (a.Status == Granted || a.Status == Redeemed) {
+			l.leases.hold(req.Subject, waitAs)
+			a.Lease = l.leases.lease
+		}
+		if rep.status == admitQueued {
+			a.Lease = l.leases.lease
+		}
+		l.leases.deliver(woken)
 	}
 	return a, nil
 }

@@ -8,7 +8,7 @@ import (
 )
 
 // algorithm is everything that differs from one algorithm to another. Each
-// is registered by its own file (fixedwindow.go, slidinglog.go,
+// is registered by its own file (concurrency.go, fixedwindow.go, slidinglog.go,
 // slidingwindow.go, tokenbucket.go, gcra.go), beside its Lua file; the rest
 // of the package looks them up, so a new algorithm is a constant, one Go
 // file and its Lua files.
@@ -21,6 +21,9 @@ type algorithm struct {
 	// and count and period reach the script in lowest terms (bucket.lua's
 	// exact arithmetic). Otherwise the limit admits Count at most at once.
 	bucket bool
+	// holders: the rule counts holders of a place (Concurrency), not
+	// permits; a request's n does not charge it.
+	holders bool
 	// validate checks what only this algorithm requires of a rule, after
 	// the checks every limit has (nil: nothing more).
 	validate func(Rule) error
@@ -66,7 +69,7 @@ func algorithmNames() []string {
 }
 
 // algorithmList names every algorithm for messages: "fixed_window,
-// sliding_log, …, token_bucket or gcra".
+// sliding_log, …, gcra or concurrency".
 func algorithmList() string {
 	names := algorithmNames()
 	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]

@@ -2,10 +2,11 @@
 // by every process that uses the same keys.
 //
 // A Limiter applies one or more rules to a subject (a tenant, an API key, a
-// host). Each rule uses one of five algorithms, each an atomic Lua script
-// that reads the Redis clock, so machines whose clocks disagree still share
-// one limit: FixedWindow, SlidingLog, SlidingWindow (counter), TokenBucket
-// and GCRA (the leaky bucket). All rules of a Limiter over one subject are
+// host). Each rule uses one of five rate algorithms, each an atomic Lua
+// script that reads the Redis clock, so machines whose clocks disagree still
+// share one limit: FixedWindow, SlidingLog, SlidingWindow (counter),
+// TokenBucket and GCRA (the leaky bucket); or Concurrency, at most Count
+// holders at once (see below). All rules of a Limiter over one subject are
 // checked and charged in one round trip, all or nothing; a rule may name
 // its own subject (Rule.Subject: a global limit beside per-tenant ones),
 // and the subjects are then acquired one after another, a refused request
@@ -34,6 +35,66 @@
 //		return err // ctx ended, or the wait would pass its deadline
 //	}
 //	callTheAPI()
+//
+// # Concurrency
+//
+// A Concurrency rule limits how many holders of a subject run at once,
+// across every process: Limit.Count places, each held under a lease of
+// Limit.Period (30s is a good value; it must be at least 100ms). Wait
+// takes a place and Release gives it back; while a place is held, the
+// limiter renews its lease every third of the lease in the background, so
+// a process killed with SIGKILL loses its places within the lease:
+//
+//	lim, err := throttle.New(rdb, throttle.Options{},
+//		throttle.Rule{Name: "exports", Algorithm: throttle.Concurrency, Limit: throttle.Limit{Count: 5, Period: 30 * time.Second}},
+//	)
+//	if err := lim.Wait(ctx, "tenant-7"); err != nil {
+//		return err
+//	}
+//	defer lim.Release(context.WithoutCancel(ctx), "tenant-7")
+//	export()
+//
+// A caller that finds every place taken joins a first-come, first-served
+// queue per subject, kept in Redis beside the holders (one sorted set:
+// holders scored by their lease's expiry, waiters by their arrival). A
+// place that frees — released, or an expired lease noticed by any call on
+// the subject, a renewal of a live holder included — is handed to the head
+// of the queue at once (a claim under the waiter's ID, with a lease, so no
+// newcomer takes it), and the call that freed it names the waiter to
+// Options.OnHandoff, which wakes it: the asynq worker moves the parked task
+// to pending through its wake-up ledger (worker.WakeOnHandoff); a Wait in
+// the same process is woken directly. If nobody is left to notice an
+// expiry (every holder died), Admit with N = 0 does: it takes nothing,
+// hands the expired places on, and says when the earliest lease expires
+// while some wait (the asynq worker runs it as a sweep per subject in its
+// wake-up ledger, once a lease while tasks wait). As a last resort each
+// waiter also comes back on its own at its fallback, Admission.At: the
+// first Count of the queue when the earliest lease expires, the next Count
+// one lease later, and so on. A claim whose waiter never comes back
+// expires like any lease. Admit with an ID (or a Waiter) is the same for
+// queued jobs: Booked, with the Concurrency rule as Admission.Rule, means
+// queued for a place; Granted or Redeemed means the caller holds one until
+// Release. Admission.Lease is then the rule's lease (zero for answers that
+// are not about a place).
+//
+// A Concurrency rule counts holders, not permits: n (a task's cost)
+// charges the policy's rate rules only, and a holder takes one place. A
+// policy may hold one Concurrency rule beside its rate rules ("20/s and at
+// most 5 at once"), decided in the same script call: a caller runs only
+// with both its place and its turn. A caller queued for a place takes no
+// turn of the rate rules: it is charged when it has the place. A caller
+// handed a place whose turn is further than it can wait books the turn and
+// gives the place to the next waiter. A booked turn that comes due while
+// every place is taken is kept, paid: the booking stays in the receipt set
+// with its slot negated, so it neither goes stale nor is charged again,
+// and the caller runs on it as soon as it has a place. Its permits were
+// counted at its turn, so the rate rules' turns never exceed their limits;
+// its start can come after its turn (and a few such starts can come
+// together when places free together). AllowN and ReserveN do not take
+// places (AllowN and AllowAtMost refuse a limiter with a Concurrency rule):
+// use Wait and Release, or Admit. A Concurrency rule and the rules beside
+// it are over the caller's subject: New refuses one in a limiter with
+// Rule.Subject.
 //
 // Keys are <prefix>{<subject>}:<rule> (DefaultPrefix "jobthrottle:", the
 // same default as the worker's rules file and enqueue), so all keys of a

@@ -142,3 +142,49 @@ func ExampleRule_subject() {
 	// b: allowed=true (global)
 	// c: allowed=false (global)
 }
+
+// At most two exports of a tenant run at once, across every process: Wait
+// takes one of the two places (queueing, first come first served, while
+// both are taken) and Release gives it back. The limiter renews the
+// leases of the places it holds; a process that dies loses them within
+// the lease.
+func ExampleLimiter_Release() {
+	rdb, stop := exampleRedis()
+	defer stop()
+	ctx := context.Background()
+
+	lim, err := throttle.New(rdb, throttle.Options{},
+		throttle.Rule{Name: "exports", Algorithm: throttle.Concurrency, Limit: throttle.Limit{Count: 2, Period: 30 * time.Second}},
+	)
+	if err != nil {
+		panic(err)
+	}
+	for i := range 2 {
+		if err := lim.Wait(ctx, "tenant-7"); err != nil {
+			panic(err)
+		}
+		fmt.Println("export", i, "holds a place")
+	}
+	third := make(chan struct{})
+	go func() {
+		if err := lim.Wait(ctx, "tenant-7"); err != nil {
+			panic(err)
+		}
+		close(third)
+	}()
+	time.Sleep(50 * time.Millisecond)
+	fmt.Println("export 2 waits; export 0 ends")
+	if err := lim.Release(ctx, "tenant-7"); err != nil {
+		panic(err)
+	}
+	<-third
+	fmt.Println("export 2 holds a place")
+	for range 2 {
+		_ = lim.Release(ctx, "tenant-7")
+	}
+	// Output:
+	// export 0 holds a place
+	// export 1 holds a place
+	// export 2 waits; export 0 ends
+	// export 2 holds a place
+}

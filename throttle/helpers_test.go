@@ -128,3 +128,15 @@ func delayBy(err error, deadline bool) bool {
 	var de *DelayError
 	return errors.As(err, &de) && de.Deadline == deadline
 }
+
+// rateAlgorithms returns the registered algorithms that count permits: all
+// but Concurrency, which counts holders (concurrency_test.go tests it).
+func rateAlgorithms() []Algorithm {
+	var as []Algorithm
+	for _, a := range registered() {
+		if !a.spec().holders {
+			as = append(as, a)
+		}
+	}
+	return as
+}

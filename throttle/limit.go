@@ -70,6 +70,9 @@ func (l Limit) validate() error {
 
 // capacity is the largest request l can ever admit under algorithm a.
 func (l Limit) capacity(a Algorithm) int {
+	if s := a.spec(); s != nil && s.holders {
+		return maxCount // a holder takes one place, whatever its n
+	}
 	if a.bucket() {
 		return l.Burst
 	}
@@ -96,6 +99,17 @@ const (
 	// timestamp per key, smooth pacing at Period / Count, bursts up to
 	// Burst.
 	GCRA Algorithm = "gcra"
+	// Concurrency limits how many holders of a subject run at once, across
+	// every process: Limit.Count places, each held under a lease of
+	// Limit.Period (the lease; 30s is a good default) that the holder's
+	// process renews while it runs, so that a process that dies frees its
+	// places within the lease. Take a place with Wait (or Admit), give it
+	// back with Release. A caller that finds every place taken waits in a
+	// first-come, first-served queue per subject and is handed the next
+	// place that frees. A policy may hold one Concurrency rule beside its
+	// rate rules (20/s and at most 5 at once), decided in the same call,
+	// all over the caller's subject (no Rule.Subject).
+	Concurrency Algorithm = "concurrency"
 )
 
 // Rule is one named limit over a subject.
@@ -121,8 +135,11 @@ type Rule struct {
 }
 
 // describe describes the rule for messages, such as "api: gcra 20 per 1s
-// (burst 20)".
+// (burst 20)" or "exports: concurrency, at most 5 at once, lease 30s".
 func (r Rule) describe() string {
+	if r.Algorithm == Concurrency {
+		return fmt.Sprintf("%s: concurrency, at most %d at once, lease %v", r.Name, r.Limit.Count, r.Limit.Period)
+	}
 	return fmt.Sprintf("%s: %s %s", r.Name, r.Algorithm, r.Limit.describe())
 }
 

@@ -106,7 +106,7 @@ func TestLimitDescribe(t *testing.T) {
 // An algorithm is its name: Validate refuses any other spelling, naming
 // the algorithms.
 func TestAlgorithmNames(t *testing.T) {
-	want := []Algorithm{FixedWindow, SlidingLog, SlidingWindow, TokenBucket, GCRA}
+	want := []Algorithm{FixedWindow, SlidingLog, SlidingWindow, TokenBucket, GCRA, Concurrency}
 	if got := registered(); !slices.Equal(got, want) {
 		t.Fatalf("registered() = %v, want %v", got, want)
 	}
@@ -117,7 +117,7 @@ func TestAlgorithmNames(t *testing.T) {
 	}
 	for _, bad := range []Algorithm{"leaky", "GCRA", "leaky_bucket", ""} {
 		err := Rule{Name: "api", Algorithm: bad, Limit: PerSecond(1)}.Validate()
-		if err == nil || !strings.Contains(err.Error(), "fixed_window, sliding_log, sliding_window, token_bucket or gcra") {
+		if err == nil || !strings.Contains(err.Error(), "fixed_window, sliding_log, sliding_window, token_bucket, gcra or concurrency") {
 			t.Errorf("Validate with %q: %v, want an error listing the algorithms", bad, err)
 		}
 	}

@@ -41,6 +41,14 @@ type Options struct {
 	// write and one read per batch instead of per call. A go-redis hook
 	// sees a batch in ProcessPipelineHook, not in ProcessHook.
 	NoBatching bool
+	// OnHandoff, if set, is called with the waiters (AdmitRequest.Waiter)
+	// that a call of this limiter handed a freed place of its Concurrency
+	// rule to, so that the caller wakes them: they were parked, and come
+	// back to take the place. The asynq worker sets it
+	// (worker.WakeOnHandoff). If nil, a parked waiter comes back at its
+	// fallback time (Admission.At). Waiters in Wait in this process are
+	// woken directly. It must not block for long.
+	OnHandoff func(waiters []string)
 }
 
 // A Limiter decides, through Redis, whether a subject (a tenant, an API
@@ -59,6 +67,7 @@ type Limiter struct {
 	queues  windowQueues // window waits, by encoded subject (window.go)
 	refunds refunder     // refunds waiting for a call, by escaped subject (refund.go)
 	parts   []part       // rules over several subjects (subjects.go); then only policy, runner and opts are used
+	leases  *leases      // the places of a Concurrency rule (concurrency.go); nil without one
 }
 
 // New returns a Limiter that applies every rule to each subject. It returns
@@ -92,9 +101,17 @@ func New(rdb redis.UniversalClient, opts Options, rules ...Rule) (*Limiter, erro
 		return nil, err
 	}
 	if l.parts = parts; parts != nil {
+		for _, r := range l.rules {
+			if r.Algorithm == Concurrency {
+				return nil, &ConfigError{Rule: r.Name, Field: "subject", Reason: "a concurrency rule needs every rule of its limiter over the caller's subject (no Rule.Subject): its places are decided in one call with the rate rules"}
+			}
+		}
 		return l, nil
 	}
 	l.script = scriptFor(l.rules)
+	if l.leases, err = newLeases(l); err != nil {
+		return nil, err
+	}
 	return l, nil
 }
 
@@ -141,10 +158,15 @@ func (l *Limiter) Allow(ctx context.Context, subject string) (Result, error) {
 // only while a request of 0 would have to wait (reservations or a pause
 // hold a bucket in debt, or a fixed window is paused), and RetryAfter then
 // says for how long. See the package doc for how this and the rest compare
-// with golang.org/x/time/rate and redis_rate.
+// with golang.org/x/time/rate and redis_rate. A limiter with a Concurrency
+// rule refuses AllowN with a *ConfigError naming the rule: take a place
+// with Wait or Admit.
 func (l *Limiter) AllowN(ctx context.Context, subject string, n int) (Result, error) {
 	if l.parts != nil {
 		return l.allowParts(ctx, subject, n)
+	}
+	if l.leases != nil {
+		return Result{}, l.leases.only("AllowN")
 	}
 	res, _, err := l.decide(ctx, opAllow, subject, n, unbounded, false)
 	return res, err
@@ -199,6 +221,9 @@ func (l *Limiter) Wait(ctx context.Context, subject string) error {
 // charges nothing: it returns at once unless a request of 0 would wait
 // (see AllowN), and then waits as x/time/rate's WaitN(ctx, 0) does.
 func (l *Limiter) WaitN(ctx context.Context, subject string, n int) error {
+	if l.leases != nil {
+		return l.leases.wait(ctx, subject, n)
+	}
 	r, err := l.acquire(ctx, subject, n)
 	if err != nil {
 		return err

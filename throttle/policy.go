@@ -16,7 +16,7 @@ type policy struct {
 	keyRules  []string // escaped rule names, the last part of each key
 	ruleArgs  []any    // per rule: algorithm, count, period µs, extra; a ticket follows each
 	script    *redis.Script
-	tolerance time.Duration // Admit's default: the tightest rule's interval, in [1ms, 1s]
+	tolerance time.Duration // Admit's default: the tightest rate rule's interval, in [1ms, 1s]
 	buckets   bool          // every rule is a bucket: WaitN reserves; else window waits queue (window.go)
 }
 
@@ -48,7 +48,9 @@ func newPolicy(prefix string, rules []Rule) (policy, error) {
 		p.keyRules = append(p.keyRules, escape(r.Name))
 		p.ruleArgs = append(p.ruleArgs, string(r.Algorithm), count, period, extra)
 		p.buckets = p.buckets && spec.bucket
-		p.tolerance = min(p.tolerance, r.Limit.interval())
+		if !spec.holders { // a Concurrency rule's Period is a lease, not a rate
+			p.tolerance = min(p.tolerance, r.Limit.interval())
+		}
 	}
 	p.tolerance = max(p.tolerance, time.Millisecond)
 	return p, nil
@@ -67,6 +69,8 @@ const (
 	opRefund  op = "refund"  // give reservations back (refund.go)
 	opUndo    op = "undo"    // refund, even after the time to act (subjects.go)
 	opPause   op = "pause"   // hold every rule back until a time (pause.go)
+	opRenew   op = "renew"   // renew the leases of held places (lease.lua, concurrency.go)
+	opRelease op = "release" // give places back (lease.lua, concurrency.go)
 
 	opPaused      op = "paused"       // read a pause (paused.lua)
 	opReset       op = "reset"        // DEL a subject's keys (state.go)

@@ -16,8 +16,13 @@ import (
 // waits. Use it to drain a batch at the pace allowed: take what is
 // granted, leave the rest for later. n must be at least 1; n above a
 // rule's capacity is capped by what the rule can ever hold. Errors are as
-// for AllowN (a fail-open limiter admits all n when Redis fails).
+// for AllowN (a fail-open limiter admits all n when Redis fails); a limiter
+// with a Concurrency rule is refused first, with a *ConfigError naming it
+// (field "algorithm"), whatever n.
 func (l *Limiter) AllowAtMost(ctx context.Context, subject string, n int) (granted int, res Result, err error) {
+	if l.leases != nil {
+		return 0, Result{}, l.leases.only("AllowAtMost")
+	}
 	if l.parts != nil {
 		return 0, Result{}, errOneSubject
 	}

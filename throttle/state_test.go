@@ -10,10 +10,10 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// eachAlgorithm runs f in a virtual bubble for each of the five
+// eachAlgorithm runs f in a virtual bubble for each of the five rate
 // algorithms, with a limiter of one rule "r", 5 per second (burst 5).
 func eachAlgorithm(t *testing.T, f func(t *testing.T, l *Limiter, m *miniredis.Miniredis)) {
-	for _, a := range registered() {
+	for _, a := range rateAlgorithms() {
 		t.Run(string(a), func(t *testing.T) {
 			virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
 				f(t, mustNew(t, rdb, Options{}, Rule{Name: "r", Algorithm: a, Limit: PerSecond(5)}), m)

@@ -101,7 +101,7 @@ func TestWaitWindowsQueueLocally(t *testing.T) {
 // A wait that would end past the context's deadline fails at once, books
 // nothing, and says when the permit would come.
 func TestWaitPastDeadlineConsumesNothing(t *testing.T) {
-	for _, algo := range registered() {
+	for _, algo := range rateAlgorithms() {
 		t.Run(string(algo), func(t *testing.T) {
 			virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
 				l := mustNew(t, rdb, Options{}, Rule{Name: "r", Algorithm: algo, Limit: PerSecond(1), Precision: 100 * ms})
@@ -136,7 +136,7 @@ func TestWaitPastDeadlineConsumesNothing(t *testing.T) {
 }
 
 func TestWaitPastMaxWait(t *testing.T) {
-	for _, algo := range registered() {
+	for _, algo := range rateAlgorithms() {
 		t.Run(string(algo), func(t *testing.T) {
 			virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
 				l := mustNew(t, rdb, Options{MaxWait: 300 * ms}, Rule{Name: "r", Algorithm: algo, Limit: PerSecond(1)})

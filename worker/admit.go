@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/throttle"
@@ -36,10 +37,12 @@ const (
 	unwokenLead = 300 * time.Millisecond
 )
 
-// admit decides for a task: the Wait to run it with, or the error the
-// handler must return (a *admission.ThrottledError to park or defer it, ctx.Err() if
-// asynq ended it, an error wrapping asynq.SkipRetry if it can never run).
-func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (admission.Wait, error) {
+// admit decides for a task: the Wait to run it with, and whether it holds
+// a place of a concurrency rule (to release when the handler returns), or
+// the error the handler must return (a *admission.ThrottledError to park
+// or defer it, ctx.Err() if asynq ended it, an error wrapping
+// asynq.SkipRetry if it can never run).
+func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (w admission.Wait, held bool, err error) {
 	t := m.newTaskRun(ctx, r, task)
 	subject, err := r.Subject(task)
 	if err == nil && subject == "" {
@@ -47,25 +50,26 @@ func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (
 	}
 	if err != nil {
 		m.metrics.decided(r.Name, OutcomeError)
-		return admission.Wait{}, t.archive(ctx, "worker: task archived: no subject", true, err)
+		return admission.Wait{}, false, t.archive(ctx, "worker: task archived: no subject", true, err)
 	}
 	t.subject, t.log = subject, t.log.With("subject", subject)
 	if t.cost, err = r.cost(task); err != nil {
 		m.metrics.decided(r.Name, OutcomeError)
-		return admission.Wait{}, t.archive(ctx, "worker: task archived: no cost", false, fmt.Errorf("cannot derive the cost: %w", err))
+		return admission.Wait{}, false, t.archive(ctx, "worker: task archived: no cost", false, fmt.Errorf("cannot derive the cost: %w", err))
 	}
 	if t.cost == 0 {
 		// Free: nothing to charge, nothing to wait for.
 		w := admission.Wait{Rule: r.Name, Subject: subject}
 		m.admitted(t, w)
-		return w, nil
+		return w, false, nil
 	}
 
 	retried, _ := asynq.GetRetryCount(ctx)
 	maxRetry, known := asynq.GetMaxRetry(ctx)
 	t.lastAttempt = known && retried >= maxRetry
 	if r.gate == nil || (t.lastAttempt && m.requeue == nil) {
-		return m.waitInPlace(ctx, t)
+		w, err := m.waitInPlace(ctx, t)
+		return w, err == nil && r.leased, err
 	}
 
 	wctx, cancel := context.WithCancelCause(ctx)
@@ -83,20 +87,28 @@ func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (
 	if t.lastAttempt {
 		bookID = nextCopyID(t.id)
 	}
+	// Under a concurrency rule, the task waits for a place as the wake-up
+	// member that brings it back (WakeOnHandoff).
+	queue, _ := asynq.GetQueueName(ctx)
 	m.metrics.waiting(r.Name, 1)
-	d, err := r.gate.Admit(wctx, admission.Request{Subject: subject, Cost: t.cost, ID: t.id, BookAs: bookID, Receipt: task.Headers()[admission.ReceiptHeader]})
+	d, err := r.gate.Admit(wctx, admission.Request{Subject: subject, Cost: t.cost, ID: t.id, BookAs: bookID, Receipt: task.Headers()[admission.ReceiptHeader],
+		Waiter: admission.Member(queue, t.id), WaitAs: admission.Member(queue, bookID)})
 	m.metrics.waiting(r.Name, -1)
 	if err != nil {
-		return admission.Wait{}, m.notAdmitted(ctx, wctx, t, err)
+		return admission.Wait{}, false, m.notAdmitted(ctx, wctx, t, err)
 	}
 	if d.Outcome == admission.Run {
 		w := admission.Wait{Rule: r.Name, Subject: subject, Duration: d.Waited, Redeemed: d.Turn == throttle.Redeemed, Turn: d.Slot}
 		m.admitted(t, w)
-		return w, nil
+		return w, d.Lease > 0, nil
+	}
+	if d.Lease > 0 {
+		// Queued for a place of the concurrency rule d.Rule.
+		m.sweepLater(ctx, t, d)
 	}
 	retryAt := m.parkAt(ctx, t, bookID, d)
 	m.metrics.bookedAhead(r.Name, time.Until(d.At))
-	return admission.Wait{}, m.deferTask(ctx, t, retryAt, ErrParked, OutcomeParked,
+	return admission.Wait{}, false, m.deferTask(ctx, t, retryAt, ErrParked, OutcomeParked,
 		"turn", d.Turn, "booked_for", d.Slot.UTC(), "booked_ahead", time.Until(d.At).Round(time.Millisecond))
 }
 
@@ -127,6 +139,41 @@ func (t *taskRun) archive(ctx context.Context, msg string, noSubject bool, err e
 	return err
 }
 
+// WakeOnHandoff returns a throttle.Options.OnHandoff that wakes the tasks
+// a freed place of a concurrency rule was handed to, through the wake-up
+// ledger in rdb (the asynq server's Redis, admission.WakeupsKey): the
+// wake-up loop of any middleware with Options.Asynq moves them to pending
+// at once. FromRules sets it on the limiters it builds (with Asynq); set it
+// on limiters of your own that have a throttle.Concurrency rule.
+func WakeOnHandoff(rdb redis.UniversalClient) func(waiters []string) {
+	wakeups, _ := admission.NewWakeups(rdb, admission.WakeupsKey)
+	return func(waiters []string) {
+		ctx, cancel := context.WithTimeout(context.Background(), handoffTimeout)
+		defer cancel()
+		for _, w := range waiters {
+			if err := wakeups.Add(ctx, w, time.UnixMicro(0)); err != nil {
+				slog.Warn("worker: cannot wake a task handed a place of a concurrency rule; it comes back at its fallback", "member", w, "error", err)
+			}
+		}
+	}
+}
+
+// handoffTimeout bounds WakeOnHandoff's writes.
+const handoffTimeout = 5 * time.Second
+
+// releaseTimeout bounds the release of a task's place.
+const releaseTimeout = 5 * time.Second
+
+// release gives back the place of a concurrency rule that a task of r ran
+// under, whatever its handler returned.
+func (m *Middleware) release(r *ruleGate, w admission.Wait) {
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	if err := r.gate.Limiter().Release(ctx, w.Subject); err != nil {
+		m.log.Warn("worker: cannot release the task's place of a concurrency rule; it frees when its lease expires", "rule", w.Rule, "subject", w.Subject, "error", err)
+	}
+}
+
 // parkAt records the task's wake-up and returns the RetryAt that parks it.
 func (m *Middleware) parkAt(ctx context.Context, t *taskRun, bookID string, d admission.Decision) time.Time {
 	if m.wakeups != nil {
@@ -142,6 +189,52 @@ func (m *Middleware) parkAt(ctx context.Context, t *taskRun, bookID string, d ad
 	// Whole seconds, early: the task waits out the rest (earlyWaitUnwoken).
 	return d.At.Add(-unwokenLead).Truncate(time.Second)
 }
+
+// sweepMember is the wake-up ledger's member for the sweep of a subject
+// of a rule with a concurrency limit: an empty queue name, which no asynq
+// task has.
+func sweepMember(rule, subject string) string { return admission.Member("", rule, subject) }
+
+// sweepLater makes sure a sweep of the subject of a task that parked
+// waiting for a place of its rule's concurrency limit is due within a
+// lease (d.Lease, the concurrency rule's). A place is handed to the next waiter when it is released, or
+// when any call (a renewal of a live holder, a task's arrival) finds its
+// lease expired; if every holder's worker died, nothing else would look.
+// The sweep looks, once a lease while tasks wait, whatever their number.
+func (m *Middleware) sweepLater(ctx context.Context, t *taskRun, d admission.Decision) {
+	if m.wakeups == nil {
+		return
+	}
+	redisNow := d.Slot.Add(-time.Until(d.At))
+	if err := m.wakeups.AddIfAbsent(ctx, sweepMember(t.rule.Name, t.subject), redisNow.Add(d.Lease+admission.DefaultLead)); err != nil {
+		t.log.WarnContext(ctx, "worker: cannot schedule the sweep of a concurrency limit; waiting tasks come back at their fallbacks", "error", err)
+	}
+}
+
+// sweep brings the places of a rule's concurrency limit for subject up to
+// date (expired leases handed to their waiters, who are woken through
+// OnHandoff), and comes back when the earliest lease expires while tasks
+// still wait.
+func (m *Middleware) sweep(ctx context.Context, member, rule, subject string) error {
+	r := m.byName[rule]
+	if r == nil || r.gate == nil {
+		return nil // a rule of another worker's configuration
+	}
+	a, err := r.gate.Limiter().Admit(ctx, throttle.AdmitRequest{Subject: subject, N: 0, Waiter: "sweep", Tolerance: time.Second})
+	if err != nil {
+		return fmt.Errorf("worker: sweep of rule %q: %w", rule, err)
+	}
+	if a.Status != throttle.Booked || a.Lease == 0 {
+		return nil // nobody waits (or the rule has no concurrency limit now)
+	}
+	// The loop takes a member DefaultLead before its slot: after the
+	// expiry, then, not just before it.
+	return m.wakeups.Add(ctx, member, a.Slot.Add(admission.DefaultLead+sweepMargin))
+}
+
+// sweepMargin puts a sweep after the lease it waits for has expired on the
+// Redis clock.
+const sweepMargin = 10 * time.Millisecond
 
 // wakeLoop runs the wake-up ledger until Drain. Its errors are logged at
 // most once per wakeErrorEvery (with how many there were), so that a Redis
@@ -173,6 +266,9 @@ const wakeErrorEvery = 10 * time.Second
 // an archived one is not revived.
 func (m *Middleware) wake(ctx context.Context, member string) error {
 	parts, ok := admission.Split(member)
+	if ok && len(parts) == 3 && parts[0] == "" {
+		return m.sweep(ctx, member, parts[1], parts[2])
+	}
 	if !ok || len(parts) != 2 {
 		return fmt.Errorf("worker: wake-up %q is not a queue and task ID", member)
 	}

@@ -1,7 +1,8 @@
 package worker
 
-// Tests against a real asynq server and client on a real redis-server
-// (asynq's Lua needs it): what asynq does with the middleware's answers.
+// Tests against a real asynq server and client on a real redis-server:
+// what asynq does with the middleware's answers. A test whose point is not
+// time runs asynq on miniredis in a synctest bubble instead (bedOn).
 
 import (
 	"context"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/hibiken/asynq"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -51,9 +53,19 @@ type ran struct {
 func newBed(t *testing.T) *bed {
 	t.Helper()
 	proc := redistest.Server(t)
-	rdb := proc.Client(t)
+	b := bedOn(t, proc.Client(t))
+	b.proc = proc
+	return b
+}
+
+// bedOn is a bed on rdb: inside redistest.Virtual, a miniredis in the
+// test's synctest bubble, where asynq's whole-second schedule and its
+// polling take no real time. (Call the server's Shutdown before the
+// bubble's function returns: Virtual closes rdb then.)
+func bedOn(t *testing.T, rdb *redis.Client) *bed {
+	t.Helper()
 	return &bed{
-		t: t, proc: proc, rdb: rdb,
+		t: t, rdb: rdb,
 		client: asynq.NewClientFromRedisClient(rdb),
 		insp:   asynq.NewInspectorFromRedisClient(rdb),
 		prefix: redistest.Prefix(t),
@@ -244,32 +256,37 @@ func (s *stubborn) WaitN(ctx context.Context, subject string, n int) error {
 func TestAsynqDeferralKeepsRetries(t *testing.T) {
 	// Each deferral costs about a second: asynq schedules retries in whole
 	// seconds, and RetryDelay rounds RetryAt up so as never to run early.
+	// So the test runs on virtual time (asynq and miniredis in a synctest
+	// bubble): the 50 seconds take none.
 	const deferrals = 50 // the issue: "a task deferred 50 times still runs when its turn comes"
 	t.Parallel()
-	b := newBed(t)
-	mw := middleware(t, []TaskRule{{Name: "busy", Tasks: []string{"busy"}, Limiter: &stubborn{n: deferrals}, Subject: Fixed("s"), MaxWait: time.Millisecond}})
-	b.serve(mw, asynq.Config{})
-	task := b.enqueue("busy", "", asynq.MaxRetry(2), asynq.Retention(time.Hour))
+	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		b := bedOn(t, rdb)
+		mw := middleware(t, []TaskRule{{Name: "busy", Tasks: []string{"busy"}, Limiter: &stubborn{n: deferrals}, Subject: Fixed("s"), MaxWait: time.Millisecond}})
+		srv := b.serve(mw, asynq.Config{})
+		defer srv.Shutdown()
+		task := b.enqueue("busy", "", asynq.MaxRetry(2), asynq.Retention(time.Hour))
 
-	eventually(t, (2*deferrals+10)*time.Second, "the task run", func() bool { return len(b.runs()) == 1 })
-	eventually(t, 5*time.Second, "the task completed", func() bool { return b.info(task.ID).State == asynq.TaskStateCompleted })
+		eventually(t, (2*deferrals+10)*time.Second, "the task run", func() bool { return len(b.runs()) == 1 })
+		eventually(t, 5*time.Second, "the task completed", func() bool { return b.info(task.ID).State == asynq.TaskStateCompleted })
 
-	var throttled int
-	for _, err := range b.seenErrors() {
-		var te *admission.ThrottledError
-		if !errors.As(err, &te) {
-			t.Errorf("unexpected error %v", err)
+		var throttled int
+		for _, err := range b.seenErrors() {
+			var te *admission.ThrottledError
+			if !errors.As(err, &te) {
+				t.Errorf("unexpected error %v", err)
+			}
+			throttled++
 		}
-		throttled++
-	}
-	if throttled != deferrals {
-		t.Errorf("deferred %d times, want %d", throttled, deferrals)
-	}
-	info := b.info(task.ID)
-	if info.Retried != 0 || info.MaxRetry != 2 {
-		t.Errorf("after %d deferrals: retried %d of %d, want 0 of 2", deferrals, info.Retried, info.MaxRetry)
-	}
-	b.noFailures()
+		if throttled != deferrals {
+			t.Errorf("deferred %d times, want %d", throttled, deferrals)
+		}
+		info := b.info(task.ID)
+		if info.Retried != 0 || info.MaxRetry != 2 {
+			t.Errorf("after %d deferrals: retried %d of %d, want 0 of 2", deferrals, info.Retried, info.MaxRetry)
+		}
+		b.noFailures()
+	})
 }
 
 func TestAsynqDeferredUntilRetryAt(t *testing.T) {
@@ -613,6 +630,26 @@ rules:
 	}
 	if n, err := testutil.GatherAndCount(reg, "jobthrottle_decisions_total"); err != nil || n == 0 {
 		t.Errorf("decisions series %d, %v", n, err)
+	}
+	b.noFailures()
+}
+
+// TestAsynqLastAttemptConcurrency: a task with no retry left and no Asynq
+// to park it waits in place; under a concurrency limit it then holds a
+// place, which the middleware gives back when its handler returns, so the
+// next one runs (a place kept would be renewed forever).
+func TestAsynqLastAttemptConcurrency(t *testing.T) {
+	t.Parallel()
+	b := newBed(t)
+	lim := b.limiter(throttle.Rule{Name: "one", Algorithm: throttle.Concurrency, Limit: throttle.Limit{Count: 1, Period: 30 * time.Second}})
+	mw := middleware(t, []TaskRule{{Name: "one", Tasks: []string{"t"}, Limiter: lim, Subject: Fixed("s")}})
+	b.serve(mw, asynq.Config{Concurrency: 1})
+	for range 3 {
+		b.enqueue("t", "", asynq.MaxRetry(0), asynq.Timeout(time.Minute))
+	}
+	eventually(t, 10*time.Second, "three runs, one after another", func() bool { return len(b.runs()) == 3 })
+	if err := lim.Release(context.Background(), "s"); err == nil {
+		t.Error("a place is still held after every task ended")
 	}
 	b.noFailures()
 }

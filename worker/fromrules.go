@@ -11,11 +11,15 @@ import (
 // FromRules builds a limiter for every rule of cfg on rdb and returns the
 // middleware applying them, each task's subject and cost derived from its
 // payload as the rule says. opts are those of NewMiddleware; its Logger
-// and its Metrics' OnRedisError also go to the limiters.
+// and its Metrics' OnRedisError also go to the limiters, and with Asynq,
+// WakeOnHandoff wakes the tasks handed a place of a concurrency rule.
 func FromRules(cfg *rules.Config, rdb redis.UniversalClient, opts Options) (*Middleware, error) {
 	base := throttle.Options{Logger: opts.Logger}
 	if opts.Metrics != nil {
 		base.OnRedisError = opts.Metrics.OnRedisError
+	}
+	if opts.Asynq != nil {
+		base.OnHandoff = WakeOnHandoff(opts.Asynq)
 	}
 	trs := make([]TaskRule, 0, len(cfg.Rules))
 	for _, r := range cfg.Rules {

@@ -34,6 +34,7 @@ const WaitThreshold = 5 * time.Millisecond
 //	jobthrottle_booked_ahead_seconds{rule}    how far ahead the latest parked task's turn was booked
 //	jobthrottle_wakeups_total                 parked tasks this process moved to pending at their turns
 //	jobthrottle_redis_errors_total            errors from Redis seen by the limiters
+//	jobthrottle_places_held{rule}             tasks of a concurrency rule running in this process, each holding a place
 //
 // A nil *Metrics records nothing. Pass one to the middleware with
 // Options.Metrics; FromRules also wires OnRedisError into the limiters
@@ -46,6 +47,7 @@ type Metrics struct {
 	ahead       *prometheus.GaugeVec
 	wakeups     prometheus.Counter
 	redisErrors prometheus.Counter
+	places      *prometheus.GaugeVec
 }
 
 // NewMetrics creates the metrics and registers them on reg. It returns an
@@ -93,7 +95,12 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help:      "Errors from Redis seen by the limiters (admitted anyway if fail_open).",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.wait, m.delays, m.decisions, m.waiters, m.ahead, m.wakeups, m.redisErrors} {
+	m.places = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: "jobthrottle",
+		Name:      "places_held",
+		Help:      "Tasks of a concurrency rule running in this process now, each holding one of the rule's places, by rule.",
+	}, []string{"rule"})
+	for _, c := range []prometheus.Collector{m.wait, m.delays, m.decisions, m.waiters, m.ahead, m.wakeups, m.redisErrors, m.places} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("worker: registering metrics: %w", err)
 		}
@@ -142,5 +149,11 @@ func (m *Metrics) bookedAhead(rule string, d time.Duration) {
 func (m *Metrics) woken() {
 	if m != nil {
 		m.wakeups.Inc()
+	}
+}
+
+func (m *Metrics) holding(rule string, delta float64) {
+	if m != nil {
+		m.places.WithLabelValues(rule).Add(delta)
 	}
 }

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -82,6 +83,7 @@ const DefaultRedisRetryDelay = 5 * time.Second
 // A Middleware is safe for concurrent use.
 type Middleware struct {
 	rules      taskroute.Router[*ruleGate]
+	byName     map[string]*ruleGate // for the sweeps of concurrency rules (admit.go)
 	log        *slog.Logger
 	metrics    *Metrics
 	requeue    *requeuer
@@ -97,6 +99,10 @@ type Middleware struct {
 type ruleGate struct {
 	TaskRule
 	gate *admission.Gate
+	// leased: the limiter has a concurrency rule, so a task that waits in
+	// place (waitInPlace) holds a place until its handler returns. Tasks
+	// admitted through the gate learn it from their Decision.Lease.
+	leased bool
 }
 
 // Options configure a Middleware. The zero value uses every default.
@@ -155,6 +161,7 @@ func NewMiddleware(rules []TaskRule, opts Options) (*Middleware, error) {
 		log:        opts.Logger,
 		metrics:    opts.Metrics,
 		redisRetry: opts.RedisRetryDelay,
+		byName:     map[string]*ruleGate{},
 	}
 	if m.log == nil {
 		m.log = slog.Default()
@@ -200,6 +207,7 @@ func NewMiddleware(rules []TaskRule, opts Options) (*Middleware, error) {
 		}
 		names[r.Name] = true
 		rule := &ruleGate{TaskRule: *r}
+		m.byName[r.Name] = rule
 		rule.Tasks = append([]string(nil), r.Tasks...)
 		if lim, ok := r.Limiter.(*throttle.Limiter); ok {
 			gateOpts := admission.Options{MaxWait: r.MaxWait, WaitSlots: r.WaitSlots, Shared: shared}
@@ -212,6 +220,7 @@ func NewMiddleware(rules []TaskRule, opts Options) (*Middleware, error) {
 			if rule.gate, err = admission.New(lim, gateOpts); err != nil {
 				return nil, bad("limiter", err.Error())
 			}
+			rule.leased = hasConcurrency(lim)
 		}
 		for _, p := range rule.Tasks {
 			if err := taskroute.CheckPattern(p); err != nil {
@@ -231,6 +240,15 @@ func NewMiddleware(rules []TaskRule, opts Options) (*Middleware, error) {
 	return m, nil
 }
 
+// hasConcurrency reports whether lim has a concurrency rule: AllowAtMost
+// refuses such a limiter first, with a *throttle.ConfigError on its
+// algorithm, before any call to Redis.
+func hasConcurrency(lim *throttle.Limiter) bool {
+	var ce *throttle.ConfigError
+	_, _, err := lim.AllowAtMost(context.Background(), "", 0)
+	return errors.As(err, &ce) && ce.Field == "algorithm"
+}
+
 // rule returns the rule for a task type, or nil.
 func (m *Middleware) rule(taskType string) *ruleGate {
 	r, _ := m.rules.Lookup(taskType)
@@ -245,9 +263,13 @@ func (m *Middleware) Wrap(next asynq.Handler) asynq.Handler {
 		if r == nil {
 			return next.ProcessTask(ctx, task)
 		}
-		w, err := m.admit(ctx, r, task)
+		w, held, err := m.admit(ctx, r, task)
 		if err != nil {
 			return err
+		}
+		if held {
+			m.metrics.holding(r.Name, 1)
+			defer func() { m.release(r, w); m.metrics.holding(r.Name, -1) }()
 		}
 		return next.ProcessTask(admission.WithWait(ctx, w), task)
 	})

@@ -19,6 +19,7 @@ import (
 
 	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/jobthrottle/jobthrottle/rules"
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
@@ -477,4 +478,24 @@ func quietOptions(opts []Options) Options {
 		o.Logger = quiet
 	}
 	return o
+}
+
+// TestFromRulesConcurrency: a rules file with a concurrency limit beside a
+// rate limit in a policy builds a middleware (the rules package parses
+// them: rules_test.go's TestConcurrencyConfig).
+func TestFromRulesConcurrency(t *testing.T) {
+	cfg, err := rules.Parse("rules.yaml", []byte("rules:\n"+
+		"  - {name: partner, tasks: [\"partner:*\"], subject: {payload_field: account_id}, limits: [\n"+
+		"      {name: rate, algorithm: gcra, limit: 100, period: 1s},\n"+
+		"      {name: running, algorithm: concurrency, limit: 5, lease: 10s}]}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
+	defer rdb.Close()
+	mw, err := FromRules(cfg, rdb, Options{})
+	if err != nil {
+		t.Fatalf("FromRules: %v", err)
+	}
+	_ = mw.Close()
 }

@@ -40,6 +40,9 @@ func check(w io.Writer, cfg *rules.Config, handlers *handler.Config) {
 
 // describeLimit is one limit in words: "api: gcra, 20 per 1s, burst 5".
 func describeLimit(l throttle.Rule) string {
+	if l.Algorithm == throttle.Concurrency {
+		return fmt.Sprintf("%s: concurrency, at most %d at once, lease %v", l.Name, l.Limit.Count, l.Limit.Period)
+	}
 	s := fmt.Sprintf("%s: %v, %d per %v", l.Name, l.Algorithm, l.Limit.Count, l.Limit.Period)
 	switch l.Algorithm {
 	case throttle.GCRA, throttle.TokenBucket:

@@ -32,7 +32,13 @@
 --                   take (-1: no bound)
 --   ARGV[7 + 5r] -> how long the caller can wait where it is for a booking
 --                   or receipt that comes due, microseconds (-1: no bound)
---   ARGV[8 + 5r] ... -> members to redeem, in order: the caller's earlier
+--   ARGV[8 + 5r] -> the caller's id under a concurrency rule of the policy
+--                   (concurrency.lua): the holder or waiter it is ('' if
+--                   the policy has none)
+--   ARGV[9 + 5r] -> the id it holds or waits under from now on (a task
+--                   requeued as a copy), which takes over ARGV[8 + 5r]'s
+--                   place; the same id otherwise
+--   ARGV[10 + 5r] ... -> members to redeem, in order: the caller's earlier
 --                   booking, a receipt made by prepay
 --   ARGV[3] is how long the caller can wait where it is for a new turn
 --   (-1: no bound).
@@ -61,6 +67,15 @@
 -- booking, scored by the slot (status 2), a slot past the horizon is
 -- denied, charging nothing (status 0). Its reply has the shape above, the
 -- status in place of ok.
+-- With a concurrency rule, admit also needs the caller's place under it to
+-- run (status 1 or 3): if every place is taken, the caller is queued for one
+-- (status 5, the concurrency rule deciding, delay = its fallback, see
+-- concurrency.lua); a new turn of the rate rules is taken only with a place
+-- free, and a booking that comes due while every place is taken is kept,
+-- paid, until the caller has one. A caller that must come back later
+-- (status 2, 0) gives up a place it was handed. The reply then always has
+-- 6 + r values (tickets, or '') and, last, the ids of the waiters this call
+-- handed a place to.
 -- atmost is allow of as many of n permits as every rule has now, at least
 -- 1; when admitted, its reply ends with that number after the tickets.
 -- n = 0 charges nothing: ok tells whether a request of 0 would be admitted
@@ -151,33 +166,90 @@ end
 
 local reserve = op == 'reserve' or op == 'prepay' or op == 'admit'
 local wait_here = max_wait
+-- c is the caller's place under the policy's concurrency rule, if it has
+-- one (concurrency.lua): admit asks for it with the caller's id.
+local c
 if op == 'admit' then
   local rkey, b = KEYS[nrules + 1], 4 + 5 * nrules
   local booking, tol = ARGV[b], tonumber(ARGV[b + 1])
-  redis.call('ZREMRANGEBYSCORE', rkey, '-inf', '(' .. string.format('%d', now - tol))
+  if ARGV[b + 4] ~= '' then
+    for i = 1, nrules do
+      local algo, count, period = rule(i)
+      if algo == 'concurrency' then
+        c = cc.open(KEYS[i], count, period, ARGV[b + 4], ARGV[b + 5])
+        c.rule = i
+      end
+    end
+  end
+  if c and n == 0 then
+    -- n = 0 reads the places: cc.open has reaped the expired leases and
+    -- handed their places on; nothing is taken. Status 5 while some wait,
+    -- with the delay until the earliest lease expires (when to look
+    -- again), else 0; remaining is the free places.
+    local live = redis.call('ZCOUNT', c.key, '0', '+inf')
+    if redis.call('ZCOUNT', c.key, '-inf', '(0') == 0 then
+      return cc.reply(c, {0, c.rule, c.count - live, 0, 0, now}, nrules)
+    end
+    local first = redis.call('ZRANGEBYSCORE', c.key, '0', '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+    local d = c.lease
+    if first[2] then d = tonumber(first[2]) - now end
+    return cc.reply(c, {5, c.rule, c.count - live, d, 0, now}, nrules)
+  end
+  -- wait_place queues the caller for a place of the concurrency rule: it
+  -- comes back when a place is handed to it, or at the fallback.
+  local function wait_place()
+    return cc.reply(c, {5, c.rule, 0, cc.queue(c), 0, now}, nrules)
+  end
+  -- Stale bookings go; a turn paid for and waiting for a place of the
+  -- concurrency rule (a negative score, see below) stays.
+  redis.call('ZREMRANGEBYSCORE', rkey, '0', '(' .. string.format('%d', now - tol))
   -- A booking whose turn falls inside a pause (the upstream said stop) is
   -- not redeemed: it is dropped and its caller takes a new turn, which the
   -- pause has moved past its end.
   local pause_end = tonumber(redis.call('GET', KEYS[nrules + 2])) or 0
   local early = tonumber(ARGV[b + 3])
-  for i = b + 4, #ARGV do
+  for i = b + 6, #ARGV do
     local slot = tonumber(redis.call('ZSCORE', rkey, ARGV[i]))
-    if slot and slot < pause_end then
+    if slot and slot < 0 and c and not cc.free(c) then
+      local reply = wait_place()
+      keep_ttl(rkey, reply[4] + c.lease)
+      return reply
+    end
+    if slot and slot >= 0 and slot < pause_end then
       redis.call('ZREM', rkey, ARGV[i])
       slot = nil
     end
     if slot then
       local d = slot - now
       if d < 0 then d = 0 end
-      if early >= 0 and d > early then return {4, 1, 0, d, 0, now} end
+      if early >= 0 and d > early then
+        if not c then return {4, 1, 0, d, 0, now} end
+        if c.holding then cc.give(c) end
+        return cc.reply(c, {4, 1, 0, d, 0, now}, nrules)
+      end
+      if c and not cc.free(c) then
+        -- The turn has come but every place of the concurrency rule is
+        -- taken: the caller waits for one with its turn paid. The booking
+        -- is kept with its slot negated, which neither goes stale nor is
+        -- charged again: the caller runs on it when it has a place.
+        redis.call('ZADD', rkey, string.format('%d', -slot), ARGV[i])
+        local reply = wait_place()
+        keep_ttl(rkey, reply[4] + c.lease)
+        return reply
+      end
       redis.call('ZREM', rkey, ARGV[i])
-      return {3, 1, 0, d, 0, now}
+      if not c then return {3, 1, 0, d, 0, now} end
+      cc.take(c)
+      return cc.reply(c, {3, 1, 0, d, 0, now}, nrules)
     end
   end
   -- A new turn, booked as far as the horizon allows; without a booking id,
   -- only as far as the caller can wait.
   max_wait = tonumber(ARGV[b + 2])
   if booking == '' then max_wait = wait_here end
+  -- A caller waiting for a place of the concurrency rule takes no turn of
+  -- the rate rules: it is charged when it has a place.
+  if c and not cc.free(c) then return wait_place() end
 end
 local reply
 if nrules == 1 then
@@ -226,19 +298,28 @@ else
   reply[5] = math.ceil(math.min(reply[5], max_us))
 end
 
-if reply[1] == 1 and op == 'admit' and wait_here >= 0 and reply[4] > wait_here then
+local later = op == 'admit' and wait_here >= 0 and reply[4] > wait_here
+if c then
+  -- A caller that runs now (or after waiting where it is) takes its place;
+  -- one that must come back later gives a place it holds to the next.
+  if reply[1] == 1 and not later then cc.take(c) elseif c.holding then cc.give(c) end
+end
+if reply[1] == 1 and later then
   -- Later than the caller can wait: book the slot under its id.
   local b = 4 + 5 * nrules
   local rkey, tol = KEYS[nrules + 1], tonumber(ARGV[b + 1])
   redis.call('ZADD', rkey, string.format('%d', now + reply[4]), ARGV[b])
   keep_ttl(rkey, reply[4] + tol)
-  return {2, reply[2], reply[3], reply[4], reply[5], now}
+  reply = {2, reply[2], reply[3], reply[4], reply[5], now}
+  if c then return cc.reply(c, reply, nrules) end
+  return reply
 end
 if reply[1] == 1 and op == 'prepay' then
   local rkey, keep = KEYS[nrules + 1], tonumber(ARGV[5 + 5 * nrules])
-  redis.call('ZREMRANGEBYSCORE', rkey, '-inf', '(' .. string.format('%d', now - keep))
+  redis.call('ZREMRANGEBYSCORE', rkey, '0', '(' .. string.format('%d', now - keep))
   redis.call('ZADD', rkey, string.format('%d', now + reply[4]), ARGV[4 + 5 * nrules])
   keep_ttl(rkey, reply[4] + keep)
 end
 if atmost and reply[1] == 1 then reply[#reply + 1] = n end
+if c then return cc.reply(c, reply, nrules) end
 return reply

@@ -91,6 +91,10 @@ end
 local refund, pause
 if rare then refund, pause = {}, {} end
 
+-- cc holds the helpers of concurrency rules (concurrency.lua), in the
+-- scripts that include it and for rare operations only; nil otherwise.
+local cc
+
 local keep_ttl, cancelled_add, cancelled_pop, rint
 if rare then
 

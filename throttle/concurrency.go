@@ -1,0 +1,336 @@
+package throttle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Concurrency: lua/concurrency.lua keeps, per subject, one sorted set of
+// the holders of a place (scored by their lease's expiry) and of the
+// waiters for one (by arrival). driver.lua's admit takes a place or queues
+// for one; lua/lease.lua renews and releases. A Limiter with a Concurrency
+// rule keeps the places its process holds (leases, below) and renews them
+// while they are held.
+var _ = register(Concurrency, &algorithm{rank: 6, files: []string{"concurrency.lua"}, holders: true, validate: validateConcurrency})
+
+// leaseScript renews and releases places (lua/lease.lua).
+var leaseScript = buildScript("prelude.lua", "concurrency.lua", "lease.lua")
+
+// validateConcurrency checks a Concurrency rule: Limit.Count places, each
+// leased for Limit.Period, which must leave time to renew.
+func validateConcurrency(r Rule) error {
+	if r.Limit.Period < minLease {
+		return &ConfigError{Rule: r.Name, Field: "lease", Reason: fmt.Sprintf("%v must be at least %v (Limit.Period is the lease of a concurrency rule)", r.Limit.Period, minLease)}
+	}
+	return nil
+}
+
+// minLease is the shortest lease: a holder renews three times per lease,
+// and each renewal is a round trip.
+const minLease = 100 * time.Millisecond
+
+// leases are the places of a limiter's Concurrency rule that this process
+// holds, which it renews every third of the lease until they are released,
+// and the callers waiting in Wait for one.
+type leases struct {
+	lim   *Limiter
+	rule  int // the Concurrency rule's index
+	count int
+	lease time.Duration
+
+	mu      sync.Mutex
+	held    map[string][]string      // subject -> ids holding a place
+	waiting map[string]chan struct{} // ids of Wait callers -> woken when handed a place
+	idle    chan struct{}            // closed when no place is held: the renewal goroutine, if any, ends
+}
+
+// newLeases returns the leases of l's Concurrency rule; nil without one, an
+// error if l has two.
+func newLeases(l *Limiter) (*leases, error) {
+	var s *leases
+	for i, r := range l.rules {
+		if r.Algorithm != Concurrency {
+			continue
+		}
+		if s != nil {
+			return nil, &ConfigError{Rule: r.Name, Field: "algorithm", Reason: fmt.Sprintf("a limiter has at most one concurrency rule, and %q is one", l.rules[s.rule].Name)}
+		}
+		s = &leases{lim: l, rule: i, count: r.Limit.Count, lease: r.Limit.Period,
+			held: map[string][]string{}, waiting: map[string]chan struct{}{}}
+	}
+	return s, nil
+}
+
+// only is the error of an operation that a limiter with a Concurrency
+// rule does not offer.
+// It is a *ConfigError naming the rule, field "algorithm", returned before
+// any call to Redis: httpthrottle.New tells a concurrency limiter by it.
+func (s *leases) only(op string) error {
+	return &ConfigError{Rule: s.lim.rules[s.rule].Name, Field: "algorithm", Reason: op + " does not apply to a concurrency limit; take a place with Wait or Admit and give it back with Release"}
+}
+
+// woken returns the ids that an admit reply says were handed a place: its
+// last value, when s is not nil and the reply has one; nil otherwise.
+func (s *leases) woken(reply []any, nrules int) []any {
+	if s == nil || len(reply) != 7+nrules {
+		return nil
+	}
+	w, ok := reply[len(reply)-1].([]any)
+	if !ok {
+		return nil
+	}
+	return w
+}
+
+// hold records a place id holds for subject, and renews it from now on.
+func (s *leases) hold(subject, id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, h := range s.held[subject] {
+		if h == id {
+			return
+		}
+	}
+	s.held[subject] = append(s.held[subject], id)
+	if s.idle == nil {
+		s.idle = make(chan struct{})
+		go s.renew(s.idle)
+	}
+}
+
+// deliver wakes the ids handed a place: a Wait of this process directly,
+// the others through Options.OnHandoff.
+func (s *leases) deliver(woken []any) {
+	var others []string
+	s.mu.Lock()
+	for _, v := range woken {
+		id, _ := v.(string)
+		if ch, ok := s.waiting[id]; ok {
+			select {
+			case ch <- struct{}{}:
+			default:
+			}
+		} else if id != "" {
+			others = append(others, id)
+		}
+	}
+	s.mu.Unlock()
+	if len(others) > 0 && s.lim.opts.OnHandoff != nil {
+		s.lim.opts.OnHandoff(others)
+	}
+}
+
+// renewTimeout bounds one renewal or release call.
+const renewTimeout = 5 * time.Second
+
+// renew renews every held place once per third of the lease, one call per
+// subject, until none is held. A place found lost (this process stalled
+// past its lease, and the place was handed on) is dropped and logged: its
+// holder runs on without it.
+func (s *leases) renew(idle chan struct{}) {
+	t := time.NewTicker(s.lease / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-idle:
+			return
+		case <-t.C:
+		}
+		s.mu.Lock()
+		held := make(map[string][]string, len(s.held))
+		for subj, ids := range s.held {
+			held[subj] = append([]string(nil), ids...)
+		}
+		s.mu.Unlock()
+		for subj, ids := range held {
+			woken, lost, err := s.call(opRenew, subj, ids)
+			if err != nil {
+				s.lim.opts.Logger.Warn("throttle: cannot renew concurrency leases; they expire unless a later renewal gets through", "rule", s.lim.rules[s.rule].Name, "subject", subj, "error", err)
+				continue
+			}
+			for _, id := range lost {
+				s.drop(subj, id)
+				s.lim.opts.Logger.Warn("throttle: a concurrency lease expired while its holder ran (the process stalled past the lease); its place went to another", "rule", s.lim.rules[s.rule].Name, "subject", subj, "holder", id)
+			}
+			s.deliver(woken)
+		}
+	}
+}
+
+// takeLast forgets one of the places held for subject, the latest taken
+// (the places a process holds for a subject are alike), and returns its id.
+func (s *leases) takeLast(subject string) (string, bool) {
+	s.mu.Lock()
+	ids := s.held[subject]
+	if len(ids) == 0 {
+		s.mu.Unlock()
+		return "", false
+	}
+	id := ids[len(ids)-1]
+	s.mu.Unlock()
+	// drop takes the lock again; another takeLast between the two may
+	// have taken id: then take the next.
+	if !s.drop(subject, id) {
+		return s.takeLast(subject)
+	}
+	return id, true
+}
+
+// drop forgets a place id held for subject; it reports whether it was held.
+func (s *leases) drop(subject, id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ids := s.held[subject]
+	for i, h := range ids {
+		if h == id {
+			ids = append(ids[:i], ids[i+1:]...)
+			if len(ids) == 0 {
+				delete(s.held, subject)
+				if len(s.held) == 0 && s.idle != nil {
+					close(s.idle)
+					s.idle = nil
+				}
+			} else {
+				s.held[subject] = ids
+			}
+			return true
+		}
+	}
+	return false
+}
+
+// call runs lease.lua's o (opRenew or opRelease) for ids.
+func (s *leases) call(o op, subject string, ids []string) (woken []any, lost []string, err error) {
+	enc, err := EncodeSubject(subject)
+	if err != nil {
+		return nil, nil, err
+	}
+	l := s.lim
+	args := make([]any, 0, 3+len(ids))
+	args = append(args, string(o), s.count, s.lease.Microseconds())
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), renewTimeout)
+	defer cancel()
+	cmd, err := l.exec(ctx, o, leaseScript, []string{key(l.prefix, enc, l.keyRules[s.rule])}, args)
+	if err != nil {
+		return nil, nil, err
+	}
+	reply, err := cmd.Slice()
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(reply) != 2 {
+		return nil, nil, badReply(reply)
+	}
+	woken, _ = reply[0].([]any)
+	lostv, _ := reply[1].([]any)
+	for _, v := range lostv {
+		id, _ := v.(string)
+		lost = append(lost, id)
+	}
+	return woken, lost, nil
+}
+
+// Release gives back a place of the limiter's Concurrency rule that this
+// process holds for subject (taken by Wait, or by an Admit that was Granted
+// or Redeemed), and hands it to the subject's next waiter. Call it when the
+// work ends, whether it succeeded or not. A place not released (the process
+// died) frees when its lease expires. It returns an error if the limiter
+// has no Concurrency rule or this process holds no place for subject, and
+// an error matching ErrRedis if Redis fails (the place then frees when its
+// lease expires).
+func (l *Limiter) Release(ctx context.Context, subject string) error {
+	s := l.leases
+	if s == nil {
+		return errors.New("throttle: release: the limiter has no concurrency rule")
+	}
+	id, ok := s.takeLast(subject)
+	if !ok {
+		return fmt.Errorf("throttle: release: this process holds no place of rule %q for subject %q", l.rules[s.rule].Name, subject)
+	}
+	woken, _, err := s.call(opRelease, subject, []string{id})
+	if err != nil {
+		return err
+	}
+	s.deliver(woken)
+	return nil
+}
+
+// waitTolerance is how late a Wait caller may come back for its booked
+// turn: it comes back on its own timer, at once.
+const waitTolerance = time.Second
+
+// wait is WaitN for a limiter with a Concurrency rule: it takes a place,
+// queueing for one first if they are all taken (woken when one is handed
+// to it: at once by a release in this process, else at its fallback; see
+// Admission.At), and a turn of the policy's rate rules. It fails at once
+// with a *DelayError if the turn of a rate rule is past the context's
+// deadline or MaxWait. If the context ends, its place (or its place in the
+// queue) is given up and ctx.Err() returned.
+func (s *leases) wait(ctx context.Context, subject string, n int) error {
+	if err := ctx.Err(); err != nil {
+		return err // nothing taken, nothing to give up
+	}
+	l := s.lim
+	id := "wait:" + newReceiptID()
+	woken := make(chan struct{}, 1)
+	s.mu.Lock()
+	s.waiting[id] = woken
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.waiting, id)
+		s.mu.Unlock()
+	}()
+	// giveUp leaves the queue or gives back a place the caller was handed.
+	giveUp := func(err error) error {
+		s.drop(subject, id)
+		if woken, _, rerr := s.call(opRelease, subject, []string{id}); rerr == nil {
+			s.deliver(woken)
+		}
+		return err
+	}
+	for {
+		if err := ctx.Err(); err != nil {
+			return giveUp(err)
+		}
+		a, err := l.Admit(ctx, AdmitRequest{Subject: subject, N: n, ID: id, Wait: -1, Tolerance: waitTolerance})
+		if err != nil {
+			return giveUp(err)
+		}
+		switch a.Status {
+		case Granted, Redeemed:
+			bound, byDeadline := l.waitBound(ctx, time.Now())
+			if bound >= 0 && a.Delay > bound {
+				if a.Reservation != nil {
+					_ = a.Reservation.Cancel(context.WithoutCancel(ctx))
+				}
+				return giveUp(&DelayError{Rule: a.Rule, RetryAfter: a.Delay, Deadline: byDeadline})
+			}
+			if err := sleep(ctx, time.Until(a.At)); err != nil {
+				if a.Reservation != nil {
+					_ = a.Reservation.Cancel(context.WithoutCancel(ctx))
+				}
+				return giveUp(err)
+			}
+			return nil
+		case Booked, Held:
+			// Queued for a place (or, for a turn booked earlier, held):
+			// back when handed one, or at the fallback.
+			t := time.NewTimer(time.Until(a.At))
+			select {
+			case <-woken:
+			case <-t.C:
+			case <-ctx.Done():
+			}
+			t.Stop()
+		default:
+			return giveUp(&DelayError{Rule: a.Rule, RetryAfter: a.Delay})
+		}
+	}
+}
