@@ -62,6 +62,9 @@ func (l *Limiter) PauseFor(ctx context.Context, subject string, d time.Duration)
 		}
 		return &redisError{op: "pause", err: err}
 	}
+	if l.leases != nil {
+		l.leases.drop(subject) // slots leased here before the pause
+	}
 	return nil
 }
 

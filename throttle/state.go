@@ -77,5 +77,8 @@ func (l *Limiter) Reset(ctx context.Context, subject string) error {
 		}
 		return &redisError{op: "reset", err: err}
 	}
+	if l.leases != nil {
+		l.leases.drop(subject)
+	}
 	return nil
 }
