@@ -27,6 +27,12 @@ type workload struct {
 	Keys          int           `json:"keys"`    // distinct keys (allow mode)
 	StartUnixNano int64         `json:"start_unix_nano"`
 	Duration      time.Duration `json:"duration"`
+	// The leased part's "hot" mode (leased.go).
+	HotOp   string        `json:"hot_op,omitempty"`      // wait, or allow
+	LeaseNs time.Duration `json:"local_lease,omitempty"` // throttle.Options.LocalLease
+	File    string        `json:"file,omitempty"`        // where admissions are recorded
+	Linger  time.Duration `json:"linger,omitempty"`      // stay alive this long after Duration
+	PaceNs  time.Duration `json:"pace,omitempty"`        // sleep after each admission
 }
 
 // procResult is what one process reports back.
@@ -69,6 +75,9 @@ func childMain(spec string, out io.Writer) error {
 func runWorkload(w workload) (*procResult, error) {
 	if w.Mode == "burn" {
 		return burn(w), nil
+	}
+	if w.Mode == "hot" {
+		return runHot(w)
 	}
 	im, err := implByName(w.Impl)
 	if err != nil {

@@ -3,6 +3,7 @@ package throttle
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/bits"
 	"slices"
 	"sync"
@@ -162,17 +163,14 @@ type leasedKey struct {
 	// renewing: a lease call is out; backoff: no lease call before it.
 	renewing bool
 	backoff  time.Time
-	// Demand: permits asked for in the current and previous demandWindow,
-	// and how many of them were held back (denied, or waiting for a slot
-	// ahead).
-	win           time.Time
-	cur, prev     int64
-	held, heldBef int64
-	last          time.Time // the last request
-	back          time.Time // when a denied Allow was told to come back
-	sleeping      int       // waits holding slots, not yet woken
-	idle          *time.Timer
-	gone          bool // swept: callers look the subject up again
+	// Demand: permits asked for in the current and previous demandWindow.
+	win       time.Time
+	cur, prev int64
+	last      time.Time // the last request
+	back      time.Time // when a denied Allow was told to come back
+	sleeping  int       // waits holding slots, not yet woken
+	idle      *time.Timer
+	gone      bool // swept: callers look the subject up again
 }
 
 // lease is one run of slots granted by one call. Slot i (0 ≤ i < k) lies
@@ -316,11 +314,11 @@ func (q *leaser) giveBack(k *leasedKey, ss []slot, t time.Time) {
 func note(k *leasedKey, n int, t time.Time) {
 	if d := t.Sub(k.win); d >= demandWindow {
 		if d < 2*demandWindow {
-			k.prev, k.heldBef, k.win = k.cur, k.held, k.win.Add(demandWindow)
+			k.prev, k.win = k.cur, k.win.Add(demandWindow)
 		} else {
-			k.prev, k.heldBef, k.win = 0, 0, t
+			k.prev, k.win = 0, t
 		}
-		k.cur, k.held = 0, 0
+		k.cur = 0
 	}
 	k.cur += int64(n)
 	k.last = t
@@ -328,25 +326,32 @@ func note(k *leasedKey, n int, t time.Time) {
 
 // size is the lease k's demand at t justifies: 0 if below minLease.
 //
-// A process whose requests are mostly held back (denied, or waiting for
-// slots ahead) is limited by the rate, not by its demand: its arrivals
-// only measure what it got, and sizing its leases by them would let the
-// process that got more lease more. Every such process leases maxLease,
-// the same for all, which shares the key evenly between them. Otherwise
-// the lease is what arrivals at the observed rate r take from a run of
-// slots 1/R apart before the last is δ late: δ·r / (1 − r/R).
+// For an observed demand of r permits a second and the rule's rate R it
+// is the least of three:
+//
+//   - maxLease (2δ of the rate), which bounds what a dead process loses;
+//   - δ·r / (1 − r/R), the most that arrivals at r can take from a run of
+//     slots 1/R apart before the last is δ late: a larger lease would
+//     drop slots unused;
+//   - δ·√(r·R) / 4, which keeps the processes that share a key even.
+//     Under contention a process's arrivals (its waiters coming back)
+//     follow what it got, and it gets in proportion to its lease size, so
+//     a size that grew faster than r would let whoever got more lease
+//     more; a size that grows as √r gives the smaller share the larger
+//     lease for its demand, and the shares converge. Up to about 16
+//     processes on a key this term is the smaller of the last two.
 func (q *leaser) size(k *leasedKey, t time.Time) int {
-	n := q.maxLease
-	if asked := k.prev + k.cur; 2*(k.heldBef+k.held) < asked {
-		r := float64(asked) / (demandWindow + t.Sub(k.win)).Seconds() // permits per second
-		if r < q.rate {
-			n = min(n, int(q.slack.Seconds()*r/(1-r/q.rate)))
-		}
+	r := float64(k.prev+k.cur) / (demandWindow + t.Sub(k.win)).Seconds() // permits per second
+	d := q.slack.Seconds()
+	n := float64(q.maxLease)
+	if r < q.rate {
+		n = min(n, d*r/(1-r/q.rate))
 	}
+	n = min(n, d*math.Sqrt(r*q.rate)/4)
 	if n < minLease {
 		return 0
 	}
-	return n
+	return int(n)
 }
 
 // lock returns subject's state, created if new, locked.
@@ -439,9 +444,6 @@ func (q *leaser) allow(ctx context.Context, subject string, n int) (res Result, 
 		sp, last, enough, ok := q.pick(k, n, t)
 		if ok {
 			res = q.answer(k, n, sp, last, t)
-			if !res.Allowed {
-				k.held += int64(n)
-			}
 			q.renewIfLow(ctx, subject, k, t)
 			k.mu.Unlock()
 			return res, true, nil
@@ -452,9 +454,6 @@ func (q *leaser) allow(ctx context.Context, subject string, n int) (res Result, 
 		}
 	}
 	r := q.enqueue(ctx, subject, k, n, true, time.Time{}, t)
-	if r != nil {
-		k.held += int64(n)
-	}
 	k.mu.Unlock()
 	if r == nil {
 		return Result{}, false, nil
@@ -544,9 +543,6 @@ func (q *leaser) wait(ctx context.Context, subject string, n int) (handled bool,
 			r = &leaseReq{n: n, served: true, at: last, spare: q.taken(k, n, sp)}
 			take(k, n, sp)
 			k.sleeping++
-			if last.hi.After(t) {
-				k.held += int64(n)
-			}
 			q.renewIfLow(ctx, subject, k, t)
 		case enough:
 			k.mu.Unlock()
@@ -555,9 +551,7 @@ func (q *leaser) wait(ctx context.Context, subject string, n int) (handled bool,
 	}
 	queued := r == nil
 	if queued {
-		if r = q.enqueue(ctx, subject, k, n, false, latest, t); r != nil {
-			k.held += int64(n)
-		}
+		r = q.enqueue(ctx, subject, k, n, false, latest, t)
 	}
 	k.mu.Unlock()
 	if r == nil {

@@ -148,7 +148,8 @@ func waitLoop(t *testing.T, wg *sync.WaitGroup, p *proc, id, goroutines int, end
 // Four processes wait on one hot key for two seconds: the key admits its
 // rate, never more than the leased bound in any second or 100 ms, fairly,
 // with a small fraction of the script calls the exact path makes (one per
-// permit).
+// permit). (At this rate a lease is about a dozen permits; at 120,000 a
+// second, about 75.)
 func TestLeasedHotKeyFourProcesses(t *testing.T) {
 	virtual(t, func(t *testing.T, _ *redis.Client, m *miniredis.Miniredis) {
 		const procs, goroutines = 4, 16
@@ -176,8 +177,8 @@ func TestLeasedHotKeyFourProcesses(t *testing.T) {
 			calls += p.calls.total()
 			shares[i] = adm.per[i]
 		}
-		if calls > total/10 {
-			t.Errorf("%d script calls for %d permits, want at most a tenth", calls, total)
+		if calls > total/8 {
+			t.Errorf("%d script calls for %d permits, want at most an eighth", calls, total)
 		}
 		if j := jainIndex(shares); j < 0.99 {
 			t.Errorf("shares %v: Jain's index %.4f, want ≥ 0.99", shares, j)

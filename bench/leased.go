@@ -1,0 +1,489 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/jobthrottle/jobthrottle/throttle"
+)
+
+// The leased part (go run . -leased, issue 14): one hot key, several
+// processes, the plain path (one script call per permit) against
+// throttle.Options.LocalLease and redis_rate, on one throwaway
+// redis-server in one run. Each child records the moment every Wait or
+// Allow returned admitted (wall clock, which on one machine is the clock
+// redis-server's TIME reads) in a memory-mapped file, so that a child the
+// parent kills with SIGKILL leaves every admission it made. Figures: the
+// permits per second over the steady span [1 s, D), the most admitted in
+// any sliding 1 s and 100 ms, redis-server CPU (INFO used_cpu_user +
+// used_cpu_sys) and script calls per permit, client CPU per permit, and
+// Jain's index over the processes.
+
+// leasedConfig is the part's setup.
+type leasedConfig struct {
+	Rate      int     `json:"rate"`  // the hot key's limit, per second
+	Burst     int     `json:"burst"` // its burst
+	LeaseMs   float64 `json:"local_lease_ms"`
+	Procs     int     `json:"procs"`
+	Waiters   int     `json:"goroutines_per_proc"`
+	DurationS float64 `json:"duration_s"`
+	// The fallback check: Procs processes, one goroutine each asking
+	// LowRate times a second, one permit at a time, for LowS seconds.
+	LowRate int     `json:"low_rate_per_proc"`
+	LowS    float64 `json:"low_s"`
+}
+
+func defaultLeasedConfig() leasedConfig {
+	return leasedConfig{Rate: 120_000, Burst: 120, LeaseMs: 5, Procs: 4, Waiters: 32, DurationS: 10, LowRate: 5, LowS: 4}
+}
+
+// leasedCase is one row: an implementation, an operation, a fleet.
+type leasedCase struct {
+	Name      string   `json:"name"`
+	Impl      string   `json:"impl"`
+	Op        string   `json:"op"` // wait, or allow (sleeping RetryAfter after a denial)
+	LeaseMs   float64  `json:"local_lease_ms,omitempty"`
+	Events    []string `json:"events,omitempty"` // joins, leaves, kills
+	Admitted  int      `json:"admitted"`
+	SteadyPS  float64  `json:"steady_permits_per_s"`
+	PerProc   []int    `json:"per_proc"`
+	Jain      float64  `json:"jain,omitempty"` // over processes that ran the whole time
+	Max1s     int      `json:"max_1s"`
+	Max100ms  int      `json:"max_100ms"`
+	Over1s    int      `json:"over_1s"` // Max1s - rate
+	OverPct   float64  `json:"over_1s_pct"`
+	Bound1s   int      `json:"bound_1s"` // burst + rate × (1 s + LocalLease): the documented bound
+	RedisCPU  float64  `json:"redis_cpu_us_per_permit"`
+	Scripts   float64  `json:"scripts_per_permit"`
+	ClientCPU float64  `json:"client_cpu_us_per_permit"`
+	Series    []int    `json:"series_100ms"`
+	Errors    int64    `json:"errors"`
+	FirstErr  string   `json:"first_error,omitempty"`
+}
+
+// leasedLow is the fallback check's result.
+type leasedLow struct {
+	Admitted int      `json:"admitted"`
+	Scripts  int64    `json:"scripts"`
+	Ops      []string `json:"ops"`
+}
+
+type leasedRun struct {
+	Date     string        `json:"date"`
+	Command  string        `json:"command"`
+	RuntimeS float64       `json:"runtime_s"`
+	Machine  machine       `json:"machine"`
+	Library  library       `json:"library"`
+	Config   leasedConfig  `json:"config"`
+	OffsetUs float64       `json:"redis_minus_wall_us"` // Redis TIME less the wall clock, at the fastest TIME call
+	Cases    []*leasedCase `json:"cases"`
+	Low      *leasedLow    `json:"low_rate"`
+}
+
+// hotChild is one child of a case: when it starts and stops, relative to
+// the case's start, and whether it is killed at its stop.
+type hotChild struct {
+	from, to time.Duration
+	killed   bool
+	linger   time.Duration // stays alive this long after to (a graceful leave)
+}
+
+// runLeasedPart runs every case on a fresh redis-server and writes
+// results/<date>-leased.json, its plot, and the report.
+func runLeasedPart(cfg leasedConfig, mdPath string, logf func(string, ...any)) error {
+	t0 := time.Now()
+	srv, err := startRedis(logf)
+	if err != nil {
+		return err
+	}
+	defer srv.Stop()
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp("", "jobthrottle-leased-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	run := &leasedRun{Date: t0.UTC().Format(time.RFC3339), Command: "cd bench && go run . " + strings.Join(os.Args[1:], " "),
+		Machine: readMachine(), Library: readLibrary(), Config: cfg}
+	run.Machine.RedisVersion = srv.version
+	run.Machine.LoadStart = loadavg()
+	run.OffsetUs = redisOffset(ctx, rdb)
+	d := time.Duration(cfg.DurationS * float64(time.Second))
+	lease := time.Duration(cfg.LeaseMs * float64(time.Millisecond))
+	steady := make([]hotChild, cfg.Procs)
+	for i := range steady {
+		steady[i] = hotChild{to: d}
+	}
+	// Churn: two for the whole run; one joins at 30 % and leaves at 75 %
+	// (stops asking, stays 500 ms, exits); one is killed at 50 %; one
+	// joins at 60 %.
+	pct := func(p int) time.Duration { return d * time.Duration(p) / 100 }
+	churn := []hotChild{{to: d}, {to: d}, {from: pct(30), to: pct(75), linger: 500 * time.Millisecond},
+		{to: pct(50), killed: true}, {from: pct(60), to: d}}
+	churnEvents := []string{"processes 1, 2 and 4 from the start", "process 3 joins at 30 %", "process 4 killed (SIGKILL) at 50 %",
+		"process 5 joins at 60 %", "process 3 leaves at 75 %"}
+	cases := []struct {
+		c        leasedCase
+		children []hotChild
+	}{
+		{leasedCase{Name: "jobthrottle/gcra, plain Wait", Impl: "jobthrottle/gcra", Op: "wait"}, steady},
+		{leasedCase{Name: "jobthrottle/gcra, plain Allow (batched)", Impl: "jobthrottle/gcra", Op: "allow"}, steady},
+		{leasedCase{Name: "redis_rate Allow", Impl: "redis_rate", Op: "allow"}, steady},
+		{leasedCase{Name: "jobthrottle/gcra, leased Wait", Impl: "jobthrottle/gcra", Op: "wait", LeaseMs: cfg.LeaseMs}, steady},
+		{leasedCase{Name: "jobthrottle/gcra, leased Allow", Impl: "jobthrottle/gcra", Op: "allow", LeaseMs: cfg.LeaseMs}, steady},
+		{leasedCase{Name: "jobthrottle/gcra, leased Wait, churn", Impl: "jobthrottle/gcra", Op: "wait", LeaseMs: cfg.LeaseMs, Events: churnEvents}, churn},
+	}
+	for i, tc := range cases {
+		logf("leased: %s", tc.c.Name)
+		c := tc.c
+		ws := make([]workload, len(tc.children))
+		key := fmt.Sprintf("hot-%d-%d", t0.UnixNano(), i)
+		for j, ch := range tc.children {
+			ws[j] = workload{Mode: "hot", Impl: c.Impl, Addr: srv.Addr, Rate: cfg.Rate, Burst: cfg.Burst, Waiters: cfg.Waiters,
+				Key: key, Duration: ch.to - ch.from, HotOp: c.Op, LeaseNs: time.Duration(c.LeaseMs * float64(time.Millisecond)),
+				File: filepath.Join(dir, fmt.Sprintf("case%d-proc%d", i, j)), Linger: ch.linger}
+		}
+		if err := runHotCase(ctx, exe, rdb, &c, tc.children, ws, cfg, lease, d); err != nil {
+			return fmt.Errorf("bench: leased %s: %w", c.Name, err)
+		}
+		logf("leased: %s: %.0f permits/s, max 1 s %d (over %+d, %.2f %%), Redis CPU %.3f µs/permit, %.4f scripts/permit, Jain %.4f",
+			c.Name, c.SteadyPS, c.Max1s, c.Over1s, c.OverPct, c.RedisCPU, c.Scripts, c.Jain)
+		run.Cases = append(run.Cases, &c)
+	}
+	low, err := runLowRate(ctx, exe, rdb, cfg, dir)
+	if err != nil {
+		return err
+	}
+	run.Low = low
+	logf("leased: low rate: %d permits, %d script calls", low.Admitted, low.Scripts)
+	run.RuntimeS = time.Since(t0).Seconds()
+	run.Machine.LoadEnd = loadavg()
+	b, err := json.MarshalIndent(run, "", "  ")
+	if err != nil {
+		return err
+	}
+	path := filepath.Join("results", t0.UTC().Format("2006-01-02")+"-leased.json")
+	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	logf("leased: wrote %s", path)
+	full, err := latestFullResults()
+	if err != nil {
+		return err
+	}
+	return regenerate(full, mdPath)
+}
+
+// runHotCase runs one case's children and fills in c.
+func runHotCase(ctx context.Context, exe string, rdb *redis.Client, c *leasedCase, children []hotChild, ws []workload, cfg leasedConfig, lease, d time.Duration) error {
+	start := time.Now().Add(lead)
+	for j := range ws {
+		ws[j].StartUnixNano = start.Add(children[j].from).UnixNano()
+	}
+	before, err := readStats(ctx, rdb)
+	if err != nil {
+		return err
+	}
+	procs, err := spawnHot(exe, ws, children, start)
+	if err != nil {
+		return err
+	}
+	after, err := readStats(ctx, rdb)
+	if err != nil {
+		return err
+	}
+	var all []int64
+	var cpu int64
+	for j, w := range ws {
+		ts, err := readRecords(w.File)
+		if err != nil {
+			return err
+		}
+		off := children[j].from.Nanoseconds()
+		for i := range ts {
+			ts[i] += off
+		}
+		all = append(all, ts...)
+		c.PerProc = append(c.PerProc, len(ts))
+		if p := procs[j]; p != nil {
+			cpu += p.CPUNs
+			c.Errors += p.Errors
+			if c.FirstErr == "" {
+				c.FirstErr = p.FirstError
+			}
+		}
+	}
+	slices.Sort(all)
+	sec := time.Second.Nanoseconds()
+	c.Admitted = len(all)
+	c.SteadyPS = float64(countIn(all, sec, d.Nanoseconds())) / (d.Seconds() - 1)
+	c.Max1s, c.Max100ms = maxInWindow(all, sec), maxInWindow(all, sec/10)
+	c.Over1s = c.Max1s - cfg.Rate
+	c.OverPct = 100 * float64(c.Over1s) / float64(cfg.Rate)
+	c.Bound1s = cfg.Burst + int(float64(cfg.Rate)*(time.Second+time.Duration(c.LeaseMs*float64(time.Millisecond))).Seconds())
+	c.Series = histogram(all, sec/10, d.Nanoseconds()+sec/2)
+	whole := []int{}
+	for j, ch := range children {
+		if ch.from == 0 && ch.to == d && !ch.killed {
+			whole = append(whole, c.PerProc[j])
+		}
+	}
+	if len(whole) > 1 {
+		c.Jain = jain(whole)
+	}
+	if n := float64(max(c.Admitted, 1)); c.Admitted > 0 {
+		c.RedisCPU = (after.CPU - before.CPU) * 1e6 / n
+		_, scripts := callDelta(before, after)
+		c.Scripts = float64(scripts) / n
+		c.ClientCPU = float64(cpu) / 1e3 / n
+	}
+	return nil
+}
+
+// spawnHot starts the children, kills those marked at their stop, and
+// returns the results of the others (nil for a killed one).
+func spawnHot(exe string, ws []workload, children []hotChild, start time.Time) ([]*procResult, error) {
+	type proc struct {
+		cmd            *exec.Cmd
+		stdout, stderr bytes.Buffer
+	}
+	procs := make([]*proc, len(ws))
+	for i, w := range ws {
+		spec, err := json.Marshal(w)
+		if err != nil {
+			return nil, err
+		}
+		p := &proc{cmd: exec.Command(exe, "-child", string(spec))}
+		p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
+		if err := p.cmd.Start(); err != nil {
+			for _, q := range procs[:i] {
+				q.cmd.Process.Kill()
+				q.cmd.Wait()
+			}
+			return nil, fmt.Errorf("bench: start child: %w", err)
+		}
+		procs[i] = p
+	}
+	var wg sync.WaitGroup
+	for i, ch := range children {
+		if ch.killed {
+			wg.Go(func() {
+				time.Sleep(time.Until(start.Add(ch.to)))
+				procs[i].cmd.Process.Kill()
+			})
+		}
+	}
+	wg.Wait()
+	out := make([]*procResult, len(ws))
+	var firstErr error
+	for i, p := range procs {
+		err := p.cmd.Wait()
+		if children[i].killed {
+			continue
+		}
+		if err != nil && firstErr == nil {
+			firstErr = fmt.Errorf("bench: child %d: %v\n%s", i, err, tail(p.stderr.String(), 2000))
+			continue
+		}
+		var res procResult
+		if err := json.Unmarshal(p.stdout.Bytes(), &res); err != nil && firstErr == nil {
+			firstErr = fmt.Errorf("bench: child %d output: %v\n%s", i, err, tail(p.stderr.String(), 2000))
+			continue
+		}
+		out[i] = &res
+	}
+	return out, firstErr
+}
+
+// readRecords reads a child's admission times (ns after its start; the
+// file holds them plus 1, so that 0 is an unwritten place), sorted.
+func readRecords(path string) ([]int64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var ts []int64
+	for i := 0; i+8 <= len(b); i += 8 {
+		if v := int64(binary.LittleEndian.Uint64(b[i:])); v != 0 {
+			ts = append(ts, v-1)
+		}
+	}
+	slices.Sort(ts)
+	return ts, nil
+}
+
+// redisOffset is Redis TIME less the wall clock, µs, read at the fastest of
+// 20 TIME calls: on one machine, about 0 (one kernel clock), which the
+// report shows as the check that times on the wall clock are on Redis's.
+func redisOffset(ctx context.Context, rdb *redis.Client) float64 {
+	best, off := time.Duration(1<<62), 0.0
+	for range 20 {
+		a := time.Now()
+		t, err := rdb.Time(ctx).Result()
+		b := time.Now()
+		if err != nil {
+			continue
+		}
+		if rtt := b.Sub(a); rtt < best {
+			mid := a.Add(rtt / 2)
+			best, off = rtt, float64(t.Sub(mid).Nanoseconds())/1e3
+		}
+	}
+	return off
+}
+
+// runLowRate is the fallback check: processes with LocalLease asking a few
+// times a second, one permit at a time. Leased, they would make fewer script
+// calls than permits; exact, they make one each.
+func runLowRate(ctx context.Context, exe string, rdb *redis.Client, cfg leasedConfig, dir string) (*leasedLow, error) {
+	d := time.Duration(cfg.LowS * float64(time.Second))
+	ws := make([]workload, cfg.Procs)
+	children := make([]hotChild, cfg.Procs)
+	key := fmt.Sprintf("low-%d", time.Now().UnixNano())
+	for j := range ws {
+		ws[j] = workload{Mode: "hot", Impl: "jobthrottle/gcra", Addr: rdb.Options().Addr, Rate: cfg.Rate, Burst: cfg.Burst, Waiters: 1,
+			Key: key, Duration: d, HotOp: "wait", LeaseNs: time.Duration(cfg.LeaseMs * float64(time.Millisecond)),
+			PaceNs: time.Second / time.Duration(cfg.LowRate), File: filepath.Join(dir, fmt.Sprintf("low-proc%d", j))}
+		children[j] = hotChild{to: d}
+	}
+	var c leasedCase
+	if err := runHotCase(ctx, exe, rdb, &c, children, ws, cfg, 0, d); err != nil {
+		return nil, err
+	}
+	low := &leasedLow{Admitted: c.Admitted, Scripts: int64(c.Scripts*float64(c.Admitted) + 0.5)}
+	return low, nil
+}
+
+// runHot is a "hot" child: Waiters goroutines ask for one permit of Key
+// at a time, until Duration, recording every admission.
+func runHot(w workload) (*procResult, error) {
+	rdb := redis.NewClient(&redis.Options{Addr: w.Addr, PoolSize: max(2*w.Waiters, 20)})
+	defer rdb.Close()
+	var rt roundTrips
+	rdb.AddHook(&rt)
+	ctx0 := context.Background()
+	rdb.Ping(ctx0)
+	capacity := int(float64(w.Rate)*(w.Duration.Seconds()+2)) + w.Burst + 1000
+	rec, err := openRecorder(w.File, capacity)
+	if err != nil {
+		return nil, err
+	}
+	defer rec.close()
+	var ask func(ctx context.Context) (bool, time.Duration, error)
+	switch w.Impl {
+	case "jobthrottle/gcra":
+		lim, err := throttle.New(rdb, throttle.Options{Prefix: "jt:hot:", LocalLease: w.LeaseNs},
+			throttle.Rule{Name: "r", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(w.Rate).WithBurst(w.Burst)})
+		if err != nil {
+			return nil, err
+		}
+		if w.HotOp == "wait" {
+			ask = func(ctx context.Context) (bool, time.Duration, error) { return true, 0, lim.Wait(ctx, w.Key) }
+		} else {
+			ask = func(ctx context.Context) (bool, time.Duration, error) {
+				res, err := lim.Allow(ctx, w.Key)
+				return res.Allowed, res.RetryAfter, err
+			}
+		}
+	case "redis_rate":
+		rr := newRedisRate(rdb, w.Rate, w.Burst)
+		ask = func(ctx context.Context) (bool, time.Duration, error) {
+			res, err := rr.l.Allow(ctx, w.Key, rr.limit)
+			if err != nil {
+				return false, 0, err
+			}
+			return res.Allowed > 0, res.RetryAfter, nil
+		}
+	default:
+		return nil, fmt.Errorf("bench: hot: unknown implementation %q", w.Impl)
+	}
+	start := time.Unix(0, w.StartUnixNano)
+	end := start.Add(w.Duration)
+	ctx, cancel := context.WithDeadline(ctx0, end.Add(30*time.Second))
+	defer cancel()
+	res := &procResult{}
+	if d := time.Until(start); d > 0 {
+		time.Sleep(d)
+	} else {
+		res.LateNs = -d.Nanoseconds()
+	}
+	cpu0 := cpuTime()
+	var mu sync.Mutex
+	fail := func(err error) {
+		mu.Lock()
+		if res.Errors++; res.FirstError == "" {
+			res.FirstError = err.Error()
+		}
+		mu.Unlock()
+	}
+	var wg sync.WaitGroup
+	for range w.Waiters {
+		wg.Go(func() {
+			for time.Now().Before(end) {
+				ok, retry, err := ask(ctx)
+				if err != nil {
+					fail(err)
+					if ctx.Err() != nil {
+						return
+					}
+					continue
+				}
+				if !ok {
+					time.Sleep(max(retry, time.Microsecond))
+					continue
+				}
+				rec.add(time.Now().UnixNano() - w.StartUnixNano + 1)
+				if w.PaceNs > 0 {
+					time.Sleep(w.PaceNs)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	res.CPUNs = cpuTime() - cpu0
+	res.RoundTrips = rt.n.Load()
+	res.Allowed = rec.n.Load()
+	if w.Linger > 0 {
+		time.Sleep(w.Linger)
+	}
+	return res, nil
+}
+
+
+
+// readLeased reads the newest results/*-leased.json.
+func readLeased() (*leasedRun, string) {
+	names, _ := filepath.Glob(filepath.Join("results", "*-leased.json"))
+	if len(names) == 0 {
+		return nil, ""
+	}
+	slices.Sort(names)
+	path := names[len(names)-1]
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, ""
+	}
+	var run leasedRun
+	if json.Unmarshal(b, &run) != nil {
+		return nil, ""
+	}
+	return &run, path
+}
