@@ -55,6 +55,9 @@ type procResult struct {
 	LateNs     int64   `json:"late_ns"` // how far past the start this process was ready
 	Errors     int64   `json:"errors"`
 	FirstError string  `json:"first_error,omitempty"`
+	// ScriptOps counts the driver script's calls by operation (the leased
+	// part's children only).
+	ScriptOps map[string]int64 `json:"script_ops,omitempty"`
 }
 
 // childMain runs one workload given as JSON and writes the result as JSON.

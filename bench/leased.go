@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -46,38 +47,39 @@ type leasedConfig struct {
 }
 
 func defaultLeasedConfig() leasedConfig {
-	return leasedConfig{Rate: 120_000, Burst: 120, LeaseMs: 5, Procs: 4, Waiters: 32, DurationS: 10, LowRate: 5, LowS: 4}
+	return leasedConfig{Rate: 200_000, Burst: 200, LeaseMs: 5, Procs: 4, Waiters: 32, DurationS: 10, LowRate: 5, LowS: 4}
 }
 
 // leasedCase is one row: an implementation, an operation, a fleet.
 type leasedCase struct {
-	Name      string   `json:"name"`
-	Impl      string   `json:"impl"`
-	Op        string   `json:"op"` // wait, or allow (sleeping RetryAfter after a denial)
-	LeaseMs   float64  `json:"local_lease_ms,omitempty"`
-	Events    []string `json:"events,omitempty"` // joins, leaves, kills
-	Admitted  int      `json:"admitted"`
-	SteadyPS  float64  `json:"steady_permits_per_s"`
-	PerProc   []int    `json:"per_proc"`
-	Jain      float64  `json:"jain,omitempty"` // over processes that ran the whole time
-	Max1s     int      `json:"max_1s"`
-	Max100ms  int      `json:"max_100ms"`
-	Over1s    int      `json:"over_1s"` // Max1s - rate
-	OverPct   float64  `json:"over_1s_pct"`
-	Bound1s   int      `json:"bound_1s"` // burst + rate × (1 s + LocalLease): the documented bound
-	RedisCPU  float64  `json:"redis_cpu_us_per_permit"`
-	Scripts   float64  `json:"scripts_per_permit"`
-	ClientCPU float64  `json:"client_cpu_us_per_permit"`
-	Series    []int    `json:"series_100ms"`
-	Errors    int64    `json:"errors"`
-	FirstErr  string   `json:"first_error,omitempty"`
+	Name      string           `json:"name"`
+	Impl      string           `json:"impl"`
+	Op        string           `json:"op"` // wait, or allow (sleeping RetryAfter after a denial)
+	LeaseMs   float64          `json:"local_lease_ms,omitempty"`
+	Events    []string         `json:"events,omitempty"` // joins, leaves, kills
+	Admitted  int              `json:"admitted"`
+	SteadyPS  float64          `json:"steady_permits_per_s"`
+	PerProc   []int            `json:"per_proc"`
+	Jain      float64          `json:"jain,omitempty"` // over processes that ran the whole time
+	Max1s     int              `json:"max_1s"`
+	Max100ms  int              `json:"max_100ms"`
+	Over1s    int              `json:"over_1s"` // Max1s - rate
+	OverPct   float64          `json:"over_1s_pct"`
+	Bound1s   int              `json:"bound_1s"` // burst + rate × (1 s + LocalLease): the documented bound
+	RedisCPU  float64          `json:"redis_cpu_us_per_permit"`
+	Scripts   float64          `json:"scripts_per_permit"`
+	ClientCPU float64          `json:"client_cpu_us_per_permit"`
+	Series    []int            `json:"series_100ms"`
+	Ops       map[string]int64 `json:"script_ops,omitempty"` // the driver's ops, by name; killed children's uncounted
+	Errors    int64            `json:"errors"`
+	FirstErr  string           `json:"first_error,omitempty"`
 }
 
 // leasedLow is the fallback check's result.
 type leasedLow struct {
-	Admitted int      `json:"admitted"`
-	Scripts  int64    `json:"scripts"`
-	Ops      []string `json:"ops"`
+	Admitted int              `json:"admitted"`
+	Scripts  int64            `json:"scripts"` // on the server (INFO commandstats)
+	Ops      map[string]int64 `json:"script_ops"`
 }
 
 type leasedRun struct {
@@ -185,6 +187,9 @@ func runLeasedPart(cfg leasedConfig, mdPath string, logf func(string, ...any)) e
 		return err
 	}
 	logf("leased: wrote %s", path)
+	if err := writeLeasedPlot(run, path); err != nil {
+		return err
+	}
 	full, err := latestFullResults()
 	if err != nil {
 		return err
@@ -224,6 +229,12 @@ func runHotCase(ctx context.Context, exe string, rdb *redis.Client, c *leasedCas
 		all = append(all, ts...)
 		c.PerProc = append(c.PerProc, len(ts))
 		if p := procs[j]; p != nil {
+			for op, n := range p.ScriptOps {
+				if c.Ops == nil {
+					c.Ops = map[string]int64{}
+				}
+				c.Ops[op] += n
+			}
 			cpu += p.CPUNs
 			c.Errors += p.Errors
 			if c.FirstErr == "" {
@@ -368,7 +379,7 @@ func runLowRate(ctx context.Context, exe string, rdb *redis.Client, cfg leasedCo
 	if err := runHotCase(ctx, exe, rdb, &c, children, ws, cfg, 0, d); err != nil {
 		return nil, err
 	}
-	low := &leasedLow{Admitted: c.Admitted, Scripts: int64(c.Scripts*float64(c.Admitted) + 0.5)}
+	low := &leasedLow{Admitted: c.Admitted, Scripts: int64(c.Scripts*float64(c.Admitted) + 0.5), Ops: c.Ops}
 	return low, nil
 }
 
@@ -379,6 +390,8 @@ func runHot(w workload) (*procResult, error) {
 	defer rdb.Close()
 	var rt roundTrips
 	rdb.AddHook(&rt)
+	ops := &opHook{n: map[string]int64{}}
+	rdb.AddHook(ops)
 	ctx0 := context.Background()
 	rdb.Ping(ctx0)
 	capacity := int(float64(w.Rate)*(w.Duration.Seconds()+2)) + w.Burst + 1000
@@ -461,13 +474,12 @@ func runHot(w workload) (*procResult, error) {
 	res.CPUNs = cpuTime() - cpu0
 	res.RoundTrips = rt.n.Load()
 	res.Allowed = rec.n.Load()
+	res.ScriptOps = ops.counts()
 	if w.Linger > 0 {
 		time.Sleep(w.Linger)
 	}
 	return res, nil
 }
-
-
 
 // readLeased reads the newest results/*-leased.json.
 func readLeased() (*leasedRun, string) {
@@ -486,4 +498,131 @@ func readLeased() (*leasedRun, string) {
 		return nil, ""
 	}
 	return &run, path
+}
+
+// opHook counts a client's script calls by their first argument (the
+// driver's op: allow, reserve, refund …; redis_rate's calls have none).
+type opHook struct {
+	mu sync.Mutex
+	n  map[string]int64
+}
+
+func (h *opHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *opHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.count(cmd)
+		return next(ctx, cmd)
+	}
+}
+
+func (h *opHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			h.count(cmd)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func (h *opHook) count(cmd redis.Cmder) {
+	if !isScript(cmd.Name()) {
+		return
+	}
+	op := "other"
+	args := cmd.Args()
+	if nk, ok := asInt(args[2]); ok && len(args) > 3+nk {
+		if s, ok := args[3+nk].(string); ok {
+			op = s
+		}
+	}
+	h.mu.Lock()
+	h.n[op]++
+	h.mu.Unlock()
+}
+
+func (h *opHook) counts() map[string]int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return maps.Clone(h.n)
+}
+
+// writeLeasedPlot draws admissions per 100 ms of every case beside
+// <date>-leased.json, as <date>-leased.png.
+func writeLeasedPlot(run *leasedRun, jsonPath string) error {
+	var panels []plotSeries
+	for _, c := range run.Cases {
+		panels = append(panels, plotSeries{fmt.Sprintf("%s — %d processes", c.Name, len(c.PerProc)), c.Series})
+	}
+	return drawPanels(panels, float64(run.Config.Rate)/10,
+		fmt.Sprintf("seconds from the start (a %g s run); dashed: the limit, %d per 100 ms", run.Config.DurationS, run.Config.Rate/10),
+		strings.TrimSuffix(jsonPath, ".json")+".png")
+}
+
+// renderLeased is the report's section for the leased part.
+func renderLeased(run *leasedRun, rel string) string {
+	var b strings.Builder
+	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	c, m := run.Config, run.Machine
+	find := func(name string) *leasedCase {
+		for _, x := range run.Cases {
+			if x.Name == name {
+				return x
+			}
+		}
+		return nil
+	}
+	plainWait, plainAllow, rr := find("jobthrottle/gcra, plain Wait"), find("jobthrottle/gcra, plain Allow (batched)"), find("redis_rate Allow")
+	ceiling := 0.0
+	for _, x := range []*leasedCase{plainWait, plainAllow, rr} {
+		if x != nil {
+			ceiling = max(ceiling, x.SteadyPS)
+		}
+	}
+	p("\n## One hot key past one shard: leased permits (issue 14)\n\n")
+	p("From [%s](%s): `%s`, %s (runtime %s), library at %s; %d CPUs, %s, redis-server %s; load average %s at the start, %s at the end (the machine is shared: other sessions built and tested on it meanwhile).\n\n",
+		rel, rel, run.Command, run.Date, (time.Duration(run.RuntimeS) * time.Second).Round(time.Second), run.Library.Commit, m.NProc, m.GoVersion, m.RedisVersion, m.LoadStart, m.LoadEnd)
+	p("One GCRA key limited to %d per second, burst %d, on one throwaway redis-server; %d processes (the bench re-executes itself) with %d goroutines each, asking one permit at a time for %g s, every case in the same run, back to back. **Plain Wait** reserves each permit in one script call; **plain Allow** is `Limiter.Allow` (concurrent calls pipelined, batch.go), sleeping `RetryAfter` after a denial; **redis_rate** is its `Allow` with the same loop; **leased** is the same `Limiter` with `Options{LocalLease: %gms}`. **Churn** is leased Wait with processes joining, leaving (they stop asking, their unused tail goes back, they exit) and one killed with SIGKILL. An admission is timed when `Wait` or `Allow` returned it, in the child, on the wall clock, and written to a memory-mapped file, so a killed child's admissions count too. On one machine that clock is the one redis-server's `TIME` reads (the fastest of 20 `TIME` calls put them %.0f µs apart, within its round trip), so the windows below are on the Redis clock, and they include every client's wake-up jitter: the plain path's slots are exact on the Redis clock, its return times are not. **Permits/s** is over the steady span [1 s, %g s); the **ceiling** is the best plain implementation's, measured in the same run; **Redis CPU** is the server's used_cpu_user + used_cpu_sys over the case, per permit; **bound** is burst + rate × (1 s + LocalLease), the documented one.\n\n",
+		c.Rate, c.Burst, c.Procs, c.Waiters, c.DurationS, c.LeaseMs, run.OffsetUs, c.DurationS)
+	p("| case | permits/s | × ceiling | most in any 1 s | over the limit | bound | most in any 100 ms | Redis CPU µs/permit | script calls/permit | client CPU µs/permit | Jain | per process |\n")
+	p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+	for _, x := range run.Cases {
+		jainCell := "—"
+		if x.Jain > 0 {
+			jainCell = fmt.Sprintf("%.4f", x.Jain)
+		}
+		bound := "—"
+		if x.LeaseMs > 0 {
+			bound = fmt.Sprintf("%d", x.Bound1s)
+		}
+		p("| %s | %.0f | %.2f | %d | %+d (%+.2f %%) | %s | %d | %.2f | %.4f | %.2f | %s | %s |\n",
+			x.Name, x.SteadyPS, x.SteadyPS/max(ceiling, 1), x.Max1s, x.Over1s, x.OverPct, bound, x.Max100ms,
+			x.RedisCPU, x.Scripts, x.ClientCPU, jainCell, joinInts(x.PerProc))
+	}
+	p("\n")
+	if ch := find("jobthrottle/gcra, leased Wait, churn"); ch != nil {
+		p("Churn: %s.\n\n", strings.Join(ch.Events, "; "))
+	}
+	for _, x := range run.Cases {
+		if len(x.Ops) > 0 && x.LeaseMs > 0 {
+			keys := slices.Sorted(maps.Keys(x.Ops))
+			var parts []string
+			for _, k := range keys {
+				parts = append(parts, fmt.Sprintf("%s %d", k, x.Ops[k]))
+			}
+			p("- %s: script calls by op (the children's own count; a killed child's are not in it): %s.\n", x.Name, strings.Join(parts, ", "))
+		}
+	}
+	if run.Low != nil {
+		p("- Fallback: %d processes, one goroutine each asking %d times a second, one permit at a time, for %g s, with LocalLease: %d permits, %d script calls on the server (ops: %v): exact, one call per permit, no lease.\n",
+			c.Procs, c.LowRate, c.LowS, run.Low.Admitted, run.Low.Scripts, run.Low.Ops)
+	}
+	lw, la := find("jobthrottle/gcra, leased Wait"), find("jobthrottle/gcra, leased Allow")
+	if lw != nil && plainWait != nil && plainAllow != nil && la != nil && rr != nil {
+		p("\nRatios in this run: leased Wait admits %.2f× the plain Wait's permits/s and %.2f× the one-shard ceiling (the best plain path, %.0f/s), at %.1f× less Redis CPU per permit than plain Wait, %.1f× less than plain Allow and %.1f× less than redis_rate; leased Allow, %.2f× the ceiling at %.1f× less Redis CPU per permit than plain Allow.\n",
+			lw.SteadyPS/plainWait.SteadyPS, lw.SteadyPS/ceiling, ceiling, plainWait.RedisCPU/lw.RedisCPU, plainAllow.RedisCPU/lw.RedisCPU, rr.RedisCPU/lw.RedisCPU,
+			la.SteadyPS/ceiling, plainAllow.RedisCPU/la.RedisCPU)
+	}
+	p("\n![admissions per 100 ms, leased and plain](%s)\n", strings.TrimSuffix(rel, ".json")+".png")
+	return b.String()
 }

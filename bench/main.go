@@ -125,7 +125,7 @@ func main() {
 	md := flag.String("md", "../BENCHMARKS.md", "where to write the report")
 	flag.IntVar(&rateOverride, "rate", 0, "override the Wait scenarios' rate R (permits per second; 0: 200), e.g. 5000 for the hot-key check of issue 11")
 	leased := flag.Bool("leased", false, "run the leased part (issue 14, about 2 minutes): one hot key in 4 processes, plain path, Options.LocalLease and redis_rate; results/<date>-leased.json, then the report")
-	leasedRate := flag.Int("leased-rate", 0, "the leased part's limit on the hot key, per second (0: 120000)")
+	leasedRate := flag.Int("leased-rate", 0, "the leased part's limit on the hot key, per second (0: 200000; burst: a thousandth)")
 	upstream := flag.Bool("upstream", false, "run the upstream part (about 1 minute): limits learned from a fake API's headers beside the plain Retry-After pause; results/<date>-upstream.json, then the report")
 	flag.Parse()
 

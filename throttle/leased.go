@@ -167,7 +167,7 @@ type leasedKey struct {
 	win       time.Time
 	cur, prev int64
 	last      time.Time // the last request
-	back      time.Time // when a denied Allow was told to come back
+	back      time.Time // the latest moment a denied Allow was told to come back
 	sleeping  int       // waits holding slots, not yet woken
 	idle      *time.Timer
 	gone      bool // swept: callers look the subject up again
@@ -473,11 +473,16 @@ func (q *leaser) answer(k *leasedKey, n, sp int, last slot, t time.Time) Result 
 	r := q.lim.rules[0]
 	res := Result{Rule: r.Name, Limit: r.Limit}
 	if last.hi.After(t) {
-		res.RetryAfter = last.hi.Sub(t)
-		res.ResetAfter = res.RetryAfter
-		if last.hi.After(k.back) {
-			k.back = last.hi
+		// Callers denied one after the other are told successive slots,
+		// so that they come back one by one, in the order they asked, not
+		// all at the first.
+		at := last.hi
+		if next := k.back.Add(q.offset(n)); next.After(at) {
+			at = next
 		}
+		k.back = at
+		res.RetryAfter = at.Sub(t)
+		res.ResetAfter = res.RetryAfter
 	} else {
 		take(k, n, sp)
 		res.Allowed = true
