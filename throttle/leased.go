@@ -12,43 +12,27 @@ import (
 )
 
 // Leased mode (Options.LocalLease): one hot key beyond one Redis shard.
+// The package doc ("One hot key: leased permits") states what it does and
+// the bound on over-admission; this file is how.
 //
-// Every permit of one key is decided by one shard, so one key can never
-// admit more than that shard's script rate. With LocalLease, a process
-// whose demand for a subject is high enough leases a run of the bucket's
-// slots in one call (op 'reserve' with n = k: the same state, the same
-// script, the same TAT every other process and the plain path use) and
-// hands them out locally, in arrival order, each no earlier than its slot
-// on the Redis clock and no later than LocalLease after it. Redis sees one
-// call per lease instead of one per permit.
+// A leased subject in this process is a leasedKey: its leases (runs of
+// slots granted by one 'reserve' of k permits, the same script and state
+// as the exact path), the slots cancelled waits gave back, the requests
+// queued for a lease call under way, and its demand. Slot i of a lease of
+// k lies on the Redis clock at the reservation's ticket (the exact time to
+// act of its last permit) less k - 1 - i intervals, and never before the
+// Redis now of the grant; leaseClock maps it onto the local clock as an
+// interval [lo, hi] that contains it. A permit is handed out no earlier
+// than hi and no later than lo + δ; expire drops the slots past that.
 //
-// The bound. A lease of k permits is exactly k successive reservations:
-// slot i of the lease is the time to act a reserve of one permit would
-// have got. Handing a permit out no earlier than its slot keeps every
-// guarantee of the exact path; handing it out up to δ = LocalLease late
-// shifts admissions by at most δ, so in any window of length W the
-// admissions are at most the slots in a window of W + δ:
-//
-//	admitted(W) ≤ Burst + Rate × (W + δ)
-//
-// that is, at most Rate × δ more than the exact path's bound, however many
-// processes lease, join, leave or die. A slot not handed out within δ is
-// dropped, never handed out later. The local moment of a Redis slot is
-// bracketed by the lease calls' own round trips (leaseClock), so "not
-// earlier" and "not later" hold on the Redis clock, not on this process's.
-//
-// Sizes. A process leases only where its own demand, measured over the
-// last demandWindow, makes a lease worth it: k = δ·r / (1 − r/R) for an
-// observed demand r and the rule's rate R (the most that arrivals at r can
-// take from a run of slots spaced 1/R before the last is δ late), at most
-// maxLeaseSpan of the rule's rate. Below minLease permits it does not
-// lease: every call goes to Redis as without LocalLease, exactly. A
-// process renews when the slots it holds fall below one lease (so it holds
-// at most two), and gives back the unused tail of its leases when its
-// demand stops (leaseIdle); what the bucket can take back is exactly what
-// no later reservation has taken (bucket.lua's refund), so a refund under
-// contention may give back nothing. A process that dies loses what it
-// holds: at most two leases, never more than 2 × maxLeaseSpan of the rate.
+// Requests are served in arrival order: a Wait takes the next free slot
+// and sleeps until it; an Allow takes it if it is due and is told when it
+// will be otherwise. A request that finds fewer free slots than it needs
+// queues behind the lease call (one at a time per subject), which serves
+// the queue in order when it returns; a request that cannot be served
+// from leases (the subject is not leasing, the call failed or was denied,
+// a multi-permit request spans two leases) goes to Redis on its own, as
+// without LocalLease.
 
 const (
 	// minLease is the smallest lease worth a call: below it, every
