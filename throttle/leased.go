@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"math/bits"
@@ -650,6 +651,10 @@ func (q *leaser) call(ctx context.Context, subject string, k *leasedKey, n int) 
 		recv := time.Now()
 		if err == nil {
 			ls, err = q.grant(reply, n, send, recv)
+			if errors.Is(err, errUncertainClock) {
+				tk := tickets(reply)
+				go q.giveBackLease(context.WithoutCancel(ctx), subject, n, tk[0])
+			}
 		}
 	}
 	t := time.Now()
@@ -685,7 +690,8 @@ func (q *leaser) grant(reply []any, n int, send, recv time.Time) (*lease, error)
 	}
 	base, ok := q.clock.observe(send, recv, redisNow)
 	if !ok || base.hi.Sub(base.lo) > q.slack/2 {
-		return nil, nil
+		// Round trips too slow to place slots within δ: give it back.
+		return nil, errUncertainClock
 	}
 	now := time.Duration(redisNow) * time.Microsecond
 	ls := &lease{k: n, end: n, ticket: tk[0], at: slot{lo: base.lo.Add(now), hi: base.hi.Add(now)}}
@@ -807,23 +813,37 @@ func (q *leaser) checkIdle(subject string, k *leasedKey) {
 	if len(back) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), leaseCallTimeout)
-	defer cancel()
-	l := q.lim
 	for _, b := range back {
-		keys, args, err := l.request("refund", subject, 1, -1, []string{b.ticket})
-		if err != nil {
-			return
-		}
-		args[1] = b.n // the tail of a lease, which may exceed the burst
-		keys = append(keys, l.pauseKey(subject), key(l.prefix, escape(subject), l.keyRules[0]+cancelledSuffix))
-		if err := l.run(ctx, l.script, keys, args...).Err(); err != nil {
-			if l.opts.OnRedisError != nil {
-				l.opts.OnRedisError(err, false)
-			}
+		if !q.giveBackLease(context.Background(), subject, b.n, b.ticket) {
 			return
 		}
 	}
+}
+
+// errUncertainClock: a lease's round trips were too slow to place its
+// slots on the local clock within δ.
+var errUncertainClock = errors.New("throttle: lease round trips too slow to place slots")
+
+// giveBackLease refunds the last n slots of the lease whose ticket is
+// ticket (bucket.lua's refund, which takes back only what no later
+// reservation follows), and reports whether Redis answered.
+func (q *leaser) giveBackLease(ctx context.Context, subject string, n int, ticket string) bool {
+	ctx, cancel := context.WithTimeout(ctx, leaseCallTimeout)
+	defer cancel()
+	l := q.lim
+	keys, args, err := l.request("refund", subject, 1, -1, []string{ticket})
+	if err != nil {
+		return false
+	}
+	args[1] = n // the tail of a lease, which may exceed the burst
+	keys = append(keys, l.pauseKey(subject), key(l.prefix, escape(subject), l.keyRules[0]+cancelledSuffix))
+	if err := l.run(ctx, l.script, keys, args...).Err(); err != nil {
+		if l.opts.OnRedisError != nil {
+			l.opts.OnRedisError(err, false)
+		}
+		return false
+	}
+	return true
 }
 
 // leaseClock brackets the local moment of Redis's clock zero from the

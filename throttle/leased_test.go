@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -441,5 +442,45 @@ func TestLeasedConfig(t *testing.T) {
 	}
 	if _, err := New(rdb, Options{LocalLease: leaseSlack}, Rule{Name: "t", Algorithm: TokenBucket, Limit: PerSecond(1000)}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// On miniredis in real time, a real redis-server and a real Redis Cluster:
+// a process with 8 waiters on a hot key leases (far fewer script calls than
+// permits), and what it admits stays within the bound over the run (the
+// total, which wake-up jitter cannot raise), leases and refunds included.
+func TestLeasedBackends(t *testing.T) {
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			rule := Rule{Name: "hot", Algorithm: GCRA, Limit: PerSecond(20_000).WithBurst(20)}
+			c := &opCount{ops: map[string]int{}}
+			b.Client.AddHook(c)
+			l := mustNew(t, b.Client, Options{Prefix: redistest.Prefix(t), LocalLease: leaseSlack}, rule)
+			var n atomic.Int64
+			var wg sync.WaitGroup
+			start := time.Now()
+			end := start.Add(300 * ms)
+			for range 8 {
+				wg.Go(func() {
+					for time.Now().Before(end) {
+						if err := l.Wait(context.Background(), "hot"); err != nil {
+							t.Error(err)
+							return
+						}
+						n.Add(1)
+					}
+				})
+			}
+			wg.Wait()
+			elapsed := time.Since(start)
+			got := int(n.Load())
+			if lim := rule.Limit.Burst + int(20_000*(elapsed+leaseSlack).Seconds()) + 1; got > lim {
+				t.Errorf("%d admitted in %v, want at most %d", got, elapsed, lim)
+			}
+			if calls := c.total(); got < 500 || calls > got/2 {
+				t.Errorf("%d admitted with %d script calls (%v), want leases: far fewer calls than permits", got, calls, c.ops)
+			}
+			t.Logf("%d admitted in %v, script calls %v", got, elapsed, c.ops)
+		})
 	}
 }
