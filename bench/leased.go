@@ -1,14 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"maps"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -207,7 +205,13 @@ func runHotCase(ctx context.Context, exe string, rdb *redis.Client, c *leasedCas
 	if err != nil {
 		return err
 	}
-	procs, err := spawnHot(exe, ws, children, start)
+	killAt := make([]time.Time, len(children))
+	for j, ch := range children {
+		if ch.killed {
+			killAt[j] = start.Add(ch.to)
+		}
+	}
+	procs, err := spawnChildren(exe, ws, killAt)
 	if err != nil {
 		return err
 	}
@@ -267,61 +271,6 @@ func runHotCase(ctx context.Context, exe string, rdb *redis.Client, c *leasedCas
 		c.ClientCPU = float64(cpu) / 1e3 / n
 	}
 	return nil
-}
-
-// spawnHot starts the children, kills those marked at their stop, and
-// returns the results of the others (nil for a killed one).
-func spawnHot(exe string, ws []workload, children []hotChild, start time.Time) ([]*procResult, error) {
-	type proc struct {
-		cmd            *exec.Cmd
-		stdout, stderr bytes.Buffer
-	}
-	procs := make([]*proc, len(ws))
-	for i, w := range ws {
-		spec, err := json.Marshal(w)
-		if err != nil {
-			return nil, err
-		}
-		p := &proc{cmd: exec.Command(exe, "-child", string(spec))}
-		p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
-		if err := p.cmd.Start(); err != nil {
-			for _, q := range procs[:i] {
-				q.cmd.Process.Kill()
-				q.cmd.Wait()
-			}
-			return nil, fmt.Errorf("bench: start child: %w", err)
-		}
-		procs[i] = p
-	}
-	var wg sync.WaitGroup
-	for i, ch := range children {
-		if ch.killed {
-			wg.Go(func() {
-				time.Sleep(time.Until(start.Add(ch.to)))
-				procs[i].cmd.Process.Kill()
-			})
-		}
-	}
-	wg.Wait()
-	out := make([]*procResult, len(ws))
-	var firstErr error
-	for i, p := range procs {
-		err := p.cmd.Wait()
-		if children[i].killed {
-			continue
-		}
-		if err != nil && firstErr == nil {
-			firstErr = fmt.Errorf("bench: child %d: %v\n%s", i, err, tail(p.stderr.String(), 2000))
-			continue
-		}
-		var res procResult
-		if err := json.Unmarshal(p.stdout.Bytes(), &res); err != nil && firstErr == nil {
-			firstErr = fmt.Errorf("bench: child %d output: %v\n%s", i, err, tail(p.stderr.String(), 2000))
-			continue
-		}
-		out[i] = &res
-	}
-	return out, firstErr
 }
 
 // readRecords reads a child's admission times (ns after its start; the
@@ -483,18 +432,9 @@ func runHot(w workload) (*procResult, error) {
 
 // readLeased reads the newest results/*-leased.json.
 func readLeased() (*leasedRun, string) {
-	names, _ := filepath.Glob(filepath.Join("results", "*-leased.json"))
-	if len(names) == 0 {
-		return nil, ""
-	}
-	slices.Sort(names)
-	path := names[len(names)-1]
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, ""
-	}
 	var run leasedRun
-	if json.Unmarshal(b, &run) != nil {
+	path := readNewest("*-leased.json", &run)
+	if path == "" {
 		return nil, ""
 	}
 	return &run, path
