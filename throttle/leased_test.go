@@ -188,6 +188,40 @@ func TestLeasedHotKeyFourProcesses(t *testing.T) {
 	})
 }
 
+// Processes that start one after the other (the first leases alone for a
+// while, with the large leases of a process that has the key to itself)
+// converge to even shares: over the last second each has about a quarter.
+func TestLeasedSharesConverge(t *testing.T) {
+	virtual(t, func(t *testing.T, _ *redis.Client, m *miniredis.Miniredis) {
+		const procs = 4
+		end := at() + 2*time.Second
+		adms := make([]admissions, procs)
+		var wg sync.WaitGroup
+		for i := range procs {
+			p := newProc(t, m, leasedRule)
+			wg.Go(func() {
+				time.Sleep(time.Duration(i) * 150 * ms)
+				var inner sync.WaitGroup
+				waitLoop(t, &inner, p, i, 16, end, &adms[i])
+				inner.Wait()
+			})
+		}
+		wg.Wait()
+		shares := make([]int, procs)
+		for i := range adms {
+			for _, x := range adms[i].times {
+				if x >= end-time.Second && x < end {
+					shares[i]++
+				}
+			}
+		}
+		if j := jainIndex(shares); j < 0.99 {
+			t.Errorf("shares over the last second %v: Jain's index %.4f, want ≥ 0.99", shares, j)
+		}
+		t.Logf("shares over the last second %v", shares)
+	})
+}
+
 func jainIndex(xs []int) float64 {
 	var s, s2 float64
 	for _, x := range xs {
