@@ -74,6 +74,7 @@ type leaser struct {
 	maxLease int
 	horizon  time.Duration
 	clock    leaseClock
+	rtt      atomic.Int64 // lease calls' round trip, ns, a moving average
 
 	keys     sync.Map // subject → *leasedKey
 	sweeping atomic.Bool
@@ -318,7 +319,9 @@ func note(k *leasedKey, n int, t time.Time) {
 //   - δ·r / (1 − r/R), the most that arrivals at r can take from a run of
 //     slots 1/R apart before the last is δ late: a larger lease would
 //     drop slots unused;
-//   - δ·√(r·R) / 4, which keeps the processes that share a key even.
+//   - δ·√(r·R) / 4, or what arrives during one lease call's round trip
+//     if more (so that one call at a time keeps up), which keeps the
+//     processes that share a key even.
 //     Under contention a process's arrivals (its waiters coming back)
 //     follow what it got, and it gets in proportion to its lease size, so
 //     a size that grew faster than r would let whoever got more lease
@@ -326,18 +329,26 @@ func note(k *leasedKey, n int, t time.Time) {
 //     lease for its demand, and the shares converge. Up to about 16
 //     processes on a key this term is the smaller of the last two.
 func (q *leaser) size(k *leasedKey, t time.Time) int {
-	r := float64(k.prev+k.cur) / (demandWindow + t.Sub(k.win)).Seconds() // permits per second
+	r := demand(k, t)
 	d := q.slack.Seconds()
-	n := float64(q.maxLease)
+	n := max(d*math.Sqrt(r*q.rate)/4, r*q.roundTrip().Seconds())
+	n = min(n, float64(q.maxLease))
 	if r < q.rate {
 		n = min(n, d*r/(1-r/q.rate))
 	}
-	n = min(n, d*math.Sqrt(r*q.rate)/4)
 	if n < minLease {
 		return 0
 	}
 	return int(n)
 }
+
+// demand is k's observed demand at t, permits per second.
+func demand(k *leasedKey, t time.Time) float64 {
+	return float64(k.prev+k.cur) / (demandWindow + t.Sub(k.win)).Seconds()
+}
+
+// roundTrip is the recent round trip of lease calls (a moving average).
+func (q *leaser) roundTrip() time.Duration { return time.Duration(q.rtt.Load()) }
 
 // lock returns subject's state, created if new, locked.
 func (q *leaser) lock(subject string) *leasedKey {
@@ -617,7 +628,11 @@ func (q *leaser) await(ctx context.Context, k *leasedKey, r *leaseReq) error {
 // renewIfLow starts a lease call if k holds less than one lease.
 func (q *leaser) renewIfLow(ctx context.Context, subject string, k *leasedKey, t time.Time) {
 	if !k.renewing {
-		if n := q.size(k, t); n > 0 && free(k) < n {
+		// One lease, or what two round trips of lease calls take at the
+		// current demand, if more: the next lease comes before these run
+		// out.
+		low := max(float64(q.size(k, t)), 2*demand(k, t)*q.roundTrip().Seconds())
+		if low >= minLease && float64(free(k)) < low {
 			q.renew(ctx, subject, k, t)
 		}
 	}
@@ -649,6 +664,7 @@ func (q *leaser) call(ctx context.Context, subject string, k *leasedKey, n int) 
 		var reply []any
 		reply, err = l.run(ctx, l.script, keys, args...).Slice()
 		recv := time.Now()
+		q.rtt.Store((7*q.rtt.Load() + int64(recv.Sub(send))) / 8)
 		if err == nil {
 			ls, err = q.grant(reply, n, send, recv)
 			if errors.Is(err, errUncertainClock) {
