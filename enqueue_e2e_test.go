@@ -1,7 +1,7 @@
 package jobthrottle_test
 
 // End-to-end, for the outbound and enqueue halves: real asynq servers and
-// client on a real redis-server, throttle.Transport in front of a real
+// client on a real redis-server, httpthrottle.Transport in front of a real
 // HTTP server, and batches paced by package enqueue.
 
 import (
@@ -20,6 +20,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobthrottle/jobthrottle/enqueue"
+	"github.com/jobthrottle/jobthrottle/httpthrottle"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/jobthrottle/jobthrottle/worker"
@@ -98,7 +99,7 @@ func TestTransportPausesFleet(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		tr, err := throttle.NewTransport(lim, throttle.TransportOptions{})
+		tr, err := httpthrottle.New(lim, httpthrottle.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}

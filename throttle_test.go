@@ -134,9 +134,9 @@ func (s slots) WaitN(ctx context.Context, subject string, n int) error {
 	}
 	id, _ := asynq.GetTaskID(ctx) // the middleware's context carries asynq's values
 	s.mu.Lock()
-	s.at[id] = r.TimeToAct()
+	s.at[id] = time.Now().Add(r.Delay())
 	s.mu.Unlock()
-	timer := time.NewTimer(time.Until(r.TimeToAct()))
+	timer := time.NewTimer(r.Delay())
 	defer timer.Stop()
 	select {
 	case <-timer.C:
@@ -220,7 +220,7 @@ func TestParkedPastDeadlineRunsLater(t *testing.T) {
 	prefix := redistest.Prefix(t)
 	const slot = 3 * time.Second
 	setup, err := throttle.New(f.proc.Client(t), throttle.Options{Prefix: prefix},
-		throttle.Rule{Name: "slow", Algorithm: throttle.GCRA, Limit: throttle.Every(slot)})
+		throttle.Rule{Name: "slow", Algorithm: throttle.GCRA, Limit: throttle.Limit{Count: 1, Period: slot, Burst: 1}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,7 +229,7 @@ func TestParkedPastDeadlineRunsLater(t *testing.T) {
 	}
 	f.start(1, 2, func(rdb redis.UniversalClient) worker.Rule {
 		lim, err := throttle.New(rdb, throttle.Options{Prefix: prefix},
-			throttle.Rule{Name: "slow", Algorithm: throttle.GCRA, Limit: throttle.Every(slot)})
+			throttle.Rule{Name: "slow", Algorithm: throttle.GCRA, Limit: throttle.Limit{Count: 1, Period: slot, Burst: 1}})
 		if err != nil {
 			t.Fatal(err)
 		}

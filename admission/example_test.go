@@ -26,7 +26,7 @@ func ExampleGate() {
 	defer rdb.Close()
 	var lim *throttle.Limiter
 	lim, err = throttle.New(rdb, throttle.Options{},
-		throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.PerMinute(1).WithBurst(1)})
+		throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.Limit{Count: 1, Period: time.Minute, Burst: 1}.WithBurst(1)})
 	if err != nil {
 		panic(err)
 	}

@@ -46,8 +46,6 @@ const (
 	// waits for it in place, whatever the waiting slots, when
 	// Config.EarlyWait is zero.
 	DefaultEarlyWait = 500 * time.Millisecond
-	// maxTolerance bounds the default tolerance.
-	maxTolerance = time.Second
 )
 
 // Config tunes a Gate. The zero value uses every default.
@@ -74,9 +72,10 @@ type Config struct {
 	// If nil, only WaitSlots bounds them.
 	Shared *Slots
 	// Tolerance is how late a job may come back for its booked turn and
-	// still take it; a later one takes a new turn. If zero, the interval of
-	// the limiter's tightest rule (period / count), at least 1ms and at
-	// most 1s: a start late by up to one interval keeps the starts of any
+	// still take it; a later one takes a new turn. If zero, the limiter's
+	// default (throttle.AdmitRequest.Tolerance): the interval of its
+	// tightest rule (period / count), at least 1ms and at most 1s: a start
+	// late by up to one interval keeps the starts of any
 	// window within limit + burst. A larger tolerance lets a loaded worker
 	// whose jobs come back late keep more of their turns, at the price of
 	// the turns of one tolerance more in a window.
@@ -118,20 +117,7 @@ func New(lim *throttle.Limiter, cfg Config) (*Gate, error) {
 	if cfg.EarlyWait == 0 {
 		cfg.EarlyWait = DefaultEarlyWait
 	}
-	if cfg.Tolerance == 0 {
-		cfg.Tolerance = defaultTolerance(lim.Rules())
-	}
 	return &Gate{lim: lim, cfg: cfg, waiting: map[string]int{}}, nil
-}
-
-// defaultTolerance is the interval of the tightest rule, clamped to
-// [1ms, maxTolerance].
-func defaultTolerance(rules []throttle.Rule) time.Duration {
-	tol := maxTolerance
-	for _, r := range rules {
-		tol = min(tol, r.Limit.Interval())
-	}
-	return max(tol, time.Millisecond)
 }
 
 // Config returns the gate's configuration, defaults filled in.

@@ -79,8 +79,8 @@ func implByName(name string) (impl, error) {
 
 func jtImpl(a throttle.Algorithm) impl {
 	return impl{
-		Name:      "jobthrottle/" + a.String(),
-		Algorithm: a.String(),
+		Name:      "jobthrottle/" + string(a),
+		Algorithm: string(a),
 		Redis:     true,
 		Window:    a != throttle.TokenBucket && a != throttle.GCRA,
 		Driver:    true,
@@ -97,7 +97,7 @@ var _ Waiter = jobthrottle{}
 var _ Allower = jobthrottle{}
 
 func newJobthrottle(rdb redis.UniversalClient, a throttle.Algorithm, r, burst int) (jobthrottle, error) {
-	l, err := throttle.New(rdb, throttle.Options{Prefix: "jt:" + a.String() + ":"},
+	l, err := throttle.New(rdb, throttle.Options{Prefix: "jt:" + string(a) + ":"},
 		throttle.Rule{Name: "r", Algorithm: a, Limit: throttle.PerSecond(r).WithBurst(burst)})
 	return jobthrottle{l}, err
 }
@@ -116,7 +116,7 @@ type sendAnchored struct{ *throttle.Limiter }
 
 func (s sendAnchored) Wait(ctx context.Context, key string) error {
 	t0 := time.Now()
-	r, err := s.Reserve(ctx, key)
+	r, err := s.ReserveN(ctx, key, 1)
 	if err != nil {
 		return err
 	}

@@ -44,7 +44,7 @@ type memCase struct {
 
 // The limit for the memory cases: long enough that no key expires while
 // 100k are written (a 200/s bucket's key lives 5 ms after one permit).
-var memLimit = throttle.PerDay(200)
+var memLimit = throttle.Limit{Count: 200, Period: 24 * time.Hour, Burst: 200}
 
 func memCases(r *runner) ([]memCase, error) {
 	var cases []memCase
@@ -58,10 +58,10 @@ func memCases(r *runner) ([]memCase, error) {
 			design = 20
 		}
 		key := func(s string) string { return "mem:{" + s + "}:r" }
-		cases = append(cases, memCase{impl: "jobthrottle/" + a.String(), state: "after 1 permit", keys: 100_000, design: design,
+		cases = append(cases, memCase{impl: "jobthrottle/" + string(a), state: "after 1 permit", keys: 100_000, design: design,
 			write: func(ctx context.Context, s string) error { _, err := l.Allow(ctx, s); return err }, key: key})
 		if a == throttle.SlidingLog {
-			cases = append(cases, memCase{impl: "jobthrottle/" + a.String(), state: fmt.Sprintf("full: %d permits", memLimit.Count), keys: 10_000, design: 1000,
+			cases = append(cases, memCase{impl: "jobthrottle/" + string(a), state: fmt.Sprintf("full: %d permits", memLimit.Count), keys: 10_000, design: 1000,
 				write: func(ctx context.Context, s string) error { _, err := l.AllowN(ctx, s, memLimit.Count); return err }, key: key})
 		}
 	}

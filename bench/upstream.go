@@ -18,13 +18,14 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobthrottle/jobthrottle/httpthrottle"
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
 // The upstream part: a fake third-party API whose limit L the fleet's
 // configuration does not know and which changes mid-run. With headers,
 // the API announces its policy (RateLimit-Policy, RateLimit) and the
-// fleet's throttle.Transport learns it; without, it only answers 429 with
+// fleet's httpthrottle.Transport learns it; without, it only answers 429 with
 // Retry-After, and the Transport can only pause.
 
 // upstreamConfig is the part's setup, the same for both scenarios.
@@ -221,7 +222,7 @@ func upstreamScenario(addr string, cfg upstreamConfig, headers bool, prefix stri
 		if err != nil {
 			return nil, err
 		}
-		tr, err := throttle.NewTransport(lim, throttle.TransportOptions{Base: &http.Transport{MaxIdleConnsPerHost: cfg.Goroutines * 2}})
+		tr, err := httpthrottle.New(lim, httpthrottle.Options{Base: &http.Transport{MaxIdleConnsPerHost: cfg.Goroutines * 2}})
 		if err != nil {
 			return nil, err
 		}
@@ -352,7 +353,7 @@ func renderUpstream(run *upstreamRun, rel string) string {
 	p("\n## Limits learned from the upstream\n\n")
 	p("From [%s](%s); command `%s`, %s, library at %s.\n\n", rel, rel, run.Command, run.Date, run.Library.Commit)
 	p("A fake API on loopback accepts L requests in each whole second and answers 429 with `Retry-After` beyond; L is %s, "+
-		"unknown to the fleet, whose configured limit is %d/s (GCRA, burst 1). The fleet: %d `throttle.Transport`s, each with its own Redis client "+
+		"unknown to the fleet, whose configured limit is %d/s (GCRA, burst 1). The fleet: %d `httpthrottle.Transport`s, each with its own Redis client "+
 		"and Limiter on one redis-server, %d goroutines each sending as fast as allowed; the API answers in %gms. "+
 		"With headers, every answer carries `RateLimit-Policy: \"default\";q=L;w=1` and `RateLimit: \"default\";r=<remaining>;t=<seconds to reset>`. "+
 		"Steady figures leave out the first %gs of each phase; *reached* is when a sliding 1 s window (in %d ms bins) first held %.0f %% of the new L.\n\n",

@@ -53,7 +53,7 @@ type Pacer struct {
 	// their queue every DelayedTaskCheckInterval, so a task scheduled for
 	// its slot may reach a worker up to that interval late; with a Lead of
 	// at least that interval it arrives early, and the worker middleware
-	// holds it until its slot (Limiter.Redeem's delay). The price is worker
+	// holds it until its slot (the delay Admit reports for its receipt). The price is worker
 	// slots: rate × (Lead + 1 s) tasks wait in handlers. If zero, tasks
 	// are scheduled for their slot. Ignored with Wakeups.
 	Lead time.Duration
@@ -105,21 +105,23 @@ func (p *Pacer) enqueue(ctx context.Context, c Enqueuer, task *asynq.Task, opts 
 	if headers == nil {
 		headers = map[string]string{}
 	}
-	headers[worker.ReceiptHeader] = r.Receipt()
+	receipt, slot := r.Receipt()
+	headers[worker.ReceiptHeader] = receipt
 	if headers[worker.EnqueuedHeader] == "" { // a Batch stamps its tasks itself
 		headers[worker.EnqueuedHeader] = strconv.FormatInt(time.Now().UnixMicro(), 10)
 	}
-	at := r.TimeToAct().Add(-p.Lead)
+	due := time.Now().Add(r.Delay())
+	at := due.Add(-p.Lead)
 	if p.Wakeups != nil {
 		// asynq's schedule only as a fallback, after the wake-up.
-		at = r.TimeToAct().Add(time.Second)
+		at = due.Add(time.Second)
 	}
 	opts = append(opts[:len(opts):len(opts)], asynq.ProcessAt(at))
 	info, err := c.EnqueueContext(ctx, asynq.NewTaskWithHeaders(task.Type(), task.Payload(), headers), opts...)
 	if err == nil && p.Wakeups != nil {
 		// If this fails, the task is still enqueued and its fallback
 		// schedule stands (see Wakeups).
-		_ = p.Wakeups.Add(ctx, admission.Member(info.Queue, info.ID), r.Slot())
+		_ = p.Wakeups.Add(ctx, admission.Member(info.Queue, info.ID), slot)
 	}
 	if err != nil {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -127,7 +129,7 @@ func (p *Pacer) enqueue(ctx context.Context, c Enqueuer, task *asynq.Task, opts 
 		_ = r.Cancel(cctx)
 		return nil, time.Time{}, err
 	}
-	return info, r.TimeToAct(), nil
+	return info, due, nil
 }
 
 // Batch is Count tasks of one type.

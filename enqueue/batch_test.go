@@ -106,7 +106,8 @@ func TestBatchPaced(t *testing.T) {
 				t.Errorf("OnEnqueued %d: %+v", i, seen[i])
 			}
 			receipt := e.task.Headers()[worker.ReceiptHeader]
-			d, ok, err := w.Redeem(ctx, "acme", receipt)
+			a, err := w.Admit(ctx, throttle.AdmitRequest{Subject: "acme", N: 1, Receipt: receipt, Wait: -1, Tolerance: time.Hour})
+			d, ok := a.Delay, a.Status == throttle.Redeemed
 			if err != nil || !ok || d != want.Sub(start) {
 				t.Errorf("task %d: Redeem = %v, %v, %v; want %v, true", i, d, ok, err, want.Sub(start))
 			}
@@ -177,7 +178,7 @@ func TestBatchEnqueueFailureRefunds(t *testing.T) {
 			t.Fatalf("Run = %+v, %v; want 2 enqueued and boom", res, err)
 		}
 		// Slots 0 and 50ms are taken; the third, at 100ms, was refunded.
-		r, err := lim.Reserve(context.Background(), "s")
+		r, err := lim.ReserveN(context.Background(), "s", 1)
 		if err != nil || r.Delay() != 100*time.Millisecond {
 			t.Errorf("next reservation: %v, %v; want the refunded slot at 100ms", r.Delay(), err)
 		}

@@ -66,7 +66,7 @@ func (s *PaceSpec) Pacer(rdb redis.UniversalClient, taskType string, base thrott
 		return nil, fmt.Errorf("enqueue: pace rule name %q: use the name of the workers' rule (%s)", s.Rule, nameRule)
 	}
 	algo := s.Algorithm
-	if algo == 0 {
+	if algo == "" {
 		algo = throttle.GCRA
 	}
 	if (s.Subject.Fixed == "") == (s.Subject.PayloadField == "") {

@@ -3,6 +3,7 @@ package enqueue
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -14,6 +15,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/jobthrottle/jobthrottle/internal/yamlfile"
+	"github.com/jobthrottle/jobthrottle/rules"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/jobthrottle/jobthrottle/worker"
 )
@@ -410,7 +412,7 @@ func (p *parser) pace(n *yaml.Node, file *Schedules) (*PaceSpec, error) {
 		}
 	}
 	if v := fields["keep"]; v != nil {
-		if ps.Keep, err = p.Duration(v, "pace.keep", time.Second, throttle.MaxPeriod); err != nil {
+		if ps.Keep, err = p.Duration(v, "pace.keep", time.Second, (10 * 365 * 24 * time.Hour)); err != nil {
 			return nil, err
 		}
 	}
@@ -437,7 +439,7 @@ func (p *parser) pace(n *yaml.Node, file *Schedules) (*PaceSpec, error) {
 	}
 	burst := 1
 	if v := fields["burst"]; v != nil {
-		if burst, err = p.Int(v, "pace.burst", 1, throttle.MaxCount); err != nil {
+		if burst, err = p.Int(v, "pace.burst", 1, math.MaxInt64); err != nil {
 			return nil, err
 		}
 	}
@@ -454,7 +456,7 @@ func (p *parser) pace(n *yaml.Node, file *Schedules) (*PaceSpec, error) {
 		if err != nil {
 			return nil, err
 		}
-		a, err := throttle.ParseAlgorithm(as)
+		a, err := rules.ParseAlgorithm(as)
 		if err != nil {
 			return nil, p.Failf(v, "pace.algorithm", "%q: use gcra (leaky_bucket), token_bucket, fixed_window, sliding_log or sliding_window", as)
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/jobthrottle/jobthrottle/admission"
+	"github.com/jobthrottle/jobthrottle/httpthrottle"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/jobthrottle/jobthrottle/worker"
 )
@@ -78,7 +79,7 @@ func newHTTPHandler(s Spec, opts Options, log *slog.Logger) (*httpHandler, error
 			if err != nil {
 				return nil, err
 			}
-			tr, err := throttle.NewTransport(lim, throttle.TransportOptions{
+			tr, err := httpthrottle.New(lim, httpthrottle.Options{
 				NoWait: true, // the middleware admitted the task
 				// A limit learned from the upstream may be slower than the
 				// rule: wait for it in the slot no longer than the rule
@@ -149,7 +150,7 @@ func (h *httpHandler) send(ctx context.Context, task *asynq.Task) error {
 		// A task that slept until its slot may have been overtaken by a
 		// pause another worker recorded meanwhile: then it does not send.
 		if w, ok := worker.WaitedFrom(ctx); ok && w.Duration > 0 {
-			if left, err := h.lim.Paused(ctx, subject); err == nil && left > 0 {
+			if left, err := h.lim.PauseFor(ctx, subject, 0); err == nil && left > 0 {
 				return &worker.ThrottledError{Rule: h.rule, Subject: subject, RetryAt: time.Now().Add(left),
 					Err: fmt.Errorf("handler: %s is paused: its upstream asked every worker to slow down", h.url.origin)}
 			}
@@ -214,7 +215,7 @@ func (h *httpHandler) throttled(ctx context.Context, task *asynq.Task, subject s
 	wait := time.Duration(0)
 	if h.lim != nil {
 		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pausedTimeout)
-		if left, err := h.lim.Paused(pctx, subject); err == nil {
+		if left, err := h.lim.PauseFor(pctx, subject, 0); err == nil {
 			wait = left
 		}
 		cancel()
@@ -224,7 +225,7 @@ func (h *httpHandler) throttled(ctx context.Context, task *asynq.Task, subject s
 		if d, err := http.ParseTime(resp.Header.Get("Date")); err == nil {
 			date = d
 		}
-		if d, ok := throttle.ParseRetryAfter(resp.Header.Get("Retry-After"), date); ok && d > 0 {
+		if d, ok := httpthrottle.ParseRetryAfter(resp.Header.Get("Retry-After"), date); ok && d > 0 {
 			wait = d
 		}
 	}

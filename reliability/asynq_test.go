@@ -259,7 +259,7 @@ func TestMalformedPayloads(t *testing.T) {
 	})
 	bad := []string{
 		`not json`, `[1,2,3]`, `"a string"`, `{"n": 1}`, `{"tenant": null}`, `{"tenant": ""}`,
-		`{"tenant": {"a": 1}}`, `{"tenant": true}`, `{"tenant": "` + strings.Repeat("x", throttle.MaxSubjectLen+1) + `"}`, ``,
+		`{"tenant": {"a": 1}}`, `{"tenant": true}`, `{"tenant": "` + strings.Repeat("x", 1024+1) + `"}`, ``,
 	}
 	const good, badCount = 200, 50
 	b.enqueue(good+badCount, func(int) string { return "e2e:task" }, func(i int) string {

@@ -171,7 +171,7 @@ func skewExactRules() []throttle.Rule {
 	year := 365 * 24 * time.Hour
 	var rules []throttle.Rule
 	for _, a := range []throttle.Algorithm{throttle.FixedWindow, throttle.SlidingLog, throttle.SlidingWindow, throttle.TokenBucket, throttle.GCRA} {
-		rules = append(rules, throttle.Rule{Name: a.String(), Algorithm: a, Limit: throttle.Limit{Count: 100, Period: year, Burst: 100}})
+		rules = append(rules, throttle.Rule{Name: string(a), Algorithm: a, Limit: throttle.Limit{Count: 100, Period: year, Burst: 100}})
 	}
 	return rules
 }
@@ -258,15 +258,15 @@ func runSkewWorkload(addr, prefix string) skewReport {
 				// Wait, with the slot it was granted recorded: Reserve
 				// under the same deadline, then sleep until the slot.
 				wctx, cancel := context.WithDeadline(ctx, end)
-				r, err := lim.Reserve(wctx, "paced")
+				r, err := lim.ReserveN(wctx, "paced", 1)
 				cancel()
 				if err != nil {
 					return // the deadline: the slot would come after end
 				}
 				mu.Lock()
-				rep.Admissions = append(rep.Admissions, r.TimeToAct().Add(offset).UnixMicro())
+				rep.Admissions = append(rep.Admissions, time.Now().Add(r.Delay()).Add(offset).UnixMicro())
 				mu.Unlock()
-				time.Sleep(time.Until(r.TimeToAct()))
+				time.Sleep(time.Until(time.Now().Add(r.Delay())))
 			}
 		})
 	}

@@ -68,7 +68,7 @@ func TestClusterFailover(t *testing.T) {
 					for time.Now().Before(end) {
 						// Wait, with the slot recorded: Reserve, then sleep.
 						rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-						r, err := lim.Reserve(rctx, "busy")
+						r, err := lim.ReserveN(rctx, "busy", 1)
 						cancel()
 						if err != nil {
 							mu.Lock()
@@ -81,9 +81,9 @@ func TestClusterFailover(t *testing.T) {
 							continue
 						}
 						mu.Lock()
-						slots = append(slots, r.TimeToAct())
+						slots = append(slots, time.Now().Add(r.Delay()))
 						mu.Unlock()
-						time.Sleep(time.Until(r.TimeToAct()))
+						time.Sleep(time.Until(time.Now().Add(r.Delay())))
 					}
 				})
 			}

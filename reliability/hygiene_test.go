@@ -29,7 +29,7 @@ var exerciseRules = []throttle.Rule{
 // past the limit, Wait (admitted and cancelled), Admit (booked, held,
 // redeemed), Reserve and Cancel (the
 // last, an earlier and a lone reservation; window permits given back by a
-// group), PrepayN and Redeem, PauseFor and Paused. Everything it books lies
+// group), PrepayN and Admit on its receipt, PauseFor. Everything it books lies
 // within about 1.5s. It fails the test
 // on the first error; exerciseErr returns it instead.
 func exercise(t testing.TB, rdb redis.UniversalClient, prefix string) {
@@ -104,9 +104,10 @@ func exerciseErr(rdb redis.UniversalClient, prefix string) (err error) {
 			must(err, rule.Name, " Wait with 50ms deadline")
 		}
 		cancel()
-		must(l.PauseFor(ctx, "paused", 300*time.Millisecond), rule.Name, " PauseFor")
-		_, err := l.Paused(ctx, "paused")
-		must(err, rule.Name, " Paused")
+		_, err := l.PauseFor(ctx, "paused", 300*time.Millisecond)
+		must(err, rule.Name, " PauseFor")
+		_, err = l.PauseFor(ctx, "paused", 0)
+		must(err, rule.Name, " PauseFor(0), the read")
 		// Admit: turns granted, then booked ahead under task IDs; one
 		// booking redeemed, one held (early), the rest left to lapse.
 		for i := range 6 {
@@ -131,7 +132,7 @@ func exerciseErr(rdb redis.UniversalClient, prefix string) (err error) {
 		}
 		var rs []*throttle.Reservation
 		for range 5 {
-			r, err := l.Reserve(ctx, "reserve")
+			r, err := l.ReserveN(ctx, "reserve", 1)
 			must(err, rule.Name, " Reserve")
 			rs = append(rs, r)
 		}
@@ -139,8 +140,9 @@ func exerciseErr(rdb redis.UniversalClient, prefix string) (err error) {
 		must(rs[4].Cancel(ctx), rule.Name, " Cancel the last reservation")
 		p, err := l.PrepayN(ctx, "prepaid", 1, 500*time.Millisecond)
 		must(err, rule.Name, " PrepayN")
-		_, _, err = l.Redeem(ctx, "prepaid", p.Receipt())
-		must(err, rule.Name, " Redeem")
+		receipt, _ := p.Receipt()
+		_, err = l.Admit(ctx, throttle.AdmitRequest{Subject: "prepaid", N: 1, Receipt: receipt, Wait: -1})
+		must(err, rule.Name, " Admit on a receipt")
 		p2, err := l.PrepayN(ctx, "prepaid", 1, 500*time.Millisecond)
 		must(err, rule.Name, " PrepayN")
 		must(p2.Cancel(ctx), rule.Name, " Cancel a prepaid reservation")
@@ -148,16 +150,17 @@ func exerciseErr(rdb redis.UniversalClient, prefix string) (err error) {
 	// Refunds of every kind: a lone reservation given back, and window permits given back when a later part of
 	// a group denies.
 	for _, rule := range exerciseRules[3:] {
-		r, err := newLim(rule).Reserve(ctx, "lone")
+		r, err := newLim(rule).ReserveN(ctx, "lone", 1)
 		must(err, rule.Name, " Reserve")
 		must(r.Cancel(ctx), rule.Name, " Cancel a lone reservation")
 	}
 	for _, w := range exerciseRules[:3] {
-		full := newLim(throttle.Rule{Name: "one", Algorithm: throttle.GCRA, Limit: throttle.Limit{Count: 1, Period: time.Second, Burst: 1}})
-		g, err := throttle.NewGroup(throttle.Part{Limiter: newLim(w)}, throttle.Part{Limiter: full})
-		must(err, "NewGroup")
 		subject := "refunded-" + w.Name
-		_, err = full.Allow(ctx, subject) // "one" has no permit left
+		one := throttle.Rule{Name: "one", Algorithm: throttle.GCRA, Limit: throttle.Limit{Count: 1, Period: time.Second, Burst: 1}}
+		full := newLim(one)
+		one.Subject = subject // the same subject, as a second part: acquired after w's
+		g := newLim(w, one)
+		_, err := full.Allow(ctx, subject) // "one" has no permit left
 		must(err, "Allow")
 		res, err := g.Allow(ctx, subject) // w admits, "one" denies: w's permit comes back
 		must(err, w.Name, " group Allow")
@@ -184,11 +187,9 @@ func exerciseErr(rdb redis.UniversalClient, prefix string) (err error) {
 	wctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	must(policy.Wait(wctx, "tenant-2"), "policy Wait")
 	cancel()
-	g, err := throttle.NewGroup(
-		throttle.Part{Limiter: newLim(exerciseRules[4]), Subject: throttle.Fixed("global")},
-		throttle.Part{Limiter: newLim(exerciseRules[0])},
-	)
-	must(err, "NewGroup")
+	global := exerciseRules[4]
+	global.Subject = "global"
+	g := newLim(global, exerciseRules[0])
 	for range 5 {
 		_, err := g.Allow(ctx, "tenant-3")
 		must(err, "group Allow")

@@ -51,7 +51,7 @@ func TestRedisKilledWhileWaiting(t *testing.T) {
 	checkNoLeaks(t) // on the parent: its subtests run in parallel
 	for _, cc := range clientConfigs {
 		for _, rule := range outageRules {
-			t.Run(cc.name+"/"+rule.Algorithm.String(), func(t *testing.T) {
+			t.Run(cc.name+"/"+string(rule.Algorithm), func(t *testing.T) {
 				t.Parallel()
 				redisKilledWhileWaiting(t, cc, rule)
 			})
@@ -245,7 +245,7 @@ func concurrentWaits(t *testing.T, lim *throttle.Limiter, n int, timeout time.Du
 func TestFailOpenDuringOutage(t *testing.T) {
 	checkNoLeaks(t) // on the parent: its subtests run in parallel
 	for _, rule := range outageRules {
-		t.Run(rule.Algorithm.String(), func(t *testing.T) {
+		t.Run(string(rule.Algorithm), func(t *testing.T) {
 			t.Parallel()
 			srv := redistest.Server(t)
 			rdb := redis.NewClient(recommendedOptions(srv.Addr()))

@@ -32,7 +32,7 @@ func TestRuleChangeOnLiveKeys(t *testing.T) {
 		{Count: 5, Period: time.Hour},
 		{Count: 3, Period: 100 * time.Hour},
 		{Count: 2, Period: 20 * time.Millisecond},
-		{Count: 1, Period: throttle.MaxPeriod},
+		{Count: 1, Period: (10 * 365 * 24 * time.Hour)},
 		{Count: 4, Period: time.Minute},
 	}
 	for _, b := range redistest.Backends(t) {
@@ -76,8 +76,8 @@ func TestRuleChangeOnLiveKeys(t *testing.T) {
 					}
 				}
 				tiny, err := throttle.New(b.Client, throttle.Options{Prefix: prefix},
-					throttle.Rule{Name: "tb", Algorithm: throttle.TokenBucket, Limit: throttle.Limit{Count: 1, Period: throttle.MaxPeriod, Burst: 1}},
-					throttle.Rule{Name: "gcra", Algorithm: throttle.GCRA, Limit: throttle.Limit{Count: 1, Period: throttle.MaxPeriod, Burst: 1}})
+					throttle.Rule{Name: "tb", Algorithm: throttle.TokenBucket, Limit: throttle.Limit{Count: 1, Period: (10 * 365 * 24 * time.Hour), Burst: 1}},
+					throttle.Rule{Name: "gcra", Algorithm: throttle.GCRA, Limit: throttle.Limit{Count: 1, Period: (10 * 365 * 24 * time.Hour), Burst: 1}})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -85,7 +85,7 @@ func TestRuleChangeOnLiveKeys(t *testing.T) {
 				if err != nil || res.Allowed || res.RetryAfter <= 0 {
 					t.Errorf("Allow after the rule shrank = %+v, %v; want denied with a positive RetryAfter", res, err)
 				}
-				r, err := tiny.Reserve(ctx, "tenant")
+				r, err := tiny.ReserveN(ctx, "tenant", 1)
 				if err != nil || r.Delay() <= 0 {
 					t.Errorf("Reserve after the rule shrank: %v; want a (very long) positive delay", err)
 				}
@@ -97,7 +97,7 @@ func TestRuleChangeOnLiveKeys(t *testing.T) {
 				// around to "now" (which would admit at once).
 				for _, a := range []throttle.Algorithm{throttle.TokenBucket, throttle.GCRA} {
 					lim, err := throttle.New(b.Client, throttle.Options{Prefix: prefix},
-						throttle.Rule{Name: "deep-" + a.String(), Algorithm: a, Limit: throttle.Limit{Count: 1, Period: throttle.MaxPeriod, Burst: 1}})
+						throttle.Rule{Name: "deep-" + string(a), Algorithm: a, Limit: throttle.Limit{Count: 1, Period: (10 * 365 * 24 * time.Hour), Burst: 1}})
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -105,14 +105,14 @@ func TestRuleChangeOnLiveKeys(t *testing.T) {
 					// the time to act is what must never move earlier.
 					var last time.Time
 					for i := range 40 {
-						r, err := lim.Reserve(ctx, "tenant")
+						r, err := lim.ReserveN(ctx, "tenant", 1)
 						if err != nil {
 							t.Fatalf("%v: reservation %d: %v", a, i, err)
 						}
-						if i > 0 && (r.Delay() <= 0 || r.TimeToAct().Before(last)) {
-							t.Fatalf("%v: reservation %d delay %v, time to act %v after %v; want positive and never earlier", a, i, r.Delay(), r.TimeToAct(), last)
+						if i > 0 && (r.Delay() <= 0 || time.Now().Add(r.Delay()).Before(last)) {
+							t.Fatalf("%v: reservation %d delay %v, time to act %v after %v; want positive and never earlier", a, i, r.Delay(), time.Now().Add(r.Delay()), last)
 						}
-						last = r.TimeToAct()
+						last = time.Now().Add(r.Delay())
 					}
 				}
 			})

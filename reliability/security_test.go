@@ -325,11 +325,11 @@ func TestSecretsStayOut(t *testing.T) {
 					ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 					_, err1 := lim.Allow(ctx, "s")
 					err2 := lim.Wait(ctx, "s")
-					_, err3 := bucket.Reserve(ctx, "s")
-					err4 := bucket.PauseFor(ctx, "s", time.Second)
-					_, err5 := bucket.Paused(ctx, "s")
+					_, err3 := bucket.ReserveN(ctx, "s", 1)
+					_, err4 := bucket.PauseFor(ctx, "s", time.Second)
+					_, err5 := bucket.PauseFor(ctx, "s", 0)
 					_, err6 := bucket.PrepayN(ctx, "s", 1, 0)
-					_, _, err7 := bucket.Redeem(ctx, "s", "0123")
+					_, err7 := bucket.Admit(ctx, throttle.AdmitRequest{Subject: "s", N: 1, Receipt: "0123", Wait: -1})
 					cancel()
 					errs := []error{err1, err2, err3, err4, err5, err6, err7}
 					if !failOpen && !errors.Is(err1, throttle.ErrRedis) {

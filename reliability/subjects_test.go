@@ -23,8 +23,8 @@ var hostileSubjects = []string{
 	"\x00", "a\x00b", "\n", "a\r\nb", "\t", " ", "  ",
 	"\xff", "\xc3\x28", "\xed\xa0\x80", "日本語", "emoji 🚦",
 	"*", "?", "[a-z]", "\\", "\"quoted\"", "'", "$(rm -rf)", "!pause", "r!cancelled",
-	strings.Repeat("}", throttle.MaxSubjectLen),
-	strings.Repeat("\xff", throttle.MaxSubjectLen),
+	strings.Repeat("}", 1024),
+	strings.Repeat("\xff", 1024),
 }
 
 // TestHostileSubjects sends every hostile subject through a three-rule
@@ -44,15 +44,15 @@ func TestHostileSubjects(t *testing.T) {
 			prefix := redistest.Prefix(t)
 			lim, err := throttle.New(b.Client, throttle.Options{Prefix: prefix},
 				throttle.Rule{Name: "hour", Algorithm: throttle.FixedWindow, Limit: throttle.Limit{Count: 1, Period: time.Hour}},
-				throttle.Rule{Name: "{rule}", Algorithm: throttle.GCRA, Limit: throttle.PerHour(5)},
-				throttle.Rule{Name: "log", Algorithm: throttle.SlidingLog, Limit: throttle.PerHour(5)},
+				throttle.Rule{Name: "{rule}", Algorithm: throttle.GCRA, Limit: throttle.Limit{Count: 5, Period: time.Hour, Burst: 5}},
+				throttle.Rule{Name: "log", Algorithm: throttle.SlidingLog, Limit: throttle.Limit{Count: 5, Period: time.Hour, Burst: 5}},
 			)
 			if err != nil {
 				t.Fatal(err)
 			}
 			bucket, err := throttle.New(b.Client, throttle.Options{Prefix: prefix},
-				throttle.Rule{Name: "tb", Algorithm: throttle.TokenBucket, Limit: throttle.PerHour(5)},
-				throttle.Rule{Name: "gcra", Algorithm: throttle.GCRA, Limit: throttle.PerHour(5)},
+				throttle.Rule{Name: "tb", Algorithm: throttle.TokenBucket, Limit: throttle.Limit{Count: 5, Period: time.Hour, Burst: 5}},
+				throttle.Rule{Name: "gcra", Algorithm: throttle.GCRA, Limit: throttle.Limit{Count: 5, Period: time.Hour, Burst: 5}},
 			)
 			if err != nil {
 				t.Fatal(err)
@@ -73,17 +73,17 @@ func TestHostileSubjects(t *testing.T) {
 				if res, err := lim.Allow(ctx, s); err != nil || res.Allowed {
 					t.Errorf("second Allow(%q) = %+v, %v; want denied by the 1-per-hour rule", trunc(s), res, err)
 				}
-				r, err := bucket.Reserve(ctx, s)
+				r, err := bucket.ReserveN(ctx, s, 1)
 				if err != nil {
 					t.Fatalf("Reserve(%q) = %v", trunc(s), err)
 				}
 				if err := r.Cancel(ctx); err != nil {
 					t.Fatalf("Cancel (refund, %d keys) of %q = %v", 2+1+2, trunc(s), err)
 				}
-				if err := bucket.PauseFor(ctx, s, time.Millisecond); err != nil {
+				if _, err := bucket.PauseFor(ctx, s, time.Millisecond); err != nil {
 					t.Fatalf("PauseFor(%q) = %v", trunc(s), err)
 				}
-				if _, err := bucket.Paused(ctx, s); err != nil {
+				if _, err := bucket.PauseFor(ctx, s, 0); err != nil {
 					t.Fatalf("Paused(%q) = %v", trunc(s), err)
 				}
 			}
@@ -120,17 +120,17 @@ func TestHostileSubjects(t *testing.T) {
 
 			// Invalid subjects fail before reaching Redis.
 			before := len(scanKeys(t, b.Client, prefix))
-			for _, s := range []string{"", strings.Repeat("x", throttle.MaxSubjectLen+1), strings.Repeat("{", 1<<20)} {
+			for _, s := range []string{"", strings.Repeat("x", 1024+1), strings.Repeat("{", 1<<20)} {
 				if _, err := lim.Allow(ctx, s); !errors.Is(err, throttle.ErrInvalidSubject) {
 					t.Errorf("Allow(%d-byte subject) = %v; want ErrInvalidSubject", len(s), err)
 				}
 				if err := lim.Wait(ctx, s); !errors.Is(err, throttle.ErrInvalidSubject) {
 					t.Errorf("Wait(%d-byte subject) = %v; want ErrInvalidSubject", len(s), err)
 				}
-				if _, err := bucket.Reserve(ctx, s); !errors.Is(err, throttle.ErrInvalidSubject) {
+				if _, err := bucket.ReserveN(ctx, s, 1); !errors.Is(err, throttle.ErrInvalidSubject) {
 					t.Errorf("Reserve(%d-byte subject) = %v; want ErrInvalidSubject", len(s), err)
 				}
-				if err := bucket.PauseFor(ctx, s, time.Second); !errors.Is(err, throttle.ErrInvalidSubject) {
+				if _, err := bucket.PauseFor(ctx, s, time.Second); !errors.Is(err, throttle.ErrInvalidSubject) {
 					t.Errorf("PauseFor(%d-byte subject) = %v; want ErrInvalidSubject", len(s), err)
 				}
 				if err != nil && strings.Contains(err.Error(), s) && len(s) > 0 {

@@ -17,7 +17,7 @@ import (
 type AdmitRequest struct {
 	// Subject is what is limited, as for Allow. Required.
 	Subject string
-	// N is the number of permits (at least 1; a *CapacityError if more
+	// N is the number of permits (at least 1; an error matching ErrExceedsCapacity if more
 	// than a rule can ever admit).
 	N int
 	// ID identifies the caller across arrivals (a task ID): a slot too
@@ -46,41 +46,33 @@ type AdmitRequest struct {
 	// Tolerance is how late a caller may come back for its booking or
 	// receipt: one that comes later takes a new turn, and its old slot
 	// (long past) is not redeemed, so a fleet that was down does not run
-	// its overdue work in one burst. Required: at least 1µs. (A booking
-	// whose slot falls inside a pause, PauseFor, is not redeemed either.)
+	// its overdue work in one burst. (A booking whose slot falls inside a
+	// pause, PauseFor, is not redeemed either.) If zero, the interval of
+	// the limiter's tightest rule (Period / Count), at least 1ms and at
+	// most 1s; negative is an error.
 	Tolerance time.Duration
 }
 
-// AdmitStatus is what an Admit caller does next.
-type AdmitStatus int
+// AdmitStatus is what an Admit caller does next; its value is its name.
+type AdmitStatus string
 
 const (
 	// Denied: the slot would be past the Horizon (or past Wait with no ID);
 	// nothing was charged. Admission.Delay says when it would be.
-	Denied AdmitStatus = iota
+	Denied AdmitStatus = "denied"
 	// Granted: a new turn within Wait. Act at Admission.At; if the caller
 	// will not act, Admission.Reservation.Cancel refunds it.
-	Granted
+	Granted AdmitStatus = "granted"
 	// Booked: a new turn later than Wait, booked under the request's ID
 	// for Admission.At. Leave, and come back then.
-	Booked
+	Booked AdmitStatus = "booked"
 	// Redeemed: the caller's booking or receipt is due within Wait, and is
 	// used up. Act at Admission.At.
-	Redeemed
+	Redeemed AdmitStatus = "redeemed"
 	// Held: the caller's booking or receipt is for Admission.At, later
 	// than Wait. It is kept: leave, and come back then.
-	Held
+	Held AdmitStatus = "held"
 )
-
-var admitStatusNames = [...]string{"denied", "granted", "booked", "redeemed", "held"}
-
-// String returns "denied", "granted", "booked", "redeemed" or "held".
-func (s AdmitStatus) String() string {
-	if s < 0 || int(s) >= len(admitStatusNames) {
-		return fmt.Sprintf("AdmitStatus(%d)", int(s))
-	}
-	return admitStatusNames[s]
-}
 
 // Admission is Admit's answer.
 type Admission struct {
@@ -111,28 +103,31 @@ const (
 )
 
 // Admit decides for a caller that can come back later; see AdmitRequest
-// and AdmitStatus. It returns a *CapacityError if N is more than a rule
+// and AdmitStatus. It returns an error matching ErrExceedsCapacity if N is more than a rule
 // can ever admit, an error matching ErrInvalidSubject for a bad subject,
 // and an error matching ErrRedis if Redis fails (a FailOpen limiter
 // grants instead).
 func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error) {
-	if req.Tolerance <= 0 {
-		return Admission{}, fmt.Errorf("throttle: admit: tolerance %v: must be at least 1µs", req.Tolerance)
+	if req.Tolerance < 0 {
+		return Admission{}, fmt.Errorf("throttle: admit: tolerance %v: must not be negative", req.Tolerance)
+	}
+	if req.Tolerance == 0 {
+		req.Tolerance = l.tolerance
+	}
+	if l.parts != nil {
+		return l.admitParts(ctx, req)
 	}
 	if len(req.ID) > maxReceiptLen || len(req.Receipt) > maxReceiptLen || len(req.BookAs) > maxReceiptLen {
 		return Admission{}, fmt.Errorf("throttle: admit: an ID or receipt is at most %d bytes; hash longer ones", maxReceiptLen)
 	}
-	if req.Horizon < 0 || req.Horizon > MaxPeriod {
-		return Admission{}, fmt.Errorf("throttle: admit: horizon %v: must be between 0 (no bound) and %v", req.Horizon, MaxPeriod)
+	if req.Horizon < 0 || req.Horizon > maxPeriod {
+		return Admission{}, fmt.Errorf("throttle: admit: horizon %v: must be between 0 (no bound) and %v", req.Horizon, maxPeriod)
 	}
-	wait, horizon := int64(-1), int64(-1)
-	if req.Wait >= 0 {
-		wait = req.Wait.Microseconds()
-	}
+	wait, horizon := micros(req.Wait), unbounded
 	if req.Horizon > 0 {
 		horizon = req.Horizon.Microseconds()
 	}
-	keys, args, err := l.request("admit", req.Subject, req.N, wait, nil)
+	keys, args, err := l.request(opAdmit, req.Subject, req.N, wait, nil)
 	if err != nil {
 		return Admission{}, err
 	}
@@ -154,35 +149,29 @@ func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error
 			args = append(args, l.member(id))
 		}
 	}
-	reply, err := l.run(ctx, l.script, keys, args...).Slice()
-	recv := time.Now()
-	if err != nil {
-		r, err := l.failOpenOr(ctx, "admit", req.Subject, req.N, err)
+	rep, recv, err := l.call(ctx, opAdmit, keys, args)
+	if re, ok := err.(*redisError); ok {
+		r, err := l.failOpenOr(ctx, opAdmit, req.Subject, req.N, re.err)
 		if err != nil {
 			return Admission{}, err
 		}
 		return Admission{Status: Granted, Rule: l.rules[0].Name, At: r.at, Reservation: r}, nil
 	}
-	l.redisOK()
-	res, redisNow, err := l.parse(reply)
 	if err != nil {
 		return Admission{}, err
 	}
-	status := int64(0)
-	if v, ok := reply[0].(int64); ok {
-		status = v
-	}
+	res := rep.Result
 	a := Admission{
 		Delay: res.RetryAfter,
-		Slot:  time.UnixMicro(redisNow).Add(res.RetryAfter),
+		Slot:  time.UnixMicro(rep.redisNow).Add(res.RetryAfter),
 	}
-	a.At = l.clock.wake(recv, redisNow, a.Delay)
-	switch status {
+	a.At = l.clock.wake(recv, rep.redisNow, a.Delay)
+	switch rep.status {
 	case admitDenied:
 		a.Status, a.Rule = Denied, res.Rule
 	case admitGranted:
 		a.Status, a.Rule = Granted, res.Rule
-		a.Reservation = &Reservation{lim: l, subject: req.Subject, n: req.N, tickets: tickets(reply), delay: a.Delay, at: a.At}
+		a.Reservation = &Reservation{lim: l, subject: req.Subject, n: req.N, tickets: rep.tickets(len(l.rules)), delay: a.Delay, at: a.At}
 	case admitBooked:
 		a.Status, a.Rule = Booked, res.Rule
 	case admitRedeemed:
@@ -190,7 +179,7 @@ func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error
 	case admitHeld:
 		a.Status = Held
 	default:
-		return Admission{}, badReply(reply)
+		return Admission{}, badReply(rep.raw)
 	}
 	return a, nil
 }

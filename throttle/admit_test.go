@@ -41,7 +41,7 @@ func windowBound(r Rule) int {
 // decision is one script call.
 func TestAdmitBacklog(t *testing.T) {
 	for _, rule := range admitRules {
-		t.Run(rule.Algorithm.String(), func(t *testing.T) {
+		t.Run(string(rule.Algorithm), func(t *testing.T) {
 			virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
 				ctx := context.Background()
 				l := mustNew(t, rdb, Options{}, rule)
@@ -119,7 +119,7 @@ func TestAdmitBacklog(t *testing.T) {
 // by more than the tolerance (a new turn: the stale slot is not redeemed).
 func TestAdmitEarlyLate(t *testing.T) {
 	for _, rule := range admitRules {
-		t.Run(rule.Algorithm.String(), func(t *testing.T) {
+		t.Run(string(rule.Algorithm), func(t *testing.T) {
 			virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
 				ctx := context.Background()
 				l := mustNew(t, rdb, Options{}, rule)
@@ -180,7 +180,7 @@ func TestAdmitReceiptAndHorizon(t *testing.T) {
 		if err != nil || r2.Delay() != 100*ms {
 			t.Fatalf("second PrepayN: %v, %v", r2, err)
 		}
-		a, err := l.Admit(ctx, AdmitRequest{Subject: "s", N: 1, ID: "job", Receipt: r2.Receipt(), Wait: time.Second, Tolerance: 10 * ms})
+		a, err := l.Admit(ctx, AdmitRequest{Subject: "s", N: 1, ID: "job", Receipt: receiptOf(r2), Wait: time.Second, Tolerance: 10 * ms})
 		if err != nil || a.Status != Redeemed || a.Delay != 100*ms {
 			t.Fatalf("Admit with a receipt: %+v, %v; want redeemed in 100ms", a, err)
 		}
@@ -198,12 +198,11 @@ func TestAdmitReceiptAndHorizon(t *testing.T) {
 		if res := allow(t, l, "s", 1); res.Allowed || res.RetryAfter != 200*ms {
 			t.Errorf("after denials: %+v; want denied for 200ms (nothing charged)", res)
 		}
-		if _, err := l.Admit(ctx, AdmitRequest{Subject: "s", N: 1, ID: "x"}); err == nil {
-			t.Error("Admit without a tolerance: no error")
+		if _, err := l.Admit(ctx, AdmitRequest{Subject: "s", N: 1, ID: "x", Tolerance: -ms}); err == nil {
+			t.Error("Admit with a negative tolerance: no error")
 		}
-		var ce *CapacityError
-		if _, err := l.Admit(ctx, AdmitRequest{Subject: "s", N: 2, ID: "x", Tolerance: ms}); !errors.As(err, &ce) {
-			t.Errorf("Admit of 2 under burst 1: %v, want a *CapacityError", err)
+		if _, err := l.Admit(ctx, AdmitRequest{Subject: "s", N: 2, ID: "x", Tolerance: ms}); !errors.Is(err, ErrExceedsCapacity) {
+			t.Errorf("Admit of 2 under burst 1: %v, want ErrExceedsCapacity", err)
 		}
 	})
 }
@@ -212,7 +211,7 @@ func TestAdmitReceiptAndHorizon(t *testing.T) {
 // under every algorithm.
 func TestAdmitCancelRefunds(t *testing.T) {
 	for _, rule := range admitRules {
-		t.Run(rule.Algorithm.String(), func(t *testing.T) {
+		t.Run(string(rule.Algorithm), func(t *testing.T) {
 			virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
 				ctx := context.Background()
 				l := mustNew(t, rdb, Options{}, rule)
@@ -266,7 +265,7 @@ func TestAdmitPauseDropsBookings(t *testing.T) {
 		if slots["t3"] != 300*ms || slots["t9"] != 900*ms {
 			t.Fatalf("slots %v; want 100ms apart", slots)
 		}
-		if err := l.PauseFor(ctx, "s", 500*ms); err != nil {
+		if _, err := l.PauseFor(ctx, "s", 500*ms); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(300 * ms)
@@ -281,6 +280,34 @@ func TestAdmitPauseDropsBookings(t *testing.T) {
 		a, err = l.Admit(ctx, req("t7", 0))
 		if err != nil || a.Status != Redeemed {
 			t.Errorf("t7 at its turn after the pause: %+v, %v; want redeemed", a, err)
+		}
+	})
+}
+
+// Without a Tolerance, a booking is redeemed up to one interval of the
+// tightest rule late (200ms at 5/s beside 100/min), and not later.
+func TestAdmitDefaultTolerance(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := context.Background()
+		l := mustNew(t, rdb, Options{},
+			Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(5).WithBurst(1)},
+			Rule{Name: "slow", Algorithm: FixedWindow, Limit: Limit{Count: 100, Period: time.Minute}})
+		for i, id := range []string{"first", "a", "b"} {
+			want := []AdmitStatus{Granted, Booked, Booked}[i]
+			if a, err := l.Admit(ctx, AdmitRequest{Subject: "s", N: 1, ID: id}); err != nil || a.Status != want || a.Delay != time.Duration(i)*200*ms {
+				t.Fatalf("Admit %s: %+v, %v; want status %s in %v", id, a, err, want, time.Duration(i)*200*ms)
+			}
+		}
+		time.Sleep(400 * ms) // a is 200ms late: one interval
+		if a, err := l.Admit(ctx, AdmitRequest{Subject: "s", N: 1, ID: "a"}); err != nil || a.Status != Redeemed {
+			t.Fatalf("a, 200ms late: %+v, %v; want redeemed", a, err)
+		}
+		time.Sleep(201 * ms) // b is 201ms late
+		if a, err := l.Admit(ctx, AdmitRequest{Subject: "s", N: 1, ID: "b"}); err != nil || a.Status == Redeemed {
+			t.Fatalf("b, 201ms late: %+v, %v; want a new turn", a, err)
+		}
+		if _, err := l.Admit(ctx, AdmitRequest{Subject: "s", N: 1, ID: "c", Tolerance: -1}); err == nil {
+			t.Fatal("a negative tolerance: no error")
 		}
 	})
 }

@@ -13,8 +13,7 @@ import (
 // of the package looks them up, so a new algorithm is a constant, one Go
 // file and its Lua files.
 type algorithm struct {
-	name    string   // as in rules files, results and the scripts (check_<name>)
-	aliases []string // other names ParseAlgorithm accepts
+	rank int // the order of algorithm lists, in messages and docs
 	// files are the Lua files that define check_<name> and commit_<name>,
 	// in order; use_<name>.lua hands them to the driver (scripts.go).
 	files []string
@@ -29,7 +28,7 @@ type algorithm struct {
 	extra func(Rule) int64
 }
 
-// registry holds the registered algorithms.
+// registry holds the registered algorithms, by name.
 var registry = map[Algorithm]*algorithm{}
 
 // register adds an algorithm. Each algorithm's file calls it in a
@@ -38,7 +37,7 @@ var registry = map[Algorithm]*algorithm{}
 // then finds every algorithm registered.
 func register(a Algorithm, spec *algorithm) bool {
 	if _, dup := registry[a]; dup {
-		panic(fmt.Sprintf("throttle: algorithm %d registered twice", a))
+		panic(fmt.Sprintf("throttle: algorithm %q registered twice", a))
 	}
 	registry[a] = spec
 	return true
@@ -53,50 +52,23 @@ func registered() []Algorithm {
 	for a := range registry {
 		as = append(as, a)
 	}
-	slices.SortFunc(as, func(x, y Algorithm) int { return cmp.Compare(x, y) })
+	slices.SortFunc(as, func(x, y Algorithm) int { return cmp.Compare(registry[x].rank, registry[y].rank) })
 	return as
-}
-
-// String returns the algorithm's name as used in rules files: fixed_window,
-// sliding_log, sliding_window, token_bucket or gcra.
-func (a Algorithm) String() string {
-	if s := a.spec(); s != nil {
-		return s.name
-	}
-	return fmt.Sprintf("Algorithm(%d)", int(a))
-}
-
-// ParseAlgorithm returns the algorithm named s. It also accepts
-// "leaky_bucket" for GCRA and "sliding_window_counter" for SlidingWindow,
-// with dashes or underscores, in any case.
-func ParseAlgorithm(s string) (Algorithm, error) {
-	norm := strings.ReplaceAll(strings.ToLower(strings.TrimSpace(s)), "-", "_")
-	for _, a := range registered() {
-		if spec := a.spec(); spec.name == norm || slices.Contains(spec.aliases, norm) {
-			return a, nil
-		}
-	}
-	return 0, fmt.Errorf("throttle: unknown algorithm %q: use %s", s, algorithmList())
 }
 
 // algorithmNames returns every algorithm's name, in order.
 func algorithmNames() []string {
 	var names []string
 	for _, a := range registered() {
-		names = append(names, a.spec().name)
+		names = append(names, string(a))
 	}
 	return names
 }
 
 // algorithmList names every algorithm for messages: "fixed_window,
-// sliding_log, …, token_bucket or gcra (leaky_bucket)".
+// sliding_log, …, token_bucket or gcra".
 func algorithmList() string {
 	names := algorithmNames()
-	for i, n := range names {
-		if n == "gcra" {
-			names[i] += " (leaky_bucket)"
-		}
-	}
 	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
 }
 

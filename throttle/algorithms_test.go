@@ -94,7 +94,7 @@ func TestSlidingWindowAdmissions(t *testing.T) {
 // admit the same requests at the same instants.
 func TestBucketAdmissions(t *testing.T) {
 	for _, algo := range []Algorithm{TokenBucket, GCRA} {
-		t.Run(algo.String(), func(t *testing.T) {
+		t.Run(string(algo), func(t *testing.T) {
 			play(t, rule(algo, PerSecond(10).WithBurst(5)), []step{
 				{at: 0, n: 5, allowed: true, remaining: 0},
 				{at: 0, n: 1, allowed: false, remaining: 0, retryAfter: 100 * ms},
@@ -121,7 +121,7 @@ func TestWindowBoundaryBurst(t *testing.T) {
 		{SlidingLog, 5},
 		{SlidingWindow, 5},
 	} {
-		t.Run(tc.algo.String(), func(t *testing.T) {
+		t.Run(string(tc.algo), func(t *testing.T) {
 			virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
 				l := mustNew(t, rdb, Options{}, Rule{Name: "r", Algorithm: tc.algo, Limit: PerSecond(5), Precision: 10 * ms})
 				time.Sleep(990 * ms)
@@ -140,7 +140,7 @@ func TestWindowBoundaryBurst(t *testing.T) {
 func TestPolicyTwoSlidingLogs(t *testing.T) {
 	rules := []Rule{
 		{Name: "per-second", Algorithm: SlidingLog, Limit: PerSecond(1)},
-		{Name: "per-minute", Algorithm: SlidingLog, Limit: PerMinute(5)},
+		{Name: "per-minute", Algorithm: SlidingLog, Limit: Limit{Count: 5, Period: time.Minute, Burst: 5}},
 	}
 	s := time.Second
 	play(t, rules, []step{
@@ -164,9 +164,9 @@ func TestPolicyDenialChargesNothing(t *testing.T) {
 		rules := []Rule{
 			{Name: "bucket", Algorithm: TokenBucket, Limit: PerSecond(10)},
 			{Name: "gcra", Algorithm: GCRA, Limit: PerSecond(10)},
-			{Name: "fixed", Algorithm: FixedWindow, Limit: PerMinute(4)},
-			{Name: "log", Algorithm: SlidingLog, Limit: PerHour(3)},
-			{Name: "window", Algorithm: SlidingWindow, Limit: PerHour(100)},
+			{Name: "fixed", Algorithm: FixedWindow, Limit: Limit{Count: 4, Period: time.Minute, Burst: 4}},
+			{Name: "log", Algorithm: SlidingLog, Limit: Limit{Count: 3, Period: time.Hour, Burst: 3}},
+			{Name: "window", Algorithm: SlidingWindow, Limit: Limit{Count: 100, Period: time.Hour, Burst: 100}},
 		}
 		l := mustNew(t, rdb, Options{Prefix: "p:"}, rules...)
 		if res := allow(t, l, "s", 3); !res.Allowed || res.Rule != "log" || res.Remaining != 0 {
@@ -220,7 +220,7 @@ func TestKeyTTLs(t *testing.T) {
 	}{
 		// Window ends at 1s; the request comes at 0.25s.
 		{Rule{Algorithm: FixedWindow, Limit: PerSecond(10)}, 1, 250 * ms, 750 * ms},
-		{Rule{Algorithm: SlidingLog, Limit: PerMinute(10)}, 1, 250 * ms, time.Minute},
+		{Rule{Algorithm: SlidingLog, Limit: Limit{Count: 10, Period: time.Minute, Burst: 10}}, 1, 250 * ms, time.Minute},
 		// Bucket [200ms, 300ms) counts until 300ms + 1s.
 		{Rule{Algorithm: SlidingWindow, Limit: PerSecond(10), Precision: 100 * ms}, 1, 250 * ms, 1050 * ms},
 		// 4 tokens of 10 per second take 400ms to refill.
@@ -230,7 +230,7 @@ func TestKeyTTLs(t *testing.T) {
 		{Rule{Algorithm: GCRA, Limit: PerSecond(10)}, 10, 0, time.Second},
 	} {
 		tc.rule.Name = "r"
-		t.Run(tc.rule.Algorithm.String(), func(t *testing.T) {
+		t.Run(string(tc.rule.Algorithm), func(t *testing.T) {
 			virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
 				l := mustNew(t, rdb, Options{}, tc.rule)
 				time.Sleep(tc.wait)
@@ -295,7 +295,7 @@ func TestUseAllListsEveryAlgorithm(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for a := FixedWindow; a <= GCRA; a++ {
+	for _, a := range registered() {
 		for _, f := range []string{"check", "commit"} {
 			if want := fmt.Sprintf("%s = %s_%s", a, f, a); !strings.Contains(string(src), want) {
 				t.Errorf("use_all.lua lacks %q", want)

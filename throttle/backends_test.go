@@ -27,10 +27,10 @@ func TestBackendsAlgorithms(t *testing.T) {
 		t.Run(b.Name, func(t *testing.T) {
 			ctx := context.Background()
 			for _, algo := range allAlgorithms {
-				t.Run(algo.String(), func(t *testing.T) {
+				t.Run(string(algo), func(t *testing.T) {
 					prefix := redistest.Prefix(t)
 					l, err := throttle.New(b.Client, throttle.Options{Prefix: prefix},
-						throttle.Rule{Name: "r", Algorithm: algo, Limit: throttle.PerHour(3)})
+						throttle.Rule{Name: "r", Algorithm: algo, Limit: throttle.Limit{Count: 3, Period: time.Hour, Burst: 3}})
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -72,9 +72,9 @@ func TestBackendsMixedPolicy(t *testing.T) {
 			prefix := redistest.Prefix(t)
 			var rules []throttle.Rule
 			for i, algo := range allAlgorithms {
-				rules = append(rules, throttle.Rule{Name: algo.String(), Algorithm: algo, Limit: throttle.PerHour(10 + i)})
+				rules = append(rules, throttle.Rule{Name: string(algo), Algorithm: algo, Limit: throttle.Limit{Count: 10 + i, Period: time.Hour, Burst: 10 + i}})
 			}
-			rules[2].Limit = throttle.PerHour(2) // sliding_window is the tightest
+			rules[2].Limit = throttle.Limit{Count: 2, Period: time.Hour, Burst: 2} // sliding_window is the tightest
 			l, err := throttle.New(b.Client, throttle.Options{Prefix: prefix}, rules...)
 			if err != nil {
 				t.Fatal(err)
@@ -110,30 +110,30 @@ func TestBackendsReserveCancel(t *testing.T) {
 		t.Run(b.Name, func(t *testing.T) {
 			ctx := context.Background()
 			for _, algo := range []throttle.Algorithm{throttle.TokenBucket, throttle.GCRA} {
-				t.Run(algo.String(), func(t *testing.T) {
+				t.Run(string(algo), func(t *testing.T) {
 					l, err := throttle.New(b.Client, throttle.Options{Prefix: redistest.Prefix(t)},
-						throttle.Rule{Name: "r", Algorithm: algo, Limit: throttle.PerHour(1)})
+						throttle.Rule{Name: "r", Algorithm: algo, Limit: throttle.Limit{Count: 1, Period: time.Hour, Burst: 1}})
 					if err != nil {
 						t.Fatal(err)
 					}
-					if _, err := l.Reserve(ctx, "s"); err != nil {
+					if _, err := l.ReserveN(ctx, "s", 1); err != nil {
 						t.Fatal(err)
 					}
-					r, err := l.Reserve(ctx, "s")
+					r, err := l.ReserveN(ctx, "s", 1)
 					if err != nil || r.Delay() < 59*time.Minute || r.Delay() > time.Hour {
 						t.Fatalf("second reservation: %v, %v; want a delay of about 1h", r, err)
 					}
 					if err := r.Cancel(ctx); err != nil {
 						t.Fatal(err)
 					}
-					r2, err := l.Reserve(ctx, "s")
+					r2, err := l.ReserveN(ctx, "s", 1)
 					if err != nil || r2.Delay() > time.Hour {
 						t.Fatalf("after Cancel: %v, %v; want the refunded slot, about 1h, not 2h", r2, err)
 					}
 					// A deadline before the slot: refused, nothing booked.
 					dctx, cancel := context.WithTimeout(ctx, time.Minute)
 					defer cancel()
-					if _, err := l.Reserve(dctx, "s"); !errors.Is(err, context.DeadlineExceeded) {
+					if _, err := l.ReserveN(dctx, "s", 1); !errors.Is(err, context.DeadlineExceeded) {
 						t.Fatalf("Reserve past the deadline: %v, want DeadlineExceeded", err)
 					}
 				})
@@ -155,9 +155,9 @@ func TestFailOpenAndClosed(t *testing.T) {
 		defer rdb.Close()
 		var reported []bool
 		open, _ := throttle.New(rdb, throttle.Options{FailOpen: true, OnRedisError: func(_ error, failedOpen bool) { reported = append(reported, failedOpen) }},
-			throttle.Rule{Name: "r", Algorithm: throttle.GCRA, Limit: throttle.PerHour(1)})
+			throttle.Rule{Name: "r", Algorithm: throttle.GCRA, Limit: throttle.Limit{Count: 1, Period: time.Hour, Burst: 1}})
 		closed, _ := throttle.New(rdb, throttle.Options{},
-			throttle.Rule{Name: "r", Algorithm: throttle.SlidingLog, Limit: throttle.PerHour(1)})
+			throttle.Rule{Name: "r", Algorithm: throttle.SlidingLog, Limit: throttle.Limit{Count: 1, Period: time.Hour, Burst: 1}})
 		b.Mini.Close()
 		for range 2 {
 			if res, err := open.Allow(ctx, "s"); err != nil || !res.Allowed {
@@ -202,7 +202,7 @@ func TestBackendsWait(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
 			for _, algo := range allAlgorithms {
-				t.Run(algo.String(), func(t *testing.T) {
+				t.Run(string(algo), func(t *testing.T) {
 					ctx := context.Background()
 					// 10 per 100ms: buckets pace one every 10ms after the
 					// first 10; windows admit 10 per window.
@@ -301,14 +301,14 @@ func TestBackendsAdmit(t *testing.T) {
 		t.Run(b.Name, func(t *testing.T) {
 			ctx := context.Background()
 			policies := [][]throttle.Rule{{
-				{Name: "a", Algorithm: throttle.GCRA, Limit: throttle.PerHour(3)},
-				{Name: "b", Algorithm: throttle.SlidingLog, Limit: throttle.PerHour(3)},
+				{Name: "a", Algorithm: throttle.GCRA, Limit: throttle.Limit{Count: 3, Period: time.Hour, Burst: 3}},
+				{Name: "b", Algorithm: throttle.SlidingLog, Limit: throttle.Limit{Count: 3, Period: time.Hour, Burst: 3}},
 			}}
 			for _, algo := range allAlgorithms {
-				policies = append(policies, []throttle.Rule{{Name: "r", Algorithm: algo, Limit: throttle.PerHour(3)}})
+				policies = append(policies, []throttle.Rule{{Name: "r", Algorithm: algo, Limit: throttle.Limit{Count: 3, Period: time.Hour, Burst: 3}}})
 			}
 			for _, rules := range policies {
-				t.Run(rules[0].Algorithm.String()+fmt.Sprint("x", len(rules)), func(t *testing.T) {
+				t.Run(string(rules[0].Algorithm)+fmt.Sprint("x", len(rules)), func(t *testing.T) {
 					l, err := throttle.New(b.Client, throttle.Options{Prefix: redistest.Prefix(t)}, rules...)
 					if err != nil {
 						t.Fatal(err)
@@ -355,7 +355,7 @@ func TestBackendsExactStateAtMostReset(t *testing.T) {
 		t.Run(b.Name, func(t *testing.T) {
 			ctx := context.Background()
 			for _, algo := range allAlgorithms {
-				t.Run(algo.String(), func(t *testing.T) {
+				t.Run(string(algo), func(t *testing.T) {
 					l, err := throttle.New(b.Client, throttle.Options{Prefix: redistest.Prefix(t)},
 						throttle.Rule{Name: "r", Algorithm: algo, Limit: throttle.Limit{Count: 7, Period: time.Hour, Burst: 2}})
 					if err != nil {

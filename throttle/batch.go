@@ -136,7 +136,7 @@ func (l *Limiter) sendBatch(calls []*batchedCall) {
 	}
 	ctx, cancel := batchContext(live)
 	defer cancel()
-	for i, cmd := range l.runPipelined(ctx, live) {
+	for i, cmd := range l.runPipelined(ctx, l.script, live) {
 		live[i].finish(cmd.Slice())
 	}
 }

@@ -63,7 +63,7 @@ func batchSetup(t *testing.T, opts Options) (*Limiter, *sendRecorder, *miniredis
 	t.Cleanup(func() { rdb.Close() })
 	rec := &sendRecorder{}
 	rdb.AddHook(rec)
-	l := mustNew(t, rdb, opts, Rule{Name: "r", Algorithm: GCRA, Limit: PerHour(1).WithBurst(10)})
+	l := mustNew(t, rdb, opts, Rule{Name: "r", Algorithm: GCRA, Limit: Limit{Count: 1, Period: time.Hour, Burst: 1}.WithBurst(10)})
 	return l, rec, m
 }
 

@@ -11,10 +11,10 @@ func validateBurst(r Rule) error {
 	switch {
 	case l.Burst < 1:
 		return bad("must be at least 1 (PerSecond and friends set it to the count)")
-	case l.Burst > MaxCount:
-		return bad(fmt.Sprintf("must be at most %d", MaxCount))
-	case float64(l.Burst)*float64(l.Period)/float64(l.Count) > float64(MaxPeriod):
-		return bad(fmt.Sprintf("burst × period / count must be at most %v", MaxPeriod))
+	case l.Burst > maxCount:
+		return bad(fmt.Sprintf("must be at most %d", maxCount))
+	case float64(l.Burst)*float64(l.Period)/float64(l.Count) > float64(maxPeriod):
+		return bad(fmt.Sprintf("burst × period / count must be at most %v", maxPeriod))
 	}
 	return nil
 }

@@ -22,7 +22,7 @@ var buckets = []Algorithm{TokenBucket, GCRA}
 // the first reported 0 left and the second was denied for 1µs).
 func TestBucketIntervalNotWholeMicroseconds(t *testing.T) {
 	for _, algo := range buckets {
-		t.Run(algo.String(), func(t *testing.T) {
+		t.Run(string(algo), func(t *testing.T) {
 			m := miniredis.RunT(t)
 			rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
 			t.Cleanup(func() { _ = rdb.Close() })
@@ -69,18 +69,18 @@ func TestBucketIntervalNotWholeMicroseconds(t *testing.T) {
 // multiplication.
 func TestBucketHugeLimitsExact(t *testing.T) {
 	for _, algo := range buckets {
-		t.Run(algo.String(), func(t *testing.T) {
+		t.Run(string(algo), func(t *testing.T) {
 			virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
 				// count 2^40 - 1 per 10 years (prime to the period), burst
 				// 2^40 - 1: burst × period ≈ 3.5e26.
-				lim := Limit{Count: MaxCount - 1, Period: MaxPeriod, Burst: MaxCount - 1}
+				lim := Limit{Count: maxCount - 1, Period: maxPeriod, Burst: maxCount - 1}
 				l := mustNew(t, rdb, Options{}, Rule{Name: "r", Algorithm: algo, Limit: lim})
 				if res := allow(t, l, "s", lim.Burst); !res.Allowed || res.Remaining != 0 {
 					t.Fatalf("the whole burst: %+v, want allowed, 0 left", res)
 				}
 				// One permit takes period / count ≈ 286.8µs to come back.
 				res := allow(t, l, "s", 1)
-				iv := float64(MaxPeriod/time.Microsecond) / float64(lim.Count)
+				iv := float64(maxPeriod/time.Microsecond) / float64(lim.Count)
 				if want := time.Duration(iv+1) * time.Microsecond; res.Allowed || res.RetryAfter != want {
 					t.Fatalf("one more: %+v, want denied, retry after %v", res, want)
 				}
@@ -100,7 +100,7 @@ func TestBucketHugeLimitsExact(t *testing.T) {
 func TestCancelAfterTimeToActRestoresNothing(t *testing.T) {
 	eachBucket(t, func(t *testing.T, l *Limiter) {
 		ctx := context.Background()
-		r, err := l.Reserve(ctx, "s")
+		r, err := l.ReserveN(ctx, "s", 1)
 		if err != nil || r.Delay() != 0 {
 			t.Fatalf("Reserve = %v, %v; want a permit now", r, err)
 		}
@@ -113,7 +113,7 @@ func TestCancelAfterTimeToActRestoresNothing(t *testing.T) {
 		}
 		// Before the time to act: a reservation at 100ms, cancelled
 		// at 50ms while nothing came after it, is given back whole.
-		r2, err := l.Reserve(ctx, "s")
+		r2, err := l.ReserveN(ctx, "s", 1)
 		if err != nil || r2.Delay() != 80*ms {
 			t.Fatalf("Reserve = %v, %v; want delay 80ms", r2, err)
 		}
@@ -139,7 +139,7 @@ func TestWaitRefundOnContextEnd(t *testing.T) {
 		done := make(chan error)
 		go func() { done <- l.Wait(actx, "s") }() // slot at 100ms
 		time.Sleep(ms)
-		if _, err := l.Reserve(bg, "s"); err != nil { // slot at 200ms, behind A
+		if _, err := l.ReserveN(bg, "s", 1); err != nil { // slot at 200ms, behind A
 			t.Fatal(err)
 		}
 		time.Sleep(49 * ms)
@@ -149,37 +149,36 @@ func TestWaitRefundOnContextEnd(t *testing.T) {
 		}
 		// A's slot is held up by the reservation behind it: nothing
 		// comes back, the next slot is 300ms.
-		r, err := l.Reserve(bg, "s")
+		r, err := l.ReserveN(bg, "s", 1)
 		if err != nil || r.Delay() != 250*ms {
 			t.Fatalf("Reserve at 50ms = %v, %v; want delay 250ms (slot 300ms)", r, err)
 		}
 	})
 }
 
-// A Group's rollback is not a Cancel: the part it gives back was never
+// The rollback over several subjects is not a Cancel: the part given back was never
 // used, so it comes back even after its time to act (the second part's
 // answer takes 5ms here).
-func TestGroupRollbackAfterTimeToAct(t *testing.T) {
+func TestSubjectsRollbackAfterTimeToAct(t *testing.T) {
 	virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
 		ctx := context.Background()
 		slow := redistest.PipeClient(m)
 		defer slow.Close()
 		slow.AddHook(slowHook{5 * ms})
-		first := mustNew(t, rdb, Options{Prefix: "a:"}, Rule{Name: "r", Algorithm: GCRA, Limit: PerSecond(10).WithBurst(1)})
-		second := mustNew(t, slow, Options{Prefix: "b:"}, Rule{Name: "r", Algorithm: FixedWindow, Limit: PerHour(1)})
-		g, err := NewGroup(Part{Limiter: first}, Part{Limiter: second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		allow(t, second, "s", 1) // the second part is spent
+		first := Rule{Name: "r", Algorithm: GCRA, Limit: PerSecond(10).WithBurst(1)}
+		second := Rule{Name: "once", Algorithm: FixedWindow, Limit: Limit{Count: 1, Period: time.Hour, Burst: 1}, Subject: "global"}
+		g := mustNew(t, slow, Options{}, first, second)
+		spent := second
+		spent.Subject = ""
+		allow(t, mustNew(t, rdb, Options{}, spent), "global", 1) // the second part is spent
 		start := at()
 		if res, err := g.Allow(ctx, "s"); err != nil || res.Allowed {
-			t.Fatalf("Group.Allow = %+v, %v; want denied by the second part", res, err)
+			t.Fatalf("Allow = %+v, %v; want denied by the second part", res, err)
 		}
 		if at() == start {
 			t.Fatal("the rollback came at the instant of the grant; the test needs it later")
 		}
-		if res := allow(t, first, "s", 1); !res.Allowed {
+		if res := allow(t, mustNew(t, rdb, Options{}, first), "s", 1); !res.Allowed {
 			t.Fatalf("the first part after the rollback: %+v, want its permit back", res)
 		}
 	})
@@ -206,7 +205,7 @@ func (h slowHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 // each with a limiter of one rule "r", 10 per second, burst 1.
 func eachBucket(t *testing.T, f func(t *testing.T, l *Limiter)) {
 	for _, algo := range buckets {
-		t.Run(algo.String(), func(t *testing.T) {
+		t.Run(string(algo), func(t *testing.T) {
 			virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
 				f(t, mustNew(t, rdb, Options{}, Rule{Name: "r", Algorithm: algo, Limit: PerSecond(10).WithBurst(1)}))
 			})

@@ -7,7 +7,7 @@ import (
 
 // redisClock maps Redis TIME onto this process's monotonic clock, for one
 // purpose only: to know when to wake for a slot that Redis chose. Every
-// decision stays in Redis (DESIGN principle 1); this only decides when a
+// decision stays in Redis, on its clock; this only decides when a
 // sleeping caller looks at its watch.
 //
 // Waking at "reply read + delay" makes each permit inherit its own reply's

@@ -5,14 +5,19 @@
 // host). Each rule uses one of five algorithms, each an atomic Lua script
 // that reads the Redis clock, so machines whose clocks disagree still share
 // one limit: FixedWindow, SlidingLog, SlidingWindow (counter), TokenBucket
-// and GCRA (the leaky bucket). All rules of a Limiter are checked and
-// charged in one round trip, all or nothing.
+// and GCRA (the leaky bucket). All rules of a Limiter over one subject are
+// checked and charged in one round trip, all or nothing; a rule may name
+// its own subject (Rule.Subject: a global limit beside per-tenant ones),
+// and the subjects are then acquired one after another, a refused request
+// keeping nothing.
 //
 // Allow answers now. Wait blocks until the request is admitted: for
 // TokenBucket and GCRA it reserves the earliest free slot in one round trip
 // and sleeps until then, refunding the slot if the context ends first; for
 // windows, waiters in one process queue and only the first asks Redis, at
-// the moment the script says a permit frees. Admit is for work that can
+// the moment the script says a permit frees. ReserveN books a future slot
+// for any algorithm, and PrepayN books one with a receipt that a consumer
+// redeems through Admit. Admit is for work that can
 // leave and come back (a queued job): in one round trip it redeems the
 // caller's booked turn, or takes a new one, booked under the caller's ID
 // if it is later than the caller can wait. Every algorithm can book ahead:
@@ -37,7 +42,13 @@
 //
 // AllowN(ctx, subject, 0) reads a subject's state under every rule without
 // charging it; AllowAtMost takes what there is, up to n; Reset forgets a
-// subject.
+// subject; PauseFor holds every rule of a subject back until a time an
+// upstream gave (package httpthrottle does this for HTTP responses).
+//
+// The package owns the limiter, its algorithms and their Lua scripts. It
+// imports go-redis and the standard library, and nothing else of
+// jobthrottle: the admission, worker and httpthrottle packages build on its
+// exported API.
 //
 // # Exactness
 //
@@ -101,7 +112,8 @@
 // Under a lease, Result.Remaining counts the leased permits this process
 // could hand out now, and a denied Allow's RetryAfter is when its next
 // leased permit is due (successive denials are told successive slots).
-// Reserve, Admit, PrepayN, AllowAtMost, Groups and Transport never lease.
+// ReserveN, Admit, PrepayN and AllowAtMost never lease; a limiter with
+// rules over several subjects cannot lease.
 // PauseFor drops the slots this process holds; other processes hand out
 // the ones they hold (at most two leases each) before they see the pause.
 // Processes on the same key without LocalLease are served after the
@@ -118,7 +130,7 @@
 //	arithmetic            float64 tokens, ns; a deficit    float64 µs in Lua             exact (see above); whole µs, delays rounded
 //	                      under 1ns admits                                               up; a request 1µs early is denied
 //	rate                  Limit (events/s), Inf allowed    Limit{Rate, Burst, Period}    Limit{Count, Period, Burst}; no Inf; burst ≥ 1
-//	n > burst             AllowN false, WaitN error        denied                        *CapacityError, for every method
+//	n > burst             AllowN false, WaitN error        denied                        ErrExceedsCapacity, for every method
 //	n = 0                 AllowN(0): true unless in debt;  AllowN(0) reads the state     AllowN(0): x/time/rate's Allowed and
 //	                      ReserveN/WaitN(0) wait out the   (Allowed 0)                   RetryAfter, redis_rate's Remaining and
 //	                      debt; moves lastEvent                                          ResetAfter; charges and changes nothing
@@ -127,12 +139,13 @@
 //	RetryAfter if allowed —                                -1                            0
 //	AllowAtMost           —                                grants ≥ 1 or denies          the same; n capped at the burst/count
 //	Reset                 —                                deletes the key               deletes every rule's keys and the pause
-//	Reservation.Delay     time left from now               —                             the same, from TimeToAct on the local clock
+//	Reservation.Delay     time left from now               —                             the same, from the slot on the local clock
 //	Cancel                after the time to act: nothing;  —                             the same, decided on Redis's clock; and a
 //	                      before: n less what later                                      place held by later reservations comes
 //	                      reservations took                                              back when those are cancelled too (x/time/
-//	                                                                                     rate keeps it); a Group's rollback gives
-//	                                                                                     back even after the time to act
+//	                                                                                     rate keeps it); a refusal by another
+//	                                                                                     subject's rules gives back even after
+//	                                                                                     the time to act
 //	Wait                  fails at once past the deadline  — (loop Allow, sleep)         the same; also Options.MaxWait; windows
 //	                                                                                     queue locally; *DelayError says when
 //	limit changes         SetLimit, SetBurst               per call                      a Limiter's rules are fixed; a new Limiter

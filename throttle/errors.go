@@ -8,15 +8,10 @@ import (
 )
 
 var (
-	// ErrExceedsCapacity is matched (errors.Is) by a *CapacityError: the
-	// request asks for more permits than a rule can ever admit at once.
+	// ErrExceedsCapacity is matched (errors.Is) by the error for a request
+	// of more permits than a rule can ever admit at once; its message
+	// names the rule, the request and the capacity.
 	ErrExceedsCapacity = errors.New("throttle: request exceeds the limit's capacity")
-	// ErrMaxWait is matched by a *DelayError whose cause is the limiter's
-	// MaxWait (rather than the context's deadline).
-	ErrMaxWait = errors.New("throttle: wait would exceed the limiter's MaxWait")
-	// ErrNotReservable is returned by Reserve on a limiter with a window
-	// rule: windows cannot grant a future slot. Use Wait.
-	ErrNotReservable = errors.New("throttle: only token_bucket and gcra rules can reserve; use Wait")
 	// ErrInvalidSubject is matched by errors for an empty or too long subject.
 	ErrInvalidSubject = errors.New("throttle: invalid subject")
 	// ErrRedis is matched by errors from talking to Redis; the underlying
@@ -40,26 +35,16 @@ func (e *ConfigError) Error() string {
 	return fmt.Sprintf("throttle: rule %q: %s: %s", e.Rule, e.Field, e.Reason)
 }
 
-// CapacityError reports a request for more permits than a rule can ever
-// admit at once. It matches ErrExceedsCapacity.
-type CapacityError struct {
-	Rule     string
-	N        int // permits requested
-	Capacity int // the most the rule admits at once (burst, or count for windows)
+// capacityError is the error for a request of n permits that rule r can
+// never admit at once (it admits at most c).
+func capacityError(r string, n, c int) error {
+	return fmt.Errorf("%w: rule %q: %d permits requested, but it admits at most %d at once; split the request or raise the limit", ErrExceedsCapacity, r, n, c)
 }
-
-// Error says how many permits were asked for and the most the rule admits.
-func (e *CapacityError) Error() string {
-	return fmt.Sprintf("throttle: rule %q: %d permits requested, but it admits at most %d at once; split the request or raise the limit", e.Rule, e.N, e.Capacity)
-}
-
-// Is reports whether target is ErrExceedsCapacity.
-func (e *CapacityError) Is(target error) bool { return target == ErrExceedsCapacity }
 
 // DelayError reports that a request would be admitted only after the
 // caller's deadline or the limiter's MaxWait. Nothing was consumed.
 // It matches context.DeadlineExceeded when the context's deadline was the
-// cause, and ErrMaxWait when MaxWait was.
+// bound (Deadline); otherwise the bound was the limiter's MaxWait.
 type DelayError struct {
 	Rule       string        // the rule that needs the longest wait
 	RetryAfter time.Duration // how long from the decision until a request of this size would be admitted
@@ -75,18 +60,16 @@ func (e *DelayError) Error() string {
 	return fmt.Sprintf("throttle: rule %q: admission in %v is past %s", e.Rule, e.RetryAfter, bound)
 }
 
-// Is matches context.DeadlineExceeded or ErrMaxWait, whichever bounded the wait.
+// Is matches context.DeadlineExceeded when the context's deadline bounded
+// the wait.
 func (e *DelayError) Is(target error) bool {
-	if e.Deadline {
-		return target == context.DeadlineExceeded
-	}
-	return target == ErrMaxWait
+	return e.Deadline && target == context.DeadlineExceeded
 }
 
 // redisError wraps an error from Redis so that it matches ErrRedis and
 // still unwraps to the cause.
 type redisError struct {
-	op  string
+	op  op
 	err error
 }
 

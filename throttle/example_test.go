@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
@@ -57,8 +56,8 @@ func ExampleNew_policy() {
 
 	lim, err := throttle.New(rdb, throttle.Options{},
 		throttle.Rule{Name: "burst", Algorithm: throttle.SlidingWindow, Limit: throttle.Limit{Count: 200, Period: 10 * time.Second}},
-		throttle.Rule{Name: "hourly", Algorithm: throttle.FixedWindow, Limit: throttle.PerHour(5000)},
-		throttle.Rule{Name: "daily", Algorithm: throttle.SlidingLog, Limit: throttle.PerDay(3)},
+		throttle.Rule{Name: "hourly", Algorithm: throttle.FixedWindow, Limit: throttle.Limit{Count: 5000, Period: time.Hour, Burst: 5000}},
+		throttle.Rule{Name: "daily", Algorithm: throttle.SlidingLog, Limit: throttle.Limit{Count: 3, Period: 24 * time.Hour, Burst: 3}},
 	)
 	if err != nil {
 		panic(err)
@@ -81,7 +80,7 @@ func ExampleLimiter_Wait() {
 	defer stop()
 
 	lim, _ := throttle.New(rdb, throttle.Options{},
-		throttle.Rule{Name: "nightly", Algorithm: throttle.TokenBucket, Limit: throttle.PerHour(1)},
+		throttle.Rule{Name: "nightly", Algorithm: throttle.TokenBucket, Limit: throttle.Limit{Count: 1, Period: time.Hour, Burst: 1}},
 	)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -98,7 +97,7 @@ func ExampleLimiter_Wait() {
 }
 
 // Reserve books a future slot in one round trip; Cancel gives it back.
-func ExampleLimiter_Reserve() {
+func ExampleLimiter_ReserveN() {
 	rdb, stop := exampleRedis()
 	defer stop()
 	ctx := context.Background()
@@ -107,7 +106,7 @@ func ExampleLimiter_Reserve() {
 		throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(10).WithBurst(1)},
 	)
 	for range 3 {
-		r, err := lim.Reserve(ctx, "host")
+		r, err := lim.ReserveN(ctx, "host", 1)
 		if err != nil {
 			panic(err)
 		}
@@ -121,23 +120,19 @@ func ExampleLimiter_Reserve() {
 	// act in 200ms
 }
 
-// A Group combines limits over different subjects: a global limit and one
-// per tenant.
-func ExampleNewGroup() {
+// Rules over different subjects: a limit per tenant, and one global
+// limit (Rule.Subject) that every tenant shares. A request charges both or
+// neither.
+func ExampleRule_subject() {
 	rdb, stop := exampleRedis()
 	defer stop()
 	ctx := context.Background()
 
-	perTenant, _ := throttle.New(rdb, throttle.Options{},
-		throttle.Rule{Name: "tenant", Algorithm: throttle.FixedWindow, Limit: throttle.PerMinute(2)})
-	global, _ := throttle.New(rdb, throttle.Options{},
-		throttle.Rule{Name: "global", Algorithm: throttle.FixedWindow, Limit: throttle.PerMinute(3)})
-	g, _ := throttle.NewGroup(
-		throttle.Part{Limiter: perTenant},
-		throttle.Part{Limiter: global, Subject: throttle.Fixed("all")},
-	)
+	lim, _ := throttle.New(rdb, throttle.Options{},
+		throttle.Rule{Name: "tenant", Algorithm: throttle.FixedWindow, Limit: throttle.Limit{Count: 2, Period: time.Minute}},
+		throttle.Rule{Name: "global", Algorithm: throttle.FixedWindow, Limit: throttle.Limit{Count: 3, Period: time.Minute}, Subject: "all"})
 	for _, tenant := range []string{"a", "a", "a", "b", "c"} {
-		res, _ := g.Allow(ctx, tenant)
+		res, _ := lim.Allow(ctx, tenant)
 		fmt.Printf("%s: allowed=%v (%s)\n", tenant, res.Allowed, res.Rule)
 	}
 	// Output:
@@ -146,15 +141,4 @@ func ExampleNewGroup() {
 	// a: allowed=false (tenant)
 	// b: allowed=true (global)
 	// c: allowed=false (global)
-}
-
-// What an upstream's rate-limit headers say; Transport reads every
-// response this way and follows a limit tighter than its own.
-func ExampleParseRateLimitHeaders() {
-	h := http.Header{}
-	h.Set("RateLimit-Policy", `"default";q=100;w=60`)
-	h.Set("RateLimit", `"default";r=0;t=12`)
-	info, ok := throttle.ParseRateLimitHeaders(h, time.Now())
-	fmt.Println(ok, info.Quota, info.Window, info.Remaining, info.Reset)
-	// Output: true 100 1m0s 0 12s
 }

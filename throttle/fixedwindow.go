@@ -2,4 +2,4 @@ package throttle
 
 // FixedWindow: lua/fixedwindow.lua keeps one counter per key (the latest
 // window holding permits), so a backlog booked ahead costs nothing more.
-var _ = register(FixedWindow, &algorithm{name: "fixed_window", files: []string{"fixedwindow.lua"}})
+var _ = register(FixedWindow, &algorithm{rank: 1, files: []string{"fixedwindow.lua"}})

@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -94,3 +95,36 @@ func at() time.Duration { return time.Since(epoch) }
 func fmtAny(v any) string { return fmt.Sprint(v) }
 
 func formatInt(n int) string { return fmt.Sprint(n) }
+
+// receiptOf returns a prepaid reservation's receipt id.
+func receiptOf(r *Reservation) string {
+	id, _ := r.Receipt()
+	return id
+}
+
+// redeem claims a receipt from PrepayN, as a consumer does through Admit,
+// without charging anything when the receipt proves nothing: it looks the
+// receipt up first, and admits only one that is there. It reports the
+// delay until the receipt's slot and whether it was redeemed.
+func redeem(ctx context.Context, l *Limiter, subject, receipt string) (time.Duration, bool, error) {
+	if _, err := EncodeSubject(subject); err != nil {
+		return 0, false, err
+	}
+	if receipt == "" || len(receipt) > maxReceiptLen {
+		return 0, false, nil
+	}
+	if err := l.rdb.ZScore(ctx, l.receiptsKey(subject), l.member(receipt)).Err(); err == redis.Nil {
+		return 0, false, nil
+	} else if err != nil {
+		return 0, false, err
+	}
+	a, err := l.Admit(ctx, AdmitRequest{Subject: subject, N: 1, Receipt: receipt, Wait: -1, Tolerance: 24 * time.Hour})
+	return a.Delay, a.Status == Redeemed, err
+}
+
+// delayBy reports whether err is a *DelayError whose bound was the
+// context's deadline (deadline) or the limiter's MaxWait (!deadline).
+func delayBy(err error, deadline bool) bool {
+	var de *DelayError
+	return errors.As(err, &de) && de.Deadline == deadline
+}

@@ -5,8 +5,8 @@ import (
 	"strings"
 )
 
-// MaxSubjectLen bounds a subject's length in bytes, before encoding.
-const MaxSubjectLen = 1024
+// maxSubjectLen bounds a subject's length in bytes, before encoding.
+const maxSubjectLen = 1024
 
 // DefaultPrefix is the key prefix used when Options.Prefix is empty, and
 // the default of every other part of jobthrottle (the worker's rules file,
@@ -26,14 +26,14 @@ func key(prefix, subject, rule string) string {
 // keys. Bytes other than ASCII letters, digits and -._~@/+=, are written
 // %XX. The encoding is injective, so two subjects never share a key, and
 // its output has no '{' or '}', so it never ends the hash tag early. An
-// empty subject, or one longer than MaxSubjectLen bytes, is an error
+// empty subject, or one longer than maxSubjectLen bytes, is an error
 // matching ErrInvalidSubject.
 func EncodeSubject(s string) (string, error) {
 	switch {
 	case s == "":
 		return "", fmt.Errorf("%w: empty; name what is limited, such as a tenant id or \"global\"", ErrInvalidSubject)
-	case len(s) > MaxSubjectLen:
-		return "", fmt.Errorf("%w: %d bytes long, at most %d allowed; hash long subjects before passing them", ErrInvalidSubject, len(s), MaxSubjectLen)
+	case len(s) > maxSubjectLen:
+		return "", fmt.Errorf("%w: %d bytes long, at most %d allowed; hash long subjects before passing them", ErrInvalidSubject, len(s), maxSubjectLen)
 	}
 	return escape(s), nil
 }

@@ -12,7 +12,7 @@ func TestEncodeSubject(t *testing.T) {
 	seen := map[string]string{}
 	for _, s := range []string{
 		"tenant-42", "a:b", "a%3Ab", "{x}", "x}", "}{", "a b", "a\x00b", "line\nbreak",
-		"\xff\xfe", "ünïcode", "%", "%25", "host.example.com:443", strings.Repeat("z", MaxSubjectLen),
+		"\xff\xfe", "ünïcode", "%", "%25", "host.example.com:443", strings.Repeat("z", maxSubjectLen),
 	} {
 		enc, err := EncodeSubject(s)
 		if err != nil {
@@ -29,7 +29,7 @@ func TestEncodeSubject(t *testing.T) {
 	if got, _ := EncodeSubject("tenant-42"); got != "tenant-42" {
 		t.Errorf("a plain subject changed: %q", got)
 	}
-	for _, bad := range []string{"", strings.Repeat("z", MaxSubjectLen+1), strings.Repeat("z", 1<<20)} {
+	for _, bad := range []string{"", strings.Repeat("z", maxSubjectLen+1), strings.Repeat("z", 1<<20)} {
 		if _, err := EncodeSubject(bad); !errors.Is(err, ErrInvalidSubject) {
 			t.Errorf("EncodeSubject(%d bytes): %v, want ErrInvalidSubject", len(bad), err)
 		}

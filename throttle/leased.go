@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Leased mode (Options.LocalLease): one hot key beyond one Redis shard.
@@ -657,19 +659,25 @@ func (q *leaser) call(ctx context.Context, subject string, k *leasedKey, n int) 
 	defer cancel()
 	l := q.lim
 	var ls *lease
-	keys, args, err := l.request("reserve", subject, 1, q.horizon.Microseconds(), nil)
+	keys, args, err := l.request(opReserve, subject, 1, q.horizon.Microseconds(), nil)
 	if err == nil {
 		args[1] = n // a lease may exceed the burst: its slots come one interval apart
 		send := time.Now()
-		var reply []any
-		reply, err = l.run(ctx, l.script, keys, args...).Slice()
+		var cmd *redis.Cmd
+		// opReserve may fail open: exec leaves reporting a failure to the
+		// caller, here the requests that then go to Redis on their own.
+		cmd, err = l.exec(ctx, opReserve, l.script, keys, args)
 		recv := time.Now()
 		q.rtt.Store((7*q.rtt.Load() + int64(recv.Sub(send))) / 8)
+		var raw []any
 		if err == nil {
-			ls, err = q.grant(reply, n, send, recv)
+			raw, err = cmd.Slice()
+		}
+		if err == nil {
+			var rep reply
+			rep, ls, err = q.grant(raw, n, send, recv)
 			if errors.Is(err, errUncertainClock) {
-				tk := tickets(reply)
-				go q.giveBackLease(context.WithoutCancel(ctx), subject, n, tk[0])
+				go q.giveBackLease(context.WithoutCancel(ctx), subject, n, rep.tickets(1)[0])
 			}
 		}
 	}
@@ -691,30 +699,31 @@ func (q *leaser) call(ctx context.Context, subject string, k *leasedKey, n int) 
 // grant reads a lease call's reply: the lease, or nil if denied (the
 // bucket is booked past the horizon) or if the local moment of Redis's
 // clock is too uncertain to hand slots out within δ.
-func (q *leaser) grant(reply []any, n int, send, recv time.Time) (*lease, error) {
-	res, redisNow, err := q.lim.parse(reply)
-	if err != nil || !res.Allowed {
-		return nil, err
+func (q *leaser) grant(raw []any, n int, send, recv time.Time) (reply, *lease, error) {
+	rep, err := q.lim.parse(raw)
+	if err != nil || !rep.Allowed {
+		return rep, nil, err
 	}
-	tk := tickets(reply)
+	tk := rep.tickets(1)
 	if len(tk) != 1 {
-		return nil, badReply(reply)
+		return rep, nil, badReply(raw)
 	}
 	var w, r int64
 	if _, err := fmt.Sscanf(tk[0], "%d %d", &w, &r); err != nil {
-		return nil, badReply(reply)
+		return rep, nil, badReply(raw)
 	}
+	redisNow := rep.redisNow
 	base, ok := q.clock.observe(send, recv, redisNow)
 	if !ok || base.hi.Sub(base.lo) > q.slack/2 {
 		// Round trips too slow to place slots within δ: give it back.
-		return nil, errUncertainClock
+		return rep, nil, errUncertainClock
 	}
 	now := time.Duration(redisNow) * time.Microsecond
 	ls := &lease{k: n, end: n, ticket: tk[0], at: slot{lo: base.lo.Add(now), hi: base.hi.Add(now)}}
 	// The last slot: w µs + r / count µs, r < count.
 	x := time.Duration(w)*time.Microsecond + time.Duration(uint64(r)*1000/q.count)
 	ls.last = slot{lo: base.lo.Add(x), hi: base.hi.Add(x + 1)}
-	return ls, nil
+	return rep, ls, nil
 }
 
 // serve hands the queued requests their slots, in arrival order, after a
@@ -847,19 +856,14 @@ func (q *leaser) giveBackLease(ctx context.Context, subject string, n int, ticke
 	ctx, cancel := context.WithTimeout(ctx, leaseCallTimeout)
 	defer cancel()
 	l := q.lim
-	keys, args, err := l.request("refund", subject, 1, -1, []string{ticket})
+	keys, args, err := l.request(opRefund, subject, 1, unbounded, []string{ticket})
 	if err != nil {
 		return false
 	}
 	args[1] = n // the tail of a lease, which may exceed the burst
 	keys = append(keys, l.pauseKey(subject), key(l.prefix, escape(subject), l.keyRules[0]+cancelledSuffix))
-	if err := l.run(ctx, l.script, keys, args...).Err(); err != nil {
-		if l.opts.OnRedisError != nil {
-			l.opts.OnRedisError(err, false)
-		}
-		return false
-	}
-	return true
+	_, err = l.exec(ctx, opRefund, l.script, keys, args) // which reports a failure
+	return err == nil
 }
 
 // leaseClock brackets the local moment of Redis's clock zero from the

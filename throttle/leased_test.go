@@ -360,7 +360,7 @@ func TestLeasedRefundsWhenIdle(t *testing.T) {
 		// One burst interval after the last permit (once the idle check
 		// has given the tail back), a plain limiter finds the bucket full.
 		lastPermit := slices.Max(adm.times)
-		time.Sleep(lastPermit + leasedRule.Limit.Interval()*time.Duration(leasedRule.Limit.Burst) + 3*ms - at())
+		time.Sleep(lastPermit + leasedRule.Limit.interval()*time.Duration(leasedRule.Limit.Burst) + 3*ms - at())
 		if p.calls.get("refund") == 0 {
 			t.Fatalf("ops %v: no refund", p.calls.ops)
 		}

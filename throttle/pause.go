@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Keys of a subject that are not a rule's. Rule names are escaped (keys.go),
@@ -16,14 +18,14 @@ const (
 	cancelledSuffix = "!cancelled"
 )
 
-// MaxPause is the longest pause PauseFor accepts.
-const MaxPause = MaxPeriod
+// maxPause is the longest pause PauseFor accepts.
+const maxPause = maxPeriod
 
 // pauseKey returns <prefix>{<subject>}:!pause, which holds the Redis time
 // (microseconds) at which the subject's current pause ends, with a TTL of
 // the pause. The subject must have passed EncodeSubject.
-func (l *Limiter) pauseKey(subject string) string {
-	return key(l.prefix, escape(subject), pauseSuffix)
+func (p *policy) pauseKey(subject string) string {
+	return key(p.prefix, escape(subject), pauseSuffix)
 }
 
 // PauseFor holds back every rule of the limiter for subject so that no
@@ -37,53 +39,60 @@ func (l *Limiter) pauseKey(subject string) string {
 // window rule counts as full until then (sliding_window to its precision).
 // Reservations made during the pause are booked after it, in order; one
 // Redis round trip per Wait, as always. Reservations granted before the
-// pause keep their slots (Transport checks Paused before acting on those),
-// and refunding them does not release anything before the pause ends.
+// pause keep their slots (httpthrottle checks the pause again before
+// acting on those), and refunding them does not release anything before
+// the pause ends.
 //
-// A pause never shortens a longer one already running. d ≤ 0 does nothing;
-// d above MaxPause is an error, as are an invalid subject (ErrInvalidSubject)
-// and Redis failures (ErrRedis; FailOpen does not apply).
-func (l *Limiter) PauseFor(ctx context.Context, subject string, d time.Duration) error {
-	if d <= 0 {
-		return nil
+// It returns how long the subject stays paused on the Redis clock: d, or
+// the rest of a longer pause already running, which a pause never
+// shortens. d ≤ 0 pauses nothing and only reads that (0 if no pause
+// runs). d above ten years is an error, as are an invalid subject
+// (ErrInvalidSubject) and Redis failures (ErrRedis; FailOpen does not
+// apply). Each call is one script call.
+func (l *Limiter) PauseFor(ctx context.Context, subject string, d time.Duration) (time.Duration, error) {
+	if d > maxPause {
+		return 0, fmt.Errorf("throttle: pause of %v: must be at most %v", d, maxPause)
 	}
-	if d > MaxPause {
-		return fmt.Errorf("throttle: pause of %v: must be at most %v", d, MaxPause)
-	}
-	us := (d + time.Microsecond - 1) / time.Microsecond
-	keys, args, err := l.request("pause", subject, 1, int64(us), nil)
-	if err != nil {
-		return err
-	}
-	keys = append(keys, l.pauseKey(subject))
-	if err := l.run(ctx, l.script, keys, args...).Err(); err != nil {
-		if l.opts.OnRedisError != nil {
-			l.opts.OnRedisError(err, false)
+	if l.parts != nil {
+		// Every part's subject: the caller's and the fixed ones.
+		var longest time.Duration
+		for _, p := range l.parts {
+			left, err := p.lim.PauseFor(ctx, p.of(subject), d)
+			if err != nil {
+				return longest, err
+			}
+			longest = max(longest, left)
 		}
-		return &redisError{op: "pause", err: err}
+		return longest, nil
 	}
-	if l.leases != nil {
+	var cmd *redis.Cmd
+	var err error
+	if d <= 0 {
+		if _, err := EncodeSubject(subject); err != nil {
+			return 0, err
+		}
+		cmd, err = l.exec(ctx, opPaused, pausedScript, []string{l.pauseKey(subject)}, nil)
+	} else {
+		us := (d + time.Microsecond - 1) / time.Microsecond
+		keys, args, rerr := l.request(opPause, subject, 1, int64(us), nil)
+		if rerr != nil {
+			return 0, rerr
+		}
+		cmd, err = l.exec(ctx, opPause, l.script, append(keys, l.pauseKey(subject)), args)
+	}
+	if err != nil {
+		return 0, err
+	}
+	if d > 0 && l.leases != nil {
 		l.leases.drop(subject) // slots leased here before the pause
 	}
-	return nil
+	us, err := cmd.Int64()
+	if err != nil {
+		return 0, err
+	}
+	return time.Duration(us) * time.Microsecond, nil
 }
 
 // pausedScript is prelude.lua + paused.lua; see paused.lua for KEYS and
 // the reply.
 var pausedScript = buildScript("prelude.lua", "paused.lua")
-
-// Paused returns how long the pause of subject set by PauseFor still runs
-// on the Redis clock, or 0 if none does. It is one script call.
-func (l *Limiter) Paused(ctx context.Context, subject string) (time.Duration, error) {
-	if _, err := EncodeSubject(subject); err != nil {
-		return 0, err
-	}
-	us, err := l.run(ctx, pausedScript, []string{l.pauseKey(subject)}).Int64()
-	if err != nil {
-		if l.opts.OnRedisError != nil {
-			l.opts.OnRedisError(err, false)
-		}
-		return 0, &redisError{op: "paused", err: err}
-	}
-	return time.Duration(us) * time.Microsecond, nil
-}

@@ -17,126 +17,79 @@ import (
 // time, so a consumer honours only receipts that this limiter's rules
 // really charged for this subject, each once.
 
-// DefaultReceiptKeep is how long a receipt is kept after its slot when
-// PrepayN is given keep ≤ 0. A job that runs later than that is charged
+// defaultReceiptKeep is how long a receipt is kept after its slot when
+// PrepayN is given keep ≤ 0: 24 hours. A job that runs later than that is charged
 // again when it runs: the safe side of a lost receipt.
-const DefaultReceiptKeep = 24 * time.Hour
-
-// redeemScript is prelude.lua + redeem.lua; see redeem.lua for KEYS, ARGV
-// and the reply.
-var redeemScript = buildScript("prelude.lua", "redeem.lua")
+const defaultReceiptKeep = 24 * time.Hour
 
 // receiptsKey returns <prefix>{<subject>}:!receipts. The subject must have
 // passed EncodeSubject.
-func (l *Limiter) receiptsKey(subject string) string {
-	return key(l.prefix, escape(subject), receiptsSuffix)
+func (p *policy) receiptsKey(subject string) string {
+	return key(p.prefix, escape(subject), receiptsSuffix)
 }
 
 // member is the receipt set's member for id under this limiter's rules:
 // a limiter with other rules does not find it.
-func (l *Limiter) member(id string) string {
-	return id + " " + strings.Join(l.keyRules, ",")
+func (p *policy) member(id string) string {
+	return id + " " + strings.Join(p.keyRules, ",")
 }
 
 // PrepayN books n permits for subject like ReserveN (same bounds, same
 // errors; every algorithm can prepay, the windows included, whose ledgers
 // hold future admissions) and,
 // in the same round trip, records a receipt for them in Redis, kept until
-// keep after the slot (DefaultReceiptKeep if keep ≤ 0). Pass
-// Reservation.Receipt with the job to whoever acts at TimeToAct; it calls
-// Redeem instead of charging the rules again. Cancel refunds the permits
-// and drops the receipt.
+// keep after the slot (defaultReceiptKeep if keep ≤ 0). Pass
+// Reservation.Receipt with the job to whoever acts on it, at Slot; it
+// passes the receipt to Admit (AdmitRequest.Receipt) instead of charging
+// the rules again. Cancel refunds the permits and drops the receipt.
 //
 // To book far ahead (a large batch), use a limiter whose MaxWait is zero
 // or large enough, and a context without a deadline.
 func (l *Limiter) PrepayN(ctx context.Context, subject string, n int, keep time.Duration) (*Reservation, error) {
-	if keep <= 0 {
-		keep = DefaultReceiptKeep
+	if l.parts != nil {
+		return nil, errOneSubject
 	}
-	if keep > MaxPeriod {
-		return nil, fmt.Errorf("throttle: receipt keep %v: must be at most %v", keep, MaxPeriod)
+	if keep <= 0 {
+		keep = defaultReceiptKeep
+	}
+	if keep > maxPeriod {
+		return nil, fmt.Errorf("throttle: receipt keep %v: must be at most %v", keep, maxPeriod)
 	}
 	bound, byDeadline := l.waitBound(ctx, time.Now())
-	maxWait := int64(-1)
-	if bound >= 0 {
-		maxWait = bound.Microseconds()
-	}
-	keys, args, err := l.request("prepay", subject, n, maxWait, nil)
+	keys, args, err := l.request(opPrepay, subject, n, micros(bound), nil)
 	if err != nil {
 		return nil, err
 	}
 	id := newReceiptID()
 	keys = append(keys, l.receiptsKey(subject))
 	args = append(args, l.member(id), keep.Microseconds())
-	reply, err := l.run(ctx, l.script, keys, args...).Slice()
-	recv := time.Now()
-	if err != nil {
-		// No fail-open here: a receipt that Redis never recorded would
-		// only make the consumer charge again.
-		if l.opts.OnRedisError != nil {
-			l.opts.OnRedisError(err, false)
-		}
-		return nil, &redisError{op: "prepay", err: err}
-	}
-	l.redisOK()
-	res, redisNow, err := l.parse(reply)
+	// No fail-open here (opPrepay): a receipt that Redis never recorded
+	// would only make the consumer charge again.
+	rep, recv, err := l.call(ctx, opPrepay, keys, args)
 	if err != nil {
 		return nil, err
 	}
-	if !res.Allowed {
-		return nil, &DelayError{Rule: res.Rule, RetryAfter: res.RetryAfter, Deadline: byDeadline}
+	if !rep.Allowed {
+		return nil, &DelayError{Rule: rep.Rule, RetryAfter: rep.RetryAfter, Deadline: byDeadline}
 	}
-	return &Reservation{lim: l, subject: subject, n: n, tickets: tickets(reply), receipt: id,
-		delay: res.RetryAfter, at: l.clock.wake(recv, redisNow, res.RetryAfter),
-		slot: time.UnixMicro(redisNow).Add(res.RetryAfter)}, nil
+	return &Reservation{lim: l, subject: subject, n: n, tickets: rep.tickets(len(l.rules)), receipt: id,
+		delay: rep.RetryAfter, at: l.clock.wake(recv, rep.redisNow, rep.RetryAfter),
+		slot: time.UnixMicro(rep.redisNow).Add(rep.RetryAfter)}, nil
 }
 
-// Receipt returns the id of a reservation made by PrepayN, to be passed
-// to Redeem (or Admit, as AdmitRequest.Receipt) by whoever acts on it; ""
-// for other reservations.
-func (r *Reservation) Receipt() string { return r.receipt }
-
-// Slot returns a prepaid reservation's slot on the Redis clock, by which
-// every process orders its work (a wake-up ledger scores by it); the zero
-// time for other reservations.
-func (r *Reservation) Slot() time.Time { return r.slot }
-
-// Redeem claims the permits that PrepayN booked under receipt, for
-// subject, with this limiter's rules. If ok, the permits were charged
-// already: do not charge them again; wait delay first (it is non-zero only
-// if the caller came before the slot, by the Redis clock). If not ok (an
-// unknown, expired or already redeemed receipt, or one made for another
-// subject or other rules), charge as usual: the receipt proves nothing.
-// Each receipt is redeemed at most once, so a retried job is charged.
-func (l *Limiter) Redeem(ctx context.Context, subject, receipt string) (delay time.Duration, ok bool, err error) {
-	if _, err := EncodeSubject(subject); err != nil {
-		return 0, false, err
-	}
-	if receipt == "" || len(receipt) > maxReceiptLen {
-		return 0, false, nil
-	}
-	us, err := l.run(ctx, redeemScript, []string{l.receiptsKey(subject)}, l.member(receipt)).Int64()
-	if err != nil {
-		if l.opts.OnRedisError != nil {
-			l.opts.OnRedisError(err, false)
-		}
-		return 0, false, &redisError{op: "redeem", err: err}
-	}
-	if us < 0 {
-		return 0, false, nil
-	}
-	return time.Duration(us) * time.Microsecond, true, nil
-}
+// Receipt returns the receipt of a reservation made by PrepayN: its id,
+// to be passed to Admit (as AdmitRequest.Receipt) by whoever acts on it,
+// and its slot on the Redis clock, by which every process orders its work
+// (a wake-up ledger scores by it). Other reservations have none: "" and
+// the zero time.
+func (r *Reservation) Receipt() (id string, slot time.Time) { return r.receipt, r.slot }
 
 // dropReceipt forgets a receipt, so that it can no longer be redeemed.
 func (l *Limiter) dropReceipt(ctx context.Context, subject, receipt string) error {
-	if err := l.rdb.ZRem(ctx, l.receiptsKey(subject), l.member(receipt)).Err(); err != nil {
-		return &redisError{op: "drop receipt", err: err}
-	}
-	return nil
+	return l.result(opDropReceipt, l.rdb.ZRem(ctx, l.receiptsKey(subject), l.member(receipt)).Err())
 }
 
-// maxReceiptLen bounds the receipts Redeem looks up; ours are 32 bytes.
+// maxReceiptLen bounds the receipts Admit looks up; ours are 32 bytes.
 const maxReceiptLen = 128
 
 // newReceiptID returns 128 random bits in hex.

@@ -24,20 +24,19 @@ type Reservation struct {
 
 	slot time.Time // a prepaid reservation's slot on the Redis clock (prepay.go)
 
+	parts []*Reservation // a limiter over several subjects: each part's (subjects.go)
+
 	once      sync.Once
 	cancelErr error
 }
 
-// Delay is how long the caller must still wait before acting: the time
-// from now until TimeToAct, 0 once it has passed. As in
-// golang.org/x/time/rate, it shrinks as time passes; read it right after
-// Reserve for the delay Redis granted.
+// Delay is how long the caller must still wait before acting, 0 once the
+// time to act has passed: the slot Redis granted, mapped from Redis's
+// clock onto the local monotonic clock, so that it does not
+// move with the latency of the reply. As in golang.org/x/time/rate, it
+// shrinks as time passes; read it right after ReserveN for the delay
+// Redis granted, and act at time.Now().Add(Delay()).
 func (r *Reservation) Delay() time.Duration { return max(0, time.Until(r.at)) }
-
-// TimeToAct is the local time at which the caller may act: the slot Redis
-// granted, mapped from Redis's clock onto the local monotonic clock
-// (clock.go), so that it does not move with the latency of the reply.
-func (r *Reservation) TimeToAct() time.Time { return r.at }
 
 // Cancel tells the limiter that the caller will not act, and gives back
 // what it can, as golang.org/x/time/rate's Cancel does, decided on the
@@ -52,10 +51,13 @@ func (r *Reservation) Cancel(ctx context.Context) error {
 	return r.cancel(ctx, false)
 }
 
-// cancel is Cancel; with undo (a Group rolling back a part its caller
+// cancel is Cancel; with undo (rolling back one subject's part, which its caller
 // never used) the permits come back even after the time to act.
 func (r *Reservation) cancel(ctx context.Context, undo bool) error {
 	r.once.Do(func() {
+		for _, p := range r.parts {
+			r.cancelErr = errors.Join(r.cancelErr, p.cancel(ctx, undo))
+		}
 		if r.receipt != "" {
 			// First, so that the receipt can no longer be redeemed.
 			r.cancelErr = r.lim.dropReceipt(ctx, r.subject, r.receipt)

@@ -3,9 +3,61 @@ package throttle
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
 )
+
+// A runner makes a limiter's calls to Redis: every script call goes through
+// exec (or, batched, runPipelined), which loads scripts once, reloads them
+// when Redis lost them, and applies the hooks: a failure becomes a
+// *redisError reported to Options.OnRedisError, a success ends a fail-open
+// period.
+type runner struct {
+	rdb         redis.UniversalClient
+	opts        Options
+	cache       scriptCache
+	failingOpen atomic.Bool
+}
+
+// exec runs one call of script for operation o.
+func (r *runner) exec(ctx context.Context, o op, script *redis.Script, keys []string, args []any) (*redis.Cmd, error) {
+	cmd := r.run(ctx, script, keys, args...)
+	return cmd, r.result(o, cmd.Err())
+}
+
+// result applies the hooks to the outcome of a call for o. A failure is
+// reported to OnRedisError here unless o may fail open: failOpenOr
+// reports those, once it has decided.
+func (r *runner) result(o op, err error) error {
+	if err == nil {
+		r.redisOK()
+		return nil
+	}
+	if !o.failsOpen() && r.opts.OnRedisError != nil {
+		r.opts.OnRedisError(err, false)
+	}
+	return &redisError{op: o, err: err}
+}
+
+// redisFailed reports a Redis error and whether to admit anyway.
+func (r *runner) redisFailed(ctx context.Context, err error) bool {
+	open := r.opts.FailOpen && ctx.Err() == nil
+	if open && !r.failingOpen.Swap(true) {
+		r.opts.Logger.Warn("throttle: Redis unreachable, admitting requests (fail open)", "prefix", r.opts.Prefix, "error", err)
+	}
+	if r.opts.OnRedisError != nil {
+		r.opts.OnRedisError(err, open)
+	}
+	return open
+}
+
+// redisOK notes that Redis answered, ending a fail-open period.
+func (r *runner) redisOK() {
+	if r.failingOpen.Load() && r.failingOpen.Swap(false) {
+		r.opts.Logger.Info("throttle: Redis answers again, limits apply", "prefix", r.opts.Prefix)
+	}
+}
 
 // scriptCache remembers which scripts the limiter's Redis already holds, so
 // that every decision is one EVALSHA. go-redis's Script.Run falls back to
@@ -21,7 +73,7 @@ type scriptCache struct {
 
 // run runs script with one EVALSHA, loading it first if this limiter has
 // not, and again if Redis has lost it.
-func (l *Limiter) run(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
+func (l *runner) run(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
 	l.ensureLoaded(ctx, script)
 	cmd := script.EvalSha(ctx, l.rdb, keys, args...)
 	if lostScript(cmd) {
@@ -32,7 +84,7 @@ func (l *Limiter) run(ctx context.Context, script *redis.Script, keys []string, 
 }
 
 // ensureLoaded loads script unless this limiter already has.
-func (l *Limiter) ensureLoaded(ctx context.Context, script *redis.Script) {
+func (l *runner) ensureLoaded(ctx context.Context, script *redis.Script) {
 	if _, ok := l.cache.loaded.Load(script); !ok {
 		l.load(ctx, script)
 	}
@@ -40,7 +92,7 @@ func (l *Limiter) ensureLoaded(ctx context.Context, script *redis.Script) {
 
 // reload loads script again after Redis lost it (a restart, SCRIPT FLUSH,
 // a failover).
-func (l *Limiter) reload(ctx context.Context, script *redis.Script) {
+func (l *runner) reload(ctx context.Context, script *redis.Script) {
 	l.cache.loaded.Delete(script)
 	l.load(ctx, script)
 }
@@ -54,7 +106,7 @@ func lostScript(cmd *redis.Cmd) bool {
 
 // load sends SCRIPT LOAD unless another goroutine just did. A failure is
 // left to the call that follows, which reports it.
-func (l *Limiter) load(ctx context.Context, script *redis.Script) {
+func (l *runner) load(ctx context.Context, script *redis.Script) {
 	l.cache.mu.Lock()
 	defer l.cache.mu.Unlock()
 	if _, ok := l.cache.loaded.Load(script); ok {
@@ -70,9 +122,9 @@ func (l *Limiter) load(ctx context.Context, script *redis.Script) {
 // NOSCRIPT (they did not run) are sent once more after a reload. It
 // returns the commands in the order of calls; a pipeline error is each
 // command's error.
-func (l *Limiter) runPipelined(ctx context.Context, calls []*batchedCall) []*redis.Cmd {
-	l.ensureLoaded(ctx, l.script)
-	cmds := l.pipeline(ctx, calls)
+func (l *runner) runPipelined(ctx context.Context, script *redis.Script, calls []*batchedCall) []*redis.Cmd {
+	l.ensureLoaded(ctx, script)
+	cmds := l.pipeline(ctx, script, calls)
 	var lost []int
 	for i, cmd := range cmds {
 		if lostScript(cmd) {
@@ -80,12 +132,12 @@ func (l *Limiter) runPipelined(ctx context.Context, calls []*batchedCall) []*red
 		}
 	}
 	if len(lost) > 0 {
-		l.reload(ctx, l.script)
+		l.reload(ctx, script)
 		again := make([]*batchedCall, len(lost))
 		for j, i := range lost {
 			again[j] = calls[i]
 		}
-		for j, cmd := range l.pipeline(ctx, again) {
+		for j, cmd := range l.pipeline(ctx, script, again) {
 			cmds[lost[j]] = cmd
 		}
 	}
@@ -93,11 +145,11 @@ func (l *Limiter) runPipelined(ctx context.Context, calls []*batchedCall) []*red
 }
 
 // pipeline sends one EVALSHA per call in one go-redis pipeline.
-func (l *Limiter) pipeline(ctx context.Context, calls []*batchedCall) []*redis.Cmd {
+func (l *runner) pipeline(ctx context.Context, script *redis.Script, calls []*batchedCall) []*redis.Cmd {
 	cmds := make([]*redis.Cmd, len(calls))
 	_, _ = l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, c := range calls {
-			cmds[i] = l.script.EvalSha(ctx, p, c.keys, c.args...)
+			cmds[i] = script.EvalSha(ctx, p, c.keys, c.args...)
 		}
 		return nil
 	})

@@ -29,7 +29,7 @@ func init() {
 	all := []string{"prelude.lua"}
 	for _, a := range registered() {
 		files := a.spec().files
-		scripts[a] = buildScript(append(append([]string{"prelude.lua"}, files...), "use_"+a.String()+".lua", "driver.lua")...)
+		scripts[a] = buildScript(append(append([]string{"prelude.lua"}, files...), "use_"+string(a)+".lua", "driver.lua")...)
 		for _, f := range files {
 			if !slices.Contains(all, f) {
 				all = append(all, f)

@@ -8,8 +8,7 @@ import (
 // SlidingWindow: lua/slidingwindow.lua counts permits in buckets of
 // Rule.Precision, which the script gets as its fourth value.
 var _ = register(SlidingWindow, &algorithm{
-	name:     "sliding_window",
-	aliases:  []string{"sliding_window_counter"},
+	rank:     3,
 	files:    []string{"slidingwindow.lua"},
 	validate: validatePrecision,
 	extra:    func(r Rule) int64 { return r.precision().Microseconds() },
@@ -32,8 +31,8 @@ func validatePrecision(r Rule) error {
 		return &ConfigError{Rule: r.Name, Field: "precision", Reason: fmt.Sprintf("%v must be at least 1µs", p)}
 	case p > r.Limit.Period:
 		return &ConfigError{Rule: r.Name, Field: "precision", Reason: fmt.Sprintf("%v must not exceed the period %v", p, r.Limit.Period)}
-	case r.Limit.Period/p > MaxBuckets:
-		return &ConfigError{Rule: r.Name, Field: "precision", Reason: fmt.Sprintf("%v gives more than %d buckets per period %v", p, MaxBuckets, r.Limit.Period)}
+	case r.Limit.Period/p > maxBuckets:
+		return &ConfigError{Rule: r.Name, Field: "precision", Reason: fmt.Sprintf("%v gives more than %d buckets per period %v", p, maxBuckets, r.Limit.Period)}
 	}
 	return nil
 }

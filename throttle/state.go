@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"context"
+	"errors"
 	"fmt"
 )
 
@@ -17,37 +18,40 @@ import (
 // rule's capacity is capped by what the rule can ever hold. Errors are as
 // for AllowN (a fail-open limiter admits all n when Redis fails).
 func (l *Limiter) AllowAtMost(ctx context.Context, subject string, n int) (granted int, res Result, err error) {
+	if l.parts != nil {
+		return 0, Result{}, errOneSubject
+	}
 	if n < 1 {
 		return 0, Result{}, fmt.Errorf("throttle: AllowAtMost(n = %d): n must be at least 1; use AllowN(ctx, subject, 0) to read the state", n)
 	}
 	for _, r := range l.rules {
 		n = min(n, r.Limit.capacity(r.Algorithm))
 	}
-	keys, args, err := l.request("atmost", subject, n, -1, nil)
+	keys, args, err := l.request(opAtMost, subject, n, unbounded, nil)
 	if err != nil {
 		return 0, Result{}, err
 	}
-	reply, err := l.run(ctx, l.script, keys, args...).Slice()
-	if err != nil {
-		if l.redisFailed(ctx, err) {
+	rep, _, err := l.call(ctx, opAtMost, keys, args)
+	if re, ok := err.(*redisError); ok {
+		// atmost is allow of what there is: it fails open as allow does.
+		if l.redisFailed(ctx, re.err) {
 			return n, Result{Allowed: true, Rule: l.rules[0].Name, Limit: l.rules[0].Limit}, nil
 		}
-		return 0, Result{}, &redisError{op: "atmost", err: err}
+		return 0, Result{}, err
 	}
-	l.redisOK()
-	if len(reply) == 6+len(l.rules)+1 { // admitted: the number follows the tickets
-		g, ok := reply[len(reply)-1].(int64)
-		if !ok || g < 1 || g > int64(n) {
-			return 0, Result{}, badReply(reply)
-		}
-		granted, reply = int(g), reply[:len(reply)-1]
-	}
-	res, _, err = l.parse(reply)
 	if err != nil {
 		return 0, Result{}, err
 	}
+	if raw := rep.raw; len(raw) == 6+len(l.rules)+1 { // admitted: the number follows the tickets
+		g, ok := raw[len(raw)-1].(int64)
+		if !ok || g < 1 || g > int64(n) {
+			return 0, Result{}, badReply(raw)
+		}
+		granted = int(g)
+	}
+	res = rep.Result
 	if res.Allowed != (granted > 0) {
-		return 0, Result{}, badReply(reply)
+		return 0, Result{}, badReply(rep.raw)
 	}
 	if res.Allowed {
 		res.RetryAfter = 0
@@ -62,6 +66,13 @@ func (l *Limiter) AllowAtMost(ctx context.Context, subject string, n int) (grant
 // one DEL of the subject's keys. Errors: ErrInvalidSubject, or an error
 // matching ErrRedis (FailOpen does not apply).
 func (l *Limiter) Reset(ctx context.Context, subject string) error {
+	if l.parts != nil {
+		var errs []error
+		for _, p := range l.parts {
+			errs = append(errs, p.lim.Reset(ctx, p.of(subject)))
+		}
+		return errors.Join(errs...)
+	}
 	enc, err := EncodeSubject(subject)
 	if err != nil {
 		return err
@@ -71,14 +82,8 @@ func (l *Limiter) Reset(ctx context.Context, subject string) error {
 		keys = append(keys, key(l.prefix, enc, r), key(l.prefix, enc, r+cancelledSuffix))
 	}
 	keys = append(keys, l.pauseKey(subject))
-	if err := l.rdb.Del(ctx, keys...).Err(); err != nil {
-		if l.opts.OnRedisError != nil {
-			l.opts.OnRedisError(err, false)
-		}
-		return &redisError{op: "reset", err: err}
-	}
 	if l.leases != nil {
 		l.leases.drop(subject)
 	}
-	return nil
+	return l.result(opReset, l.rdb.Del(ctx, keys...).Err())
 }

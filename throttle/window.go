@@ -3,8 +3,16 @@ package throttle
 import (
 	"context"
 	"slices"
+	"sync"
 	"time"
 )
+
+// windowQueues holds a window limiter's local queues of waiters, by
+// encoded subject.
+type windowQueues struct {
+	mu        sync.Mutex
+	bySubject map[string]*waitQueue
+}
 
 // waitQueue lines up this process's waiters on one subject of a window
 // limiter. Only the head asks Redis; the others wait for it to leave, so
@@ -14,7 +22,8 @@ type waitQueue struct {
 	// until is when the head was last told a permit frees, and rule the
 	// rule that said so. changed is closed, and replaced, whenever they
 	// move, so that a waiter whose bound ends before until fails at once
-	// (principle 5) instead of queueing in vain.
+	// (a wait that cannot end in time fails at once) instead of queueing
+	// in vain.
 	until   time.Time
 	rule    string
 	changed chan struct{}
@@ -23,7 +32,7 @@ type waitQueue struct {
 // waiter is one Wait in a waitQueue.
 type waiter struct {
 	turn chan struct{} // closed when the waiter becomes the head
-	// failed, if set (under Limiter.mu, before turn closes), is the Redis
+	// failed, if set (under windowQueues.mu, before turn closes), is the Redis
 	// error that a waiter ahead got while this one queued. The waiter
 	// takes that answer instead of asking the same dead Redis again: one
 	// failing call per outage, not one per queued waiter in turn (which,
@@ -36,28 +45,28 @@ type waiter struct {
 // ends.
 func (l *Limiter) waitWindow(ctx context.Context, subject string, n int) (*Reservation, error) {
 	start := time.Now()
-	if _, _, err := l.request("allow", subject, n, -1, nil); err != nil {
+	if _, _, err := l.request(opAllow, subject, n, unbounded, nil); err != nil {
 		return nil, err // bad input fails before queueing
 	}
-	w := l.enqueue(subject)
-	defer l.leave(subject, w)
+	w := l.queues.enqueue(subject)
+	defer l.queues.leave(subject, w)
 
 	if err := l.awaitTurn(ctx, subject, w, start); err != nil {
 		return nil, err
 	}
-	l.mu.Lock()
+	l.queues.mu.Lock()
 	failed := w.failed
-	l.mu.Unlock()
+	l.queues.mu.Unlock()
 	if failed != nil {
-		return l.failOpenOr(ctx, "allow", subject, n, failed)
+		return l.failOpenOr(ctx, opAllow, subject, n, failed)
 	}
 	for {
-		res, r, err := l.ask(ctx, "allow", subject, n, -1, true)
+		res, r, err := l.ask(ctx, opAllow, subject, n, unbounded, true)
 		if re, ok := err.(*redisError); ok {
 			if ctx.Err() == nil { // not this waiter's own deadline: Redis failed
-				l.shareFailure(subject, re.err)
+				l.queues.shareFailure(subject, re.err)
 			}
-			return l.failOpenOr(ctx, "allow", subject, n, re.err)
+			return l.failOpenOr(ctx, opAllow, subject, n, re.err)
 		}
 		if err != nil {
 			return nil, err
@@ -66,7 +75,7 @@ func (l *Limiter) waitWindow(ctx context.Context, subject string, n int) (*Reser
 			return r, nil
 		}
 		now := time.Now()
-		l.announce(subject, now.Add(res.RetryAfter), res.Rule)
+		l.queues.announce(subject, now.Add(res.RetryAfter), res.Rule)
 		if bound, byDeadline := l.waitBound(ctx, start); bound >= 0 && now.Add(res.RetryAfter).After(start.Add(bound)) {
 			return nil, &DelayError{Rule: res.Rule, RetryAfter: res.RetryAfter, Deadline: byDeadline}
 		}
@@ -89,10 +98,7 @@ func (l *Limiter) awaitTurn(ctx context.Context, subject string, w *waiter, star
 	}
 	bound, byDeadline := l.waitBound(ctx, start)
 	for {
-		l.mu.Lock()
-		q := l.queues[subject]
-		until, rule, changed := q.until, q.rule, q.changed
-		l.mu.Unlock()
+		until, rule, changed := l.queues.state(subject)
 		now := time.Now()
 		if bound >= 0 && until.After(start.Add(bound)) {
 			return &DelayError{Rule: rule, RetryAfter: until.Sub(now), Deadline: byDeadline}
@@ -106,17 +112,26 @@ func (l *Limiter) awaitTurn(ctx context.Context, subject string, w *waiter, star
 		case <-expired:
 			// The permits freed so far went to waiters ahead; the next
 			// comes no sooner than the head was told, or one interval.
-			return &DelayError{Rule: l.rules[0].Name, RetryAfter: max(until.Sub(now), l.rules[0].Limit.Interval())}
+			return &DelayError{Rule: l.rules[0].Name, RetryAfter: max(until.Sub(now), l.rules[0].Limit.interval())}
 		}
 	}
 }
 
+// state returns when the head of subject's queue was told a permit frees,
+// the rule that said so, and the channel closed when that changes.
+func (qs *windowQueues) state(subject string) (time.Time, string, chan struct{}) {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	q := qs.bySubject[subject]
+	return q.until, q.rule, q.changed
+}
+
 // announce records when the head of subject's queue was told a permit
 // frees, and wakes the waiters behind it to check their bounds.
-func (l *Limiter) announce(subject string, until time.Time, rule string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	q := l.queues[subject]
+func (qs *windowQueues) announce(subject string, until time.Time, rule string) {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	q := qs.bySubject[subject]
 	q.until, q.rule = until, rule
 	close(q.changed)
 	q.changed = make(chan struct{})
@@ -124,14 +139,17 @@ func (l *Limiter) announce(subject string, until time.Time, rule string) {
 
 // enqueue appends a waiter to subject's queue and returns it; its turn
 // closes when it becomes the head.
-func (l *Limiter) enqueue(subject string) *waiter {
+func (qs *windowQueues) enqueue(subject string) *waiter {
 	w := &waiter{turn: make(chan struct{})}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	q := l.queues[subject]
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	q := qs.bySubject[subject]
 	if q == nil {
+		if qs.bySubject == nil {
+			qs.bySubject = map[string]*waitQueue{}
+		}
 		q = &waitQueue{changed: make(chan struct{})}
-		l.queues[subject] = q
+		qs.bySubject[subject] = q
 	}
 	q.waiters = append(q.waiters, w)
 	if len(q.waiters) == 1 {
@@ -142,10 +160,10 @@ func (l *Limiter) enqueue(subject string) *waiter {
 
 // shareFailure gives err, a Redis error the head of subject's queue got,
 // to every waiter queued behind it.
-func (l *Limiter) shareFailure(subject string, err error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, w := range l.queues[subject].waiters[1:] {
+func (qs *windowQueues) shareFailure(subject string, err error) {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	for _, w := range qs.bySubject[subject].waiters[1:] {
 		if w.failed == nil {
 			w.failed = err
 		}
@@ -154,15 +172,15 @@ func (l *Limiter) shareFailure(subject string, err error) {
 
 // leave removes a waiter from subject's queue, handing the turn on if it
 // was the head.
-func (l *Limiter) leave(subject string, w *waiter) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	q := l.queues[subject]
+func (qs *windowQueues) leave(subject string, w *waiter) {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	q := qs.bySubject[subject]
 	i := slices.Index(q.waiters, w)
 	q.waiters = slices.Delete(q.waiters, i, i+1)
 	switch {
 	case len(q.waiters) == 0:
-		delete(l.queues, subject)
+		delete(qs.bySubject, subject)
 	case i == 0:
 		close(q.waiters[0].turn)
 	}

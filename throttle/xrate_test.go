@@ -38,10 +38,10 @@ import (
 //     lastEvent), so x/time/rate's side of n = 0 is computed from TokensAt.
 func TestBucketsAgreeWithXRate(t *testing.T) {
 	for _, algo := range []Algorithm{TokenBucket, GCRA} {
-		t.Run(algo.String(), func(t *testing.T) {
+		t.Run(string(algo), func(t *testing.T) {
 			t.Parallel()
 			virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
-				rng := rand.New(rand.NewPCG(xrateSeed, uint64(algo)))
+				rng := rand.New(rand.NewPCG(xrateSeed, uint64(registry[algo].rank)))
 				decisions := 0
 				for trial := 0; decisions < 10_000; trial++ {
 					decisions += xrateTrial(t, rdb, rng, algo, trial)

@@ -108,7 +108,7 @@ func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (
 	retryAt := m.parkAt(ctx, t, bookID, d)
 	m.metrics.bookedAhead(r.Name, time.Until(d.At))
 	return Wait{}, m.deferTask(ctx, t, retryAt, ErrParked, OutcomeParked,
-		"turn", d.Turn.String(), "booked_for", d.Slot.UTC(), "booked_ahead", time.Until(d.At).Round(time.Millisecond))
+		"turn", d.Turn, "booked_for", d.Slot.UTC(), "booked_ahead", time.Until(d.At).Round(time.Millisecond))
 }
 
 // taskRun is what admit knows of the task it decides for.
@@ -263,7 +263,7 @@ func (m *Middleware) notAdmitted(ctx, wctx context.Context, t *taskRun, err erro
 		if delay.Deadline && t.byMaxWait {
 			// The limiter saw a context deadline, but that deadline was
 			// the rule's max_wait: say so.
-			err = &maxWaitError{after: delay.RetryAfter, maxWait: r.MaxWait}
+			err = &maxWaitError{cause: &throttle.DelayError{Rule: delay.Rule, RetryAfter: delay.RetryAfter}, maxWait: r.MaxWait}
 		}
 	case errors.Is(err, throttle.ErrRedis):
 		outcome = OutcomeError
@@ -380,12 +380,15 @@ func waitEnd(ctx context.Context, maxWait time.Duration, start time.Time, canDef
 }
 
 // maxWaitError is the cause of a deferral whose turn is past the rule's
-// MaxWait (a limiter that cannot book, waiting in place). It matches
-// throttle.ErrMaxWait.
-type maxWaitError struct{ after, maxWait time.Duration }
-
-func (e *maxWaitError) Error() string {
-	return fmt.Sprintf("worker: its turn, in %v, is past the rule's max_wait of %v", e.after.Round(time.Millisecond), e.maxWait)
+// MaxWait (a limiter that cannot book, waiting in place). It unwraps to a
+// *throttle.DelayError whose bound was not the context's deadline.
+type maxWaitError struct {
+	cause   *throttle.DelayError
+	maxWait time.Duration
 }
 
-func (e *maxWaitError) Unwrap() error { return throttle.ErrMaxWait }
+func (e *maxWaitError) Error() string {
+	return fmt.Sprintf("worker: its turn, in %v, is past the rule's max_wait of %v", e.cause.RetryAfter.Round(time.Millisecond), e.maxWait)
+}
+
+func (e *maxWaitError) Unwrap() error { return e.cause }

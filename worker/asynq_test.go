@@ -273,7 +273,7 @@ func TestAsynqDeferralKeepsRetries(t *testing.T) {
 func TestAsynqDeferredUntilRetryAt(t *testing.T) {
 	t.Parallel()
 	b := newBed(t)
-	lim := b.limiter(throttle.Rule{Name: "slow", Algorithm: throttle.GCRA, Limit: throttle.Every(2500 * time.Millisecond)})
+	lim := b.limiter(throttle.Rule{Name: "slow", Algorithm: throttle.GCRA, Limit: throttle.Limit{Count: 1, Period: 2500 * time.Millisecond, Burst: 1}})
 	if res, err := lim.Allow(context.Background(), "acct"); err != nil || !res.Allowed {
 		t.Fatalf("taking the only permit: %+v, %v", res, err)
 	}
@@ -406,7 +406,7 @@ func TestAsynqWindowRules(t *testing.T) {
 // permit before it taken.
 func (b *bed) slowLimiter(d time.Duration, subject string) *throttle.Limiter {
 	b.t.Helper()
-	lim := b.limiter(throttle.Rule{Name: "slow", Algorithm: throttle.GCRA, Limit: throttle.Every(d)})
+	lim := b.limiter(throttle.Rule{Name: "slow", Algorithm: throttle.GCRA, Limit: throttle.Limit{Count: 1, Period: d, Burst: 1}})
 	if res, err := lim.Allow(context.Background(), subject); err != nil || !res.Allowed {
 		b.t.Fatalf("taking the only permit: %+v, %v", res, err)
 	}

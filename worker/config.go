@@ -3,6 +3,7 @@ package worker
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"regexp"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/jobthrottle/jobthrottle/internal/yamlfile"
+	"github.com/jobthrottle/jobthrottle/rules"
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
@@ -247,6 +249,10 @@ type parser struct {
 
 // duration reads a duration as Reader.Duration does, in whole
 // microseconds: the resolution of throttle's scripts.
+// maxDuration bounds the durations of a rules file before throttle checks
+// them (a limit's period: ten years).
+const maxDuration = time.Duration(math.MaxInt64)
+
 func (p *parser) duration(n *yaml.Node, field string, lo, hi time.Duration) (time.Duration, error) {
 	d, err := p.Duration(n, field, lo, hi)
 	if err == nil && d%time.Microsecond != 0 {
@@ -339,7 +345,7 @@ func (p *parser) ruleConfig(n *yaml.Node, i int, names map[string]int, owner map
 		return r, err
 	}
 	if mw := fields["max_wait"]; mw != nil {
-		if r.MaxWait, err = p.duration(mw, "max_wait", 0, throttle.MaxPeriod); err != nil {
+		if r.MaxWait, err = p.duration(mw, "max_wait", 0, maxDuration); err != nil {
 			return r, err
 		}
 	}
@@ -610,29 +616,23 @@ func (p *parser) limit(n *yaml.Node, fields map[string]*yaml.Node, path, name st
 	if err != nil {
 		return r, err
 	}
-	if r.Algorithm, err = throttle.ParseAlgorithm(as); err != nil {
+	if r.Algorithm, err = rules.ParseAlgorithm(as); err != nil {
 		return r, p.Failf(an, f("algorithm"), "%q is not one of fixed_window, sliding_log, sliding_window, token_bucket, gcra (or leaky_bucket)", as)
 	}
 
-	maxCount := int64(throttle.MaxCount)
-	if r.Algorithm == throttle.SlidingLog {
-		maxCount = throttle.MaxLogCount
-	}
+	// Upper bounds are throttle's: r.Validate below reports them.
 	ln, err := need("limit", "how many tasks per period, such as 20")
 	if err != nil {
 		return r, err
 	}
-	if r.Limit.Count, err = p.Int(ln, f("limit"), 1, maxCount); err != nil {
-		if r.Algorithm == throttle.SlidingLog {
-			err.(*ConfigError).Reason += " for sliding_log, which stores every admission; use sliding_window for more"
-		}
+	if r.Limit.Count, err = p.AtLeast(ln, f("limit"), 1); err != nil {
 		return r, err
 	}
 	pn, err := need("period", "a duration such as 1s, 1m or 1h")
 	if err != nil {
 		return r, err
 	}
-	if r.Limit.Period, err = p.duration(pn, f("period"), time.Microsecond, throttle.MaxPeriod); err != nil {
+	if r.Limit.Period, err = p.duration(pn, f("period"), time.Microsecond, maxDuration); err != nil {
 		return r, err
 	}
 
@@ -642,7 +642,7 @@ func (p *parser) limit(n *yaml.Node, fields map[string]*yaml.Node, path, name st
 		if !bucket {
 			return r, p.Failf(bn, f("burst"), "applies only to token_bucket and gcra; %v admits limit per period", r.Algorithm)
 		}
-		if r.Limit.Burst, err = p.Int(bn, f("burst"), 1, throttle.MaxCount); err != nil {
+		if r.Limit.Burst, err = p.AtLeast(bn, f("burst"), 1); err != nil {
 			return r, err
 		}
 	}
@@ -650,7 +650,7 @@ func (p *parser) limit(n *yaml.Node, fields map[string]*yaml.Node, path, name st
 		if r.Algorithm != throttle.SlidingWindow {
 			return r, p.Failf(pr, f("precision"), "applies only to sliding_window")
 		}
-		if r.Precision, err = p.duration(pr, f("precision"), time.Microsecond, throttle.MaxPeriod); err != nil {
+		if r.Precision, err = p.duration(pr, f("precision"), time.Microsecond, maxDuration); err != nil {
 			return r, err
 		}
 		if r.Precision > r.Limit.Period {

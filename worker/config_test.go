@@ -184,21 +184,21 @@ func TestParseConfigErrors(t *testing.T) {
 		{"no algorithm", edit("    algorithm: gcra\n", ""), `rules.yaml:2: rule "stripe": algorithm: missing; one of fixed_window, sliding_log, sliding_window, token_bucket, gcra`},
 		{"unknown algorithm", edit("algorithm: gcra", "algorithm: leaky"), `rules.yaml:5: rule "stripe": algorithm: "leaky" is not one of fixed_window, sliding_log, sliding_window, token_bucket, gcra (or leaky_bucket)`},
 		{"no limit", edit("    limit: 20\n", ""), `rules.yaml:2: rule "stripe": limit: missing; how many tasks per period, such as 20`},
-		{"limit zero", edit("limit: 20", "limit: 0"), `rules.yaml:6: rule "stripe": limit: "0" must be a whole number from 1 to 1099511627776`},
-		{"limit negative", edit("limit: 20", "limit: -5"), `rules.yaml:6: rule "stripe": limit: "-5" must be a whole number from 1 to 1099511627776`},
-		{"limit float", edit("limit: 20", "limit: 2.5"), `rules.yaml:6: rule "stripe": limit: "2.5" must be a whole number from 1 to 1099511627776`},
-		{"limit string", edit("limit: 20", `limit: "20"`), `rules.yaml:6: rule "stripe": limit: "20" must be a whole number from 1 to 1099511627776`},
-		{"limit huge", edit("limit: 20", "limit: 99999999999999999999999"), `rules.yaml:6: rule "stripe": limit: "99999999999999999999999" must be a whole number from 1 to 1099511627776`},
-		{"limit null", edit("limit: 20", "limit:"), `rules.yaml:6: rule "stripe": limit: an empty value must be a whole number from 1 to 1099511627776`},
+		{"limit zero", edit("limit: 20", "limit: 0"), `rules.yaml:6: rule "stripe": limit: "0" must be a whole number, at least 1`},
+		{"limit negative", edit("limit: 20", "limit: -5"), `rules.yaml:6: rule "stripe": limit: "-5" must be a whole number, at least 1`},
+		{"limit float", edit("limit: 20", "limit: 2.5"), `rules.yaml:6: rule "stripe": limit: "2.5" must be a whole number, at least 1`},
+		{"limit string", edit("limit: 20", `limit: "20"`), `rules.yaml:6: rule "stripe": limit: "20" must be a whole number, at least 1`},
+		{"limit huge", edit("limit: 20", "limit: 99999999999999999999999"), `rules.yaml:6: rule "stripe": limit: "99999999999999999999999" must be a whole number, at least 1`},
+		{"limit null", edit("limit: 20", "limit:"), `rules.yaml:6: rule "stripe": limit: an empty value must be a whole number, at least 1`},
 		{"no period", edit("    period: 1s\n", ""), `rules.yaml:2: rule "stripe": period: missing; a duration such as 1s, 1m or 1h`},
 		{"period zero", edit("period: 1s", "period: 0s"), `rules.yaml:7: rule "stripe": period: "0s" must be at least 1µs`},
 		{"period no unit", edit("period: 1s", "period: 1"), `rules.yaml:7: rule "stripe": period: "1" must be a duration with a unit, such as 1s, 500ms or 1h`},
 		{"period negative", edit("period: 1s", "period: -1s"), `rules.yaml:7: rule "stripe": period: "-1s" must be at least 1µs`},
 		{"period garbage", edit("period: 1s", "period: soon"), `rules.yaml:7: rule "stripe": period: "soon" is not a duration; write a number and a unit (ns, us, ms, s, m, h), such as 1s, 500ms or 1h`},
 		{"period days", edit("period: 1s", "period: 1d"), `rules.yaml:7: rule "stripe": period: "1d" is not a duration`},
-		{"period too long", edit("period: 1s", "period: 100000h"), `rules.yaml:7: rule "stripe": period: "100000h" must be at most 87600h0m0s`},
+		{"period too long", edit("period: 1s", "period: 100000h"), `rules.yaml:7: rule "stripe": period: 100000h0m0s must be at most 87600h0m0s`},
 		{"period nanoseconds", edit("period: 1s", "period: 1500ns"), `rules.yaml:7: rule "stripe": period: "1500ns" must be a whole number of microseconds`},
-		{"burst zero", rule + "    burst: 0\n", `rules.yaml:8: rule "stripe": burst: "0" must be a whole number from 1 to 1099511627776`},
+		{"burst zero", rule + "    burst: 0\n", `rules.yaml:8: rule "stripe": burst: "0" must be a whole number, at least 1`},
 		{"burst horizon", edit("period: 1s", "period: 87600h") + "    burst: 40\n", `rules.yaml:8: rule "stripe": burst: 40 burst × period / count must be at most 87600h0m0s`},
 		{"burst on a window", edit("algorithm: gcra", "algorithm: fixed_window") + "    burst: 5\n", `rules.yaml:8: rule "stripe": burst: applies only to token_bucket and gcra; fixed_window admits limit per period`},
 		{"precision elsewhere", rule + "    precision: 100ms\n", `rules.yaml:8: rule "stripe": precision: applies only to sliding_window`},
@@ -245,7 +245,7 @@ func TestParseConfigErrors(t *testing.T) {
 func TestSlidingLogLimit(t *testing.T) {
 	y := strings.Replace(strings.Replace(rule, "algorithm: gcra", "algorithm: sliding_log", 1), "limit: 20", "limit: 2000000", 1)
 	_, err := ParseConfig("rules.yaml", []byte(y))
-	want := `rules.yaml:6: rule "stripe": limit: "2000000" must be a whole number from 1 to 1000000 for sliding_log, which stores every admission; use sliding_window for more`
+	want := `rules.yaml:6: rule "stripe": limit: 2000000 must be at most 1000000 for sliding_log, which stores every permit; use sliding_window`
 	if err == nil || err.Error() != want {
 		t.Errorf("got  %v\nwant %s", err, want)
 	}

@@ -39,7 +39,7 @@ rules:
 	for _, r := range cfg.Rules {
 		fmt.Printf("%s %v (max wait %v):\n", r.Name, r.Tasks, r.MaxWait)
 		for _, l := range r.Limits {
-			fmt.Println("  ", l)
+			fmt.Printf("   %s: %s %d per %v (burst %d)\n", l.Name, l.Algorithm, l.Limit.Count, l.Limit.Period, l.Limit.Burst)
 		}
 	}
 	r, _ := cfg.RuleFor("stripe:charge")

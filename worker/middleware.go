@@ -15,8 +15,8 @@ import (
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
-// Waiter is what a Rule waits on for each task: a *throttle.Limiter or a
-// *throttle.Group.
+// Waiter is what a Rule waits on for each task: a *throttle.Limiter, or
+// any limiter that can wait.
 type Waiter interface {
 	// WaitN blocks until n permits for subject are granted, fails at once
 	// with a *throttle.DelayError if they would come after ctx's deadline,
@@ -24,10 +24,7 @@ type Waiter interface {
 	WaitN(ctx context.Context, subject string, n int) error
 }
 
-var (
-	_ Waiter = (*throttle.Limiter)(nil)
-	_ Waiter = (*throttle.Group)(nil)
-)
+var _ Waiter = (*throttle.Limiter)(nil)
 
 // Rule binds task types to a limiter and a subject.
 type Rule struct {
@@ -48,14 +45,14 @@ type Rule struct {
 	// Cost derives how many permits a task takes (FixedCost,
 	// PayloadCost). If nil, every task takes one. A cost larger than a
 	// limit can ever admit at once archives the task with a
-	// *throttle.CapacityError.
+	// error matching throttle.ErrExceedsCapacity.
 	Cost Cost
 	// MaxWait bounds how long a task may wait in its handler, holding a
 	// worker slot, for a new turn. A task whose turn would come later
 	// parks: the turn is booked under its task ID and the task is
 	// deferred with a *ThrottledError until then. If zero,
 	// admission.DefaultMaxWait (1s); for a Limiter that cannot book (not a
-	// *throttle.Limiter, such as a *throttle.Group), which defers the task
+	// *throttle.Limiter, such as one whose rules are over several subjects), which defers the task
 	// to an estimate instead, zero means only the task's deadline bounds
 	// the wait. Never longer than the task's deadline allows.
 	MaxWait time.Duration
@@ -105,7 +102,7 @@ type Middleware struct {
 }
 
 // ruleGate is a Rule with its admission gate (nil for a Limiter that is not a
-// *throttle.Limiter, such as a *throttle.Group, which waits in place).
+// *throttle.Limiter, such as one whose rules are over several subjects, which waits in place).
 type ruleGate struct {
 	Rule
 	gate *admission.Gate
@@ -219,7 +216,7 @@ func NewMiddleware(rules []Rule, opts ...Option) (*Middleware, error) {
 		case len(r.Tasks) == 0:
 			return nil, bad("tasks", "must list at least one task type or pattern")
 		case r.Limiter == nil:
-			return nil, bad("limiter", "must not be nil; use a *throttle.Limiter or *throttle.Group")
+			return nil, bad("limiter", "must not be nil; use a *throttle.Limiter")
 		case r.Subject == nil:
 			return nil, bad("subject", "must not be nil; use Fixed, PayloadField or a func")
 		case r.MaxWait < 0:

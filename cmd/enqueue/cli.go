@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobthrottle/jobthrottle/enqueue"
+	"github.com/jobthrottle/jobthrottle/rules"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/jobthrottle/jobthrottle/worker"
 )
@@ -275,7 +276,7 @@ func (f *batchFlags) batch(fs *flag.FlagSet) (*enqueue.Batch, *enqueue.PaceSpec,
 		if err != nil {
 			return nil, nil, fmt.Errorf("--rate: %w", err)
 		}
-		algo, err := throttle.ParseAlgorithm(f.algorithm)
+		algo, err := rules.ParseAlgorithm(f.algorithm)
 		if err != nil {
 			return nil, nil, fmt.Errorf("--algorithm: %w", err)
 		}

@@ -145,7 +145,8 @@ func TestBatchPacedEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, ti := range append(pending, scheduled...) {
-		d, ok, err := lim.Redeem(context.Background(), "acme", ti.Headers[worker.ReceiptHeader])
+		a, err := lim.Admit(context.Background(), throttle.AdmitRequest{Subject: "acme", N: 1, Receipt: ti.Headers[worker.ReceiptHeader], Wait: -1, Tolerance: time.Hour})
+		d, ok := a.Delay, a.Status == throttle.Redeemed
 		if err != nil || !ok || d > 200*time.Millisecond {
 			t.Errorf("task %s: Redeem = %v, %v, %v; want ok within 150ms", ti.Payload, d, ok, err)
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobthrottle/jobthrottle/handler"
+	"github.com/jobthrottle/jobthrottle/httpthrottle"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/jobthrottle/jobthrottle/worker"
 )
@@ -26,7 +27,7 @@ const (
 	// Payload: {"tenant": "acme", "message": "hello"}.
 	TypeEcho = "demo:echo"
 	// TypeAPI fetches an account from the demo third-party API through a
-	// throttle.Transport shared by every worker. Payload:
+	// httpthrottle.Transport shared by every worker. Payload:
 	// {"account_id": "acct_42"}.
 	TypeAPI = "demo:api"
 )
@@ -40,7 +41,7 @@ type demo struct {
 }
 
 // startDemo starts the stand-in third-party API on loopback and the HTTP
-// client that demo:api tasks use: a throttle.Transport pacing all workers'
+// client that demo:api tasks use: a httpthrottle.Transport pacing all workers'
 // requests to rate per second, under prefix.
 func startDemo(rdb redis.UniversalClient, prefix string, rate int, log *slog.Logger) (*demo, error) {
 	lim, err := throttle.New(rdb, throttle.Options{Prefix: prefix, Logger: log},
@@ -48,7 +49,7 @@ func startDemo(rdb redis.UniversalClient, prefix string, rate int, log *slog.Log
 	if err != nil {
 		return nil, err
 	}
-	tr, err := throttle.NewTransport(lim, throttle.TransportOptions{
+	tr, err := httpthrottle.New(lim, httpthrottle.Options{
 		OnPause: func(subject string, d time.Duration, err error) {
 			log.Warn("demo: the API asked us to slow down; every worker pauses", "host", subject, "pause", d, "error", err)
 		},

@@ -9,7 +9,7 @@
 // Without --redis (or REDIS_URL) it starts an in-memory Redis on loopback
 // and logs its address first. Without --config it uses built-in demo
 // rules. It also handles the demo task types demo:echo and demo:api
-// (which calls a local "third-party API" through throttle.Transport).
+// (which calls a local "third-party API" through httpthrottle.Transport).
 // SIGINT or SIGTERM shut it down gracefully. Exit status: 0 done, 1 a
 // failure at run time, 2 bad flags or a bad rules file. See
 // worker/README.md.

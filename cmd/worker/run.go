@@ -358,7 +358,7 @@ func readiness(rdb redis.UniversalClient, cfg *worker.Config) (func(context.Cont
 		if err := rdb.Ping(ctx).Err(); err != nil {
 			return fmt.Errorf("Redis does not answer: %v", err)
 		}
-		if _, err := lim.Paused(ctx, "readyz"); err != nil {
+		if _, err := lim.PauseFor(ctx, "readyz", 0); err != nil {
 			return fmt.Errorf("the throttle scripts do not run: %v", err)
 		}
 		return nil

@@ -1,5 +1,5 @@
-// Multi-tenant: a per-tenant policy and a global limit, acquired together
-// through a throttle.Group. A noisy tenant's backlog waits for its own
+// Multi-tenant: a per-tenant policy and a global limit in one limiter, the
+// global rule over one subject for everyone (Rule.Subject). A noisy tenant's backlog waits for its own
 // limit, deferred out of the worker slots, while the other tenants' tasks
 // run at once. Run it with
 //
@@ -53,23 +53,15 @@ func main() {
 	// 5 per second (leaky bucket, bursts of 5) and 100 per minute (token
 	// bucket). Both reserve, so every deferral carries the exact time of the
 	// tenant's next free slot.
-	perTenant, err := throttle.New(rdb, opts,
+	// The tenant's limits come first, so that a tenant over its own limit
+	// never takes global capacity: the global rule is over one subject for
+	// everyone ("all"), and a request it refuses gives back the tenant's
+	// permits.
+	limiter, err := throttle.New(rdb, opts,
 		throttle.Rule{Name: "per-second", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(5)},
-		throttle.Rule{Name: "per-minute", Algorithm: throttle.TokenBucket, Limit: throttle.PerMinute(100)},
-	)
-	if err != nil {
-		log.Fatal(err)
-	}
-	// For everyone together: 30 per second, a ceiling for the shared backend.
-	global, err := throttle.New(rdb, opts, throttle.Rule{Name: "global", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(30).WithBurst(10)})
-	if err != nil {
-		log.Fatal(err)
-	}
-	// The tenant's limits first, so that a tenant over its own limit never
-	// takes global capacity; a part that fails refunds those before it.
-	group, err := throttle.NewGroup(
-		throttle.Part{Limiter: perTenant},
-		throttle.Part{Limiter: global, Subject: throttle.Fixed("all")},
+		throttle.Rule{Name: "per-minute", Algorithm: throttle.TokenBucket, Limit: throttle.Limit{Count: 100, Period: time.Minute, Burst: 100}},
+		// For everyone together: 30 per second, a ceiling for the shared backend.
+		throttle.Rule{Name: "global", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(30).WithBurst(10), Subject: "all"},
 	)
 	if err != nil {
 		log.Fatal(err)
@@ -77,7 +69,7 @@ func main() {
 	mw, err := worker.NewMiddleware([]worker.Rule{{
 		Name:    "reports",
 		Tasks:   []string{"report:*"},
-		Limiter: group,
+		Limiter: limiter,
 		Subject: worker.PayloadField("tenant"),
 		// A task waits in its worker slot at most this long; a later
 		// admission is deferred, which frees the slot for other tenants.

@@ -1,4 +1,4 @@
-// Command outbound-api shows throttle.Transport pacing calls to a third
+// Command outbound-api shows httpthrottle.Transport pacing calls to a third
 // party that enforces its own limit, and turning its 429 + Retry-After
 // into a pause that every worker honours.
 //
@@ -25,6 +25,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobthrottle/jobthrottle/httpthrottle"
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
@@ -67,7 +68,7 @@ func main() {
 		if err != nil {
 			log.Fatal(err)
 		}
-		tr, err := throttle.NewTransport(lim, throttle.TransportOptions{
+		tr, err := httpthrottle.New(lim, httpthrottle.Options{
 			OnPause: func(subject string, d time.Duration, err error) {
 				fmt.Printf("%6.2fs  worker %d: 429 from %s: every worker pauses %v\n", time.Since(start).Seconds(), w, subject, d)
 			},

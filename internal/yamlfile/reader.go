@@ -153,6 +153,20 @@ func (r *Reader) Int(n *yaml.Node, field string, lo, hi int64) (int, error) {
 	return int(v), nil
 }
 
+// AtLeast reads a whole number of at least lo; the upper bound is left to
+// whoever checks the value next (throttle.Rule.Validate, say), so that one
+// package states it.
+func (r *Reader) AtLeast(n *yaml.Node, field string, lo int64) (int, error) {
+	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" {
+		return 0, r.Failf(n, field, "%s must be a whole number, at least %d", Describe(n), lo)
+	}
+	var v int64
+	if err := n.Decode(&v); err != nil || v < lo {
+		return 0, r.Failf(n, field, "%q must be a whole number, at least %d", n.Value, lo)
+	}
+	return int(v), nil
+}
+
 // Duration reads a Go duration such as 1s, 500ms or 1h30m, from lo to
 // hi. A number without a unit is refused.
 func (r *Reader) Duration(n *yaml.Node, field string, lo, hi time.Duration) (time.Duration, error) {

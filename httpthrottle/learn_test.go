@@ -1,6 +1,8 @@
-package throttle
+package httpthrottle
 
 import (
+	"github.com/jobthrottle/jobthrottle/throttle"
+
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -111,7 +113,7 @@ func (u *policyUpstream) gaps() []time.Duration {
 func TestTransportLearnsPolicy(t *testing.T) {
 	virtual(t, func(t *testing.T, _ *redis.Client, m *miniredis.Miniredis) {
 		up := &policyUpstream{quota: 10}
-		rule := Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(100).WithBurst(1)}
+		rule := throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(100).WithBurst(1)}
 		a := newWorker(t, m, up, rule)
 		b := newWorker(t, m, up, rule)
 		// Each worker's first answer teaches it the policy.
@@ -142,7 +144,7 @@ func TestTransportLearnsPolicy(t *testing.T) {
 	})
 	virtual(t, func(t *testing.T, _ *redis.Client, m *miniredis.Miniredis) {
 		up := &policyUpstream{quota: 1000}
-		a := newWorker(t, m, up, Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(10).WithBurst(1)})
+		a := newWorker(t, m, up, throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(10).WithBurst(1)})
 		for range 5 {
 			get(t, a, "http://api.example/")
 		}
@@ -162,7 +164,7 @@ func TestTransportFollowsPolicyChange(t *testing.T) {
 		rdb := redistest.PipeClient(m)
 		t.Cleanup(func() { _ = rdb.Close() })
 		var learnedQuotas []int
-		tr, err := NewTransport(mustNew(t, rdb, Options{}, Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(50).WithBurst(1)}), TransportOptions{
+		tr, err := New(mustNew(t, rdb, throttle.Options{}, throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(50).WithBurst(1)}), Options{
 			Base:    up,
 			OnLearn: func(subject string, info RateLimitInfo) { learnedQuotas = append(learnedQuotas, info.Quota) },
 		})
@@ -205,7 +207,7 @@ func TestTransportFollowsPolicyChange(t *testing.T) {
 func TestTransportRemainingZeroPauses(t *testing.T) {
 	virtual(t, func(t *testing.T, _ *redis.Client, m *miniredis.Miniredis) {
 		up := &policyUpstream{remaining: "0", reset: "3"}
-		rule := Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(10).WithBurst(1)}
+		rule := throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(10).WithBurst(1)}
 		a := newWorker(t, m, up, rule)
 		b := newWorker(t, m, up, rule)
 		get(t, a, "http://api.example/")
@@ -231,7 +233,7 @@ func learnedInterval(perSecond float64) time.Duration {
 func TestTransportWaitersFollowFasterPolicy(t *testing.T) {
 	virtual(t, func(t *testing.T, _ *redis.Client, m *miniredis.Miniredis) {
 		up := &policyUpstream{quota: 5}
-		a := newWorker(t, m, up, Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(100).WithBurst(1)})
+		a := newWorker(t, m, up, throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(100).WithBurst(1)})
 		get(t, a, "http://api.example/") // learns 5/s
 		up.mu.Lock()
 		up.quota = 20

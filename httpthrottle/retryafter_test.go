@@ -1,4 +1,4 @@
-package throttle
+package httpthrottle
 
 import (
 	"net/http"

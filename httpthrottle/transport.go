@@ -1,12 +1,22 @@
-package throttle
+// Package httpthrottle paces outbound HTTP requests with a throttle.Limiter
+// and listens to what the upstream says about its limits: it pauses a
+// subject for every process on 429 and 503 with Retry-After, and learns a
+// slower limit from rate-limit headers.
+//
+// It is built only on throttle's public API. It imports throttle and the
+// standard library, and nothing else of jobthrottle.
+package httpthrottle
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
 // Transport is an http.RoundTripper that paces outbound requests with a
@@ -14,7 +24,7 @@ import (
 //
 //	lim, _ := throttle.New(rdb, throttle.Options{}, throttle.Rule{
 //		Name: "partner-api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(10)})
-//	tr, _ := throttle.NewTransport(lim, throttle.TransportOptions{})
+//	tr, _ := httpthrottle.New(lim, httpthrottle.Options{})
 //	client := &http.Client{Transport: tr}
 //
 // Before each request it waits for a permit of the request's subject (by
@@ -50,7 +60,7 @@ import (
 //
 // A Transport is safe for concurrent use.
 type Transport struct {
-	lim      *Limiter
+	lim      *throttle.Limiter
 	subject  func(*http.Request) string
 	maxPause time.Duration
 	base     http.RoundTripper
@@ -60,8 +70,11 @@ type Transport struct {
 	learner  *learner
 }
 
+// MaxPause is the longest pause Options.MaxPause may allow.
+const MaxPause = 10 * 365 * 24 * time.Hour
+
 // DefaultMaxPause caps the pause a Retry-After can cause when
-// TransportOptions.MaxPause is zero. A longer Retry-After (an hourly
+// Options.MaxPause is zero. A longer Retry-After (an hourly
 // quota, or a wrong header) pauses this long; the request after it then
 // learns the rest.
 const DefaultMaxPause = 10 * time.Minute
@@ -70,9 +83,9 @@ const DefaultMaxPause = 10 * time.Minute
 // which outlives the request's own context.
 const pauseTimeout = 5 * time.Second
 
-// TransportOptions configure a Transport. The zero value limits by host,
+// Options configure a Transport. The zero value limits by host,
 // caps pauses at DefaultMaxPause and sends through http.DefaultTransport.
-type TransportOptions struct {
+type Options struct {
 	// Subject names what a request counts against. If nil, the request's
 	// host and port (URL.Host, else Host) is used. An empty subject fails
 	// the request with an error matching ErrInvalidSubject.
@@ -93,7 +106,7 @@ type TransportOptions struct {
 	NoWait bool
 	// MaxLearnedWait bounds how long a request waits for its slot on a
 	// learned limit: a request whose slot is further away fails at once
-	// with a *DelayError (matching ErrMaxWait), nothing consumed and
+	// with a *throttle.DelayError (Deadline false), nothing consumed and
 	// nothing sent, so that a caller such as a job handler can come back
 	// later instead of holding its worker. If zero, only the request's
 	// context bounds the wait.
@@ -108,17 +121,17 @@ var _ http.RoundTripper = (*Transport)(nil)
 // NewTransport returns a Transport that waits on lim before each request.
 // It returns an error if lim is nil or MaxPause is negative or above
 // MaxPause.
-func NewTransport(lim *Limiter, opts TransportOptions) (*Transport, error) {
+func New(lim *throttle.Limiter, opts Options) (*Transport, error) {
 	if lim == nil {
-		return nil, errors.New("throttle: NewTransport: nil Limiter")
+		return nil, errors.New("httpthrottle: New: nil Limiter")
 	}
 	if opts.MaxLearnedWait < 0 {
-		return nil, &ConfigError{Field: "max_learned_wait", Reason: "must not be negative"}
+		return nil, &throttle.ConfigError{Field: "max_learned_wait", Reason: "must not be negative"}
 	}
 	if opts.MaxPause < 0 || opts.MaxPause > MaxPause {
-		return nil, &ConfigError{Field: "max_pause", Reason: "must be between 0 (the default, " + DefaultMaxPause.String() + ") and " + MaxPause.String()}
+		return nil, &throttle.ConfigError{Field: "max_pause", Reason: "must be between 0 (the default, " + DefaultMaxPause.String() + ") and " + MaxPause.String()}
 	}
-	t := &Transport{lim: lim, subject: opts.Subject, maxPause: opts.MaxPause, base: opts.Base, onPause: opts.OnPause, onLearn: opts.OnLearn, noWait: opts.NoWait, learner: newLearner(lim, opts.MaxLearnedWait)}
+	t := &Transport{lim: lim, subject: opts.Subject, maxPause: opts.MaxPause, base: opts.Base, onPause: opts.OnPause, onLearn: opts.OnLearn, noWait: opts.NoWait, learner: newLearner(opts.MaxLearnedWait)}
 	if t.subject == nil {
 		t.subject = hostSubject
 	}
@@ -148,7 +161,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
 	subject := t.subject(req)
 	if t.noWait {
-		if _, err := EncodeSubject(subject); err != nil {
+		if err := checkSubject(subject); err != nil {
 			if req.Body != nil {
 				_ = req.Body.Close()
 			}
@@ -178,22 +191,32 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
+// checkSubject fails a NoWait request whose subject the limiter would
+// refuse, before it is sent.
+func checkSubject(s string) error {
+	if s == "" {
+		return fmt.Errorf("%w: empty; the request names no host", throttle.ErrInvalidSubject)
+	}
+	return nil
+}
+
+// waitedAlone is how long a Wait may take and still count as decided on
+// the spot (one round trip): a longer one slept for a slot booked ahead.
+const waitedAlone = 5 * time.Millisecond
+
 // wait takes one permit for subject. A slot booked ahead may have been
 // overtaken by a pause while this request slept: then the permit is spent
 // (its slot has passed) and a new one is booked, after the pause.
 func (t *Transport) wait(ctx context.Context, subject string) error {
 	for {
-		r, err := t.lim.acquire(ctx, subject, 1)
-		if err != nil {
+		start := time.Now()
+		if err := t.lim.Wait(ctx, subject); err != nil {
 			return err
 		}
-		if err := r.wait(ctx); err != nil {
-			return err
-		}
-		if r.delay <= 0 {
+		if time.Since(start) < waitedAlone {
 			return nil // decided just now, after any pause
 		}
-		left, err := t.lim.Paused(ctx, subject)
+		left, err := t.lim.PauseFor(ctx, subject, 0)
 		if err != nil || left <= 0 {
 			// A permit is held; failing to learn of a pause must not
 			// cost the request.
@@ -222,7 +245,7 @@ func (t *Transport) pauseFor(ctx context.Context, subject string, d time.Duratio
 	d = min(d, t.maxPause)
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pauseTimeout)
 	defer cancel()
-	err := t.lim.PauseFor(pctx, subject, d)
+	_, err := t.lim.PauseFor(pctx, subject, d)
 	if t.onPause != nil {
 		t.onPause(subject, d, err)
 	}

@@ -1,6 +1,8 @@
-package throttle
+package httpthrottle
 
 import (
+	"github.com/jobthrottle/jobthrottle/throttle"
+
 	"context"
 	"errors"
 	"io"
@@ -67,12 +69,12 @@ func (u *upstream) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 // newWorker builds what one worker process has: its own Redis client (to
-// the shared miniredis), its own Limiter and Transport.
-func newWorker(t *testing.T, m *miniredis.Miniredis, base http.RoundTripper, rule Rule) *http.Client {
+// the shared miniredis), its own throttle.Limiter and Transport.
+func newWorker(t *testing.T, m *miniredis.Miniredis, base http.RoundTripper, rule throttle.Rule) *http.Client {
 	t.Helper()
 	rdb := redistest.PipeClient(m)
 	t.Cleanup(func() { _ = rdb.Close() })
-	tr, err := NewTransport(mustNew(t, rdb, Options{}, rule), TransportOptions{Base: base})
+	tr, err := New(mustNew(t, rdb, throttle.Options{}, rule), Options{Base: base})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +98,7 @@ func get(t *testing.T, c *http.Client, url string) int {
 func TestTransportPauseReachesEveryWorker(t *testing.T) {
 	virtual(t, func(t *testing.T, _ *redis.Client, m *miniredis.Miniredis) {
 		up := &upstream{pause: "2", delay: 100 * ms}
-		rule := Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(2).WithBurst(1)}
+		rule := throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(2).WithBurst(1)}
 		a := newWorker(t, m, up, rule)
 		b := newWorker(t, m, up, rule)
 
@@ -125,7 +127,7 @@ func TestTransportPauseReachesEveryWorker(t *testing.T) {
 			t.Fatalf("upstream saw %d requests, want 8", len(up.calls))
 		}
 		for i, c := range up.calls[1:] {
-			// Every later request at or after the gate, 500ms apart.
+			// throttle.Every later request at or after the gate, 500ms apart.
 			if want := 2100*ms + time.Duration(i)*500*ms; c != want {
 				t.Errorf("request %d at %v, want %v", i+2, c, want)
 			}
@@ -151,7 +153,7 @@ func TestTransportHTTPDate503(t *testing.T) {
 			}
 			return rec.Result(), nil
 		})
-		c := newWorker(t, m, base, Rule{Name: "api", Algorithm: TokenBucket, Limit: PerSecond(10)})
+		c := newWorker(t, m, base, throttle.Rule{Name: "api", Algorithm: throttle.TokenBucket, Limit: throttle.PerSecond(10)})
 		get(t, c, "http://api.example/")
 		get(t, c, "http://api.example/")
 		if len(calls) != 2 || calls[1] != 3*time.Second {
@@ -184,9 +186,9 @@ func TestTransportWhenToPause(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
-				lim := mustNew(t, rdb, Options{}, Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(100)})
+				lim := mustNew(t, rdb, throttle.Options{}, throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(100)})
 				var paused []time.Duration
-				tr, err := NewTransport(lim, TransportOptions{
+				tr, err := New(lim, Options{
 					MaxPause: c.maxPause,
 					Base: roundTripFunc(func(*http.Request) (*http.Response, error) {
 						rec := httptest.NewRecorder()
@@ -213,7 +215,7 @@ func TestTransportWhenToPause(t *testing.T) {
 				if resp.StatusCode != c.status {
 					t.Errorf("status %d, want %d: the response is passed on unchanged", resp.StatusCode, c.status)
 				}
-				left, err := lim.Paused(context.Background(), "api.example:8080")
+				left, err := lim.PauseFor(context.Background(), "api.example:8080", 0)
 				if err != nil || left != c.want {
 					t.Errorf("Paused = %v, %v; want %v", left, err, c.want)
 				}
@@ -237,9 +239,9 @@ func (b *trackedBody) Close() error { b.closed.Store(true); return nil }
 // sent, closes its body and gives its slot back.
 func TestTransportCancelWhileWaiting(t *testing.T) {
 	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
-		lim := mustNew(t, rdb, Options{}, Rule{Name: "api", Algorithm: GCRA, Limit: Every(time.Second)})
+		lim := mustNew(t, rdb, throttle.Options{}, throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.Limit{Count: 1, Period: time.Second, Burst: 1}})
 		var sent atomic.Int64
-		tr, _ := NewTransport(lim, TransportOptions{Base: roundTripFunc(func(*http.Request) (*http.Response, error) {
+		tr, _ := New(lim, Options{Base: roundTripFunc(func(*http.Request) (*http.Response, error) {
 			sent.Add(1)
 			return httptest.NewRecorder().Result(), nil
 		})})
@@ -274,11 +276,11 @@ func TestTransportCancelWhileWaiting(t *testing.T) {
 // A wait longer than the request's deadline fails at once, unsent.
 func TestTransportDeadline(t *testing.T) {
 	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
-		lim := mustNew(t, rdb, Options{}, Rule{Name: "api", Algorithm: GCRA, Limit: Every(time.Second)})
-		if err := lim.PauseFor(context.Background(), "h", time.Minute); err != nil {
+		lim := mustNew(t, rdb, throttle.Options{}, throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.Limit{Count: 1, Period: time.Second, Burst: 1}})
+		if _, err := lim.PauseFor(context.Background(), "h", time.Minute); err != nil {
 			t.Fatal(err)
 		}
-		tr, _ := NewTransport(lim, TransportOptions{Base: roundTripFunc(func(*http.Request) (*http.Response, error) {
+		tr, _ := New(lim, Options{Base: roundTripFunc(func(*http.Request) (*http.Response, error) {
 			t.Error("request sent during the pause")
 			return nil, errors.New("unreachable")
 		})})
@@ -287,9 +289,9 @@ func TestTransportDeadline(t *testing.T) {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://h/", nil)
 		start := at()
 		_, err := (&http.Client{Transport: tr}).Do(req)
-		var de *DelayError
+		var de *throttle.DelayError
 		if !errors.As(err, &de) || !errors.Is(err, context.DeadlineExceeded) {
-			t.Errorf("Do: %v, want a *DelayError matching context.DeadlineExceeded", err)
+			t.Errorf("Do: %v, want a *throttle.DelayError matching context.DeadlineExceeded", err)
 		}
 		if at() != start {
 			t.Errorf("took %v, want an immediate failure", at()-start)
@@ -302,7 +304,7 @@ func TestTransportDeadline(t *testing.T) {
 func TestTransportWindowLimiter(t *testing.T) {
 	virtual(t, func(t *testing.T, _ *redis.Client, m *miniredis.Miniredis) {
 		up := &upstream{pause: "3"}
-		rule := Rule{Name: "api", Algorithm: SlidingLog, Limit: PerSecond(1)}
+		rule := throttle.Rule{Name: "api", Algorithm: throttle.SlidingLog, Limit: throttle.PerSecond(1)}
 		a, b := newWorker(t, m, up, rule), newWorker(t, m, up, rule)
 		var wg sync.WaitGroup
 		for range 3 {
@@ -323,15 +325,15 @@ func TestTransportWindowLimiter(t *testing.T) {
 
 func TestTransportSubjectAndErrors(t *testing.T) {
 	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
-		lim := mustNew(t, rdb, Options{}, Rule{Name: "api", Algorithm: GCRA, Limit: Every(time.Second)})
-		if _, err := NewTransport(nil, TransportOptions{}); err == nil {
+		lim := mustNew(t, rdb, throttle.Options{}, throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.Limit{Count: 1, Period: time.Second, Burst: 1}})
+		if _, err := New(nil, Options{}); err == nil {
 			t.Error("nil limiter accepted")
 		}
-		if _, err := NewTransport(lim, TransportOptions{MaxPause: -1}); err == nil {
+		if _, err := New(lim, Options{MaxPause: -1}); err == nil {
 			t.Error("negative MaxPause accepted")
 		}
 		var got []string
-		tr, _ := NewTransport(lim, TransportOptions{
+		tr, _ := New(lim, Options{
 			Subject: func(r *http.Request) string { return r.Header.Get("X-Tenant") },
 			Base: roundTripFunc(func(r *http.Request) (*http.Response, error) {
 				got = append(got, r.Header.Get("X-Tenant"))
@@ -353,7 +355,7 @@ func TestTransportSubjectAndErrors(t *testing.T) {
 			t.Errorf("3 requests took %v (sent %v), want 1s", at(), got)
 		}
 		req, _ := http.NewRequest(http.MethodGet, "http://h/", nil)
-		if _, err := c.Do(req); !errors.Is(err, ErrInvalidSubject) {
+		if _, err := c.Do(req); !errors.Is(err, throttle.ErrInvalidSubject) {
 			t.Errorf("empty subject: %v, want ErrInvalidSubject", err)
 		}
 	})

@@ -1,13 +1,16 @@
-package throttle
+package httpthrottle
 
 import (
 	"context"
+	"errors"
 	"math"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
 // RateLimitInfo is what a response's rate-limit headers say about the
@@ -185,7 +188,7 @@ func learnedRule(interval time.Duration) string {
 // learned is the limit learned for one subject: a GCRA limiter in the
 // same Redis, so that every process that learned it shares one schedule.
 type learned struct {
-	lim      *Limiter
+	lim      *throttle.Limiter
 	interval time.Duration
 	until    time.Time
 	replaced chan struct{} // closed when another schedule replaces this one
@@ -195,17 +198,33 @@ type learned struct {
 type learner struct {
 	mu         sync.Mutex
 	bySubject  map[string]*learned
-	configured time.Duration // the configured limit's shortest interval per request
-	maxWait    time.Duration // TransportOptions.MaxLearnedWait
+	configured time.Duration // the configured limit's interval per request, once known (knowConfigured)
+	maxWait    time.Duration // Options.MaxLearnedWait
 }
 
-func newLearner(lim *Limiter, maxWait time.Duration) *learner {
-	l := &learner{bySubject: map[string]*learned{}, maxWait: maxWait}
-	for _, r := range lim.rules {
-		// The slowest rule bounds the steady rate.
-		l.configured = max(l.configured, r.Limit.Period/time.Duration(r.Limit.Count))
+func newLearner(maxWait time.Duration) *learner {
+	return &learner{bySubject: map[string]*learned{}, maxWait: maxWait}
+}
+
+// knowConfigured reads the configured limit's interval once, from the
+// state read the limiter answers for subject (AllowN of 0): the interval
+// of the rule it reports. With several rules that may be a faster one
+// than the slowest, which only keeps a learned limit that the slowest
+// rule would have made redundant: never one that loosens anything.
+func (l *learner) knowConfigured(ctx context.Context, lim *throttle.Limiter, subject string) {
+	l.mu.Lock()
+	known := l.configured > 0
+	l.mu.Unlock()
+	if known {
+		return
 	}
-	return l
+	res, err := lim.AllowN(ctx, subject, 0)
+	if err != nil || res.Limit.Count < 1 {
+		return
+	}
+	l.mu.Lock()
+	l.configured = res.Limit.Period / time.Duration(res.Limit.Count)
+	l.mu.Unlock()
 }
 
 // get returns what was learned for subject, or nil.
@@ -231,11 +250,11 @@ func (l *learner) get(subject string, now time.Time) *learned {
 func (l *learner) wait(ctx context.Context, subject string) error {
 	e := l.get(subject, time.Now())
 	for e != nil {
-		r, err := e.lim.Reserve(ctx, subject)
+		r, err := l.reserve(ctx, e.lim, subject)
 		if err != nil {
 			return err
 		}
-		timer := time.NewTimer(time.Until(r.TimeToAct()))
+		timer := time.NewTimer(r.Delay())
 		select {
 		case <-timer.C:
 			return nil
@@ -252,8 +271,29 @@ func (l *learner) wait(ctx context.Context, subject string) error {
 	return nil
 }
 
+// reserve books a slot on a learned schedule, bounded by MaxLearnedWait
+// as well as by ctx: past it, a *throttle.DelayError whose Deadline is
+// false (the bound is the transport's, not the caller's deadline).
+func (l *learner) reserve(ctx context.Context, lim *throttle.Limiter, subject string) (*throttle.Reservation, error) {
+	rctx, byMax := ctx, false
+	if l.maxWait > 0 {
+		if dl, ok := ctx.Deadline(); !ok || time.Until(dl) > l.maxWait {
+			var cancel context.CancelFunc
+			rctx, cancel = context.WithTimeout(ctx, l.maxWait)
+			defer cancel()
+			byMax = true
+		}
+	}
+	r, err := lim.ReserveN(rctx, subject, 1)
+	var de *throttle.DelayError
+	if byMax && errors.As(err, &de) && de.Deadline {
+		return nil, &throttle.DelayError{Rule: de.Rule, RetryAfter: de.RetryAfter}
+	}
+	return r, err
+}
+
 // cancel gives a learned slot back, after ctx may have ended.
-func (l *learner) cancel(ctx context.Context, r *Reservation) {
+func (l *learner) cancel(ctx context.Context, r *throttle.Reservation) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pauseTimeout)
 	defer cancel()
 	_ = r.Cancel(cctx)
@@ -270,7 +310,7 @@ func (l *learner) drop(subject string) {
 // set records that subject allows one request per interval; an interval
 // no longer than the configured limit's forgets what was learned (the
 // configured limit is never loosened, so it is enough).
-func (l *learner) set(base *Limiter, subject string, interval time.Duration, now time.Time) (changed bool) {
+func (l *learner) set(base *throttle.Limiter, subject string, interval time.Duration, now time.Time) (changed bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	e := l.bySubject[subject]
@@ -286,8 +326,7 @@ func (l *learner) set(base *Limiter, subject string, interval time.Duration, now
 		e.until = now.Add(learnedTTL)
 		return false
 	}
-	lim, err := New(base.rdb, Options{Prefix: base.prefix, FailOpen: base.opts.FailOpen, Logger: base.opts.Logger, OnRedisError: base.opts.OnRedisError, MaxWait: l.maxWait},
-		Rule{Name: learnedRule(interval), Algorithm: GCRA, Limit: Limit{Count: 1, Period: interval, Burst: 1}})
+	lim, err := base.With(throttle.Rule{Name: learnedRule(interval), Algorithm: throttle.GCRA, Limit: throttle.Limit{Count: 1, Period: interval, Burst: 1}})
 	if err != nil {
 		return false
 	}
@@ -341,9 +380,10 @@ func (t *Transport) learn(ctx context.Context, subject string, resp *http.Respon
 		return
 	}
 	interval := time.Duration(float64(time.Second) / (perSecond * LearnedMargin))
-	if interval > MaxPeriod {
-		interval = MaxPeriod
+	if interval > MaxPause {
+		interval = MaxPause
 	}
+	t.learner.knowConfigured(ctx, t.lim, subject)
 	if t.learner.set(t.lim, subject, interval, time.Now()) && t.onLearn != nil {
 		t.onLearn(subject, info)
 	}

@@ -1,0 +1,179 @@
+package throttle
+
+import (
+	"github.com/redis/go-redis/v9"
+
+	"fmt"
+	"time"
+)
+
+// A policy is a limiter's rules as the driver script sees them: each
+// rule's key name and arguments, and the script that decides them all
+// (lua/driver.lua documents KEYS, ARGV and the reply).
+type policy struct {
+	rules     []Rule
+	prefix    string
+	keyRules  []string // escaped rule names, the last part of each key
+	ruleArgs  []any    // per rule: algorithm, count, period µs, extra; a ticket follows each
+	script    *redis.Script
+	tolerance time.Duration // Admit's default: the tightest rule's interval, in [1ms, 1s]
+	buckets   bool          // every rule is a bucket: WaitN reserves; else window waits queue (window.go)
+}
+
+// newPolicy validates rules and builds their arguments; the script is
+// chosen by New, once it knows the rules are over one subject.
+func newPolicy(prefix string, rules []Rule) (policy, error) {
+	p := policy{rules: append([]Rule(nil), rules...), prefix: prefix, buckets: true, tolerance: time.Second}
+	if p.prefix == "" {
+		p.prefix = DefaultPrefix
+	}
+	seen := map[string]bool{}
+	for _, r := range p.rules {
+		if err := r.Validate(); err != nil {
+			return p, err
+		}
+		if seen[r.Name] {
+			return p, &ConfigError{Rule: r.Name, Field: "name", Reason: "is used by two rules of one limiter; rule names must be unique"}
+		}
+		seen[r.Name] = true
+		spec := r.Algorithm.spec()
+		extra := int64(r.Limit.Burst)
+		if spec.extra != nil {
+			extra = spec.extra(r)
+		}
+		count, period := int64(r.Limit.Count), r.Limit.Period.Microseconds()
+		if spec.bucket {
+			count, period = lowestTerms(count, period) // bucket.lua: exact times
+		}
+		p.keyRules = append(p.keyRules, escape(r.Name))
+		p.ruleArgs = append(p.ruleArgs, string(r.Algorithm), count, period, extra)
+		p.buckets = p.buckets && spec.bucket
+		p.tolerance = min(p.tolerance, r.Limit.interval())
+	}
+	p.tolerance = max(p.tolerance, time.Millisecond)
+	return p, nil
+}
+
+// op is an operation of the driver script (ARGV[1]), or another call the
+// limiter makes; it names the call in errors.
+type op string
+
+const (
+	opAllow   op = "allow"   // take n now, or nothing
+	opReserve op = "reserve" // book the earliest slot within a bound
+	opPrepay  op = "prepay"  // reserve, and record a receipt for it
+	opAdmit   op = "admit"   // redeem a booking or receipt, or take a new turn (admit.go)
+	opAtMost  op = "atmost"  // take what there is, up to n (state.go)
+	opRefund  op = "refund"  // give reservations back (refund.go)
+	opUndo    op = "undo"    // refund, even after the time to act (subjects.go)
+	opPause   op = "pause"   // hold every rule back until a time (pause.go)
+
+	opPaused      op = "paused"       // read a pause (paused.lua)
+	opReset       op = "reset"        // DEL a subject's keys (state.go)
+	opDropReceipt op = "drop receipt" // ZREM a cancelled receipt (prepay.go)
+)
+
+// failsOpen reports whether a failed call for o may be admitted anyway
+// (Options.FailOpen): its caller decides, and reports the error then.
+func (o op) failsOpen() bool { return o == opAllow || o == opReserve || o == opAdmit || o == opAtMost }
+
+// unbounded is the bound (ARGV[3]) the driver reads as none: a reserve
+// may book any slot.
+const unbounded int64 = -1
+
+// noBound is unbounded, boxed once: boxing an int64 outside 0..255
+// allocates, and allow sends it on every call.
+var noBound any = unbounded
+
+// request is one call's keys and arguments: the operation, n permits for
+// subject, the bound in µs (unbounded for none), and for a refund each
+// rule's ticket.
+func (p *policy) request(o op, subject string, n int, bound int64, tickets []string) ([]string, []any, error) {
+	if n < 0 {
+		return nil, nil, fmt.Errorf("throttle: n = %d permits: must not be negative (0 reads the state)", n)
+	}
+	for _, r := range p.rules {
+		if c := r.Limit.capacity(r.Algorithm); n > c {
+			return nil, nil, capacityError(r.Name, n, c)
+		}
+	}
+	enc, err := EncodeSubject(subject)
+	if err != nil {
+		return nil, nil, err
+	}
+	keys := make([]string, len(p.rules))
+	args := make([]any, 3, 3+5*len(p.rules))
+	args[0], args[1], args[2] = string(o), n, noBound
+	if bound != unbounded {
+		args[2] = bound
+	}
+	for i := range p.rules {
+		keys[i] = key(p.prefix, enc, p.keyRules[i])
+		ticket := ""
+		if tickets != nil {
+			ticket = tickets[i]
+		}
+		args = append(append(args, p.ruleArgs[4*i:4*i+4]...), ticket)
+	}
+	return keys, args, nil
+}
+
+// reply is the driver's answer to allow, reserve, prepay, admit and
+// atmost: {status, deciding rule (1-based), remaining, delay µs, reset
+// µs, Redis now µs, tickets…}; atmost adds the permits it took.
+type reply struct {
+	Result
+	status   int64 // ok (1/0), or admit's status (admit.go)
+	redisNow int64 // µs of Redis TIME when the script ran
+	raw      []any
+}
+
+// tickets returns the refund tickets of an admitted reply, one per rule;
+// nil if it has none (n = 0 charged nothing). Built on demand: Allow drops
+// them, and its hot path allocates only what go-redis needs.
+func (r reply) tickets(rules int) []string {
+	if len(r.raw) < 6+rules {
+		return nil
+	}
+	t := make([]string, rules)
+	for i := range t {
+		t[i], _ = r.raw[6+i].(string)
+	}
+	return t
+}
+
+// parse reads a reply; it fails only for one the driver cannot have sent.
+func (p *policy) parse(raw []any) (reply, error) {
+	if len(raw) < 6 {
+		return reply{}, badReply(raw)
+	}
+	var ints [6]int64
+	for i := range ints {
+		v, ok := raw[i].(int64)
+		if !ok {
+			return reply{}, badReply(raw)
+		}
+		ints[i] = v
+	}
+	decider := int(ints[1]) - 1
+	if decider < 0 || decider >= len(p.rules) {
+		return reply{}, badReply(raw)
+	}
+	return reply{
+		Result: Result{
+			Allowed:    ints[0] == 1,
+			Rule:       p.rules[decider].Name,
+			Limit:      p.rules[decider].Limit,
+			Remaining:  int(ints[2]),
+			RetryAfter: time.Duration(ints[3]) * time.Microsecond,
+			ResetAfter: time.Duration(ints[4]) * time.Microsecond,
+		},
+		status: ints[0], redisNow: ints[5], raw: raw,
+	}, nil
+}
+
+// badReply is the error for a reply the driver cannot have sent (built only
+// then: formatting a reply costs more than the rest of parsing it).
+func badReply(raw []any) error {
+	return fmt.Errorf("throttle: unexpected script reply %v", raw)
+}

@@ -1,0 +1,140 @@
+package throttle
+
+import (
+	"context"
+	"sync"
+)
+
+// A refunder holds the refunds of a limiter waiting for a call, by
+// escaped subject (undos apart: see refund).
+type refunder struct {
+	mu        sync.Mutex
+	bySubject map[string]*refundBatch
+}
+
+// refund gives back the permits of a reservation. Refunds of one subject
+// are sent together: one goroutine per subject makes the calls, each with
+// every refund that arrived while the previous call was out (up to
+// maxRefundBatch), so a storm of cancellations (a shutdown, a batch timing
+// out) costs a few round trips instead of one each, and does not queue for
+// the client's connections until the refunds time out. It returns when its
+// refund is made, or when ctx ends; the refund is then still made if Redis
+// answers. undo (rolling back the part of one subject when another's
+// rules refuse: subjects.go) gives the permits back even
+// after their time to act, which a Cancel does not (bucket.lua).
+func (l *Limiter) refund(ctx context.Context, subject string, n int, tickets []string, undo bool) error {
+	if _, _, err := l.request(opRefund, subject, n, unbounded, tickets); err != nil {
+		return err // bad input fails before it is queued
+	}
+	e := &refundEntry{ctx: ctx, n: n, tickets: tickets, done: make(chan struct{})}
+	// Cancels and undos of one subject go in separate batches (one op per
+	// call). An escaped subject holds no NUL, so the undo key, with a NUL
+	// in front, is never another subject's.
+	batchKey := escape(subject)
+	if undo {
+		batchKey = "\x00" + batchKey
+	}
+	rf := &l.refunds
+	rf.mu.Lock()
+	if rf.bySubject == nil {
+		rf.bySubject = map[string]*refundBatch{}
+	}
+	b, flushing := rf.bySubject[batchKey]
+	if !flushing {
+		b = &refundBatch{undo: undo}
+		rf.bySubject[batchKey] = b
+	}
+	b.pending = append(b.pending, e)
+	rf.mu.Unlock()
+	if !flushing {
+		go l.flushRefunds(batchKey, subject, b)
+	}
+	select {
+	case <-e.done:
+		return e.err
+	case <-ctx.Done():
+		return &redisError{op: opRefund, err: ctx.Err()}
+	}
+}
+
+// maxRefundBatch bounds the reservations one refund call gives back, and
+// so how long that script holds Redis.
+const maxRefundBatch = 256
+
+// refundBatch holds the refunds of one subject waiting for a call.
+type refundBatch struct {
+	pending []*refundEntry
+	undo    bool // op 'undo' rather than 'refund'
+}
+
+// refundEntry is one reservation to give back.
+type refundEntry struct {
+	ctx     context.Context // its caller's, for values; the call has its own deadline
+	n       int
+	tickets []string
+	done    chan struct{} // closed once err is set
+	err     error
+}
+
+// flushRefunds sends subject's pending refunds until there are none left;
+// batchKey is b's key in l.refunds.
+func (l *Limiter) flushRefunds(batchKey, subject string, b *refundBatch) {
+	rf := &l.refunds
+	for {
+		rf.mu.Lock()
+		batch := b.pending[:min(len(b.pending), maxRefundBatch)]
+		b.pending = b.pending[len(batch):]
+		if len(batch) == 0 {
+			delete(rf.bySubject, batchKey)
+			rf.mu.Unlock()
+			return
+		}
+		rf.mu.Unlock()
+		err := l.refundNow(subject, batch, b.undo)
+		for _, e := range batch {
+			e.err = err
+			close(e.done)
+		}
+	}
+}
+
+// refundNow gives back every reservation of batch in one script call,
+// bounded by refundTimeout.
+func (l *Limiter) refundNow(subject string, batch []*refundEntry, undo bool) error {
+	first := batch[0]
+	o := opRefund
+	if undo {
+		o = opUndo
+	}
+	keys, args, err := l.request(o, subject, first.n, unbounded, first.tickets)
+	if err != nil {
+		return err
+	}
+	// The pause key, so that the script can hold a running pause (pause.go),
+	// then each rule's record of cancelled reservations, so that refunds
+	// arriving in any order give back everything (prelude.lua); the other
+	// reservations follow the rules in ARGV (driver.lua).
+	keys = append(keys, l.pauseKey(subject))
+	enc := escape(subject)
+	for _, r := range l.keyRules {
+		keys = append(keys, key(l.prefix, enc, r+cancelledSuffix))
+	}
+	for _, e := range batch[1:] {
+		args = append(args, e.n)
+		for _, t := range e.tickets {
+			args = append(args, t)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(first.ctx), refundTimeout)
+	defer cancel()
+	_, err = l.exec(ctx, o, l.script, keys, args)
+	if err != nil && l.opts.OnRedisError != nil {
+		// A cancelled Wait drops this error (it returns ctx.Err()), so the
+		// hook is where a refund lost to Redis shows: once per refund
+		// (exec reported the first).
+		for range batch[1:] {
+			l.opts.OnRedisError(err.(*redisError).err, false)
+		}
+	}
+	return err
+}

@@ -1,0 +1,150 @@
+package throttle
+
+import (
+	"context"
+	"errors"
+)
+
+// Rules over several subjects. A rule with a Subject limits that subject
+// whatever the caller's: a global limit beside a per-tenant one. New
+// splits such a limiter into parts, one per subject in the order of their
+// first rule, each a Limiter over the rules of one subject; the parts are
+// acquired one after another and a request that a later part refuses
+// gives back what the earlier parts took (undo: even after their time to
+// act, since the caller never acted), so a refused request keeps nothing.
+
+// part is the rules of a limiter over one subject: the caller's (subject
+// "") or a fixed one.
+type part struct {
+	lim     *Limiter
+	subject string
+}
+
+// of returns the subject the part charges for a caller's subject.
+func (p part) of(subject string) string {
+	if p.subject == "" {
+		return subject
+	}
+	return p.subject
+}
+
+// errOneSubject is PrepayN's and AllowAtMost's error on a limiter whose
+// rules are over several subjects.
+var errOneSubject = errors.New("throttle: PrepayN and AllowAtMost need every rule over one subject (no Rule.Subject apart from the caller's)")
+
+// splitParts builds the parts of a limiter whose rules name subjects,
+// or returns nil if every rule is over the caller's subject.
+func splitParts(l *Limiter) ([]part, error) {
+	var order []string
+	bySubject := map[string][]Rule{}
+	for _, r := range l.rules {
+		s := r.Subject
+		if _, seen := bySubject[s]; !seen {
+			order = append(order, s)
+		}
+		r.Subject = ""
+		bySubject[s] = append(bySubject[s], r)
+	}
+	if len(order) == 1 && order[0] == "" {
+		return nil, nil
+	}
+	parts := make([]part, len(order))
+	for i, s := range order {
+		lim, err := New(l.rdb, l.opts, bySubject[s]...)
+		if err != nil {
+			return nil, err
+		}
+		parts[i] = part{lim: lim, subject: s}
+	}
+	return parts, nil
+}
+
+// allowParts is AllowN over the parts: every part grants n now, or none
+// keeps anything. The Result is the first refusing part's, or, if all
+// allowed, that of the part with the fewest remaining.
+func (l *Limiter) allowParts(ctx context.Context, subject string, n int) (Result, error) {
+	held := make([]*Reservation, 0, len(l.parts))
+	var best Result
+	for i, p := range l.parts {
+		res, r, err := p.lim.decide(ctx, opAllow, p.of(subject), n, unbounded, true)
+		if err != nil || !res.Allowed {
+			undoAll(ctx, held)
+			return res, err
+		}
+		held = append(held, r)
+		if i == 0 || res.Remaining < best.Remaining {
+			best = res
+		}
+	}
+	return best, nil
+}
+
+// acquireParts books n permits from every part without sleeping (bucket
+// parts reserve their slot; window parts wait their turn here) and
+// returns one reservation holding them all, to act at the latest slot.
+// If a part fails, the parts already held are given back.
+func (l *Limiter) acquireParts(ctx context.Context, subject string, n int, reserve bool) (*Reservation, error) {
+	held := make([]*Reservation, 0, len(l.parts))
+	for _, p := range l.parts {
+		var r *Reservation
+		var err error
+		if reserve {
+			r, err = p.lim.ReserveN(ctx, p.of(subject), n)
+		} else {
+			r, err = p.lim.acquire(ctx, p.of(subject), n)
+		}
+		if err != nil {
+			undoAll(ctx, held)
+			return nil, err
+		}
+		held = append(held, r)
+	}
+	return joinParts(l, subject, n, held), nil
+}
+
+// joinParts returns one reservation holding every part's, to act at the
+// latest of their times.
+func joinParts(l *Limiter, subject string, n int, held []*Reservation) *Reservation {
+	r := &Reservation{lim: l, subject: subject, n: n, parts: held, at: held[0].at}
+	for _, h := range held[1:] {
+		if h.at.After(r.at) {
+			r.at = h.at
+		}
+	}
+	return r
+}
+
+// admitParts is Admit over the parts. A caller over several subjects is
+// not booked: every part takes a new turn within req.Wait, or none keeps
+// anything and the request is Denied, with the delay of the part that
+// refused. A receipt or booking of the caller is not looked up.
+func (l *Limiter) admitParts(ctx context.Context, req AdmitRequest) (Admission, error) {
+	held := make([]*Reservation, 0, len(l.parts))
+	var last Admission
+	for _, p := range l.parts {
+		sub := req
+		sub.Subject, sub.ID, sub.Receipt, sub.BookAs = p.of(req.Subject), "", "", ""
+		a, err := p.lim.Admit(ctx, sub)
+		if err != nil || a.Status != Granted {
+			undoAll(ctx, held)
+			if err == nil {
+				a.Status, a.Reservation = Denied, nil
+			}
+			return a, err
+		}
+		held = append(held, a.Reservation)
+		if len(held) == 1 || a.At.After(last.At) {
+			last = a
+		}
+	}
+	last.Reservation = joinParts(l, req.Subject, req.N, held)
+	return last, nil
+}
+
+// undoAll gives back every reservation, even after ctx has ended, and
+// even after its time to act: the caller did not act on any.
+func undoAll(ctx context.Context, held []*Reservation) {
+	for _, r := range held {
+		r.cancelDetached(ctx, true)
+	}
+}
