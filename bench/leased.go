@@ -50,27 +50,30 @@ func defaultLeasedConfig() leasedConfig {
 
 // leasedCase is one row: an implementation, an operation, a fleet.
 type leasedCase struct {
-	Name      string           `json:"name"`
-	Impl      string           `json:"impl"`
-	Op        string           `json:"op"` // wait, or allow (sleeping RetryAfter after a denial)
-	LeaseMs   float64          `json:"local_lease_ms,omitempty"`
-	Events    []string         `json:"events,omitempty"` // joins, leaves, kills
-	Admitted  int              `json:"admitted"`
-	SteadyPS  float64          `json:"steady_permits_per_s"`
-	PerProc   []int            `json:"per_proc"`
-	Jain      float64          `json:"jain,omitempty"` // over processes that ran the whole time
-	Max1s     int              `json:"max_1s"`
-	Max100ms  int              `json:"max_100ms"`
-	Over1s    int              `json:"over_1s"` // Max1s - rate
-	OverPct   float64          `json:"over_1s_pct"`
-	Bound1s   int              `json:"bound_1s"` // burst + rate × (1 s + LocalLease): the documented bound
-	RedisCPU  float64          `json:"redis_cpu_us_per_permit"`
-	Scripts   float64          `json:"scripts_per_permit"`
-	ClientCPU float64          `json:"client_cpu_us_per_permit"`
-	Series    []int            `json:"series_100ms"`
-	Ops       map[string]int64 `json:"script_ops,omitempty"` // the driver's ops, by name; killed children's uncounted
-	Errors    int64            `json:"errors"`
-	FirstErr  string           `json:"first_error,omitempty"`
+	Name     string   `json:"name"`
+	Impl     string   `json:"impl"`
+	Op       string   `json:"op"` // wait, or allow (sleeping RetryAfter after a denial)
+	LeaseMs  float64  `json:"local_lease_ms,omitempty"`
+	Events   []string `json:"events,omitempty"` // joins, leaves, kills
+	Admitted int      `json:"admitted"`
+	SteadyPS float64  `json:"steady_permits_per_s"`
+	PerProc  []int    `json:"per_proc"`
+	Jain     float64  `json:"jain,omitempty"` // over processes that ran the whole time
+	Max1s    int      `json:"max_1s"`
+	Max100ms int      `json:"max_100ms"`
+	Over1s   int      `json:"over_1s"` // Max1s - rate
+	OverPct  float64  `json:"over_1s_pct"`
+	Bound1s  int      `json:"bound_1s"` // burst + rate × (1 s + LocalLease): the documented bound
+	// AfterKill1s is what the key admitted in the second after a child
+	// was killed (churn only): the rate, less what the dead one held.
+	AfterKill1s int              `json:"after_kill_1s,omitempty"`
+	RedisCPU    float64          `json:"redis_cpu_us_per_permit"`
+	Scripts     float64          `json:"scripts_per_permit"`
+	ClientCPU   float64          `json:"client_cpu_us_per_permit"`
+	Series      []int            `json:"series_100ms"`
+	Ops         map[string]int64 `json:"script_ops,omitempty"` // the driver's ops, by name; killed children's uncounted
+	Errors      int64            `json:"errors"`
+	FirstErr    string           `json:"first_error,omitempty"`
 }
 
 // leasedLow is the fallback check's result.
@@ -255,6 +258,11 @@ func runHotCase(ctx context.Context, exe string, rdb *redis.Client, c *leasedCas
 	c.OverPct = 100 * float64(c.Over1s) / float64(cfg.Rate)
 	c.Bound1s = cfg.Burst + int(float64(cfg.Rate)*(time.Second+time.Duration(c.LeaseMs*float64(time.Millisecond))).Seconds())
 	c.Series = histogram(all, sec/10, d.Nanoseconds()+sec/2)
+	for _, ch := range children {
+		if ch.killed {
+			c.AfterKill1s = countIn(all, ch.to.Nanoseconds(), (ch.to + time.Second).Nanoseconds())
+		}
+	}
 	whole := []int{}
 	for j, ch := range children {
 		if ch.from == 0 && ch.to == d && !ch.killed {
@@ -541,7 +549,8 @@ func renderLeased(run *leasedRun, rel string) string {
 	}
 	p("\n")
 	if ch := find("jobthrottle/gcra, leased Wait, churn"); ch != nil {
-		p("Churn: %s.\n\n", strings.Join(ch.Events, "; "))
+		p("Churn: %s. In the second after the kill the key admitted %d (the limit: %d): what the dead process held and never used is lost, at most two of its leases.\n\n",
+			strings.Join(ch.Events, "; "), ch.AfterKill1s, c.Rate)
 	}
 	for _, x := range run.Cases {
 		if len(x.Ops) > 0 && x.LeaseMs > 0 {
