@@ -631,9 +631,10 @@ func (q *leaser) await(ctx context.Context, k *leasedKey, r *leaseReq) error {
 func (q *leaser) renewIfLow(ctx context.Context, subject string, k *leasedKey, t time.Time) {
 	if !k.renewing {
 		// One lease, or what two round trips of lease calls take at the
-		// current demand, if more: the next lease comes before these run
-		// out.
-		low := max(float64(q.size(k, t)), 2*demand(k, t)*q.roundTrip().Seconds())
+		// current demand, if more (at most maxLease, so that a process
+		// never holds more than 2 × maxLease): the next lease comes before
+		// these run out.
+		low := max(float64(q.size(k, t)), min(2*demand(k, t)*q.roundTrip().Seconds(), float64(q.maxLease)))
 		if low >= minLease && float64(free(k)) < low {
 			q.renew(ctx, subject, k, t)
 		}
