@@ -101,13 +101,15 @@
 // A lease is sized from the process's demand r (permits asked for over
 // the last 100ms) and the rate R: the least of 2δ·R, δ·r/(1 − r/R) (what
 // arrivals at r can take before a slot is δ late) and δ·√(r·R)/4 (which
-// keeps processes that share the key even: their shares converge). A
-// lease of fewer than 4 permits is not taken: at a few permits a second,
-// every call is one exact decision in Redis, as without LocalLease. A
-// process renews when it holds less than one lease, and gives back the
-// unused tail of its leases once its requests stop; the bucket takes back
-// what no later reservation has followed (bucket.lua's refund), so under
-// contention a refund may give back nothing.
+// keeps processes that share the key even: their shares converge), or
+// what arrives during one lease call's round trip if that is more. A lease
+// of fewer than 4 permits is not taken: at a few permits a second, every
+// call is one exact decision in Redis, as without LocalLease. A process
+// asks for its next lease when it holds less than one (or than two round
+// trips of its demand), and gives back the unused tail of its leases once
+// its requests stop; the bucket takes back what no later reservation has
+// followed, as for a cancelled reservation, so under contention a refund
+// may give back nothing.
 //
 // Under a lease, Result.Remaining counts the leased permits this process
 // could hand out now, and a denied Allow's RetryAfter is when its next
