@@ -529,3 +529,35 @@ func TestLeasedBackends(t *testing.T) {
 		})
 	}
 }
+
+// A pause from this process drops the slots it leased: nothing it admits
+// falls inside the pause, and leasing resumes after it.
+func TestLeasedPauseDropsSlots(t *testing.T) {
+	virtual(t, func(t *testing.T, _ *redis.Client, m *miniredis.Miniredis) {
+		p := newProc(t, m, leasedRule)
+		var adm admissions
+		var wg sync.WaitGroup
+		waitLoop(t, &wg, p, 0, 16, 600*ms, &adm)
+		time.Sleep(300*ms - at())
+		if _, err := p.lim.PauseFor(context.Background(), "hot", 100*ms); err != nil {
+			t.Fatal(err)
+		}
+		paused := at()
+		wg.Wait()
+		in, after := 0, 0
+		for _, x := range adm.times {
+			switch {
+			case x > paused && x < paused+100*ms:
+				in++
+			case x >= paused+100*ms:
+				after++
+			}
+		}
+		// Waiters already sleeping on a slot before the pause keep it, as
+		// reservations do: at most the 16 of them.
+		if in > 16 || after < 20_000*150/1000 {
+			t.Fatalf("%d admitted inside the pause (want at most the 16 already waiting), %d after it", in, after)
+		}
+		t.Logf("inside the pause %d, after it %d", in, after)
+	})
+}
