@@ -19,9 +19,11 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/enqueue"
 	"github.com/jobthrottle/jobthrottle/httpthrottle"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/jobthrottle/jobthrottle/rules"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/jobthrottle/jobthrottle/worker"
 )
@@ -162,7 +164,7 @@ func TestTransportPausesFleet(t *testing.T) {
 func TestPacedBatchRunsAtItsSlots(t *testing.T) {
 	proc := redistest.Server(t)
 	prefix := redistest.Prefix(t)
-	cfg, err := worker.ParseConfig("rules.yaml", []byte(`prefix: "`+prefix+`"
+	cfg, err := rules.Parse("rules.yaml", []byte(`prefix: "`+prefix+`"
 rules:
   - name: partner
     tasks: ["paced:*"]
@@ -180,14 +182,14 @@ rules:
 
 	type start struct {
 		at   time.Time
-		wait worker.Wait
+		wait admission.Wait
 	}
 	var mu sync.Mutex
 	starts := map[int]start{}
 	allDone := make(chan struct{})
 	for range 2 {
 		rdb := proc.Client(t)
-		mw, err := cfg.Middleware(rdb, worker.WithLogger(slog.New(slog.DiscardHandler)))
+		mw, err := worker.FromRules(cfg, rdb, worker.Options{Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -196,7 +198,7 @@ rules:
 			if err := json.Unmarshal(task.Payload(), &p); err != nil {
 				t.Error(err)
 			}
-			w, _ := worker.WaitedFrom(ctx)
+			w, _ := admission.WaitedFrom(ctx)
 			mu.Lock()
 			defer mu.Unlock()
 			starts[p.I] = start{at: time.Now(), wait: w}

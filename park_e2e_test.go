@@ -21,7 +21,9 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/jobthrottle/jobthrottle/rules"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/jobthrottle/jobthrottle/worker"
 )
@@ -47,7 +49,7 @@ type parkFleet struct {
 type taskStart struct {
 	id, subject string
 	at          time.Time // handler start, local clock
-	wait        worker.Wait
+	wait        admission.Wait
 }
 
 func newParkFleet(t *testing.T) *parkFleet {
@@ -70,8 +72,8 @@ func (f *parkFleet) server(concurrency int, rule throttle.Rule, maxWait time.Dur
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	mw, err := worker.NewMiddleware([]worker.Rule{{Name: rule.Name, Tasks: []string{"job:*"}, Limiter: lim,
-		Subject: worker.PayloadField("tenant"), MaxWait: maxWait}}, worker.WithAsynq(rdb), worker.WithLogger(slog.New(slog.DiscardHandler)))
+	mw, err := worker.NewMiddleware([]worker.TaskRule{{Name: rule.Name, Tasks: []string{"job:*"}, Limiter: lim,
+		Subject: worker.PayloadField("tenant"), MaxWait: maxWait}}, worker.Options{Asynq: rdb, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -85,7 +87,7 @@ func (f *parkFleet) serve(rdb redis.UniversalClient, concurrency int, mw *worker
 	mux := asynq.NewServeMux()
 	mux.Use(mw.Wrap)
 	mux.HandleFunc("job:", func(ctx context.Context, task *asynq.Task) error {
-		w, _ := worker.WaitedFrom(ctx)
+		w, _ := admission.WaitedFrom(ctx)
 		id, _ := asynq.GetTaskID(ctx)
 		f.mu.Lock()
 		defer f.mu.Unlock()
@@ -351,7 +353,7 @@ func (c scriptCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 func TestParkSharedBudget(t *testing.T) {
 	t.Parallel()
 	f := newParkFleet(t)
-	cfg, err := worker.ParseConfig("rules.yaml", fmt.Appendf(nil, `prefix: %q
+	cfg, err := rules.Parse("rules.yaml", fmt.Appendf(nil, `prefix: %q
 budgets:
   - {name: smtp, algorithm: gcra, limit: 20, period: 1s, burst: 1}
 rules:
@@ -369,7 +371,7 @@ rules:
 	}
 	for range 2 {
 		rdb := f.proc.Client(t)
-		mw, err := cfg.Middleware(rdb, worker.WithAsynq(rdb), worker.WithLogger(slog.New(slog.DiscardHandler)))
+		mw, err := worker.FromRules(cfg, rdb, worker.Options{Asynq: rdb, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -392,7 +394,7 @@ rules:
 	}
 }
 
-// TestParkWithoutWakeups: a middleware without WithAsynq has no wake-up
+// TestParkWithoutWakeups: a middleware without Options.Asynq has no wake-up
 // ledger; a parked task is scheduled for the whole second before its turn
 // (asynq's resolution) and waits out the rest in its slot. 60 tasks at
 // 10/s on two workers: the turns keep the limit and no task spins.
@@ -407,8 +409,8 @@ func TestParkWithoutWakeups(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		mw, err := worker.NewMiddleware([]worker.Rule{{Name: "api", Tasks: []string{"job:*"}, Limiter: lim,
-			Subject: worker.PayloadField("tenant"), MaxWait: 200 * time.Millisecond, WaitSlots: 2}}, worker.WithLogger(slog.New(slog.DiscardHandler)))
+		mw, err := worker.NewMiddleware([]worker.TaskRule{{Name: "api", Tasks: []string{"job:*"}, Limiter: lim,
+			Subject: worker.PayloadField("tenant"), MaxWait: 200 * time.Millisecond, WaitSlots: 2}}, worker.Options{Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/jobthrottle/jobthrottle/worker"
@@ -41,11 +42,11 @@ func newFleet(t *testing.T) *fleet {
 
 // start starts n servers of the given concurrency whose middleware has
 // one rule over "job:*", built by rule on each server's own connection.
-func (f *fleet) start(n, concurrency int, rule func(rdb redis.UniversalClient) worker.Rule) {
+func (f *fleet) start(n, concurrency int, rule func(rdb redis.UniversalClient) worker.TaskRule) {
 	f.t.Helper()
 	for range n {
 		rdb := f.proc.Client(f.t)
-		mw, err := worker.NewMiddleware([]worker.Rule{rule(rdb)}, worker.WithAsynq(rdb))
+		mw, err := worker.NewMiddleware([]worker.TaskRule{rule(rdb)}, worker.Options{Asynq: rdb})
 		if err != nil {
 			f.t.Fatal(err)
 		}
@@ -163,13 +164,13 @@ func TestFleetSharesOneLimit(t *testing.T) {
 	prefix := redistest.Prefix(t)
 	var mu sync.Mutex
 	granted := map[string]time.Time{}
-	f.start(servers, concurrency, func(rdb redis.UniversalClient) worker.Rule {
+	f.start(servers, concurrency, func(rdb redis.UniversalClient) worker.TaskRule {
 		lim, err := throttle.New(rdb, throttle.Options{Prefix: prefix},
 			throttle.Rule{Name: "partner", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(rate).WithBurst(burst)})
 		if err != nil {
 			t.Fatal(err)
 		}
-		return worker.Rule{Name: "partner", Tasks: []string{"job:*"}, Limiter: slots{lim, &mu, granted}, Subject: worker.Fixed("partner"), MaxWait: 10 * time.Second}
+		return worker.TaskRule{Name: "partner", Tasks: []string{"job:*"}, Limiter: slots{lim, &mu, granted}, Subject: worker.Fixed("partner"), MaxWait: 10 * time.Second}
 	})
 	for range tasks {
 		if _, err := f.client.Enqueue(asynq.NewTask("job:call", nil), asynq.MaxRetry(3), asynq.Retention(time.Hour)); err != nil {
@@ -227,14 +228,14 @@ func TestParkedPastDeadlineRunsLater(t *testing.T) {
 	if res, err := setup.Allow(context.Background(), "acct"); err != nil || !res.Allowed {
 		t.Fatalf("taking the only permit: %+v, %v", res, err)
 	}
-	f.start(1, 2, func(rdb redis.UniversalClient) worker.Rule {
+	f.start(1, 2, func(rdb redis.UniversalClient) worker.TaskRule {
 		lim, err := throttle.New(rdb, throttle.Options{Prefix: prefix},
 			throttle.Rule{Name: "slow", Algorithm: throttle.GCRA, Limit: throttle.Limit{Count: 1, Period: slot, Burst: 1}})
 		if err != nil {
 			t.Fatal(err)
 		}
 		// No MaxWait: only the task's deadline bounds its wait.
-		return worker.Rule{Name: "slow", Tasks: []string{"job:*"}, Limiter: lim, Subject: worker.Fixed("acct")}
+		return worker.TaskRule{Name: "slow", Tasks: []string{"job:*"}, Limiter: lim, Subject: worker.Fixed("acct")}
 	})
 	start := time.Now()
 	info, err := f.client.Enqueue(asynq.NewTask("job:slow", nil), asynq.Timeout(time.Second), asynq.MaxRetry(2), asynq.Retention(time.Hour))
@@ -246,7 +247,7 @@ func TestParkedPastDeadlineRunsLater(t *testing.T) {
 		t.Errorf("ran %v after enqueueing, before its slot %v later", d, slot)
 	}
 	_, errs := f.ran()
-	var te *worker.ThrottledError
+	var te *admission.ThrottledError
 	if len(errs) != 1 || !errors.As(errs[0], &te) || !errors.Is(errs[0], worker.ErrParked) {
 		t.Fatalf("errors %v; want the task parked once, because its turn was past its 1s deadline", errs)
 	}

@@ -30,7 +30,7 @@ func ExampleGate() {
 	if err != nil {
 		panic(err)
 	}
-	gate, err := admission.New(lim, admission.Config{})
+	gate, err := admission.New(lim, admission.Options{})
 	if err != nil {
 		panic(err)
 	}

@@ -5,10 +5,16 @@
 // a cost, an ID and a deadline, and maps a Park decision back to asynq's
 // retry set and the wake-up ledger (Wakeups).
 //
-// Imports: throttle and go-redis only; it must not import asynq, worker or
-// enqueue.
+// It also owns what producers, workers and handlers must agree on, so
+// that none of them needs another's package: the task headers and the
+// wake-up key (protocol.go), and how a job says "come back later, this is
+// not a failure" (ThrottledError) and learns how it was admitted
+// (WaitedFrom).
 //
-//	gate, err := admission.New(lim, admission.Config{MaxWait: time.Second})
+// Imports: throttle and go-redis only; it must not import asynq, rules,
+// worker, enqueue or handler.
+//
+//	gate, err := admission.New(lim, admission.Options{MaxWait: time.Second})
 //	d, err := gate.Admit(ctx, admission.Request{Subject: "acct-42", ID: taskID})
 //	switch {
 //	case err != nil:
@@ -19,7 +25,7 @@
 //	run()
 //
 // A turn is booked once. A job that comes back early waits for it in place
-// (up to Config.EarlyWait); one that comes back later than the tolerance
+// (up to Options.EarlyWait); one that comes back later than the tolerance
 // takes a new turn, so a fleet that was stopped does not start its overdue
 // work all at once.
 package admission
@@ -34,22 +40,22 @@ import (
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
-// Defaults of Config.
+// Defaults of Options.
 const (
 	// DefaultMaxWait is how long a job waits where it is for a new turn
-	// when Config.MaxWait is zero.
+	// when Options.MaxWait is zero.
 	DefaultMaxWait = time.Second
 	// DefaultWaitSlots is how many jobs of one subject may wait in one
-	// process for a new turn when Config.WaitSlots is zero.
+	// process for a new turn when Options.WaitSlots is zero.
 	DefaultWaitSlots = 2
 	// DefaultEarlyWait is how long a job back early for its booked turn
 	// waits for it in place, whatever the waiting slots, when
-	// Config.EarlyWait is zero.
+	// Options.EarlyWait is zero.
 	DefaultEarlyWait = 500 * time.Millisecond
 )
 
-// Config tunes a Gate. The zero value uses every default.
-type Config struct {
+// Options tune a Gate. The zero value uses every default.
+type Options struct {
 	// MaxWait is the longest a job waits where it is (holding, say, a
 	// worker slot) for a new turn; a later turn is booked and the job
 	// parks. If zero, DefaultMaxWait; it never exceeds the context's
@@ -85,43 +91,43 @@ type Config struct {
 // Gate admits jobs under one throttle.Limiter. It is safe for concurrent
 // use.
 type Gate struct {
-	lim *throttle.Limiter
-	cfg Config
+	lim  *throttle.Limiter
+	opts Options
 
 	mu      sync.Mutex
 	waiting map[string]int // jobs holding a waiting slot, by subject
 }
 
 // New returns a Gate over lim. It returns an error naming the field if a
-// Config field is negative.
-func New(lim *throttle.Limiter, cfg Config) (*Gate, error) {
+// field of opts is negative.
+func New(lim *throttle.Limiter, opts Options) (*Gate, error) {
 	if lim == nil {
 		return nil, errors.New("admission: nil limiter")
 	}
 	switch {
-	case cfg.MaxWait < 0:
-		return nil, fmt.Errorf("admission: max_wait %v must not be negative", cfg.MaxWait)
-	case cfg.WaitSlots < 0:
-		return nil, fmt.Errorf("admission: wait_slots %d must not be negative", cfg.WaitSlots)
-	case cfg.EarlyWait < 0:
-		return nil, fmt.Errorf("admission: early_wait %v must not be negative", cfg.EarlyWait)
-	case cfg.Tolerance < 0:
-		return nil, fmt.Errorf("admission: tolerance %v must not be negative", cfg.Tolerance)
+	case opts.MaxWait < 0:
+		return nil, fmt.Errorf("admission: max_wait %v must not be negative", opts.MaxWait)
+	case opts.WaitSlots < 0:
+		return nil, fmt.Errorf("admission: wait_slots %d must not be negative", opts.WaitSlots)
+	case opts.EarlyWait < 0:
+		return nil, fmt.Errorf("admission: early_wait %v must not be negative", opts.EarlyWait)
+	case opts.Tolerance < 0:
+		return nil, fmt.Errorf("admission: tolerance %v must not be negative", opts.Tolerance)
 	}
-	if cfg.MaxWait == 0 {
-		cfg.MaxWait = DefaultMaxWait
+	if opts.MaxWait == 0 {
+		opts.MaxWait = DefaultMaxWait
 	}
-	if cfg.WaitSlots == 0 {
-		cfg.WaitSlots = DefaultWaitSlots
+	if opts.WaitSlots == 0 {
+		opts.WaitSlots = DefaultWaitSlots
 	}
-	if cfg.EarlyWait == 0 {
-		cfg.EarlyWait = DefaultEarlyWait
+	if opts.EarlyWait == 0 {
+		opts.EarlyWait = DefaultEarlyWait
 	}
-	return &Gate{lim: lim, cfg: cfg, waiting: map[string]int{}}, nil
+	return &Gate{lim: lim, opts: opts, waiting: map[string]int{}}, nil
 }
 
-// Config returns the gate's configuration, defaults filled in.
-func (g *Gate) Config() Config { return g.cfg }
+// Options returns the gate's options, defaults filled in.
+func (g *Gate) Options() Options { return g.opts }
 
 // Limiter returns the limiter the gate admits under.
 func (g *Gate) Limiter() *throttle.Limiter { return g.lim }
@@ -210,10 +216,10 @@ func (g *Gate) Admit(ctx context.Context, req Request) (Decision, error) {
 	// turn, so that a subject over its limit cannot keep every worker slot
 	// cycling through its own jobs while others queue behind them. A job
 	// back for a turn it already has may wait EarlyWait for it.
-	wait, early := time.Duration(0), g.cfg.EarlyWait
+	wait, early := time.Duration(0), g.opts.EarlyWait
 	if g.takeSlot(req.Subject) {
 		defer g.releaseSlot(req.Subject)
-		wait = g.cfg.MaxWait
+		wait = g.opts.MaxWait
 		early = max(early, wait)
 	}
 	byDeadline := false
@@ -229,7 +235,7 @@ func (g *Gate) Admit(ctx context.Context, req Request) (Decision, error) {
 	}
 	a, err := g.lim.Admit(ctx, throttle.AdmitRequest{
 		Subject: req.Subject, N: cost, ID: req.ID, Receipt: req.Receipt, BookAs: req.BookAs,
-		Wait: wait, EarlyWait: max(early, time.Microsecond), Tolerance: g.cfg.Tolerance,
+		Wait: wait, EarlyWait: max(early, time.Microsecond), Tolerance: g.opts.Tolerance,
 	})
 	if err != nil {
 		return Decision{}, err
@@ -269,7 +275,7 @@ const wakeSlack = 25 * time.Millisecond
 func (g *Gate) takeSlot(subject string) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.waiting[subject] >= g.cfg.WaitSlots || !g.cfg.Shared.take() {
+	if g.waiting[subject] >= g.opts.WaitSlots || !g.opts.Shared.take() {
 		return false
 	}
 	g.waiting[subject]++
@@ -279,13 +285,13 @@ func (g *Gate) takeSlot(subject string) bool {
 func (g *Gate) releaseSlot(subject string) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.cfg.Shared.release()
+	g.opts.Shared.release()
 	if g.waiting[subject]--; g.waiting[subject] <= 0 {
 		delete(g.waiting, subject)
 	}
 }
 
-// Slots is a bound on waiting jobs shared by several gates (Config.Shared):
+// Slots is a bound on waiting jobs shared by several gates (Options.Shared):
 // at most n of their jobs hold a waiting slot at once. A nil *Slots
 // bounds nothing. It is safe for concurrent use.
 type Slots struct {

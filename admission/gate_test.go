@@ -18,13 +18,13 @@ import (
 
 const ms = time.Millisecond
 
-func newGate(t *testing.T, rdb redis.UniversalClient, cfg Config, rule throttle.Rule) *Gate {
+func newGate(t *testing.T, rdb redis.UniversalClient, opts Options, rule throttle.Rule) *Gate {
 	t.Helper()
 	lim, err := throttle.New(rdb, throttle.Options{}, rule)
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := New(lim, cfg)
+	g, err := New(lim, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +39,7 @@ var gcra5 = throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle
 // that comes back at its turn runs at once on its booking.
 func TestGateParksABacklog(t *testing.T) {
 	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
-		g := newGate(t, rdb, Config{MaxWait: time.Second, WaitSlots: 2, EarlyWait: 100 * ms}, gcra5)
+		g := newGate(t, rdb, Options{MaxWait: time.Second, WaitSlots: 2, EarlyWait: 100 * ms}, gcra5)
 		ctx := context.Background()
 		start := time.Now()
 		var mu sync.Mutex
@@ -100,7 +100,7 @@ func TestGateParksABacklog(t *testing.T) {
 // MaxWait parks, while a job of another subject runs at once.
 func TestGateWaitSlots(t *testing.T) {
 	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
-		g := newGate(t, rdb, Config{MaxWait: 10 * time.Second, WaitSlots: 2, EarlyWait: 50 * ms}, gcra5)
+		g := newGate(t, rdb, Options{MaxWait: 10 * time.Second, WaitSlots: 2, EarlyWait: 50 * ms}, gcra5)
 		ctx := context.Background()
 		if d, err := g.Admit(ctx, Request{Subject: "hot", ID: "first"}); err != nil || d.Outcome != Run {
 			t.Fatalf("first: %+v %v", d, err)
@@ -137,7 +137,7 @@ func TestGateWaitSlots(t *testing.T) {
 // ctx.Err() and the turn is refunded, so the next job gets it.
 func TestGateCancelRefunds(t *testing.T) {
 	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
-		g := newGate(t, rdb, Config{}, gcra5)
+		g := newGate(t, rdb, Options{}, gcra5)
 		if _, err := g.Admit(context.Background(), Request{Subject: "s", ID: "a"}); err != nil {
 			t.Fatal(err)
 		}
@@ -168,15 +168,15 @@ func TestGateCancelRefunds(t *testing.T) {
 	})
 }
 
-func TestConfigErrors(t *testing.T) {
+func TestOptionsErrors(t *testing.T) {
 	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
 		lim, _ := throttle.New(rdb, throttle.Options{}, gcra5)
-		for _, cfg := range []Config{{MaxWait: -1}, {WaitSlots: -1}, {EarlyWait: -1}, {Tolerance: -1}} {
+		for _, cfg := range []Options{{MaxWait: -1}, {WaitSlots: -1}, {EarlyWait: -1}, {Tolerance: -1}} {
 			if _, err := New(lim, cfg); err == nil {
 				t.Errorf("New(%+v): no error", cfg)
 			}
 		}
-		if _, err := New(nil, Config{}); err == nil {
+		if _, err := New(nil, Options{}); err == nil {
 			t.Error("New(nil): no error")
 		}
 	})
@@ -188,7 +188,7 @@ func TestConfigErrors(t *testing.T) {
 func TestGateSharedSlots(t *testing.T) {
 	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
 		shared := NewSlots(2)
-		cfg := Config{MaxWait: 10 * time.Second, WaitSlots: 2, EarlyWait: 50 * ms, Shared: shared}
+		cfg := Options{MaxWait: 10 * time.Second, WaitSlots: 2, EarlyWait: 50 * ms, Shared: shared}
 		a := newGate(t, rdb, cfg, gcra5)
 		b := newGate(t, rdb, cfg, throttle.Rule{Name: "other", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(5).WithBurst(1)})
 		ctx := context.Background()
@@ -234,7 +234,7 @@ func TestGateSharedSlots(t *testing.T) {
 func TestGateNoWaitWithoutSlot(t *testing.T) {
 	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
 		rule := throttle.Rule{Name: "hot", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(50).WithBurst(1)}
-		g := newGate(t, rdb, Config{MaxWait: time.Second, WaitSlots: 2, EarlyWait: 500 * ms}, rule)
+		g := newGate(t, rdb, Options{MaxWait: time.Second, WaitSlots: 2, EarlyWait: 500 * ms}, rule)
 		ctx := context.Background()
 		var mu sync.Mutex
 		outcomes := map[Outcome]int{}

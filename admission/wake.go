@@ -35,7 +35,7 @@ var (
 	wakePopScript = redis.NewScript(wakePopSrc)
 )
 
-// Defaults of RunConfig.
+// Defaults of RunOptions.
 const (
 	// DefaultLead is how long before its turn a parked job is woken.
 	DefaultLead = 250 * time.Millisecond
@@ -85,10 +85,10 @@ func (w *Wakeups) Len(ctx context.Context) (int64, error) {
 	return w.rdb.ZCard(ctx, w.key).Result()
 }
 
-// RunConfig tunes Run. The zero value uses every default.
-type RunConfig struct {
+// RunOptions tunes Run. The zero value uses every default.
+type RunOptions struct {
 	// Lead is how long before its slot each job is woken. If zero,
-	// DefaultLead. Keep it below Config.EarlyWait, so that a job woken on
+	// DefaultLead. Keep it below Options.EarlyWait, so that a job woken on
 	// time waits for its turn instead of parking again.
 	Lead time.Duration
 	// Tick is the longest Run sleeps between looks. If zero, DefaultTick.
@@ -104,23 +104,23 @@ type RunConfig struct {
 // error matching ErrWakeLater, it is put back to be tried again one Tick
 // later. Run sleeps until the next wake-up is due, at most
 // Tick, so it costs Redis one small script call per Tick per process.
-func (w *Wakeups) Run(ctx context.Context, cfg RunConfig, wake func(ctx context.Context, member string) error) error {
-	if cfg.Lead <= 0 {
-		cfg.Lead = DefaultLead
+func (w *Wakeups) Run(ctx context.Context, opts RunOptions, wake func(ctx context.Context, member string) error) error {
+	if opts.Lead <= 0 {
+		opts.Lead = DefaultLead
 	}
-	if cfg.Tick <= 0 {
-		cfg.Tick = DefaultTick
+	if opts.Tick <= 0 {
+		opts.Tick = DefaultTick
 	}
 	report := func(err error) {
-		if cfg.OnError != nil && ctx.Err() == nil {
-			cfg.OnError(err)
+		if opts.OnError != nil && ctx.Err() == nil {
+			opts.OnError(err)
 		}
 	}
 	for ctx.Err() == nil {
-		members, next, redisNow, err := w.pop(ctx, cfg.Lead)
+		members, next, redisNow, err := w.pop(ctx, opts.Lead)
 		if err != nil {
 			report(err)
-			next = cfg.Tick
+			next = opts.Tick
 		}
 		// Wake concurrently: at a high rate one look takes many jobs, and
 		// waking them one round trip after another would make the last
@@ -136,7 +136,7 @@ func (w *Wakeups) Run(ctx context.Context, cfg RunConfig, wake func(ctx context.
 				if errors.Is(err, ErrWakeLater) {
 					// Not ready to be woken (still finishing its run,
 					// say): one tick later, on the Redis clock.
-					err = w.Add(ctx, m, redisNow.Add(cfg.Tick+cfg.Lead))
+					err = w.Add(ctx, m, redisNow.Add(opts.Tick+opts.Lead))
 				}
 				if err != nil {
 					report(err)
@@ -147,7 +147,7 @@ func (w *Wakeups) Run(ctx context.Context, cfg RunConfig, wake func(ctx context.
 		if len(members) == wakeBatch {
 			continue
 		}
-		sleep := cfg.Tick
+		sleep := opts.Tick
 		if next >= 0 && next < sleep {
 			sleep = next
 		}

@@ -37,7 +37,7 @@ func TestWakeupsOnce(t *testing.T) {
 		if ttl := m.TTL("test:{wakeups}"); ttl < time.Hour {
 			t.Errorf("ledger TTL %v, want at least an hour past the last wake-up", ttl)
 		}
-		cfg := RunConfig{Lead: 250 * ms, Tick: 50 * ms}
+		cfg := RunOptions{Lead: 250 * ms, Tick: 50 * ms}
 		var mu sync.Mutex
 		woken := map[string][]time.Time{}
 		later := Member("default", "task-7")

@@ -14,8 +14,8 @@ import (
 
 	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/enqueue"
+	"github.com/jobthrottle/jobthrottle/rules"
 	"github.com/jobthrottle/jobthrottle/throttle"
-	"github.com/jobthrottle/jobthrottle/worker"
 )
 
 // The backlog part measures issue 9's targets for parking, beside the
@@ -377,7 +377,7 @@ func runRestartCase(ctx context.Context, addr, mode string, cfg backlogConfig, l
 	if err != nil {
 		return nil, err
 	}
-	wakeups, err := admission.NewWakeups(f.admin, worker.WakeupsKey)
+	wakeups, err := admission.NewWakeups(f.admin, admission.WakeupsKey)
 	if err != nil {
 		return nil, err
 	}
@@ -385,7 +385,7 @@ func runRestartCase(ctx context.Context, addr, mode string, cfg backlogConfig, l
 		DownS: cfg.RestartDownS, Bound1s: cfg.RestartRate + 1}
 	t0 := time.Now()
 	batch := enqueue.Batch{Type: "job:call", Count: cfg.RestartTasks, Payloads: [][]byte{[]byte(`{"tenant":"acme"}`)},
-		Pacer: &enqueue.Pacer{Limiter: pacerLim, Subject: worker.PayloadField("tenant"), Wakeups: wakeups}}
+		Pacer: &enqueue.Pacer{Limiter: pacerLim, Subject: rules.SubjectConfig{PayloadField: "tenant"}.Of, Wakeups: wakeups}}
 	if _, err := batch.Run(ctx, f.cli); err != nil {
 		return nil, err
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/jobthrottle/jobthrottle/worker"
 )
@@ -182,9 +183,9 @@ func (f *fleet) startOne() error {
 	if f.spec.mode == modeDeferral {
 		waiter = waitOnly{lim}
 	}
-	mw, err := worker.NewMiddleware([]worker.Rule{{Name: f.spec.rule.Name, Tasks: []string{"job:*"}, Limiter: waiter,
+	mw, err := worker.NewMiddleware([]worker.TaskRule{{Name: f.spec.rule.Name, Tasks: []string{"job:*"}, Limiter: waiter,
 		Subject: worker.PayloadField("tenant"), MaxWait: f.spec.maxWait}},
-		worker.WithAsynq(rdb), worker.WithLogger(slog.New(slog.DiscardHandler)))
+		worker.Options{Asynq: rdb, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		rdb.Close()
 		limRDB.Close()
@@ -199,7 +200,7 @@ func (f *fleet) startOne() error {
 	}, mw.Wrap)
 	mux.HandleFunc("job:", func(ctx context.Context, t *asynq.Task) error {
 		at := time.Now()
-		w, _ := worker.WaitedFrom(ctx)
+		w, _ := admission.WaitedFrom(ctx)
 		id, _ := asynq.GetTaskID(ctx)
 		f.mu.Lock()
 		f.starts = append(f.starts, taskStart{id: id, subject: w.Subject, at: at, turn: w.Turn, redeemed: w.Redeemed})
@@ -223,7 +224,7 @@ func (f *fleet) startOne() error {
 }
 
 func (f *fleet) handleError(_ context.Context, _ *asynq.Task, err error) {
-	var te *worker.ThrottledError
+	var te *admission.ThrottledError
 	switch {
 	case errors.Is(err, worker.ErrParked):
 		f.parks.Add(1)

@@ -2,12 +2,19 @@
 // the source: each task's slot is booked in the same Redis ledger the
 // workers' throttle rules use (throttle.Limiter.PrepayN), the task is
 // scheduled for that slot (asynq.ProcessAt) and carries the booking's
-// receipt (worker.ReceiptHeader), which the worker middleware redeems
+// receipt (admission.ReceiptHeader), which the worker middleware redeems
 // instead of charging the rule again. The batch arrives paced; workers do
 // not wait for permits and nothing is counted twice.
 //
 // Schedules run such batches on cron schedules (robfig/cron), with a
 // policy for firings that overlap. cmd/enqueue is the command line.
+//
+// It owns the producer side: batches, schedules and the schedules file,
+// and Pacer (one task at a time, for a web handler). It reads the workers'
+// rules file with package rules and shares the header names and the
+// wake-up ledger with them through package admission. Imports: asynq,
+// robfig/cron, throttle, admission and rules; it must not import worker or
+// handler, so a producer does not link the worker's middleware.
 package enqueue
 
 import (
@@ -22,7 +29,6 @@ import (
 
 	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/throttle"
-	"github.com/jobthrottle/jobthrottle/worker"
 )
 
 // Enqueuer is the part of *asynq.Client a batch needs.
@@ -38,15 +44,17 @@ type Pacer struct {
 	// prefix, same rule names. Only token_bucket and gcra rules can book
 	// ahead. Its MaxWait must be zero (or longer than the batch takes).
 	Limiter *throttle.Limiter
-	// Subject derives a task's subject as the workers do.
-	Subject worker.Subject
-	// Cost derives a task's permits as the workers do (the rule's cost);
-	// if nil, one. A task of cost 0 is enqueued unpaced: the workers run
-	// it without charging.
-	Cost worker.Cost
+	// Subject derives a task's subject from its payload as the workers do:
+	// the rule's rules.SubjectConfig.Of, such as
+	// rules.SubjectConfig{PayloadField: "account_id"}.Of. Required.
+	Subject func(payload []byte) (string, error)
+	// Cost derives a task's permits from its payload as the workers do
+	// (the rule's rules.CostConfig.Of); if nil, one. A task of cost 0 is
+	// enqueued unpaced: the workers run it without charging.
+	Cost func(payload []byte) (int, error)
 	// Keep is how long a receipt outlives its slot, for a task that runs
 	// late; a task later than that is charged again. If zero,
-	// throttle.DefaultReceiptKeep is used.
+	// throttle's default, 24 hours, is used (Limiter.PrepayN).
 	Keep time.Duration
 	// Lead schedules each task this long before its slot. asynq keeps
 	// ProcessAt in whole seconds (rounded down) and moves due tasks to
@@ -58,8 +66,8 @@ type Pacer struct {
 	// are scheduled for their slot. Ignored with Wakeups.
 	Lead time.Duration
 	// Wakeups, if set, is the workers' wake-up ledger (on the asynq
-	// Redis, at worker.WakeupsKey): each task is recorded there for its
-	// slot, so that a worker with worker.WithAsynq moves it to pending just
+	// Redis, at admission.WakeupsKey): each task is recorded there for its
+	// slot, so that a worker with worker.Options.Asynq moves it to pending just
 	// before the slot, and asynq's own schedule (the whole second after the
 	// slot) is only a fallback. Tasks then start on their slots, spread over
 	// each second, instead of together at its start.
@@ -67,7 +75,7 @@ type Pacer struct {
 }
 
 // Enqueue books task's slot, schedules it for that slot with its receipt
-// (worker.ReceiptHeader) and enqueues it through c, with opts (do not set
+// (admission.ReceiptHeader) and enqueues it through c, with opts (do not set
 // ProcessAt or ProcessIn): one call for a producer that enqueues a task
 // at a time, such as a web handler. A task whose enqueueing fails gives
 // its slot back. The task's own headers are kept.
@@ -78,7 +86,7 @@ func (p *Pacer) Enqueue(ctx context.Context, c Enqueuer, task *asynq.Task, opts 
 
 // enqueue is Enqueue, also returning the slot (local time).
 func (p *Pacer) enqueue(ctx context.Context, c Enqueuer, task *asynq.Task, opts []asynq.Option) (*asynq.TaskInfo, time.Time, error) {
-	subject, err := p.Subject(task)
+	subject, err := p.Subject(task.Payload())
 	if err == nil && subject == "" {
 		err = errors.New("the subject is empty")
 	}
@@ -87,7 +95,7 @@ func (p *Pacer) enqueue(ctx context.Context, c Enqueuer, task *asynq.Task, opts 
 	}
 	n := 1
 	if p.Cost != nil {
-		if n, err = p.Cost(task); err != nil {
+		if n, err = p.Cost(task.Payload()); err != nil {
 			return nil, time.Time{}, fmt.Errorf("cost: %w", err)
 		}
 		if n == 0 {
@@ -106,9 +114,9 @@ func (p *Pacer) enqueue(ctx context.Context, c Enqueuer, task *asynq.Task, opts 
 		headers = map[string]string{}
 	}
 	receipt, slot := r.Receipt()
-	headers[worker.ReceiptHeader] = receipt
-	if headers[worker.EnqueuedHeader] == "" { // a Batch stamps its tasks itself
-		headers[worker.EnqueuedHeader] = strconv.FormatInt(time.Now().UnixMicro(), 10)
+	headers[admission.ReceiptHeader] = receipt
+	if headers[admission.EnqueuedHeader] == "" { // a Batch stamps its tasks itself
+		headers[admission.EnqueuedHeader] = strconv.FormatInt(time.Now().UnixMicro(), 10)
 	}
 	due := time.Now().Add(r.Delay())
 	at := due.Add(-p.Lead)
@@ -160,8 +168,8 @@ type Enqueued struct {
 	Paced bool
 }
 
-// Result sums up a batch run.
-type Result struct {
+// Summary sums up a batch run.
+type Summary struct {
 	Enqueued int       // tasks enqueued, even when Run fails part way
 	LastDue  time.Time // when the last enqueued task is due
 }
@@ -205,12 +213,12 @@ func (b *Batch) payload(i int) []byte {
 // Run enqueues the batch through c, in order. A paced task books its slot
 // first (one Redis round trip) and is cancelled (its permit refunded) if
 // enqueueing it fails. Run stops at the first error, leaving the tasks
-// already enqueued in place: Result.Enqueued says how many. ctx's
+// already enqueued in place: Summary.Enqueued says how many. ctx's
 // cancellation stops the batch between two tasks; its deadline does not
 // bound how far ahead a paced task is booked (the Pacer's limiter MaxWait
 // does, if set).
-func (b *Batch) Run(ctx context.Context, c Enqueuer) (Result, error) {
-	var res Result
+func (b *Batch) Run(ctx context.Context, c Enqueuer) (Summary, error) {
+	var res Summary
 	if err := b.Validate(); err != nil {
 		return res, err
 	}
@@ -236,7 +244,7 @@ func (b *Batch) Run(ctx context.Context, c Enqueuer) (Result, error) {
 
 func (b *Batch) enqueue(ctx context.Context, c Enqueuer, i, n int) (Enqueued, error) {
 	e := Enqueued{Index: i, Count: n, Due: time.Now()}
-	task := asynq.NewTaskWithHeaders(b.Type, b.payload(i), map[string]string{worker.EnqueuedHeader: strconv.FormatInt(e.Due.UnixMicro(), 10)})
+	task := asynq.NewTaskWithHeaders(b.Type, b.payload(i), map[string]string{admission.EnqueuedHeader: strconv.FormatInt(e.Due.UnixMicro(), 10)})
 	var info *asynq.TaskInfo
 	var err error
 	if b.Pacer != nil {

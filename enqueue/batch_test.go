@@ -17,8 +17,8 @@ import (
 
 	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/jobthrottle/jobthrottle/rules"
 	"github.com/jobthrottle/jobthrottle/throttle"
-	"github.com/jobthrottle/jobthrottle/worker"
 )
 
 // virtual runs f in a synctest bubble with a miniredis inside it, so Redis
@@ -83,7 +83,7 @@ func TestBatchPaced(t *testing.T) {
 		var seen []Enqueued
 		b := Batch{
 			Type: "email:send", Count: 10, Payloads: [][]byte{[]byte(`{"to":"x"}`)},
-			Pacer:      &Pacer{Limiter: newLimiter(t, rdb, apiRule), Subject: worker.Fixed("acme")},
+			Pacer:      &Pacer{Limiter: newLimiter(t, rdb, apiRule), Subject: rules.SubjectConfig{Fixed: "acme"}.Of},
 			Options:    []asynq.Option{asynq.Queue("mail")},
 			OnEnqueued: func(e Enqueued) { seen = append(seen, e) },
 		}
@@ -105,7 +105,7 @@ func TestBatchPaced(t *testing.T) {
 			if seen[i].Index != i || seen[i].Count != 10 || !seen[i].Paced || !seen[i].Due.Equal(want) || seen[i].ID == "" {
 				t.Errorf("OnEnqueued %d: %+v", i, seen[i])
 			}
-			receipt := e.task.Headers()[worker.ReceiptHeader]
+			receipt := e.task.Headers()[admission.ReceiptHeader]
 			a, err := w.Admit(ctx, throttle.AdmitRequest{Subject: "acme", N: 1, Receipt: receipt, Wait: -1, Tolerance: time.Hour})
 			d, ok := a.Delay, a.Status == throttle.Redeemed
 			if err != nil || !ok || d != want.Sub(start) {
@@ -127,7 +127,7 @@ func TestBatchSubjectPerPayload(t *testing.T) {
 		b := Batch{
 			Type:     "sync",
 			Payloads: [][]byte{[]byte(`{"t":"a"}`), []byte(`{"t":"b"}`), []byte(`{"t":"a"}`), []byte(`{"t":"b"}`)},
-			Pacer:    &Pacer{Limiter: newLimiter(t, rdb, apiRule), Subject: worker.PayloadField("t")},
+			Pacer:    &Pacer{Limiter: newLimiter(t, rdb, apiRule), Subject: rules.SubjectConfig{PayloadField: "t"}.Of},
 		}
 		start := time.Now()
 		if _, err := b.Run(context.Background(), c); err != nil {
@@ -151,9 +151,9 @@ func TestBatchUnpaced(t *testing.T) {
 		t.Fatalf("Run = %+v, %v", res, err)
 	}
 	for i, e := range c.tasks {
-		us, err := strconv.ParseInt(e.task.Headers()[worker.EnqueuedHeader], 10, 64)
+		us, err := strconv.ParseInt(e.task.Headers()[admission.EnqueuedHeader], 10, 64)
 		if err != nil || time.Since(time.UnixMicro(us)) > time.Minute || time.Since(time.UnixMicro(us)) < 0 {
-			t.Errorf("task %d: %s header %q; want the enqueue time", i, worker.EnqueuedHeader, e.task.Headers()[worker.EnqueuedHeader])
+			t.Errorf("task %d: %s header %q; want the enqueue time", i, admission.EnqueuedHeader, e.task.Headers()[admission.EnqueuedHeader])
 		}
 		if !e.processAt.IsZero() || len(e.task.Headers()) != 1 || e.task.Payload() != nil {
 			t.Errorf("task %d: ProcessAt %v, headers %v, payload %q; want none but the enqueue time", i, e.processAt, e.task.Headers(), e.task.Payload())
@@ -172,7 +172,7 @@ func TestBatchEnqueueFailureRefunds(t *testing.T) {
 			return nil
 		}}
 		lim := newLimiter(t, rdb, apiRule)
-		b := Batch{Type: "t", Count: 5, Pacer: &Pacer{Limiter: lim, Subject: worker.Fixed("s")}}
+		b := Batch{Type: "t", Count: 5, Pacer: &Pacer{Limiter: lim, Subject: rules.SubjectConfig{Fixed: "s"}.Of}}
 		res, err := b.Run(context.Background(), c)
 		if !errors.Is(err, boom) || res.Enqueued != 2 {
 			t.Fatalf("Run = %+v, %v; want 2 enqueued and boom", res, err)
@@ -195,7 +195,7 @@ func TestBatchValidate(t *testing.T) {
 		{"negative count", Batch{Type: "t", Count: -1}},
 		{"nothing to enqueue", Batch{Type: "t"}},
 		{"count above payloads", Batch{Type: "t", Count: 3, Payloads: [][]byte{nil, nil}}},
-		{"pacer without limiter", Batch{Type: "t", Count: 1, Pacer: &Pacer{Subject: worker.Fixed("s")}}},
+		{"pacer without limiter", Batch{Type: "t", Count: 1, Pacer: &Pacer{Subject: rules.SubjectConfig{Fixed: "s"}.Of}}},
 		{"pacer without subject", Batch{Type: "t", Count: 1, Pacer: &Pacer{Limiter: lim}}},
 	}
 	for _, c := range cases {
@@ -211,7 +211,7 @@ func TestBatchBadSubject(t *testing.T) {
 	virtual(t, func(t *testing.T, rdb *redis.Client) {
 		c := &fakeClient{}
 		b := Batch{Type: "t", Payloads: [][]byte{[]byte(`{"t":"a"}`), []byte(`{}`)},
-			Pacer: &Pacer{Limiter: newLimiter(t, rdb, apiRule), Subject: worker.PayloadField("t")}}
+			Pacer: &Pacer{Limiter: newLimiter(t, rdb, apiRule), Subject: rules.SubjectConfig{PayloadField: "t"}.Of}}
 		res, err := b.Run(context.Background(), c)
 		if err == nil || res.Enqueued != 1 {
 			t.Fatalf("Run = %+v, %v; want 1 enqueued, then an error", res, err)
@@ -224,7 +224,7 @@ func TestBatchBadSubject(t *testing.T) {
 func TestBatchLead(t *testing.T) {
 	virtual(t, func(t *testing.T, rdb *redis.Client) {
 		c := &fakeClient{}
-		b := Batch{Type: "t", Count: 3, Pacer: &Pacer{Limiter: newLimiter(t, rdb, apiRule), Subject: worker.Fixed("s"), Lead: 300 * time.Millisecond}}
+		b := Batch{Type: "t", Count: 3, Pacer: &Pacer{Limiter: newLimiter(t, rdb, apiRule), Subject: rules.SubjectConfig{Fixed: "s"}.Of, Lead: 300 * time.Millisecond}}
 		start := time.Now()
 		res, err := b.Run(context.Background(), c)
 		if err != nil {
@@ -252,11 +252,11 @@ func TestBatchLead(t *testing.T) {
 func TestPacerEnqueueWakeups(t *testing.T) {
 	virtual(t, func(t *testing.T, rdb *redis.Client) {
 		ctx := context.Background()
-		w, err := admission.NewWakeups(rdb, worker.WakeupsKey)
+		w, err := admission.NewWakeups(rdb, admission.WakeupsKey)
 		if err != nil {
 			t.Fatal(err)
 		}
-		p := &Pacer{Limiter: newLimiter(t, rdb, apiRule), Subject: worker.Fixed("s"), Wakeups: w}
+		p := &Pacer{Limiter: newLimiter(t, rdb, apiRule), Subject: rules.SubjectConfig{Fixed: "s"}.Of, Wakeups: w}
 		c := &fakeClient{}
 		start := time.Now()
 		for i := range 3 {
@@ -266,14 +266,14 @@ func TestPacerEnqueueWakeups(t *testing.T) {
 				t.Fatalf("Enqueue %d: %v, %v", i, info, err)
 			}
 		}
-		entries, err := rdb.ZRangeWithScores(ctx, worker.WakeupsKey, 0, -1).Result()
+		entries, err := rdb.ZRangeWithScores(ctx, admission.WakeupsKey, 0, -1).Result()
 		if err != nil || len(entries) != 3 {
 			t.Fatalf("ledger %v, %v; want 3 wake-ups", entries, err)
 		}
 		for i, e := range c.tasks {
 			slot := time.Duration(i) * 50 * time.Millisecond
 			h := e.task.Headers()
-			if h["trace"] != fmt.Sprint(i) || h[worker.ReceiptHeader] == "" || e.queue != "low" {
+			if h["trace"] != fmt.Sprint(i) || h[admission.ReceiptHeader] == "" || e.queue != "low" {
 				t.Errorf("task %d: headers %v, queue %q; want its own header, a receipt, queue low", i, h, e.queue)
 			}
 			if got := e.processAt.Sub(start); got != slot+time.Second {
@@ -292,7 +292,7 @@ func TestPacerEnqueueWakeups(t *testing.T) {
 func TestPacerCost(t *testing.T) {
 	virtual(t, func(t *testing.T, rdb *redis.Client) {
 		rule := throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(20).WithBurst(5)}
-		p := &Pacer{Limiter: newLimiter(t, rdb, rule), Subject: worker.Fixed("s"), Cost: worker.PayloadCost("n")}
+		p := &Pacer{Limiter: newLimiter(t, rdb, rule), Subject: rules.SubjectConfig{Fixed: "s"}.Of, Cost: rules.CostConfig{PayloadField: "n"}.Of}
 		c := &fakeClient{}
 		start := time.Now()
 		for _, n := range []int{4, 2, 0} {
@@ -306,7 +306,7 @@ func TestPacerCost(t *testing.T) {
 		if got := c.tasks[1].processAt.Sub(start); got != 50*time.Millisecond {
 			t.Errorf("2 more: scheduled +%v, want +50ms (one interval past the burst)", got)
 		}
-		if e := c.tasks[2]; !e.processAt.IsZero() || e.task.Headers()[worker.ReceiptHeader] != "" {
+		if e := c.tasks[2]; !e.processAt.IsZero() || e.task.Headers()[admission.ReceiptHeader] != "" {
 			t.Errorf("cost 0: %+v; want unpaced, no receipt", e)
 		}
 		if _, err := p.Enqueue(context.Background(), c, asynq.NewTask("t", []byte(`{"n": "x"}`))); err == nil || !strings.Contains(err.Error(), "cost") {

@@ -3,7 +3,6 @@ package enqueue
 import (
 	"errors"
 	"fmt"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -11,8 +10,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobthrottle/jobthrottle/admission"
+	"github.com/jobthrottle/jobthrottle/internal/yamlfile"
+	"github.com/jobthrottle/jobthrottle/rules"
 	"github.com/jobthrottle/jobthrottle/throttle"
-	"github.com/jobthrottle/jobthrottle/worker"
 )
 
 // PaceSpec names the ledger a batch is paced in: a rule of the workers'
@@ -23,26 +23,26 @@ import (
 // receipt under the same prefix, subject and rule names: an inline rule
 // that differs from the workers' makes every task be charged twice.
 type PaceSpec struct {
-	// Rules is the workers' rules file (worker.LoadConfig). If set, the
+	// Rules is the workers' rules file (rules.Load). If set, the
 	// batch is paced under the rule the workers apply to its task type
 	// (Config.RuleFor); Rule, if also set, must name that rule.
-	Rules *worker.Config
+	Rules *rules.Config
 	// Rule is the rule's name: with Rules, a check; inline, the name the
 	// workers' rules file gives the rule (the last part of its Redis key).
 	Rule string
 
 	// Inline, when Rules is nil: the workers' rule.
-	Prefix    string               // key prefix; if empty, throttle.DefaultPrefix
-	Algorithm throttle.Algorithm   // if zero, GCRA
-	Limit     throttle.Limit       // count per period, burst
-	Subject   worker.SubjectConfig // exactly one of Fixed and PayloadField
+	Prefix    string              // key prefix; if empty, throttle.DefaultPrefix
+	Algorithm throttle.Algorithm  // if zero, GCRA
+	Limit     throttle.Limit      // count per period, burst
+	Subject   rules.SubjectConfig // exactly one of Fixed and PayloadField
 
 	// Keep is how long a receipt outlives its slot (Pacer.Keep).
 	Keep time.Duration
 	// Lead schedules each task this long before its slot (Pacer.Lead),
 	// for workers without wake-ups. If zero, each task is recorded in the
-	// workers' wake-up ledger (worker.WakeupsKey on the same Redis,
-	// Pacer.Wakeups) instead, which workers with worker.WithAsynq (as
+	// workers' wake-up ledger (admission.WakeupsKey on the same Redis,
+	// Pacer.Wakeups) instead, which workers with worker.Options.Asynq (as
 	// cmd/worker runs) use to start it on its slot.
 	Lead time.Duration
 }
@@ -53,7 +53,7 @@ func (s *PaceSpec) wakeups(rdb redis.UniversalClient) (*admission.Wakeups, error
 	if s.Lead > 0 {
 		return nil, nil
 	}
-	return admission.NewWakeups(rdb, worker.WakeupsKey)
+	return admission.NewWakeups(rdb, admission.WakeupsKey)
 }
 
 // Pacer builds the Pacer for batches of taskType on rdb. base supplies the
@@ -62,8 +62,8 @@ func (s *PaceSpec) Pacer(rdb redis.UniversalClient, taskType string, base thrott
 	if s.Rules != nil {
 		return s.rulesPacer(rdb, taskType, base)
 	}
-	if !nameRE.MatchString(s.Rule) {
-		return nil, fmt.Errorf("enqueue: pace rule name %q: use the name of the workers' rule (%s)", s.Rule, nameRule)
+	if !yamlfile.ValidName(s.Rule) {
+		return nil, fmt.Errorf("enqueue: pace rule name %q: use the name of the workers' rule (%s)", s.Rule, yamlfile.NameRule)
 	}
 	algo := s.Algorithm
 	if algo == "" {
@@ -85,7 +85,7 @@ func (s *PaceSpec) Pacer(rdb redis.UniversalClient, taskType string, base thrott
 	if err != nil {
 		return nil, fmt.Errorf("enqueue: pace: %w", err)
 	}
-	return &Pacer{Limiter: lim, Subject: s.Subject.Subject(), Keep: s.Keep, Lead: s.Lead, Wakeups: w}, nil
+	return &Pacer{Limiter: lim, Subject: s.Subject.Of, Keep: s.Keep, Lead: s.Lead, Wakeups: w}, nil
 }
 
 func (s *PaceSpec) rulesPacer(rdb redis.UniversalClient, taskType string, base throttle.Options) (*Pacer, error) {
@@ -101,12 +101,12 @@ func (s *PaceSpec) rulesPacer(rdb redis.UniversalClient, taskType string, base t
 	if err != nil {
 		return nil, fmt.Errorf("enqueue: pace: %w", err)
 	}
-	return &Pacer{Limiter: lim, Subject: rc.Subject.Subject(), Cost: rc.Cost.Cost(), Keep: s.Keep, Lead: s.Lead, Wakeups: w}, nil
+	return &Pacer{Limiter: lim, Subject: rc.Subject.Of, Cost: rc.Cost.Of, Keep: s.Keep, Lead: s.Lead, Wakeups: w}, nil
 }
 
 // rule returns the rule of s.Rules that the workers apply to taskType,
 // checking that it agrees with s.Rule.
-func (s *PaceSpec) rule(taskType string) (worker.RuleConfig, error) {
+func (s *PaceSpec) rule(taskType string) (rules.RuleConfig, error) {
 	rc, ok := s.Rules.RuleFor(taskType)
 	switch {
 	case !ok && s.Rule != "":
@@ -118,11 +118,6 @@ func (s *PaceSpec) rule(taskType string) (worker.RuleConfig, error) {
 	}
 	return rc, nil
 }
-
-// nameRE is what the workers' rules file allows as a rule name.
-var nameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
-
-const nameRule = "letters, digits, '-' and '_', at most 64"
 
 // ParseRate parses a rate written count/period, such as "20/s", "100/m",
 // "5000/h", "20000/d" or "3/500ms" (any Go duration), into a Limit with

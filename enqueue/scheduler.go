@@ -27,7 +27,7 @@ type SchedulerOptions struct {
 	Logger *slog.Logger
 	// OnBatch, if set, is called after each firing's batch is enqueued (or
 	// failed), before the firing waits for its last task to be due.
-	OnBatch func(schedule string, res Result, err error)
+	OnBatch func(schedule string, res Summary, err error)
 	// OnEnqueued, if set, is called after each task is enqueued
 	// (Batch.OnEnqueued).
 	OnEnqueued func(schedule string, e Enqueued)
@@ -142,7 +142,7 @@ type job struct {
 	log     *slog.Logger
 	client  Enqueuer
 	batch   Batch
-	onBatch func(string, Result, error)
+	onBatch func(string, Summary, error)
 	firings atomic.Int64
 }
 

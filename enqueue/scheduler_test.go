@@ -61,7 +61,7 @@ func TestSchedulerOverlap(t *testing.T) {
 				start := time.Now()
 				sch, err := NewScheduler(s, SchedulerOptions{
 					Redis: rdb, Client: client, Logger: slog.New(slog.NewTextHandler(logs, nil)),
-					OnBatch: func(name string, res Result, err error) {
+					OnBatch: func(name string, res Summary, err error) {
 						if name != "tick" || err != nil || res.Enqueued != 10 {
 							t.Errorf("OnBatch(%q, %+v, %v)", name, res, err)
 						}
@@ -126,9 +126,9 @@ func TestSchedulerStopsMidBatch(t *testing.T) {
 			}
 			return nil
 		}}
-		var got Result
+		var got Summary
 		sch, err := NewScheduler(s, SchedulerOptions{Client: client, Logger: slog.New(slog.DiscardHandler),
-			OnBatch: func(_ string, res Result, err error) { got = res }})
+			OnBatch: func(_ string, res Summary, err error) { got = res }})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -10,14 +10,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/hibiken/asynq"
 	"github.com/robfig/cron/v3"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/jobthrottle/jobthrottle/internal/yamlfile"
 	"github.com/jobthrottle/jobthrottle/rules"
 	"github.com/jobthrottle/jobthrottle/throttle"
-	"github.com/jobthrottle/jobthrottle/worker"
 )
 
 // Schedules is a parsed schedules file (see cmd/enqueue/README.md):
@@ -36,7 +34,7 @@ type Schedules struct {
 	// Rules is the workers' rules file as written (relative to File's
 	// directory); "" if none. LoadSchedules loads it into RulesConfig.
 	Rules       string
-	RulesConfig *worker.Config
+	RulesConfig *rules.Config
 	// Prefix is the key prefix of inline pace rules; if the file has none,
 	// throttle.DefaultPrefix.
 	Prefix    string
@@ -90,22 +88,6 @@ type Schedule struct {
 // Next returns the schedule's first firing after t.
 func (s *Schedule) Next(t time.Time) time.Time { return s.schedule.Next(t) }
 
-// ScheduleError reports an invalid schedules file. Its message names the
-// file, the line, the schedule and the field, and says what is allowed:
-//
-//	schedules.yaml:7: schedule "nightly": count: "0" must be a whole number from 1 to 10000000
-type ScheduleError struct {
-	File     string
-	Line     int    // 1-based; 0 if unknown
-	Schedule string // the schedule's name, or "#n" before its name is known; "" for file-level fields
-	Field    string // such as "count" or "pace.rate"; "" for the file as a whole
-	Reason   string
-}
-
-func (e *ScheduleError) Error() string {
-	return yamlfile.Message(e.File, e.Line, "schedule", e.Schedule, e.Field, e.Reason)
-}
-
 // MaxCount bounds a schedule's count.
 const MaxCount = 10_000_000
 
@@ -118,7 +100,6 @@ var (
 	scheduleFields = []string{"name", "cron", "timezone", "type", "count", "payload", "payloads", "queue", "max_retry", "timeout", "retention", "overlap", "pace"}
 	paceFields     = []string{"rule", "rate", "burst", "algorithm", "subject", "keep", "lead"}
 	inlineOnly     = []string{"burst", "algorithm", "subject"}
-	subjectFields  = []string{"fixed", "payload_field"}
 )
 
 // cronParser reads standard five-field specs, six fields with seconds
@@ -145,14 +126,14 @@ func LoadSchedules(path string) (*Schedules, error) {
 		return filepath.Join(dir, p)
 	}
 	if s.Rules != "" {
-		if s.RulesConfig, err = worker.LoadConfig(rel(s.Rules)); err != nil {
+		if s.RulesConfig, err = rules.Load(rel(s.Rules)); err != nil {
 			return nil, fmt.Errorf("enqueue: %s: rules: %w", path, err)
 		}
 	}
 	for i := range s.Schedules {
 		sc := &s.Schedules[i]
 		fail := func(field, format string, args ...any) error {
-			return &ScheduleError{File: path, Line: sc.Line, Schedule: sc.Name, Field: field, Reason: fmt.Sprintf(format, args...)}
+			return &rules.Error{File: path, Line: sc.Line, Kind: "schedule", Name: sc.Name, Field: field, Reason: fmt.Sprintf(format, args...)}
 		}
 		if sc.Payloads != "" {
 			if sc.loaded, err = ReadPayloads(rel(sc.Payloads)); err != nil {
@@ -168,14 +149,14 @@ func LoadSchedules(path string) (*Schedules, error) {
 		if sc.Pace == nil {
 			continue
 		}
-		subject := sc.Pace.Subject.Subject()
+		subject := sc.Pace.Subject.Of
 		if sc.Pace.Limit.Count == 0 {
 			sc.Pace.Rules = s.RulesConfig
 			rc, err := sc.Pace.rule(sc.Type)
 			if err != nil {
 				return nil, fail("pace", "%v", strings.TrimPrefix(err.Error(), "enqueue: "))
 			}
-			subject = rc.Subject.Subject()
+			subject = rc.Subject.Of
 		}
 		// Every firing would fail on a payload without the subject:
 		// say so now.
@@ -188,14 +169,14 @@ func LoadSchedules(path string) (*Schedules, error) {
 
 // ParseSchedules parses a schedules file; name is used in error messages.
 // It reads no other file (LoadSchedules does). It returns a
-// *ScheduleError for the first problem found: YAML syntax, a field that
+// *rules.Error for the first problem found: YAML syntax, a field that
 // is unknown, repeated, missing or of the wrong type, a value out of
 // range, or fields that do not go together.
 func ParseSchedules(name string, data []byte) (*Schedules, error) {
 	p := &parser{file: name}
 	p.Reader = yamlfile.Reader{
 		Fail: func(line int, field, reason string) error {
-			return &ScheduleError{File: name, Line: line, Schedule: p.schedule, Field: field, Reason: reason}
+			return &rules.Error{File: name, Line: line, Kind: "schedule", Name: p.schedule, Field: field, Reason: reason}
 		},
 		DurationExamples: "30s, 5m or 1h",
 		DurationSyntax:   "(ms, s, m, h), such as 30s or 1h",
@@ -234,11 +215,8 @@ func (p *parser) parse(root *yaml.Node) (*Schedules, error) {
 		}
 	}
 	if n := fields["prefix"]; n != nil {
-		if s.Prefix, err = p.nonEmpty(n, "prefix", "the workers' key prefix"); err != nil {
+		if s.Prefix, err = p.Prefix(n, "prefix", throttle.DefaultPrefix); err != nil {
 			return nil, err
-		}
-		if strings.ContainsAny(s.Prefix, "{}") {
-			return nil, p.Failf(n, "prefix", "%q must not contain '{' or '}', which delimit the subject's hash tag", s.Prefix)
 		}
 	}
 	list := fields["schedules"]
@@ -261,7 +239,7 @@ func (p *parser) parse(root *yaml.Node) (*Schedules, error) {
 
 func (p *parser) scheduleAt(n *yaml.Node, i int, names map[string]int, file *Schedules) (Schedule, error) {
 	p.schedule = "#" + strconv.Itoa(i+1)
-	if name := peekName(n); nameRE.MatchString(name) {
+	if name := peekName(n); yamlfile.ValidName(name) {
 		p.schedule = name // errors before the name is read still name it
 	}
 	fields, err := p.Mapping(n, "", "a schedule", scheduleFields)
@@ -270,20 +248,9 @@ func (p *parser) scheduleAt(n *yaml.Node, i int, names map[string]int, file *Sch
 	}
 	sc := Schedule{Line: n.Line, MaxRetry: -1}
 
-	nn := fields["name"]
-	if nn == nil {
-		return sc, p.Failf(n, "name", "missing; give the schedule a name (%s)", nameRule)
-	}
-	if sc.Name, err = p.Str(nn, "name"); err != nil {
+	if sc.Name, err = p.Name(n, fields["name"], "name", "the schedule", "schedule", "", names); err != nil {
 		return sc, err
 	}
-	if !nameRE.MatchString(sc.Name) {
-		return sc, p.Failf(nn, "name", "%q: use %s", sc.Name, nameRule)
-	}
-	if line, dup := names[sc.Name]; dup {
-		return sc, p.Failf(nn, "name", "%q is also the name of the schedule on line %d; names must be unique", sc.Name, line)
-	}
-	names[sc.Name] = nn.Line
 	p.schedule = sc.Name
 
 	if v := fields["timezone"]; v != nil {
@@ -407,8 +374,8 @@ func (p *parser) pace(n *yaml.Node, file *Schedules) (*PaceSpec, error) {
 		if ps.Rule, err = p.Str(v, "pace.rule"); err != nil {
 			return nil, err
 		}
-		if !nameRE.MatchString(ps.Rule) {
-			return nil, p.Failf(v, "pace.rule", "%q: use the name of the workers' rule (%s)", ps.Rule, nameRule)
+		if !yamlfile.ValidName(ps.Rule) {
+			return nil, p.Failf(v, "pace.rule", "%q: use the name of the workers' rule (%s)", ps.Rule, yamlfile.NameRule)
 		}
 	}
 	if v := fields["keep"]; v != nil {
@@ -464,23 +431,9 @@ func (p *parser) pace(n *yaml.Node, file *Schedules) (*PaceSpec, error) {
 	}
 	sn := fields["subject"]
 	if sn == nil {
-		return nil, p.Failf(n, "pace.subject", "missing; give the workers' subject for the rule: {fixed: <subject>} or {payload_field: <JSON field>}")
+		return nil, p.Failf(n, "pace.subject", "missing; %s, as the workers' rule does", yamlfile.SubjectHelp)
 	}
-	sf, err := p.Mapping(sn, "pace.subject", "subject", subjectFields)
-	if err != nil {
-		return nil, err
-	}
-	if len(sf) != 1 {
-		return nil, p.Failf(sn, "pace.subject", "give exactly one of fixed and payload_field")
-	}
-	if v := sf["fixed"]; v != nil {
-		if ps.Subject.Fixed, err = p.Str(v, "pace.subject.fixed"); err != nil {
-			return nil, err
-		}
-		if _, err := throttle.EncodeSubject(ps.Subject.Fixed); err != nil {
-			return nil, p.Failf(v, "pace.subject.fixed", "%q: %v", ps.Subject.Fixed, err)
-		}
-	} else if ps.Subject.PayloadField, err = p.nonEmpty(sf["payload_field"], "pace.subject.payload_field", "a top-level field of the JSON payload"); err != nil {
+	if ps.Subject.Fixed, ps.Subject.PayloadField, err = p.Subject(sn, "pace.subject"); err != nil {
 		return nil, err
 	}
 	if err := (throttle.Rule{Name: ps.Rule, Algorithm: ps.Algorithm, Limit: ps.Limit}).Validate(); err != nil {
@@ -495,19 +448,19 @@ type subjectProblem struct{ field, reason string }
 
 // checkSubjects derives the subject of every payload of a paced schedule
 // (one empty payload if it has none), as each firing will.
-func checkSubjects(sc *Schedule, subject worker.Subject) *subjectProblem {
+func checkSubjects(sc *Schedule, subject func(payload []byte) (string, error)) *subjectProblem {
 	switch {
 	case sc.Payloads != "":
 		for i, p := range sc.loaded {
 			if sc.Count > 0 && i >= sc.Count {
 				break
 			}
-			if _, err := subject(asynq.NewTask(sc.Type, p)); err != nil {
+			if _, err := subject(p); err != nil {
 				return &subjectProblem{"payloads", fmt.Sprintf("payload %d of %s: %v; a paced task needs the subject the workers' rule reads", i+1, sc.Payloads, err)}
 			}
 		}
 	default:
-		if _, err := subject(asynq.NewTask(sc.Type, sc.Payload)); err != nil {
+		if _, err := subject(sc.Payload); err != nil {
 			return &subjectProblem{"payload", fmt.Sprintf("%v; a paced task needs the subject the workers' rule reads", err)}
 		}
 	}

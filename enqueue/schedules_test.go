@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/rules"
 	"github.com/jobthrottle/jobthrottle/throttle"
-	"github.com/jobthrottle/jobthrottle/worker"
 )
 
 const fullSchedules = `rules: rules.yaml
@@ -135,7 +135,7 @@ func TestParseSchedulesInvalid(t *testing.T) {
 		{"inline zero rate", head + "    count: 1\n    pace: {rule: r, rate: 0/s}\n", `f.yaml:6: schedule "x": pace.rate: rate "0/s": the count "0" must be a whole number of at least 1`},
 		{"inline unknown algorithm", head + "    count: 1\n    pace: {rule: r, rate: 5/s, algorithm: fixd_window}\n", `f.yaml:6: schedule "x": pace.algorithm: "fixd_window": use gcra (leaky_bucket), token_bucket`},
 		{"inline no subject", head + "    count: 1\n    pace: {rule: r, rate: 5/s}\n", `f.yaml:6: schedule "x": pace.subject: missing`},
-		{"inline two subjects", head + "    count: 1\n    pace: {rule: r, rate: 5/s, subject: {fixed: a, payload_field: b}}\n", `f.yaml:6: schedule "x": pace.subject: give exactly one`},
+		{"inline two subjects", head + "    count: 1\n    pace: {rule: r, rate: 5/s, subject: {fixed: a, payload_field: b}}\n", `f.yaml:6: schedule "x": pace.subject: give {payload_field: <JSON field>} or {fixed: <subject>}, exactly one of them`},
 		{"inline empty subject", head + "    count: 1\n    pace: {rule: r, rate: 5/s, subject: {fixed: \"\"}}\n", `f.yaml:6: schedule "x": pace.subject.fixed: "": throttle: invalid subject`},
 		{"inline burst zero", head + "    count: 1\n    pace: {rule: r, rate: 5/s, burst: 0, subject: {fixed: a}}\n", `f.yaml:6: schedule "x": pace.burst: "0" must be a whole number from 1`},
 		{"lead too long", "rules: r.yaml\n" + head + "    count: 1\n    pace: {lead: 2m}\n", `f.yaml:7: schedule "x": pace.lead: "2m" must be at most 1m0s`},
@@ -144,9 +144,9 @@ func TestParseSchedulesInvalid(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := ParseSchedules("f.yaml", []byte(c.file))
-			var se *ScheduleError
+			var se *rules.Error
 			if !errors.As(err, &se) {
-				t.Fatalf("err = %v, want a *ScheduleError", err)
+				t.Fatalf("err = %v, want a *rules.Error", err)
 			}
 			if !strings.HasPrefix(err.Error(), c.want) {
 				t.Errorf("err = %q\nwant prefix %q", err, c.want)
@@ -193,7 +193,7 @@ func TestLoadSchedules(t *testing.T) {
 		name, file, want string
 	}{
 		{"no rules file", "rules: nope.yaml\nschedules:\n  - name: s\n    cron: \"@hourly\"\n    type: t\n    count: 1\n",
-			"enqueue: %s: rules: worker: reading rules file"},
+			"enqueue: %s: rules: rules: reading rules file"},
 		{"no rule for the type", "rules: rules.yaml\nschedules:\n  - name: s\n    cron: \"@hourly\"\n    type: other\n    count: 1\n    pace: {}\n",
 			`%s:3: schedule "s": pace: ` + "%s" + `: no rule applies to tasks of type "other"`},
 		{"other rule", "rules: rules.yaml\nschedules:\n  - name: s\n    cron: \"@hourly\"\n    type: sync:x\n    count: 1\n    pace: {rule: report}\n",
@@ -260,7 +260,7 @@ func TestParseRate(t *testing.T) {
 }
 
 // FuzzParseSchedules checks that no input panics the parser, that every
-// refusal is a *ScheduleError with a line inside the file, and that every
+// refusal is a *rules.Error with a line inside the file, and that every
 // accepted file has schedules that can run.
 func FuzzParseSchedules(f *testing.F) {
 	f.Add([]byte(fullSchedules))
@@ -271,9 +271,9 @@ func FuzzParseSchedules(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		s, err := ParseSchedules("f.yaml", data)
 		if err != nil {
-			var se *ScheduleError
+			var se *rules.Error
 			if !errors.As(err, &se) {
-				t.Fatalf("error %v is not a *ScheduleError", err)
+				t.Fatalf("error %v is not a *rules.Error", err)
 			}
 			if lines := yamlLines(data); se.Line < 0 || se.Line > lines {
 				t.Fatalf("error on line %d of a %d-line file: %v", se.Line, lines, err)
@@ -291,7 +291,7 @@ func FuzzParseSchedules(f *testing.F) {
 				if err := (throttle.Rule{Name: p.Rule, Algorithm: p.Algorithm, Limit: p.Limit}).Validate(); err != nil {
 					t.Fatalf("accepted an invalid inline rule: %v", err)
 				}
-				if (p.Subject == worker.SubjectConfig{}) {
+				if (p.Subject == rules.SubjectConfig{}) {
 					t.Fatal("accepted an inline rule without subject")
 				}
 			}

@@ -14,7 +14,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	"github.com/jobthrottle/jobthrottle/worker"
+	"github.com/jobthrottle/jobthrottle/internal/jsonpayload"
 )
 
 // StderrTail is how much of the end of a failed command's stderr goes
@@ -107,7 +107,7 @@ func (h *commandHandler) args(task *asynq.Task) ([]string, error) {
 	out := make([]string, 0, len(argv)-1)
 	for _, a := range argv[1:] {
 		if field, ok := wholePlaceholder(a); ok {
-			v, err := worker.PayloadField(field)(task)
+			v, err := jsonpayload.Field(task.Payload(), field)
 			if err != nil {
 				return nil, fmt.Errorf("argv: %v", err)
 			}

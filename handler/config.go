@@ -14,7 +14,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/jobthrottle/jobthrottle/internal/yamlfile"
-	"github.com/jobthrottle/jobthrottle/worker"
+	"github.com/jobthrottle/jobthrottle/rules"
 )
 
 // Defaults and bounds of the handlers section.
@@ -122,14 +122,14 @@ func LoadConfig(path string) (*Config, error) {
 }
 
 // ParseConfig reads the handlers section of a rules file (the rest of the
-// file is worker.ParseConfig's); name is used in messages. It returns a
-// *worker.ConfigError naming the line and the field for the first
+// file is rules.Parse's); name is used in messages. It returns a
+// *rules.Error naming the line and the field for the first
 // problem found. A file without a handlers section gives an empty Config.
 func ParseConfig(name string, data []byte) (*Config, error) {
 	p := &parser{}
 	p.Reader = yamlfile.Reader{
 		Fail: func(line int, field, reason string) error {
-			return &worker.ConfigError{File: name, Line: line, Field: field, Reason: reason}
+			return &rules.Error{File: name, Line: line, Field: field, Reason: reason}
 		},
 		DurationExamples: "10s, 500ms or 2m",
 		DurationSyntax:   "(ms, s, m, h), such as 10s or 2m",
@@ -141,7 +141,7 @@ func ParseConfig(name string, data []byte) (*Config, error) {
 	c := &Config{File: name}
 	root = yamlfile.Resolve(root)
 	if root.Kind != yaml.MappingNode {
-		return c, nil // worker.ParseConfig reports it
+		return c, nil // rules.Parse reports it
 	}
 	var list *yaml.Node
 	for i := 0; i+1 < len(root.Content); i += 2 {

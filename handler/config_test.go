@@ -7,12 +7,12 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	"github.com/jobthrottle/jobthrottle/worker"
+	"github.com/jobthrottle/jobthrottle/rules"
 )
 
 const rulesHead = "rules:\n  - {name: r, tasks: [\"x\"], subject: {fixed: s}, algorithm: gcra, limit: 1, period: 1s}\n"
 
-// Every mistake in the handlers section is a *worker.ConfigError naming
+// Every mistake in the handlers section is a *rules.Error naming
 // the line and the field, and saying what to write.
 func TestParseConfigErrors(t *testing.T) {
 	cases := []struct {
@@ -41,13 +41,13 @@ func TestParseConfigErrors(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			data := []byte(rulesHead + c.handlers + "\n")
-			if _, err := worker.ParseConfig("rules.yaml", data); err != nil {
-				t.Fatalf("worker.ParseConfig refuses the handlers section: %v", err)
+			if _, err := rules.Parse("rules.yaml", data); err != nil {
+				t.Fatalf("rules.Parse refuses the handlers section: %v", err)
 			}
 			_, err := ParseConfig("rules.yaml", data)
-			var ce *worker.ConfigError
+			var ce *rules.Error
 			if !errors.As(err, &ce) || !strings.Contains(err.Error(), c.want) {
-				t.Fatalf("got %v; want a *worker.ConfigError containing %q", err, c.want)
+				t.Fatalf("got %v; want a *rules.Error containing %q", err, c.want)
 			}
 		})
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/jobthrottle/jobthrottle/handler"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/jobthrottle/jobthrottle/rules"
 	"github.com/jobthrottle/jobthrottle/worker"
 )
 
@@ -85,19 +86,19 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // fleet starts n asynq servers on rdb with the rules' middleware and
 // handlers: n worker processes.
-func fleet(t *testing.T, rdb redis.UniversalClient, rules string, n, concurrency int, getenv func(string) string) {
+func fleet(t *testing.T, rdb redis.UniversalClient, rulesFile string, n, concurrency int, getenv func(string) string) {
 	t.Helper()
-	cfg, err := worker.ParseConfig("rules.yaml", []byte(rules))
+	cfg, err := rules.Parse("rules.yaml", []byte(rulesFile))
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs, err := handler.ParseConfig("rules.yaml", []byte(rules))
+	hs, err := handler.ParseConfig("rules.yaml", []byte(rulesFile))
 	if err != nil {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	for range n {
-		mw, err := cfg.Middleware(rdb, worker.WithLogger(log), worker.WithRequeue(rdb))
+		mw, err := worker.FromRules(cfg, rdb, worker.Options{Logger: log, Asynq: rdb})
 		if err != nil {
 			t.Fatal(err)
 		}

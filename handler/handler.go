@@ -3,10 +3,10 @@
 // handler sends the task's payload to an API, a command handler runs a
 // program with the payload on its stdin.
 //
-//	cfg, err := worker.LoadConfig("rules.yaml")      // the limits
+//	cfg, err := rules.Load("rules.yaml")             // the limits
 //	hs, err := handler.LoadConfig("rules.yaml")      // what runs each task type
 //	mux := asynq.NewServeMux()
-//	mux.Use(mw.Wrap)                                 // cfg.Middleware(rdb, ...)
+//	mux.Use(mw.Wrap)                                 // worker.FromRules(cfg, rdb, ...)
 //	err = hs.Register(mux, handler.Options{Rules: cfg, Redis: rdb})
 //
 // Outcomes map to asynq as follows. Success: the output (cut to the
@@ -15,10 +15,14 @@
 // no_retry_exit_codes, and a payload the handler cannot use: archived at
 // once (the error wraps asynq.SkipRetry). An upstream that asks to slow
 // down (429, 503): the rule's subject is paused in Redis for every worker
-// and the task is deferred with a *worker.ThrottledError, which
+// and the task is deferred with a *admission.ThrottledError, which
 // worker.Configure reschedules without counting a failure. Everything
 // else (5xx, timeouts, connection errors, other exit codes): asynq's
 // retry with backoff.
+//
+// Imports: asynq, rules (the file), admission (ThrottledError, WaitedFrom),
+// throttle (pauses) and httpthrottle (the HTTP transport); it must not
+// import worker or enqueue: cmd/worker puts the two together.
 package handler
 
 import (
@@ -32,7 +36,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/jobthrottle/jobthrottle/worker"
+	"github.com/jobthrottle/jobthrottle/rules"
 )
 
 // Options are what the handlers need to run.
@@ -40,7 +44,7 @@ type Options struct {
 	// Rules are the worker's limits. A task type that a rule applies to
 	// pauses that rule's subject for every worker when its upstream
 	// answers 429 or 503. If nil, such an answer only defers the task.
-	Rules *worker.Config
+	Rules *rules.Config
 	// Redis holds the limits. Required if Rules is set.
 	Redis redis.UniversalClient
 	// Getenv resolves ${VAR} in header and env values. If nil, os.Getenv

@@ -18,8 +18,9 @@ import (
 
 	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/httpthrottle"
+	"github.com/jobthrottle/jobthrottle/internal/jsonpayload"
+	"github.com/jobthrottle/jobthrottle/rules"
 	"github.com/jobthrottle/jobthrottle/throttle"
-	"github.com/jobthrottle/jobthrottle/worker"
 )
 
 // DefaultRetryAfter is how long a task is deferred when the upstream
@@ -42,10 +43,11 @@ type httpHandler struct {
 	headers http.Header
 	client  *http.Client
 	log     *slog.Logger
-	// rule, subject and lim are set when a rule limits the task type:
+	// rule, subject and lim are set when a rule limits the task type
+	// (lim is nil otherwise):
 	// a 429 or 503 pauses lim for the task's subject.
 	rule    string
-	subject worker.Subject
+	subject rules.SubjectConfig
 	lim     *throttle.Limiter
 }
 
@@ -102,7 +104,7 @@ func newHTTPHandler(s Spec, opts Options, log *slog.Logger) (*httpHandler, error
 			if err != nil {
 				return nil, err
 			}
-			h.rule, h.subject, h.lim, rt = rc.Name, rc.Subject.Subject(), lim, tr
+			h.rule, h.subject, h.lim, rt = rc.Name, rc.Subject, lim, tr
 		}
 	}
 	h.client = &http.Client{
@@ -119,7 +121,7 @@ func newHTTPHandler(s Spec, opts Options, log *slog.Logger) (*httpHandler, error
 func (h *httpHandler) ProcessTask(ctx context.Context, task *asynq.Task) error {
 	for {
 		err := h.send(ctx, task)
-		var te *worker.ThrottledError
+		var te *admission.ThrottledError
 		if !errors.As(err, &te) || !noRetryLeft(ctx) {
 			return err
 		}
@@ -142,16 +144,16 @@ func (h *httpHandler) send(ctx context.Context, task *asynq.Task) error {
 		return payloadError(task, err)
 	}
 	subject := ""
-	if h.subject != nil {
-		if subject, err = h.subject(task); err != nil {
+	if h.lim != nil {
+		if subject, err = h.subject.Of(task.Payload()); err != nil {
 			return payloadError(task, err)
 		}
 		ctx = context.WithValue(ctx, subjectKey{}, subject)
 		// A task that slept until its slot may have been overtaken by a
 		// pause another worker recorded meanwhile: then it does not send.
-		if w, ok := worker.WaitedFrom(ctx); ok && w.Duration > 0 {
+		if w, ok := admission.WaitedFrom(ctx); ok && w.Duration > 0 {
 			if left, err := h.lim.PauseFor(ctx, subject, 0); err == nil && left > 0 {
-				return &worker.ThrottledError{Rule: h.rule, Subject: subject, RetryAt: time.Now().Add(left),
+				return &admission.ThrottledError{Rule: h.rule, Subject: subject, RetryAt: time.Now().Add(left),
 					Err: fmt.Errorf("handler: %s is paused: its upstream asked every worker to slow down", h.url.origin)}
 			}
 		}
@@ -176,7 +178,7 @@ func (h *httpHandler) send(ctx context.Context, task *asynq.Task) error {
 	if errors.As(err, &de) {
 		// The upstream's learned limit has no slot for this request soon
 		// enough: nothing was sent; come back at its slot.
-		return &worker.ThrottledError{Rule: h.rule, Subject: subject, RetryAt: time.Now().Add(de.RetryAfter), Err: de}
+		return &admission.ThrottledError{Rule: h.rule, Subject: subject, RetryAt: time.Now().Add(de.RetryAfter), Err: de}
 	}
 	if err != nil {
 		var ue *url.Error
@@ -234,7 +236,7 @@ func (h *httpHandler) throttled(ctx context.Context, task *asynq.Task, subject s
 	}
 	retryAt := now.Add(wait)
 	h.log.Info("handler: deferred until the upstream's time", "task_id", task.ResultWriter().TaskID(), "status", resp.StatusCode, "retry_at", retryAt.UTC().Format(time.RFC3339Nano))
-	return &worker.ThrottledError{
+	return &admission.ThrottledError{
 		Rule: h.rule, Subject: subject, RetryAt: retryAt,
 		Err: fmt.Errorf("handler: %s %s answered %s: %s", h.spec.HTTP.Method, h.url.origin, resp.Status, excerpt(body)),
 	}
@@ -267,7 +269,7 @@ func (t *urlTemplate) expand(task *asynq.Task) (string, error) {
 			b.WriteString(p.literal)
 			continue
 		}
-		v, err := worker.PayloadField(p.field)(task)
+		v, err := jsonpayload.Field(task.Payload(), p.field)
 		if err != nil {
 			return "", fmt.Errorf("url: %v", err)
 		}

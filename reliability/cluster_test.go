@@ -29,8 +29,10 @@ import (
 // (100 permits in a second beyond 100 + burst); the test reports by how
 // much it was, how long no slot was granted, and how many Waits failed.
 func TestClusterFailover(t *testing.T) {
+	t.Parallel() // each mode on a cluster of its own, mostly waiting
 	for _, mode := range []string{"graceful", "force", "force-lagging"} {
 		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
 			cl := redistest.Cluster(t, 3, 1)
 			// The test's clients log in as "jt" on every node, so that the
 			// lagging case can turn the default user (which replicas use)

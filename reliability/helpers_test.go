@@ -32,11 +32,32 @@ var redisLog = &recordingLogger{}
 func TestMain(m *testing.M) {
 	flag.Parse()
 	redis.SetLogger(redisLog)
+	raiseParallel()
 	code := m.Run()
 	if binDir != "" {
 		_ = os.RemoveAll(binDir)
 	}
 	os.Exit(code)
+}
+
+// reliabilityParallel is how many of this package's parallel tests run at
+// once unless -test.parallel says otherwise: they mostly wait (for
+// processes to start, turns of a few per second, failovers, outages), so
+// go test's default, GOMAXPROCS (2 on CI), would leave the machine idle.
+// The tests that load the machine or check for leaked goroutines are
+// sequential, and run before any parallel one.
+const reliabilityParallel = 8
+
+// raiseParallel sets -test.parallel to reliabilityParallel if it was not
+// given and is lower.
+func raiseParallel() {
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if p := flag.Lookup("test.parallel"); p != nil && !given {
+		if n, err := strconv.Atoi(p.Value.String()); err == nil && n < reliabilityParallel {
+			_ = p.Value.Set(strconv.Itoa(reliabilityParallel))
+		}
+	}
 }
 
 // Binaries built by buildBinary, once per test process.

@@ -17,21 +17,10 @@ import (
 
 // This file is the asynq side of admission: it maps a task to a subject,
 // an ID and a deadline for the rule's admission.Gate, and a decision back
-// to asynq: run the handler, or park (a *ThrottledError for the task's
+// to asynq: run the handler, or park (a *admission.ThrottledError for the task's
 // turn, plus a wake-up in the ledger).
 
-// WakeupsKey is the key, in the asynq server's Redis, of the ledger of
-// parked tasks to wake at their turns (WithAsynq). Every worker of a fleet
-// uses it, whatever its rules' prefix.
-const WakeupsKey = "jobthrottle:{wakeups}"
-
-// EnqueuedHeader is the task header in which jobthrottle's producers
-// (package enqueue) record when a task was enqueued, in Unix microseconds.
-// The middleware reads it for jobthrottle_start_delay_seconds, the time
-// from enqueue to start.
-const EnqueuedHeader = "jobthrottle-enqueued"
-
-// ErrParked is the cause of a *ThrottledError for a task parked until its
+// ErrParked is the cause of a *admission.ThrottledError for a task parked until its
 // turn, which is booked under its task ID: when it comes back, it runs on
 // that turn without asking the limiter again.
 var ErrParked = errors.New("worker: parked until its booked turn")
@@ -48,9 +37,9 @@ const (
 )
 
 // admit decides for a task: the Wait to run it with, or the error the
-// handler must return (a *ThrottledError to park or defer it, ctx.Err() if
+// handler must return (a *admission.ThrottledError to park or defer it, ctx.Err() if
 // asynq ended it, an error wrapping asynq.SkipRetry if it can never run).
-func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (Wait, error) {
+func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (admission.Wait, error) {
 	t := m.newTaskRun(ctx, r, task)
 	subject, err := r.Subject(task)
 	if err == nil && subject == "" {
@@ -58,16 +47,16 @@ func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (
 	}
 	if err != nil {
 		m.metrics.decided(r.Name, OutcomeError)
-		return Wait{}, t.archive(ctx, "worker: task archived: no subject", true, err)
+		return admission.Wait{}, t.archive(ctx, "worker: task archived: no subject", true, err)
 	}
 	t.subject, t.log = subject, t.log.With("subject", subject)
 	if t.cost, err = r.cost(task); err != nil {
 		m.metrics.decided(r.Name, OutcomeError)
-		return Wait{}, t.archive(ctx, "worker: task archived: no cost", false, fmt.Errorf("cannot derive the cost: %w", err))
+		return admission.Wait{}, t.archive(ctx, "worker: task archived: no cost", false, fmt.Errorf("cannot derive the cost: %w", err))
 	}
 	if t.cost == 0 {
 		// Free: nothing to charge, nothing to wait for.
-		w := Wait{Rule: r.Name, Subject: subject}
+		w := admission.Wait{Rule: r.Name, Subject: subject}
 		m.admitted(t, w)
 		return w, nil
 	}
@@ -95,19 +84,19 @@ func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (
 		bookID = nextCopyID(t.id)
 	}
 	m.metrics.waiting(r.Name, 1)
-	d, err := r.gate.Admit(wctx, admission.Request{Subject: subject, Cost: t.cost, ID: t.id, BookAs: bookID, Receipt: task.Headers()[ReceiptHeader]})
+	d, err := r.gate.Admit(wctx, admission.Request{Subject: subject, Cost: t.cost, ID: t.id, BookAs: bookID, Receipt: task.Headers()[admission.ReceiptHeader]})
 	m.metrics.waiting(r.Name, -1)
 	if err != nil {
-		return Wait{}, m.notAdmitted(ctx, wctx, t, err)
+		return admission.Wait{}, m.notAdmitted(ctx, wctx, t, err)
 	}
 	if d.Outcome == admission.Run {
-		w := Wait{Rule: r.Name, Subject: subject, Duration: d.Waited, Redeemed: d.Turn == throttle.Redeemed, Turn: d.Slot}
+		w := admission.Wait{Rule: r.Name, Subject: subject, Duration: d.Waited, Redeemed: d.Turn == throttle.Redeemed, Turn: d.Slot}
 		m.admitted(t, w)
 		return w, nil
 	}
 	retryAt := m.parkAt(ctx, t, bookID, d)
 	m.metrics.bookedAhead(r.Name, time.Until(d.At))
-	return Wait{}, m.deferTask(ctx, t, retryAt, ErrParked, OutcomeParked,
+	return admission.Wait{}, m.deferTask(ctx, t, retryAt, ErrParked, OutcomeParked,
 		"turn", d.Turn, "booked_for", d.Slot.UTC(), "booked_ahead", time.Until(d.At).Round(time.Millisecond))
 }
 
@@ -162,7 +151,7 @@ func (m *Middleware) wakeLoop() {
 	var mu sync.Mutex // OnError is called from concurrent wakes
 	var last time.Time
 	var since int
-	_ = m.wakeups.Run(m.drainCtx, admission.RunConfig{
+	_ = m.wakeups.Run(m.drainCtx, admission.RunOptions{
 		OnError: func(err error) {
 			m.metrics.OnRedisError(err, false)
 			mu.Lock()
@@ -211,10 +200,10 @@ func (m *Middleware) wake(ctx context.Context, member string) error {
 
 // waitInPlace admits a task whose rule cannot park it (a Limiter that is
 // not a *throttle.Limiter, or a task on its last attempt without
-// WithAsynq): it waits in its handler, bounded by the rule's MaxWait
+// Options.Asynq): it waits in its handler, bounded by the rule's MaxWait
 // (unless it is on its last attempt) and its deadline, and is deferred to
 // the limiter's answer if that is later.
-func (m *Middleware) waitInPlace(ctx context.Context, t *taskRun) (Wait, error) {
+func (m *Middleware) waitInPlace(ctx context.Context, t *taskRun) (admission.Wait, error) {
 	r := t.rule
 	canDefer := !t.lastAttempt || m.requeue != nil
 	wctx, cancel := context.WithCancelCause(ctx)
@@ -234,16 +223,16 @@ func (m *Middleware) waitInPlace(ctx context.Context, t *taskRun) (Wait, error) 
 	err := r.Limiter.WaitN(wctx, t.subject, t.cost)
 	m.metrics.waiting(r.Name, -1)
 	if err != nil {
-		return Wait{}, m.notAdmitted(ctx, wctx, t, err)
+		return admission.Wait{}, m.notAdmitted(ctx, wctx, t, err)
 	}
-	w := Wait{Rule: r.Name, Subject: t.subject, Duration: time.Since(t.start)}
+	w := admission.Wait{Rule: r.Name, Subject: t.subject, Duration: time.Since(t.start)}
 	m.admitted(t, w)
 	return w, nil
 }
 
 // notAdmitted returns what the handler returns when the wait for a turn
 // ended in err: ctx.Err() if asynq ended the task (its permits refunded),
-// a *ThrottledError deferring it (Redis failed, Drain, or the turn is past
+// a *admission.ThrottledError deferring it (Redis failed, Drain, or the turn is past
 // its deadline), or an error archiving it (it can never be admitted).
 func (m *Middleware) notAdmitted(ctx, wctx context.Context, t *taskRun, err error) error {
 	r := t.rule
@@ -296,10 +285,10 @@ func (m *Middleware) notAdmitted(ctx, wctx context.Context, t *taskRun, err erro
 }
 
 // admitted records an admission.
-func (m *Middleware) admitted(t *taskRun, w Wait) {
+func (m *Middleware) admitted(t *taskRun, w admission.Wait) {
 	rule := t.rule.Name
 	m.metrics.waited(rule, w.Duration)
-	if us, err := strconv.ParseInt(t.task.Headers()[EnqueuedHeader], 10, 64); err == nil && us > 0 {
+	if us, err := strconv.ParseInt(t.task.Headers()[admission.EnqueuedHeader], 10, 64); err == nil && us > 0 {
 		m.metrics.startDelay(rule, time.Since(time.UnixMicro(us)))
 	}
 	attrs := []any{"waited", w.Duration.Round(time.Millisecond)}
@@ -323,16 +312,16 @@ func (m *Middleware) admitted(t *taskRun, w Wait) {
 	t.log.Log(context.Background(), level, "worker: admitted", attrs...)
 }
 
-// deferTask returns the *ThrottledError that defers the task to retryAt,
+// deferTask returns the *admission.ThrottledError that defers the task to retryAt,
 // requeueing a copy first if the task has no retry left. attrs are added
 // to its log line.
 func (m *Middleware) deferTask(ctx context.Context, t *taskRun, retryAt time.Time, cause error, outcome string, attrs ...any) error {
 	rule := t.rule.Name
-	te := &ThrottledError{Rule: rule, Subject: t.subject, RetryAt: retryAt, Err: cause}
+	te := &admission.ThrottledError{Rule: rule, Subject: t.subject, RetryAt: retryAt, Err: cause}
 	if t.lastAttempt {
 		if m.requeue == nil {
 			m.metrics.decided(rule, OutcomeError)
-			t.log.ErrorContext(ctx, "worker: task archived: throttled past its deadline on its last attempt; use WithAsynq to defer such tasks", "error", te)
+			t.log.ErrorContext(ctx, "worker: task archived: throttled past its deadline on its last attempt; set worker.Options.Asynq to defer such tasks", "error", te)
 			return te
 		}
 		copyID, err := m.requeue.copy(ctx, t.task, t.id, retryAt)
@@ -354,6 +343,9 @@ func (m *Middleware) deferTask(ctx context.Context, t *taskRun, retryAt time.Tim
 		msg = "worker: task parked until its turn"
 	}
 	t.log.InfoContext(ctx, msg, attrs...)
+	if te.Requeued != "" {
+		return revokedError{te}
+	}
 	return te
 }
 

@@ -1,7 +1,8 @@
 package worker
 
-// Tests against a real asynq server and client on a real redis-server
-// (asynq's Lua needs it): what asynq does with the middleware's answers.
+// Tests against a real asynq server and client on a real redis-server:
+// what asynq does with the middleware's answers. A test whose point is not
+// time runs asynq on miniredis in a synctest bubble instead (bedOn).
 
 import (
 	"context"
@@ -12,12 +13,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/hibiken/asynq"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/jobthrottle/jobthrottle/rules"
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
@@ -43,15 +47,25 @@ type bed struct {
 type ran struct {
 	id   string
 	at   time.Time
-	wait Wait
+	wait admission.Wait
 }
 
 func newBed(t *testing.T) *bed {
 	t.Helper()
 	proc := redistest.Server(t)
-	rdb := proc.Client(t)
+	b := bedOn(t, proc.Client(t))
+	b.proc = proc
+	return b
+}
+
+// bedOn is a bed on rdb: inside redistest.Virtual, a miniredis in the
+// test's synctest bubble, where asynq's whole-second schedule and its
+// polling take no real time. (Call the server's Shutdown before the
+// bubble's function returns: Virtual closes rdb then.)
+func bedOn(t *testing.T, rdb *redis.Client) *bed {
+	t.Helper()
 	return &bed{
-		t: t, proc: proc, rdb: rdb,
+		t: t, rdb: rdb,
 		client: asynq.NewClientFromRedisClient(rdb),
 		insp:   asynq.NewInspectorFromRedisClient(rdb),
 		prefix: redistest.Prefix(t),
@@ -96,7 +110,7 @@ func (b *bed) serve(mw *Middleware, cfg asynq.Config) *asynq.Server {
 	mux.Use(mw.Wrap)
 	handler := func(ctx context.Context, task *asynq.Task) error {
 		id, _ := asynq.GetTaskID(ctx)
-		w, _ := WaitedFrom(ctx)
+		w, _ := admission.WaitedFrom(ctx)
 		b.mu.Lock()
 		b.ran = append(b.ran, ran{id: id, at: time.Now(), wait: w})
 		b.mu.Unlock()
@@ -165,9 +179,9 @@ func eventually(t *testing.T, timeout time.Duration, what string, cond func() bo
 	}
 }
 
-func middleware(t *testing.T, rules []Rule, opts ...Option) *Middleware {
+func middleware(t *testing.T, rules []TaskRule, opts ...Options) *Middleware {
 	t.Helper()
-	mw, err := NewMiddleware(rules, append([]Option{WithLogger(quiet)}, opts...)...)
+	mw, err := NewMiddleware(rules, quietOptions(opts))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,7 +197,7 @@ func TestAsynqWaitsForSlots(t *testing.T) {
 	// worker slot for a turn within MaxWait (with the default two, the
 	// others would park).
 	const n = 8
-	mw := middleware(t, []Rule{{Name: "api", Tasks: []string{"api:*"}, Limiter: lim, Subject: PayloadField("acct"), MaxWait: 10 * time.Second, WaitSlots: n}}, WithMetrics(m))
+	mw := middleware(t, []TaskRule{{Name: "api", Tasks: []string{"api:*"}, Limiter: lim, Subject: PayloadField("acct"), MaxWait: 10 * time.Second, WaitSlots: n}}, Options{Metrics: m})
 	b.serve(mw, asynq.Config{Concurrency: 8})
 
 	for range n {
@@ -242,32 +256,37 @@ func (s *stubborn) WaitN(ctx context.Context, subject string, n int) error {
 func TestAsynqDeferralKeepsRetries(t *testing.T) {
 	// Each deferral costs about a second: asynq schedules retries in whole
 	// seconds, and RetryDelay rounds RetryAt up so as never to run early.
+	// So the test runs on virtual time (asynq and miniredis in a synctest
+	// bubble): the 50 seconds take none.
 	const deferrals = 50 // the issue: "a task deferred 50 times still runs when its turn comes"
 	t.Parallel()
-	b := newBed(t)
-	mw := middleware(t, []Rule{{Name: "busy", Tasks: []string{"busy"}, Limiter: &stubborn{n: deferrals}, Subject: Fixed("s"), MaxWait: time.Millisecond}})
-	b.serve(mw, asynq.Config{})
-	task := b.enqueue("busy", "", asynq.MaxRetry(2), asynq.Retention(time.Hour))
+	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		b := bedOn(t, rdb)
+		mw := middleware(t, []TaskRule{{Name: "busy", Tasks: []string{"busy"}, Limiter: &stubborn{n: deferrals}, Subject: Fixed("s"), MaxWait: time.Millisecond}})
+		srv := b.serve(mw, asynq.Config{})
+		defer srv.Shutdown()
+		task := b.enqueue("busy", "", asynq.MaxRetry(2), asynq.Retention(time.Hour))
 
-	eventually(t, (2*deferrals+10)*time.Second, "the task run", func() bool { return len(b.runs()) == 1 })
-	eventually(t, 5*time.Second, "the task completed", func() bool { return b.info(task.ID).State == asynq.TaskStateCompleted })
+		eventually(t, (2*deferrals+10)*time.Second, "the task run", func() bool { return len(b.runs()) == 1 })
+		eventually(t, 5*time.Second, "the task completed", func() bool { return b.info(task.ID).State == asynq.TaskStateCompleted })
 
-	var throttled int
-	for _, err := range b.seenErrors() {
-		var te *ThrottledError
-		if !errors.As(err, &te) {
-			t.Errorf("unexpected error %v", err)
+		var throttled int
+		for _, err := range b.seenErrors() {
+			var te *admission.ThrottledError
+			if !errors.As(err, &te) {
+				t.Errorf("unexpected error %v", err)
+			}
+			throttled++
 		}
-		throttled++
-	}
-	if throttled != deferrals {
-		t.Errorf("deferred %d times, want %d", throttled, deferrals)
-	}
-	info := b.info(task.ID)
-	if info.Retried != 0 || info.MaxRetry != 2 {
-		t.Errorf("after %d deferrals: retried %d of %d, want 0 of 2", deferrals, info.Retried, info.MaxRetry)
-	}
-	b.noFailures()
+		if throttled != deferrals {
+			t.Errorf("deferred %d times, want %d", throttled, deferrals)
+		}
+		info := b.info(task.ID)
+		if info.Retried != 0 || info.MaxRetry != 2 {
+			t.Errorf("after %d deferrals: retried %d of %d, want 0 of 2", deferrals, info.Retried, info.MaxRetry)
+		}
+		b.noFailures()
+	})
 }
 
 func TestAsynqDeferredUntilRetryAt(t *testing.T) {
@@ -277,11 +296,11 @@ func TestAsynqDeferredUntilRetryAt(t *testing.T) {
 	if res, err := lim.Allow(context.Background(), "acct"); err != nil || !res.Allowed {
 		t.Fatalf("taking the only permit: %+v, %v", res, err)
 	}
-	mw := middleware(t, []Rule{{Name: "slow", Tasks: []string{"slow"}, Limiter: lim, Subject: Fixed("acct"), MaxWait: 100 * time.Millisecond}})
+	mw := middleware(t, []TaskRule{{Name: "slow", Tasks: []string{"slow"}, Limiter: lim, Subject: Fixed("acct"), MaxWait: 100 * time.Millisecond}})
 	b.serve(mw, asynq.Config{})
 	task := b.enqueue("slow", "", asynq.MaxRetry(1), asynq.Retention(time.Hour))
 
-	var te *ThrottledError
+	var te *admission.ThrottledError
 	eventually(t, 10*time.Second, "the task deferred", func() bool {
 		errs := b.seenErrors()
 		return len(errs) > 0 && errors.As(errs[0], &te)
@@ -318,7 +337,7 @@ func TestAsynqMalformedPayloadArchivedOnce(t *testing.T) {
 	b := newBed(t)
 	m, _ := NewMetrics(prometheus.NewRegistry())
 	lim := b.limiter(throttle.Rule{Name: "r", Algorithm: throttle.TokenBucket, Limit: throttle.PerSecond(100)})
-	mw := middleware(t, []Rule{{Name: "tenant", Tasks: []string{"report:*"}, Limiter: lim, Subject: PayloadField("tenant")}}, WithMetrics(m))
+	mw := middleware(t, []TaskRule{{Name: "tenant", Tasks: []string{"report:*"}, Limiter: lim, Subject: PayloadField("tenant")}}, Options{Metrics: m})
 	b.serve(mw, asynq.Config{})
 	bad := b.enqueue("report:build", `{"tenant": `, asynq.MaxRetry(5))
 	missing := b.enqueue("report:build", `{"other": "x"}`, asynq.MaxRetry(5))
@@ -351,7 +370,7 @@ func TestAsynqWindowRules(t *testing.T) {
 		throttle.Rule{Name: "sw", Algorithm: throttle.SlidingWindow, Limit: throttle.Limit{Count: 3, Period: time.Second}, Precision: 50 * time.Millisecond},
 		throttle.Rule{Name: "gcra", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(20)},
 	)
-	mw := middleware(t, []Rule{
+	mw := middleware(t, []TaskRule{
 		{Name: "fixed", Tasks: []string{"fixed"}, Limiter: fixed, Subject: Fixed("t"), MaxWait: 300 * time.Millisecond},
 		{Name: "policy", Tasks: []string{"policy"}, Limiter: policy, Subject: Fixed("t"), MaxWait: 300 * time.Millisecond},
 	})
@@ -385,7 +404,7 @@ func TestAsynqWindowRules(t *testing.T) {
 	}
 	var deferred int
 	for _, err := range b.seenErrors() {
-		var te *ThrottledError
+		var te *admission.ThrottledError
 		if !errors.As(err, &te) {
 			t.Errorf("unexpected error %v", err)
 		}
@@ -418,7 +437,7 @@ func TestAsynqShutdownWhileWaiting(t *testing.T) {
 	b := newBed(t)
 	m, _ := NewMetrics(prometheus.NewRegistry())
 	lim := b.slowLimiter(20*time.Second, "s")
-	mw := middleware(t, []Rule{{Name: "slow", Tasks: []string{"slow"}, Limiter: lim, Subject: Fixed("s"), MaxWait: time.Minute}}, WithMetrics(m))
+	mw := middleware(t, []TaskRule{{Name: "slow", Tasks: []string{"slow"}, Limiter: lim, Subject: Fixed("s"), MaxWait: time.Minute}}, Options{Metrics: m})
 	srv := b.serve(mw, asynq.Config{ShutdownTimeout: 500 * time.Millisecond})
 	task := b.enqueue("slow", "", asynq.MaxRetry(3))
 	eventually(t, 10*time.Second, "the task waiting", func() bool { return testutil.ToFloat64(m.waiters.WithLabelValues("slow")) == 1 })
@@ -453,7 +472,7 @@ func TestAsynqDrain(t *testing.T) {
 	b := newBed(t)
 	m, _ := NewMetrics(prometheus.NewRegistry())
 	lim := b.slowLimiter(20*time.Second, "s")
-	mw := middleware(t, []Rule{{Name: "slow", Tasks: []string{"slow"}, Limiter: lim, Subject: Fixed("s"), MaxWait: time.Minute}}, WithMetrics(m))
+	mw := middleware(t, []TaskRule{{Name: "slow", Tasks: []string{"slow"}, Limiter: lim, Subject: Fixed("s"), MaxWait: time.Minute}}, Options{Metrics: m})
 	srv := b.serve(mw, asynq.Config{ShutdownTimeout: 30 * time.Second})
 	task := b.enqueue("slow", "", asynq.MaxRetry(3))
 	eventually(t, 10*time.Second, "the task waiting", func() bool { return testutil.ToFloat64(m.waiters.WithLabelValues("slow")) == 1 })
@@ -483,7 +502,7 @@ func TestAsynqLastAttemptRequeued(t *testing.T) {
 	t.Parallel()
 	b := newBed(t)
 	lim := b.slowLimiter(2*time.Second, "s")
-	mw := middleware(t, []Rule{{Name: "slow", Tasks: []string{"slow"}, Limiter: lim, Subject: Fixed("s"), MaxWait: 50 * time.Millisecond}}, WithRequeue(b.rdb))
+	mw := middleware(t, []TaskRule{{Name: "slow", Tasks: []string{"slow"}, Limiter: lim, Subject: Fixed("s"), MaxWait: 50 * time.Millisecond}}, Options{Asynq: b.rdb})
 	b.serve(mw, asynq.Config{})
 	task := b.enqueue("slow", `{"x": 1}`, asynq.MaxRetry(0), asynq.Timeout(time.Minute), asynq.Retention(time.Hour))
 
@@ -500,9 +519,9 @@ func TestAsynqLastAttemptRequeued(t *testing.T) {
 	if c.MaxRetry != 0 || c.Timeout != time.Minute || c.Retention != time.Hour || string(c.Payload) != `{"x": 1}` || c.Type != "slow" {
 		t.Errorf("copy %+v does not keep the original's options", c)
 	}
-	var te *ThrottledError
+	var te *admission.ThrottledError
 	if errs := b.seenErrors(); len(errs) != 1 || !errors.As(errs[0], &te) || te.Requeued != copyID || !errors.Is(errs[0], asynq.RevokeTask) {
-		t.Errorf("errors %v; want one *ThrottledError requeued as %s", errs, copyID)
+		t.Errorf("errors %v; want one *admission.ThrottledError requeued as %s", errs, copyID)
 	}
 	b.noFailures()
 }
@@ -511,7 +530,7 @@ func TestAsynqLastAttemptWaits(t *testing.T) {
 	t.Parallel()
 	b := newBed(t)
 	lim := b.slowLimiter(1500*time.Millisecond, "s")
-	mw := middleware(t, []Rule{{Name: "slow", Tasks: []string{"slow"}, Limiter: lim, Subject: Fixed("s"), MaxWait: 50 * time.Millisecond}})
+	mw := middleware(t, []TaskRule{{Name: "slow", Tasks: []string{"slow"}, Limiter: lim, Subject: Fixed("s"), MaxWait: 50 * time.Millisecond}})
 	b.serve(mw, asynq.Config{})
 	task := b.enqueue("slow", "", asynq.MaxRetry(0), asynq.Timeout(time.Minute), asynq.Retention(time.Hour))
 
@@ -540,16 +559,16 @@ func TestAsynqRedisDown(t *testing.T) {
 	}
 	m, _ := NewMetrics(prometheus.NewRegistry())
 	limRedis.Stop()
-	mw := middleware(t, []Rule{{Name: "r", Tasks: []string{"t"}, Limiter: lim, Subject: Fixed("s")}}, WithMetrics(m), WithRedisRetryDelay(time.Second))
+	mw := middleware(t, []TaskRule{{Name: "r", Tasks: []string{"t"}, Limiter: lim, Subject: Fixed("s")}}, Options{Metrics: m, RedisRetryDelay: time.Second})
 	b.serve(mw, asynq.Config{})
 	task := b.enqueue("t", "", asynq.MaxRetry(1), asynq.Retention(time.Hour))
 	start := time.Now()
 
 	eventually(t, 10*time.Second, "the task deferred twice", func() bool { return len(b.seenErrors()) >= 2 })
 	for _, err := range b.seenErrors() {
-		var te *ThrottledError
+		var te *admission.ThrottledError
 		if !errors.As(err, &te) || !errors.Is(err, throttle.ErrRedis) {
-			t.Errorf("got %v; want a *ThrottledError caused by Redis", err)
+			t.Errorf("got %v; want a *admission.ThrottledError caused by Redis", err)
 		}
 	}
 	if info := b.info(task.ID); info.Retried != 0 {
@@ -572,7 +591,7 @@ func TestAsynqRedisDown(t *testing.T) {
 func TestAsynqConfigMiddleware(t *testing.T) {
 	t.Parallel()
 	b := newBed(t)
-	cfg, err := ParseConfig("rules.yaml", []byte(fmt.Sprintf(`
+	cfg, err := rules.Parse("rules.yaml", []byte(fmt.Sprintf(`
 prefix: %q
 rules:
   - name: per-tenant
@@ -589,7 +608,7 @@ rules:
 	}
 	reg := prometheus.NewRegistry()
 	m, _ := NewMetrics(reg)
-	mw, err := cfg.Middleware(b.rdb, WithMetrics(m), WithLogger(quiet))
+	mw, err := FromRules(cfg, b.rdb, Options{Metrics: m, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}

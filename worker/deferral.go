@@ -2,10 +2,11 @@ package worker
 
 import (
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/hibiken/asynq"
+
+	"github.com/jobthrottle/jobthrottle/admission"
 )
 
 // How deferral works in asynq v0.26 (processor.go, internal/rdb/rdb.go):
@@ -17,7 +18,7 @@ import (
 // With isFailure false, Retry moves the task from active to the retry set
 // without incrementing msg.Retried and without touching the processed and
 // failed counters; the error text is kept as the task's last error. So a
-// task deferred with a *ThrottledError under IsFailure and RetryDelay keeps
+// task deferred with a *admission.ThrottledError under IsFailure and RetryDelay keeps
 // its retry count and all of its retries, however often it is deferred.
 //
 // Two limits of that path, handled here and in middleware.go:
@@ -31,7 +32,7 @@ import (
 //   - The MaxRetry check comes first: a task with no retry left
 //     (MaxRetry(0), or its last attempt after real failures) is archived
 //     whatever IsFailure says. The middleware does not defer such a task
-//     by returning an error. With WithRequeue it enqueues a copy scheduled
+//     by returning an error. With Options.Asynq it enqueues a copy scheduled
 //     for RetryAt and revokes the original; without it, it waits in the
 //     handler for as long as the task's deadline allows, ignoring MaxWait.
 
@@ -39,65 +40,24 @@ import (
 // before rounding up to the next whole second.
 const minRetryDelay = time.Millisecond
 
-// ThrottledError reports that the middleware did not admit a task in time
-// and deferred it: asynq runs it again at RetryAt (rounded up to the next
-// whole second) when the server's asynq.Config uses IsFailure and
-// RetryDelay (see Configure). Its message becomes the task's last error,
-// shown by the asynq inspector and asynqmon.
-type ThrottledError struct {
-	Rule    string    // the worker rule that throttled the task
-	Subject string    // the subject the rule limited
-	RetryAt time.Time // when the task may be admitted: the limiter's answer, or an estimate if Err says why not
-	// Err is the cause: a *throttle.DelayError (the admission time is past
-	// the rule's MaxWait or the task's deadline), an error matching
-	// throttle.ErrRedis (Redis failed; RetryAt is a backoff), ErrDraining
-	// (Middleware.Drain), or context.DeadlineExceeded (the wait bound
-	// passed while the task was queued behind others in this process).
-	Err error
-	// Requeued is the ID of the copy enqueued for RetryAt when the task
-	// had no retry left (see WithRequeue); the original task is then
-	// revoked (the error matches asynq.RevokeTask). Empty otherwise.
-	Requeued string
-}
-
-func (e *ThrottledError) Error() string {
-	s := fmt.Sprintf("worker: rule %q: subject %q throttled until %s", e.Rule, e.Subject, e.RetryAt.UTC().Format(time.RFC3339Nano))
-	if e.Requeued != "" {
-		s += "; requeued as task " + e.Requeued
-	}
-	if e.Err != nil {
-		s += ": " + e.Err.Error()
-	}
-	return s
-}
-
-// Unwrap returns the cause and, for a requeued task, asynq.RevokeTask.
-func (e *ThrottledError) Unwrap() []error {
-	errs := []error{e.Err}
-	if e.Requeued != "" {
-		errs = append(errs, asynq.RevokeTask)
-	}
-	return errs
-}
-
-// ErrDraining is the cause of a ThrottledError for a task whose wait
+// ErrDraining is the cause of a admission.ThrottledError for a task whose wait
 // Middleware.Drain ended.
 var ErrDraining = errors.New("worker: draining for shutdown; the task runs again on any worker")
 
 // IsFailure reports whether err, returned by a handler, should count as a
-// failure: false for nil and for a *ThrottledError (anywhere in err's
+// failure: false for nil and for a *admission.ThrottledError (anywhere in err's
 // chain), true otherwise. Use it as asynq.Config.IsFailure, so that a
 // deferred task neither uses up a retry nor counts as failed.
 func IsFailure(err error) bool {
 	if err == nil {
 		return false
 	}
-	var te *ThrottledError
+	var te *admission.ThrottledError
 	return !errors.As(err, &te)
 }
 
 // RetryDelay returns an asynq.RetryDelayFunc that schedules a task
-// deferred with a *ThrottledError for its RetryAt, rounded up to the next
+// deferred with a *admission.ThrottledError for its RetryAt, rounded up to the next
 // whole second (asynq's resolution), and at least a millisecond from now;
 // every other error gets fallback, or asynq.DefaultRetryDelayFunc if
 // fallback is nil. Use it as asynq.Config.RetryDelayFunc.
@@ -106,7 +66,7 @@ func RetryDelay(fallback asynq.RetryDelayFunc) asynq.RetryDelayFunc {
 		fallback = asynq.DefaultRetryDelayFunc
 	}
 	return func(n int, err error, t *asynq.Task) time.Duration {
-		var te *ThrottledError
+		var te *admission.ThrottledError
 		if errors.As(err, &te) {
 			return delayUntil(time.Now(), te.RetryAt)
 		}
@@ -138,7 +98,7 @@ func later(a, b time.Time) time.Time {
 }
 
 // Configure returns c with IsFailure and RetryDelayFunc wrapped so that a
-// task deferred with a *ThrottledError is rescheduled for its RetryAt
+// task deferred with a *admission.ThrottledError is rescheduled for its RetryAt
 // without counting a failure or using up a retry; every other error goes
 // to c's own IsFailure and RetryDelayFunc (asynq's defaults if unset).
 //

@@ -10,11 +10,12 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
 func TestIsFailure(t *testing.T) {
-	te := &ThrottledError{Rule: "r", Subject: "s", RetryAt: time.Unix(100, 0)}
+	te := &admission.ThrottledError{Rule: "r", Subject: "s", RetryAt: time.Unix(100, 0)}
 	for _, tc := range []struct {
 		name string
 		err  error
@@ -23,7 +24,7 @@ func TestIsFailure(t *testing.T) {
 		{"nil", nil, false},
 		{"throttled", te, false},
 		{"wrapped throttled", fmt.Errorf("handler: %w", te), false},
-		{"requeued", &ThrottledError{Requeued: "x~throttled1"}, false},
+		{"requeued", revokedError{&admission.ThrottledError{Requeued: "x~throttled1"}}, false},
 		{"plain", errors.New("boom"), true},
 		{"delay error alone", &throttle.DelayError{Rule: "r", RetryAfter: time.Second}, true},
 		{"skip retry", fmt.Errorf("bad: %w", asynq.SkipRetry), true},
@@ -79,7 +80,7 @@ func TestRetryDelay(t *testing.T) {
 		t.Errorf("other error: got %v, want the fallback's 3m", got)
 	}
 	at := time.Now().Add(4200 * time.Millisecond)
-	got := f(7, fmt.Errorf("wrapped: %w", &ThrottledError{RetryAt: at}), task)
+	got := f(7, fmt.Errorf("wrapped: %w", &admission.ThrottledError{RetryAt: at}), task)
 	if got < time.Until(at) || got > time.Until(at)+time.Second {
 		t.Errorf("throttled: got %v, want RetryAt (in %v) rounded up to a whole second", got, time.Until(at))
 	}
@@ -91,7 +92,7 @@ func TestRetryDelay(t *testing.T) {
 }
 
 func TestConfigure(t *testing.T) {
-	te := &ThrottledError{RetryAt: time.Now().Add(time.Minute)}
+	te := &admission.ThrottledError{RetryAt: time.Now().Add(time.Minute)}
 	notFailure := errors.New("not a failure to me")
 	c := Configure(asynq.Config{
 		IsFailure:      func(err error) bool { return !errors.Is(err, notFailure) },
@@ -117,8 +118,8 @@ func TestConfigure(t *testing.T) {
 
 func TestThrottledError(t *testing.T) {
 	cause := &throttle.DelayError{Rule: "stripe", RetryAfter: 4 * time.Second}
-	te := &ThrottledError{Rule: "stripe", Subject: "acct_42", RetryAt: time.Date(2026, 5, 6, 7, 8, 9, 0, time.UTC), Err: cause}
-	want := `worker: rule "stripe": subject "acct_42" throttled until 2026-05-06T07:08:09Z: throttle: rule "stripe": admission in 4s is past the limiter's MaxWait`
+	te := &admission.ThrottledError{Rule: "stripe", Subject: "acct_42", RetryAt: time.Date(2026, 5, 6, 7, 8, 9, 0, time.UTC), Err: cause}
+	want := `admission: rule "stripe": subject "acct_42" throttled until 2026-05-06T07:08:09Z: throttle: rule "stripe": admission in 4s is past the limiter's MaxWait`
 	if got := te.Error(); got != want {
 		t.Errorf("Error() =\n%s\nwant\n%s", got, want)
 	}
@@ -126,8 +127,9 @@ func TestThrottledError(t *testing.T) {
 		t.Error("a deferred task's error must unwrap to its cause and not revoke the task")
 	}
 	te.Requeued = "abc~throttled1"
-	if !errors.Is(te, asynq.RevokeTask) || !strings.Contains(te.Error(), "requeued as task abc~throttled1") {
-		t.Errorf("a requeued task's error must match asynq.RevokeTask and name the copy: %v", te)
+	var got *admission.ThrottledError
+	if err := error(revokedError{te}); !errors.Is(err, asynq.RevokeTask) || !errors.As(err, &got) || got != te || !strings.Contains(err.Error(), "requeued as task abc~throttled1") {
+		t.Errorf("a requeued task's error must match asynq.RevokeTask and its *ThrottledError, and name the copy: %v", err)
 	}
 }
 

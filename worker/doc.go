@@ -1,14 +1,21 @@
-// Package worker throttles asynq tasks with jobthrottle's shared limits:
-// a middleware that, per task type, waits for a permit while the wait
-// fits the task's deadline and the rule's maximum wait, and otherwise
-// defers the task to the exact time its permit comes, without counting a
-// failure or using up a retry.
+// Package worker is the asynq adapter of jobthrottle's shared limits: a
+// middleware that maps each task to its rule (TaskRule), subject, cost and
+// ID, asks the rule's admission.Gate, and maps the answer back to asynq:
+// run the handler, or park the task until its booked turn (an
+// *admission.ThrottledError that Configure reschedules without counting a
+// failure or using up a retry, plus a wake-up in the ledger).
 //
-//	cfg, err := worker.LoadConfig("rules.yaml") // or NewMiddleware(rules) in code
+// It owns the asynq side only: the rules file is package rules, the
+// run/wait/park decision and the wake-up ledger are package admission,
+// the limits are package throttle. It must not be imported by admission,
+// rules, enqueue or handler; only binaries and programs (cmd/worker,
+// examples) put it together with them.
+//
+//	cfg, err := rules.Load("rules.yaml") // or NewMiddleware([]worker.TaskRule{…}, opts) in code
 //	if err != nil {
 //		return err // rules.yaml:7: rule "stripe": period: "0s" must be at least 1µs
 //	}
-//	mw, err := cfg.Middleware(rdb, worker.WithMetrics(metrics))
+//	mw, err := worker.FromRules(cfg, rdb, worker.Options{Metrics: metrics, Asynq: rdb})
 //	if err != nil {
 //		return err
 //	}
@@ -19,13 +26,13 @@
 //	return srv.Run(mux)
 //
 // Configure sets asynq.Config.IsFailure and RetryDelayFunc to IsFailure
-// and RetryDelay: a deferred task returns a *ThrottledError, which asynq
+// and RetryDelay: a deferred task returns a *admission.ThrottledError, which asynq
 // then moves to its retry set for RetryAt (rounded up to the whole second,
 // asynq's resolution) without incrementing its retry count. A task whose
 // subject cannot be derived (a malformed payload) is archived at once with
 // the reason. When asynq ends a waiting task (shutdown), the permit is
 // refunded and asynq puts the task back in its queue.
 //
-// See README.md in this directory for the rules file, the metrics and the
-// deferral semantics in full.
+// See README.md in this directory for the binary, the metrics and the
+// parking semantics in full, and rules/README.md for the rules file.
 package worker

@@ -12,9 +12,9 @@ import (
 const (
 	OutcomeAdmitted = "admitted" // admitted at once (a wait under WaitThreshold)
 	OutcomeWaited   = "waited"   // admitted after waiting in the handler
-	OutcomeRedeemed = "redeemed" // admitted on a turn booked before it arrived: when it parked, or by its producer (ReceiptHeader)
+	OutcomeRedeemed = "redeemed" // admitted on a turn booked before it arrived: when it parked, or by its producer (admission.ReceiptHeader)
 	OutcomeParked   = "parked"   // parked until its turn, booked under its task ID (ErrParked)
-	OutcomeDeferred = "deferred" // deferred with a *ThrottledError for an estimate (Redis failed, Drain, or a limiter that cannot book)
+	OutcomeDeferred = "deferred" // deferred with a *admission.ThrottledError for an estimate (Redis failed, Drain, or a limiter that cannot book)
 	OutcomeRefunded = "refunded" // the task's context ended while waiting; its permits were refunded
 	OutcomeError    = "error"    // no subject (archived), or Redis failed (deferred)
 )
@@ -28,7 +28,7 @@ const WaitThreshold = 5 * time.Millisecond
 // and possibly personal data) nor anything from a payload.
 //
 //	jobthrottle_wait_seconds{rule}            histogram of the time admitted tasks waited in their handlers
-//	jobthrottle_start_delay_seconds{rule}     histogram of the time from enqueue to start (tasks with EnqueuedHeader)
+//	jobthrottle_start_delay_seconds{rule}     histogram of the time from enqueue to start (tasks with admission.EnqueuedHeader)
 //	jobthrottle_decisions_total{rule,outcome} tasks by outcome (see the Outcome constants)
 //	jobthrottle_waiters{rule}                 tasks waiting in handlers now
 //	jobthrottle_booked_ahead_seconds{rule}    how far ahead the latest parked task's turn was booked
@@ -36,7 +36,7 @@ const WaitThreshold = 5 * time.Millisecond
 //	jobthrottle_redis_errors_total            errors from Redis seen by the limiters
 //
 // A nil *Metrics records nothing. Pass one to the middleware with
-// WithMetrics; Config.Middleware also wires OnRedisError into the limiters
+// Options.Metrics; FromRules also wires OnRedisError into the limiters
 // it builds.
 type Metrics struct {
 	wait        *prometheus.HistogramVec
@@ -64,7 +64,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		delays: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "jobthrottle",
 			Name:      "start_delay_seconds",
-			Help:      "Time from enqueue to start, by rule, for tasks whose producer recorded it (EnqueuedHeader): queue time, parking and waiting together.",
+			Help:      "Time from enqueue to start, by rule, for tasks whose producer recorded it (admission.EnqueuedHeader): queue time, parking and waiting together.",
 			Buckets:   []float64{.01, .05, .1, .25, .5, 1, 2, 5, 10, 30, 60, 120, 300, 900, 3600},
 		}, []string{"rule"}),
 		ahead: prometheus.NewGaugeVec(prometheus.GaugeOpts{

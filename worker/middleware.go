@@ -2,20 +2,19 @@ package worker
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobthrottle/jobthrottle/admission"
+	"github.com/jobthrottle/jobthrottle/internal/taskroute"
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
-// Waiter is what a Rule waits on for each task: a *throttle.Limiter, or
+// Waiter is what a TaskRule waits on for each task: a *throttle.Limiter, or
 // any limiter that can wait.
 type Waiter interface {
 	// WaitN blocks until n permits for subject are granted, fails at once
@@ -26,8 +25,8 @@ type Waiter interface {
 
 var _ Waiter = (*throttle.Limiter)(nil)
 
-// Rule binds task types to a limiter and a subject.
-type Rule struct {
+// TaskRule binds task types to a limiter and a subject.
+type TaskRule struct {
 	// Name identifies the rule in errors, logs and the rule label of the
 	// metrics. Required, and unique within a Middleware.
 	Name string
@@ -50,7 +49,7 @@ type Rule struct {
 	// MaxWait bounds how long a task may wait in its handler, holding a
 	// worker slot, for a new turn. A task whose turn would come later
 	// parks: the turn is booked under its task ID and the task is
-	// deferred with a *ThrottledError until then. If zero,
+	// deferred with a *admission.ThrottledError until then. If zero,
 	// admission.DefaultMaxWait (1s); for a Limiter that cannot book (not a
 	// *throttle.Limiter, such as one whose rules are over several subjects), which defers the task
 	// to an estimate instead, zero means only the task's deadline bounds
@@ -64,14 +63,6 @@ type Rule struct {
 	WaitSlots int
 }
 
-// ReceiptHeader is the asynq task header that carries a receipt from
-// throttle.Limiter.PrepayN: a task paced at enqueue time under the same
-// limiter and subject. The middleware redeems it instead of charging the
-// rule again, and waits only if the task came before its slot. A receipt
-// that does not redeem (unknown, expired, used, or for other rules) is
-// ignored and the task is charged as usual.
-const ReceiptHeader = "jobthrottle-receipt"
-
 // DefaultRedisRetryDelay is how long a task is deferred when its limiter
 // cannot reach Redis (and is not fail-open), unless WithRedisRetryDelay
 // says otherwise.
@@ -83,104 +74,87 @@ const DefaultRedisRetryDelay = 5 * time.Second
 //
 // For each matched task it derives the subject, then waits on the rule's
 // limiter for one permit, bounded by the rule's MaxWait and the task's
-// deadline. If the permit would come later, it returns a *ThrottledError
+// deadline. If the permit would come later, it returns a *admission.ThrottledError
 // with the admission time, and asynq reschedules the task for that time
 // without counting a failure, provided the server's asynq.Config uses
 // IsFailure and RetryDelay (Configure sets both).
 //
 // A Middleware is safe for concurrent use.
 type Middleware struct {
-	rules      router[*ruleGate]
+	rules      taskroute.Router[*ruleGate]
 	log        *slog.Logger
 	metrics    *Metrics
 	requeue    *requeuer
-	wakeups    *admission.Wakeups // nil without WithAsynq
+	wakeups    *admission.Wakeups // nil without Options.Asynq
 	redisRetry time.Duration
 	drainCtx   context.Context
 	drain      context.CancelFunc
 	stopped    chan struct{} // closed when the wake-up loop has ended (nil without one)
 }
 
-// ruleGate is a Rule with its admission gate (nil for a Limiter that is not a
+// ruleGate is a TaskRule with its admission gate (nil for a Limiter that is not a
 // *throttle.Limiter, such as one whose rules are over several subjects, which waits in place).
 type ruleGate struct {
-	Rule
+	TaskRule
 	gate *admission.Gate
 }
 
-// Option configures a Middleware.
-type Option func(*options)
-
-type options struct {
-	logger     *slog.Logger
-	metrics    *Metrics
-	asynq      redis.UniversalClient
-	redisRetry time.Duration
-	waiting    int
+// Options configure a Middleware. The zero value uses every default.
+type Options struct {
+	// Logger receives the middleware's structured logs. If nil,
+	// slog.Default() is used.
+	Logger *slog.Logger
+	// Metrics, if set, records the middleware's decisions.
+	Metrics *Metrics
+	// Asynq is the Redis client of the asynq server, which the middleware
+	// uses for two things:
+	//
+	//   - Wake-ups. A parked task is recorded in a ledger in Asynq
+	//     (admission.WakeupsKey), and every middleware with Asynq set runs a
+	//     loop that moves each parked task to its queue's pending list
+	//     (asynq's Inspector.RunTask) shortly before its turn, instead of
+	//     waiting for asynq's own schedule, which keeps whole seconds. So
+	//     parked tasks start on time and spread over the second, not
+	//     together at its end. Without it, a parked task is scheduled a
+	//     little before its turn, in whole seconds, and waits out the rest
+	//     in its handler.
+	//   - Tasks with no retry left (enqueued with asynq.MaxRetry(0), or on
+	//     their last attempt after real failures), which asynq would
+	//     archive if their handler returned any error, are parked by
+	//     enqueueing a copy (same type, payload, headers, queue, timeout,
+	//     deadline and retention; the retries it had left; the ID
+	//     "<id>~throttled<n>") scheduled for the turn, and revoking the
+	//     original (the returned error then matches asynq.RevokeTask as
+	//     well as *admission.ThrottledError). Without it, such a task waits
+	//     in its handler as long as its deadline allows, ignoring MaxWait,
+	//     and is archived with a *admission.ThrottledError only if even
+	//     that is not enough.
+	//
+	// If nil, neither. With it, call Drain (or Close) when the server
+	// stops, to end the wake-up loop.
+	Asynq redis.UniversalClient
+	// MaxWaiting bounds how many tasks, of every rule and subject
+	// together, wait in their handlers for a new turn (see
+	// TaskRule.WaitSlots) in this process: give about half the server's
+	// concurrency, so that however many subjects are over their limits,
+	// the other half of the worker slots stays free for tasks that can
+	// run. If zero or negative, only each rule's WaitSlots per subject
+	// bounds them. cmd/worker sets half its concurrency.
+	MaxWaiting int
+	// RedisRetryDelay is how long a task is deferred when its limiter
+	// cannot reach Redis. If zero or negative, DefaultRedisRetryDelay.
+	RedisRetryDelay time.Duration
 }
-
-// WithLogger sets the structured logger. If unset, slog.Default() is used.
-func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
-
-// WithMetrics records the middleware's decisions in m.
-func WithMetrics(m *Metrics) Option { return func(o *options) { o.metrics = m } }
-
-// WithAsynq gives the middleware the Redis client of the asynq server
-// (rdb), which it uses for two things:
-//
-//   - Wake-ups. A parked task is recorded in a ledger in rdb
-//     (WakeupsKey), and every middleware with WithAsynq runs a loop that
-//     moves each parked task to its queue's pending list (asynq's
-//     Inspector.RunTask) shortly before its turn, instead of waiting for
-//     asynq's own schedule, which keeps whole seconds. So parked tasks
-//     start on time and spread over the second, not together at its end.
-//     Without it, a parked task is scheduled a little before its turn, in
-//     whole seconds, and waits out the rest in its handler.
-//   - Tasks with no retry left (enqueued with asynq.MaxRetry(0), or on
-//     their last attempt after real failures), which asynq would archive
-//     if their handler returned any error, are parked by enqueueing a copy
-//     (same type, payload, headers, queue, timeout, deadline and
-//     retention; the retries it had left; the ID "<id>~throttled<n>")
-//     scheduled for the turn, and revoking the original (the returned
-//     *ThrottledError then matches asynq.RevokeTask). Without it, such a
-//     task waits in its handler as long as its deadline allows, ignoring
-//     MaxWait, and is archived with a *ThrottledError only if even that is
-//     not enough.
-//
-// Call Drain (or Close) when the server stops, to end the wake-up loop.
-func WithAsynq(rdb redis.UniversalClient) Option { return func(o *options) { o.asynq = rdb } }
-
-// WithRequeue is WithAsynq, under its former name.
-//
-// Deprecated: use WithAsynq, which also wakes parked tasks on time.
-func WithRequeue(rdb redis.UniversalClient) Option { return WithAsynq(rdb) }
-
-// WithMaxWaiting bounds how many tasks, of every rule and subject together,
-// wait in their handlers for a new turn (see Rule.WaitSlots) in this
-// process: give about half the server's concurrency, so that however
-// many subjects are over their limits, the other half of the worker slots
-// stays free for tasks that can run. If unset or not positive, only each
-// rule's WaitSlots per subject bounds them. cmd/worker sets half its
-// concurrency.
-func WithMaxWaiting(n int) Option { return func(o *options) { o.waiting = n } }
-
-// WithRedisRetryDelay sets how long a task is deferred when its limiter
-// cannot reach Redis. If unset or not positive, DefaultRedisRetryDelay.
-func WithRedisRetryDelay(d time.Duration) Option { return func(o *options) { o.redisRetry = d } }
 
 // NewMiddleware returns a Middleware applying rules. It returns an error
 // naming the rule and field if a rule is incomplete (no name, no tasks, no
 // Limiter or no Subject), if two rules share a name or a pattern, or if a
 // pattern is empty or has a '*' other than at its end.
-func NewMiddleware(rules []Rule, opts ...Option) (*Middleware, error) {
-	var o options
-	for _, opt := range opts {
-		opt(&o)
-	}
+func NewMiddleware(rules []TaskRule, opts Options) (*Middleware, error) {
 	m := &Middleware{
-		log:        o.logger,
-		metrics:    o.metrics,
-		redisRetry: o.redisRetry,
+		log:        opts.Logger,
+		metrics:    opts.Metrics,
+		redisRetry: opts.RedisRetryDelay,
 	}
 	if m.log == nil {
 		m.log = slog.Default()
@@ -188,18 +162,18 @@ func NewMiddleware(rules []Rule, opts ...Option) (*Middleware, error) {
 	if m.redisRetry <= 0 {
 		m.redisRetry = DefaultRedisRetryDelay
 	}
-	if o.asynq != nil {
-		m.requeue = &requeuer{client: asynq.NewClientFromRedisClient(o.asynq), insp: asynq.NewInspectorFromRedisClient(o.asynq)}
+	if opts.Asynq != nil {
+		m.requeue = &requeuer{client: asynq.NewClientFromRedisClient(opts.Asynq), insp: asynq.NewInspectorFromRedisClient(opts.Asynq)}
 		var err error
-		if m.wakeups, err = admission.NewWakeups(o.asynq, WakeupsKey); err != nil {
+		if m.wakeups, err = admission.NewWakeups(opts.Asynq, admission.WakeupsKey); err != nil {
 			return nil, fmt.Errorf("worker: %w", err)
 		}
 	}
 	m.drainCtx, m.drain = context.WithCancel(context.Background())
 
 	var shared *admission.Slots
-	if o.waiting > 0 {
-		shared = admission.NewSlots(o.waiting)
+	if opts.MaxWaiting > 0 {
+		shared = admission.NewSlots(opts.MaxWaiting)
 	}
 	names := map[string]bool{}
 	owner := map[string]string{}
@@ -225,29 +199,29 @@ func NewMiddleware(rules []Rule, opts ...Option) (*Middleware, error) {
 			return nil, bad("wait_slots", fmt.Sprintf("%d must not be negative", r.WaitSlots))
 		}
 		names[r.Name] = true
-		rule := &ruleGate{Rule: *r}
+		rule := &ruleGate{TaskRule: *r}
 		rule.Tasks = append([]string(nil), r.Tasks...)
 		if lim, ok := r.Limiter.(*throttle.Limiter); ok {
-			cfg := admission.Config{MaxWait: r.MaxWait, WaitSlots: r.WaitSlots, Shared: shared}
+			gateOpts := admission.Options{MaxWait: r.MaxWait, WaitSlots: r.WaitSlots, Shared: shared}
 			if m.wakeups == nil {
 				// Parked tasks come back in whole seconds, up to a second
 				// early (see parkAt): let them wait that out in place.
-				cfg.EarlyWait = earlyWaitUnwoken
+				gateOpts.EarlyWait = earlyWaitUnwoken
 			}
 			var err error
-			if rule.gate, err = admission.New(lim, cfg); err != nil {
+			if rule.gate, err = admission.New(lim, gateOpts); err != nil {
 				return nil, bad("limiter", err.Error())
 			}
 		}
 		for _, p := range rule.Tasks {
-			if err := checkPattern(p); err != nil {
+			if err := taskroute.CheckPattern(p); err != nil {
 				return nil, bad("tasks", err.Error())
 			}
 			if other, dup := owner[p]; dup {
 				return nil, bad("tasks", fmt.Sprintf("pattern %q is also in rule %q; a task type takes one rule", p, other))
 			}
 			owner[p] = r.Name
-			m.rules.add(p, rule)
+			m.rules.Add(p, rule)
 		}
 	}
 	if m.wakeups != nil {
@@ -257,20 +231,9 @@ func NewMiddleware(rules []Rule, opts ...Option) (*Middleware, error) {
 	return m, nil
 }
 
-// checkPattern reports whether p is a valid task type or pattern.
-func checkPattern(p string) error {
-	switch {
-	case p == "":
-		return errors.New(`pattern "" is empty; give a task type such as "email:send" or a prefix pattern such as "stripe:*"`)
-	case strings.Contains(strings.TrimSuffix(p, "*"), "*"):
-		return fmt.Errorf(`pattern %q: '*' may only end a pattern, as in "stripe:*"`, p)
-	}
-	return nil
-}
-
 // rule returns the rule for a task type, or nil.
 func (m *Middleware) rule(taskType string) *ruleGate {
-	r, _ := m.rules.lookup(taskType)
+	r, _ := m.rules.Lookup(taskType)
 	return r
 }
 
@@ -286,7 +249,7 @@ func (m *Middleware) Wrap(next asynq.Handler) asynq.Handler {
 		if err != nil {
 			return err
 		}
-		return next.ProcessTask(context.WithValue(ctx, waitKey{}, w), task)
+		return next.ProcessTask(admission.WithWait(ctx, w), task)
 	})
 }
 
@@ -296,7 +259,7 @@ func (m *Middleware) Wrap(next asynq.Handler) asynq.Handler {
 // workers' loops wake the parked tasks). Call it when shutting down, after
 // asynq.Server.Stop and before Shutdown, so that Shutdown does not wait up
 // to ShutdownTimeout for tasks that are only waiting. Tasks on their last
-// attempt are not drained unless WithAsynq is set (deferring would
+// attempt are not drained unless Options.Asynq is set (deferring would
 // archive them); asynq puts them back in their queue when ShutdownTimeout
 // passes. Drain cannot be undone.
 func (m *Middleware) Drain() {
@@ -310,30 +273,4 @@ func (m *Middleware) Drain() {
 func (m *Middleware) Close() error {
 	m.Drain()
 	return nil
-}
-
-// Wait tells a handler how the middleware admitted its task; see
-// WaitedFrom.
-type Wait struct {
-	Rule     string        // the rule that admitted the task
-	Subject  string        // the subject it limited
-	Duration time.Duration // how long the task waited in its handler for its turn
-	// Redeemed reports that the task ran on a turn booked before it
-	// arrived: when it parked, or by its producer (ReceiptHeader).
-	Redeemed bool
-	// Turn is the task's turn on the Redis clock, if the rule's limiter
-	// books turns (a *throttle.Limiter): when it was booked for, if
-	// Redeemed.
-	Turn time.Time
-}
-
-type waitKey struct{}
-
-// WaitedFrom returns how the middleware admitted the task whose handler
-// context is ctx, and false if no rule applied. Handlers may include it in
-// their result (task.ResultWriter()); the middleware itself writes no
-// result, so it never clobbers the handler's.
-func WaitedFrom(ctx context.Context) (Wait, bool) {
-	w, ok := ctx.Value(waitKey{}).(Wait)
-	return w, ok
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
@@ -42,33 +43,33 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 // run passes task through a middleware of rules to a handler that records
 // how it was admitted.
-func run(t *testing.T, ctx context.Context, rules []Rule, task *asynq.Task, opts ...Option) (Wait, bool, error) {
+func run(t *testing.T, ctx context.Context, rules []TaskRule, task *asynq.Task, opts ...Options) (admission.Wait, bool, error) {
 	t.Helper()
-	mw, err := NewMiddleware(rules, append([]Option{WithLogger(quiet)}, opts...)...)
+	mw, err := NewMiddleware(rules, quietOptions(opts))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var w Wait
+	var w admission.Wait
 	var called bool
 	err = mw.Wrap(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error {
 		called = true
-		w, _ = WaitedFrom(ctx)
+		w, _ = admission.WaitedFrom(ctx)
 		return nil
 	})).ProcessTask(ctx, task)
 	return w, called, err
 }
 
 func TestRuleMatching(t *testing.T) {
-	named := func(name string, tasks ...string) Rule {
-		return Rule{Name: name, Tasks: tasks, Limiter: &fakeWaiter{}, Subject: Fixed("s")}
+	named := func(name string, tasks ...string) TaskRule {
+		return TaskRule{Name: name, Tasks: tasks, Limiter: &fakeWaiter{}, Subject: Fixed("s")}
 	}
-	mw, err := NewMiddleware([]Rule{
+	mw, err := NewMiddleware([]TaskRule{
 		named("all", "*"),
 		named("stripe", "stripe:*"),
 		named("stripe-refund", "stripe:refund:*"),
 		named("charge", "stripe:charge"),
 		named("email", "email:send", "email:bulk"),
-	})
+	}, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +88,7 @@ func TestRuleMatching(t *testing.T) {
 		}
 	}
 
-	mw, err = NewMiddleware([]Rule{named("stripe", "stripe:*")})
+	mw, err = NewMiddleware([]TaskRule{named("stripe", "stripe:*")}, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,39 +99,39 @@ func TestRuleMatching(t *testing.T) {
 
 func TestPassThrough(t *testing.T) {
 	f := &fakeWaiter{}
-	_, called, err := run(t, context.Background(), []Rule{{Name: "r", Tasks: []string{"stripe:*"}, Limiter: f, Subject: Fixed("s")}}, asynq.NewTask("email:send", []byte("not json")))
+	_, called, err := run(t, context.Background(), []TaskRule{{Name: "r", Tasks: []string{"stripe:*"}, Limiter: f, Subject: Fixed("s")}}, asynq.NewTask("email:send", []byte("not json")))
 	if err != nil || !called || len(f.calls) != 0 {
 		t.Errorf("unmatched task: err %v, handler called %v, limiter calls %v; want nil, true, none", err, called, f.calls)
 	}
 }
 
 func TestNewMiddlewareErrors(t *testing.T) {
-	ok := Rule{Name: "ok", Tasks: []string{"a"}, Limiter: &fakeWaiter{}, Subject: Fixed("s")}
-	with := func(f func(*Rule)) Rule { r := ok; f(&r); return r }
+	ok := TaskRule{Name: "ok", Tasks: []string{"a"}, Limiter: &fakeWaiter{}, Subject: Fixed("s")}
+	with := func(f func(*TaskRule)) TaskRule { r := ok; f(&r); return r }
 	for _, tc := range []struct {
 		name  string
-		rules []Rule
+		rules []TaskRule
 		want  string
 	}{
-		{"no name", []Rule{with(func(r *Rule) { r.Name = "" })}, `worker: rule 0: name: must not be empty`},
-		{"duplicate name", []Rule{ok, with(func(r *Rule) { r.Tasks = []string{"b"} })}, `worker: rule "ok": name: is used by two rules`},
-		{"no tasks", []Rule{with(func(r *Rule) { r.Tasks = nil })}, `worker: rule "ok": tasks: must list at least one`},
-		{"empty pattern", []Rule{with(func(r *Rule) { r.Tasks = []string{""} })}, `worker: rule "ok": tasks: pattern "" is empty`},
-		{"inner star", []Rule{with(func(r *Rule) { r.Tasks = []string{"a*b"} })}, `worker: rule "ok": tasks: pattern "a*b": '*' may only end a pattern`},
-		{"double star", []Rule{with(func(r *Rule) { r.Tasks = []string{"a**"} })}, `'*' may only end a pattern`},
-		{"shared pattern", []Rule{ok, with(func(r *Rule) { r.Name = "two" })}, `worker: rule "two": tasks: pattern "a" is also in rule "ok"`},
-		{"nil limiter", []Rule{with(func(r *Rule) { r.Limiter = nil })}, `worker: rule "ok": limiter: must not be nil`},
-		{"nil subject", []Rule{with(func(r *Rule) { r.Subject = nil })}, `worker: rule "ok": subject: must not be nil`},
-		{"negative max wait", []Rule{with(func(r *Rule) { r.MaxWait = -time.Second })}, `worker: rule "ok": max_wait: -1s must not be negative`},
+		{"no name", []TaskRule{with(func(r *TaskRule) { r.Name = "" })}, `worker: rule 0: name: must not be empty`},
+		{"duplicate name", []TaskRule{ok, with(func(r *TaskRule) { r.Tasks = []string{"b"} })}, `worker: rule "ok": name: is used by two rules`},
+		{"no tasks", []TaskRule{with(func(r *TaskRule) { r.Tasks = nil })}, `worker: rule "ok": tasks: must list at least one`},
+		{"empty pattern", []TaskRule{with(func(r *TaskRule) { r.Tasks = []string{""} })}, `worker: rule "ok": tasks: pattern "" is empty`},
+		{"inner star", []TaskRule{with(func(r *TaskRule) { r.Tasks = []string{"a*b"} })}, `worker: rule "ok": tasks: pattern "a*b": '*' may only end a pattern`},
+		{"double star", []TaskRule{with(func(r *TaskRule) { r.Tasks = []string{"a**"} })}, `'*' may only end a pattern`},
+		{"shared pattern", []TaskRule{ok, with(func(r *TaskRule) { r.Name = "two" })}, `worker: rule "two": tasks: pattern "a" is also in rule "ok"`},
+		{"nil limiter", []TaskRule{with(func(r *TaskRule) { r.Limiter = nil })}, `worker: rule "ok": limiter: must not be nil`},
+		{"nil subject", []TaskRule{with(func(r *TaskRule) { r.Subject = nil })}, `worker: rule "ok": subject: must not be nil`},
+		{"negative max wait", []TaskRule{with(func(r *TaskRule) { r.MaxWait = -time.Second })}, `worker: rule "ok": max_wait: -1s must not be negative`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := NewMiddleware(tc.rules)
+			_, err := NewMiddleware(tc.rules, Options{})
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("got %v, want an error containing %q", err, tc.want)
 			}
 		})
 	}
-	if _, err := NewMiddleware(nil); err != nil {
+	if _, err := NewMiddleware(nil, Options{}); err != nil {
 		t.Errorf("no rules: %v; want a pass-through middleware", err)
 	}
 }
@@ -161,7 +162,7 @@ func TestNoSubject(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, called, err := run(t, context.Background(), []Rule{{Name: "r", Tasks: []string{"*"}, Limiter: f, Subject: tc.subject}}, asynq.NewTask("report:build", []byte(tc.payload)), WithMetrics(m))
+			_, called, err := run(t, context.Background(), []TaskRule{{Name: "r", Tasks: []string{"*"}, Limiter: f, Subject: tc.subject}}, asynq.NewTask("report:build", []byte(tc.payload)), Options{Metrics: m})
 			if called {
 				t.Error("the handler ran for a task without a subject")
 			}
@@ -175,22 +176,6 @@ func TestNoSubject(t *testing.T) {
 				t.Errorf("decisions{outcome=error} = %v, want 1", got)
 			}
 		})
-	}
-}
-
-func TestPayloadField(t *testing.T) {
-	for payload, want := range map[string]string{
-		`{"tenant": "acme"}`:               "acme",
-		`{"tenant": "a{b}c ü"}`:            "a{b}c ü",
-		`{"tenant": 42}`:                   "42",
-		`{"tenant": -4.2e1}`:               "-4.2e1",
-		`{"tenant": "x", "tenant": "y"}`:   "y",
-		` { "other": [1], "tenant":"t" } `: "t",
-	} {
-		got, err := payloadField([]byte(payload), "tenant")
-		if err != nil || got != want {
-			t.Errorf("payloadField(%s) = %q, %v; want %q", payload, got, err, want)
-		}
 	}
 }
 
@@ -217,11 +202,11 @@ func TestDeferral(t *testing.T) {
 				start := time.Now()
 				m, _ := NewMetrics(prometheus.NewRegistry())
 				f := &fakeWaiter{wait: func(context.Context, string) error { return tc.err }}
-				_, called, err := run(t, context.Background(), []Rule{{Name: "stripe", Tasks: []string{"stripe:*"}, Limiter: f, Subject: PayloadField("acct"), MaxWait: tc.maxWait}},
-					asynq.NewTask("stripe:charge", []byte(`{"acct": "acct_42"}`)), WithMetrics(m), WithRedisRetryDelay(7*time.Second))
-				var te *ThrottledError
+				_, called, err := run(t, context.Background(), []TaskRule{{Name: "stripe", Tasks: []string{"stripe:*"}, Limiter: f, Subject: PayloadField("acct"), MaxWait: tc.maxWait}},
+					asynq.NewTask("stripe:charge", []byte(`{"acct": "acct_42"}`)), Options{Metrics: m, RedisRetryDelay: 7 * time.Second})
+				var te *admission.ThrottledError
 				if called || !errors.As(err, &te) {
-					t.Fatalf("got %v (handler ran: %v); want a *ThrottledError", err, called)
+					t.Fatalf("got %v (handler ran: %v); want a *admission.ThrottledError", err, called)
 				}
 				if te.Rule != "stripe" || te.Subject != "acct_42" || !te.RetryAt.Equal(start.Add(tc.wantAt)) || !(tc.wantCause == nil && isMaxWaitBound(err) || tc.wantCause != nil && errors.Is(err, tc.wantCause)) || !strings.Contains(err.Error(), tc.wantText) {
 					t.Errorf("got %+v; want rule stripe, subject acct_42, RetryAt start+%v, cause %v, saying %q", te, tc.wantAt, tc.wantCause, tc.wantText)
@@ -267,7 +252,7 @@ func TestWaitBound(t *testing.T) {
 					}
 					return nil
 				}}
-				if _, _, err := run(t, ctx, []Rule{{Name: "r", Tasks: []string{"t"}, Limiter: f, Subject: Fixed("s"), MaxWait: tc.maxWait}}, asynq.NewTask("t", nil)); err != nil {
+				if _, _, err := run(t, ctx, []TaskRule{{Name: "r", Tasks: []string{"t"}, Limiter: f, Subject: Fixed("s"), MaxWait: tc.maxWait}}, asynq.NewTask("t", nil)); err != nil {
 					t.Fatal(err)
 				}
 				if got != tc.want {
@@ -282,12 +267,12 @@ func TestWaitedFrom(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		m, _ := NewMetrics(prometheus.NewRegistry())
 		f := &fakeWaiter{wait: func(ctx context.Context, _ string) error { time.Sleep(1500 * time.Millisecond); return nil }}
-		w, called, err := run(t, context.Background(), []Rule{{Name: "tenant", Tasks: []string{"report:*"}, Limiter: f, Subject: PayloadField("tenant")}},
-			asynq.NewTask("report:build", []byte(`{"tenant": "acme"}`)), WithMetrics(m))
+		w, called, err := run(t, context.Background(), []TaskRule{{Name: "tenant", Tasks: []string{"report:*"}, Limiter: f, Subject: PayloadField("tenant")}},
+			asynq.NewTask("report:build", []byte(`{"tenant": "acme"}`)), Options{Metrics: m})
 		if err != nil || !called {
 			t.Fatalf("err %v, called %v", err, called)
 		}
-		if want := (Wait{Rule: "tenant", Subject: "acme", Duration: 1500 * time.Millisecond}); w != want {
+		if want := (admission.Wait{Rule: "tenant", Subject: "acme", Duration: 1500 * time.Millisecond}); w != want {
 			t.Errorf("WaitedFrom = %+v, want %+v", w, want)
 		}
 		if got := testutil.ToFloat64(m.decisions.WithLabelValues("tenant", OutcomeWaited)); got != 1 {
@@ -297,7 +282,7 @@ func TestWaitedFrom(t *testing.T) {
 			t.Errorf("wait histogram series = %d, want 1", n)
 		}
 	})
-	if _, ok := WaitedFrom(context.Background()); ok {
+	if _, ok := admission.WaitedFrom(context.Background()); ok {
 		t.Error("WaitedFrom(background) reported a wait")
 	}
 }
@@ -308,8 +293,8 @@ func TestContextEndedWhileWaiting(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		time.AfterFunc(time.Second, cancel)
 		f := &fakeWaiter{wait: func(ctx context.Context, _ string) error { <-ctx.Done(); return ctx.Err() }}
-		_, called, err := run(t, ctx, []Rule{{Name: "r", Tasks: []string{"t"}, Limiter: f, Subject: Fixed("s"), MaxWait: time.Hour}}, asynq.NewTask("t", nil), WithMetrics(m))
-		var te *ThrottledError
+		_, called, err := run(t, ctx, []TaskRule{{Name: "r", Tasks: []string{"t"}, Limiter: f, Subject: Fixed("s"), MaxWait: time.Hour}}, asynq.NewTask("t", nil), Options{Metrics: m})
+		var te *admission.ThrottledError
 		if called || !errors.Is(err, context.Canceled) || errors.As(err, &te) {
 			t.Errorf("got %v (handler ran: %v); want context.Canceled, not a deferral", err, called)
 		}
@@ -328,10 +313,10 @@ func TestQueuedPastBound(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		start := time.Now()
 		f := &fakeWaiter{wait: func(ctx context.Context, _ string) error { <-ctx.Done(); return ctx.Err() }}
-		_, _, err := run(t, context.Background(), []Rule{{Name: "r", Tasks: []string{"t"}, Limiter: f, Subject: Fixed("s"), MaxWait: 2 * time.Second}}, asynq.NewTask("t", nil))
-		var te *ThrottledError
+		_, _, err := run(t, context.Background(), []TaskRule{{Name: "r", Tasks: []string{"t"}, Limiter: f, Subject: Fixed("s"), MaxWait: 2 * time.Second}}, asynq.NewTask("t", nil))
+		var te *admission.ThrottledError
 		if !errors.As(err, &te) || !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("got %v; want a *ThrottledError caused by the bound", err)
+			t.Fatalf("got %v; want a *admission.ThrottledError caused by the bound", err)
 		}
 		if want := start.Add(4 * time.Second); !te.RetryAt.Equal(want) {
 			t.Errorf("RetryAt = start+%v, want start+4s (deferred by as long as it waited)", te.RetryAt.Sub(start))
@@ -342,7 +327,7 @@ func TestQueuedPastBound(t *testing.T) {
 func TestDrain(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &fakeWaiter{wait: func(ctx context.Context, _ string) error { <-ctx.Done(); return ctx.Err() }}
-		mw, err := NewMiddleware([]Rule{{Name: "r", Tasks: []string{"t"}, Limiter: f, Subject: Fixed("s")}}, WithLogger(quiet))
+		mw, err := NewMiddleware([]TaskRule{{Name: "r", Tasks: []string{"t"}, Limiter: f, Subject: Fixed("s")}}, Options{Logger: quiet})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -353,9 +338,9 @@ func TestDrain(t *testing.T) {
 		start := time.Now()
 		mw.Drain()
 		err = <-errc
-		var te *ThrottledError
+		var te *admission.ThrottledError
 		if !errors.As(err, &te) || !errors.Is(err, ErrDraining) || !te.RetryAt.Equal(start) {
-			t.Errorf("got %v; want a *ThrottledError for now, caused by ErrDraining", err)
+			t.Errorf("got %v; want a *admission.ThrottledError for now, caused by ErrDraining", err)
 		}
 		// Later tasks defer at once.
 		if err := h.ProcessTask(context.Background(), asynq.NewTask("t", nil)); !errors.Is(err, ErrDraining) {
@@ -364,7 +349,7 @@ func TestDrain(t *testing.T) {
 	})
 }
 
-// TestRedeem runs a task paced by its producer (PrepayN, ReceiptHeader)
+// TestRedeem runs a task paced by its producer (PrepayN, admission.ReceiptHeader)
 // on the receipt, without charging the rule again, after waiting for its
 // slot; a receipt that does not redeem is charged as usual.
 func TestRedeem(t *testing.T) {
@@ -382,8 +367,8 @@ func TestRedeem(t *testing.T) {
 			}
 			receipt, _ = res.Receipt() // the last: its slot is 700ms away
 		}
-		rules := []Rule{{Name: "r", Tasks: []string{"t"}, Limiter: lim, Subject: Fixed("s")}}
-		task := asynq.NewTaskWithHeaders("t", nil, map[string]string{ReceiptHeader: receipt})
+		rules := []TaskRule{{Name: "r", Tasks: []string{"t"}, Limiter: lim, Subject: Fixed("s")}}
+		task := asynq.NewTaskWithHeaders("t", nil, map[string]string{admission.ReceiptHeader: receipt})
 		w, called, err := run(t, ctx, rules, task)
 		if err != nil || !called {
 			t.Fatalf("err %v, called %v; want the receipt to admit", err, called)
@@ -451,7 +436,7 @@ func TestCost(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		rules := []Rule{{Name: "mail", Tasks: []string{"mail:*"}, Limiter: lim, Subject: Fixed("smtp"), Cost: PayloadCost("recipients")}}
+		rules := []TaskRule{{Name: "mail", Tasks: []string{"mail:*"}, Limiter: lim, Subject: Fixed("smtp"), Cost: PayloadCost("recipients")}}
 		task := func(payload string) *asynq.Task { return asynq.NewTask("mail:batch", []byte(payload)) }
 
 		if w, called, err := run(t, ctx, rules, task(`{"recipients": 5}`)); err != nil || !called || w.Duration != 0 {
@@ -479,4 +464,17 @@ func TestCost(t *testing.T) {
 			t.Errorf("after the archived tasks: %+v; want the next permit in 100ms", res)
 		}
 	})
+}
+
+// quietOptions returns the first of opts (the zero Options if none) with
+// the quiet logger unless it sets one.
+func quietOptions(opts []Options) Options {
+	var o Options
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	if o.Logger == nil {
+		o.Logger = quiet
+	}
+	return o
 }

@@ -9,14 +9,24 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+
+	"github.com/jobthrottle/jobthrottle/admission"
 )
 
 // requeuer defers tasks that have no retry left by enqueueing a copy (see
-// WithRequeue).
+// Options.Asynq).
 type requeuer struct {
 	client *asynq.Client
 	insp   *asynq.Inspector
 }
+
+// revokedError is the error of a task parked as a copy
+// (ThrottledError.Requeued): it matches the *admission.ThrottledError and
+// asynq.RevokeTask, so that asynq drops the original instead of archiving
+// it.
+type revokedError struct{ *admission.ThrottledError }
+
+func (e revokedError) Unwrap() []error { return []error{e.ThrottledError, asynq.RevokeTask} }
 
 // copySuffix ends the ID of a requeued copy, followed by its generation.
 const copySuffix = "~throttled"

@@ -1,12 +1,12 @@
 package worker
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 
 	"github.com/hibiken/asynq"
+
+	"github.com/jobthrottle/jobthrottle/internal/jsonpayload"
 )
 
 // Subject derives from a task what a rule limits: a tenant, an account, a
@@ -28,52 +28,7 @@ func Fixed(s string) Subject {
 // is null, empty, or not a string or number are errors.
 func PayloadField(name string) Subject {
 	return func(t *asynq.Task) (string, error) {
-		return payloadField(t.Payload(), name)
-	}
-}
-
-func payloadField(payload []byte, name string) (string, error) {
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(payload, &fields); err != nil || fields == nil {
-		return "", fmt.Errorf("payload is not a JSON object, so it has no field %q", name)
-	}
-	raw, ok := fields[name]
-	if !ok {
-		return "", fmt.Errorf("payload has no field %q", name)
-	}
-	raw = bytes.TrimSpace(raw)
-	switch {
-	case len(raw) > 0 && raw[0] == '"':
-		var s string
-		if err := json.Unmarshal(raw, &s); err != nil {
-			return "", fmt.Errorf("payload field %q: %v", name, err)
-		}
-		if s == "" {
-			return "", fmt.Errorf("payload field %q is an empty string", name)
-		}
-		return s, nil
-	case len(raw) > 0 && (raw[0] == '-' || '0' <= raw[0] && raw[0] <= '9'):
-		return string(raw), nil
-	default:
-		return "", fmt.Errorf("payload field %q is %s; want a string or a number", name, kind(raw))
-	}
-}
-
-// kind names the JSON type of raw for error messages.
-func kind(raw []byte) string {
-	switch {
-	case len(raw) == 0:
-		return "empty"
-	case raw[0] == '{':
-		return "an object"
-	case raw[0] == '[':
-		return "an array"
-	case raw[0] == '"':
-		return "a string"
-	case bytes.Equal(raw, []byte("null")):
-		return "null"
-	default:
-		return "a boolean"
+		return jsonpayload.Field(t.Payload(), name)
 	}
 }
 

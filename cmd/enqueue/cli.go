@@ -16,9 +16,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobthrottle/jobthrottle/enqueue"
+	"github.com/jobthrottle/jobthrottle/internal/redisurl"
 	"github.com/jobthrottle/jobthrottle/rules"
 	"github.com/jobthrottle/jobthrottle/throttle"
-	"github.com/jobthrottle/jobthrottle/worker"
 )
 
 // defaultRedisURL is used when neither --redis nor REDIS_URL is set.
@@ -66,7 +66,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 }
 
 // connect opens the Redis named by --redis or REDIS_URL, as cmd/worker
-// does (worker.OpenRedis: one server, TLS, Cluster or Sentinel), and
+// does (redisurl.Open: one server, TLS, Cluster or Sentinel), and
 // checks that it answers. Logs and errors show the URL without password.
 func connect(ctx context.Context, flagURL string, getenv func(string) string, log *slog.Logger) (redis.UniversalClient, error) {
 	raw := flagURL
@@ -76,11 +76,11 @@ func connect(ctx context.Context, flagURL string, getenv func(string) string, lo
 	if raw == "" {
 		raw = defaultRedisURL
 	}
-	rdb, err := worker.OpenRedis(raw)
+	rdb, err := redisurl.Open(raw)
 	if err != nil {
 		return nil, err
 	}
-	redacted := worker.RedactURL(raw)
+	redacted := redisurl.Redact(raw)
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := rdb.Ping(pctx).Err(); err != nil {
@@ -263,7 +263,7 @@ func (f *batchFlags) batch(fs *flag.FlagSet) (*enqueue.Batch, *enqueue.PaceSpec,
 				return nil, nil, fmt.Errorf("--%s comes from --rule-config; remove it", name)
 			}
 		}
-		cfg, err := worker.LoadConfig(f.ruleConfig)
+		cfg, err := rules.Load(f.ruleConfig)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -284,7 +284,7 @@ func (f *batchFlags) batch(fs *flag.FlagSet) (*enqueue.Batch, *enqueue.PaceSpec,
 			return nil, nil, errors.New("--rate needs exactly one of --subject and --subject-field, as the workers' rule has")
 		}
 		spec.Limit, spec.Algorithm, spec.Prefix = lim, algo, f.prefix
-		spec.Subject = worker.SubjectConfig{Fixed: f.subject, PayloadField: f.subjectField}
+		spec.Subject = rules.SubjectConfig{Fixed: f.subject, PayloadField: f.subjectField}
 	default:
 		return nil, nil, errors.New("--pace needs the workers' rule: --rule-config rules.yaml, or --rule, --rate and --subject/--subject-field")
 	}

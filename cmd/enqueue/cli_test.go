@@ -12,8 +12,10 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/hibiken/asynq"
 
+	"github.com/jobthrottle/jobthrottle/admission"
+	"github.com/jobthrottle/jobthrottle/internal/redisurl"
+	"github.com/jobthrottle/jobthrottle/rules"
 	"github.com/jobthrottle/jobthrottle/throttle"
-	"github.com/jobthrottle/jobthrottle/worker"
 )
 
 const rulesFile = `rules:
@@ -110,11 +112,11 @@ func TestRedisPasswordNeverShown(t *testing.T) {
 func TestBatchPacedEndToEnd(t *testing.T) {
 	m := miniredis.RunT(t)
 	dir := t.TempDir()
-	rules := writeFile(t, dir, "rules.yaml", rulesFile)
+	rulesPath := writeFile(t, dir, "rules.yaml", rulesFile)
 	payloads := writeFile(t, dir, "p.jsonl", "{\"n\":1}\n{\"n\":2}\n{\"n\":3}\n{\"n\":4}\n")
 	url := "redis://" + m.Addr()
 	code, stdout, stderr := runCmd(t, map[string]string{"REDIS_URL": url},
-		"batch", "--type", "demo:x", "--payloads", payloads, "--queue", "q", "--pace", "--rule-config", rules)
+		"batch", "--type", "demo:x", "--payloads", payloads, "--queue", "q", "--pace", "--rule-config", rulesPath)
 	if code != exitOK || !strings.Contains(stdout, "enqueued 4 demo:x tasks") || !strings.Contains(stdout, "paced") {
 		t.Fatalf("exit %d\nstdout %s\nstderr %s", code, stdout, stderr)
 	}
@@ -122,7 +124,7 @@ func TestBatchPacedEndToEnd(t *testing.T) {
 		t.Errorf("no progress lines when not on a terminal:\n%s", stderr)
 	}
 
-	rdb, err := worker.OpenRedis(url)
+	rdb, err := redisurl.Open(url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +138,7 @@ func TestBatchPacedEndToEnd(t *testing.T) {
 	if got := len(pending) + len(scheduled); got != 4 {
 		t.Fatalf("%d tasks in queue q, want 4", got)
 	}
-	cfg, err := worker.LoadConfig(rules)
+	cfg, err := rules.Load(rulesPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +147,7 @@ func TestBatchPacedEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, ti := range append(pending, scheduled...) {
-		a, err := lim.Admit(context.Background(), throttle.AdmitRequest{Subject: "acme", N: 1, Receipt: ti.Headers[worker.ReceiptHeader], Wait: -1, Tolerance: time.Hour})
+		a, err := lim.Admit(context.Background(), throttle.AdmitRequest{Subject: "acme", N: 1, Receipt: ti.Headers[admission.ReceiptHeader], Wait: -1, Tolerance: time.Hour})
 		d, ok := a.Delay, a.Status == throttle.Redeemed
 		if err != nil || !ok || d > 200*time.Millisecond {
 			t.Errorf("task %s: Redeem = %v, %v, %v; want ok within 150ms", ti.Payload, d, ok, err)

@@ -1,6 +1,10 @@
 // Command enqueue puts batches of asynq tasks in their queues, paced in the
 // same Redis ledger the workers' throttle rules use, once or on cron
 // schedules. See README.md.
+//
+// It owns flags and files only (thin, as cmd/worker): it reads --redis with
+// internal/redisurl, the rules file with package rules, and hands off to
+// package enqueue. It must not import worker or handler.
 package main
 
 import (

@@ -42,7 +42,7 @@ func newFiringMetrics() *firingMetrics {
 }
 
 // onBatch is enqueue.SchedulerOptions.OnBatch.
-func (m *firingMetrics) onBatch(schedule string, res enqueue.Result, err error) {
+func (m *firingMetrics) onBatch(schedule string, res enqueue.Summary, err error) {
 	m.n.Add(1)
 	outcome := "enqueued"
 	if err != nil {

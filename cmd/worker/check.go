@@ -6,14 +6,14 @@ import (
 	"strings"
 
 	"github.com/jobthrottle/jobthrottle/handler"
+	"github.com/jobthrottle/jobthrottle/rules"
 	"github.com/jobthrottle/jobthrottle/throttle"
-	"github.com/jobthrottle/jobthrottle/worker"
 )
 
 // check prints the rules and handlers of a valid rules file as the worker
 // understands them, for `worker --check`: what CI runs on a rules change.
 // It connects to nothing.
-func check(w io.Writer, cfg *worker.Config, handlers *handler.Config) {
+func check(w io.Writer, cfg *rules.Config, handlers *handler.Config) {
 	fmt.Fprintf(w, "%s: OK: %s, %s; prefix %q, fail_open %v\n", cfg.File, count(len(cfg.Rules), "rule"), count(len(handlers.Handlers), "handler"), cfg.Prefix, cfg.FailOpen)
 	for _, r := range cfg.Rules {
 		subject := fmt.Sprintf("payload field %q", r.Subject.PayloadField)

@@ -15,10 +15,10 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/handler"
 	"github.com/jobthrottle/jobthrottle/httpthrottle"
 	"github.com/jobthrottle/jobthrottle/throttle"
-	"github.com/jobthrottle/jobthrottle/worker"
 )
 
 // The demo task types this binary handles.
@@ -94,7 +94,7 @@ func (d *demo) echo(ctx context.Context, t *asynq.Task) error {
 	if err := json.Unmarshal(t.Payload(), &p); err != nil {
 		return fmt.Errorf("demo:echo: payload: %v: %w", err, asynq.SkipRetry)
 	}
-	w, _ := worker.WaitedFrom(ctx)
+	w, _ := admission.WaitedFrom(ctx)
 	d.log.Info("demo:echo", "tenant", p.Tenant, "message", p.Message, "waited", w.Duration.Round(time.Millisecond), "turn", w.Turn, "booked", w.Redeemed)
 	return writeResult(t, map[string]any{"message": p.Message, "waited_ms": w.Duration.Milliseconds(), "turn": w.Turn, "booked": w.Redeemed})
 }
@@ -123,14 +123,14 @@ func (d *demo) callAPI(ctx context.Context, t *asynq.Task) error {
 		// asynq retries; the retry waits out any pause the 429 set.
 		return fmt.Errorf("demo:api: the API answered %s", resp.Status)
 	}
-	w, _ := worker.WaitedFrom(ctx)
+	w, _ := admission.WaitedFrom(ctx)
 	d.log.Info("demo:api", "account", p.AccountID, "status", resp.StatusCode, "waited", w.Duration.Round(time.Millisecond))
 	_, err = t.ResultWriter().Write(body)
 	return err
 }
 
 // tenantID is demo:echo's tenant, read as the rules read subjects
-// (worker.PayloadField): a JSON string, or a number as written.
+// (rules.SubjectConfig.Of): a JSON string, or a number as written.
 type tenantID string
 
 func (id *tenantID) UnmarshalJSON(b []byte) error {

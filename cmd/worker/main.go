@@ -13,6 +13,10 @@
 // SIGINT or SIGTERM shut it down gracefully. Exit status: 0 done, 1 a
 // failure at run time, 2 bad flags or a bad rules file. See
 // worker/README.md.
+//
+// It owns flags, files and wiring only: the rules file (package rules), the
+// middleware (package worker), the handlers (package handler), Redis URLs
+// (internal/redisurl). It must not import enqueue.
 package main
 
 import (

@@ -24,6 +24,8 @@ import (
 
 	"github.com/jobthrottle/jobthrottle/handler"
 	"github.com/jobthrottle/jobthrottle/internal/devredis"
+	"github.com/jobthrottle/jobthrottle/internal/redisurl"
+	"github.com/jobthrottle/jobthrottle/rules"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/jobthrottle/jobthrottle/worker"
 )
@@ -199,8 +201,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	// Half the slots at most wait for turns, so the other half always
 	// serves tasks that can run, however many subjects are over their limits.
-	mw, err := cfg.Middleware(rdb, worker.WithLogger(log), worker.WithMetrics(metrics), worker.WithAsynq(rdb),
-		worker.WithMaxWaiting(max(concurrency/2, 1)))
+	mw, err := worker.FromRules(cfg, rdb, worker.Options{Logger: log, Metrics: metrics, Asynq: rdb, MaxWaiting: max(concurrency/2, 1)})
 	if err != nil {
 		return err
 	}
@@ -251,7 +252,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 // loadRules reads the rules file at path (the built-in demo rules if
 // path is ""): the limits and the handlers.
-func loadRules(path string) (*worker.Config, *handler.Config, error) {
+func loadRules(path string) (*rules.Config, *handler.Config, error) {
 	name, data := "rules.example.yaml (built in)", exampleRules
 	if path != "" {
 		var err error
@@ -260,7 +261,7 @@ func loadRules(path string) (*worker.Config, *handler.Config, error) {
 		}
 		name = path
 	}
-	cfg, err := worker.ParseConfig(name, data)
+	cfg, err := rules.Parse(name, data)
 	if err != nil {
 		return nil, nil, usageError{err}
 	}
@@ -289,11 +290,11 @@ func connect(ctx context.Context, log *slog.Logger, o options) (redis.UniversalC
 		redacted = dev.URL()
 	} else {
 		var err error
-		if rdb, err = worker.OpenRedis(o.redisURL); err != nil {
+		if rdb, err = redisurl.Open(o.redisURL); err != nil {
 			return nil, nil, usageError{err}
 		}
 		closeAll = func() { _ = rdb.Close() }
-		redacted = worker.RedactURL(o.redisURL)
+		redacted = redisurl.Redact(o.redisURL)
 		log.Info("worker: using Redis", "url", redacted)
 	}
 	pctx, cancel := context.WithTimeout(ctx, pingTimeout)
@@ -349,7 +350,7 @@ const readyTimeout = 2 * time.Second
 // readiness returns the /readyz check: Redis answers PING, and a throttle
 // script runs under the rules' prefix (go-redis loads it if Redis has
 // lost it, say after a restart).
-func readiness(rdb redis.UniversalClient, cfg *worker.Config) (func(context.Context) error, error) {
+func readiness(rdb redis.UniversalClient, cfg *rules.Config) (func(context.Context) error, error) {
 	lim, err := cfg.Limiter(rdb, cfg.Rules[0].Name, throttle.Options{})
 	if err != nil {
 		return nil, err
@@ -365,7 +366,7 @@ func readiness(rdb redis.UniversalClient, cfg *worker.Config) (func(context.Cont
 	}, nil
 }
 
-func ruleNames(c *worker.Config) []string {
+func ruleNames(c *rules.Config) []string {
 	var names []string
 	for _, r := range c.Rules {
 		names = append(names, r.Name)

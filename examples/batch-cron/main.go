@@ -4,6 +4,8 @@
 // them again. It runs for about ten seconds and exits.
 //
 //	go run ./examples/batch-cron
+//
+// It uses rules, enqueue, worker and admission (a producer and a worker in one program), and internal/devredis; as a program, nothing imports it.
 package main
 
 import (
@@ -20,8 +22,10 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/enqueue"
 	"github.com/jobthrottle/jobthrottle/internal/devredis"
+	"github.com/jobthrottle/jobthrottle/rules"
 	"github.com/jobthrottle/jobthrottle/worker"
 )
 
@@ -64,7 +68,7 @@ func main() {
 			log.Fatal(err)
 		}
 	}
-	cfg, err := worker.LoadConfig(filepath.Join(dir, "rules.yaml"))
+	cfg, err := rules.Load(filepath.Join(dir, "rules.yaml"))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -77,7 +81,7 @@ func main() {
 	var mu sync.Mutex
 	var runs []ran
 	slots := map[string]time.Time{} // task ID → slot
-	mw, err := cfg.Middleware(rdb, worker.WithLogger(slog.New(slog.DiscardHandler)), worker.WithAsynq(rdb))
+	mw, err := worker.FromRules(cfg, rdb, worker.Options{Logger: slog.New(slog.DiscardHandler), Asynq: rdb})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -85,7 +89,7 @@ func main() {
 	mux := asynq.NewServeMux()
 	mux.Use(mw.Wrap)
 	mux.HandleFunc("report:build", func(ctx context.Context, t *asynq.Task) error {
-		w, _ := worker.WaitedFrom(ctx)
+		w, _ := admission.WaitedFrom(ctx)
 		id, _ := asynq.GetTaskID(ctx)
 		mu.Lock()
 		runs = append(runs, ran{id: id, at: time.Now(), waited: w.Duration, redeemed: w.Redeemed})
@@ -126,7 +130,7 @@ func main() {
 			slots[e.ID] = e.Due
 			mu.Unlock()
 		},
-		OnBatch: func(_ string, res enqueue.Result, _ error) {
+		OnBatch: func(_ string, res enqueue.Summary, _ error) {
 			mu.Lock()
 			enqueued += res.Enqueued
 			mu.Unlock()

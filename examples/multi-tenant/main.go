@@ -6,6 +6,8 @@
 //	go run ./examples/multi-tenant
 //
 // No Redis is needed: it starts an in-memory one on loopback.
+//
+// It uses throttle and worker, and internal/devredis; as a program, nothing imports it.
 package main
 
 import (
@@ -66,7 +68,7 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	mw, err := worker.NewMiddleware([]worker.Rule{{
+	mw, err := worker.NewMiddleware([]worker.TaskRule{{
 		Name:    "reports",
 		Tasks:   []string{"report:*"},
 		Limiter: limiter,
@@ -74,7 +76,7 @@ func main() {
 		// A task waits in its worker slot at most this long; a later
 		// admission is deferred, which frees the slot for other tenants.
 		MaxWait: 300 * time.Millisecond,
-	}}, worker.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))))
+	}}, worker.Options{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -12,6 +12,8 @@
 // and its retry waits out the pause.
 //
 //	go run ./examples/outbound-api
+//
+// It uses throttle only; as a program, nothing imports it.
 package main
 
 import (

@@ -4,6 +4,8 @@
 //	go run ./examples/quickstart
 //
 // No Redis is needed: it starts an in-memory one on loopback.
+//
+// It uses throttle and worker, and internal/devredis; as a program, nothing imports it.
 package main
 
 import (
@@ -63,13 +65,13 @@ func main() {
 		if err != nil {
 			log.Fatal(err)
 		}
-		mw, err := worker.NewMiddleware([]worker.Rule{{
+		mw, err := worker.NewMiddleware([]worker.TaskRule{{
 			Name:    "partner-api",
 			Tasks:   []string{"report:*"},
 			Limiter: lim,
 			Subject: worker.Fixed("partner-api"), // one limit shared by every task
 			MaxWait: time.Second,                 // wait in the worker up to 1s, else park until the booked turn
-		}}, worker.WithLogger(quietLogger()), worker.WithAsynq(rdb)) // WithAsynq: parked tasks are woken on time
+		}}, worker.Options{Logger: quietLogger(), Asynq: rdb}) // Asynq: parked tasks are woken on time
 		if err != nil {
 			log.Fatal(err)
 		}

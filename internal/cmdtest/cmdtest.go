@@ -3,6 +3,8 @@
 //
 //	func TestMain(m *testing.M) { os.Exit(cmdtest.Main(m)) }
 //	code, stdout, stderr := cmdtest.Run(t, nil, "--check", "--config", path)
+//
+// Imports: the standard library only; for tests only.
 package cmdtest
 
 import (

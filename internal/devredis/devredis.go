@@ -2,6 +2,9 @@
 // worker binary and the examples when no Redis is given: enough for asynq
 // and every throttle script, with nothing to install. Its data is lost when
 // the process exits; production uses a real Redis.
+//
+// Imports: miniredis only; it must not import any package of this module,
+// so the binaries and examples can use it without pulling in another.
 package devredis
 
 import (

@@ -16,6 +16,9 @@
 // real servers that cannot be found are skipped; in CI (CI set to anything)
 // both are test failures, so a misconfigured pipeline cannot pass by testing
 // nothing. Run bash scripts/test.sh to get every backend.
+//
+// Imports: go-redis and miniredis; for tests only, it must not import
+// throttle or anything above it.
 package redistest
 
 import (

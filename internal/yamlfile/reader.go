@@ -1,14 +1,21 @@
 // Package yamlfile reads YAML files node by node so that every error names
-// the file, the line and the field. The rules-file parser (worker) and the
-// schedules-file parser (enqueue) share it, each building its own error
-// type in Reader.Fail:
+// the file, the line and the field. The rules file's parsers (package
+// rules, and package handler for its handlers section) and the schedules
+// file's (package enqueue) share it, each building a *rules.Error in
+// Reader.Fail:
 //
 //	r := &yamlfile.Reader{Fail: func(line int, field, reason string) error {
-//		return &ConfigError{File: name, Line: line, Field: field, Reason: reason}
+//		return &rules.Error{File: name, Line: line, Field: field, Reason: reason}
 //	}}
 //	root, err := r.Root(data, "rules", "the file is empty")
 //	fields, err := r.Mapping(root, "", "the file", []string{"prefix", "rules"})
-//	prefix, err := r.Str(fields["prefix"], "prefix")
+//	prefix, err := r.Prefix(fields["prefix"], "prefix", throttle.DefaultPrefix)
+//
+// It also reads the fields those files share (fields.go): names, the key
+// prefix, a subject.
+//
+// Imports: the YAML parser and throttle (subjects); it must not import
+// rules, worker, enqueue or handler.
 package yamlfile
 
 import (

@@ -1,4 +1,4 @@
-package worker
+package redisurl
 
 import (
 	"strings"
@@ -9,7 +9,7 @@ import (
 
 func TestOpenRedis(t *testing.T) {
 	t.Run("standalone", func(t *testing.T) {
-		c, err := OpenRedis("rediss://app:s3cret@db.example:6380/2?dial_timeout=3s")
+		c, err := Open("rediss://app:s3cret@db.example:6380/2?dial_timeout=3s")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -20,7 +20,7 @@ func TestOpenRedis(t *testing.T) {
 		}
 	})
 	t.Run("unix", func(t *testing.T) {
-		c, err := OpenRedis("unix:///run/redis.sock?db=3")
+		c, err := Open("unix:///run/redis.sock?db=3")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -31,7 +31,7 @@ func TestOpenRedis(t *testing.T) {
 	})
 	for _, u := range []string{"redis-cluster://:pw@h1:7000,h2:7001,h3:7002", "redis://:pw@h1:7000,h2:7001,h3:7002/0"} {
 		t.Run("cluster "+u, func(t *testing.T) {
-			c, err := OpenRedis(u)
+			c, err := Open(u)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -43,7 +43,7 @@ func TestOpenRedis(t *testing.T) {
 		})
 	}
 	t.Run("cluster tls", func(t *testing.T) {
-		c, err := OpenRedis("rediss-cluster://h1:7000,h2:7001")
+		c, err := Open("rediss-cluster://h1:7000,h2:7001")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -53,7 +53,7 @@ func TestOpenRedis(t *testing.T) {
 		}
 	})
 	t.Run("sentinel", func(t *testing.T) {
-		c, err := OpenRedis("redis-sentinel://:sentpw@s1:26379,s2:26379/mymaster/1?password=masterpw")
+		c, err := Open("redis-sentinel://:sentpw@s1:26379,s2:26379/mymaster/1?password=masterpw")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -70,18 +70,18 @@ func TestOpenRedis(t *testing.T) {
 
 func TestOpenRedisErrors(t *testing.T) {
 	for _, tc := range []struct{ url, want string }{
-		{"", "worker: empty Redis URL"},
-		{"user:hunter2@host:6379", "worker: Redis URL (a Redis URL without scheme://): redis: invalid URL scheme: user"},
-		{"redis://user:hunter2@host:notaport/0", `worker: Redis URL redis://(does not parse): invalid port ":notaport" after host`},
-		{"redis://user:hunter2@host:6379/x", `worker: Redis URL redis://user:xxxxx@host:6379/x: redis: invalid database number: "x"`},
-		{"http://user:hunter2@host:6379", `worker: Redis URL http://user:xxxxx@host:6379: redis: invalid URL scheme: http`},
-		{"redis://host:6379/?password=hunter2&bogus=1", `worker: Redis URL redis://host:6379/?bogus=1&password=xxxxx: redis: unexpected option: bogus`},
-		{"redis-sentinel://:hunter2@s1:26379", `worker: Redis URL redis-sentinel://:xxxxx@s1:26379: the path must be /<master name>[/<db>]`},
-		{"redis-cluster://:hunter2@h1:1,h2:2/3", `worker: Redis URL redis-cluster://:xxxxx@h1:1,h2:2/3: Redis Cluster has only database 0`},
-		{"redis://:hunter2@h1:1,h2:2?dial_timeout=x", `worker: Redis URL redis://:xxxxx@h1:1,h2:2?dial_timeout=x: redis: invalid dial_timeout`},
+		{"", "empty Redis URL"},
+		{"user:hunter2@host:6379", "Redis URL (a Redis URL without scheme://): redis: invalid URL scheme: user"},
+		{"redis://user:hunter2@host:notaport/0", `Redis URL redis://(does not parse): invalid port ":notaport" after host`},
+		{"redis://user:hunter2@host:6379/x", `Redis URL redis://user:xxxxx@host:6379/x: redis: invalid database number: "x"`},
+		{"http://user:hunter2@host:6379", `Redis URL http://user:xxxxx@host:6379: redis: invalid URL scheme: http`},
+		{"redis://host:6379/?password=hunter2&bogus=1", `Redis URL redis://host:6379/?bogus=1&password=xxxxx: redis: unexpected option: bogus`},
+		{"redis-sentinel://:hunter2@s1:26379", `Redis URL redis-sentinel://:xxxxx@s1:26379: the path must be /<master name>[/<db>]`},
+		{"redis-cluster://:hunter2@h1:1,h2:2/3", `Redis URL redis-cluster://:xxxxx@h1:1,h2:2/3: Redis Cluster has only database 0`},
+		{"redis://:hunter2@h1:1,h2:2?dial_timeout=x", `Redis URL redis://:xxxxx@h1:1,h2:2?dial_timeout=x: redis: invalid dial_timeout`},
 	} {
 		t.Run(tc.url, func(t *testing.T) {
-			c, err := OpenRedis(tc.url)
+			c, err := Open(tc.url)
 			if err == nil {
 				c.Close()
 				t.Fatal("no error")
@@ -112,8 +112,8 @@ func TestRedactURL(t *testing.T) {
 		"redis-cluster://:pw@a:1,b:2":                  "redis-cluster://:xxxxx@a:1,b:2",
 		"unix://:pw@/run/redis.sock?db=1&password=pw2": "unix://:xxxxx@/run/redis.sock?db=1&password=xxxxx",
 	} {
-		if got := RedactURL(in); got != want {
-			t.Errorf("RedactURL(%q) = %q, want %q", in, got, want)
+		if got := Redact(in); got != want {
+			t.Errorf("Redact(%q) = %q, want %q", in, got, want)
 		}
 	}
 }

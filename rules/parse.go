@@ -1,220 +1,16 @@
-package worker
+package rules
 
 import (
 	"errors"
-	"fmt"
+	"go.yaml.in/yaml/v3"
 	"math"
-	"os"
-	"regexp"
 	"strconv"
-	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-	"go.yaml.in/yaml/v3"
-
+	"github.com/jobthrottle/jobthrottle/internal/taskroute"
 	"github.com/jobthrottle/jobthrottle/internal/yamlfile"
-	"github.com/jobthrottle/jobthrottle/rules"
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
-
-// handlersField is the rules file's section that package handler reads
-// (what runs each task type); ParseConfig only lets it through.
-const handlersField = "handlers"
-
-// Config is a parsed rules file (see README.md for the format):
-//
-//	prefix: "jobthrottle:"
-//	fail_open: false
-//	rules:
-//	  - name: stripe
-//	    tasks: ["stripe:*"]
-//	    subject: {payload_field: account_id}
-//	    algorithm: gcra
-//	    limit: 20
-//	    period: 1s
-//	    max_wait: 30s
-//
-// ParseConfig and LoadConfig return only valid configs: every limit has
-// passed throttle.Rule.Validate.
-type Config struct {
-	// File is the name the config was parsed under, used in messages.
-	File string
-	// Prefix starts every Redis key. throttle.DefaultPrefix if the file has none.
-	Prefix string
-	// FailOpen admits tasks while Redis cannot be reached (throttle.Options.FailOpen).
-	FailOpen bool
-	// Budgets are named limits that several rules may share (a rule's
-	// budget, or a policy limit's): their keys are <prefix>{<subject>}:<name>,
-	// so every rule drawing on a budget, whatever its task types, charges
-	// the same ledger for the same subject.
-	Budgets []throttle.Rule
-	// Rules in file order.
-	Rules []RuleConfig
-}
-
-// RuleConfig is one rule of a rules file.
-type RuleConfig struct {
-	Name    string
-	Tasks   []string      // task types and prefix patterns ("stripe:*")
-	Subject SubjectConfig // what the rule limits
-	// Limits are the rule's limits, checked and charged together in one
-	// atomic call (a policy). A rule with a single limit has one, named
-	// as the rule; a policy's limits are named "<rule>.<limit>". The names
-	// are the last part of the Redis keys: <prefix>{<subject>}:<name>.
-	Limits    []throttle.Rule
-	MaxWait   time.Duration // 0: admission.DefaultMaxWait (Rule.MaxWait)
-	WaitSlots int           // 0: admission.DefaultWaitSlots (Rule.WaitSlots)
-	Cost      CostConfig    // permits per task; the zero value is one
-	Line      int           // where the rule starts in the file
-}
-
-// SubjectConfig says where a rule's subject comes from: exactly one field
-// is set.
-type SubjectConfig struct {
-	Fixed        string // one subject for every task
-	PayloadField string // a top-level field of the task's JSON payload
-}
-
-// CostConfig says how many permits each task of a rule takes: at most one
-// field is set; the zero value is one permit per task.
-type CostConfig struct {
-	Permits      int    // a fixed number of permits per task, at least 1
-	PayloadField string // a top-level field of the task's JSON payload (PayloadCost)
-}
-
-// Cost returns the Cost function c describes; nil (one permit) for the
-// zero value.
-func (c CostConfig) Cost() Cost {
-	switch {
-	case c.PayloadField != "":
-		return PayloadCost(c.PayloadField)
-	case c.Permits > 0:
-		return FixedCost(c.Permits)
-	}
-	return nil
-}
-
-// Subject returns the Subject function s describes.
-func (s SubjectConfig) Subject() Subject {
-	if s.PayloadField != "" {
-		return PayloadField(s.PayloadField)
-	}
-	return Fixed(s.Fixed)
-}
-
-// ConfigError reports an invalid rules file. Its message names the file,
-// the line, the rule and the field, and says what is allowed:
-//
-//	rules.yaml:7: rule "stripe": period: "0s" must be at least 1µs
-type ConfigError struct {
-	File   string
-	Line   int    // 1-based; 0 if unknown
-	Rule   string // the rule's name, or "#n" (1-based position) before its name is known; "" for file-level fields
-	Field  string // such as "period" or "limits[2].burst"; "" for the file as a whole
-	Reason string
-}
-
-func (e *ConfigError) Error() string {
-	return yamlfile.Message(e.File, e.Line, "rule", e.Rule, e.Field, e.Reason)
-}
-
-// LoadConfig reads and parses the rules file at path.
-func LoadConfig(path string) (*Config, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("worker: reading rules file: %w", err)
-	}
-	return ParseConfig(path, data)
-}
-
-// ParseConfig parses a rules file; name is used in error messages. It
-// returns a *ConfigError for the first problem found: YAML syntax, a
-// field that is unknown, repeated, missing or of the wrong type, or a value
-// out of range.
-func ParseConfig(name string, data []byte) (*Config, error) {
-	p := &parser{file: name}
-	p.Reader = yamlfile.Reader{
-		Fail: func(line int, field, reason string) error {
-			return &ConfigError{File: name, Line: line, Rule: p.rule, Field: field, Reason: reason}
-		},
-		DurationExamples: "1s, 500ms or 1h",
-		DurationSyntax:   "(ns, us, ms, s, m, h), such as 1s, 500ms or 1h",
-	}
-	root, err := p.Root(data, "rules", "the file is empty; it needs a rules list (see worker/README.md)")
-	if err != nil {
-		return nil, err
-	}
-	return p.config(root)
-}
-
-// Rule returns the rule named name.
-func (c *Config) Rule(name string) (RuleConfig, bool) {
-	for _, r := range c.Rules {
-		if r.Name == name {
-			return r, true
-		}
-	}
-	return RuleConfig{}, false
-}
-
-// RuleFor returns the rule that applies to tasks of type taskType, as the
-// middleware chooses it: the rule listing the exact type, else the one
-// with the longest matching prefix pattern.
-func (c *Config) RuleFor(taskType string) (RuleConfig, bool) {
-	var r router[int]
-	for i, rc := range c.Rules {
-		for _, p := range rc.Tasks {
-			r.add(p, i)
-		}
-	}
-	i, ok := r.lookup(taskType)
-	if !ok {
-		return RuleConfig{}, false
-	}
-	return c.Rules[i], true
-}
-
-// Limiter builds the limiter of the rule named rule: its Limits under the
-// config's Prefix and FailOpen, with base's Logger and OnRedisError (other
-// fields of base are ignored). Producers that pace tasks at enqueue time
-// (throttle.Limiter.PrepayN) use it to book in the ledger the workers use.
-func (c *Config) Limiter(rdb redis.UniversalClient, rule string, base throttle.Options) (*throttle.Limiter, error) {
-	r, ok := c.Rule(rule)
-	if !ok {
-		return nil, fmt.Errorf("worker: %s: no rule named %q", c.File, rule)
-	}
-	opts := throttle.Options{Prefix: c.Prefix, FailOpen: c.FailOpen, Logger: base.Logger, OnRedisError: base.OnRedisError}
-	lim, err := throttle.New(rdb, opts, r.Limits...)
-	if err != nil {
-		return nil, fmt.Errorf("worker: %s:%d: rule %q: %w", c.File, r.Line, r.Name, err)
-	}
-	return lim, nil
-}
-
-// Middleware builds a limiter for every rule on rdb and returns the
-// middleware applying them. The options are those of NewMiddleware;
-// WithLogger's logger and WithMetrics' OnRedisError also go to the
-// limiters.
-func (c *Config) Middleware(rdb redis.UniversalClient, opts ...Option) (*Middleware, error) {
-	var o options
-	for _, opt := range opts {
-		opt(&o)
-	}
-	base := throttle.Options{Logger: o.logger}
-	if o.metrics != nil {
-		base.OnRedisError = o.metrics.OnRedisError
-	}
-	rules := make([]Rule, 0, len(c.Rules))
-	for _, r := range c.Rules {
-		lim, err := c.Limiter(rdb, r.Name, base)
-		if err != nil {
-			return nil, err
-		}
-		rules = append(rules, Rule{Name: r.Name, Tasks: r.Tasks, Limiter: lim, Subject: r.Subject.Subject(), Cost: r.Cost.Cost(), MaxWait: r.MaxWait, WaitSlots: r.WaitSlots})
-	}
-	return NewMiddleware(rules, opts...)
-}
 
 // maxWaitSlots bounds wait_slots: more waiting handlers per subject than
 // this is no longer a bound.
@@ -227,16 +23,9 @@ var (
 	limitFields = []string{"name", "algorithm", "limit", "period", "burst", "precision", "budget"}
 	// limitOnly are the rule fields that describe a single limit, which a
 	// policy (limits) puts in each of its limits instead.
-	limitOnly     = []string{"algorithm", "limit", "period", "burst", "precision"}
-	subjectFields = []string{"fixed", "payload_field"}
-	costFields    = []string{"payload_field"}
+	limitOnly  = []string{"algorithm", "limit", "period", "burst", "precision"}
+	costFields = []string{"payload_field"}
 )
-
-// nameRE is what rule and limit names may look like: they become metric
-// labels and parts of Redis keys.
-var nameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
-
-const nameRule = "letters, digits, '-' and '_' only, at most 64"
 
 // parser walks a rules file's YAML nodes, keeping the file name and the
 // rule being parsed for errors.
@@ -268,14 +57,8 @@ func (p *parser) config(root *yaml.Node) (*Config, error) {
 	}
 	c := &Config{File: p.file, Prefix: throttle.DefaultPrefix}
 	if n := fields["prefix"]; n != nil {
-		if c.Prefix, err = p.Str(n, "prefix"); err != nil {
+		if c.Prefix, err = p.Prefix(n, "prefix", throttle.DefaultPrefix); err != nil {
 			return nil, err
-		}
-		if strings.ContainsAny(c.Prefix, "{}") {
-			return nil, p.Failf(n, "prefix", "%q must not contain '{' or '}', which delimit the subject's hash tag", c.Prefix)
-		}
-		if c.Prefix == "" {
-			return nil, p.Failf(n, "prefix", `must not be empty; leave it out for %q`, throttle.DefaultPrefix)
 		}
 	}
 	if n := fields["fail_open"]; n != nil {
@@ -320,22 +103,12 @@ func (p *parser) ruleConfig(n *yaml.Node, i int, names map[string]int, owner map
 	r := RuleConfig{Line: n.Line}
 
 	nn := fields["name"]
-	if nn == nil {
-		return r, p.Failf(n, "name", "missing; give the rule a name (%s)", nameRule)
-	}
-	if r.Name, err = p.Str(nn, "name"); err != nil {
+	if r.Name, err = p.Name(n, nn, "name", "the rule", "rule", "", names); err != nil {
 		return r, err
-	}
-	if !nameRE.MatchString(r.Name) {
-		return r, p.Failf(nn, "name", "%q: use %s", r.Name, nameRule)
-	}
-	if line, dup := names[r.Name]; dup {
-		return r, p.Failf(nn, "name", "%q is also the name of the rule on line %d; names must be unique", r.Name, line)
 	}
 	if _, clash := p.budgetsByName[r.Name]; clash {
 		return r, p.Failf(nn, "name", "%q is also the name of a budget; a rule of that name would share the budget's keys, so rename one", r.Name)
 	}
-	names[r.Name] = nn.Line
 	p.rule = r.Name
 
 	if r.Tasks, err = p.tasks(n, fields["tasks"], owner); err != nil {
@@ -413,7 +186,7 @@ func (p *parser) ruleConfig(n *yaml.Node, i int, names map[string]int, owner map
 			r.Limits = append(r.Limits, b)
 			continue
 		}
-		name, err := p.listName(ln, lf["name"], path, "limit of a policy", "within a rule", seen)
+		name, err := p.Name(ln, lf["name"], yamlfile.Join(path, "name"), "each limit of a policy", "limit", " within a rule", seen)
 		if err != nil {
 			return r, err
 		}
@@ -440,7 +213,7 @@ func (p *parser) tasks(rule, n *yaml.Node, owner map[string]string) ([]string, e
 		if err != nil {
 			return nil, err
 		}
-		if err := checkPattern(t); err != nil {
+		if err := taskroute.CheckPattern(t); err != nil {
 			return nil, p.Failf(tn, "tasks", "%v", err)
 		}
 		if other, dup := owner[t]; dup {
@@ -456,36 +229,13 @@ func (p *parser) tasks(rule, n *yaml.Node, owner map[string]string) ([]string, e
 }
 
 func (p *parser) subject(rule, n *yaml.Node) (SubjectConfig, error) {
-	const help = `give {payload_field: <JSON field>} or {fixed: <subject>}`
 	if n == nil {
-		return SubjectConfig{}, p.Failf(rule, "subject", "missing; %s", help)
-	}
-	fields, err := p.Mapping(n, "subject", "subject", subjectFields)
-	if err != nil {
-		return SubjectConfig{}, err
+		return SubjectConfig{}, p.Failf(rule, "subject", "missing; %s", yamlfile.SubjectHelp)
 	}
 	var s SubjectConfig
-	switch {
-	case len(fields) != 1:
-		return s, p.Failf(n, "subject", "%s, exactly one of them", help)
-	case fields["fixed"] != nil:
-		v := fields["fixed"]
-		if s.Fixed, err = p.Str(v, "subject.fixed"); err != nil {
-			return s, err
-		}
-		if _, err := throttle.EncodeSubject(s.Fixed); err != nil {
-			return s, p.Failf(v, "subject.fixed", "%q: %v", s.Fixed, err)
-		}
-	default:
-		v := fields["payload_field"]
-		if s.PayloadField, err = p.Str(v, "subject.payload_field"); err != nil {
-			return s, err
-		}
-		if s.PayloadField == "" {
-			return s, p.Failf(v, "subject.payload_field", `must name a top-level field of the JSON payload, such as "tenant_id"`)
-		}
-	}
-	return s, nil
+	var err error
+	s.Fixed, s.PayloadField, err = p.Subject(n, "subject")
+	return s, err
 }
 
 // budgets reads the file's named limits.
@@ -502,7 +252,7 @@ func (p *parser) budgets(n *yaml.Node) ([]throttle.Rule, error) {
 		if err != nil {
 			return nil, err
 		}
-		name, err := p.listName(bn, bf["name"], path, "budget", "", seen)
+		name, err := p.Name(bn, bf["name"], yamlfile.Join(path, "name"), "each budget", "budget", "", seen)
 		if err != nil {
 			return nil, err
 		}
@@ -513,29 +263,6 @@ func (p *parser) budgets(n *yaml.Node) ([]throttle.Rule, error) {
 		out = append(out, b)
 	}
 	return out, nil
-}
-
-// listName reads the name (node nn) of the list entry at n and path: a
-// limit of a policy or a budget (what), unique among those seen (within
-// says where, for the message).
-func (p *parser) listName(n, nn *yaml.Node, path, what, within string, seen map[string]int) (string, error) {
-	field := yamlfile.Join(path, "name")
-	if nn == nil {
-		return "", p.Failf(n, field, "missing; give each %s a name (%s)", what, nameRule)
-	}
-	name, err := p.Str(nn, field)
-	if err != nil {
-		return "", err
-	}
-	if !nameRE.MatchString(name) {
-		return "", p.Failf(nn, field, "%q: use %s", name, nameRule)
-	}
-	if line, dup := seen[name]; dup {
-		what, _, _ = strings.Cut(what, " ")
-		return "", p.Failf(nn, field, "%q is also the name of the %s on line %d; names must be unique%s", name, what, line, strings.TrimSuffix(" "+within, " "))
-	}
-	seen[name] = nn.Line
-	return name, nil
 }
 
 // budget reads a reference to a budget of the file.
@@ -616,7 +343,7 @@ func (p *parser) limit(n *yaml.Node, fields map[string]*yaml.Node, path, name st
 	if err != nil {
 		return r, err
 	}
-	if r.Algorithm, err = rules.ParseAlgorithm(as); err != nil {
+	if r.Algorithm, err = ParseAlgorithm(as); err != nil {
 		return r, p.Failf(an, f("algorithm"), "%q is not one of fixed_window, sliding_log, sliding_window, token_bucket, gcra (or leaky_bucket)", as)
 	}
 

@@ -1,4 +1,12 @@
-package worker
+// Package redisurl opens the Redis a URL names (one server, TLS, a Unix
+// socket, Redis Cluster or Sentinel) and writes URLs for logs with every
+// password replaced. Both binaries (cmd/worker, cmd/enqueue) read their
+// --redis flag with it, so they accept the same URLs.
+//
+// Its errors carry no package prefix: each binary prefixes its own name
+// ("worker: Redis URL …"). Imports: go-redis only; it must not import any
+// other package of this module.
+package redisurl
 
 import (
 	"errors"
@@ -9,7 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// OpenRedis returns a client for the Redis that rawURL names, for both
+// Open returns a client for the Redis that rawURL names, for both
 // asynq and the limiters:
 //
 //	redis://[user:password@]host:port[/db][?options]      one server (rediss:// for TLS)
@@ -25,12 +33,12 @@ import (
 //
 // Options are go-redis's query parameters (dial_timeout=3s, pool_size=20,
 // …; see redis.ParseURL, redis.ParseClusterURL, redis.ParseFailoverURL).
-// Errors never contain a password; log the URL with RedactURL.
-func OpenRedis(rawURL string) (redis.UniversalClient, error) {
+// Errors never contain a password; log the URL with Redact.
+func Open(rawURL string) (redis.UniversalClient, error) {
 	if rawURL == "" {
-		return nil, errors.New("worker: empty Redis URL; use redis://host:port")
+		return nil, errors.New("empty Redis URL; use redis://host:port")
 	}
-	redacted := RedactURL(rawURL)
+	redacted := Redact(rawURL)
 	fail := func(err error) error {
 		// url.Error repeats the URL, password and all: keep only its cause.
 		var ue *url.Error
@@ -38,7 +46,7 @@ func OpenRedis(rawURL string) (redis.UniversalClient, error) {
 			err = ue.Err
 		}
 		msg := scrubSecrets(err.Error(), rawURL)
-		return fmt.Errorf("worker: Redis URL %s: %s; use redis://[user:password@]host:port[/db], rediss:// for TLS, redis-cluster://host:port,host:port or redis-sentinel://host:port,host:port/master", redacted, msg)
+		return fmt.Errorf("Redis URL %s: %s; use redis://[user:password@]host:port[/db], rediss:// for TLS, redis-cluster://host:port,host:port or redis-sentinel://host:port,host:port/master", redacted, msg)
 	}
 	u, err := url.Parse(rawURL)
 	if err != nil {
@@ -89,10 +97,10 @@ func OpenRedis(rawURL string) (redis.UniversalClient, error) {
 // secretParams are the query parameters of a Redis URL that hold secrets.
 var secretParams = []string{"password", "sentinel_password"}
 
-// RedactURL returns rawURL with every password (in the userinfo, and in
+// Redact returns rawURL with every password (in the userinfo, and in
 // password= and sentinel_password= parameters) replaced by "xxxxx", for
 // logs and errors. A URL that does not parse is shown as its scheme only.
-func RedactURL(rawURL string) string {
+func Redact(rawURL string) string {
 	u, err := url.Parse(rawURL)
 	if err == nil && (u.Opaque != "" || u.Scheme == "") {
 		// Not a URL at all: perhaps a password pasted in the wrong place.

@@ -1,4 +1,4 @@
-package worker
+package rules
 
 import (
 	"context"
@@ -19,7 +19,7 @@ func TestDefaultPrefixIsOneLedger(t *testing.T) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	ctx := context.Background()
 
-	cfg, err := ParseConfig("rules.yaml", []byte("rules: [{name: api, tasks: [a], subject: {fixed: x}, algorithm: gcra, limit: 2, period: 1h, burst: 2}]"))
+	cfg, err := Parse("rules.yaml", []byte("rules: [{name: api, tasks: [a], subject: {fixed: x}, algorithm: gcra, limit: 2, period: 1h, burst: 2}]"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package worker
+package rules
 
 import (
 	"context"
@@ -46,8 +46,8 @@ rules:
     cost: {payload_field: recipients}
 `
 
-func TestParseConfig(t *testing.T) {
-	c, err := ParseConfig("rules.yaml", []byte(validConfig))
+func TestParse(t *testing.T) {
+	c, err := Parse("rules.yaml", []byte(validConfig))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +83,7 @@ func TestParseConfig(t *testing.T) {
 		}
 	}
 
-	min, err := ParseConfig("min.yaml", []byte("rules: [{name: a, tasks: [a], subject: {fixed: x}, algorithm: token_bucket, limit: 1, period: 1h}]"))
+	min, err := Parse("min.yaml", []byte("rules: [{name: a, tasks: [a], subject: {fixed: x}, algorithm: token_bucket, limit: 1, period: 1h}]"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,17 +92,17 @@ func TestParseConfig(t *testing.T) {
 	}
 }
 
-func TestLoadConfig(t *testing.T) {
+func TestLoad(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "rules.yaml")
 	if err := os.WriteFile(path, []byte(strings.Replace(validConfig, "limit: 20", "limit: 0", 1)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	_, err := LoadConfig(path)
-	var ce *ConfigError
-	if !errors.As(err, &ce) || ce.File != path || ce.Line != 9 || ce.Rule != "stripe" || ce.Field != "limit" {
-		t.Errorf("got %v; want a *ConfigError at %s:9, rule stripe, field limit", err, path)
+	_, err := Load(path)
+	var ce *Error
+	if !errors.As(err, &ce) || ce.File != path || ce.Line != 9 || ce.Kind != "rule" || ce.Name != "stripe" || ce.Field != "limit" {
+		t.Errorf("got %v; want a *Error at %s:9, rule stripe, field limit", err, path)
 	}
-	if _, err := LoadConfig(filepath.Join(t.TempDir(), "missing.yaml")); err == nil || !strings.Contains(err.Error(), "missing.yaml") {
+	if _, err := Load(filepath.Join(t.TempDir(), "missing.yaml")); err == nil || !strings.Contains(err.Error(), "missing.yaml") {
 		t.Errorf("missing file: %v", err)
 	}
 }
@@ -118,7 +118,7 @@ const rule = `rules:
     period: 1s
 `
 
-func TestParseConfigErrors(t *testing.T) {
+func TestParseErrors(t *testing.T) {
 	edit := func(old, new string) string {
 		if !strings.Contains(rule, old) {
 			panic("test edit: " + old)
@@ -132,8 +132,8 @@ func TestParseConfigErrors(t *testing.T) {
 		name, yaml, want string
 	}{
 		// The file as a whole.
-		{"empty", "", `rules.yaml: the file is empty; it needs a rules list (see worker/README.md)`},
-		{"comments only", "# nothing\n", `rules.yaml: the file is empty; it needs a rules list (see worker/README.md)`},
+		{"empty", "", `rules.yaml: the file is empty; it needs a rules list (see rules/README.md)`},
+		{"comments only", "# nothing\n", `rules.yaml: the file is empty; it needs a rules list (see rules/README.md)`},
 		{"syntax", "rules:\n  - name: a\n    tasks: [b\n", `rules.yaml:2: invalid YAML: did not find expected ',' or ']'`},
 		{"bad indent", "rules:\n  - name: a\n   tasks: [b]\n", `rules.yaml:1: invalid YAML: did not find expected '-' indicator`}, // the line yaml reports
 		{"tab indent", "rules:\n\t- name: a\n", `rules.yaml:2: invalid YAML: found character that cannot start any token`},
@@ -227,13 +227,13 @@ func TestParseConfigErrors(t *testing.T) {
 		{"limit burst on window", policy("      - {name: a, algorithm: sliding_log, limit: 3, period: 1s, burst: 2}\n"), `rules.yaml:6: rule "p": limits[1].burst: applies only to token_bucket and gcra; sliding_log admits limit per period`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := ParseConfig("rules.yaml", []byte(tc.yaml))
+			c, err := Parse("rules.yaml", []byte(tc.yaml))
 			if err == nil {
 				t.Fatalf("ParseConfig succeeded: %+v", c)
 			}
-			var ce *ConfigError
+			var ce *Error
 			if !errors.As(err, &ce) {
-				t.Fatalf("got %T %v, want a *ConfigError", err, err)
+				t.Fatalf("got %T %v, want a *Error", err, err)
 			}
 			if !strings.HasPrefix(err.Error(), tc.want) {
 				t.Errorf("got  %s\nwant %s", err, tc.want)
@@ -244,7 +244,7 @@ func TestParseConfigErrors(t *testing.T) {
 
 func TestSlidingLogLimit(t *testing.T) {
 	y := strings.Replace(strings.Replace(rule, "algorithm: gcra", "algorithm: sliding_log", 1), "limit: 20", "limit: 2000000", 1)
-	_, err := ParseConfig("rules.yaml", []byte(y))
+	_, err := Parse("rules.yaml", []byte(y))
 	want := `rules.yaml:6: rule "stripe": limit: 2000000 must be at most 1000000 for sliding_log, which stores every permit; use sliding_window`
 	if err == nil || err.Error() != want {
 		t.Errorf("got  %v\nwant %s", err, want)
@@ -266,7 +266,7 @@ func TestConfigAnchors(t *testing.T) {
     limit: *l
     period: 1m
 `
-	c, err := ParseConfig("rules.yaml", []byte(y))
+	c, err := Parse("rules.yaml", []byte(y))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,16 +275,16 @@ func TestConfigAnchors(t *testing.T) {
 	}
 }
 
-func FuzzParseConfig(f *testing.F) {
+func FuzzParse(f *testing.F) {
 	f.Add([]byte(validConfig))
 	f.Add([]byte(rule))
 	f.Add([]byte("rules: [{name: a, tasks: [a], subject: {fixed: x}, limits: [{name: b, algorithm: sliding_window, limit: 3, period: 1s, precision: 10ms}]}]"))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		c, err := ParseConfig("fuzz.yaml", data)
+		c, err := Parse("fuzz.yaml", data)
 		if err != nil {
-			var ce *ConfigError
+			var ce *Error
 			if !errors.As(err, &ce) {
-				t.Fatalf("error %T is not a *ConfigError: %v", err, err)
+				t.Fatalf("error %T is not a *Error: %v", err, err)
 			}
 			if !strings.HasPrefix(err.Error(), "fuzz.yaml") {
 				t.Fatalf("error does not name the file: %v", err)
@@ -326,7 +326,7 @@ rules:
       - {budget: email}
       - {name: own, algorithm: gcra, limit: 100, period: 1s}
 `
-	c, err := ParseConfig("rules.yaml", []byte(file))
+	c, err := Parse("rules.yaml", []byte(file))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -377,10 +377,54 @@ rules:
 			`rules.yaml:2: budgets[1].name: missing; give each budget a name`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := ParseConfig("rules.yaml", []byte(tc.file))
+			_, err := Parse("rules.yaml", []byte(tc.file))
 			if err == nil || !strings.HasPrefix(err.Error(), tc.want) {
 				t.Errorf("got  %v\nwant %s", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestOf derives subjects and costs from payloads as the workers and the
+// producers both do.
+func TestOf(t *testing.T) {
+	payload := []byte(`{"tenant": "acme", "n": 3, "id": 42, "bad": true}`)
+	for _, tc := range []struct {
+		name    string
+		s       SubjectConfig
+		want    string
+		wantErr string
+	}{
+		{"fixed", SubjectConfig{Fixed: "all"}, "all", ""},
+		{"string field", SubjectConfig{PayloadField: "tenant"}, "acme", ""},
+		{"number field", SubjectConfig{PayloadField: "id"}, "42", ""},
+		{"missing", SubjectConfig{PayloadField: "nope"}, "", `payload has no field "nope"`},
+		{"boolean", SubjectConfig{PayloadField: "bad"}, "", `payload field "bad" is a boolean; want a string or a number`},
+	} {
+		got, err := tc.s.Of(payload)
+		if got != tc.want || (err == nil) != (tc.wantErr == "") || err != nil && err.Error() != tc.wantErr {
+			t.Errorf("%s: Of = %q, %v; want %q, %q", tc.name, got, err, tc.want, tc.wantErr)
+		}
+	}
+	for _, tc := range []struct {
+		name    string
+		c       CostConfig
+		want    int
+		wantErr string
+	}{
+		{"zero is one", CostConfig{}, 1, ""},
+		{"permits", CostConfig{Permits: 5}, 5, ""},
+		{"field", CostConfig{PayloadField: "n"}, 3, ""},
+		{"not a number", CostConfig{PayloadField: "tenant"}, 0, `payload cost field "tenant" is a string; want a whole number of permits`},
+		{"not an object", CostConfig{PayloadField: "n"}, 0, `payload is not a JSON object, so it has no cost field "n"`},
+	} {
+		p := payload
+		if tc.name == "not an object" {
+			p = []byte(`[1]`)
+		}
+		got, err := tc.c.Of(p)
+		if got != tc.want || (err == nil) != (tc.wantErr == "") || err != nil && err.Error() != tc.wantErr {
+			t.Errorf("%s: Of = %d, %v; want %d, %q", tc.name, got, err, tc.want, tc.wantErr)
+		}
 	}
 }

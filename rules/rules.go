@@ -1,0 +1,201 @@
+// Package rules owns the rules file: the limits a worker fleet applies to
+// each task type, parsed and validated with line-numbered errors. The
+// workers (package worker, cmd/worker), the handlers (package handler,
+// which reads the file's handlers section) and the producers that pace at
+// the source (package enqueue, cmd/enqueue) all read the same file with
+// it, so they cannot disagree on a rule, its subject, its cost or its
+// Redis keys.
+//
+//	cfg, err := rules.Load("rules.yaml")
+//	if err != nil {
+//		return err // rules.yaml:7: rule "stripe": period: "0s" must be at least 1µs
+//	}
+//	rc, ok := cfg.RuleFor("stripe:charge")        // the rule of a task type
+//	lim, err := cfg.Limiter(rdb, rc.Name, throttle.Options{})
+//	subject, err := rc.Subject.Of(payload)        // as the workers derive it
+//
+// Error is the one error type of jobthrottle's files: this one, its
+// handlers section and cmd/enqueue's schedules file.
+//
+// Imports: throttle, go-redis and the YAML parser; it must not import
+// asynq, admission, worker, enqueue or handler.
+package rules
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/jobthrottle/jobthrottle/internal/jsonpayload"
+	"github.com/jobthrottle/jobthrottle/internal/taskroute"
+	"github.com/jobthrottle/jobthrottle/internal/yamlfile"
+	"github.com/jobthrottle/jobthrottle/throttle"
+)
+
+// handlersField is the rules file's section that package handler reads
+// (what runs each task type); Parse only lets it through.
+const handlersField = "handlers"
+
+// Config is a parsed rules file (see README.md for the format):
+//
+//	prefix: "jobthrottle:"
+//	fail_open: false
+//	rules:
+//	  - name: stripe
+//	    tasks: ["stripe:*"]
+//	    subject: {payload_field: account_id}
+//	    algorithm: gcra
+//	    limit: 20
+//	    period: 1s
+//	    max_wait: 30s
+//
+// Parse and Load return only valid configs: every limit has
+// passed throttle.Rule.Validate.
+type Config struct {
+	// File is the name the config was parsed under, used in messages.
+	File string
+	// Prefix starts every Redis key. throttle.DefaultPrefix if the file has none.
+	Prefix string
+	// FailOpen admits tasks while Redis cannot be reached (throttle.Options.FailOpen).
+	FailOpen bool
+	// Budgets are named limits that several rules may share (a rule's
+	// budget, or a policy limit's): their keys are <prefix>{<subject>}:<name>,
+	// so every rule drawing on a budget, whatever its task types, charges
+	// the same ledger for the same subject.
+	Budgets []throttle.Rule
+	// Rules in file order.
+	Rules []RuleConfig
+}
+
+// RuleConfig is one rule of a rules file.
+type RuleConfig struct {
+	Name    string
+	Tasks   []string      // task types and prefix patterns ("stripe:*")
+	Subject SubjectConfig // what the rule limits
+	// Limits are the rule's limits, checked and charged together in one
+	// atomic call (a policy). A rule with a single limit has one, named
+	// as the rule; a policy's limits are named "<rule>.<limit>". The names
+	// are the last part of the Redis keys: <prefix>{<subject>}:<name>.
+	Limits    []throttle.Rule
+	MaxWait   time.Duration // 0: admission.DefaultMaxWait (worker.TaskRule.MaxWait)
+	WaitSlots int           // 0: admission.DefaultWaitSlots (worker.TaskRule.WaitSlots)
+	Cost      CostConfig    // permits per task; the zero value is one
+	Line      int           // where the rule starts in the file
+}
+
+// SubjectConfig says where a rule's subject comes from: exactly one field
+// is set.
+type SubjectConfig struct {
+	Fixed        string // one subject for every task
+	PayloadField string // a top-level field of the task's JSON payload
+}
+
+// Of returns the subject of a task whose payload is payload: Fixed, or
+// the value of the field PayloadField (a string, or a number as written).
+// An error means the task can never be admitted: a payload that is not a
+// JSON object, a missing field, or a value that is null, empty, or not a
+// string or number.
+func (s SubjectConfig) Of(payload []byte) (string, error) {
+	if s.PayloadField != "" {
+		return jsonpayload.Field(payload, s.PayloadField)
+	}
+	return s.Fixed, nil
+}
+
+// CostConfig says how many permits each task of a rule takes: at most one
+// field is set; the zero value is one permit per task.
+type CostConfig struct {
+	Permits      int    // a fixed number of permits per task, at least 1
+	PayloadField string // a top-level field of the task's JSON payload
+}
+
+// MaxCost bounds a cost, whatever its source.
+const MaxCost = jsonpayload.MaxCost
+
+// Of returns the permits a task whose payload is payload takes: Permits,
+// the whole number in the field PayloadField (0 to MaxCost), or 1 for the
+// zero CostConfig. An error means the task can never be admitted.
+func (c CostConfig) Of(payload []byte) (int, error) {
+	switch {
+	case c.PayloadField != "":
+		return jsonpayload.Cost(payload, c.PayloadField)
+	case c.Permits > 0:
+		return c.Permits, nil
+	}
+	return 1, nil
+}
+
+// Load reads and parses the rules file at path.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("rules: reading rules file: %w", err)
+	}
+	return Parse(path, data)
+}
+
+// Parse parses a rules file; name is used in error messages. It
+// returns a *Error for the first problem found: YAML syntax, a
+// field that is unknown, repeated, missing or of the wrong type, or a value
+// out of range.
+func Parse(name string, data []byte) (*Config, error) {
+	p := &parser{file: name}
+	p.Reader = yamlfile.Reader{
+		Fail: func(line int, field, reason string) error {
+			return &Error{File: name, Line: line, Kind: "rule", Name: p.rule, Field: field, Reason: reason}
+		},
+		DurationExamples: "1s, 500ms or 1h",
+		DurationSyntax:   "(ns, us, ms, s, m, h), such as 1s, 500ms or 1h",
+	}
+	root, err := p.Root(data, "rules", "the file is empty; it needs a rules list (see rules/README.md)")
+	if err != nil {
+		return nil, err
+	}
+	return p.config(root)
+}
+
+// Rule returns the rule named name.
+func (c *Config) Rule(name string) (RuleConfig, bool) {
+	for _, r := range c.Rules {
+		if r.Name == name {
+			return r, true
+		}
+	}
+	return RuleConfig{}, false
+}
+
+// RuleFor returns the rule that applies to tasks of type taskType, as the
+// worker middleware chooses it: the rule listing the exact type, else the one
+// with the longest matching prefix pattern.
+func (c *Config) RuleFor(taskType string) (RuleConfig, bool) {
+	var r taskroute.Router[int]
+	for i, rc := range c.Rules {
+		for _, p := range rc.Tasks {
+			r.Add(p, i)
+		}
+	}
+	i, ok := r.Lookup(taskType)
+	if !ok {
+		return RuleConfig{}, false
+	}
+	return c.Rules[i], true
+}
+
+// Limiter builds the limiter of the rule named rule: its Limits under the
+// config's Prefix and FailOpen, with base's Logger and OnRedisError (other
+// fields of base are ignored). Producers that pace tasks at enqueue time
+// (throttle.Limiter.PrepayN) use it to book in the ledger the workers use.
+func (c *Config) Limiter(rdb redis.UniversalClient, rule string, base throttle.Options) (*throttle.Limiter, error) {
+	r, ok := c.Rule(rule)
+	if !ok {
+		return nil, fmt.Errorf("rules: %s: no rule named %q", c.File, rule)
+	}
+	opts := throttle.Options{Prefix: c.Prefix, FailOpen: c.FailOpen, Logger: base.Logger, OnRedisError: base.OnRedisError}
+	lim, err := throttle.New(rdb, opts, r.Limits...)
+	if err != nil {
+		return nil, fmt.Errorf("rules: %s:%d: rule %q: %w", c.File, r.Line, r.Name, err)
+	}
+	return lim, nil
+}
