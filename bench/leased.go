@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -530,8 +531,8 @@ func renderLeased(run *leasedRun, rel string) string {
 	p("\n## One hot key past one shard: leased permits (issue 14)\n\n")
 	p("From [%s](%s): `%s`, %s (runtime %s), library at %s; %d CPUs, %s, redis-server %s; load average %s at the start, %s at the end (the machine is shared: other sessions built and tested on it meanwhile).\n\n",
 		rel, rel, run.Command, run.Date, (time.Duration(run.RuntimeS) * time.Second).Round(time.Second), run.Library.Commit, m.NProc, m.GoVersion, m.RedisVersion, m.LoadStart, m.LoadEnd)
-	p("One GCRA key limited to %d per second, burst %d, on one throwaway redis-server; %d processes (the bench re-executes itself) with %d goroutines each, asking one permit at a time for %g s, every case in the same run, back to back. **Plain Wait** reserves each permit in one script call; **plain Allow** is `Limiter.Allow` (concurrent calls pipelined, batch.go), sleeping `RetryAfter` after a denial; **redis_rate** is its `Allow` with the same loop; **leased** is the same `Limiter` with `Options{LocalLease: %gms}`. **Churn** is leased Wait with processes joining, leaving (they stop asking, their unused tail goes back, they exit) and one killed with SIGKILL. An admission is timed when `Wait` or `Allow` returned it, in the child, on the wall clock, and written to a memory-mapped file, so a killed child's admissions count too. On one machine that clock is the one redis-server's `TIME` reads (the fastest of 20 `TIME` calls put them %.0f µs apart, within its round trip), so the windows below are on the Redis clock, and they include every client's wake-up jitter: the plain path's slots are exact on the Redis clock, its return times are not. **Permits/s** is over the steady span [1 s, %g s); the **ceiling** is the best plain implementation's, measured in the same run; **Redis CPU** is the server's used_cpu_user + used_cpu_sys over the case, per permit; **bound** is burst + rate × (1 s + LocalLease), the documented one.\n\n",
-		c.Rate, c.Burst, c.Procs, c.Waiters, c.DurationS, c.LeaseMs, run.OffsetUs, c.DurationS)
+	p("One GCRA key limited to %d per second, burst %d, on one throwaway redis-server; %d processes (the bench re-executes itself) with %d goroutines each, asking one permit at a time for %g s, every case in the same run, back to back. **Plain Wait** reserves each permit in one script call; **plain Allow** is `Limiter.Allow` (concurrent calls pipelined, batch.go), sleeping `RetryAfter` after a denial; **redis_rate** is its `Allow` with the same loop; **leased** is the same `Limiter` with `Options{LocalLease: %gms}`. **Churn** is leased Wait with processes joining, leaving (they stop asking, their unused tail goes back, they exit) and one killed with SIGKILL. An admission is timed when `Wait` or `Allow` returned it, in the child, on the wall clock, and written to a memory-mapped file, so a killed child's admissions count too. On one machine that clock is the one redis-server's `TIME` reads (the fastest of 20 `TIME` calls put them %.0f µs apart, within its round trip), so the windows below are on the Redis clock, and they include every client's wake-up jitter: the plain path's slots are exact on the Redis clock, its return times are not. **Permits/s** is over the steady span [1 s, %g s); the **ceiling** is the best plain implementation's, measured in the same run; **Redis CPU** is the server's used_cpu_user + used_cpu_sys over the case, per permit; **bound** is burst + rate × (1 s + LocalLease), the documented one; **Jain** is over the processes that ran the whole case.\n\n",
+		c.Rate, c.Burst, c.Procs, c.Waiters, c.DurationS, c.LeaseMs, math.Abs(run.OffsetUs), c.DurationS)
 	p("| case | permits/s | × ceiling | most in any 1 s | over the limit | bound | most in any 100 ms | Redis CPU µs/permit | script calls/permit | client CPU µs/permit | Jain | per process |\n")
 	p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
 	for _, x := range run.Cases {
@@ -572,6 +573,26 @@ func renderLeased(run *leasedRun, rel string) string {
 			lw.SteadyPS/plainWait.SteadyPS, lw.SteadyPS/ceiling, ceiling, plainWait.RedisCPU/lw.RedisCPU, plainAllow.RedisCPU/lw.RedisCPU, rr.RedisCPU/lw.RedisCPU,
 			la.SteadyPS/ceiling, plainAllow.RedisCPU/la.RedisCPU)
 	}
+	if lw != nil && la != nil && plainWait != nil && plainAllow != nil && run.Low != nil {
+		ch := find("jobthrottle/gcra, leased Wait, churn")
+		over := max(lw.OverPct, la.OverPct)
+		if ch != nil {
+			over = max(over, ch.OverPct)
+		}
+		best := max(lw.SteadyPS, la.SteadyPS)
+		p("\nIssue 14's targets in this run: ≥ 100,000 permits/s on one key: %.0f (%s); ≥ 2.5× the one-shard ceiling: %.2f× (%s); Redis CPU per permit ≥ 10× below the plain path: leased Wait %.1f× below plain Wait, leased Allow %.1f× below plain Allow (%s); over-admission ≤ 1 %% of the limit in any 1 s window, with joins, leaves and a kill: at most %+.2f %% (%s); exact at low rates: %d script calls for %d permits (%s); Jain ≥ 0.99: %.4f and %.4f (%s).\n",
+			best, metWord(best >= 100_000), best/ceiling, metWord(best >= 2.5*ceiling),
+			plainWait.RedisCPU/lw.RedisCPU, plainAllow.RedisCPU/la.RedisCPU, metWord(plainWait.RedisCPU >= 10*lw.RedisCPU && plainAllow.RedisCPU >= 10*la.RedisCPU),
+			over, metWord(over <= 1), run.Low.Scripts, run.Low.Admitted, metWord(run.Low.Scripts == int64(run.Low.Admitted)),
+			lw.Jain, la.Jain, metWord(lw.Jain >= 0.99 && la.Jain >= 0.99))
+	}
 	p("\n![admissions per 100 ms, leased and plain](%s)\n", strings.TrimSuffix(rel, ".json")+".png")
 	return b.String()
+}
+
+func metWord(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "missed"
 }
