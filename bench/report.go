@@ -46,6 +46,9 @@ func writeReport(res *runResult, jsonPath, mdPath string) error {
 	if bl, path := readBacklog(jsonPath); bl != nil {
 		md += renderBacklog(bl, filepath.ToSlash(filepath.Join("bench", path)))
 	}
+	if ls, path := readLeased(); ls != nil {
+		md += renderLeased(ls, filepath.ToSlash(filepath.Join("bench", path)))
+	}
 	return os.WriteFile(mdPath, []byte(md), 0o644)
 }
 
