@@ -68,18 +68,10 @@ func (s *serverAnchored) Wait(ctx context.Context, key string) error {
 	s.offset = off
 	s.mu.Unlock()
 	at := s.epoch.Add(time.Duration(now+delay+off) * time.Microsecond)
-	d := time.Until(at)
-	if d <= 0 {
-		return nil
+	if d := time.Until(at); d > 0 {
+		return sleepCtx(ctx, d)
 	}
-	tm := time.NewTimer(d)
-	defer tm.Stop()
-	select {
-	case <-tm.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return nil
 }
 
 // Allow is not part of the prototype; the lab only waits.

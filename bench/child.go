@@ -27,6 +27,12 @@ type workload struct {
 	Keys          int           `json:"keys"`    // distinct keys (allow mode)
 	StartUnixNano int64         `json:"start_unix_nano"`
 	Duration      time.Duration `json:"duration"`
+	// The leased part's "hot" mode (leased.go).
+	HotOp   string        `json:"hot_op,omitempty"`      // wait, or allow
+	LeaseNs time.Duration `json:"local_lease,omitempty"` // throttle.Options.LocalLease
+	File    string        `json:"file,omitempty"`        // where admissions are recorded
+	Linger  time.Duration `json:"linger,omitempty"`      // stay alive this long after Duration
+	PaceNs  time.Duration `json:"pace,omitempty"`        // sleep after each admission
 }
 
 // procResult is what one process reports back.
@@ -49,6 +55,9 @@ type procResult struct {
 	LateNs     int64   `json:"late_ns"` // how far past the start this process was ready
 	Errors     int64   `json:"errors"`
 	FirstError string  `json:"first_error,omitempty"`
+	// ScriptOps counts the driver script's calls by operation (the leased
+	// part's children only).
+	ScriptOps map[string]int64 `json:"script_ops,omitempty"`
 }
 
 // childMain runs one workload given as JSON and writes the result as JSON.
@@ -69,6 +78,9 @@ func childMain(spec string, out io.Writer) error {
 func runWorkload(w workload) (*procResult, error) {
 	if w.Mode == "burn" {
 		return burn(w), nil
+	}
+	if w.Mode == "hot" {
+		return runHot(w)
 	}
 	im, err := implByName(w.Impl)
 	if err != nil {

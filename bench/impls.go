@@ -49,9 +49,34 @@ var impls = []impl{
 	{Name: "redis_rate", Algorithm: "gcra", Redis: true, New: func(rdb redis.UniversalClient, r, burst int) (Waiter, error) {
 		return newRedisRate(rdb, r, burst), nil
 	}},
+	{Name: "mennanov/token_bucket", Algorithm: "token bucket", Redis: true, New: func(rdb redis.UniversalClient, r, burst int) (Waiter, error) {
+		return newMennanovTokenBucket(rdb, r, burst), nil
+	}},
+	{Name: "mennanov/leaky_bucket", Algorithm: "leaky bucket (queue)", Redis: true, New: func(rdb redis.UniversalClient, r, burst int) (Waiter, error) {
+		return newMennanovLeakyBucket(rdb, r, burst), nil
+	}},
 	{Name: "x/time/rate", Algorithm: "token bucket, in process", New: func(_ redis.UniversalClient, r, burst int) (Waiter, error) {
 		return xrate{rate.NewLimiter(rate.Limit(r), burst)}, nil
 	}},
+}
+
+// unbatchedImpls are the bucket limiters with Options.NoBatching: every
+// AllowN is its own EVALSHA, as a lone caller's is. Only the throughput
+// part runs them (batching does not touch Wait).
+var unbatchedImpls = []impl{jtUnbatched(throttle.GCRA), jtUnbatched(throttle.TokenBucket)}
+
+func jtUnbatched(a throttle.Algorithm) impl {
+	return impl{
+		Name:      "jobthrottle/" + string(a) + " (unbatched)",
+		Algorithm: string(a),
+		Redis:     true,
+		Driver:    true,
+		New: func(rdb redis.UniversalClient, r, burst int) (Waiter, error) {
+			l, err := throttle.New(rdb, throttle.Options{Prefix: "jt:" + string(a) + ":", NoBatching: true},
+				throttle.Rule{Name: "r", Algorithm: a, Limit: throttle.PerSecond(r).WithBurst(burst)})
+			return jobthrottle{l}, err
+		},
+	}
 }
 
 // labImpls are variants that only the jitter lab (-jitterlab) runs: a
@@ -69,7 +94,7 @@ var labImpls = []impl{
 var errNoAllow = errors.New("bench: this prototype has no Allow")
 
 func implByName(name string) (impl, error) {
-	for _, im := range slices.Concat(impls, labImpls) {
+	for _, im := range slices.Concat(impls, labImpls, unbatchedImpls) {
 		if im.Name == name {
 			return im, nil
 		}
@@ -124,15 +149,11 @@ func (s sendAnchored) Wait(ctx context.Context, key string) error {
 	if d <= 0 {
 		return nil
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
+	if err := sleepCtx(ctx, d); err != nil {
 		_ = r.Cancel(context.WithoutCancel(ctx))
-		return ctx.Err()
+		return err
 	}
+	return nil
 }
 
 // redisRate is go-redis/redis_rate with the wait loop its users write:
@@ -158,13 +179,24 @@ func (r redisRate) Wait(ctx context.Context, key string) error {
 		if res.Allowed > 0 {
 			return nil
 		}
-		t := time.NewTimer(res.RetryAfter)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
+		if err := sleepCtx(ctx, res.RetryAfter); err != nil {
+			return err
 		}
+	}
+}
+
+// sleepCtx sleeps d, or until ctx ends (its error).
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 

@@ -158,15 +158,21 @@ func medianF(xs []float64) float64 {
 	return s[len(s)/2]
 }
 
-// readLab reads the jitter lab's results beside a run's, if there are any.
-func readLab(jsonPath string) *labResult {
-	b, err := os.ReadFile(strings.TrimSuffix(jsonPath, ".json") + "-jitterlab.json")
+// readLab reads the jitter lab's results beside a run's, or else the
+// newest in its directory (a run of some parts only has none of its own),
+// and names the file it read.
+func readLab(jsonPath string) (*labResult, string) {
+	path := resultBeside(jsonPath, "-jitterlab.json")
+	if path == "" {
+		return nil, ""
+	}
+	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil
+		return nil, ""
 	}
 	var lab labResult
 	if json.Unmarshal(b, &lab) != nil {
-		return nil
+		return nil, ""
 	}
-	return &lab
+	return &lab, path
 }

@@ -43,18 +43,23 @@ func plotPanels(res *runResult) []plotSeries {
 // writePlot draws admissions per 100 ms over time, one panel per
 // implementation, with the ideal R/10 dashed.
 func writePlot(res *runResult, path string) error {
-	panels := plotPanels(res)
+	return drawPanels(plotPanels(res), float64(res.Config.Rate)/10,
+		fmt.Sprintf("seconds from the start (a %g s run, then the drain of the Waits still outstanding)", res.Config.DurationS), path)
+}
+
+// drawPanels draws admissions per 100 ms, one panel per series, with
+// ideal dashed and xLabel under the last; nothing if there is no panel.
+func drawPanels(panels []plotSeries, ideal float64, xLabel, path string) error {
 	if len(panels) == 0 {
 		return nil
 	}
-	ideal := float64(res.Config.Rate) / 10
 	rows := make([][]*plot.Plot, len(panels))
 	for i, ps := range panels {
 		p := plot.New()
 		p.Title.Text = ps.title
 		p.Y.Label.Text = "per 100 ms"
 		if i == len(panels)-1 {
-			p.X.Label.Text = fmt.Sprintf("seconds from the start (a %g s run, then the drain of the Waits still outstanding)", res.Config.DurationS)
+			p.X.Label.Text = xLabel
 		}
 		// Bin j covers [j/10, (j+1)/10) s: a post-step line from its start,
 		// closed by a point at the last bin's end.

@@ -12,6 +12,22 @@ import (
 	"github.com/jobthrottle/jobthrottle/admission"
 )
 
+// resultBeside names the results of a part run on its own (suffix, such
+// as "-backlog.json") that belong beside the run's results file at
+// jsonPath, or else the newest such file in its directory; "" if none.
+func resultBeside(jsonPath, suffix string) string {
+	path := strings.TrimSuffix(jsonPath, ".json") + suffix
+	if _, err := os.Stat(path); err == nil {
+		return path
+	}
+	found, _ := filepath.Glob(filepath.Join(filepath.Dir(jsonPath), "*"+suffix))
+	if len(found) == 0 {
+		return ""
+	}
+	slices.Sort(found)
+	return found[len(found)-1]
+}
+
 // writeReport writes the plot beside the results file and BENCHMARKS.md.
 // The hand-written analysis in notes.md is included as it is.
 func writeReport(res *runResult, jsonPath, mdPath string) error {
@@ -21,14 +37,17 @@ func writeReport(res *runResult, jsonPath, mdPath string) error {
 	}
 	notes, _ := os.ReadFile("notes.md")
 	md := renderReport(res, filepath.ToSlash(filepath.Join("bench", jsonPath)), filepath.ToSlash(filepath.Join("bench", plotPath)), string(notes))
-	if lab := readLab(jsonPath); lab != nil {
-		md += renderLab(lab, filepath.ToSlash(filepath.Join("bench", strings.TrimSuffix(jsonPath, ".json")+"-jitterlab.json")))
+	if lab, path := readLab(jsonPath); lab != nil {
+		md += renderLab(lab, filepath.ToSlash(filepath.Join("bench", path)))
 	}
 	if up, path := readUpstream(); up != nil {
 		md += renderUpstream(up, filepath.ToSlash(filepath.Join("bench", path)))
 	}
 	if bl, path := readBacklog(jsonPath); bl != nil {
 		md += renderBacklog(bl, filepath.ToSlash(filepath.Join("bench", path)))
+	}
+	if ls, path := readLeased(); ls != nil {
+		md += renderLeased(ls, filepath.ToSlash(filepath.Join("bench", path)))
 	}
 	return os.WriteFile(mdPath, []byte(md), 0o644)
 }
@@ -95,7 +114,7 @@ func renderReport(res *runResult, jsonRel, plotRel, notes string) string {
 	p("**Noise.** While each scenario runs, the parent sleeps 1 ms in a loop and records how late it wakes (the *canary*), with the 1-minute load average. After every scenario has run once (each group of one burst, W and P back to back), the scenarios whose canary p99 passed %d µs or whose worst passed %d ms are rerun, noisiest first, while the time budget lasts, at most 3 runs each; each keeps its quietest run by the canary, never by its own figures. The last column of the latency table shows each kept run's noise and how many runs the scenario had. A stall of the client longer than a few slots lets every waiter that fell due meanwhile wake at once: that bunching shows in max 1 s / 100 ms for every implementation, x/time/rate included, and is the machine's, not the limiter's.\n\n", noisyP99us, noisyMaxMs)
 	p("**Allow throughput.** %d goroutines in one process call Allow on random keys of %d for %g s (limit %d/s, burst 10 per key), next to `redis-benchmark` running EVALSHA of `return 1` with %d connections and %d requests on the same server: the ceiling of one script call per round trip (jobthrottle batches concurrent Allow calls into pipelines, throttle/batch.go, so it can pass it). Rounds: %d, the implementations interleaved within each round; the table shows the median round, and every round's rate.\n\n",
 		c.TPGoroutines, c.TPKeys, c.TPDurationS, c.Rate, c.TPGoroutines, c.BenchRequests, max(c.TPRounds, 1))
-	p("**Memory.** For each algorithm, on a flushed server: `INFO used_memory` before and after writing one key per subject (100 000 keys; 10 000 for the full sliding log), `MEMORY USAGE … SAMPLES 0` and `OBJECT ENCODING` of one key, projected to 1M keys. The limit is %v, so that no key expires while they are written (at 200/s a bucket's key lives 5 ms after one permit); the state's size does not depend on the rate.\n\n", memLimit)
+	p("**Memory.** For each algorithm, on a flushed server: `INFO used_memory` before and after writing one key per subject (100 000 keys; 10 000 for the full sliding log), `MEMORY USAGE … SAMPLES 0` and `OBJECT ENCODING` of one key, projected to 1M keys. The limit is %d per %v (burst %d), so that no key expires while they are written (at 200/s a bucket's key lives 5 ms after one permit); the state's size does not depend on the rate.\n\n", memLimit.Count, memLimit.Period, memLimit.Burst)
 	p("**Microbenchmarks.** `go %s` in bench/ (hotpath_test.go) against the same redis-server: the client-side hot path of one Allow and one Wait that never sleeps (a limit of %d/s), with allocations and round trips per call.\n\n", strings.Join(microCommand, " "), hugeRate)
 	if len(res.Reductions) > 0 {
 		p("**Reductions and omissions.**\n\n")
@@ -286,14 +305,9 @@ func renderLab(lab *labResult, rel string) string {
 // directory, since the backlog part runs on its own day, not with the
 // main run.
 func readBacklog(jsonPath string) (*backlogResult, string) {
-	path := strings.TrimSuffix(jsonPath, ".json") + "-backlog.json"
-	if _, err := os.Stat(path); err != nil {
-		found, _ := filepath.Glob(filepath.Join(filepath.Dir(jsonPath), "*-backlog.json"))
-		if len(found) == 0 {
-			return nil, ""
-		}
-		slices.Sort(found)
-		path = found[len(found)-1]
+	path := resultBeside(jsonPath, "-backlog.json")
+	if path == "" {
+		return nil, ""
 	}
 	b, err := os.ReadFile(path)
 	if err != nil {

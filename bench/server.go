@@ -187,13 +187,16 @@ func parseInfo(s string) map[string]string {
 
 // serverStats is the part of INFO a scenario compares before and after.
 type serverStats struct {
-	CPU      float64          // used_cpu_user + used_cpu_sys, seconds
-	Calls    map[string]int64 // INFO commandstats calls, by command
-	Usec     map[string]int64 // INFO commandstats usec, by command
-	Memory   int64            // used_memory, bytes
-	Clients  int64            // connected_clients
-	Keys     int64
-	Received int64 // total_commands_processed
+	CPU    float64          // used_cpu_user + used_cpu_sys, seconds
+	Calls  map[string]int64 // INFO commandstats calls, by command
+	Usec   map[string]int64 // INFO commandstats usec, by command
+	Memory int64            // used_memory, bytes
+	// ClientMemory is mem_clients_normal: the connections' buffers, part
+	// of used_memory.
+	ClientMemory int64
+	Clients      int64 // connected_clients
+	Keys         int64
+	Received     int64 // total_commands_processed
 }
 
 func readStats(ctx context.Context, rdb *redis.Client) (serverStats, error) {
@@ -207,6 +210,7 @@ func readStats(ctx context.Context, rdb *redis.Client) (serverStats, error) {
 	y, _ := strconv.ParseFloat(m["used_cpu_sys"], 64)
 	st.CPU = u + y
 	st.Memory, _ = strconv.ParseInt(m["used_memory"], 10, 64)
+	st.ClientMemory, _ = strconv.ParseInt(m["mem_clients_normal"], 10, 64)
 	st.Clients, _ = strconv.ParseInt(m["connected_clients"], 10, 64)
 	st.Received, _ = strconv.ParseInt(m["total_commands_processed"], 10, 64)
 	for k, v := range m {

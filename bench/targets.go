@@ -210,7 +210,58 @@ func evaluate(res *runResult) []target {
 		}
 	}
 	out = append(out, c.done())
-	return out
+	return append(out, issue14Targets(res)...)
+}
+
+// issue14Targets are issue 14's gaps: each script call at most 0.9× the
+// redis-server instructions of redis_rate's; unbatched Allow throughput
+// at least 1.1× redis_rate's; a bucket key no larger than redis_rate's.
+// Each is judged against redis_rate measured in the same run.
+func issue14Targets(res *runResult) []target {
+	bucket := func(impl string) bool { return in(impl, bucketImpls) }
+	unbatched := func(impl string) bool { return strings.HasSuffix(impl, " (unbatched)") }
+	return []target{
+		vsRedisRate(target{ID: "servercost", Goal: "token bucket and GCRA: redis-server instructions per Allow ≤ 0.9× redis_rate's (callgrind)"},
+			res.ServerCost, func(r *serverCostResult) (string, float64) { return r.Impl, r.IrPerCall }, bucket, 0.9, false),
+		vsRedisRate(target{ID: "throughput-unbatched", Goal: "Allow throughput without batching (Options.NoBatching, 50 goroutines, 10k keys) ≥ 1.1× redis_rate's"},
+			res.Throughput, func(t *throughputResult) (string, float64) { return t.Impl, t.OpsPerSec }, unbatched, 1.1, true),
+		vsRedisRate(target{ID: "memory", Goal: "token bucket and GCRA: bytes per key (used_memory over 100 000 keys) ≤ redis_rate's"},
+			res.Memory, func(m memoryResult) (string, float64) { return m.Impl, m.BytesPerKey }, bucket, 1, false),
+	}
+}
+
+// vsRedisRate judges t on rows: each row whose implementation judged
+// picks is held against redis_rate's row of the same run, its figure
+// over redis_rate's at most bound (at least, if more).
+func vsRedisRate[R any](t target, rows []R, figure func(R) (string, float64), judged func(string) bool, bound float64, more bool) target {
+	var peer float64
+	for _, r := range rows {
+		if impl, v := figure(r); impl == "redis_rate" {
+			peer = v
+		}
+	}
+	c := &check{t: t}
+	for _, row := range rows {
+		impl, v := figure(row)
+		if peer <= 0 || !judged(impl) {
+			continue
+		}
+		r := v / peer
+		c.t.Checks++
+		desc := fmt.Sprintf("%s: %.0f vs redis_rate %.0f = %.3f× (bound %.2f×)", impl, v, peer, r, bound)
+		ok, slack := r <= bound, bound-r
+		if more {
+			ok, slack = r >= bound, r-bound
+		}
+		if !ok {
+			c.t.Failures = append(c.t.Failures, desc)
+		}
+		if !c.any || slack < c.worstSeen {
+			c.worstSeen, c.any = slack, true
+			c.t.Worst = desc
+		}
+	}
+	return c.done()
 }
 
 // margin says how far v is under (or over) bound, for a figure where

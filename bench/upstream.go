@@ -316,21 +316,29 @@ func latestFullResults() (string, error) {
 // readUpstream returns the newest results/<date>-upstream.json and its
 // path, or nil.
 func readUpstream() (*upstreamRun, string) {
-	names, _ := filepath.Glob(filepath.Join("results", "*-upstream.json"))
-	if len(names) == 0 {
+	var run upstreamRun
+	path := readNewest("*-upstream.json", &run)
+	if path == "" {
 		return nil, ""
+	}
+	return &run, path
+}
+
+// readNewest decodes into v the newest file of results/ matching pattern
+// (dated names sort by date), and returns its path; "" if there is none or
+// it does not decode.
+func readNewest(pattern string, v any) string {
+	names, _ := filepath.Glob(filepath.Join("results", pattern))
+	if len(names) == 0 {
+		return ""
 	}
 	slices.Sort(names)
 	path := names[len(names)-1]
 	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, ""
+	if err != nil || json.Unmarshal(b, v) != nil {
+		return ""
 	}
-	var run upstreamRun
-	if json.Unmarshal(b, &run) != nil {
-		return nil, ""
-	}
-	return &run, path
+	return path
 }
 
 // renderUpstream is the report's section for the upstream part.

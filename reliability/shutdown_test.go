@@ -65,17 +65,23 @@ rules:
 	}
 
 	// ahead returns how far ahead of Redis's clock the rule's GCRA state
-	// (its theoretical arrival time: the first field, whole µs, of
-	// throttle/lua/bucket.lua's state) stands: how long a new task would
-	// wait.
+	// (its theoretical arrival time, whole µs, in throttle/lua/bucket.lua's
+	// state: the compact form's first 7 bytes, less 0xF0 << 48, or the
+	// decimal form's first field) stands: how long a new task would wait.
 	key := prefix + "{acme}:echo"
 	ahead := func() time.Duration {
 		s, err := rdb.Get(ctx, key).Result()
 		if err != nil {
 			return 0 // no key: nothing booked
 		}
-		v, err := strconv.ParseFloat(strings.Fields(s)[0], 64)
-		if err != nil {
+		var v float64
+		if len(s) == 12 && s[0] >= 0xF0 {
+			var tat int64
+			for _, c := range []byte(s[:7]) {
+				tat = tat<<8 | int64(c)
+			}
+			v = float64(tat - 0xF0<<48)
+		} else if v, err = strconv.ParseFloat(strings.Fields(s)[0], 64); err != nil {
 			t.Fatalf("GCRA state %q: %v", s, err)
 		}
 		now, err := rdb.Time(ctx).Result()

@@ -249,9 +249,10 @@ func TestKeyTTLs(t *testing.T) {
 }
 
 // The token bucket keeps its state in one string (bucket.lua): the time
-// the bucket is full again and the latest time to act, "<tw> <ew>" in
-// whole µs, or "<tw> <tr> <ew> <er>" with remainders in 1/count µs when
-// an interval is not whole µs. A string it cannot
+// the bucket is full again (TAT) and the latest time to act (ev); in
+// whole µs, 12 bytes: 0xF0 + TAT's top 4 bits, its low 48 bits, TAT − ev
+// in 5 bytes, big-endian; "<tw> <tr> <ew> <er>" with remainders in
+// 1/count µs when an interval is not whole µs. A string it cannot
 // read is a full bucket, replaced on the next charge; a key of another
 // type (a hash, the format before the first release) fails with ErrRedis
 // wrapping WRONGTYPE, as a changed algorithm does.
@@ -268,7 +269,10 @@ func TestTokenBucketState(t *testing.T) {
 			t.Fatal(err)
 		}
 		us := time.Now().UnixMicro()
-		if want := fmt.Sprintf("%d %d", us+200_000, us); got != want {
+		tat, d := us+200_000, int64(200_000)
+		want := string([]byte{byte(0xF0 + tat>>48), byte(tat >> 40), byte(tat >> 32), byte(tat >> 24), byte(tat >> 16), byte(tat >> 8), byte(tat),
+			byte(d >> 32), byte(d >> 24), byte(d >> 16), byte(d >> 8), byte(d)})
+		if got != want {
 			t.Fatalf("GET %s = %q, want %q", k, got, want)
 		}
 

@@ -144,6 +144,60 @@
 // at most 5009 in any second on a real server. A client's own clock can
 // count a few more, from the jitter of waking up, not from admissions.
 //
+// # One hot key: leased permits
+//
+// Every permit of one key is decided by one Redis shard, so one key admits
+// at most that shard's script rate (tens of thousands a second), however
+// many processes share it. Options.LocalLease lifts that for a limiter of
+// one TokenBucket or GCRA rule. Where this process's own demand for a
+// subject is high, Allow and Wait take a run of the bucket's next k slots
+// in one script call (a reservation of k permits, from the same state
+// every process and the exact path use) and hand them out in this process,
+// in arrival order: each permit no earlier than its slot on the Redis
+// clock, and no later than δ = LocalLease after it; a slot not handed out
+// by then is dropped, never handed out later.
+//
+// The bound on over-admission: a lease of k permits is exactly k
+// successive reservations, so a permit handed out at its slot keeps the
+// exact bound; one handed out up to δ late moves by at most δ, so the
+// permits admitted in any window of length W were all slotted in a window
+// of W + δ:
+//
+//	admitted in any W ≤ Burst + Rate × (W + δ)
+//
+// that is, at most Rate × δ beyond the exact path's Burst + Rate × W,
+// however many processes lease, and whether they join, leave or die. With
+// δ = 5ms that is 0.5 % of a per-second limit. The slots are placed on
+// the local clock from each lease call's own round trip: Redis read its
+// TIME after the call was sent and before the reply came, which brackets
+// the local moment of every slot from both sides, so "not earlier" and
+// "at most δ later" hold on the Redis clock, not only on this process's.
+// A process that dies loses the slots it holds, at most two leases (4δ of
+// the rate): an under-admission, never an over-admission.
+//
+// A lease is sized from the process's demand r (permits asked for over
+// the last 100ms) and the rate R: the least of 2δ·R, δ·r/(1 − r/R) (what
+// arrivals at r can take before a slot is δ late) and δ·√(r·R)/4 (which
+// keeps processes that share the key even: their shares converge), or
+// what arrives during one lease call's round trip if that is more. A lease
+// of fewer than 4 permits is not taken: at a few permits a second, every
+// call is one exact decision in Redis, as without LocalLease. A process
+// asks for its next lease when it holds less than one (or than two round
+// trips of its demand), and gives back the unused tail of its leases once
+// its requests stop; the bucket takes back what no later reservation has
+// followed, as for a cancelled reservation, so under contention a refund
+// may give back nothing.
+//
+// Under a lease, Result.Remaining counts the leased permits this process
+// could hand out now, and a denied Allow's RetryAfter is when its next
+// leased permit is due (successive denials are told successive slots).
+// ReserveN, Admit, PrepayN and AllowAtMost never lease; a limiter with
+// rules over several subjects cannot lease.
+// PauseFor drops the slots this process holds; other processes hand out
+// the ones they hold (at most two leases each) before they see the pause.
+// Processes on the same key without LocalLease are served after the
+// slots the leasing ones hold.
+//
 // # Differences from golang.org/x/time/rate and go-redis/redis_rate
 //
 // Users port code and tests from these two libraries. Where this package

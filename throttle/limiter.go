@@ -49,6 +49,21 @@ type Options struct {
 	// fallback time (Admission.At). Waiters in Wait in this process are
 	// woken directly. It must not block for long.
 	OnHandoff func(waiters []string)
+	// LocalLease, if above zero, serves one hot subject past what one
+	// Redis shard can decide (tens of thousands of script calls a
+	// second): where this process's own demand for a subject is high,
+	// Allow and Wait hand out permits from runs of the bucket's slots
+	// leased from Redis in one call, in arrival order, each no earlier
+	// than its slot on the Redis clock and at most LocalLease after it. In
+	// any window, admissions then exceed the exact bound (Burst + Rate ×
+	// window) by at most Rate × LocalLease: 5ms is at most 0.5 % of a
+	// per-second limit. Where demand is low (a few per second) every call
+	// goes to Redis as without it, exactly. It needs exactly one
+	// TokenBucket or GCRA rule over the caller's subject, and at most a
+	// tenth of its Period (else a *ConfigError). ReserveN, Admit, PrepayN
+	// and AllowAtMost do not lease. See the package doc, "One hot key". If
+	// zero (the default), nothing is leased.
+	LocalLease time.Duration
 }
 
 // A Limiter decides, through Redis, whether a subject (a tenant, an API
@@ -68,6 +83,7 @@ type Limiter struct {
 	refunds refunder     // refunds waiting for a call, by escaped subject (refund.go)
 	parts   []part       // rules over several subjects (subjects.go); then only policy, runner and opts are used
 	leases  *leases      // the places of a Concurrency rule (concurrency.go); nil without one
+	local   *leaser      // Options.LocalLease (leased.go); nil if off
 }
 
 // New returns a Limiter that applies every rule to each subject. It returns
@@ -101,6 +117,9 @@ func New(rdb redis.UniversalClient, opts Options, rules ...Rule) (*Limiter, erro
 		return nil, err
 	}
 	if l.parts = parts; parts != nil {
+		if opts.LocalLease != 0 {
+			return nil, &ConfigError{Field: "local_lease", Reason: "needs one rule over the caller's subject: rules over several subjects cannot lease"}
+		}
 		for _, r := range l.rules {
 			if r.Algorithm == Concurrency {
 				return nil, &ConfigError{Rule: r.Name, Field: "subject", Reason: "a concurrency rule needs every rule of its limiter over the caller's subject (no Rule.Subject): its places are decided in one call with the rate rules"}
@@ -109,6 +128,9 @@ func New(rdb redis.UniversalClient, opts Options, rules ...Rule) (*Limiter, erro
 		return l, nil
 	}
 	l.script = scriptFor(l.rules)
+	if l.local, err = newLeaser(l, opts); err != nil {
+		return nil, err
+	}
 	if l.leases, err = newLeases(l); err != nil {
 		return nil, err
 	}
@@ -168,6 +190,11 @@ func (l *Limiter) AllowN(ctx context.Context, subject string, n int) (Result, er
 	if l.leases != nil {
 		return Result{}, l.leases.only("AllowN")
 	}
+	if l.local != nil {
+		if res, ok, err := l.local.allow(ctx, subject, n); ok {
+			return res, err
+		}
+	}
 	res, _, err := l.decide(ctx, opAllow, subject, n, unbounded, false)
 	return res, err
 }
@@ -223,6 +250,11 @@ func (l *Limiter) Wait(ctx context.Context, subject string) error {
 func (l *Limiter) WaitN(ctx context.Context, subject string, n int) error {
 	if l.leases != nil {
 		return l.leases.wait(ctx, subject, n)
+	}
+	if l.local != nil {
+		if ok, err := l.local.wait(ctx, subject, n); ok {
+			return err
+		}
 	}
 	r, err := l.acquire(ctx, subject, n)
 	if err != nil {

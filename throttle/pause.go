@@ -83,6 +83,9 @@ func (l *Limiter) PauseFor(ctx context.Context, subject string, d time.Duration)
 	if err != nil {
 		return 0, err
 	}
+	if d > 0 && l.local != nil {
+		l.local.drop(subject) // slots leased here before the pause
+	}
 	us, err := cmd.Int64()
 	if err != nil {
 		return 0, err

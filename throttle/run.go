@@ -72,8 +72,21 @@ type scriptCache struct {
 }
 
 // run runs script with one EVALSHA, loading it first if this limiter has
-// not, and again if Redis has lost it.
+// not, and again if Redis has lost it. A call that the fast bucket script
+// can decide goes to it instead (fastScript, scripts.go), and to script
+// only if it hands the call back.
 func (l *runner) run(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
+	if fast := fastScript(script, keys, args); fast != nil {
+		if cmd := l.runScript(ctx, fast, keys, args...); !handedBack(cmd) {
+			return cmd
+		}
+	}
+	return l.runScript(ctx, script, keys, args...)
+}
+
+// runScript runs script with one EVALSHA, loading it first if this limiter
+// has not, and again if Redis has lost it.
+func (l *runner) runScript(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
 	l.ensureLoaded(ctx, script)
 	cmd := script.EvalSha(ctx, l.rdb, keys, args...)
 	if lostScript(cmd) {
@@ -117,39 +130,55 @@ func (l *runner) load(ctx context.Context, script *redis.Script) {
 	}
 }
 
-// runPipelined runs the limiter's script once per call, all in one
-// go-redis pipeline, loading it first as run does; the calls that meet
-// NOSCRIPT (they did not run) are sent once more after a reload. It
-// returns the commands in the order of calls; a pipeline error is each
-// command's error.
+// runPipelined runs script once per call, all in one go-redis pipeline,
+// loading it first as run does, each call going to the fast bucket script
+// where run would send it. Calls that meet NOSCRIPT (they did not run) are
+// sent again after a reload, and calls the fast script hands back are sent
+// again to script, in at most two more pipelines. It returns the commands
+// in the order of calls; a pipeline error is each command's error.
 func (l *runner) runPipelined(ctx context.Context, script *redis.Script, calls []*batchedCall) []*redis.Cmd {
-	l.ensureLoaded(ctx, script)
-	cmds := l.pipeline(ctx, script, calls)
-	var lost []int
-	for i, cmd := range cmds {
-		if lostScript(cmd) {
-			lost = append(lost, i)
+	uses := make([]*redis.Script, len(calls))
+	todo := make([]int, len(calls))
+	for i, c := range calls {
+		uses[i], todo[i] = script, i
+		if fast := fastScript(script, c.keys, c.args); fast != nil {
+			uses[i] = fast
 		}
 	}
-	if len(lost) > 0 {
-		l.reload(ctx, script)
-		again := make([]*batchedCall, len(lost))
-		for j, i := range lost {
-			again[j] = calls[i]
+	cmds := make([]*redis.Cmd, len(calls))
+	for pass := 0; pass < 3 && len(todo) > 0; pass++ {
+		for _, i := range todo {
+			l.ensureLoaded(ctx, uses[i])
 		}
-		for j, cmd := range l.pipeline(ctx, script, again) {
-			cmds[lost[j]] = cmd
+		var again []int
+		reloaded := map[*redis.Script]bool{}
+		for j, cmd := range l.pipeline(ctx, calls, uses, todo) {
+			i := todo[j]
+			cmds[i] = cmd
+			switch {
+			case lostScript(cmd):
+				if !reloaded[uses[i]] {
+					reloaded[uses[i]] = true
+					l.reload(ctx, uses[i])
+				}
+				again = append(again, i)
+			case handedBack(cmd):
+				uses[i] = script
+				again = append(again, i)
+			}
 		}
+		todo = again
 	}
 	return cmds
 }
 
-// pipeline sends one EVALSHA per call in one go-redis pipeline.
-func (l *runner) pipeline(ctx context.Context, script *redis.Script, calls []*batchedCall) []*redis.Cmd {
-	cmds := make([]*redis.Cmd, len(calls))
+// pipeline sends one EVALSHA per call of todo, calls[i] to uses[i], in one
+// go-redis pipeline, and returns the commands in the order of todo.
+func (l *runner) pipeline(ctx context.Context, calls []*batchedCall, uses []*redis.Script, todo []int) []*redis.Cmd {
+	cmds := make([]*redis.Cmd, len(todo))
 	_, _ = l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, c := range calls {
-			cmds[i] = script.EvalSha(ctx, p, c.keys, c.args...)
+		for j, i := range todo {
+			cmds[j] = uses[i].EvalSha(ctx, p, calls[i].keys, calls[i].args...)
 		}
 		return nil
 	})

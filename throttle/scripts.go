@@ -39,9 +39,10 @@ func init() {
 	allScript = buildScript(append(all, "use_all.lua", "driver.lua")...)
 }
 
-// buildScript concatenates embedded Lua files, in order, into one script.
-// Script text is only ever these constant files: user data reaches Redis
-// as KEYS and ARGV.
+// buildScript concatenates time.lua (Redis's clock, read first by every
+// script) and embedded Lua files, in order, into one script. Script text
+// is only ever these constant files: user data reaches Redis as KEYS and
+// ARGV.
 //
 // A driver script is prelude.lua, the algorithm files, a use_*.lua file
 // and driver.lua. Each algorithm file defines check_<name> and
@@ -50,7 +51,7 @@ func init() {
 // script for policies mixing algorithms (use_all.lua).
 func buildScript(files ...string) *redis.Script {
 	var b strings.Builder
-	for _, f := range files {
+	for _, f := range append([]string{"time.lua"}, files...) {
 		src, err := luaFiles.ReadFile("lua/" + f)
 		if err != nil {
 			panic(err)
@@ -69,4 +70,46 @@ func scriptFor(rules []Rule) *redis.Script {
 		}
 	}
 	return scripts[rules[0].Algorithm]
+}
+
+// fastBucketScript decides the commonest bucket call on its own
+// (lua/bucket_fast.lua): an allow or reserve under one token bucket or
+// GCRA rule whose interval is a whole number of µs and whose burst lasts
+// under 2^40 − 1 µs, with the same KEYS, ARGV and reply as the driver. It is
+// a small script, which is most of why it costs Redis less per call: the
+// Lua collector walks every loaded script about every 50 calls
+// (BENCHMARKS.md, server cost). A call whose state it cannot read it hands
+// back (handedBack), unchanged, for the limiter's own script.
+var fastBucketScript = buildScript("bucket_fast.lua")
+
+// fastBurstLimit bounds the burst, in µs, that bucket_fast.lua's compact
+// state holds: under 2^40 − 1 µs, 12.7 days (bucket.lua: 2^40 − 1 stands
+// for no reservation on record).
+const fastBurstLimit = 1<<40 - 1
+
+// fastScript returns the script that decides a call of script with these
+// keys and args faster (fastBucketScript), or nil if none can. args are
+// the driver's ARGV (driver.lua): op, n, max wait, then per rule
+// algorithm, count, period (µs), extra (burst) and ticket.
+func fastScript(script *redis.Script, keys []string, args []any) *redis.Script {
+	if len(keys) != 1 || len(args) != 8 || (script != scripts[TokenBucket] && script != scripts[GCRA]) {
+		return nil
+	}
+	if op := args[0]; op != "allow" && op != "reserve" {
+		return nil
+	}
+	count, _ := args[4].(int64)
+	period, _ := args[5].(int64)
+	burst, _ := args[6].(int64)
+	if count != 1 || period < 1 || burst < 1 || burst > (fastBurstLimit-1)/period {
+		return nil
+	}
+	return fastBucketScript
+}
+
+// handedBack reports whether cmd is fastBucketScript's answer that it
+// cannot decide the call (an empty array: the driver never replies one).
+func handedBack(cmd *redis.Cmd) bool {
+	reply, ok := cmd.Val().([]any)
+	return ok && len(reply) == 0 && cmd.Err() == nil
 }

@@ -87,5 +87,8 @@ func (l *Limiter) Reset(ctx context.Context, subject string) error {
 		keys = append(keys, key(l.prefix, enc, r), key(l.prefix, enc, r+cancelledSuffix))
 	}
 	keys = append(keys, l.pauseKey(subject))
+	if l.local != nil {
+		l.local.drop(subject)
+	}
 	return l.result(opReset, l.rdb.Del(ctx, keys...).Err())
 }

@@ -1,5 +1,6 @@
 -- Shared by every jobthrottle script. The Go side (scripts.go) builds each
--- script as: prelude.lua, the algorithm files it needs, driver.lua.
+-- script as: time.lua, prelude.lua, the algorithm files it needs,
+-- driver.lua (a bucket script has bucket_fast.lua before prelude.lua).
 --
 -- Units: every time and duration is in microseconds of Redis TIME, every TTL
 -- given to Redis is in milliseconds. No client clock reaches a script.
@@ -12,8 +13,8 @@
 -- is a new closure each time. So the functions that only refunds and
 -- pauses use are defined only for those operations (inside `if rare`
 -- blocks), and allow and reserve pay for none of them.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+--
+-- t (Redis TIME) and now (its µs) come from time.lua, before this file.
 
 -- rare is true for the operations other than allow and reserve (see
 -- driver.lua): they define and use the helpers below.

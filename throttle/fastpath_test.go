@@ -1,0 +1,176 @@
+package throttle
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// bucket_fast.lua against the general script (driver.lua over
+// bucket.lua): the same random calls, at the same Redis times, on two keys
+// that start alike, must get the same replies and leave the same state and
+// TTL, byte for byte. An allow's ticket differs in form (the fast script's
+// is the compact state it wrote), so tickets are compared by the time to
+// act they name, and each is then refunded (a Group's undo, or a Cancel)
+// by the general script, which must leave both keys alike again.
+func TestFastBucketScriptAgreesWithDriver(t *testing.T) {
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(14, 1))
+	now := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	m.SetTime(now)
+	intervals := []int64{1, 7, 1000, 5000, 333_333, 1_000_000, 432_000_000}
+	decisions, handedBack := 0, 0
+	for trial := range 100 {
+		T := intervals[rng.IntN(len(intervals))]
+		burst := int64(1 + rng.IntN(12))
+		algo := []Algorithm{TokenBucket, GCRA}[trial%2]
+		kf, kg := fmt.Sprintf("f%d", trial), fmt.Sprintf("g%d", trial)
+		for range 40 {
+			step := time.Duration(rng.Int64N(3*T*burst/2+2)) * time.Microsecond
+			now = now.Add(step)
+			m.SetTime(now)
+			m.FastForward(step)
+			op := []string{"allow", "reserve"}[rng.IntN(2)]
+			n := rng.Int64N(burst + 2)
+			maxWait := []int64{-1, 0, rng.Int64N(3 * T * burst)}[rng.IntN(3)]
+			args := []any{op, n, maxWait, string(algo), int64(1), T, burst, ""}
+			if fastScript(scripts[algo], []string{kf}, args) != fastBucketScript {
+				if T*burst < fastBurstLimit {
+					t.Fatalf("fastScript(%v) did not choose the fast script", args)
+				}
+				continue
+			}
+			fast, err := fastBucketScript.Run(ctx, rdb, []string{kf}, args...).Slice()
+			if err != nil {
+				t.Fatalf("fast %v: %v", args, err)
+			}
+			if len(fast) == 0 { // handed back, as run does
+				if v := mustGet(m, kf); len(v) == 12 && v[0] >= 0xF0 {
+					t.Fatalf("%v: the compact state %q was handed back", args, v)
+				}
+				handedBack++
+				if fast, err = scripts[algo].Run(ctx, rdb, []string{kf}, args...).Slice(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			gen, err := scripts[algo].Run(ctx, rdb, []string{kg}, args...).Slice()
+			if err != nil {
+				t.Fatalf("general %v: %v", args, err)
+			}
+			decisions++
+			if len(fast) != len(gen) || fmt.Sprint(fast[:6]) != fmt.Sprint(gen[:6]) {
+				t.Fatalf("T=%d burst=%d %v:\nfast    %v\ngeneral %v", T, burst, args, fast, gen)
+			}
+			if len(fast) == 7 {
+				tf, tg := ticketTime(t, fast[6].(string)), ticketTime(t, gen[6].(string))
+				if tf != tg {
+					t.Fatalf("%v: tickets name %s and %s", args, tf, tg)
+				}
+				if rng.IntN(4) == 0 {
+					refund := []any{[]string{"refund", "undo"}[rng.IntN(2)], n, int64(-1), string(algo), int64(1), T, burst}
+					keysF := []string{kf, "pause-f", kf + "!cancelled"}
+					keysG := []string{kg, "pause-g", kg + "!cancelled"}
+					if err := scripts[algo].Run(ctx, rdb, keysF, append(refund, fast[6])...).Err(); err != nil {
+						t.Fatal(err)
+					}
+					if err := scripts[algo].Run(ctx, rdb, keysG, append(refund, gen[6])...).Err(); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if vf, vg := m.Exists(kf) && mustGet(m, kf) == mustGet(m, kg), m.Exists(kg); vf != vg || m.TTL(kf) != m.TTL(kg) {
+				t.Fatalf("T=%d burst=%d after %v: state %q (TTL %v) and %q (TTL %v)", T, burst, args,
+					mustGet(m, kf), m.TTL(kf), mustGet(m, kg), m.TTL(kg))
+			}
+		}
+	}
+	t.Logf("%d decisions alike, %d of them handed back", decisions, handedBack)
+}
+
+// ticketTime is the time to act a bucket ticket names: "<w> <r>", or the
+// compact state (bucket.lua), whose time to act is TAT − d.
+func ticketTime(t *testing.T, tk string) string {
+	t.Helper()
+	if len(tk) == 12 && tk[0] >= 0xF0 {
+		var tat, d int64
+		for _, c := range []byte(tk[:7]) {
+			tat = tat<<8 + int64(c)
+		}
+		tat -= 0xF0 << 48
+		for _, c := range []byte(tk[7:]) {
+			d = d<<8 + int64(c)
+		}
+		return strconv.FormatInt(tat-d, 10) + " 0"
+	}
+	if w, r, ok := strings.Cut(tk, " "); ok && r != "" && w != "" {
+		return tk
+	}
+	t.Fatalf("ticket %q is neither form", tk)
+	return ""
+}
+
+func mustGet(m *miniredis.Miniredis, k string) string {
+	v, _ := m.Get(k)
+	return v
+}
+
+// A state the fast script cannot read (one written before the compact
+// form, here the decimal "<TAT> <ev>") is handed back, untouched, and the
+// limiter's own script decides the call and leaves the compact form; an
+// Allow of a one-rule bucket limiter is one EVALSHA of the fast script
+// otherwise.
+func TestFastBucketScriptHandsBackOtherStates(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
+		l := mustNew(t, rdb, Options{NoBatching: true}, Rule{Name: "r", Algorithm: GCRA, Limit: PerSecond(10).WithBurst(5)})
+		var shas []string
+		rdb.AddHook(evalshaRecorder{&shas})
+		k := "jobthrottle:{s}:r"
+		us := time.Now().UnixMicro()
+		m.Set(k, fmt.Sprintf("%d %d", us+300_000, us))
+		m.SetTTL(k, 300*time.Millisecond)
+		// 5 of burst 5 with 3 intervals (300ms) taken: 2 left.
+		if res := allow(t, l, "s", 2); !res.Allowed || res.Remaining != 0 {
+			t.Fatalf("allow 2 over a decimal state: %+v, want allowed with 0 left", res)
+		}
+		if got := shas; len(got) != 2 || got[0] != fastBucketScript.Hash() || got[1] != l.script.Hash() {
+			t.Fatalf("EVALSHAs %v: want the fast script, handing back, then the limiter's", got)
+		}
+		if v, _ := m.Get(k); len(v) != 12 {
+			t.Fatalf("state %q after the general script: want the compact form", v)
+		}
+		shas = shas[:0]
+		if res := allow(t, l, "s", 1); res.Allowed {
+			t.Fatalf("a sixth permit in 0 s was allowed: %+v", res)
+		}
+		if !slices.Equal(shas, []string{fastBucketScript.Hash()}) {
+			t.Fatalf("EVALSHAs %v: want the fast script alone", shas)
+		}
+	})
+}
+
+// evalshaRecorder records the script hash of every EVALSHA sent alone.
+type evalshaRecorder struct{ shas *[]string }
+
+func (r evalshaRecorder) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (r evalshaRecorder) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if args := cmd.Args(); strings.EqualFold(cmd.Name(), "evalsha") && len(args) > 1 {
+			*r.shas = append(*r.shas, fmt.Sprint(args[1]))
+		}
+		return next(ctx, cmd)
+	}
+}
+func (r evalshaRecorder) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
