@@ -108,14 +108,15 @@
 // ones first); Rule.Validate checks a fixed Rule.Subject this way.
 //
 // For a cost known only afterwards (the tokens an LLM call used), reserve
-// an estimate (ReserveN, WaitN's Reservation, Admit), act, then
-// Reservation.Settle the real cost: in one script call the difference is
-// given back, or charged, into debt if need be (later requests wait for
-// it). Settling never lets a rule admit more than its bound: the windows
-// correct the count where the reservation was counted (a fixed window only
-// while that window lasts); a bucket gives back what it did not use as far
-// as the reservations booked behind it leave room, which a burst larger
-// than the estimates in flight at once makes all of it (see Settle).
+// an estimate (ReserveN, PrepayN or Admit, which LocalLease never serves
+// locally), act, then Reservation.Settle the real cost: in one script call
+// the difference is given back, or charged, into debt if need be (later
+// requests wait for it). Settling never lets a rule admit more than its
+// bound: the windows correct the count where the reservation was counted (a
+// fixed window only while that window lasts); a bucket gives back what it
+// did not use as far as the reservations booked behind it leave room, which
+// a burst larger than the estimates in flight at once makes all of it (see
+// Settle).
 //
 // AllowN(ctx, subject, 0) reads a subject's state under every rule without
 // charging it; AllowAtMost takes what there is, up to n; Reset forgets a
