@@ -332,3 +332,35 @@ func TestSettleNeverOverAdmits(t *testing.T) {
 		})
 	}
 }
+
+// TestSettleRedeemedWithConcurrency: under a policy with a Concurrency
+// rule, whose admit reply carries the waiters it woke after the tickets, a
+// booked turn redeemed with a place still comes with its tickets and
+// settles; the concurrency rule, whose ticket is empty, is left alone.
+func TestSettleRedeemedWithConcurrency(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := context.Background()
+		rate := Rule{Name: "rate", Algorithm: GCRA, Limit: PerSecond(10)}
+		one := Rule{Name: "one", Algorithm: Concurrency, Limit: Limit{Count: 1, Period: 30 * time.Second}}
+		l := mustNew(t, rdb, Options{}, rate, one)
+		state := mustNew(t, rdb, Options{}, rate) // reads the rate rule's key
+		reserve(t, state, "s", 10)
+		a, err := l.Admit(ctx, AdmitRequest{Subject: "s", N: 6, ID: "job"})
+		if err != nil || a.Status != Booked || a.Rule != "rate" {
+			t.Fatalf("Admit = %v by %q, %v; want booked by rate", a.Status, a.Rule, err)
+		}
+		time.Sleep(time.Until(a.At))
+		a, err = l.Admit(ctx, AdmitRequest{Subject: "s", N: 6, ID: "job"})
+		if err != nil || a.Status != Redeemed || a.Reservation == nil || a.Lease == 0 {
+			t.Fatalf("Admit = %+v, %v; want redeemed with a reservation and a place", a, err)
+		}
+		before := allow(t, state, "s", 0).Remaining
+		settle(t, a.Reservation, 2)
+		if got := allow(t, state, "s", 0).Remaining; got != before+4 {
+			t.Errorf("redeemed booking settled 6 -> 2: remaining %d, want %d", got, before+4)
+		}
+		if err := l.Release(ctx, "s"); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
