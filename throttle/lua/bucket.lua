@@ -185,6 +185,17 @@ end
 local bk_refund, bk_pause, bk_settle
 if rare then
 
+-- bk_ticket reads a refund ticket: a time to act "<w> <r>", or an allow's
+-- ticket from bucket_fast.lua, the compact state it left (time to act ev,
+-- bk_unpack); nil if neither.
+local function bk_ticket(ticket)
+  local xw, xr = string.match(ticket, '^(%d+) (%d+)$')
+  if xw then return tonumber(xw), tonumber(xr) end
+  local _
+  _, xw = bk_unpack(ticket)
+  if xw then return xw, 0 end
+end
+
 -- settle corrects a reservation of n tokens, whose time to act x is the
 -- ticket, to actual tokens. More: TAT moves (actual - n) * T later, from
 -- now if the bucket is full: a debt that later requests wait for.
@@ -207,9 +218,8 @@ if rare then
 -- reservation that gave it, member "<x>:<µs given back>:<now>:<x rest>",
 -- kept two burst * T.
 function bk_settle(key, count, period, burst, n, actual, ticket, booked, skey)
-  local xw, xr = string.match(ticket, '^(%d+) (%d+)$')
+  local xw, xr = bk_ticket(ticket)
   if not xw then return end
-  xw, xr = tonumber(xw), tonumber(xr)
   if actual < n and redis.call('EXISTS', key) == 0 then return end
   local tw, tr, ew, er = bk_load(key, count, period, burst)
   if tw < now then tw, tr = now, 0 end
@@ -262,16 +272,8 @@ end
 -- back to it (every later one was cancelled too), it is given back then.
 -- So a storm of cancellations in any order returns the whole queue.
 function bk_refund(key, count, period, burst, n, ticket, ckey, undo)
-  local xw, xr = string.match(ticket, '^(%d+) (%d+)$')
-  if xw then
-    xw, xr = tonumber(xw), tonumber(xr)
-  else
-    -- An allow's ticket from bucket_fast.lua: the compact state it left.
-    local _
-    _, xw = bk_unpack(ticket)
-    if not xw then return end
-    xr = 0
-  end
+  local xw, xr = bk_ticket(ticket)
+  if not xw then return end
   if (xw < now and not undo) or redis.call('EXISTS', key) == 0 then return end
   local tw, tr, ew, er = bk_load(key, count, period, burst)
   local nq, nr = bk_div(n, period, count)
