@@ -30,6 +30,7 @@ type ThrottledError struct {
 	Requeued string
 }
 
+// Error names the rule and subject, and when the work may run again.
 func (e *ThrottledError) Error() string {
 	s := fmt.Sprintf("admission: rule %q: subject %q throttled until %s", e.Rule, e.Subject, e.RetryAt.UTC().Format(time.RFC3339Nano))
 	if e.Requeued != "" {

@@ -53,6 +53,7 @@ const (
 	OverlapDelay
 )
 
+// String returns "skip" or "delay", as schedules files spell them.
 func (o Overlap) String() string {
 	if o == OverlapDelay {
 		return "delay"

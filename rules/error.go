@@ -21,6 +21,7 @@ type Error struct {
 	Reason     string
 }
 
+// Error says file:line, the rule or schedule, the field and what to fix.
 func (e *Error) Error() string {
 	return yamlfile.Message(e.File, e.Line, e.Kind, e.Name, e.Field, e.Reason)
 }
