@@ -356,7 +356,7 @@ func (l *Limiter) ask(ctx context.Context, o op, subject string, n int, bound in
 	if o == opAllow && !keep {
 		var raw []any
 		raw, err = l.runAllow(ctx, keys, args)
-		if err = l.result(o, err); err == nil {
+		if err = l.result(ctx, o, err); err == nil {
 			rep, err = l.parse(raw)
 		}
 	} else {

@@ -86,7 +86,7 @@ func (r *Reservation) Receipt() (id string, slot time.Time) { return r.receipt, 
 
 // dropReceipt forgets a receipt, so that it can no longer be redeemed.
 func (l *Limiter) dropReceipt(ctx context.Context, subject, receipt string) error {
-	return l.result(opDropReceipt, l.rdb.ZRem(ctx, l.receiptsKey(subject), l.member(receipt)).Err())
+	return l.result(ctx, opDropReceipt, l.rdb.ZRem(ctx, l.receiptsKey(subject), l.member(receipt)).Err())
 }
 
 // maxReceiptLen bounds the receipts Admit looks up; ours are 32 bytes.

@@ -2,8 +2,11 @@ package throttle
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -23,21 +26,37 @@ type runner struct {
 // exec runs one call of script for operation o.
 func (r *runner) exec(ctx context.Context, o op, script *redis.Script, keys []string, args []any) (*redis.Cmd, error) {
 	cmd := r.run(ctx, script, keys, args...)
-	return cmd, r.result(o, cmd.Err())
+	return cmd, r.result(ctx, o, cmd.Err())
 }
 
 // result applies the hooks to the outcome of a call for o. A failure is
 // reported to OnRedisError here unless o may fail open: failOpenOr
 // reports those, once it has decided.
-func (r *runner) result(o op, err error) error {
+func (r *runner) result(ctx context.Context, o op, err error) error {
 	if err == nil {
 		r.redisOK()
 		return nil
 	}
+	err = deadlineCause(ctx, err)
 	if !o.failsOpen() && r.opts.OnRedisError != nil {
 		r.opts.OnRedisError(err, false)
 	}
 	return &redisError{op: o, err: err}
+}
+
+// deadlineCause marks err as the caller's deadline when that deadline has
+// passed: a call cut short by it can fail with the connection's read
+// timeout (go-redis's ContextTimeoutEnabled sets it from the deadline) an
+// instant before the context itself reports the deadline, and the caller
+// should see the same error either way.
+func deadlineCause(ctx context.Context, err error) error {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return err
+	}
+	if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+		return fmt.Errorf("%w: %w", context.DeadlineExceeded, err)
+	}
+	return err
 }
 
 // redisFailed reports a Redis error and whether to admit anyway.

@@ -90,5 +90,5 @@ func (l *Limiter) Reset(ctx context.Context, subject string) error {
 	if l.local != nil {
 		l.local.drop(subject)
 	}
-	return l.result(opReset, l.rdb.Del(ctx, keys...).Err())
+	return l.result(ctx, opReset, l.rdb.Del(ctx, keys...).Err())
 }

@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"time"
@@ -63,7 +64,7 @@ func (l *Limiter) waitWindow(ctx context.Context, subject string, n int) (*Reser
 	for {
 		res, r, err := l.ask(ctx, opAllow, subject, n, unbounded, true)
 		if re, ok := err.(*redisError); ok {
-			if ctx.Err() == nil { // not this waiter's own deadline: Redis failed
+			if ctx.Err() == nil && !errors.Is(re.err, context.DeadlineExceeded) { // not this waiter's own deadline: Redis failed
 				l.queues.shareFailure(subject, re.err)
 			}
 			return l.failOpenOr(ctx, opAllow, subject, n, re.err)
