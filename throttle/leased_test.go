@@ -561,3 +561,27 @@ func TestLeasedPauseDropsSlots(t *testing.T) {
 		t.Logf("inside the pause %d, after it %d", in, after)
 	})
 }
+
+// With builds a limiter over another rule without the hot rule's
+// LocalLease: a slow rule (here 100/s, whose period a 5ms lease does not
+// fit ten times) would otherwise be refused, and a transport's learned
+// limit silently dropped.
+func TestWithDropsLocalLease(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		hot := mustNew(t, rdb, Options{LocalLease: 5 * ms}, Rule{Name: "hot", Algorithm: GCRA, Limit: PerSecond(10000)})
+		slow := Rule{Name: "slow", Algorithm: GCRA, Limit: Limit{Count: 1, Period: 10 * ms, Burst: 1}}
+		if _, err := New(rdb, Options{LocalLease: 5 * ms}, slow); err == nil {
+			t.Fatal("a 10ms rule with a 5ms LocalLease was accepted; the test needs it refused")
+		}
+		l, err := hot.With(slow)
+		if err != nil {
+			t.Fatalf("With: %v", err)
+		}
+		if l.local != nil {
+			t.Fatal("With carried LocalLease over")
+		}
+		if res := allow(t, l, "s", 1); !res.Allowed {
+			t.Fatalf("the new limiter's first request: %+v, want allowed", res)
+		}
+	})
+}

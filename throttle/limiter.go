@@ -139,9 +139,13 @@ func New(rdb redis.UniversalClient, opts Options, rules ...Rule) (*Limiter, erro
 
 // With returns a Limiter over other rules that shares l's Redis client and
 // options: another limit on the same ledger, such as one learned from an
-// upstream's answers. Errors are New's.
+// upstream's answers. LocalLease is not carried over: it is sized for l's
+// one hot rule, and another rule (a slow learned one) need not fit it.
+// Errors are New's.
 func (l *Limiter) With(rules ...Rule) (*Limiter, error) {
-	return New(l.rdb, l.opts, rules...)
+	opts := l.opts
+	opts.LocalLease = 0
+	return New(l.rdb, opts, rules...)
 }
 
 // Result is the outcome of Allow.
