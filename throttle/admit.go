@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 )
 
@@ -47,9 +48,28 @@ type AdmitRequest struct {
 	// If zero, Wait. A caller may wait longer for a turn it already has
 	// than for a new one: it leaves no one else waiting.
 	EarlyWait time.Duration
-	// Horizon bounds how far ahead a new booking may be: a later slot is
-	// Denied and charges nothing. If zero, there is no bound.
+	// Horizon bounds how far ahead a new booking may be. A caller with an
+	// ID whose turn would be later, or who comes while others wait in the
+	// subject's line, joins that line instead (Admission.InLine) and is
+	// charged nothing: turns are booked for the line's members, in order,
+	// only as they come within the horizon, by Admit with N = 0. So the
+	// bookings of a long backlog never reach further ahead than the
+	// horizon, and a rule whose limit changes (a new Limiter over the same
+	// rule names) is in force within a horizon, whatever the backlog. A
+	// caller without an ID is Denied past the horizon. If zero, there is
+	// no bound and no line. A limiter with a Concurrency rule has no line
+	// (its queue for places is the line): past the horizon, it denies.
 	Horizon time.Duration
+	// Share, with a Horizon, is the caller's share of the subject's line
+	// (a tenant of one API key): the shares with callers in line are
+	// served in turn, each in proportion to its Weight, so a share with
+	// ten callers waiting is not served after one with ten thousand that
+	// came first. Callers of one share are served in order. Empty is a
+	// share like any other.
+	Share string
+	// Weight is the Share's weight in the line, from 1 (the default, if
+	// zero) to 1000.
+	Weight int
 	// Waiter identifies the caller under the limiter's Concurrency rule,
 	// as the holder of a place or in the queue for one, across its
 	// arrivals: Options.OnHandoff receives it when a freed place is handed
@@ -119,6 +139,24 @@ type Admission struct {
 	// for a place, and Rule names the rule). Zero otherwise, and always
 	// for a limiter without a Concurrency rule.
 	Lease time.Duration
+	// InLine is true when the caller, Booked, waits in the subject's line
+	// (AdmitRequest.Horizon) instead of holding a turn: leave, and come
+	// back when a turn is booked for it (Handed names it to whoever
+	// serves the line), or at At at the latest; coming back still in line
+	// keeps its place.
+	InLine bool
+	// Serve, if not zero, is when the line should next be served (Admit
+	// with N = 0), on the Redis clock: set for the caller that starts the
+	// line, and for one that comes back still in it (serve at once: whoever
+	// served the line may have stopped). Callers that join a line already
+	// served leave it zero.
+	Serve time.Time
+	// Handed is, for Admit with N = 0 and a Horizon (serving the line),
+	// the members of the line just booked: each one's Waiter (or WaitAs,
+	// BookAs, ID, the first set) with its slot on the Redis clock. Status
+	// is Booked while callers remain in line, with Serve when to serve it
+	// next; Denied once the line is empty.
+	Handed map[string]time.Time
 }
 
 // Reply statuses of the driver's admit operation (lua/driver.lua).
@@ -129,7 +167,11 @@ const (
 	admitRedeemed = 3
 	admitHeld     = 4
 	admitQueued   = 5 // waiting for a place of the Concurrency rule
+	admitInLine   = 6 // waiting in the subject's line (AdmitRequest.Horizon)
 )
+
+// maxWeight bounds AdmitRequest.Weight.
+const maxWeight = 1000
 
 // Admit decides for a caller that can come back later; see AdmitRequest
 // and AdmitStatus. It returns an error matching ErrExceedsCapacity if N is more than a rule
@@ -146,8 +188,15 @@ func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error
 	if l.parts != nil {
 		return l.admitParts(ctx, req)
 	}
-	if len(req.ID) > maxReceiptLen || len(req.Receipt) > maxReceiptLen || len(req.BookAs) > maxReceiptLen || len(req.Waiter) > maxReceiptLen || len(req.WaitAs) > maxReceiptLen {
-		return Admission{}, fmt.Errorf("throttle: admit: an ID, receipt or waiter is at most %d bytes; hash longer ones", maxReceiptLen)
+	if len(req.ID) > maxReceiptLen || len(req.Receipt) > maxReceiptLen || len(req.BookAs) > maxReceiptLen || len(req.Waiter) > maxReceiptLen || len(req.WaitAs) > maxReceiptLen || len(req.Share) > maxReceiptLen {
+		return Admission{}, fmt.Errorf("throttle: admit: an ID, receipt, waiter or share is at most %d bytes; hash longer ones", maxReceiptLen)
+	}
+	if req.Weight < 0 || req.Weight > maxWeight {
+		return Admission{}, fmt.Errorf("throttle: admit: weight %d: must be between 1 and %d (0 is 1)", req.Weight, maxWeight)
+	}
+	serving := req.N == 0 && l.leases == nil
+	if serving && req.Horizon <= 0 {
+		return Admission{}, errors.New("throttle: admit: n = 0 serves the subject's line, which needs a Horizon")
 	}
 	if req.Horizon < 0 || req.Horizon > maxPeriod {
 		return Admission{}, fmt.Errorf("throttle: admit: horizon %v: must be between 0 (no bound) and %v", req.Horizon, maxPeriod)
@@ -161,6 +210,7 @@ func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error
 		return Admission{}, err
 	}
 	keys = append(keys, l.receiptsKey(req.Subject), l.pauseKey(req.Subject), l.ticketsKey(req.Subject))
+	keys = append(keys, l.lineKeys(req.Subject)...)
 	booking := ""
 	switch {
 	case req.BookAs != "":
@@ -172,14 +222,15 @@ func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error
 	if req.EarlyWait > 0 {
 		early = req.EarlyWait.Microseconds()
 	}
-	waiter, waitAs := "", "" // the caller under the Concurrency rule, if any
+	// The caller under the Concurrency rule, if any, or in the line.
+	waiter, waitAs := "", cmp.Or(req.WaitAs, req.Waiter, req.BookAs, req.ID)
 	if l.leases != nil {
 		if waiter = cmp.Or(req.Waiter, req.ID); waiter == "" {
 			return Admission{}, errors.New("throttle: admit: a limiter with a concurrency rule needs an ID or a Waiter")
 		}
 		waitAs = cmp.Or(req.WaitAs, waiter)
 	}
-	args = append(args, booking, max(req.Tolerance.Microseconds(), 1), horizon, early, waiter, waitAs)
+	args = append(args, booking, max(req.Tolerance.Microseconds(), 1), horizon, early, waiter, waitAs, req.Share, max(req.Weight, 1))
 	for _, id := range [...]string{req.ID, req.Receipt} {
 		if id != "" {
 			args = append(args, l.member(id))
@@ -187,7 +238,9 @@ func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error
 	}
 	rep, recv, err := l.call(ctx, opAdmit, keys, args)
 	woken := l.leases.woken(rep.raw, len(l.rules))
-	if re, ok := err.(*redisError); ok {
+	if re, ok := err.(*redisError); ok && serving {
+		return Admission{}, re
+	} else if ok {
 		r, err := l.failOpenOr(ctx, opAdmit, req.Subject, req.N, re.err)
 		if err != nil {
 			return Admission{}, err
@@ -222,8 +275,19 @@ func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error
 		a.Status = Held
 	case admitQueued:
 		a.Status, a.Rule = Booked, res.Rule
+	case admitInLine:
+		a.Status, a.Rule, a.InLine = Booked, res.Rule, true
+		if serve, _ := rep.raw[4].(int64); serve >= 0 {
+			a.Serve = time.UnixMicro(rep.redisNow + serve)
+		}
 	default:
 		return Admission{}, badReply(rep.raw)
+	}
+	if serving {
+		a.Handed = handed(rep.raw, len(l.rules))
+		if a.Status == Booked {
+			a.Serve, a.Rule = a.Slot, ""
+		}
 	}
 	if l.leases != nil {
 		if req.N > 0 && (a.Status == Granted || a.Status == Redeemed) {
@@ -237,3 +301,31 @@ func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error
 	}
 	return a, nil
 }
+
+// handed reads the members a serving of the line booked: the waiter and
+// slot pairs after the reply's 6 + nrules values.
+func handed(raw []any, nrules int) map[string]time.Time {
+	if len(raw) <= 6+nrules {
+		return nil
+	}
+	h := make(map[string]time.Time, (len(raw)-6-nrules)/2)
+	for i := 6 + nrules; i+1 < len(raw); i += 2 {
+		w, _ := raw[i].(string)
+		us, err := strconv.ParseInt(fmt.Sprint(raw[i+1]), 10, 64)
+		if err == nil {
+			h[w] = time.UnixMicro(us)
+		}
+	}
+	return h
+}
+
+// lineKeys returns the keys of subject's line (AdmitRequest.Horizon):
+// <prefix>{<subject>}:!line and its :!line:e and :!line:f hashes
+// (driver.lua).
+func (p *policy) lineKeys(subject string) []string {
+	k := key(p.prefix, escape(subject), lineSuffix)
+	return []string{k, k + ":e", k + ":f"}
+}
+
+// lineSuffix names a subject's line.
+const lineSuffix = "!line"

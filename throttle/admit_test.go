@@ -165,8 +165,8 @@ func TestAdmitEarlyLate(t *testing.T) {
 }
 
 // TestAdmitReceiptAndHorizon redeems a receipt from PrepayN through Admit,
-// denies a turn past the horizon without charging, and refuses a booking
-// without an ID.
+// puts a caller past the horizon in line without charging, and refuses a
+// booking without an ID.
 func TestAdmitReceiptAndHorizon(t *testing.T) {
 	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
 		ctx := context.Background()
@@ -185,11 +185,17 @@ func TestAdmitReceiptAndHorizon(t *testing.T) {
 			t.Fatalf("Admit with a receipt: %+v, %v; want redeemed in 100ms", a, err)
 		}
 		_ = r
-		// The ledger is booked to 200ms: a turn bounded to 150ms is denied
-		// and charges nothing.
-		a, err = l.Admit(ctx, AdmitRequest{Subject: "s", N: 1, ID: "far", Wait: 0, Horizon: 150 * ms, Tolerance: 10 * ms})
+		// The ledger is booked to 200ms: past a horizon of 150ms, a caller
+		// without an ID is denied, one with an ID joins the line; neither
+		// is charged. The line should be served when its head's turn is
+		// half a horizon away.
+		a, err = l.Admit(ctx, AdmitRequest{Subject: "s", N: 1, Wait: 0, Horizon: 150 * ms, Tolerance: 10 * ms})
 		if err != nil || a.Status != Denied || a.Delay != 200*ms {
-			t.Fatalf("past the horizon: %+v, %v; want denied, 200ms", a, err)
+			t.Fatalf("past the horizon, no ID: %+v, %v; want denied, 200ms", a, err)
+		}
+		a, err = l.Admit(ctx, AdmitRequest{Subject: "s", N: 1, ID: "far", Wait: 0, Horizon: 150 * ms, Tolerance: 10 * ms})
+		if err != nil || a.Status != Booked || !a.InLine || time.Until(a.Serve) != 125*ms {
+			t.Fatalf("past the horizon: %+v, %v; want in line, served in 125ms", a, err)
 		}
 		a, err = l.Admit(ctx, AdmitRequest{Subject: "s", N: 1, Wait: 50 * ms, Tolerance: 10 * ms})
 		if err != nil || a.Status != Denied || a.Delay != 200*ms {

@@ -46,14 +46,22 @@
 --   ARGV[9 + 5r] -> the id it holds or waits under from now on (a task
 --                   requeued as a copy), which takes over ARGV[8 + 5r]'s
 --                   place; the same id otherwise
---   ARGV[10 + 5r] ... -> members to redeem, in order: the caller's earlier
+--   ARGV[10 + 5r] -> the caller's share of the line (below), '' for none
+--   ARGV[11 + 5r] -> the share's weight, at least 1
+--   ARGV[12 + 5r] ... -> members to redeem, in order: the caller's earlier
 --                   booking, a receipt made by prepay
+--   KEYS[r+4], KEYS[r+5], KEYS[r+6] -> the subject's line (below):
+--                   <prefix>{<subject>}:!line (a sorted set of the waiting
+--                   members by their place), :!line:e (a hash: member ->
+--                   its n and waiter, one a line) and :!line:f (a hash:
+--                   's' .. share -> the place of the share's last member,
+--                   'v' -> the place of the last member served)
 --   ARGV[3] is how long the caller can wait where it is for a new turn
 --   (-1: no bound).
 -- refund only, after the rules: more reservations to give back in the same
 -- call, each as 1 + r values: its n, then its ticket for each rule
 -- The number of rules r is floor((#ARGV - 3) / 5), for refund (#KEYS - 1) / 2,
--- for admit #KEYS - 3.
+-- for admit #KEYS - 6.
 -- settle (KEYS[r+1]: the pause key; KEYS[r+1+i]: rule i's record of
 -- give-backs, <prefix>{<subject>}:<rule>!settled, bucket.lua) charges
 -- (ARGV[3] - ARGV[2]) more permits, or gives back that many if negative,
@@ -91,6 +99,25 @@
 -- 6 + r values (tickets, or ''; for status 3 the 7th is the redeemed
 -- tickets string, if any) and, last, the ids of the waiters this call
 -- handed a place to.
+-- The line (admit with a horizon, ARGV[6 + 5r] >= 0, a booking id, and no
+-- concurrency rule): a caller whose new turn would be past the horizon,
+-- or who comes while others wait in the subject's line, is not booked but
+-- joins the line (status 6): its place is max(the place of the last member
+-- served, the place of its share's last member) + n / weight, so that the
+-- shares with members waiting are served in turn, each by its weight, and
+-- a share that has waited for nothing starts level with the head. Nothing
+-- is charged. Its reply is {6, 1, members in line, fallback µs, serve µs,
+-- now}: fallback is how long until the caller should come back by itself
+-- if nobody wakes it; serve, if not -1, is when the line should next be
+-- served (the caller is its only member, or came back still in it). A
+-- caller that comes back while still in line stays in its place (renamed
+-- to the booking id).
+-- admit with n = 0 and a horizon serves the line: from its head, each
+-- member's turn is taken and booked under it (as status 2 books) while
+-- the turn is within the horizon, at most 256 a call. It replies {2 (some
+-- still wait) or 0, 1, members left, µs until the line should be served
+-- again, 0, now, '' x r, waiter 1, slot 1 (µs of Redis time), waiter 2,
+-- ...}: the members booked, for the caller to wake at their slots.
 -- atmost is allow of as many of n permits as every rule has now, at least
 -- 1; when admitted, its reply ends with that number after the tickets.
 -- n = 0 charges nothing: ok tells whether a request of 0 would be admitted
@@ -108,7 +135,7 @@ local op = ARGV[1]
 local n = tonumber(ARGV[2])
 local max_wait = tonumber(ARGV[3])
 local nrules = math.floor((#ARGV - 3) / 5)
-if op == 'admit' then nrules = #KEYS - 3 end
+if op == 'admit' then nrules = #KEYS - 6 end
 
 -- one_check and one_commit (a script of one algorithm) or checks and
 -- commits (by algorithm name) come from the use_*.lua file before this one.
@@ -190,6 +217,138 @@ if atmost then
   op = 'allow'
 end
 
+-- line is the subject's line of callers waiting beyond the horizon (see
+-- above), when admit uses one; nil otherwise.
+local line
+-- line_open returns the line's helpers for an admit whose arguments start
+-- at ARGV[b], booking into the receipt set rkey and the tickets tkey.
+-- Defined for admit only: allow and reserve do not pay for the closure.
+local line_open
+if op == 'admit' then line_open = function(b, rkey, tkey, tol)
+  local l = {key = KEYS[nrules + 4], ekey = KEYS[nrules + 5], fkey = KEYS[nrules + 6],
+    horizon = tonumber(ARGV[b + 2])}
+  local function fmt(x) return string.format('%.17g', x) end
+  -- keep makes the line's keys outlive the caller's fallback.
+  local function keep(us)
+    keep_ttl(l.key, us)
+    keep_ttl(l.ekey, us)
+    keep_ttl(l.fkey, us)
+  end
+  -- fallback is how long a caller with ahead members before it may wait
+  -- for its turn: twice its share of the line at the slowest rule's rate,
+  -- plus the horizon.
+  local function fallback(ahead, m)
+    local slowest = 0
+    for i = 1, nrules do
+      local _, count, period = rule(i)
+      if period / count > slowest then slowest = period / count end
+    end
+    return math.ceil(math.min(l.horizon + 2 * (ahead + 1) * m * slowest, max_us / 4))
+  end
+  -- join puts the caller, booking as ARGV[b], at the end of its share.
+  -- serve is when the line should be served (µs from now), -1 if another
+  -- caller has seen to it.
+  function l.join(serve)
+    local share, weight = 's' .. ARGV[b + 6], tonumber(ARGV[b + 7])
+    local f = redis.call('HMGET', l.fkey, 'v', share)
+    local place = math.max(tonumber(f[1]) or 0, tonumber(f[2]) or 0) + n / weight
+    local ahead = redis.call('ZCARD', l.key)
+    redis.call('ZADD', l.key, fmt(place), ARGV[b])
+    redis.call('HSET', l.ekey, ARGV[b], string.format('%d', n) .. '\n' .. ARGV[b + 5])
+    redis.call('HSET', l.fkey, share, fmt(place))
+    local back = fallback(ahead, n)
+    keep(back + l.horizon + tol)
+    if serve ~= -1 and serve < 0 then serve = 0 end
+    return {6, 1, ahead + 1, back, serve, now}
+  end
+  -- stay keeps a caller that came back still in line (as member, at
+  -- place) there, as the booking id; the line is served at once, in case
+  -- whoever served it stopped.
+  function l.stay(member, place)
+    local e = redis.call('HGET', l.ekey, member) or ''
+    local m = tonumber(string.match(e, '^(%d+)')) or n
+    if member ~= ARGV[b] then
+      redis.call('ZREM', l.key, member)
+      redis.call('HDEL', l.ekey, member)
+      redis.call('ZADD', l.key, place, ARGV[b])
+    end
+    redis.call('HSET', l.ekey, ARGV[b], string.format('%d', m) .. '\n' .. ARGV[b + 5])
+    local ahead = redis.call('ZCOUNT', l.key, '-inf', '(' .. place)
+    local back = fallback(ahead, m)
+    keep(back + l.horizon + tol)
+    return {6, 1, redis.call('ZCARD', l.key), back, 0, now}
+  end
+  -- take books m permits under every rule if the turn is within the
+  -- horizon, and returns true, its delay and the tickets; else false and
+  -- the delay until it would be admitted.
+  local function take(m)
+    local delays, s1s, s2s, late = {}, {}, {}, -1
+    for i = 1, nrules do
+      local algo, count, period, extra = rule(i)
+      local ok, d, _, _, s1, s2 = (one_check or checks[algo])(KEYS[i], count, period, extra, m, true, l.horizon)
+      if not ok then
+        if d > late then late = d end
+      end
+      delays[i], s1s[i], s2s[i] = d, s1, s2
+    end
+    if late >= 0 then return false, late end
+    local tks, delay = {}, 0
+    for i = 1, nrules do
+      local algo, count, period, extra = rule(i)
+      tks[i] = (one_commit or commits[algo])(KEYS[i], count, period, extra, m, delays[i], s1s[i], s2s[i])
+      if delays[i] > delay then delay = delays[i] end
+    end
+    return true, math.ceil(delay), tks
+  end
+  -- serve books the turns of the line's head members that fall within the
+  -- horizon, in order.
+  function l.serve()
+    local reply = {0, 1, 0, 0, 0, now}
+    for i = 1, nrules do reply[6 + i] = '' end
+    local next_us = -1
+    for _ = 1, 256 do
+      local head = redis.call('ZRANGE', l.key, 0, 0, 'WITHSCORES')
+      if not head[1] then break end
+      local member = head[1]
+      local e = redis.call('HGET', l.ekey, member) or ''
+      local m, waiter = string.match(e, '^(%d+)\n(.*)$')
+      m = tonumber(m)
+      local ok, delay, tks = false, max_us, nil
+      if m then ok, delay, tks = take(m) end
+      if not ok and m and delay < max_us / 2 then
+        next_us = math.max(delay - l.horizon / 2, 0)
+        break
+      end
+      redis.call('ZREM', l.key, member)
+      redis.call('HDEL', l.ekey, member)
+      redis.call('HSET', l.fkey, 'v', head[2])
+      local slot = now
+      if ok then
+        -- Booked as a new turn past the caller's wait is (status 2).
+        slot = now + delay
+        redis.call('ZADD', rkey, string.format('%d', slot), member)
+        keep_ttl(rkey, delay + tol)
+        keep_tickets(tkey, rkey, member, table.concat(tks, '\n') .. '\n' .. string.format('%d', now), delay + tol)
+      end
+      -- A member that can never be admitted now (the rules changed under
+      -- it) is woken with nothing booked: it asks again, and is told why.
+      if waiter then
+        reply[#reply + 1] = waiter
+        reply[#reply + 1] = string.format('%d', slot)
+      end
+    end
+    local left = redis.call('ZCARD', l.key)
+    if left == 0 then
+      redis.call('DEL', l.ekey, l.fkey)
+    else
+      if next_us < 0 then next_us = 0 end
+      reply[1], reply[3], reply[4] = 2, left, math.ceil(next_us)
+    end
+    return reply
+  end
+  return l
+end end
+
 local reserve = op == 'reserve' or op == 'prepay' or op == 'admit'
 local wait_here = max_wait
 -- c is the caller's place under the policy's concurrency rule, if it has
@@ -235,7 +394,9 @@ if op == 'admit' then
   local pause_end = tonumber(redis.call('GET', KEYS[nrules + 2])) or 0
   local tkey = KEYS[nrules + 3]
   local early = tonumber(ARGV[b + 3])
-  for i = b + 6, #ARGV do
+  line = not c and tonumber(ARGV[b + 2]) >= 0 and (booking ~= '' or n == 0) and line_open(b, rkey, tkey, tol)
+  if line and n == 0 then return line.serve() end
+  for i = b + 8, #ARGV do
     local slot = tonumber(redis.call('ZSCORE', rkey, ARGV[i]))
     if slot and slot < 0 and c and not cc.free(c) then
       local reply = wait_place()
@@ -280,7 +441,14 @@ if op == 'admit' then
   end
   -- None redeemed: their tickets, if any (stale, or dropped in a pause),
   -- go too.
-  if #ARGV >= b + 6 then redis.call('HDEL', tkey, unpack(ARGV, b + 6)) end
+  if #ARGV >= b + 8 then redis.call('HDEL', tkey, unpack(ARGV, b + 8)) end
+  if line then
+    -- A caller still in line keeps its place; one that comes while
+    -- others wait joins them.
+    local place = ARGV[b + 8] and redis.call('ZSCORE', line.key, ARGV[b + 8])
+    if place then return line.stay(ARGV[b + 8], place) end
+    if redis.call('EXISTS', line.key) == 1 then return line.join(-1) end
+  end
   -- A new turn, booked as far as the horizon allows; without a booking id,
   -- only as far as the caller can wait.
   max_wait = tonumber(ARGV[b + 2])
@@ -298,7 +466,12 @@ if nrules == 1 then
   -- remaining is clamped: a paused window may hold more than its count.
   if remaining < 0 then remaining = 0 end
   reset = math.ceil(math.min(reset, max_us))
-  if not ok or n == 0 then return {ok and 1 or 0, 1, remaining, math.ceil(math.min(delay, max_us)), reset, now} end
+  if not ok or n == 0 then
+    delay = math.ceil(math.min(delay, max_us))
+    -- Past the horizon: the caller starts the line (see below).
+    if line and not ok then return line.join(delay - line.horizon / 2) end
+    return {ok and 1 or 0, 1, remaining, delay, reset, now}
+  end
   local ticket = (one_commit or commits[algo])(KEYS[1], count, period, extra, n, delay, s1, s2)
   reply = {1, 1, remaining, math.ceil(math.min(delay, max_us)), reset, now, ticket}
   if op ~= 'prepay' and op ~= 'admit' and not atmost then return reply end
@@ -336,6 +509,11 @@ else
   reply[5] = math.ceil(math.min(reply[5], max_us))
 end
 
+if line and reply[1] == 0 then
+  -- Past the horizon: the caller starts the line, which is served when its
+  -- turn comes within half the horizon.
+  return line.join(reply[4] - line.horizon / 2)
+end
 local later = op == 'admit' and wait_here >= 0 and reply[4] > wait_here
 if c then
   -- A caller that runs now (or after waiting where it is) takes its place;

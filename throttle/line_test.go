@@ -1,0 +1,295 @@
+package throttle
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+)
+
+// lineSim drives callers through Admit with a horizon as a worker fleet
+// would, on virtual time: every caller arrives at once, a booked one comes
+// back at its slot, one in line comes back when a serving of the line
+// hands it a turn, and the line is served whenever an Admission says so.
+type lineSim struct {
+	t       *testing.T
+	lim     *Limiter
+	horizon time.Duration
+	share   func(id string) string
+	weight  func(id string) int
+	inLine  map[string]bool // ids that joined the line
+
+	returns map[string]time.Time // id -> when it comes back (Redis clock = local, virtual)
+	serve   time.Time            // when the line is next served; zero if no one asked
+	admits  map[string]time.Time // id -> its admission (the slot it ran on)
+	order   []string             // ids in the order they were handed a turn from the line
+	serves  int
+	calls   *scriptCalls
+	maxLead time.Duration // the furthest ahead of its serving a handed slot was
+}
+
+func newLineSim(t *testing.T, rdb *redis.Client, lim *Limiter, horizon time.Duration) *lineSim {
+	return &lineSim{t: t, lim: lim, horizon: horizon, returns: map[string]time.Time{}, admits: map[string]time.Time{},
+		share: func(string) string { return "" }, weight: func(string) int { return 1 },
+		inLine: map[string]bool{}, calls: countScripts(rdb)}
+}
+
+func (s *lineSim) admit(id string) {
+	s.t.Helper()
+	a, err := s.lim.Admit(context.Background(), AdmitRequest{Subject: "acct", N: 1, ID: id, Horizon: s.horizon, Share: s.share(id), Weight: s.weight(id), Tolerance: 50 * ms})
+	if err != nil {
+		s.t.Fatalf("Admit %s: %v", id, err)
+	}
+	switch {
+	case a.Status == Granted || a.Status == Redeemed:
+		if _, dup := s.admits[id]; dup {
+			s.t.Fatalf("%s admitted twice", id)
+		}
+		if a.Delay > 0 {
+			time.Sleep(a.Delay)
+		}
+		s.admits[id] = time.Now()
+		delete(s.returns, id)
+	case a.Status == Booked && a.InLine:
+		s.inLine[id] = true
+		s.returns[id] = a.At // the fallback: a handed turn moves it earlier
+		if !a.Serve.IsZero() && (s.serve.IsZero() || a.Serve.Before(s.serve)) {
+			s.serve = a.Serve
+		}
+	case a.Status == Booked || a.Status == Held:
+		if a.Delay > s.horizon+ms {
+			s.t.Fatalf("%s booked %v ahead, past the horizon %v", id, a.Delay, s.horizon)
+		}
+		s.returns[id] = a.At
+	default:
+		s.t.Fatalf("Admit %s: %+v", id, a)
+	}
+}
+
+// serveLine serves the line once, as a worker's wake-up loop does.
+func (s *lineSim) serveLine() {
+	s.t.Helper()
+	s.serves++
+	a, err := s.lim.Admit(context.Background(), AdmitRequest{Subject: "acct", N: 0, Horizon: s.horizon})
+	if err != nil {
+		s.t.Fatalf("serving the line: %v", err)
+	}
+	now := time.Now()
+	var got []string
+	for id, slot := range a.Handed {
+		if lead := slot.Sub(now); lead > s.maxLead {
+			s.maxLead = lead
+		}
+		s.returns[id] = slot
+		got = append(got, id)
+	}
+	// Handed in slot order (ties by id, which is arrival order here).
+	slices.SortFunc(got, func(x, y string) int {
+		if c := a.Handed[x].Compare(a.Handed[y]); c != 0 {
+			return c
+		}
+		return compareIDs(x, y)
+	})
+	s.order = append(s.order, got...)
+	s.serve = time.Time{}
+	if a.Status == Booked {
+		s.serve = a.Serve
+	}
+}
+
+func compareIDs(x, y string) int {
+	var a, b int
+	fmt.Sscanf(x[len(x)-4:], "%d", &a)
+	fmt.Sscanf(y[len(y)-4:], "%d", &b)
+	return a - b
+}
+
+// run processes returns and servings in time order until nobody waits.
+func (s *lineSim) run(until func() bool) {
+	s.t.Helper()
+	for len(s.returns) > 0 || !s.serve.IsZero() {
+		if until != nil && until() {
+			return
+		}
+		next, id := s.serve, ""
+		for i, at := range s.returns {
+			if next.IsZero() || at.Before(next) || (at.Equal(next) && id != "" && compareIDs(i, id) < 0) {
+				next, id = at, i
+			}
+		}
+		time.Sleep(time.Until(next))
+		if id == "" {
+			s.serveLine()
+			continue
+		}
+		s.admit(id)
+	}
+}
+
+// TestLineBacklog queues 200 callers of one subject at one instant under
+// each algorithm at 10/s with a 1 s horizon: the turns within the horizon
+// are booked, the rest wait in the line, charged nothing; servings of the
+// line book each member's turn no further than the horizon ahead, in
+// arrival order; every caller is admitted once, never more than the rule's
+// bound in a window; and the calls per caller stay flat: one to join, one
+// to redeem, plus one serving per half horizon for the whole line.
+func TestLineBacklog(t *testing.T) {
+	for _, rule := range admitRules {
+		t.Run(string(rule.Algorithm), func(t *testing.T) {
+			virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+				l := mustNew(t, rdb, Options{}, rule)
+				warm(t, l)
+				s := newLineSim(t, rdb, l, time.Second)
+				const n = 200
+				start := time.Now()
+				for i := range n {
+					s.admit(fmt.Sprintf("task-%04d", i))
+				}
+				inLine := len(s.inLine)
+				if bound := windowBound(rule) + 12; n-inLine > bound {
+					t.Errorf("%d of %d callers hold a turn at once, want at most %d (a horizon's worth)", n-inLine, n, bound)
+				}
+				if s.serve.IsZero() {
+					t.Fatal("no caller was told to serve the line")
+				}
+				s.run(nil)
+				if len(s.admits) != n {
+					t.Fatalf("%d of %d callers admitted", len(s.admits), n)
+				}
+				var starts []time.Time
+				for _, at := range s.admits {
+					starts = append(starts, at)
+				}
+				if got, bound := redistest.MaxInWindow(starts, rule.Limit.Period), windowBound(rule); got > bound {
+					t.Errorf("%d admissions in one period, bound %d", got, bound)
+				}
+				if s.maxLead > time.Second+ms {
+					t.Errorf("a serving booked a turn %v ahead, past the 1s horizon", s.maxLead)
+				}
+				// The line is served in arrival order.
+				for i := 1; i < len(s.order); i++ {
+					if compareIDs(s.order[i-1], s.order[i]) > 0 {
+						t.Fatalf("line served out of order: %s before %s", s.order[i-1], s.order[i])
+					}
+				}
+				last := time.Duration(0)
+				for _, at := range s.admits {
+					last = max(last, at.Sub(start))
+				}
+				if lo, hi := 19*time.Second, 21*time.Second; last < lo || last > hi {
+					t.Errorf("the last of %d at 10/s admitted after %v, want within [%v, %v]", n, last, lo, hi)
+				}
+				// Calls: n joins or bookings, n redemptions, the servings.
+				if calls, want := s.calls.n.Load(), int64(2*n+s.serves); calls > want {
+					t.Errorf("%d script calls for %d callers and %d servings, want at most %d", calls, n, s.serves, want)
+				}
+				if s.serves > n/5+4 {
+					t.Errorf("%d servings for %d callers at 10/s: want about one per half second", s.serves, n)
+				}
+				t.Logf("%d callers: %d servings, %d script calls, last admitted at %v", n, s.serves, s.calls.n.Load(), last)
+			})
+		})
+	}
+}
+
+// TestLineFairShares fills the line of one 10/s subject with share A's 100
+// callers, then B's and C's 10 each: from the next serving on, B and C are
+// served in turn with A, a third of the turns each, and A takes what is
+// left once they are done; a share with weight 2 gets two turns for one.
+func TestLineFairShares(t *testing.T) {
+	for _, weighted := range []bool{false, true} {
+		t.Run(fmt.Sprintf("weighted=%v", weighted), func(t *testing.T) {
+			virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+				l := mustNew(t, rdb, Options{}, Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(10).WithBurst(1)})
+				s := newLineSim(t, rdb, l, time.Second)
+				s.share = func(id string) string { return id[:1] }
+				s.weight = func(id string) int {
+					if weighted && id[0] == 'B' {
+						return 2
+					}
+					return 1
+				}
+				admitW := s.admit
+				for i := range 100 {
+					admitW(fmt.Sprintf("A%04d", i))
+				}
+				s.run(func() bool { return len(s.order) > 0 })
+				for i := range 10 {
+					admitW(fmt.Sprintf("B%04d", i))
+					admitW(fmt.Sprintf("C%04d", i))
+				}
+				mark := len(s.order)
+				s.run(nil)
+				counts := map[byte]int{}
+				for _, id := range s.order[mark : mark+15] {
+					counts[id[0]]++
+				}
+				wantB, wantC := 4, 4
+				if weighted {
+					wantB, wantC = 7, 3 // 2 : 1 : 1 of 15, rounded down
+				}
+				if counts['B'] < wantB || counts['C'] < wantC {
+					t.Errorf("of the 15 turns after B and C joined: A %d, B %d, C %d; want B ≥ %d, C ≥ %d", counts['A'], counts['B'], counts['C'], wantB, wantC)
+				}
+				// A's and each share's turns stay in order.
+				for i := 1; i < len(s.order); i++ {
+					if s.order[i][0] == s.order[i-1][0] && compareIDs(s.order[i-1], s.order[i]) > 0 {
+						t.Fatalf("share %c served out of order: %s before %s", s.order[i][0], s.order[i-1], s.order[i])
+					}
+				}
+				if len(s.admits) != 120 {
+					t.Errorf("%d of 120 admitted", len(s.admits))
+				}
+			})
+		})
+	}
+}
+
+// TestLineLiveChange drains a backlog at 10/s, then hands it to a limiter
+// whose same rule allows 50/s (a reloaded rules file): the turns already
+// booked are kept, and from a horizon after the change on the turns come
+// at the new rate.
+func TestLineLiveChange(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		rule := Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(10).WithBurst(1)}
+		s := newLineSim(t, rdb, mustNew(t, rdb, Options{}, rule), time.Second)
+		for i := range 300 {
+			s.admit(fmt.Sprintf("task-%04d", i))
+		}
+		start := time.Now()
+		s.run(func() bool { return time.Since(start) >= 5*time.Second })
+		change := time.Now()
+		rule.Limit = PerSecond(50).WithBurst(1)
+		s.lim = mustNew(t, rdb, Options{}, rule)
+		s.run(nil)
+		if len(s.admits) != 300 {
+			t.Fatalf("%d of 300 admitted", len(s.admits))
+		}
+		var before, after []time.Time
+		for _, at := range s.admits {
+			switch {
+			case at.Before(change):
+				before = append(before, at)
+			case at.After(change.Add(1100 * ms)):
+				after = append(after, at)
+			}
+		}
+		if got := redistest.MaxInWindow(before, time.Second); got > 11 {
+			t.Errorf("%d admitted in one second before the change, bound 11", got)
+		}
+		slices.SortFunc(after, time.Time.Compare)
+		if len(after) < 100 {
+			t.Fatalf("only %d admitted more than 1.1s after the change", len(after))
+		}
+		span := after[len(after)-1].Sub(after[0])
+		if rate := float64(len(after)-1) / span.Seconds(); rate < 45 || rate > 51 {
+			t.Errorf("%.1f/s from 1.1s after the change to 50/s, want about 50", rate)
+		}
+	})
+}
