@@ -8,6 +8,7 @@ package jobthrottle_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -48,6 +49,7 @@ type parkFleet struct {
 
 type taskStart struct {
 	id, subject string
+	tenant      string // the payload's tenant
 	at          time.Time // handler start, local clock
 	wait        admission.Wait
 }
@@ -89,9 +91,11 @@ func (f *parkFleet) serve(rdb redis.UniversalClient, concurrency int, mw *worker
 	mux.HandleFunc("job:", func(ctx context.Context, task *asynq.Task) error {
 		w, _ := admission.WaitedFrom(ctx)
 		id, _ := asynq.GetTaskID(ctx)
+		var p struct{ Tenant string }
+		_ = json.Unmarshal(task.Payload(), &p)
 		f.mu.Lock()
 		defer f.mu.Unlock()
-		f.starts = append(f.starts, taskStart{id: id, subject: w.Subject, at: time.Now(), wait: w})
+		f.starts = append(f.starts, taskStart{id: id, subject: w.Subject, tenant: p.Tenant, at: time.Now(), wait: w})
 		return nil
 	})
 	srv := asynq.NewServerFromRedisClient(rdb, worker.Configure(asynq.Config{
@@ -436,4 +440,106 @@ func TestParkWithoutWakeups(t *testing.T) {
 		t.Errorf("%d tasks took %v, want at most %v + 3s", n, took, want)
 	}
 	t.Logf("without wake-ups: %d tasks in %v, %.3f parks per task", n, took.Round(time.Millisecond), float64(parks)/n)
+}
+
+// TestParkFairShares: one API key of 100/s shared by every tenant
+// (fair_by: tenant), three workers. Tenant A's 5,000 tasks are enqueued
+// first and all wait in the key's line; then B and C enqueue 100 each.
+// From 2s after they are enqueued, B and C each run at 30/s or more (a
+// third of the key each, A the rest), and the key never passes 100/s +
+// burst in any second on the Redis clock. The test ends once B's and C's
+// tasks have run; A's backlog is left to the cleanup.
+func TestParkFairShares(t *testing.T) {
+	t.Parallel()
+	const rate = 100
+	f := newParkFleet(t)
+	cfg, err := rules.Parse("rules.yaml", fmt.Appendf(nil, `prefix: %q
+rules:
+  - name: api
+    tasks: ["job:*"]
+    subject: {fixed: key-1}
+    fair_by: {payload_field: tenant}
+    algorithm: gcra
+    limit: %d
+    period: 1s
+    burst: 1
+`, f.prefix, rate))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		rdb := f.proc.Client(t)
+		limRDB := f.proc.Client(t)
+		limRDB.AddHook(scriptCounter{&f.calls})
+		mw, err := worker.FromRules(cfg, limRDB, worker.Options{Asynq: rdb, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.serve(rdb, 20, mw)
+	}
+	f.enqueue("A", 5000)
+	// A's tasks have all been through a worker once: each has run, or
+	// parked on a booked turn or in the line.
+	for end := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		f.mu.Lock()
+		seen := f.parks + len(f.starts)
+		f.mu.Unlock()
+		if seen >= 5000 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("A's 5000 tasks not parked within 60s: %d parks and starts", seen)
+		}
+	}
+	joined := time.Now()
+	f.enqueue("B", 100)
+	f.enqueue("C", 100)
+	var starts []taskStart
+	for end := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		f.mu.Lock()
+		starts = slices.Clone(f.starts)
+		f.mu.Unlock()
+		done := map[string]int{}
+		for _, s := range starts {
+			done[s.tenant]++
+		}
+		if done["B"] == 100 && done["C"] == 100 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("B and C not done within 60s: %v", done)
+		}
+	}
+	from := joined.Add(2 * time.Second)
+	var all []time.Time
+	first, last, n := map[string]time.Time{}, map[string]time.Time{}, map[string]int{}
+	for _, s := range starts {
+		all = append(all, s.wait.Turn)
+		who := s.tenant
+		if s.at.Before(from) {
+			continue
+		}
+		n[who]++
+		if first[who].IsZero() || s.at.Before(first[who]) {
+			first[who] = s.at
+		}
+		if s.at.After(last[who]) {
+			last[who] = s.at
+		}
+	}
+	for _, who := range []string{"B", "C"} {
+		span := last[who].Sub(from)
+		if n[who] < 10 || span <= 0 {
+			t.Errorf("tenant %s: %d tasks from 2s after enqueue; want its share", who, n[who])
+			continue
+		}
+		if r := float64(n[who]) / span.Seconds(); r < 30 {
+			t.Errorf("tenant %s ran at %.1f/s from 2s after it was enqueued, want at least 30/s", who, r)
+		}
+	}
+	if most := redistest.MaxInWindow(all, time.Second); most > rate+1 {
+		t.Errorf("%d turns of the key in one second on the Redis clock, want at most %d", most, rate+1)
+	}
+	t.Logf("from 2s after B and C joined: B %d, C %d, A %d tasks; B done %v and C %v after joining; %d limiter calls for %d starts",
+		n["B"], n["C"], n["A"], last["B"].Sub(joined).Round(time.Millisecond), last["C"].Sub(joined).Round(time.Millisecond), f.calls.Load(), len(starts))
 }

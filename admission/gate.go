@@ -52,6 +52,9 @@ const (
 	// waits for it in place, whatever the waiting slots, when
 	// Options.EarlyWait is zero.
 	DefaultEarlyWait = 500 * time.Millisecond
+	// DefaultHorizon is how far ahead a parked job's turn may be booked
+	// when Options.Horizon is zero.
+	DefaultHorizon = time.Second
 )
 
 // Options tune a Gate. The zero value uses every default.
@@ -86,6 +89,19 @@ type Options struct {
 	// whose jobs come back late keep more of their turns, at the price of
 	// the turns of one tolerance more in a window.
 	Tolerance time.Duration
+	// Horizon bounds how far ahead a parked job's turn is booked. A job
+	// whose turn would be later, or that comes while others of its
+	// subject wait, waits in the subject's line in Redis instead, charged
+	// nothing (Decision.InLine), and is booked when the horizon reaches it
+	// (Gate.Serve, which the caller runs when Decision.Serve says). So a
+	// backlog of any depth holds at most a horizon of booked turns: a
+	// limit that changes is in force within about a horizon, and a
+	// subject's Shares are served in turn. If zero, DefaultHorizon (1s).
+	// Negative: no bound and no line; every parked job books its turn at
+	// once, however far ahead (for a caller that cannot serve the line).
+	// A limiter with a Concurrency rule has no line; its queue for places
+	// serves the same end.
+	Horizon time.Duration
 }
 
 // Gate admits jobs under one throttle.Limiter. It is safe for concurrent
@@ -113,6 +129,11 @@ func New(lim *throttle.Limiter, opts Options) (*Gate, error) {
 		return nil, fmt.Errorf("admission: early_wait %v must not be negative", opts.EarlyWait)
 	case opts.Tolerance < 0:
 		return nil, fmt.Errorf("admission: tolerance %v must not be negative", opts.Tolerance)
+	case opts.Horizon > maxHorizon:
+		return nil, fmt.Errorf("admission: horizon %v must be at most %v", opts.Horizon, maxHorizon)
+	}
+	if opts.Horizon == 0 {
+		opts.Horizon = DefaultHorizon
 	}
 	if opts.MaxWait == 0 {
 		opts.MaxWait = DefaultMaxWait
@@ -155,7 +176,16 @@ type Request struct {
 	Waiter string
 	// WaitAs, if not empty, is the Waiter the job comes back as, if not
 	// Waiter (a task requeued as a copy): it takes over Waiter's place.
+	// In the subject's line (Options.Horizon), the job is named by WaitAs,
+	// Waiter, BookAs or ID, the first set: Gate.Serve hands that name its
+	// turn.
 	WaitAs string
+	// Share is the job's share of its subject's line (a tenant of one API
+	// key): the shares with jobs in line are served in turn, each by its
+	// Weight (throttle.AdmitRequest.Share). Empty is a share like any other.
+	Share string
+	// Weight is Share's weight, from 1 (the default, if zero) to 1000.
+	Weight int
 }
 
 // Outcome is what a job does after Admit.
@@ -209,6 +239,14 @@ type Decision struct {
 	// not; for Park, non-zero when the job is queued for such a place (Rule
 	// names the rule). It is that rule's lease.
 	Lease time.Duration
+	// InLine, for Park, is true when the job waits in its subject's line
+	// (Options.Horizon) with no turn yet: At is only a fallback, and the
+	// job is woken when Gate.Serve hands it a turn.
+	InLine bool
+	// Serve, if not zero, is when the job's caller must make sure the
+	// subject's line is served (Gate.Serve), on the Redis clock: the job
+	// started the line, or came back still in it.
+	Serve time.Time
 }
 
 // Admit decides for req: run (now, after waiting in one of the subject's
@@ -255,11 +293,12 @@ func (g *Gate) Admit(ctx context.Context, req Request) (Decision, error) {
 	a, err := g.lim.Admit(ctx, throttle.AdmitRequest{
 		Subject: req.Subject, N: cost, ID: req.ID, Receipt: req.Receipt, BookAs: req.BookAs, Waiter: req.Waiter, WaitAs: req.WaitAs,
 		Wait: wait, EarlyWait: max(early, time.Microsecond), Tolerance: g.opts.Tolerance,
+		Horizon: max(g.opts.Horizon, 0), Share: req.Share, Weight: req.Weight,
 	})
 	if err != nil {
 		return Decision{}, err
 	}
-	d := Decision{Turn: a.Status, Rule: a.Rule, At: a.At, Slot: a.Slot, Reservation: a.Reservation, Lease: a.Lease}
+	d := Decision{Turn: a.Status, Rule: a.Rule, At: a.At, Slot: a.Slot, Reservation: a.Reservation, Lease: a.Lease, InLine: a.InLine, Serve: a.Serve}
 	switch a.Status {
 	case throttle.Booked, throttle.Held:
 		d.Outcome, d.Reservation = Park, nil
@@ -281,6 +320,42 @@ func (g *Gate) Admit(ctx context.Context, req Request) (Decision, error) {
 	}
 	d.Waited = time.Since(start)
 	return d, nil
+}
+
+// maxHorizon bounds Options.Horizon: bookings a day ahead are no line.
+const maxHorizon = 24 * time.Hour
+
+// Served is what one serving of a subject's line did (Gate.Serve).
+type Served struct {
+	// Handed are the jobs of the line just booked, by name (see
+	// Request.WaitAs), each with its slot on the Redis clock: wake each
+	// shortly before its slot.
+	Handed map[string]time.Time
+	// Next, if not zero, is when to serve the line again (Redis clock):
+	// jobs still wait in it.
+	Next time.Time
+}
+
+// Serve books the turns of the jobs at the head of subject's line that
+// fall within the horizon, in order (a share at a time, by weight), and
+// says when to serve it next. One process should serve a subject's line
+// at a time, when the last serving (or a Decision.Serve) said; serving it
+// more often is harmless and books nothing new. It costs one script call
+// for up to 256 jobs. Without a line (a negative Horizon, or a limiter
+// with a Concurrency rule), it returns an empty Served.
+func (g *Gate) Serve(ctx context.Context, subject string) (Served, error) {
+	if g.opts.Horizon < 0 {
+		return Served{}, nil
+	}
+	a, err := g.lim.Admit(ctx, throttle.AdmitRequest{Subject: subject, Horizon: g.opts.Horizon})
+	if err != nil {
+		return Served{}, err
+	}
+	s := Served{Handed: a.Handed}
+	if a.Status == throttle.Booked && a.Lease == 0 {
+		s.Next = a.Serve
+	}
+	return s, nil
 }
 
 // refundTimeout bounds the refund of a turn whose wait ended with its

@@ -81,6 +81,25 @@ func (w *Wakeups) AddIfAbsent(ctx context.Context, member string, slot time.Time
 	return nil
 }
 
+// AddAll schedules each member of wakes to be woken at its time, in one
+// call, as Add does.
+func (w *Wakeups) AddAll(ctx context.Context, wakes map[string]time.Time) error {
+	if len(wakes) == 0 {
+		return nil
+	}
+	args := make([]any, 0, 2*len(wakes)+2)
+	for m, at := range wakes {
+		args = append(args, m, at.UnixMicro())
+		if len(args) == 2 {
+			args = append(args, ledgerKeepMs, "")
+		}
+	}
+	if err := wakeAddScript.Run(ctx, w.rdb, []string{w.key}, args...).Err(); err != nil {
+		return fmt.Errorf("admission: wakeups: add: %w", err)
+	}
+	return nil
+}
+
 // Remove forgets member, if it is in the ledger.
 func (w *Wakeups) Remove(ctx context.Context, member string) error {
 	if err := w.rdb.ZRem(ctx, w.key, member).Err(); err != nil {

@@ -20,7 +20,7 @@ const maxWaitSlots = 10000
 // The fields each mapping of a rules file may have.
 var (
 	fileFields  = []string{"prefix", "fail_open", "budgets", "rules", handlersField}
-	ruleFields  = []string{"name", "tasks", "subject", "algorithm", "limit", "period", "burst", "precision", "lease", "max_wait", "wait_slots", "cost", "budget", "limits"}
+	ruleFields  = []string{"name", "tasks", "subject", "algorithm", "limit", "period", "burst", "precision", "lease", "max_wait", "wait_slots", "cost", "budget", "limits", "horizon", "fair_by", "weights"}
 	limitFields = []string{"name", "algorithm", "limit", "period", "burst", "precision", "lease", "budget"}
 	// limitOnly are the rule fields that describe a single limit, which a
 	// policy (limits) puts in each of its limits instead.
@@ -132,6 +132,21 @@ func (p *parser) ruleConfig(n *yaml.Node, i int, names map[string]int, owner map
 	if r.Cost, err = p.cost(costNode); err != nil {
 		return r, err
 	}
+	if hn := fields["horizon"]; hn != nil {
+		if r.Horizon, err = p.duration(hn, "horizon", time.Millisecond, 24*time.Hour); err != nil {
+			return r, err
+		}
+	}
+	if fb := fields["fair_by"]; fb != nil {
+		if r.FairBy.Fixed, r.FairBy.PayloadField, err = p.Subject(fb, "fair_by"); err != nil {
+			return r, err
+		}
+	}
+	if wn := fields["weights"]; wn != nil {
+		if r.Weights, err = p.weights(wn, fields["fair_by"] != nil); err != nil {
+			return r, err
+		}
+	}
 
 	limits := fields["limits"]
 	if bn := fields["budget"]; bn != nil {
@@ -232,6 +247,26 @@ func (p *parser) tasks(rule, n *yaml.Node, owner map[string]string) ([]string, e
 		tasks = append(tasks, t)
 	}
 	return tasks, nil
+}
+
+// weights reads a rule's weights: share -> 1 to 1000.
+func (p *parser) weights(n *yaml.Node, fair bool) (map[string]int, error) {
+	if !fair {
+		return nil, p.Failf(n, "weights", "weigh the shares of fair_by; set fair_by too")
+	}
+	if n.Kind != yaml.MappingNode {
+		return nil, p.Failf(n, "weights", "%s must be a mapping of share to weight, such as {gold: 3}", yamlfile.Describe(n))
+	}
+	w := map[string]int{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		share := n.Content[i].Value
+		v, err := p.Int(yamlfile.Resolve(n.Content[i+1]), "weights."+share, 1, 1000)
+		if err != nil {
+			return nil, err
+		}
+		w[share] = v
+	}
+	return w, nil
 }
 
 func (p *parser) subject(rule, n *yaml.Node) (SubjectConfig, error) {

@@ -82,7 +82,15 @@ type RuleConfig struct {
 	MaxWait   time.Duration // 0: admission.DefaultMaxWait (worker.TaskRule.MaxWait)
 	WaitSlots int           // 0: admission.DefaultWaitSlots (worker.TaskRule.WaitSlots)
 	Cost      CostConfig    // permits per task; the zero value is one
-	Line      int           // where the rule starts in the file
+	// Horizon bounds how far ahead a parked task's turn is booked
+	// (worker.TaskRule.Horizon); 0: admission.DefaultHorizon (1s).
+	Horizon time.Duration
+	// FairBy, if set (either field), divides the rule's limit among the
+	// shares of each subject with tasks waiting (worker.TaskRule.FairBy),
+	// weighed by Weights (share -> 1 to 1000; 1 if absent).
+	FairBy  SubjectConfig
+	Weights map[string]int
+	Line    int // where the rule starts in the file
 }
 
 // SubjectConfig says where a rule's subject comes from: exactly one field

@@ -57,8 +57,8 @@ type AdmitRequest struct {
 	// horizon, and a rule whose limit changes (a new Limiter over the same
 	// rule names) is in force within a horizon, whatever the backlog. A
 	// caller without an ID is Denied past the horizon. If zero, there is
-	// no bound and no line. A limiter with a Concurrency rule has no line
-	// (its queue for places is the line): past the horizon, it denies.
+	// no bound and no line. A limiter with a Concurrency rule ignores it:
+	// its queue for places is its line.
 	Horizon time.Duration
 	// Share, with a Horizon, is the caller's share of the subject's line
 	// (a tenant of one API key): the shares with callers in line are
@@ -202,7 +202,7 @@ func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error
 		return Admission{}, fmt.Errorf("throttle: admit: horizon %v: must be between 0 (no bound) and %v", req.Horizon, maxPeriod)
 	}
 	wait, horizon := micros(req.Wait), unbounded
-	if req.Horizon > 0 {
+	if req.Horizon > 0 && l.leases == nil {
 		horizon = req.Horizon.Microseconds()
 	}
 	keys, args, err := l.request(opAdmit, req.Subject, req.N, wait, nil)

@@ -89,9 +89,17 @@ func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (
 	// Under a concurrency rule, the task waits for a place as the wake-up
 	// member that brings it back (WakeOnHandoff).
 	queue, _ := asynq.GetQueueName(ctx)
+	req := admission.Request{Subject: subject, Cost: t.cost, ID: t.id, BookAs: bookID, Receipt: task.Headers()[admission.ReceiptHeader],
+		Waiter: admission.Member(queue, t.id), WaitAs: admission.Member(queue, bookID)}
+	if r.FairBy != nil {
+		if req.Share, err = r.FairBy(task); err != nil {
+			m.metrics.decided(r.Name, OutcomeError)
+			return turn{}, t.archive(ctx, "worker: task archived: no share", false, fmt.Errorf("cannot derive its fair_by share: %w", err))
+		}
+		req.Weight = r.Weights[req.Share]
+	}
 	m.metrics.waiting(r.Name, 1)
-	d, err := r.gate.Admit(wctx, admission.Request{Subject: subject, Cost: t.cost, ID: t.id, BookAs: bookID, Receipt: task.Headers()[admission.ReceiptHeader],
-		Waiter: admission.Member(queue, t.id), WaitAs: admission.Member(queue, bookID)})
+	d, err := r.gate.Admit(wctx, req)
 	m.metrics.waiting(r.Name, -1)
 	if err != nil {
 		return turn{}, m.notAdmitted(ctx, wctx, t, err)
@@ -105,7 +113,18 @@ func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (
 		// Queued for a place of the concurrency rule d.Rule.
 		m.sweepLater(ctx, t, d)
 	}
+	if !d.Serve.IsZero() && m.wakeups != nil {
+		// The task started its subject's line, or came back still in it:
+		// make sure a serving is due (the loop takes a member Lead
+		// before its time).
+		if err := m.wakeups.AddIfAbsent(ctx, sweepMember(r.Name, subject), d.Serve.Add(admission.DefaultLead)); err != nil {
+			t.log.WarnContext(ctx, "worker: cannot schedule the serving of the subject's line; its tasks come back at their fallbacks", "error", err)
+		}
+	}
 	retryAt := m.parkAt(ctx, t, bookID, d)
+	if d.InLine {
+		return turn{}, m.deferTask(ctx, t, retryAt, ErrParked, OutcomeParked, "turn", "in line")
+	}
 	m.metrics.bookedAhead(r.Name, time.Until(d.At))
 	return turn{}, m.deferTask(ctx, t, retryAt, ErrParked, OutcomeParked,
 		"turn", d.Turn, "booked_for", d.Slot.UTC(), "booked_ahead", time.Until(d.At).Round(time.Millisecond))
@@ -185,6 +204,10 @@ func (m *Middleware) release(r *ruleGate, w admission.Wait) {
 
 // parkAt records the task's wake-up and returns the RetryAt that parks it.
 func (m *Middleware) parkAt(ctx context.Context, t *taskRun, bookID string, d admission.Decision) time.Time {
+	if d.InLine {
+		// Woken by the serving that books its turn; d.At is a fallback.
+		return d.At
+	}
 	if m.wakeups != nil {
 		queue, _ := asynq.GetQueueName(ctx)
 		err := m.wakeups.Add(ctx, admission.Member(queue, bookID), d.Slot)
@@ -229,6 +252,9 @@ func (m *Middleware) sweep(ctx context.Context, member, rule, subject string) er
 	if r == nil || r.gate == nil {
 		return nil // a rule of another worker's configuration
 	}
+	if !r.leased {
+		return m.serveLine(ctx, r, member, subject)
+	}
 	a, err := r.gate.Limiter().Admit(ctx, throttle.AdmitRequest{Subject: subject, N: 0, Waiter: "sweep", Tolerance: time.Second})
 	if err != nil {
 		return fmt.Errorf("worker: sweep of rule %q: %w", rule, err)
@@ -239,6 +265,28 @@ func (m *Middleware) sweep(ctx context.Context, member, rule, subject string) er
 	// The loop takes a member DefaultLead before its slot: after the
 	// expiry, then, not just before it.
 	return m.wakeups.Add(ctx, member, a.Slot.Add(admission.DefaultLead+sweepMargin))
+}
+
+// serveLine serves the line of subject under rule r: the tasks whose
+// turns it books are woken just before their slots, and the serving comes
+// back when the line needs it again.
+func (m *Middleware) serveLine(ctx context.Context, r *ruleGate, member, subject string) error {
+	s, err := r.gate.Serve(ctx, subject)
+	if err != nil {
+		if errors.Is(err, throttle.ErrRedis) {
+			// Try again a tick later; the tasks in line have fallbacks.
+			return fmt.Errorf("worker: serving the line of rule %q: %w: %w", r.Name, err, admission.ErrWakeLater)
+		}
+		return fmt.Errorf("worker: serving the line of rule %q: %w", r.Name, err)
+	}
+	wakes := s.Handed
+	if !s.Next.IsZero() {
+		if wakes == nil {
+			wakes = map[string]time.Time{}
+		}
+		wakes[member] = s.Next.Add(admission.DefaultLead)
+	}
+	return m.wakeups.AddAll(ctx, wakes)
 }
 
 // sweepMargin puts a sweep after the lease it waits for has expired on the

@@ -27,10 +27,14 @@ func FromRules(cfg *rules.Config, rdb redis.UniversalClient, opts Options) (*Mid
 		if err != nil {
 			return nil, err
 		}
-		trs = append(trs, TaskRule{Name: r.Name, Tasks: r.Tasks, Limiter: lim,
+		tr := TaskRule{Name: r.Name, Tasks: r.Tasks, Limiter: lim,
 			Subject: func(t *asynq.Task) (string, error) { return r.Subject.Of(t.Payload()) },
 			Cost:    func(t *asynq.Task) (int, error) { return r.Cost.Of(t.Payload()) },
-			MaxWait: r.MaxWait, WaitSlots: r.WaitSlots})
+			MaxWait: r.MaxWait, WaitSlots: r.WaitSlots, Horizon: r.Horizon, Weights: r.Weights}
+		if r.FairBy != (rules.SubjectConfig{}) {
+			tr.FairBy = func(t *asynq.Task) (string, error) { return r.FairBy.Of(t.Payload()) }
+		}
+		trs = append(trs, tr)
 	}
 	return NewMiddleware(trs, opts)
 }

@@ -67,6 +67,27 @@ type TaskRule struct {
 	// fill the worker slots that other subjects need. If zero,
 	// admission.DefaultWaitSlots (2).
 	WaitSlots int
+	// Horizon bounds how far ahead a parked task's turn is booked; a task
+	// whose turn would be later waits in its subject's line in Redis,
+	// charged nothing, and is booked and woken as the horizon reaches it
+	// (admission.Options.Horizon). So a backlog holds at most a horizon of
+	// booked turns: a changed limit is in force within about a horizon,
+	// and FairBy's shares take turns. If zero, admission.DefaultHorizon
+	// (1s); negative books every turn at once, however far ahead. Without
+	// Options.Asynq (no wake-up loop to serve the line), there is no line.
+	Horizon time.Duration
+	// FairBy, if set, divides the rule's limit fairly among the shares
+	// (tenants) that have tasks waiting for one subject (one API key for
+	// every tenant): each share's tasks wait in their own place in the
+	// subject's line, and the shares are served in turn, so a tenant with
+	// ten tasks queued behind another's ten thousand runs at its share
+	// from its first task, and an idle tenant's share goes to the busy
+	// ones. An error archives the task, as for Subject. Needs
+	// Options.Asynq.
+	FairBy Subject
+	// Weights weigh FairBy's shares: a share of weight 3 gets three turns
+	// for one of a share of weight 1 (the default). From 1 to 1000.
+	Weights map[string]int
 }
 
 // DefaultRedisRetryDelay is how long a task is deferred when its limiter
@@ -209,17 +230,25 @@ func NewMiddleware(rules []TaskRule, opts Options) (*Middleware, error) {
 			return nil, bad("max_wait", fmt.Sprintf("%v must not be negative", r.MaxWait))
 		case r.WaitSlots < 0:
 			return nil, bad("wait_slots", fmt.Sprintf("%d must not be negative", r.WaitSlots))
+		case r.FairBy != nil && opts.Asynq == nil:
+			return nil, bad("fair_by", "needs Options.Asynq: the wake-up loop serves the subject's line")
+		}
+		for share, w := range r.Weights {
+			if w < 1 || w > 1000 {
+				return nil, bad("weights", fmt.Sprintf("share %q: weight %d must be between 1 and 1000", share, w))
+			}
 		}
 		names[r.Name] = true
 		rule := &ruleGate{TaskRule: *r}
 		m.byName[r.Name] = rule
 		rule.Tasks = append([]string(nil), r.Tasks...)
 		if lim, ok := r.Limiter.(*throttle.Limiter); ok {
-			gateOpts := admission.Options{MaxWait: r.MaxWait, WaitSlots: r.WaitSlots, Shared: shared}
+			gateOpts := admission.Options{MaxWait: r.MaxWait, WaitSlots: r.WaitSlots, Shared: shared, Horizon: r.Horizon}
 			if m.wakeups == nil {
 				// Parked tasks come back in whole seconds, up to a second
 				// early (see parkAt): let them wait that out in place.
-				gateOpts.EarlyWait = earlyWaitUnwoken
+				// Nobody serves a line: every turn is booked at once.
+				gateOpts.EarlyWait, gateOpts.Horizon = earlyWaitUnwoken, -1
 			}
 			var err error
 			if rule.gate, err = admission.New(lim, gateOpts); err != nil {

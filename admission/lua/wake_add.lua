@@ -5,18 +5,25 @@
 -- ARGV[1] -> the member (opaque to the ledger: the adapter's task reference)
 -- ARGV[2] -> when to wake it, microseconds of Redis TIME
 -- ARGV[3] -> how long the ledger is kept past the latest wake-up, milliseconds
--- ARGV[4] -> 'NX' to leave a member already in the ledger where it is (optional)
+-- ARGV[4] -> 'NX' to leave a member already in the ledger where it is (optional;
+--            '' for none)
+-- ARGV[5], ARGV[6], ... -> more members and their times, in pairs (optional)
 --
 -- Returns 1. The ledger's TTL covers its latest wake-up plus ARGV[3]; it is
 -- only ever lengthened.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local latest = tonumber(ARGV[2])
 if ARGV[4] == 'NX' then
   redis.call('ZADD', KEYS[1], 'NX', ARGV[2], ARGV[1])
 else
   redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
 end
-local want = math.ceil((tonumber(ARGV[2]) - now) / 1000) + tonumber(ARGV[3])
+for i = 5, #ARGV - 1, 2 do
+  redis.call('ZADD', KEYS[1], ARGV[i + 1], ARGV[i])
+  if tonumber(ARGV[i + 1]) > latest then latest = tonumber(ARGV[i + 1]) end
+end
+local want = math.ceil((latest - now) / 1000) + tonumber(ARGV[3])
 if want < 1 then want = 1 end
 local cur = redis.call('PTTL', KEYS[1])
 if cur < want then redis.call('PEXPIRE', KEYS[1], string.format('%d', want)) end
