@@ -13,9 +13,12 @@ import (
 )
 
 // Three jobs of one account arrive together under a limit of one per
-// minute: the first runs, the others park on turns booked a minute apart,
-// and a parked job that comes back early for its turn is told to come back
-// again, its turn kept.
+// minute, with turns booked at most 90s ahead: the first runs, the second
+// parks on a turn booked a minute ahead, the third waits in the account's
+// line (its turn, two minutes ahead, is past the horizon), and a parked job
+// that comes back early for its turn is told to come back again, its turn
+// kept. Serving the line now books nothing: it is due again once the
+// third job's turn is half a horizon away.
 func ExampleGate() {
 	m, err := miniredis.Run() // an in-process Redis; pass your own client
 	if err != nil {
@@ -30,7 +33,7 @@ func ExampleGate() {
 	if err != nil {
 		panic(err)
 	}
-	gate, err := admission.New(lim, admission.Options{})
+	gate, err := admission.New(lim, admission.Options{Horizon: 90 * time.Second})
 	if err != nil {
 		panic(err)
 	}
@@ -40,11 +43,21 @@ func ExampleGate() {
 		if err != nil {
 			panic(err)
 		}
+		if d.InLine {
+			fmt.Printf("%s: %v, in line\n", id, d.Outcome)
+			continue
+		}
 		fmt.Printf("%s: %v (%v), turn in %v\n", id, d.Outcome, d.Turn, time.Until(d.At).Round(time.Minute))
 	}
+	s, err := gate.Serve(ctx, "acct-42")
+	if err != nil {
+		panic(err)
+	}
+	fmt.Printf("served: %d booked, serve again in %v\n", len(s.Handed), time.Until(s.Next).Round(15*time.Second))
 	// Output:
 	// job-1: run (granted), turn in 0s
 	// job-2: park (booked), turn in 1m0s
-	// job-3: park (booked), turn in 2m0s
+	// job-3: park, in line
 	// job-2: park (held), turn in 1m0s
+	// served: 0 booked, serve again in 1m15s
 }

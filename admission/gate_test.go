@@ -34,12 +34,13 @@ func newGate(t *testing.T, rdb redis.UniversalClient, opts Options, rule throttl
 var gcra5 = throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(5).WithBurst(1)}
 
 // TestGateParksABacklog admits 50 jobs of one subject at one instant under
-// 5/s: the first runs, a few whose turns fall within MaxWait wait for them,
-// and the rest park with their turns booked 200ms apart; each parked job
-// that comes back at its turn runs at once on its booking.
+// 5/s with no horizon: the first runs, a few whose turns fall within
+// MaxWait wait for them, and the rest park with their turns booked 200ms
+// apart; each parked job that comes back at its turn runs at once on its
+// booking. (TestGateLine is the same backlog with the default horizon.)
 func TestGateParksABacklog(t *testing.T) {
 	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
-		g := newGate(t, rdb, Options{MaxWait: time.Second, WaitSlots: 2, EarlyWait: 100 * ms}, gcra5)
+		g := newGate(t, rdb, Options{MaxWait: time.Second, WaitSlots: 2, EarlyWait: 100 * ms, Horizon: -1}, gcra5)
 		ctx := context.Background()
 		start := time.Now()
 		var mu sync.Mutex
@@ -91,6 +92,102 @@ func TestGateParksABacklog(t *testing.T) {
 		}
 		if len(starts) != 50 || time.Since(start) != 49*200*ms {
 			t.Errorf("%d distinct starts, the last at %v; want 50, the last at 9.8s", len(starts), time.Since(start))
+		}
+	})
+}
+
+// TestGateLine admits the same backlog with the default horizon (1s): the
+// jobs whose turns are more than a second away park in the line, booked
+// nothing, and one of them is told to serve it; each serving (Gate.Serve,
+// when the last one said) books the next turns no more than a second
+// ahead and hands them to their jobs, which come back at their slots and
+// run at once. Every job runs once, 200ms apart, the last at 9.8s, as
+// without the line.
+func TestGateLine(t *testing.T) {
+	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		g := newGate(t, rdb, Options{MaxWait: time.Second, WaitSlots: 2, EarlyWait: 100 * ms}, gcra5)
+		ctx := context.Background()
+		start := time.Now()
+		var mu sync.Mutex
+		woken := map[string]chan time.Time{} // job -> its slot, when handed
+		serveAt := make(chan time.Time, 64)
+		starts, inLine := map[time.Duration]string{}, 0
+		var wg sync.WaitGroup
+		for i := range 50 {
+			id := fmt.Sprintf("job-%02d", i)
+			mu.Lock()
+			woken[id] = make(chan time.Time, 1)
+			mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				d, err := g.Admit(ctx, Request{Subject: "acct", ID: id})
+				if err != nil {
+					t.Errorf("Admit %s: %v", id, err)
+					return
+				}
+				if d.Outcome == Park {
+					if d.InLine {
+						mu.Lock()
+						inLine++
+						mu.Unlock()
+						if !d.Serve.IsZero() {
+							serveAt <- d.Serve
+						}
+						slot := <-woken[id]
+						if ahead := time.Until(slot); ahead > time.Second {
+							t.Errorf("%s handed a turn %v ahead, past the horizon", id, ahead)
+						}
+						d.At = slot
+					}
+					time.Sleep(time.Until(d.At))
+					d, err = g.Admit(ctx, Request{Subject: "acct", ID: id})
+					if err != nil || d.Outcome != Run || d.Turn != throttle.Redeemed || d.Waited != 0 {
+						t.Errorf("%s back at its turn: %+v, %v; want run on its booking at once", id, d, err)
+						return
+					}
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				at := time.Since(start)
+				if other, dup := starts[at]; dup || at%(200*ms) != 0 {
+					t.Errorf("%s started at %v (also %q): want distinct multiples of 200ms", id, at, other)
+				}
+				starts[at] = id
+			}()
+		}
+		// The line's server: serves when told, until the line is empty.
+		serves := 0
+		go func() {
+			next := <-serveAt
+			for {
+				time.Sleep(time.Until(next))
+				s, err := g.Serve(ctx, "acct")
+				if err != nil {
+					t.Errorf("Serve: %v", err)
+					return
+				}
+				serves++
+				mu.Lock()
+				for id, slot := range s.Handed {
+					woken[id] <- slot
+				}
+				mu.Unlock()
+				if s.Next.IsZero() {
+					return
+				}
+				next = s.Next
+			}
+		}()
+		wg.Wait()
+		if inLine < 40 {
+			t.Errorf("%d of 50 jobs waited in the line, want the 44 or so past a second", inLine)
+		}
+		if len(starts) != 50 || time.Since(start) != 49*200*ms {
+			t.Errorf("%d distinct starts, the last at %v; want 50, the last at 9.8s", len(starts), time.Since(start))
+		}
+		if serves > 25 {
+			t.Errorf("%d servings for 44 jobs at 5/s, want about one per half second", serves)
 		}
 	})
 }
