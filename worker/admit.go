@@ -248,7 +248,7 @@ func (m *Middleware) sweepLater(ctx context.Context, t *taskRun, d admission.Dec
 // OnHandoff), and comes back when the earliest lease expires while tasks
 // still wait.
 func (m *Middleware) sweep(ctx context.Context, member, rule, subject string) error {
-	r := m.byName[rule]
+	r := m.ruleNamed(rule)
 	if r == nil || r.gate == nil {
 		return nil // a rule of another worker's configuration
 	}

@@ -33,6 +33,16 @@
 // the reason. When asynq ends a waiting task (shutdown), the permit is
 // refunded and asynq puts the task back in its queue.
 //
+// Limits change live: Middleware.Reload takes the rules of a changed file
+// (cmd/worker calls it on SIGHUP). It builds every new limiter first and
+// changes nothing if one fails or if the change cannot apply while the old
+// keys live (rules.Config.CheckChange); otherwise it swaps the rules at
+// once. A limit's Redis state is keyed by prefix, subject and name only, so
+// bookings made under the old limit are kept and new bookings use the new
+// one; bookings reach at most the booking horizon ahead (1s by default), so
+// a new limit is in force within about that. Tasks already admitted finish
+// under the rule they started with.
+//
 // See README.md in this directory for the binary, the metrics and the
 // parking semantics in full, and rules/README.md for the rules file.
 package worker

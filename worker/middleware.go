@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -108,8 +109,9 @@ const DefaultRedisRetryDelay = 5 * time.Second
 //
 // A Middleware is safe for concurrent use.
 type Middleware struct {
-	rules      taskroute.Router[*ruleGate]
-	byName     map[string]*ruleGate // for the sweeps of concurrency rules (admit.go)
+	table      atomic.Pointer[ruleTable] // swapped whole by Reload (reload.go)
+	shared     *admission.Slots          // Options.MaxWaiting, kept across reloads; nil if unbounded
+	source     *ruleSource               // what FromRules built the rules from; nil for NewMiddleware
 	log        *slog.Logger
 	metrics    *Metrics
 	requeue    *requeuer
@@ -118,6 +120,14 @@ type Middleware struct {
 	drainCtx   context.Context
 	drain      context.CancelFunc
 	stopped    chan struct{} // closed when the wake-up loop has ended (nil without one)
+}
+
+// ruleTable is the middleware's rules, by task type and by name. It is
+// never changed once built: Reload stores a new one, and a task keeps the
+// *ruleGate it was admitted by until its handler returns.
+type ruleTable struct {
+	route  taskroute.Router[*ruleGate]
+	byName map[string]*ruleGate // for the sweeps of concurrency rules (admit.go)
 }
 
 // ruleGate is a TaskRule with its admission gate (nil for a Limiter that is not a
@@ -187,7 +197,6 @@ func NewMiddleware(rules []TaskRule, opts Options) (*Middleware, error) {
 		log:        opts.Logger,
 		metrics:    opts.Metrics,
 		redisRetry: opts.RedisRetryDelay,
-		byName:     map[string]*ruleGate{},
 	}
 	if m.log == nil {
 		m.log = slog.Default()
@@ -202,13 +211,27 @@ func NewMiddleware(rules []TaskRule, opts Options) (*Middleware, error) {
 			return nil, fmt.Errorf("worker: %w", err)
 		}
 	}
-	m.drainCtx, m.drain = context.WithCancel(context.Background())
-
-	var shared *admission.Slots
 	if opts.MaxWaiting > 0 {
-		shared = admission.NewSlots(opts.MaxWaiting)
+		m.shared = admission.NewSlots(opts.MaxWaiting)
 	}
-	names := map[string]bool{}
+	t, err := m.newTable(rules)
+	if err != nil {
+		return nil, err
+	}
+	m.table.Store(t)
+	m.drainCtx, m.drain = context.WithCancel(context.Background())
+	if m.wakeups != nil {
+		m.stopped = make(chan struct{})
+		go m.wakeLoop()
+	}
+	return m, nil
+}
+
+// newTable checks rules as NewMiddleware documents and builds their
+// table, with an admission gate for each *throttle.Limiter. It changes
+// nothing in m.
+func (m *Middleware) newTable(rules []TaskRule) (*ruleTable, error) {
+	t := &ruleTable{byName: map[string]*ruleGate{}}
 	owner := map[string]string{}
 	for i := range rules {
 		r := &rules[i]
@@ -218,7 +241,7 @@ func NewMiddleware(rules []TaskRule, opts Options) (*Middleware, error) {
 		switch {
 		case r.Name == "":
 			return nil, fmt.Errorf("worker: rule %d: name: must not be empty", i)
-		case names[r.Name]:
+		case t.byName[r.Name] != nil:
 			return nil, bad("name", "is used by two rules; names must be unique")
 		case len(r.Tasks) == 0:
 			return nil, bad("tasks", "must list at least one task type or pattern")
@@ -230,7 +253,7 @@ func NewMiddleware(rules []TaskRule, opts Options) (*Middleware, error) {
 			return nil, bad("max_wait", fmt.Sprintf("%v must not be negative", r.MaxWait))
 		case r.WaitSlots < 0:
 			return nil, bad("wait_slots", fmt.Sprintf("%d must not be negative", r.WaitSlots))
-		case r.FairBy != nil && opts.Asynq == nil:
+		case r.FairBy != nil && m.wakeups == nil:
 			return nil, bad("fair_by", "needs Options.Asynq: the wake-up loop serves the subject's line")
 		}
 		for share, w := range r.Weights {
@@ -238,12 +261,11 @@ func NewMiddleware(rules []TaskRule, opts Options) (*Middleware, error) {
 				return nil, bad("weights", fmt.Sprintf("share %q: weight %d must be between 1 and 1000", share, w))
 			}
 		}
-		names[r.Name] = true
 		rule := &ruleGate{TaskRule: *r}
-		m.byName[r.Name] = rule
+		t.byName[r.Name] = rule
 		rule.Tasks = append([]string(nil), r.Tasks...)
 		if lim, ok := r.Limiter.(*throttle.Limiter); ok {
-			gateOpts := admission.Options{MaxWait: r.MaxWait, WaitSlots: r.WaitSlots, Shared: shared, Horizon: r.Horizon}
+			gateOpts := admission.Options{MaxWait: r.MaxWait, WaitSlots: r.WaitSlots, Shared: m.shared, Horizon: r.Horizon}
 			if m.wakeups == nil {
 				// Parked tasks come back in whole seconds, up to a second
 				// early (see parkAt): let them wait that out in place.
@@ -264,14 +286,10 @@ func NewMiddleware(rules []TaskRule, opts Options) (*Middleware, error) {
 				return nil, bad("tasks", fmt.Sprintf("pattern %q is also in rule %q; a task type takes one rule", p, other))
 			}
 			owner[p] = r.Name
-			m.rules.Add(p, rule)
+			t.route.Add(p, rule)
 		}
 	}
-	if m.wakeups != nil {
-		m.stopped = make(chan struct{})
-		go m.wakeLoop()
-	}
-	return m, nil
+	return t, nil
 }
 
 // hasConcurrency reports whether lim has a concurrency rule: AllowAtMost
@@ -285,9 +303,14 @@ func hasConcurrency(lim *throttle.Limiter) bool {
 
 // rule returns the rule for a task type, or nil.
 func (m *Middleware) rule(taskType string) *ruleGate {
-	r, _ := m.rules.Lookup(taskType)
+	r, _ := m.table.Load().route.Lookup(taskType)
 	return r
 }
+
+// ruleNamed returns the rule named name in the current rules, or nil: a
+// sweep scheduled before a Reload runs on the rule's new limiter, whose
+// keys are the old one's.
+func (m *Middleware) ruleNamed(name string) *ruleGate { return m.table.Load().byName[name] }
 
 // Wrap returns next throttled by the middleware's rules: an
 // asynq.MiddlewareFunc for ServeMux.Use.

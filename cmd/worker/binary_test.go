@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -167,40 +168,8 @@ func TestBinaryJSONLogs(t *testing.T) {
 func TestBinaryHealthAndDemo(t *testing.T) {
 	t.Parallel()
 	proc := redistest.Server(t)
-	cmd := cmdtest.Command(t, []string{"REDIS_URL=" + proc.URL()}, "--metrics-addr", "127.0.0.1:0", "--shutdown-timeout", "2s")
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	lines := make(chan string, 100)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-		close(lines)
-	}()
-	var log strings.Builder
-	base := ""
-	rx := regexp.MustCompile(`url=(http://\S+)/metrics`)
-	for base == "" {
-		select {
-		case line, ok := <-lines:
-			if !ok {
-				t.Fatalf("the worker ended:\n%s", log.String())
-			}
-			log.WriteString(line + "\n")
-			if m := rx.FindStringSubmatch(line); m != nil {
-				base = m[1]
-			}
-		case <-time.After(15 * time.Second):
-			t.Fatalf("no metrics address logged:\n%s", log.String())
-		}
-	}
+	cmd, log := startBinary(t, []string{"REDIS_URL=" + proc.URL()}, "--metrics-addr", "127.0.0.1:0", "--shutdown-timeout", "2s")
+	base := log.waitFor(`url=(http://\S+)/metrics`)[1]
 	get := func(path string) (int, string) {
 		resp, err := http.Get(base + path)
 		if err != nil {
@@ -234,8 +203,67 @@ func TestBinaryHealthAndDemo(t *testing.T) {
 		t.Errorf("/healthz with Redis stopped: %d; the process is still up", code)
 	}
 	_ = cmd.Process.Signal(syscall.SIGTERM)
+	go log.rest()
+}
+
+// binaryLog is the stderr of a worker started by startBinary, line by line.
+type binaryLog struct {
+	t     *testing.T
+	lines chan string
+	seen  strings.Builder // the lines read so far
+}
+
+// startBinary starts the worker with env and args, kills it when the test
+// ends if it is still running, and returns its log.
+func startBinary(t *testing.T, env []string, args ...string) (*exec.Cmd, *binaryLog) {
+	t.Helper()
+	cmd := cmdtest.Command(t, env, args...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	l := &binaryLog{t: t, lines: make(chan string, 1000)}
 	go func() {
-		for range lines {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			l.lines <- sc.Text()
 		}
+		close(l.lines)
 	}()
+	return cmd, l
+}
+
+// waitFor reads the log until a line matches re, within 15s, and returns
+// the match and its groups.
+func (l *binaryLog) waitFor(re string) []string {
+	l.t.Helper()
+	rx := regexp.MustCompile(re)
+	timeout := time.After(15 * time.Second)
+	for {
+		select {
+		case line, ok := <-l.lines:
+			if !ok {
+				l.t.Fatalf("the worker ended before logging %s:\n%s", re, l.seen.String())
+			}
+			l.seen.WriteString(line + "\n")
+			if m := rx.FindStringSubmatch(line); m != nil {
+				return m
+			}
+		case <-timeout:
+			l.t.Fatalf("no line matched %s within 15s:\n%s", re, l.seen.String())
+		}
+	}
+}
+
+// rest reads the log to its end (the process has exited) and returns all
+// of it.
+func (l *binaryLog) rest() string {
+	for line := range l.lines {
+		l.seen.WriteString(line + "\n")
+	}
+	return l.seen.String()
 }

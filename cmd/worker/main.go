@@ -10,7 +10,10 @@
 // and logs its address first. Without --config it uses built-in demo
 // rules. It also handles the demo task types demo:echo and demo:api
 // (which calls a local "third-party API" through httpthrottle.Transport).
-// SIGINT or SIGTERM shut it down gracefully. Exit status: 0 done, 1 a
+// SIGINT or SIGTERM shut it down gracefully. SIGHUP reads the rules file
+// again and applies its limits and handlers to the tasks that arrive from
+// then on, or, if the file fails to load, logs why and keeps the running
+// rules (worker/README.md, "Changing limits live"). Exit status: 0 done, 1 a
 // failure at run time, 2 bad flags or a bad rules file. See
 // worker/README.md.
 //
@@ -43,8 +46,10 @@ const (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	reload := make(chan os.Signal, 1)
+	signal.Notify(reload, syscall.SIGHUP)
 	processLogs = func(log *slog.Logger) { redis.SetLogger(redisLogger{log}) }
-	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr, reload)
 	stop()
 	os.Exit(exitCode(os.Stderr, err))
 }

@@ -62,7 +62,7 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (optio
 	var o options
 	var queues, level, format string
 	fs.StringVar(&o.redisURL, "redis", "", "Redis URL, else $REDIS_URL: redis://[user:password@]host:port[/db], rediss:// (TLS),\nredis-cluster://host:port,host:port or redis-sentinel://host:port,host:port/master;\nif neither is set, an in-memory Redis is started on loopback")
-	fs.StringVar(&o.config, "config", "", "rules file (YAML, see worker/README.md), else $JOBTHROTTLE_CONFIG; if neither, built-in demo rules")
+	fs.StringVar(&o.config, "config", "", "rules file (YAML, see worker/README.md), else $JOBTHROTTLE_CONFIG; if neither, built-in demo rules.\nRead again on SIGHUP: new limits apply to new bookings, a file that fails to load changes nothing")
 	fs.IntVar(&o.concurrency, "concurrency", 0, "tasks processed at once (0: the number of CPUs)")
 	fs.StringVar(&queues, "queues", "default=1", "queues to process and their priorities, such as critical=6,default=3")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://<addr>/metrics, with /healthz and /readyz beside, such as :9090, else $JOBTHROTTLE_METRICS_ADDR")
@@ -145,9 +145,10 @@ func parseQueues(s string) (map[string]int, error) {
 	return queues, nil
 }
 
-// run runs the worker until ctx ends, then shuts it down gracefully.
+// run runs the worker until ctx ends, then shuts it down gracefully; it
+// reloads the rules file each time reload delivers (SIGHUP; nil: never).
 // Mistakes in the flags and the rules file are usageErrors.
-func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, reload <-chan os.Signal) error {
 	o, err := parseFlags(args, getenv, stderr)
 	if err != nil {
 		var ue usageError
@@ -223,12 +224,22 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		defer stop()
 	}
 
-	mux := asynq.NewServeMux()
-	mux.Use(mw.Wrap)
-	if err := handlers.Register(mux, handler.Options{Rules: cfg, Redis: rdb, Getenv: getenv, Logger: log}); err != nil {
+	// The handlers sit behind a switch that a reload swaps; the
+	// middleware, before it, swaps its own rules.
+	build := func(cfg *rules.Config, handlers *handler.Config) (*asynq.ServeMux, error) {
+		mux := asynq.NewServeMux()
+		if err := handlers.Register(mux, handler.Options{Rules: cfg, Redis: rdb, Getenv: getenv, Logger: log}); err != nil {
+			return nil, err
+		}
+		demo.register(mux, handlers)
+		return mux, nil
+	}
+	mux, err := build(cfg, handlers)
+	if err != nil {
 		return err
 	}
-	demo.register(mux, handlers)
+	r := &reloader{path: o.config, log: log, mw: mw, handlers: &handlerSwitch{}, build: build, cfg: cfg}
+	r.handlers.h.Store(mux)
 	srv := asynq.NewServerFromRedisClient(rdb, worker.Configure(asynq.Config{
 		Concurrency:     o.concurrency,
 		Queues:          o.queues,
@@ -236,12 +247,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		Logger:          worker.AsynqLogger(log),
 		LogLevel:        asynqLevel(o.logLevel),
 	}))
-	if err := srv.Start(mux); err != nil {
+	if err := srv.Start(mw.Wrap(r.handlers)); err != nil {
 		return fmt.Errorf("starting the asynq server: %w", err)
 	}
 	log.Info("worker: processing", "queues", o.queues, "concurrency", concurrency)
 
-	<-ctx.Done()
+	for ctx.Err() == nil {
+		select {
+		case <-ctx.Done():
+		case <-reload:
+			r.reload()
+		}
+	}
 	log.Info("worker: shutting down: no new tasks; waiting tasks go back for other workers", "shutdown_timeout", o.shutdownTimeout)
 	srv.Stop()
 	mw.Drain()

@@ -59,7 +59,7 @@ func start(t *testing.T, env map[string]string, args ...string) (*logBuffer, fun
 	ctx, cancel := context.WithCancel(context.Background())
 	log := &logBuffer{}
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, args, func(k string) string { return env[k] }, io.Discard, log) }()
+	go func() { done <- run(ctx, args, func(k string) string { return env[k] }, io.Discard, log, nil) }()
 	var once sync.Once
 	var runErr error
 	stop := func() error {
@@ -220,7 +220,7 @@ func TestRunBadRules(t *testing.T) {
 	t.Parallel()
 	rules := writeRules(t, "rules:\n  - name: stripe\n    tasks: [\"stripe:*\"]\n    subject: {payload_field: account_id}\n    algorithm: gcra\n    limit: 20\n    period: 0s\n")
 	var log bytes.Buffer
-	err := run(context.Background(), []string{"--config", rules}, func(string) string { return "" }, io.Discard, &log)
+	err := run(context.Background(), []string{"--config", rules}, func(string) string { return "" }, io.Discard, &log, nil)
 	want := rules + `:7: rule "stripe": period: "0s" must be at least 1µs`
 	if err == nil || err.Error() != want {
 		t.Errorf("got %v, want %s", err, want)
@@ -237,7 +237,7 @@ func TestRunHidesRedisPassword(t *testing.T) {
 	addr := srv.Listener.Addr().String()
 	srv.Close()
 	var log bytes.Buffer
-	err := run(context.Background(), []string{"--redis", "redis://app:hunter2@" + addr + "/0"}, func(string) string { return "" }, io.Discard, &log)
+	err := run(context.Background(), []string{"--redis", "redis://app:hunter2@" + addr + "/0"}, func(string) string { return "" }, io.Discard, &log, nil)
 	if err == nil {
 		t.Fatal("run succeeded without Redis")
 	}
