@@ -543,3 +543,109 @@ rules:
 	t.Logf("from 2s after B and C joined: B %d, C %d, A %d tasks; B done %v and C %v after joining; %d limiter calls for %d starts",
 		n["B"], n["C"], n["A"], last["B"].Sub(joined).Round(time.Millisecond), last["C"].Sub(joined).Round(time.Millisecond), f.calls.Load(), len(starts))
 }
+
+// TestParkLiveChange: three workers drain a backlog of one subject under a
+// 10/s rule; the rules file changes to 50/s, then to 5/s, and every worker
+// reloads it (Middleware.Reload, as cmd/worker does on SIGHUP). The turns
+// booked under the old limit are kept (at most the 1s horizon of them),
+// new ones use the new limit: on the Redis clock, from one second after
+// each change the turns come at the new rate and no second passes the new
+// limit + burst; no second at all passes the old one's.
+func TestParkLiveChange(t *testing.T) {
+	t.Parallel()
+	f := newParkFleet(t)
+	cfgAt := func(rate int) *rules.Config {
+		cfg, err := rules.Parse("rules.yaml", fmt.Appendf(nil, `prefix: %q
+rules:
+  - name: api
+    tasks: ["job:*"]
+    subject: {payload_field: tenant}
+    algorithm: gcra
+    limit: %d
+    period: 1s
+    burst: 1
+`, f.prefix, rate))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	var mws []*worker.Middleware
+	for range 3 {
+		rdb := f.proc.Client(t)
+		mw, err := worker.FromRules(cfgAt(10), rdb, worker.Options{Asynq: rdb, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.serve(rdb, 20, mw)
+		mws = append(mws, mw)
+	}
+	f.enqueue("acme", 400)
+	change := func(rate int) time.Time {
+		cfg := cfgAt(rate)
+		for _, mw := range mws {
+			if err := mw.Reload(cfg); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return time.Now()
+	}
+	time.Sleep(4 * time.Second)
+	to50 := change(50)
+	time.Sleep(4 * time.Second)
+	to5 := change(5)
+	time.Sleep(4 * time.Second)
+	f.mu.Lock()
+	starts := slices.Clone(f.starts)
+	errs := slices.Clone(f.errs)
+	f.mu.Unlock()
+	if len(errs) > 0 {
+		t.Errorf("%d handler errors other than parking, first: %v", len(errs), errs[0])
+	}
+	phase := func(from, to time.Time) []time.Time {
+		var turns []time.Time
+		for _, s := range starts {
+			if !s.wait.Turn.Before(from) && s.wait.Turn.Before(to) {
+				turns = append(turns, s.wait.Turn)
+			}
+		}
+		slices.SortFunc(turns, time.Time.Compare)
+		return turns
+	}
+	rateOf := func(turns []time.Time) float64 {
+		if len(turns) < 2 {
+			return 0
+		}
+		return float64(len(turns)-1) / turns[len(turns)-1].Sub(turns[0]).Seconds()
+	}
+	end := to5.Add(4 * time.Second)
+	for _, p := range []struct {
+		name         string
+		from, to     time.Time
+		most         int     // the limit + burst in force
+		lo, hi, rate float64 // the rate from one second after the change
+	}{
+		{"10/s", time.Time{}, to50, 11, 9, 10.01, 10},
+		{"50/s", to50, to5, 51, 45, 50.01, 50},
+		{"5/s", to5, end, 6, 4.5, 5.01, 5},
+	} {
+		// Within a second of a change, the turns booked under the old limit
+		// (a horizon's worth) still come; the old limit holds for them,
+		// and the new one from then on.
+		all := phase(p.from, p.to)
+		settled := all
+		if !p.from.IsZero() {
+			settled = phase(p.from.Add(time.Second), p.to)
+		}
+		if most := redistest.MaxInWindow(settled, time.Second); most > p.most {
+			t.Errorf("%s: %d turns in one second on the Redis clock, want at most %d", p.name, most, p.most)
+		}
+		if most := redistest.MaxInWindow(all, time.Second); most > 51 {
+			t.Errorf("%s: %d turns in one second, counting those booked before the change; want at most 51", p.name, most)
+		}
+		if r := rateOf(settled); r < p.lo || r > p.hi {
+			t.Errorf("%s: %.2f/s from one second after the change, want %v/s", p.name, r, p.rate)
+		}
+		t.Logf("%s: %d turns, %.2f/s and at most %d in a second from one second after the change", p.name, len(all), rateOf(settled), redistest.MaxInWindow(settled, time.Second))
+	}
+}
