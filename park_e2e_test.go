@@ -49,7 +49,7 @@ type parkFleet struct {
 
 type taskStart struct {
 	id, subject string
-	tenant      string // the payload's tenant
+	tenant      string    // the payload's tenant
 	at          time.Time // handler start, local clock
 	wait        admission.Wait
 }

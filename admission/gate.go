@@ -20,9 +20,23 @@
 //	case err != nil:
 //		return err // Redis failed, ctx ended, or the turn is past ctx's deadline
 //	case d.Outcome == admission.Park:
-//		return reschedule(d.At) // come back then: the turn is booked under taskID
+//		if !d.Serve.IsZero() {
+//			scheduleServe(d.Serve) // this job started the subject's line
+//		}
+//		return reschedule(d.At) // come back then (or when Serve hands it a turn)
 //	}
 //	run()
+//
+//	// and, when scheduleServe says:
+//	s, err := gate.Serve(ctx, "acct-42")
+//	wakeAt(s.Handed)     // each job in line just booked, with its slot
+//	scheduleServe(s.Next) // if not zero
+//
+// A job whose turn would be more than Options.Horizon ahead (1s by
+// default) waits in the subject's line in Redis, booked nothing, until a
+// serving of the line books its turn; so a deep backlog books a second of
+// turns, not all of them, and a limit that changes applies within about a
+// second. Request.Share divides the line among tenants.
 //
 // A turn is booked once. A job that comes back early waits for it in place
 // (up to Options.EarlyWait); one that comes back later than the tolerance

@@ -39,9 +39,11 @@
 // keys live (rules.Config.CheckChange); otherwise it swaps the rules at
 // once. A limit's Redis state is keyed by prefix, subject and name only, so
 // bookings made under the old limit are kept and new bookings use the new
-// one; bookings reach at most the booking horizon ahead (1s by default), so
-// a new limit is in force within about that. Tasks already admitted finish
-// under the rule they started with.
+// one; a parked backlog books no further than the rule's Horizon ahead (1s
+// by default) and waits in the subject's line for the rest, so a new limit
+// is in force within about a second. Tasks already admitted finish under
+// the rule they started with. TaskRule.FairBy divides one limit among the
+// tenants waiting in that line.
 //
 // See README.md in this directory for the binary, the metrics and the
 // parking semantics in full, and rules/README.md for the rules file.
