@@ -19,7 +19,8 @@ import (
 // TestWorkerShutdown runs the built cmd/worker (concurrency 10, shutdown
 // timeout 5s) on 40 demo:echo tasks of one tenant under a rule of 2 per
 // second with a 30s max wait: two tasks wait in their slots (wait_slots'
-// default) and the others park, their turns booked up to 20s ahead.
+// default) and the others park, their turns booked up to 20s ahead (the
+// rule's horizon is 30s, so none waits in the line unbooked).
 // SIGTERM must make it exit 0 within the shutdown timeout, with no task
 // active or archived and every task accounted for; the ledger must hold no
 // more than the turns of the tasks left (a turn booked twice, or a waiting
@@ -45,6 +46,7 @@ rules:
     period: 1s
     burst: 1
     max_wait: 30s
+    horizon: 30s
 `, prefix, perSecond), 0o644); err != nil {
 			t.Fatal(err)
 		}

@@ -115,9 +115,11 @@ func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (
 	}
 	if !d.Serve.IsZero() && m.wakeups != nil {
 		// The task started its subject's line, or came back still in it:
-		// make sure a serving is due (the loop takes a member Lead
-		// before its time).
-		if err := m.wakeups.AddIfAbsent(ctx, sweepMember(r.Name, subject), d.Serve.Add(admission.DefaultLead)); err != nil {
+		// a serving is due then (the loop takes a member Lead before its
+		// time). Moved, not added if absent: a serving's guard (serveLine)
+		// may still be in the ledger from a line that emptied, later than
+		// this one needs.
+		if err := m.wakeups.Add(ctx, sweepMember(r.Name, subject), d.Serve.Add(admission.DefaultLead)); err != nil {
 			t.log.WarnContext(ctx, "worker: cannot schedule the serving of the subject's line; its tasks come back at their fallbacks", "error", err)
 		}
 	}
@@ -271,6 +273,12 @@ func (m *Middleware) sweep(ctx context.Context, member, rule, subject string) er
 // turns it books are woken just before their slots, and the serving comes
 // back when the line needs it again.
 func (m *Middleware) serveLine(ctx context.Context, r *ruleGate, member, subject string) error {
+	// The loop took the serving out of the ledger; if this process dies
+	// before putting it back, another serves the line serveGuard later
+	// instead of leaving it to the fallbacks of the tasks in it.
+	if err := m.wakeups.Add(ctx, member, time.Now().Add(serveGuard)); err != nil {
+		return fmt.Errorf("worker: serving the line of rule %q: %w: %w", r.Name, err, admission.ErrWakeLater)
+	}
 	s, err := r.gate.Serve(ctx, subject)
 	if err != nil {
 		if errors.Is(err, throttle.ErrRedis) {
@@ -288,6 +296,10 @@ func (m *Middleware) serveLine(ctx context.Context, r *ruleGate, member, subject
 	}
 	return m.wakeups.AddAll(ctx, wakes)
 }
+
+// serveGuard is how long after a serving of a line began another process
+// serves it, if the first died before scheduling the next.
+const serveGuard = 5 * time.Second
 
 // sweepMargin puts a sweep after the lease it waits for has expired on the
 // Redis clock.
