@@ -24,6 +24,17 @@
 // if it is later than the caller can wait. Every algorithm can book ahead:
 // the windows keep a ledger of future admissions in their own state.
 //
+// With AdmitRequest.Horizon, Admit books no turn further ahead than the
+// horizon: a later caller joins the subject's line in Redis, charged
+// nothing (Admission.InLine), and Admit with N = 0 serves the line, booking
+// its head callers' turns as they come within the horizon and naming them
+// in Admission.Handed. So a deep backlog holds at most a horizon of booked
+// turns: a rule whose limit changes (a new Limiter over the same rule
+// names) is in force within a horizon, and callers of different
+// AdmitRequest.Shares (tenants of one key) take turns by Weight instead of
+// waiting behind whoever came first. Allow, Wait and ReserveN do not queue
+// in the line; they take the turns the line leaves.
+//
 //	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
 //	lim, err := throttle.New(rdb, throttle.Options{Prefix: "myapp:"},
 //		throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(20)},
