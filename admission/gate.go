@@ -259,7 +259,8 @@ type Decision struct {
 	InLine bool
 	// Serve, if not zero, is when the job's caller must make sure the
 	// subject's line is served (Gate.Serve), on the Redis clock: the job
-	// started the line, or came back still in it.
+	// started the line, or came back still in it and nobody has served the
+	// line lately.
 	Serve time.Time
 }
 

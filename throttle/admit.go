@@ -147,9 +147,9 @@ type Admission struct {
 	InLine bool
 	// Serve, if not zero, is when the line should next be served (Admit
 	// with N = 0), on the Redis clock: set for the caller that starts the
-	// line, and for one that comes back still in it (serve at once: whoever
-	// served the line may have stopped). Callers that join a line already
-	// served leave it zero.
+	// line, and for one that comes back still in it when nobody has served
+	// the line for two horizons (serve at once: whoever served it may have
+	// stopped). Other callers in line leave it zero.
 	Serve time.Time
 	// Handed is, for Admit with N = 0 and a Horizon (serving the line),
 	// the members of the line just booked: each one's Waiter (or WaitAs,

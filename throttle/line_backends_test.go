@@ -53,7 +53,7 @@ func TestBackendsLine(t *testing.T) {
 							t.Fatalf("%s: %+v; want in line, the serving left to c's caller", id, a)
 						}
 					}
-					// Back while in line: same place, serve now.
+					// Back while in line, the line never served: same place, serve now.
 					if a := admit("d", 30*time.Minute); !a.InLine || a.Serve.IsZero() || time.Until(a.Serve) > time.Minute {
 						t.Fatalf("d again: %+v; want still in line, served at once", a)
 					}
@@ -62,6 +62,10 @@ func TestBackendsLine(t *testing.T) {
 					s, err := l.Admit(ctx, throttle.AdmitRequest{Subject: "acct", Horizon: 30 * time.Minute})
 					if err != nil || s.Status != throttle.Booked || len(s.Handed) != 0 {
 						t.Fatalf("serving within 30m: %+v, %v; want nothing handed, still waiting", s, err)
+					}
+					// Back while in line, the line just served: no serving asked.
+					if a := admit("e", 30*time.Minute); !a.InLine || !a.Serve.IsZero() {
+						t.Fatalf("e again: %+v; want still in line, the serving left to its schedule", a)
 					}
 					s, err = l.Admit(ctx, throttle.AdmitRequest{Subject: "acct", Horizon: 2 * time.Hour})
 					if err != nil || s.Status != throttle.Denied || len(s.Handed) != 3 {

@@ -109,9 +109,10 @@
 -- is charged. Its reply is {6, 1, members in line, fallback µs, serve µs,
 -- now}: fallback is how long until the caller should come back by itself
 -- if nobody wakes it; serve, if not -1, is when the line should next be
--- served (the caller is its only member, or came back still in it). A
--- caller that comes back while still in line stays in its place (renamed
--- to the booking id).
+-- served (the caller is its only member, or came back still in it and
+-- nobody has served it for two horizons: field 't' of :!line:f, the Redis
+-- time of the last serving). A caller that comes back while still in line
+-- stays in its place (renamed to the booking id).
 -- admit with n = 0 and a horizon serves the line: from its head, each
 -- member's turn is taken and booked under it (as status 2 books) while
 -- the turn is within the horizon, at most 256 a call. It replies {2 (some
@@ -262,8 +263,8 @@ if op == 'admit' then line_open = function(b, rkey, tkey, tol)
     return {6, 1, ahead + 1, back, serve, now}
   end
   -- stay keeps a caller that came back still in line (as member, at
-  -- place) there, as the booking id; the line is served at once, in case
-  -- whoever served it stopped.
+  -- place) there, as the booking id; if nobody has served the line for two
+  -- horizons, whoever served it may have stopped: it is served at once.
   function l.stay(member, place)
     local e = redis.call('HGET', l.ekey, member) or ''
     local m = tonumber(string.match(e, '^(%d+)')) or n
@@ -276,7 +277,9 @@ if op == 'admit' then line_open = function(b, rkey, tkey, tol)
     local ahead = redis.call('ZCOUNT', l.key, '-inf', '(' .. place)
     local back = fallback(ahead, m)
     keep(back + l.horizon + tol)
-    return {6, 1, redis.call('ZCARD', l.key), back, 0, now}
+    local serve = -1
+    if now - (tonumber(redis.call('HGET', l.fkey, 't')) or 0) > 2 * l.horizon then serve = 0 end
+    return {6, 1, redis.call('ZCARD', l.key), back, serve, now}
   end
   -- take books m permits under every rule if the turn is within the
   -- horizon, and returns true, its delay and the tickets; else false and
@@ -305,6 +308,7 @@ if op == 'admit' then line_open = function(b, rkey, tkey, tol)
   function l.serve()
     local reply = {0, 1, 0, 0, 0, now}
     for i = 1, nrules do reply[6 + i] = '' end
+    redis.call('HSET', l.fkey, 't', string.format('%d', now))
     local next_us = -1
     for _ = 1, 256 do
       local head = redis.call('ZRANGE', l.key, 0, 0, 'WITHSCORES')
