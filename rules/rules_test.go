@@ -212,6 +212,12 @@ func TestParseErrors(t *testing.T) {
 		{"cost unknown field", rule + "    cost: {field: n}\n", `rules.yaml:8: rule "stripe": cost: unknown field "field" in cost; allowed: payload_field`},
 		{"cost empty field", rule + "    cost: {payload_field: \"\"}\n", `rules.yaml:8: rule "stripe": cost.payload_field: must name a top-level field of the JSON payload, such as "recipients"`},
 		{"wait_slots negative", rule + "    wait_slots: -1\n", `rules.yaml:8: rule "stripe": wait_slots: "-1" must be a whole number from 0 to 10000`},
+		{"horizon zero", rule + "    horizon: 0s\n", `rules.yaml:8: rule "stripe": horizon: "0s" must be at least 1ms`},
+		{"horizon too long", rule + "    horizon: 48h\n", `rules.yaml:8: rule "stripe": horizon: "48h" must be at most 24h0m0s`},
+		{"weights without fair_by", rule + "    weights: {gold: 3}\n", `rules.yaml:8: rule "stripe": weights: weigh the shares of fair_by; set fair_by too`},
+		{"weight zero", rule + "    fair_by: {payload_field: tenant}\n    weights: {gold: 0}\n", `rules.yaml:9: rule "stripe": weights.gold: "0" must be a whole number from 1 to 1000`},
+		{"weights a list", rule + "    fair_by: {payload_field: tenant}\n    weights: [3]\n", `rules.yaml:9: rule "stripe": weights: a list must be a mapping of share to weight`},
+		{"fair_by empty", rule + "    fair_by: {}\n", `rules.yaml:8: rule "stripe": fair_by`},
 
 		// Policies.
 		{"limits with algorithm", edit("    tasks:", "    limits: [{name: a, algorithm: gcra, limit: 1, period: 1s}]\n    tasks:"), `rules.yaml:6: rule "stripe": algorithm: cannot be combined with limits; set it in each of the limits`},
@@ -464,5 +470,21 @@ func TestOf(t *testing.T) {
 		if got != tc.want || (err == nil) != (tc.wantErr == "") || err != nil && err.Error() != tc.wantErr {
 			t.Errorf("%s: Of = %d, %v; want %d, %q", tc.name, got, err, tc.want, tc.wantErr)
 		}
+	}
+}
+
+// TestFairByConfig reads a rule's horizon, fair_by and weights.
+func TestFairByConfig(t *testing.T) {
+	cfg, err := Parse("rules.yaml", []byte(rule+"    horizon: 2s\n    fair_by: {payload_field: tenant}\n    weights: {gold: 3, silver: 2}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := cfg.Rules[0]
+	if r.Horizon != 2*time.Second || r.FairBy.PayloadField != "tenant" || r.Weights["gold"] != 3 || r.Weights["silver"] != 2 || len(r.Weights) != 2 {
+		t.Errorf("rule: horizon %v, fair_by %+v, weights %v; want 2s, payload field tenant, gold 3 and silver 2", r.Horizon, r.FairBy, r.Weights)
+	}
+	share, err := r.FairBy.Of([]byte(`{"tenant": "acme"}`))
+	if err != nil || share != "acme" {
+		t.Errorf("share of a payload: %q, %v; want acme", share, err)
 	}
 }

@@ -277,6 +277,9 @@ func (m *Middleware) newTable(rules []TaskRule) (*ruleTable, error) {
 				return nil, bad("limiter", err.Error())
 			}
 			rule.leased = hasConcurrency(lim)
+			if rule.leased && r.FairBy != nil {
+				return nil, bad("fair_by", "cannot share a concurrency limit: its queue for places is first come, first served")
+			}
 		}
 		for _, p := range rule.Tasks {
 			if err := taskroute.CheckPattern(p); err != nil {

@@ -124,6 +124,8 @@ func TestNewMiddlewareErrors(t *testing.T) {
 		{"nil limiter", []TaskRule{with(func(r *TaskRule) { r.Limiter = nil })}, `worker: rule "ok": limiter: must not be nil`},
 		{"nil subject", []TaskRule{with(func(r *TaskRule) { r.Subject = nil })}, `worker: rule "ok": subject: must not be nil`},
 		{"negative max wait", []TaskRule{with(func(r *TaskRule) { r.MaxWait = -time.Second })}, `worker: rule "ok": max_wait: -1s must not be negative`},
+		{"fair_by without asynq", []TaskRule{with(func(r *TaskRule) { r.FairBy = PayloadField("tenant") })}, `worker: rule "ok": fair_by: needs Options.Asynq`},
+		{"weight zero", []TaskRule{with(func(r *TaskRule) { r.Weights = map[string]int{"gold": 0} })}, `worker: rule "ok": weights: share "gold": weight 0 must be between 1 and 1000`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := NewMiddleware(tc.rules, Options{})
@@ -504,4 +506,22 @@ func TestFromRulesConcurrency(t *testing.T) {
 		t.Fatalf("FromRules: %v", err)
 	}
 	_ = mw.Close()
+}
+
+// TestFairByNeedsARate refuses fair_by on a rule with a concurrency limit,
+// whose queue for places has no shares.
+func TestFairByNeedsARate(t *testing.T) {
+	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		lim, err := throttle.New(rdb, throttle.Options{}, throttle.Rule{Name: "c", Algorithm: throttle.Concurrency, Limit: throttle.Limit{Count: 2, Period: time.Second}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mw, err := NewMiddleware([]TaskRule{{Name: "c", Tasks: []string{"a"}, Limiter: lim, Subject: Fixed("s"), FairBy: PayloadField("tenant")}}, Options{Asynq: rdb})
+		if err == nil {
+			mw.Close()
+		}
+		if want := `worker: rule "c": fair_by: cannot share a concurrency limit`; err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("got %v, want an error containing %q", err, want)
+		}
+	})
 }
