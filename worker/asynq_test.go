@@ -653,3 +653,38 @@ func TestAsynqLastAttemptConcurrency(t *testing.T) {
 	}
 	b.noFailures()
 }
+
+// TestAsynqLine parks 40 tasks of one subject at 10/s behind a middleware
+// with wake-ups: the turns within the 1s horizon are booked, the rest wait
+// in the subject's line and are booked by the wake-up loop's servings.
+// Every task runs once, none fails, the runs are 100ms apart on the Redis
+// clock, and jobthrottle_line_turns_total counts the turns the servings
+// booked.
+func TestAsynqLine(t *testing.T) {
+	t.Parallel()
+	b := newBed(t)
+	m, _ := NewMetrics(prometheus.NewRegistry())
+	lim := b.limiter(throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(10).WithBurst(1)})
+	mw := middleware(t, []TaskRule{{Name: "api", Tasks: []string{"api:*"}, Limiter: lim, Subject: PayloadField("acct")}}, Options{Asynq: b.rdb, Metrics: m})
+	b.serve(mw, asynq.Config{Concurrency: 8})
+	const n = 40
+	for range n {
+		b.enqueue("api:call", `{"acct": "a1"}`, asynq.MaxRetry(2))
+	}
+	eventually(t, 30*time.Second, "all tasks run", func() bool { return len(b.runs()) == n })
+	var turns []time.Time
+	for _, r := range b.runs() {
+		turns = append(turns, r.wait.Turn)
+	}
+	slices.SortFunc(turns, time.Time.Compare)
+	for i := 1; i < n; i++ {
+		if gap := turns[i].Sub(turns[i-1]); gap < 100*time.Millisecond-time.Millisecond {
+			t.Errorf("turns %d and %d are %v apart on the Redis clock; the rule spaces them 100ms", i-1, i, gap)
+		}
+	}
+	// About 30 of the 40 turns were more than a second away: the line's.
+	if got := testutil.ToFloat64(m.lineTurns.WithLabelValues("api")); got < 20 || got > n {
+		t.Errorf("line_turns_total = %v, want the 30 or so tasks past the horizon", got)
+	}
+	b.noFailures()
+}

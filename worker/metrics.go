@@ -35,6 +35,7 @@ const WaitThreshold = 5 * time.Millisecond
 //	jobthrottle_wakeups_total                 parked tasks this process moved to pending at their turns
 //	jobthrottle_redis_errors_total            errors from Redis seen by the limiters
 //	jobthrottle_places_held{rule}             tasks of a concurrency rule running in this process, each holding a place
+//	jobthrottle_line_turns_total{rule}        turns this process booked for tasks waiting in a subject's line
 //
 // A nil *Metrics records nothing. Pass one to the middleware with
 // Options.Metrics; FromRules also wires OnRedisError into the limiters
@@ -48,6 +49,7 @@ type Metrics struct {
 	wakeups     prometheus.Counter
 	redisErrors prometheus.Counter
 	places      *prometheus.GaugeVec
+	lineTurns   *prometheus.CounterVec
 }
 
 // NewMetrics creates the metrics and registers them on reg. It returns an
@@ -100,7 +102,12 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		Name:      "places_held",
 		Help:      "Tasks of a concurrency rule running in this process now, each holding one of the rule's places, by rule.",
 	}, []string{"rule"})
-	for _, c := range []prometheus.Collector{m.wait, m.delays, m.decisions, m.waiters, m.ahead, m.wakeups, m.redisErrors, m.places} {
+	m.lineTurns = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "jobthrottle",
+		Name:      "line_turns_total",
+		Help:      "Turns this process booked, serving a subject's line, for tasks that waited in it past the rule's horizon, by rule.",
+	}, []string{"rule"})
+	for _, c := range []prometheus.Collector{m.wait, m.delays, m.decisions, m.waiters, m.ahead, m.wakeups, m.redisErrors, m.places, m.lineTurns} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("worker: registering metrics: %w", err)
 		}
@@ -155,5 +162,11 @@ func (m *Metrics) woken() {
 func (m *Metrics) holding(rule string, delta float64) {
 	if m != nil {
 		m.places.WithLabelValues(rule).Add(delta)
+	}
+}
+
+func (m *Metrics) lineServed(rule string, turns int) {
+	if m != nil && turns > 0 {
+		m.lineTurns.WithLabelValues(rule).Add(float64(turns))
 	}
 }
