@@ -251,8 +251,22 @@ func (m *Middleware) sweepLater(ctx context.Context, t *taskRun, d admission.Dec
 // still wait.
 func (m *Middleware) sweep(ctx context.Context, member, rule, subject string) error {
 	r := m.ruleNamed(rule)
-	if r == nil || r.gate == nil {
-		return nil // a rule of another worker's configuration
+	if r == nil {
+		// Another middleware's rule: one stacked in the same process
+		// (mux.Use(a.Wrap, b.Wrap)), which shares the ledger, serves it;
+		// failing that, it goes back to the ledger for another process
+		// (a fleet with other rules on the same asynq Redis). A rule this
+		// middleware had and a reload removed is dropped.
+		if _, gone := m.retired.Load(rule); gone {
+			return nil
+		}
+		if other := sweepers.owner(m, rule); other != nil {
+			return other.sweep(ctx, member, rule, subject)
+		}
+		return fmt.Errorf("worker: no rule %q in this process to serve or sweep for: %w", rule, admission.ErrWakeLater)
+	}
+	if r.gate == nil {
+		return nil // a limiter that cannot book has no line nor places
 	}
 	if !r.leased {
 		return m.serveLine(ctx, r, member, subject)
@@ -306,11 +320,46 @@ const serveGuard = 5 * time.Second
 // Redis clock.
 const sweepMargin = 10 * time.Millisecond
 
+// sweepers are the middlewares of this process that run a wake-up loop:
+// a serving or sweep that one takes from the ledger for a rule it does not
+// have is passed to the one that has it.
+var sweepers = &sweeperSet{live: map[*Middleware]bool{}}
+
+type sweeperSet struct {
+	mu   sync.Mutex
+	live map[*Middleware]bool
+}
+
+func (s *sweeperSet) add(m *Middleware) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.live[m] = true
+}
+
+func (s *sweeperSet) remove(m *Middleware) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.live, m)
+}
+
+// owner returns another live middleware that has rule, or nil.
+func (s *sweeperSet) owner(self *Middleware, rule string) *Middleware {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for m := range s.live {
+		if m != self && m.ruleNamed(rule) != nil {
+			return m
+		}
+	}
+	return nil
+}
+
 // wakeLoop runs the wake-up ledger until Drain. Its errors are logged at
 // most once per wakeErrorEvery (with how many there were), so that a Redis
 // outage does not log one line per tick.
 func (m *Middleware) wakeLoop() {
 	defer close(m.stopped)
+	defer sweepers.remove(m)
 	var mu sync.Mutex // OnError is called from concurrent wakes
 	var last time.Time
 	var since int

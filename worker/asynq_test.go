@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -87,6 +88,12 @@ func (b *bed) limiter(rules ...throttle.Rule) *throttle.Limiter {
 // are short.
 func (b *bed) serve(mw *Middleware, cfg asynq.Config) *asynq.Server {
 	b.t.Helper()
+	return b.serveStacked(cfg, mw)
+}
+
+// serveStacked is serve with several middlewares, outermost first.
+func (b *bed) serveStacked(cfg asynq.Config, mws ...*Middleware) *asynq.Server {
+	b.t.Helper()
 	if cfg.Concurrency == 0 {
 		cfg.Concurrency = 4
 	}
@@ -107,7 +114,9 @@ func (b *bed) serve(mw *Middleware, cfg asynq.Config) *asynq.Server {
 	})
 	srv := asynq.NewServerFromRedisClient(b.rdb, Configure(cfg))
 	mux := asynq.NewServeMux()
-	mux.Use(mw.Wrap)
+	for _, mw := range mws {
+		mux.Use(mw.Wrap)
+	}
 	handler := func(ctx context.Context, task *asynq.Task) error {
 		id, _ := asynq.GetTaskID(ctx)
 		w, _ := admission.WaitedFrom(ctx)
@@ -117,7 +126,7 @@ func (b *bed) serve(mw *Middleware, cfg asynq.Config) *asynq.Server {
 		return nil
 	}
 	// asynq's ServeMux matches by prefix and takes no empty pattern.
-	for _, p := range []string{"api", "other", "busy", "slow", "report", "fixed", "policy", "t"} {
+	for _, p := range []string{"api", "other", "busy", "slow", "report", "fixed", "policy", "t", "a:", "b:"} {
 		mux.HandleFunc(p, handler)
 	}
 	if err := srv.Start(mux); err != nil {
@@ -687,4 +696,77 @@ func TestAsynqLine(t *testing.T) {
 		t.Errorf("line_turns_total = %v, want the 30 or so tasks past the horizon", got)
 	}
 	b.noFailures()
+}
+
+// TestAsynqStackedLines runs two rules in two middlewares stacked on one
+// server (mux.Use(a.Wrap, b.Wrap)), each with a backlog past its horizon.
+// Both middlewares' wake-up loops take servings from the one ledger; a
+// serving taken by the middleware without the rule is passed to the one
+// with it, not dropped, so both lines drain at their rates: no gap in a
+// rule's turns (a dropped serving left gaps of over 3s, until a task came
+// back at its fallback and asked for one), and about two limiter calls per
+// task.
+func TestAsynqStackedLines(t *testing.T) {
+	t.Parallel()
+	b := newBed(t)
+	limRDB := b.proc.Client(t)
+	var calls atomic.Int64
+	limRDB.AddHook(evalCounter{&calls})
+	var mws []*Middleware
+	for _, name := range []string{"a", "b"} {
+		lim, err := throttle.New(limRDB, throttle.Options{Prefix: b.prefix}, throttle.Rule{Name: name, Algorithm: throttle.GCRA, Limit: throttle.PerSecond(10).WithBurst(1)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mws = append(mws, middleware(t, []TaskRule{{Name: name, Tasks: []string{name + ":*"}, Limiter: lim, Subject: Fixed("s")}}, Options{Asynq: b.rdb}))
+	}
+	b.serveStacked(asynq.Config{Concurrency: 8}, mws...)
+	const n = 30
+	for range n {
+		b.enqueue("a:call", `{}`, asynq.MaxRetry(2))
+		b.enqueue("b:call", `{}`, asynq.MaxRetry(2))
+	}
+	eventually(t, 30*time.Second, "all tasks run", func() bool { return len(b.runs()) == 2*n })
+	// 2n tasks, each one call to join or book and one to redeem, plus
+	// about two servings a second per line for 3s.
+	// A lost serving leaves a gap in its rule's turns until a task comes
+	// back at its fallback and asks for one; served, they are 100ms apart.
+	for _, rule := range []string{"a", "b"} {
+		var turns []time.Time
+		for _, r := range b.runs() {
+			if r.wait.Rule == rule {
+				turns = append(turns, r.wait.Turn)
+			}
+		}
+		slices.SortFunc(turns, time.Time.Compare)
+		var gap time.Duration
+		for i := 1; i < len(turns); i++ {
+			gap = max(gap, turns[i].Sub(turns[i-1]))
+		}
+		t.Logf("rule %s: %d turns, the longest gap %v", rule, len(turns), gap)
+		if gap > 1500*time.Millisecond {
+			t.Errorf("rule %s: a gap of %v between two turns on the Redis clock; a serving was lost", rule, gap)
+		}
+	}
+	t.Logf("%d limiter calls for %d tasks", calls.Load(), 2*n)
+	if got, most := calls.Load(), int64(2*2*n+2*2*4+8); got > most {
+		t.Errorf("%d limiter calls for %d tasks; want at most %d: servings were lost", got, 2*n, most)
+	}
+	b.noFailures()
+}
+
+// evalCounter counts the script calls (EVALSHA, EVAL) a client sends.
+type evalCounter struct{ n *atomic.Int64 }
+
+func (c evalCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c evalCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+			c.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+func (c evalCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -110,6 +111,7 @@ const DefaultRedisRetryDelay = 5 * time.Second
 // A Middleware is safe for concurrent use.
 type Middleware struct {
 	table      atomic.Pointer[ruleTable] // swapped whole by Reload (reload.go)
+	retired    sync.Map                  // names of rules a Reload removed (string → true)
 	shared     *admission.Slots          // Options.MaxWaiting, kept across reloads; nil if unbounded
 	source     *ruleSource               // what FromRules built the rules from; nil for NewMiddleware
 	log        *slog.Logger
@@ -222,6 +224,7 @@ func NewMiddleware(rules []TaskRule, opts Options) (*Middleware, error) {
 	m.drainCtx, m.drain = context.WithCancel(context.Background())
 	if m.wakeups != nil {
 		m.stopped = make(chan struct{})
+		sweepers.add(m)
 		go m.wakeLoop()
 	}
 	return m, nil

@@ -55,7 +55,15 @@ func (m *Middleware) Reload(cfg *rules.Config) error {
 	if err != nil {
 		return fmt.Errorf("worker: reload refused: %w", err)
 	}
-	m.table.Store(t)
+	old := m.table.Swap(t)
+	for name := range old.byName {
+		if t.byName[name] == nil {
+			m.retired.Store(name, true) // its sweeps are dropped, not passed on (admit.go)
+		}
+	}
+	for name := range t.byName {
+		m.retired.Delete(name)
+	}
 	src.cfg = cfg
 	return nil
 }
