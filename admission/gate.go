@@ -200,6 +200,11 @@ type Request struct {
 	Share string
 	// Weight is Share's weight, from 1 (the default, if zero) to 1000.
 	Weight int
+	// BookAhead books a new turn however far ahead, past Options.Horizon,
+	// and never puts the job in the line: for a job that must hold turns
+	// of several gates in turn, which the back of one gate's line would
+	// make lose the other's turn each time it came back.
+	BookAhead bool
 }
 
 // Outcome is what a job does after Admit.
@@ -305,10 +310,14 @@ func (g *Gate) Admit(ctx context.Context, req Request) (Decision, error) {
 		}
 		early = min(early, left)
 	}
+	horizon := max(g.opts.Horizon, 0)
+	if req.BookAhead {
+		horizon = 0
+	}
 	a, err := g.lim.Admit(ctx, throttle.AdmitRequest{
 		Subject: req.Subject, N: cost, ID: req.ID, Receipt: req.Receipt, BookAs: req.BookAs, Waiter: req.Waiter, WaitAs: req.WaitAs,
 		Wait: wait, EarlyWait: max(early, time.Microsecond), Tolerance: g.opts.Tolerance,
-		Horizon: max(g.opts.Horizon, 0), Share: req.Share, Weight: req.Weight,
+		Horizon: horizon, Share: req.Share, Weight: req.Weight,
 	})
 	if err != nil {
 		return Decision{}, err

@@ -91,6 +91,17 @@ func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (
 	queue, _ := asynq.GetQueueName(ctx)
 	req := admission.Request{Subject: subject, Cost: t.cost, ID: t.id, BookAs: bookID, Receipt: task.Headers()[admission.ReceiptHeader],
 		Waiter: admission.Member(queue, t.id), WaitAs: admission.Member(queue, bookID)}
+	// Stacked rules (mux.Use(a.Wrap, b.Wrap) over the same task): a task
+	// that one rule admits and another parks gives the first rule's turn
+	// back, and comes back for the second rule's turn needing a turn of
+	// the first again. Were either to put it at the back of its line, it
+	// would lose the other's turn each time, for ever; so a rule inside
+	// another (the outer admitted the task: WaitedFrom) or with one inside
+	// it that has throttled a task books turns however far ahead, as
+	// without a horizon. Each rule's own limit still holds.
+	if _, nested := admission.WaitedFrom(ctx); nested || r.stacked.Load() {
+		req.BookAhead = true
+	}
 	if r.FairBy != nil {
 		if req.Share, err = r.FairBy(task); err != nil {
 			m.metrics.decided(r.Name, OutcomeError)

@@ -141,6 +141,9 @@ type ruleGate struct {
 	// place (waitInPlace) holds a place until its handler returns. Tasks
 	// admitted through the gate learn it from their Decision.Lease.
 	leased bool
+	// stacked: a throttling middleware inside this one has throttled one
+	// of the rule's tasks (admit.go, stacked rules).
+	stacked atomic.Bool
 }
 
 // Options configure a Middleware. The zero value uses every default.
@@ -338,6 +341,12 @@ func (m *Middleware) Wrap(next asynq.Handler) asynq.Handler {
 		}
 		err = next.ProcessTask(admission.WithWait(ctx, t.Wait), task)
 		m.settle(ctx, r, task, t, rep)
+		if te := (*admission.ThrottledError)(nil); !r.stacked.Load() && errors.As(err, &te) {
+			// A middleware inside this one throttled the task: from now
+			// on, this rule books its tasks' turns however far ahead
+			// (admit.go, stacked rules).
+			r.stacked.Store(true)
+		}
 		return err
 	})
 }
