@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 	"testing"
 
@@ -65,7 +66,7 @@ func benchName(name string) string {
 }
 
 func BenchmarkAllow(b *testing.B) {
-	for _, im := range impls {
+	for _, im := range slices.Concat(impls, unbatchedImpls) {
 		if !im.Redis {
 			continue
 		}

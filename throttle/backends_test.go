@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -398,6 +399,69 @@ func TestBackendsExactStateAtMostReset(t *testing.T) {
 					}
 					if res, err := l.AllowN(ctx, "s", capacity); err != nil || !res.Allowed {
 						t.Fatalf("AllowN(%d) after Reset = %+v, %v; want allowed", capacity, res, err)
+					}
+				})
+			}
+		})
+	}
+}
+
+// One permit from a full bucket leaves the integer form of the state
+// (lua/bucket.lua): the TAT alone, in decimal, which a real Redis keeps as
+// an integer inside its object header (OBJECT ENCODING "int"), 16 bytes
+// less than any other string. Two permits leave the 12-byte form; a
+// refund of the second gives the integer form back.
+func TestBackendsBucketIntegerState(t *testing.T) {
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			for _, algo := range []throttle.Algorithm{throttle.TokenBucket, throttle.GCRA} {
+				t.Run(string(algo), func(t *testing.T) {
+					prefix := redistest.Prefix(t)
+					l, err := throttle.New(b.Client, throttle.Options{Prefix: prefix},
+						throttle.Rule{Name: "r", Algorithm: algo, Limit: throttle.Limit{Count: 3, Period: time.Hour, Burst: 3}})
+					if err != nil {
+						t.Fatal(err)
+					}
+					k := prefix + "{s}:r"
+					if b.Mini != nil {
+						// Redis's clock stands still, so that the refund
+						// below comes before the permit's time to act.
+						b.Mini.SetTime(time.Now())
+					}
+					integer := func(when string) {
+						t.Helper()
+						v, err := b.Client.Get(ctx, k).Result()
+						if err != nil {
+							t.Fatal(err)
+						}
+						tat, err := strconv.ParseInt(v, 10, 64)
+						now, terr := b.Client.Time(ctx).Result()
+						if err != nil || terr != nil || tat < now.UnixMicro() || tat > now.Add(20*time.Minute).UnixMicro() {
+							t.Fatalf("%s: state %q (Redis time %v); want the TAT, 20m ahead, in decimal", when, v, now)
+						}
+						if b.Mini == nil {
+							if enc, err := b.Client.ObjectEncoding(ctx, k).Result(); err != nil || enc != "int" {
+								t.Fatalf("%s: OBJECT ENCODING = %q, %v; want int", when, enc, err)
+							}
+						}
+					}
+					if res, err := l.Allow(ctx, "s"); err != nil || !res.Allowed {
+						t.Fatalf("Allow = %+v, %v", res, err)
+					}
+					integer("after one permit")
+					r, err := l.ReserveN(ctx, "s", 1)
+					if err != nil || r.Delay() != 0 {
+						t.Fatalf("Reserve = %v, %v; want a permit now", r, err)
+					}
+					if v, _ := b.Client.Get(ctx, k).Result(); len(v) != 12 {
+						t.Fatalf("after two permits: state %q; want the 12-byte form", v)
+					}
+					if err := r.Cancel(ctx); err != nil {
+						t.Fatal(err)
+					}
+					if b.Mini != nil { // a refund needs its time to act not passed: a real server's clock moves on
+						integer("after the second was refunded")
 					}
 				})
 			}

@@ -1,10 +1,11 @@
 package throttle
 
 import (
-	"github.com/redis/go-redis/v9"
-
 	"fmt"
+	"strconv"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // A policy is a limiter's rules as the driver script sees them: each
@@ -134,14 +135,21 @@ type reply struct {
 
 // tickets returns the refund tickets of an admitted reply, one per rule;
 // nil if it has none (n = 0 charged nothing). Built on demand: Allow drops
-// them, and its hot path allocates only what go-redis needs.
+// them, and its hot path allocates only what go-redis needs. The fast
+// bucket script replies its one ticket as an integer, the time to act in
+// whole µs, which is the driver's "<w> 0" (lua/bucket_fast.lua).
 func (r reply) tickets(rules int) []string {
 	if len(r.raw) < 6+rules {
 		return nil
 	}
 	t := make([]string, rules)
 	for i := range t {
-		t[i], _ = r.raw[6+i].(string)
+		switch v := r.raw[6+i].(type) {
+		case string:
+			t[i] = v
+		case int64:
+			t[i] = strconv.FormatInt(v, 10) + " 0"
+		}
 	}
 	return t
 }
