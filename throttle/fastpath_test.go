@@ -47,14 +47,20 @@ func TestFastBucketScriptAgreesWithDriver(t *testing.T) {
 			op := []string{"allow", "reserve"}[rng.IntN(2)]
 			n := rng.Int64N(burst + 2)
 			maxWait := []int64{-1, 0, rng.Int64N(3 * T * burst)}[rng.IntN(3)]
-			args := []any{op, n, maxWait, string(algo), int64(1), T, burst, ""}
-			if fastScript(scripts[algo], []string{kf}, args) != fastBucketScript {
+			if !fastRule(algo, 1, T, burst) {
 				if T*burst < fastBurstLimit {
-					t.Fatalf("fastScript(%v) did not choose the fast script", args)
+					t.Fatalf("T=%d burst=%d: not a fast rule", T, burst)
 				}
 				continue
 			}
-			fast, err := fastBucketScript.Run(ctx, rdb, []string{kf}, args...).Slice()
+			line := evalLine([]string{kf}, []any{op, n, maxWait, T, burst})
+			if fastScript(scripts[algo], line) != fastBucketScript {
+				t.Fatalf("fastScript(%v) did not choose the fast script", line)
+			}
+			// The driver's form of the same call, as run sends it when
+			// handed back.
+			_, args := lineCall(driverLine(scripts[algo], line))
+			fast, err := fastBucketScript.Run(ctx, rdb, []string{kf}, line[lineHead+1:]...).Slice()
 			if err != nil {
 				t.Fatalf("fast %v: %v", args, err)
 			}
@@ -211,4 +217,42 @@ func TestBucketRefundReadsPreviousTickets(t *testing.T) {
 func compactState(tat, d int64) string {
 	return string([]byte{byte(0xF0 + tat>>48), byte(tat >> 40), byte(tat >> 32), byte(tat >> 24), byte(tat >> 16), byte(tat >> 8), byte(tat),
 		byte(d >> 32), byte(d >> 24), byte(d >> 16), byte(d >> 8), byte(d)})
+}
+
+// A batch (runPipelined) sends each call the fast script hands back again,
+// in the driver's form, to the limiter's script: every call is decided,
+// and the states it leaves are the short forms.
+func TestFastBucketScriptHandsBackInABatch(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
+		l := mustNew(t, rdb, Options{}, Rule{Name: "r", Algorithm: TokenBucket, Limit: PerSecond(10).WithBurst(5)})
+		us := time.Now().UnixMicro()
+		var calls []*batchedCall
+		for i, s := range []string{"a", "b", "c"} {
+			if i > 0 { // a and the others: decimal states, handed back
+				k := "jobthrottle:{" + s + "}:r"
+				m.Set(k, fmt.Sprintf("%d %d", us+300_000, us))
+				m.SetTTL(k, 300*time.Millisecond)
+			}
+			line, err := l.line(opAllow, s, 1, unbounded)
+			if err != nil {
+				t.Fatal(err)
+			}
+			calls = append(calls, &batchedCall{ctx: context.Background(), line: line})
+		}
+		for i, cmd := range l.runPipelined(context.Background(), l.script, calls) {
+			raw, err := cmd.Slice()
+			if err != nil || len(raw) != 7 {
+				t.Fatalf("call %d: %v, %v; want an admitted reply", i, raw, err)
+			}
+			rep, err := l.parse(raw)
+			if want := []int{4, 1, 1}[i]; err != nil || !rep.Allowed || rep.Remaining != want {
+				t.Fatalf("call %d: %+v, %v; want allowed with %d left", i, rep.Result, err, want)
+			}
+		}
+		for _, s := range []string{"a", "b", "c"} {
+			if v := mustGet(m, "jobthrottle:{"+s+"}:r"); stateForm(v) == "decimal" {
+				t.Fatalf("%s: state %q after the batch; want a short form", s, v)
+			}
+		}
+	})
 }

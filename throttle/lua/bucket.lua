@@ -168,14 +168,13 @@ local function bk_store(key, count, period, tw, tr, ew, er)
   if hr > 0 then h = h + 1 end
   local v
   local d = tw - ew
-  -- ev = TAT - T, T = q + r / count: the integer form, given to Redis
-  -- as a number, which it prints as the integer.
+  -- ev = TAT - T, T = q + r / count: the integer form.
   local q, r = bk_div(1, period, count)
   local iw, ir = q, 0
   if r > 0 then iw, ir = q + 1, count - r end
   if ew == 0 and er == 0 then d = 1099511627775 elseif d >= 1099511627775 then d = -1 end
   if tr == 0 and tw < 4503599627370496 and tw - ew == iw and er == ir then
-    v = tw
+    v = string.format('%d', tw)
   elseif tr == 0 and er == 0 and tw < 4503599627370496 and d >= 0 then
     -- The 12-byte form. string.char truncates each argument: (x / 2^k)
     -- % 256 is exact in a double and truncates to byte k.
