@@ -24,6 +24,7 @@ import (
 	"regexp"
 	"runtime"
 	"strconv"
+	"slices"
 	"strings"
 	"time"
 
@@ -277,8 +278,15 @@ func run(full bool, only string, dur time.Duration, skip, mdPath string, budget 
 		d := time.Duration(cfg.TPDurationS * float64(time.Second))
 		names := []string{"jobthrottle/gcra", "jobthrottle/token_bucket", "jobthrottle/gcra (unbatched)", "jobthrottle/token_bucket (unbatched)", "redis_rate", "mennanov/token_bucket", "redis-benchmark"}
 		rounds := map[string][]*throughputResult{}
-		for round := 1; round <= cfg.TPRounds; round++ {
-			for _, name := range names {
+		if filter != nil { // -impls: only the implementations it matches
+			names = slices.DeleteFunc(names, func(n string) bool { return !filter.MatchString(n) })
+		}
+		for round := 1; round <= cfg.TPRounds && len(names) > 0; round++ {
+			// Each round starts one implementation further on, so that a
+			// drift in the machine's load over the part does not fall on
+			// whichever runs last in every round.
+			k := (round - 1) % len(names)
+			for _, name := range slices.Concat(names[k:], names[:k]) {
 				var tr *throughputResult
 				var err error
 				if name == "redis-benchmark" {
@@ -324,7 +332,7 @@ func run(full bool, only string, dur time.Duration, skip, mdPath string, budget 
 	// After the Wait scenarios, so that it takes no time from their
 	// reruns' budget.
 	if !skips["servercost"] {
-		runServerCostPart(ctx, cfg, res, logf)
+		runServerCostPart(ctx, cfg, filter, res, logf)
 	}
 	res.Machine.LoadEnd = loadavg()
 	res.RuntimeS = time.Since(t0).Seconds()

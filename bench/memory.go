@@ -50,7 +50,9 @@ var memLimit = throttle.Limit{Count: 200, Period: 24 * time.Hour, Burst: 200}
 func memCases(r *runner) ([]memCase, error) {
 	var cases []memCase
 	for _, a := range []throttle.Algorithm{throttle.TokenBucket, throttle.GCRA, throttle.FixedWindow, throttle.SlidingWindow, throttle.SlidingLog} {
-		l, err := throttle.New(r.rdb, throttle.Options{Prefix: "mem:"}, throttle.Rule{Name: "r", Algorithm: a, Limit: memLimit})
+		// The default prefix, as redis_rate below has its own ("rate:"):
+		// each library's keys as a user gets them.
+		l, err := throttle.New(r.rdb, throttle.Options{}, throttle.Rule{Name: "r", Algorithm: a, Limit: memLimit})
 		if err != nil {
 			return nil, err
 		}
@@ -58,7 +60,7 @@ func memCases(r *runner) ([]memCase, error) {
 		if a == throttle.TokenBucket {
 			design = 20
 		}
-		key := func(s string) string { return "mem:{" + s + "}:r" }
+		key := func(s string) string { return throttle.DefaultPrefix + "{" + s + "}:r" }
 		cases = append(cases, memCase{impl: "jobthrottle/" + string(a), state: "after 1 permit", keys: 100_000, design: design,
 			write: func(ctx context.Context, s string) error { _, err := l.Allow(ctx, s); return err }, key: key})
 		if a == throttle.SlidingLog {

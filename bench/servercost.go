@@ -9,6 +9,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -321,7 +323,7 @@ func callgrindTotal(path string) (int64, error) {
 
 // runServerCostPart is the run's server-cost part: every case with the
 // config's calls, or a reduction saying why not.
-func runServerCostPart(ctx context.Context, cfg runConfig, res *runResult, logf func(string, ...any)) {
+func runServerCostPart(ctx context.Context, cfg runConfig, filter *regexp.Regexp, res *runResult, logf func(string, ...any)) {
 	if len(cfg.ServerCostCalls) != 2 {
 		why := "quick mode leaves it out (14 servers under valgrind, half a minute or more); -full runs it"
 		logf("server cost: not measured: %s", why)
@@ -336,7 +338,11 @@ func runServerCostPart(ctx context.Context, cfg runConfig, res *runResult, logf 
 	t0 := time.Now()
 	calls := [2]int{cfg.ServerCostCalls[0], cfg.ServerCostCalls[1]}
 	logf("server cost: redis-server under callgrind, %d and %d Allow calls per implementation", calls[0], calls[1])
-	out, errs := runServerCost(ctx, serverCostNames(), cfg.Rate, throughputBurst, cfg.TPKeys, calls, logf)
+	names := serverCostNames()
+	if filter != nil { // -impls: the control and the implementations it matches
+		names = slices.DeleteFunc(names, func(n string) bool { return n != controlCost && !filter.MatchString(n) })
+	}
+	out, errs := runServerCost(ctx, names, cfg.Rate, throughputBurst, cfg.TPKeys, calls, logf)
 	for _, err := range errs {
 		res.Errors = append(res.Errors, err.Error())
 	}

@@ -249,13 +249,14 @@ func TestKeyTTLs(t *testing.T) {
 }
 
 // The token bucket keeps its state in one string (bucket.lua): the time
-// the bucket is full again (TAT) and the latest time to act (ev); in
-// whole µs, 12 bytes: 0xF0 + TAT's top 4 bits, its low 48 bits, TAT − ev
-// in 5 bytes, big-endian; "<tw> <tr> <ew> <er>" with remainders in
-// 1/count µs when an interval is not whole µs. A string it cannot
-// read is a full bucket, replaced on the next charge; a key of another
-// type (a hash, the format before the first release) fails with ErrRedis
-// wrapping WRONGTYPE, as a changed algorithm does.
+// the bucket is full again (TAT) and the latest time to act (ev). In
+// whole µs: the TAT alone, in decimal, when ev = TAT − T (one permit from
+// a full bucket); otherwise 12 bytes: 0xF0 + TAT's top 4 bits, its low 48
+// bits, TAT − ev in 5 bytes, big-endian; "<tw> <tr> <ew> <er>" with
+// remainders in 1/count µs when an interval is not whole µs. A string it
+// cannot read is a full bucket, replaced on the next charge; a key of
+// another type (a hash, the format before the first release) fails with
+// ErrRedis wrapping WRONGTYPE, as a changed algorithm does.
 func TestTokenBucketState(t *testing.T) {
 	virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
 		ctx := context.Background()
@@ -274,6 +275,12 @@ func TestTokenBucketState(t *testing.T) {
 			byte(d >> 32), byte(d >> 24), byte(d >> 16), byte(d >> 8), byte(d)})
 		if got != want {
 			t.Fatalf("GET %s = %q, want %q", k, got, want)
+		}
+
+		// One permit from a full bucket: the TAT alone, one interval on.
+		allow(t, l, "t", 1)
+		if got, want := mustGet(m, "jobthrottle:{t}:r"), strconv.FormatInt(us+100_000, 10); got != want {
+			t.Fatalf("GET after one permit = %q, want %q", got, want)
 		}
 
 		m.Set(k, "not a bucket")

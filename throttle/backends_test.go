@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -106,40 +107,34 @@ func TestBackendsMixedPolicy(t *testing.T) {
 // Reserve and Cancel against real servers: an hour-long interval makes the
 // delays independent of the test's own duration.
 func TestBackendsReserveCancel(t *testing.T) {
-	for _, b := range redistest.Backends(t) {
-		t.Run(b.Name, func(t *testing.T) {
-			ctx := context.Background()
-			for _, algo := range []throttle.Algorithm{throttle.TokenBucket, throttle.GCRA} {
-				t.Run(string(algo), func(t *testing.T) {
-					l, err := throttle.New(b.Client, throttle.Options{Prefix: redistest.Prefix(t)},
-						throttle.Rule{Name: "r", Algorithm: algo, Limit: throttle.Limit{Count: 1, Period: time.Hour, Burst: 1}})
-					if err != nil {
-						t.Fatal(err)
-					}
-					if _, err := l.ReserveN(ctx, "s", 1); err != nil {
-						t.Fatal(err)
-					}
-					r, err := l.ReserveN(ctx, "s", 1)
-					if err != nil || r.Delay() < 59*time.Minute || r.Delay() > time.Hour {
-						t.Fatalf("second reservation: %v, %v; want a delay of about 1h", r, err)
-					}
-					if err := r.Cancel(ctx); err != nil {
-						t.Fatal(err)
-					}
-					r2, err := l.ReserveN(ctx, "s", 1)
-					if err != nil || r2.Delay() > time.Hour {
-						t.Fatalf("after Cancel: %v, %v; want the refunded slot, about 1h, not 2h", r2, err)
-					}
-					// A deadline before the slot: refused, nothing booked.
-					dctx, cancel := context.WithTimeout(ctx, time.Minute)
-					defer cancel()
-					if _, err := l.ReserveN(dctx, "s", 1); !errors.Is(err, context.DeadlineExceeded) {
-						t.Fatalf("Reserve past the deadline: %v, want DeadlineExceeded", err)
-					}
-				})
-			}
-		})
-	}
+	eachBucketBackend(t, func(t *testing.T, b redistest.Backend, algo throttle.Algorithm) {
+		ctx := context.Background()
+		l, err := throttle.New(b.Client, throttle.Options{Prefix: redistest.Prefix(t)},
+			throttle.Rule{Name: "r", Algorithm: algo, Limit: throttle.Limit{Count: 1, Period: time.Hour, Burst: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.ReserveN(ctx, "s", 1); err != nil {
+			t.Fatal(err)
+		}
+		r, err := l.ReserveN(ctx, "s", 1)
+		if err != nil || r.Delay() < 59*time.Minute || r.Delay() > time.Hour {
+			t.Fatalf("second reservation: %v, %v; want a delay of about 1h", r, err)
+		}
+		if err := r.Cancel(ctx); err != nil {
+			t.Fatal(err)
+		}
+		r2, err := l.ReserveN(ctx, "s", 1)
+		if err != nil || r2.Delay() > time.Hour {
+			t.Fatalf("after Cancel: %v, %v; want the refunded slot, about 1h, not 2h", r2, err)
+		}
+		// A deadline before the slot: refused, nothing booked.
+		dctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		if _, err := l.ReserveN(dctx, "s", 1); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Reserve past the deadline: %v, want DeadlineExceeded", err)
+		}
+	})
 }
 
 // FailOpen admits while Redis is down; the default fails closed with an
@@ -400,6 +395,75 @@ func TestBackendsExactStateAtMostReset(t *testing.T) {
 						t.Fatalf("AllowN(%d) after Reset = %+v, %v; want allowed", capacity, res, err)
 					}
 				})
+			}
+		})
+	}
+}
+
+// One permit from a full bucket leaves the integer form of the state
+// (lua/bucket.lua): the TAT alone, in decimal, which a real Redis keeps as
+// an integer inside its object header (OBJECT ENCODING "int"), 16 bytes
+// less than any other string. Two permits leave the 12-byte form; a
+// refund of the second gives the integer form back.
+func TestBackendsBucketIntegerState(t *testing.T) {
+	eachBucketBackend(t, func(t *testing.T, b redistest.Backend, algo throttle.Algorithm) {
+		ctx := context.Background()
+		prefix := redistest.Prefix(t)
+		l, err := throttle.New(b.Client, throttle.Options{Prefix: prefix},
+			throttle.Rule{Name: "r", Algorithm: algo, Limit: throttle.Limit{Count: 3, Period: time.Hour, Burst: 3}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := prefix + "{s}:r"
+		if b.Mini != nil {
+			// Redis's clock stands still, so that the refund
+			// below comes before the permit's time to act.
+			b.Mini.SetTime(time.Now())
+		}
+		integer := func(when string) {
+			t.Helper()
+			v, err := b.Client.Get(ctx, k).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			tat, err := strconv.ParseInt(v, 10, 64)
+			now, terr := b.Client.Time(ctx).Result()
+			if err != nil || terr != nil || tat < now.UnixMicro() || tat > now.Add(20*time.Minute).UnixMicro() {
+				t.Fatalf("%s: state %q (Redis time %v); want the TAT, 20m ahead, in decimal", when, v, now)
+			}
+			if b.Mini == nil {
+				if enc, err := b.Client.ObjectEncoding(ctx, k).Result(); err != nil || enc != "int" {
+					t.Fatalf("%s: OBJECT ENCODING = %q, %v; want int", when, enc, err)
+				}
+			}
+		}
+		if res, err := l.Allow(ctx, "s"); err != nil || !res.Allowed {
+			t.Fatalf("Allow = %+v, %v", res, err)
+		}
+		integer("after one permit")
+		r, err := l.ReserveN(ctx, "s", 1)
+		if err != nil || r.Delay() != 0 {
+			t.Fatalf("Reserve = %v, %v; want a permit now", r, err)
+		}
+		if v, _ := b.Client.Get(ctx, k).Result(); len(v) != 12 {
+			t.Fatalf("after two permits: state %q; want the 12-byte form", v)
+		}
+		if err := r.Cancel(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if b.Mini != nil { // a refund needs its time to act not passed: a real server's clock moves on
+			integer("after the second was refunded")
+		}
+	})
+}
+
+// eachBucketBackend runs f for the token bucket and GCRA on every backend
+// (miniredis, and the real servers the environment names), each a subtest.
+func eachBucketBackend(t *testing.T, f func(t *testing.T, b redistest.Backend, algo throttle.Algorithm)) {
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			for _, algo := range []throttle.Algorithm{throttle.TokenBucket, throttle.GCRA} {
+				t.Run(string(algo), func(t *testing.T) { f(t, b, algo) })
 			}
 		})
 	}

@@ -39,19 +39,19 @@ const (
 // batchedCall is one queued AllowN.
 type batchedCall struct {
 	ctx   context.Context
-	keys  []string
-	args  []any
+	line  []any // its script call (run.go)
 	reply []any
 	err   error
 	done  chan struct{} // closed once reply and err are set
 }
 
-// runAllow runs one allow decision, batched with concurrent ones unless
-// Options.NoBatching. Every caller returns when its answer is in or its
-// context ends, whichever comes first.
-func (l *Limiter) runAllow(ctx context.Context, keys []string, args []any) ([]any, error) {
+// runAllow runs one allow decision, the script call line (run.go),
+// batched with concurrent ones unless Options.NoBatching. Every caller
+// returns when its answer is in or its context ends, whichever comes
+// first.
+func (l *Limiter) runAllow(ctx context.Context, line []any) ([]any, error) {
 	if l.opts.NoBatching {
-		return l.run(ctx, l.script, keys, args...).Slice()
+		return l.run(ctx, l.script, line).Slice()
 	}
 	b := &l.batch
 	b.mu.Lock()
@@ -60,7 +60,7 @@ func (l *Limiter) runAllow(ctx context.Context, keys []string, args []any) ([]an
 		// batching, then hand calls queued meanwhile to a sender.
 		b.senders++
 		b.mu.Unlock()
-		reply, err := l.run(ctx, l.script, keys, args...).Slice()
+		reply, err := l.run(ctx, l.script, line).Slice()
 		b.mu.Lock()
 		if len(b.pending) == 0 {
 			b.senders--
@@ -71,7 +71,7 @@ func (l *Limiter) runAllow(ctx context.Context, keys []string, args []any) ([]an
 		}
 		return reply, err
 	}
-	c := &batchedCall{ctx: ctx, keys: keys, args: args, done: make(chan struct{})}
+	c := &batchedCall{ctx: ctx, line: line, done: make(chan struct{})}
 	b.pending = append(b.pending, c)
 	start := b.senders < maxBatchSenders
 	if start {
@@ -131,7 +131,7 @@ func (l *Limiter) sendBatch(calls []*batchedCall) {
 		return
 	case 1:
 		c := live[0]
-		c.finish(l.run(c.ctx, l.script, c.keys, c.args...).Slice())
+		c.finish(l.run(c.ctx, l.script, c.line).Slice())
 		return
 	}
 	ctx, cancel := batchContext(live)

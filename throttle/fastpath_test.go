@@ -17,10 +17,12 @@ import (
 // bucket_fast.lua against the general script (driver.lua over
 // bucket.lua): the same random calls, at the same Redis times, on two keys
 // that start alike, must get the same replies and leave the same state and
-// TTL, byte for byte. An allow's ticket differs in form (the fast script's
-// is the compact state it wrote), so tickets are compared by the time to
-// act they name, and each is then refunded (a Group's undo, or a Cancel)
-// by the general script, which must leave both keys alike again.
+// TTL, byte for byte. A ticket differs in form (the fast script replies
+// the time to act as an integer, which reply.tickets makes "<w> 0"), so
+// tickets are compared as the limiter reads them, and each is then
+// refunded (a Group's undo, or a Cancel) by the general script, which must
+// leave both keys alike again. Both short forms of the state (bucket.lua)
+// must come up, and the fast script must never hand either back.
 func TestFastBucketScriptAgreesWithDriver(t *testing.T) {
 	m := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
@@ -31,6 +33,7 @@ func TestFastBucketScriptAgreesWithDriver(t *testing.T) {
 	m.SetTime(now)
 	intervals := []int64{1, 7, 1000, 5000, 333_333, 1_000_000, 432_000_000}
 	decisions, handedBack := 0, 0
+	forms := map[string]int{}
 	for trial := range 100 {
 		T := intervals[rng.IntN(len(intervals))]
 		burst := int64(1 + rng.IntN(12))
@@ -44,20 +47,26 @@ func TestFastBucketScriptAgreesWithDriver(t *testing.T) {
 			op := []string{"allow", "reserve"}[rng.IntN(2)]
 			n := rng.Int64N(burst + 2)
 			maxWait := []int64{-1, 0, rng.Int64N(3 * T * burst)}[rng.IntN(3)]
-			args := []any{op, n, maxWait, string(algo), int64(1), T, burst, ""}
-			if fastScript(scripts[algo], []string{kf}, args) != fastBucketScript {
+			if !fastRule(algo, 1, T, burst) {
 				if T*burst < fastBurstLimit {
-					t.Fatalf("fastScript(%v) did not choose the fast script", args)
+					t.Fatalf("T=%d burst=%d: not a fast rule", T, burst)
 				}
 				continue
 			}
-			fast, err := fastBucketScript.Run(ctx, rdb, []string{kf}, args...).Slice()
+			line := evalLine([]string{kf}, []any{op, n, maxWait, T, burst})
+			if fastScript(scripts[algo], line) != fastBucketScript {
+				t.Fatalf("fastScript(%v) did not choose the fast script", line)
+			}
+			// The driver's form of the same call, as run sends it when
+			// handed back.
+			_, args := lineCall(driverLine(scripts[algo], line))
+			fast, err := fastBucketScript.Run(ctx, rdb, []string{kf}, line[lineHead+1:]...).Slice()
 			if err != nil {
 				t.Fatalf("fast %v: %v", args, err)
 			}
 			if len(fast) == 0 { // handed back, as run does
-				if v := mustGet(m, kf); len(v) == 12 && v[0] >= 0xF0 {
-					t.Fatalf("%v: the compact state %q was handed back", args, v)
+				if v := mustGet(m, kf); stateForm(v) != "decimal" {
+					t.Fatalf("%v: the %s state %q was handed back", args, stateForm(v), v)
 				}
 				handedBack++
 				if fast, err = scripts[algo].Run(ctx, rdb, []string{kf}, args...).Slice(); err != nil {
@@ -73,18 +82,18 @@ func TestFastBucketScriptAgreesWithDriver(t *testing.T) {
 				t.Fatalf("T=%d burst=%d %v:\nfast    %v\ngeneral %v", T, burst, args, fast, gen)
 			}
 			if len(fast) == 7 {
-				tf, tg := ticketTime(t, fast[6].(string)), ticketTime(t, gen[6].(string))
+				tf, tg := reply{raw: fast}.tickets(1)[0], reply{raw: gen}.tickets(1)[0]
 				if tf != tg {
-					t.Fatalf("%v: tickets name %s and %s", args, tf, tg)
+					t.Fatalf("%v: tickets %q and %q", args, tf, tg)
 				}
 				if rng.IntN(4) == 0 {
 					refund := []any{[]string{"refund", "undo"}[rng.IntN(2)], n, int64(-1), string(algo), int64(1), T, burst}
 					keysF := []string{kf, "pause-f", kf + "!cancelled"}
 					keysG := []string{kg, "pause-g", kg + "!cancelled"}
-					if err := scripts[algo].Run(ctx, rdb, keysF, append(refund, fast[6])...).Err(); err != nil {
+					if err := scripts[algo].Run(ctx, rdb, keysF, append(refund, tf)...).Err(); err != nil {
 						t.Fatal(err)
 					}
-					if err := scripts[algo].Run(ctx, rdb, keysG, append(refund, gen[6])...).Err(); err != nil {
+					if err := scripts[algo].Run(ctx, rdb, keysG, append(refund, tg)...).Err(); err != nil {
 						t.Fatal(err)
 					}
 				}
@@ -93,31 +102,27 @@ func TestFastBucketScriptAgreesWithDriver(t *testing.T) {
 				t.Fatalf("T=%d burst=%d after %v: state %q (TTL %v) and %q (TTL %v)", T, burst, args,
 					mustGet(m, kf), m.TTL(kf), mustGet(m, kg), m.TTL(kg))
 			}
+			if m.Exists(kf) {
+				forms[stateForm(mustGet(m, kf))]++
+			}
 		}
 	}
-	t.Logf("%d decisions alike, %d of them handed back", decisions, handedBack)
+	t.Logf("%d decisions alike, %d of them handed back; states after them: %v", decisions, handedBack, forms)
+	if forms["integer"] == 0 || forms["12-byte"] == 0 {
+		t.Fatalf("states after the calls: %v; want both short forms", forms)
+	}
 }
 
-// ticketTime is the time to act a bucket ticket names: "<w> <r>", or the
-// compact state (bucket.lua), whose time to act is TAT − d.
-func ticketTime(t *testing.T, tk string) string {
-	t.Helper()
-	if len(tk) == 12 && tk[0] >= 0xF0 {
-		var tat, d int64
-		for _, c := range []byte(tk[:7]) {
-			tat = tat<<8 + int64(c)
-		}
-		tat -= 0xF0 << 48
-		for _, c := range []byte(tk[7:]) {
-			d = d<<8 + int64(c)
-		}
-		return strconv.FormatInt(tat-d, 10) + " 0"
+// stateForm names the form of a bucket state (bucket.lua): "integer" (the
+// TAT alone, in decimal), "12-byte", or "decimal" (any other).
+func stateForm(v string) string {
+	if len(v) == 12 && v[0] >= 0xF0 {
+		return "12-byte"
 	}
-	if w, r, ok := strings.Cut(tk, " "); ok && r != "" && w != "" {
-		return tk
+	if _, err := strconv.ParseInt(v, 10, 64); err == nil {
+		return "integer"
 	}
-	t.Fatalf("ticket %q is neither form", tk)
-	return ""
+	return "decimal"
 }
 
 func mustGet(m *miniredis.Miniredis, k string) string {
@@ -173,4 +178,81 @@ func (r evalshaRecorder) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 }
 func (r evalshaRecorder) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
+}
+
+// The previous version's fast script returned, as an allow's ticket, the
+// 12-byte state it wrote (TAT and TAT − ev); tickets held across an upgrade
+// must still refund, for one release, as the "<w> 0" naming the same time
+// to act does.
+func TestBucketRefundReadsPreviousTickets(t *testing.T) {
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	ctx := context.Background()
+	now := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	m.SetTime(now)
+	const T, burst = 1000, int64(5)
+	us := now.UnixMicro()
+	for _, algo := range []Algorithm{TokenBucket, GCRA} {
+		var states []string
+		for i, tk := range []string{compactState(us+2*T, 2*T), fmt.Sprintf("%d 0", us)} {
+			k := fmt.Sprintf("%s-%d", algo, i)
+			for range 2 {
+				if err := scripts[algo].Run(ctx, rdb, []string{k}, "allow", 1, -1, string(algo), 1, T, burst, "").Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := scripts[algo].Run(ctx, rdb, []string{k, "pause", k + "!cancelled"}, "refund", 1, -1, string(algo), 1, T, burst, tk).Err(); err != nil {
+				t.Fatal(err)
+			}
+			states = append(states, mustGet(m, k))
+		}
+		if want := strconv.FormatInt(us+T, 10); states[0] != want || states[1] != want {
+			t.Fatalf("%s: states after refunding a previous and a current ticket %q, %q; want %q, %q", algo, states[0], states[1], want, want)
+		}
+	}
+}
+
+// compactState is bucket.lua's 12-byte form of TAT tat and TAT − ev d.
+func compactState(tat, d int64) string {
+	return string([]byte{byte(0xF0 + tat>>48), byte(tat >> 40), byte(tat >> 32), byte(tat >> 24), byte(tat >> 16), byte(tat >> 8), byte(tat),
+		byte(d >> 32), byte(d >> 24), byte(d >> 16), byte(d >> 8), byte(d)})
+}
+
+// A batch (runPipelined) sends each call the fast script hands back again,
+// in the driver's form, to the limiter's script: every call is decided,
+// and the states it leaves are the short forms.
+func TestFastBucketScriptHandsBackInABatch(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
+		l := mustNew(t, rdb, Options{}, Rule{Name: "r", Algorithm: TokenBucket, Limit: PerSecond(10).WithBurst(5)})
+		us := time.Now().UnixMicro()
+		var calls []*batchedCall
+		for i, s := range []string{"a", "b", "c"} {
+			if i > 0 { // a and the others: decimal states, handed back
+				k := "jobthrottle:{" + s + "}:r"
+				m.Set(k, fmt.Sprintf("%d %d", us+300_000, us))
+				m.SetTTL(k, 300*time.Millisecond)
+			}
+			line, err := l.line(opAllow, s, 1, unbounded)
+			if err != nil {
+				t.Fatal(err)
+			}
+			calls = append(calls, &batchedCall{ctx: context.Background(), line: line})
+		}
+		for i, cmd := range l.runPipelined(context.Background(), l.script, calls) {
+			raw, err := cmd.Slice()
+			if err != nil || len(raw) != 7 {
+				t.Fatalf("call %d: %v, %v; want an admitted reply", i, raw, err)
+			}
+			rep, err := l.parse(raw)
+			if want := []int{4, 1, 1}[i]; err != nil || !rep.Allowed || rep.Remaining != want {
+				t.Fatalf("call %d: %+v, %v; want allowed with %d left", i, rep.Result, err, want)
+			}
+		}
+		for _, s := range []string{"a", "b", "c"} {
+			if v := mustGet(m, "jobthrottle:{"+s+"}:r"); stateForm(v) == "decimal" {
+				t.Fatalf("%s: state %q after the batch; want a short form", s, v)
+			}
+		}
+	})
 }

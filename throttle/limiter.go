@@ -310,7 +310,13 @@ func (l *Limiter) waitBound(ctx context.Context, now time.Time) (time.Duration, 
 // call runs one call of the limiter's script for o and parses the reply,
 // noting when it came back.
 func (l *Limiter) call(ctx context.Context, o op, keys []string, args []any) (reply, time.Time, error) {
-	cmd, err := l.exec(ctx, o, l.script, keys, args)
+	return l.callLine(ctx, o, evalLine(keys, args))
+}
+
+// callLine is call of a script call's line (run.go).
+func (l *Limiter) callLine(ctx context.Context, o op, line []any) (reply, time.Time, error) {
+	cmd := l.run(ctx, l.script, line)
+	err := l.result(ctx, o, cmd.Err())
 	recv := time.Now()
 	if err != nil {
 		return reply{}, recv, err
@@ -351,7 +357,7 @@ func (l *Limiter) failOpenOr(ctx context.Context, o op, subject string, n int, c
 // Without keep (AllowN, which drops the reservation) it builds none: the
 // hot path of Allow allocates only what go-redis needs.
 func (l *Limiter) ask(ctx context.Context, o op, subject string, n int, bound int64, keep bool) (Result, *Reservation, error) {
-	keys, args, err := l.request(o, subject, n, bound, nil)
+	line, err := l.line(o, subject, n, bound)
 	if err != nil {
 		return Result{}, nil, err
 	}
@@ -359,12 +365,12 @@ func (l *Limiter) ask(ctx context.Context, o op, subject string, n int, bound in
 	var recv time.Time
 	if o == opAllow && !keep {
 		var raw []any
-		raw, err = l.runAllow(ctx, keys, args)
+		raw, err = l.runAllow(ctx, line)
 		if err = l.result(ctx, o, err); err == nil {
 			rep, err = l.parse(raw)
 		}
 	} else {
-		rep, recv, err = l.call(ctx, o, keys, args)
+		rep, recv, err = l.callLine(ctx, o, line)
 	}
 	if err != nil {
 		return Result{}, nil, err

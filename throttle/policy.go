@@ -1,10 +1,11 @@
 package throttle
 
 import (
-	"github.com/redis/go-redis/v9"
-
 	"fmt"
+	"strconv"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // A policy is a limiter's rules as the driver script sees them: each
@@ -18,6 +19,7 @@ type policy struct {
 	script    *redis.Script
 	tolerance time.Duration // Admit's default: the tightest rate rule's interval, in [1ms, 1s]
 	buckets   bool          // every rule is a bucket: WaitN reserves; else window waits queue (window.go)
+	fast      bool          // allow and reserve go to the fast bucket script (fastRule, scripts.go)
 }
 
 // newPolicy validates rules and builds their arguments; the script is
@@ -53,6 +55,10 @@ func newPolicy(prefix string, rules []Rule) (policy, error) {
 		}
 	}
 	p.tolerance = max(p.tolerance, time.Millisecond)
+	if len(p.rules) == 1 {
+		count, period, extra := p.ruleArgs[1].(int64), p.ruleArgs[2].(int64), p.ruleArgs[3].(int64)
+		p.fast = fastRule(p.rules[0].Algorithm, count, period, extra)
+	}
 	return p, nil
 }
 
@@ -93,33 +99,82 @@ var noBound any = unbounded
 // subject, the bound in µs (unbounded for none), and for a refund each
 // rule's ticket.
 func (p *policy) request(o op, subject string, n int, bound int64, tickets []string) ([]string, []any, error) {
-	if n < 0 {
-		return nil, nil, fmt.Errorf("throttle: n = %d permits: must not be negative (0 reads the state)", n)
-	}
-	for _, r := range p.rules {
-		if c := r.Limit.capacity(r.Algorithm); n > c {
-			return nil, nil, capacityError(r.Name, n, c)
-		}
-	}
-	enc, err := encodeSubject(subject)
+	line, err := p.build(o, subject, n, bound, tickets == nil)
 	if err != nil {
 		return nil, nil, err
 	}
-	keys := make([]string, len(p.rules))
-	args := make([]any, 3, 3+5*len(p.rules))
-	args[0], args[1], args[2] = string(o), n, noBound
-	if bound != unbounded {
-		args[2] = bound
-	}
-	for i := range p.rules {
-		keys[i] = key(p.prefix, enc, p.keyRules[i])
-		ticket := ""
-		if tickets != nil {
-			ticket = tickets[i]
-		}
-		args = append(append(args, p.ruleArgs[4*i:4*i+4]...), ticket)
+	keys, args := lineCall(line)
+	for i, t := range tickets {
+		args[3+5*i+4] = t
 	}
 	return keys, args, nil
+}
+
+// line is request without tickets, as the script call's line (run.go),
+// built in one allocation: Allow's.
+func (p *policy) line(o op, subject string, n int, bound int64) ([]any, error) {
+	return p.build(o, subject, n, bound, true)
+}
+
+// build builds a call's line: for the fast bucket script if the policy
+// and the operation allow it and fast is set (fastScript, scripts.go),
+// else the driver's, its tickets empty.
+func (p *policy) build(o op, subject string, n int, bound int64, fast bool) ([]any, error) {
+	enc, err := p.check(subject, n)
+	if err != nil {
+		return nil, err
+	}
+	k := len(p.rules)
+	if fast && p.fast && (o == opAllow || o == opReserve) {
+		line := newLine(1, fastArgs)
+		line[lineHead] = key(p.prefix, enc, p.keyRules[0])
+		args := line[lineHead+1:]
+		args[0], args[1], args[2], args[3], args[4] = o.arg(), n, boundArg(bound), p.ruleArgs[2], p.ruleArgs[3]
+		return line, nil
+	}
+	line := newLine(k, 3+5*k)
+	args := line[lineHead+k:]
+	args[0], args[1], args[2] = o.arg(), n, boundArg(bound)
+	for i := range k {
+		line[lineHead+i] = key(p.prefix, enc, p.keyRules[i])
+		copy(args[3+5*i:], p.ruleArgs[4*i:4*i+4])
+		args[3+5*i+4] = ""
+	}
+	return line, nil
+}
+
+// check validates a request of n permits for subject and returns the
+// subject's encoded form.
+func (p *policy) check(subject string, n int) (string, error) {
+	if n < 0 {
+		return "", fmt.Errorf("throttle: n = %d permits: must not be negative (0 reads the state)", n)
+	}
+	for _, r := range p.rules {
+		if c := r.Limit.capacity(r.Algorithm); n > c {
+			return "", capacityError(r.Name, n, c)
+		}
+	}
+	return encodeSubject(subject)
+}
+
+// boundArg is a bound (ARGV[3]) as sent; unbounded without boxing.
+func boundArg(bound int64) any {
+	if bound == unbounded {
+		return noBound
+	}
+	return bound
+}
+
+// arg is o as a script argument (ARGV[1]), boxed without allocating for
+// the hot operations.
+func (o op) arg() any {
+	switch o {
+	case opAllow:
+		return "allow"
+	case opReserve:
+		return "reserve"
+	}
+	return string(o)
 }
 
 // reply is the driver's answer to allow, reserve, prepay, admit and
@@ -134,14 +189,21 @@ type reply struct {
 
 // tickets returns the refund tickets of an admitted reply, one per rule;
 // nil if it has none (n = 0 charged nothing). Built on demand: Allow drops
-// them, and its hot path allocates only what go-redis needs.
+// them, and its hot path allocates only what go-redis needs. The fast
+// bucket script replies its one ticket as an integer, the time to act in
+// whole µs, which is the driver's "<w> 0" (lua/bucket_fast.lua).
 func (r reply) tickets(rules int) []string {
 	if len(r.raw) < 6+rules {
 		return nil
 	}
 	t := make([]string, rules)
 	for i := range t {
-		t[i], _ = r.raw[6+i].(string)
+		switch v := r.raw[6+i].(type) {
+		case string:
+			t[i] = v
+		case int64:
+			t[i] = strconv.FormatInt(v, 10) + " 0"
+		}
 	}
 	return t
 }

@@ -25,8 +25,55 @@ type runner struct {
 
 // exec runs one call of script for operation o.
 func (r *runner) exec(ctx context.Context, o op, script *redis.Script, keys []string, args []any) (*redis.Cmd, error) {
-	cmd := r.run(ctx, script, keys, args...)
+	cmd := r.run(ctx, script, evalLine(keys, args))
 	return cmd, r.result(ctx, o, cmd.Err())
+}
+
+// A script call is sent as one command line, the []any go-redis writes:
+// "evalsha", the script's SHA1 (set by send, for the script it goes to),
+// the number of keys, the keys, then the arguments. Building it once per
+// call, instead of keys and arguments that go-redis's EvalSha copies into
+// a line of its own, boxing the name, the SHA1 and each key again, saves
+// an Allow five of its allocations (BENCHMARKS.md, issue 14). A policy
+// whose calls the fast bucket script decides builds its allow and reserve
+// lines in that script's shorter form (scripts.go).
+
+// lineHead is the length of a line before its keys.
+const lineHead = 3
+
+// newLine returns a line for nkeys keys and nargs arguments, its head set
+// but for the SHA1; the caller fills in the keys and arguments.
+func newLine(nkeys, nargs int) []any {
+	line := make([]any, lineHead+nkeys+nargs)
+	line[0], line[2] = "evalsha", nkeys
+	return line
+}
+
+// evalLine returns the line of a call of keys and args.
+func evalLine(keys []string, args []any) []any {
+	line := newLine(len(keys), len(args))
+	for i, k := range keys {
+		line[lineHead+i] = k
+	}
+	copy(line[lineHead+len(keys):], args)
+	return line
+}
+
+// lineArgs returns how many keys a line has, and its arguments.
+func lineArgs(line []any) (int, []any) {
+	n := line[2].(int)
+	return n, line[lineHead+n:]
+}
+
+// lineCall returns a line's keys and arguments, for the calls that need
+// them apart (EVAL after NOSCRIPT, request's callers).
+func lineCall(line []any) ([]string, []any) {
+	n := line[2].(int)
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = line[lineHead+i].(string)
+	}
+	return keys, line[lineHead+n:]
 }
 
 // result applies the hooks to the outcome of a call for o. A failure is
@@ -87,39 +134,57 @@ func (r *runner) redisOK() {
 // it, keeps it at one.
 type scriptCache struct {
 	mu     sync.Mutex
-	loaded sync.Map // *redis.Script -> struct{}
+	loaded sync.Map // *redis.Script -> its SHA1 (a string, boxed once)
 }
 
-// run runs script with one EVALSHA, loading it first if this limiter has
-// not, and again if Redis has lost it. A call that the fast bucket script
-// can decide goes to it instead (fastScript, scripts.go), and to script
-// only if it hands the call back.
-func (l *runner) run(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
-	if fast := fastScript(script, keys, args); fast != nil {
-		if cmd := l.runScript(ctx, fast, keys, args...); !handedBack(cmd) {
+// run runs the call of line with one EVALSHA of script, loading it first
+// if this limiter has not, and again if Redis has lost it. A call built
+// for the fast bucket script goes to it instead (fastScript, scripts.go),
+// and in the driver's form to script only if it hands the call back.
+func (l *runner) run(ctx context.Context, script *redis.Script, line []any) *redis.Cmd {
+	if fast := fastScript(script, line); fast != nil {
+		cmd := l.send(ctx, fast, line)
+		if !handedBack(cmd) {
 			return cmd
 		}
+		line = driverLine(script, line)
 	}
-	return l.runScript(ctx, script, keys, args...)
+	return l.send(ctx, script, line)
 }
 
-// runScript runs script with one EVALSHA, loading it first if this limiter
-// has not, and again if Redis has lost it.
-func (l *runner) runScript(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
-	l.ensureLoaded(ctx, script)
-	cmd := script.EvalSha(ctx, l.rdb, keys, args...)
+// send sends line to script with one EVALSHA, loading script first if
+// this limiter has not, and again, then with EVALSHA falling back to
+// EVAL, if Redis has lost it.
+func (l *runner) send(ctx context.Context, script *redis.Script, line []any) *redis.Cmd {
+	cmd := l.evalsha(ctx, script, line)
+	_ = l.rdb.Process(ctx, cmd)
 	if lostScript(cmd) {
 		l.reload(ctx, script)
+		keys, args := lineCall(line)
 		cmd = script.Run(ctx, l.rdb, keys, args...)
 	}
 	return cmd
 }
 
-// ensureLoaded loads script unless this limiter already has.
-func (l *runner) ensureLoaded(ctx context.Context, script *redis.Script) {
-	if _, ok := l.cache.loaded.Load(script); !ok {
-		l.load(ctx, script)
+// evalsha returns the command that sends line to script, loading script
+// first if this limiter has not.
+func (l *runner) evalsha(ctx context.Context, script *redis.Script, line []any) *redis.Cmd {
+	line[1] = l.ensureLoaded(ctx, script)
+	cmd := redis.NewCmd(ctx, line...)
+	if line[2].(int) > 0 {
+		cmd.SetFirstKeyPos(lineHead) // as go-redis's EvalSha: a cluster routes by the first key
 	}
+	return cmd
+}
+
+// ensureLoaded loads script unless this limiter already has, and returns
+// its SHA1, boxed once.
+func (l *runner) ensureLoaded(ctx context.Context, script *redis.Script) any {
+	if sha, ok := l.cache.loaded.Load(script); ok {
+		return sha
+	}
+	l.load(ctx, script)
+	return script.Hash()
 }
 
 // reload loads script again after Redis lost it (a restart, SCRIPT FLUSH,
@@ -145,13 +210,13 @@ func (l *runner) load(ctx context.Context, script *redis.Script) {
 		return
 	}
 	if script.Load(ctx, l.rdb).Err() == nil {
-		l.cache.loaded.Store(script, struct{}{})
+		l.cache.loaded.Store(script, any(script.Hash()))
 	}
 }
 
 // runPipelined runs script once per call, all in one go-redis pipeline,
 // loading it first as run does, each call going to the fast bucket script
-// where run would send it. Calls that meet NOSCRIPT (they did not run) are
+// where run would send it (in the driver's form to script if handed back). Calls that meet NOSCRIPT (they did not run) are
 // sent again after a reload, and calls the fast script hands back are sent
 // again to script, in at most two more pipelines. It returns the commands
 // in the order of calls; a pipeline error is each command's error.
@@ -160,15 +225,12 @@ func (l *runner) runPipelined(ctx context.Context, script *redis.Script, calls [
 	todo := make([]int, len(calls))
 	for i, c := range calls {
 		uses[i], todo[i] = script, i
-		if fast := fastScript(script, c.keys, c.args); fast != nil {
+		if fast := fastScript(script, c.line); fast != nil {
 			uses[i] = fast
 		}
 	}
 	cmds := make([]*redis.Cmd, len(calls))
 	for pass := 0; pass < 3 && len(todo) > 0; pass++ {
-		for _, i := range todo {
-			l.ensureLoaded(ctx, uses[i])
-		}
 		var again []int
 		reloaded := map[*redis.Script]bool{}
 		for j, cmd := range l.pipeline(ctx, calls, uses, todo) {
@@ -183,6 +245,7 @@ func (l *runner) runPipelined(ctx context.Context, script *redis.Script, calls [
 				again = append(again, i)
 			case handedBack(cmd):
 				uses[i] = script
+				calls[i].line = driverLine(script, calls[i].line)
 				again = append(again, i)
 			}
 		}
@@ -197,7 +260,8 @@ func (l *runner) pipeline(ctx context.Context, calls []*batchedCall, uses []*red
 	cmds := make([]*redis.Cmd, len(todo))
 	_, _ = l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for j, i := range todo {
-			cmds[j] = uses[i].EvalSha(ctx, p, calls[i].keys, calls[i].args...)
+			cmds[j] = l.evalsha(ctx, uses[i], calls[i].line)
+			_ = p.Process(ctx, cmds[j])
 		}
 		return nil
 	})

@@ -75,11 +75,14 @@ func scriptFor(rules []Rule) *redis.Script {
 // fastBucketScript decides the commonest bucket call on its own
 // (lua/bucket_fast.lua): an allow or reserve under one token bucket or
 // GCRA rule whose interval is a whole number of µs and whose burst lasts
-// under 2^40 − 1 µs, with the same KEYS, ARGV and reply as the driver. It is
-// a small script, which is most of why it costs Redis less per call: the
-// Lua collector walks every loaded script about every 50 calls
-// (BENCHMARKS.md, server cost). A call whose state it cannot read it hands
-// back (handedBack), unchanged, for the limiter's own script.
+// under 2^40 − 1 µs (fastRule), with the driver's reply. It is a small
+// script, which is most of why it costs Redis less per call: the Lua
+// collector walks every loaded script about every 50 calls (BENCHMARKS.md,
+// server cost). Its ARGV are the five it reads (op, n, max wait, period
+// in µs, burst), not the driver's eight: each argument costs Redis an
+// object and a Lua string per call. A call whose state it cannot read it
+// hands back (handedBack), unchanged, and the runner sends the driver's
+// form of it (driverLine) to the limiter's own script.
 var fastBucketScript = buildScript("bucket_fast.lua")
 
 // fastBurstLimit bounds the burst, in µs, that bucket_fast.lua's compact
@@ -87,24 +90,42 @@ var fastBucketScript = buildScript("bucket_fast.lua")
 // for no reservation on record).
 const fastBurstLimit = 1<<40 - 1
 
-// fastScript returns the script that decides a call of script with these
-// keys and args faster (fastBucketScript), or nil if none can. args are
-// the driver's ARGV (driver.lua): op, n, max wait, then per rule
-// algorithm, count, period (µs), extra (burst) and ticket.
-func fastScript(script *redis.Script, keys []string, args []any) *redis.Script {
-	if len(keys) != 1 || len(args) != 8 || (script != scripts[TokenBucket] && script != scripts[GCRA]) {
-		return nil
-	}
-	if op := args[0]; op != "allow" && op != "reserve" {
-		return nil
-	}
-	count, _ := args[4].(int64)
-	period, _ := args[5].(int64)
-	burst, _ := args[6].(int64)
-	if count != 1 || period < 1 || burst < 1 || burst > (fastBurstLimit-1)/period {
+// fastArgs is how many arguments a call of fastBucketScript has; a
+// driver call has 3 + 5 per rule, never 5.
+const fastArgs = 5
+
+// fastRule reports whether allow and reserve calls of a policy of one rule
+// of algorithm a, count and period (µs, in lowest terms) and extra (the
+// burst) go to fastBucketScript.
+func fastRule(a Algorithm, count, period, extra int64) bool {
+	return (a == TokenBucket || a == GCRA) && count == 1 && period >= 1 && extra >= 1 && extra <= (fastBurstLimit-1)/period
+}
+
+// fastScript returns fastBucketScript if line (run.go) is a call of it to
+// one of the one-rule bucket scripts: one key, and fastArgs arguments (op,
+// n, max wait, period, extra) that only the policy of a fastRule builds;
+// nil otherwise.
+func fastScript(script *redis.Script, line []any) *redis.Script {
+	nkeys, args := lineArgs(line)
+	if nkeys != 1 || len(args) != fastArgs || (script != scripts[TokenBucket] && script != scripts[GCRA]) {
 		return nil
 	}
 	return fastBucketScript
+}
+
+// driverLine returns the driver's form of line, a call of fastBucketScript
+// that script (fastScript) must decide instead: the driver's ARGV (op, n,
+// max wait, algorithm, count 1, period, extra, no ticket).
+func driverLine(script *redis.Script, line []any) []any {
+	a := GCRA
+	if script == scripts[TokenBucket] {
+		a = TokenBucket
+	}
+	_, args := lineArgs(line)
+	d := newLine(1, 8)
+	d[lineHead] = line[lineHead]
+	copy(d[lineHead+1:], []any{args[0], args[1], args[2], string(a), int64(1), args[3], args[4], ""})
+	return d
 }
 
 // handedBack reports whether cmd is fastBucketScript's answer that it

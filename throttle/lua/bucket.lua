@@ -17,25 +17,33 @@
 -- of the latest reservation (golang.org/x/time/rate's lastEvent), which
 -- Cancel needs, in one string value. TTL: until both have passed; a
 -- missing key is a full bucket. The string is, in order of preference:
---   - compact, when both remainders are 0 (every interval that is a whole
---     number of µs), tw < 2^52 (until the year 2112) and
+--   - the integer form, when ev = TAT - T exactly and tr = 0 and
+--     tw < 2^52 (until the year 2112): tw alone, in decimal. That is the
+--     state after one permit taken from a full bucket (the latest time to
+--     act is then the call's, one interval before the TAT), the commonest
+--     state of a key by far (many subjects, each seen now and then), and
+--     after any reservation under a burst of 1. Redis keeps a string that
+--     reads as a 64-bit integer as the integer itself, inside its object
+--     header: 16 bytes per key less than any other value (bench/, bytes
+--     per key). ev is not stored: it is TAT - T, T being the rule's
+--     interval when the state is read (a rule changed since moves it);
+--   - the 12-byte form, when both remainders are 0, tw < 2^52 and
 --     0 <= d = tw - ew < 2^40 - 1 µs (12.7 days), or ew = 0 (no
 --     reservation on record: a pause of a missing key), written as
---     d = 2^40 - 1: 12 bytes, big-endian, 0xF0 + tw's top 4 bits, tw's low
---     48 bits in 6 bytes, d in 5 bytes.
---     Redis keeps a value of up to 12 bytes in the smallest allocation
---     beside its object header (the benchmark's bytes per key); the
---     decimal form below takes 16 bytes more per key. The first byte
---     cannot start any decimal form, and a string that is neither is a
---     full bucket, as before;
+--     d = 2^40 - 1: big-endian, 0xF0 + tw's top 4 bits, tw's low 48 bits
+--     in 6 bytes, d in 5 bytes. Redis keeps it in the smallest allocation
+--     beside its object header. The first byte cannot start any decimal
+--     form, and a string that is none of these is a full bucket;
 --   - "<tw> <ew>" when both remainders are 0;
 --   - "<tw> <tr> <ew> <er>".
--- bucket_fast.lua decides the commonest calls on the compact form inline
--- and writes the same bytes as bk_store.
+-- bucket_fast.lua decides the commonest calls on the two short forms
+-- inline and writes the same strings as bk_store.
 --
--- A reservation's refund ticket is its exact time to act, "<w> <r>"; an
--- allow decided by bucket_fast.lua returns, instead, the compact state it
--- wrote, whose time to act is ev (bk_unpack; bk_refund reads both).
+-- A reservation's refund ticket is its exact time to act, "<w> <r>"
+-- (bucket_fast.lua replies it as an integer, which the caller makes
+-- "<w> 0"). The version before this one returned, for an allow decided by
+-- bucket_fast.lua, the 12-byte state it wrote, whose time to act is ev
+-- (bk_unpack); bk_ticket still reads those, for one release.
 
 -- bk_div returns q, r with a * b = q * m + r, 0 <= r < m, exactly,
 -- for integers a, b >= 0 and 1 <= m < 2^52 whose quotient q is below 2^53.
@@ -80,14 +88,23 @@ local function bk_unpack(v)
 end
 
 -- bk_load reads the state: TAT and ev. A missing or unreadable key is a
--- full bucket (TAT = now) whose last reservation is long past. The formats
--- before issue 11 (GCRA: TAT as a number; token bucket: "<tokens> <time>
--- <time to act>") are read rounded up to the microsecond.
+-- full bucket (TAT = now) whose last reservation is long past. A number
+-- is the integer form (ev = TAT - T); a fraction, in a GCRA state of the
+-- format before issue 11 (TAT as a number), is rounded up to the µs. The
+-- token bucket's format before issue 11, "<tokens> <time> <time to act>",
+-- is read rounded up too.
 local function bk_load(key, count, period, burst)
   local v = redis.call('GET', key)
   if not v then return now, 0, 0, 0 end
   local tw, ew = bk_unpack(v)
   if tw then return tw, 0, ew, 0 end
+  local x = tonumber(v)
+  if x then
+    x = math.ceil(x)
+    local q, r = bk_div(1, period, count)
+    if r > 0 then return x, 0, x - q - 1, count - r end
+    return x, 0, x - q, 0
+  end
   local a, c = string.match(v, '^(%d+) (%d+)$')
   if a then return tonumber(a), 0, tonumber(c), 0 end
   local a, b, c, d = string.match(v, '^(%d+) (%d+) (%d+) (%d+)$')
@@ -98,8 +115,6 @@ local function bk_load(key, count, period, burst)
     if d >= count then c, d = c + 1, 0 end
     return a, b, c, d
   end
-  local x = tonumber(v)
-  if x then return math.ceil(x), 0, 0, 0 end
   local tk, ts, ev = string.match(v, '^(%S+) (%S+) (%S+)$')
   tk, ts, ev = tonumber(tk), tonumber(ts), tonumber(ev)
   if tk and ts and ev then
@@ -146,16 +161,22 @@ local function bk_check(key, count, period, burst, n, reserve, max_wait)
 end
 
 -- bk_store writes the state; the key lives until both TAT and ev passed.
-local function bk_store(key, tw, tr, ew, er)
+local function bk_store(key, count, period, tw, tr, ew, er)
   local h, hr = tw, tr
   if ew > h or (ew == h and er > hr) then h, hr = ew, er end
   h = h - now
   if hr > 0 then h = h + 1 end
   local v
   local d = tw - ew
+  -- ev = TAT - T, T = q + r / count: the integer form.
+  local q, r = bk_div(1, period, count)
+  local iw, ir = q, 0
+  if r > 0 then iw, ir = q + 1, count - r end
   if ew == 0 and er == 0 then d = 1099511627775 elseif d >= 1099511627775 then d = -1 end
-  if tr == 0 and er == 0 and tw < 4503599627370496 and d >= 0 then
-    -- The compact form. string.char truncates each argument: (x / 2^k)
+  if tr == 0 and tw < 4503599627370496 and tw - ew == iw and er == ir then
+    v = string.format('%d', tw)
+  elseif tr == 0 and er == 0 and tw < 4503599627370496 and d >= 0 then
+    -- The 12-byte form. string.char truncates each argument: (x / 2^k)
     -- % 256 is exact in a double and truncates to byte k.
     v = string.char(240 + tw / 281474976710656, tw / 1099511627776 % 256, tw / 4294967296 % 256,
       tw / 16777216 % 256, tw / 65536 % 256, tw / 256 % 256, tw % 256,
@@ -177,7 +198,7 @@ local function bk_commit(key, count, period, burst, n, delay, aw, ar)
     ew, er = aw - bq, ar - br
     if er < 0 then ew, er = ew - 1, er + count end
   end
-  bk_store(key, aw, ar, ew, er)
+  bk_store(key, count, period, aw, ar, ew, er)
   return string.format('%d %d', ew, er)
 end
 
@@ -186,8 +207,8 @@ local bk_refund, bk_pause, bk_settle
 if rare then
 
 -- bk_ticket reads a refund ticket: a time to act "<w> <r>", or an allow's
--- ticket from bucket_fast.lua, the compact state it left (time to act ev,
--- bk_unpack); nil if neither.
+-- ticket from the previous bucket_fast.lua, the 12-byte state it left
+-- (time to act ev, bk_unpack); nil if neither.
 local function bk_ticket(ticket)
   local xw, xr = string.match(ticket, '^(%d+) (%d+)$')
   if xw then return tonumber(xw), tonumber(xr) end
@@ -256,7 +277,7 @@ function bk_settle(key, count, period, burst, n, actual, ticket, booked, skey)
     redis.call('ZADD', skey, string.format('%d', xw), string.format('%d:%d:%d:%d', xw, g, now, xr))
     keep_ttl(skey, 2 * bq)
   end
-  bk_store(key, tw, tr, ew, er)
+  bk_store(key, count, period, tw, tr, ew, er)
 end
 
 -- refund (Reservation.Cancel) as golang.org/x/time/rate's CancelAt: a
@@ -323,7 +344,7 @@ function bk_refund(key, count, period, burst, n, ticket, ckey, undo)
       if tw < now then tw, tr = now, 0 end
     end
   end
-  bk_store(key, tw, tr, ew, er)
+  bk_store(key, count, period, tw, tr, ew, er)
 end
 
 -- pause: TAT moves to untl + (burst - 1) * T, so that the bucket holds
@@ -335,7 +356,7 @@ function bk_pause(key, count, period, burst, untl)
   local fq, fr = bk_div(burst - 1, period, count)
   local fw = untl + fq
   if tw > fw or (tw == fw and tr >= fr) then return end
-  bk_store(key, fw, fr, ew, er)
+  bk_store(key, count, period, fw, fr, ew, er)
 end
 
 end
