@@ -243,6 +243,9 @@
 //	then the real cost)                                                                  given back or charged, atomically (see
 //	                                                                                     Settle for how much a bucket gives back)
 //	limit changes         SetLimit, SetBurst               per call                      a Limiter's rules are fixed; a new Limiter
-//	                                                                                     reads the old state (rounded up)
+//	                                                                                     reads the old state (rounded up); Admit's
+//	                                                                                     bookings reach at most the Horizon ahead;
+//	                                                                                     a reservation made before the change is
+//	                                                                                     refunded or settled by the new interval
 //	algorithms            token bucket                     GCRA                          both, plus three windows
 package throttle
