@@ -13,9 +13,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -38,7 +36,7 @@ type parkFleet struct {
 	client *asynq.Client
 	insp   *asynq.Inspector
 	prefix string
-	calls  atomic.Int64 // limiter script calls (EVALSHA/EVAL)
+	calls  redistest.ScriptCalls // limiter script calls (EVALSHA/EVAL)
 
 	mu       sync.Mutex
 	enqueued map[string]time.Time // task ID → when it was enqueued
@@ -69,7 +67,7 @@ func (f *parkFleet) server(concurrency int, rule throttle.Rule, maxWait time.Dur
 	f.t.Helper()
 	rdb := f.proc.Client(f.t)
 	limRDB := f.proc.Client(f.t)
-	limRDB.AddHook(scriptCounter{&f.calls})
+	f.calls.Count(limRDB)
 	lim, err := throttle.New(limRDB, throttle.Options{Prefix: f.prefix}, rule)
 	if err != nil {
 		f.t.Fatal(err)
@@ -334,22 +332,6 @@ func TestParkFleetDownAndBack(t *testing.T) {
 		before, len(after), maxTurnsPerWindow(starts, "acme", time.Second), redistest.MaxInWindow(after, time.Second))
 }
 
-// scriptCounter counts a client's script calls.
-type scriptCounter struct{ n *atomic.Int64 }
-
-func (c scriptCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (c scriptCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if name := strings.ToLower(cmd.Name()); name == "evalsha" || name == "eval" {
-			c.n.Add(1)
-		}
-		return next(ctx, cmd)
-	}
-}
-func (c scriptCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
 // TestParkSharedBudget: two task types of two rules draw on one budget of
 // the rules file (20/s); 100 of each enqueued at once on two workers. Their
 // turns together never pass the budget in any second on the Redis clock,
@@ -470,7 +452,7 @@ rules:
 	for range 3 {
 		rdb := f.proc.Client(t)
 		limRDB := f.proc.Client(t)
-		limRDB.AddHook(scriptCounter{&f.calls})
+		f.calls.Count(limRDB)
 		mw, err := worker.FromRules(cfg, limRDB, worker.Options{Asynq: rdb, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			t.Fatal(err)

@@ -23,8 +23,8 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
-	"strconv"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,27 +21,10 @@ func virtual(t *testing.T, f func(t *testing.T, rdb *redis.Client, m *miniredis.
 	redistest.Virtual(t, f)
 }
 
-// scriptCalls counts the script commands (EVALSHA and EVAL) a client sends:
+// countScripts counts the script commands (EVALSHA and EVAL) rdb sends:
 // the round trips of decisions.
-type scriptCalls struct{ n atomic.Int64 }
-
-func countScripts(rdb redis.UniversalClient) *scriptCalls {
-	c := &scriptCalls{}
-	rdb.AddHook(c)
-	return c
-}
-
-func (c *scriptCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (c *scriptCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if name := strings.ToLower(cmd.Name()); name == "evalsha" || name == "eval" {
-			c.n.Add(1)
-		}
-		return next(ctx, cmd)
-	}
-}
-func (c *scriptCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+func countScripts(rdb redis.UniversalClient) *redistest.ScriptCalls {
+	return redistest.CountScripts(rdb)
 }
 
 // mustNew builds a limiter or fails the test.

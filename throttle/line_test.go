@@ -30,7 +30,7 @@ type lineSim struct {
 	admits  map[string]time.Time // id -> its admission (the slot it ran on)
 	order   []string             // ids in the order they were handed a turn from the line
 	serves  int
-	calls   *scriptCalls
+	calls   *redistest.ScriptCalls
 	maxLead time.Duration // the furthest ahead of its serving a handed slot was
 }
 
@@ -186,13 +186,13 @@ func TestLineBacklog(t *testing.T) {
 					t.Errorf("the last of %d at 10/s admitted after %v, want within [%v, %v]", n, last, lo, hi)
 				}
 				// Calls: n joins or bookings, n redemptions, the servings.
-				if calls, want := s.calls.n.Load(), int64(2*n+s.serves); calls > want {
+				if calls, want := s.calls.Load(), int64(2*n+s.serves); calls > want {
 					t.Errorf("%d script calls for %d callers and %d servings, want at most %d", calls, n, s.serves, want)
 				}
 				if s.serves > n/5+4 {
 					t.Errorf("%d servings for %d callers at 10/s: want about one per half second", s.serves, n)
 				}
-				t.Logf("%d callers: %d servings, %d script calls, last admitted at %v", n, s.serves, s.calls.n.Load(), last)
+				t.Logf("%d callers: %d servings, %d script calls, last admitted at %v", n, s.serves, s.calls.Load(), last)
 			})
 		})
 	}

@@ -102,7 +102,7 @@ func TestPauseReserveBooksAfterThePause(t *testing.T) {
 						t.Errorf("reservation %d: Delay = %v, want %v", i, got, want)
 					}
 				}
-				if got := calls.n.Load(); got != 3 {
+				if got := calls.Load(); got != 3 {
 					t.Errorf("%d script calls for 3 reservations, want 3", got)
 				}
 				start := at()

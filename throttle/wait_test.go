@@ -33,7 +33,7 @@ func TestWaitReservesSlotsInArrivalOrder(t *testing.T) {
 							t.Fatalf("waiter %d admitted at %v, want %v", i, got, want)
 						}
 					}
-					if got := calls.n.Load(); got != waiters {
+					if got := calls.Load(); got != waiters {
 						t.Fatalf("%d script calls for %d waiters, want exactly one each", got, waiters)
 					}
 				})
@@ -90,7 +90,7 @@ func TestWaitWindowsQueueLocally(t *testing.T) {
 				}
 				// 12 admissions, and the head was denied once before each of
 				// the two refills.
-				if got, want := calls.n.Load(), int64(waiters+2); got != want {
+				if got, want := calls.Load(), int64(waiters+2); got != want {
 					t.Fatalf("%d script calls, want %d", got, want)
 				}
 			})
@@ -299,7 +299,7 @@ func TestRequestOverCapacity(t *testing.T) {
 				t.Errorf("AllowN(-1) = %v, want a throttle error", err)
 			}
 		}
-		if got := calls.n.Load(); got != 0 {
+		if got := calls.Load(); got != 0 {
 			t.Fatalf("%d script calls for invalid requests, want 0", got)
 		}
 	})
@@ -317,7 +317,7 @@ func TestWaitContextAlreadyDone(t *testing.T) {
 				t.Fatalf("%v: %v, want context.Canceled", algo, err)
 			}
 		}
-		if calls.n.Load() != 0 {
+		if calls.Load() != 0 {
 			t.Fatalf("a done context still reached Redis")
 		}
 	})

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -710,8 +709,7 @@ func TestAsynqStackedLines(t *testing.T) {
 	t.Parallel()
 	b := newBed(t)
 	limRDB := b.proc.Client(t)
-	var calls atomic.Int64
-	limRDB.AddHook(evalCounter{&calls})
+	calls := redistest.CountScripts(limRDB)
 	var mws []*Middleware
 	for _, name := range []string{"a", "b"} {
 		lim, err := throttle.New(limRDB, throttle.Options{Prefix: b.prefix}, throttle.Rule{Name: name, Algorithm: throttle.GCRA, Limit: throttle.PerSecond(10).WithBurst(1)})
@@ -751,58 +749,6 @@ func TestAsynqStackedLines(t *testing.T) {
 	t.Logf("%d limiter calls for %d tasks", calls.Load(), 2*n)
 	if got, most := calls.Load(), int64(2*2*n+2*2*4+8); got > most {
 		t.Errorf("%d limiter calls for %d tasks; want at most %d: servings were lost", got, 2*n, most)
-	}
-	b.noFailures()
-}
-
-// evalCounter counts the script calls (EVALSHA, EVAL) a client sends.
-type evalCounter struct{ n *atomic.Int64 }
-
-func (c evalCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (c evalCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if name := cmd.Name(); name == "evalsha" || name == "eval" {
-			c.n.Add(1)
-		}
-		return next(ctx, cmd)
-	}
-}
-func (c evalCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
-// TestAsynqStackedSameTask stacks two rules over the same task type in two
-// middlewares (10/s outside, 7/s inside) with a backlog of 40. A task the
-// outer rule admits and the inner parks gives the outer turn back; were
-// either to put it at the back of its line when it came back for the
-// other's turn, it would lose that turn each time and never run (it did,
-// before the stacked rules booked ahead). Every task runs once, without
-// failure. The cost, about ten limiter calls per task, is why one rule
-// with a policy is better than stacked rules when the limits can share a
-// subject and a cost (README).
-func TestAsynqStackedSameTask(t *testing.T) {
-	t.Parallel()
-	b := newBed(t)
-	var mws []*Middleware
-	for _, r := range []struct {
-		name string
-		rate int
-	}{{"outer", 10}, {"inner", 7}} {
-		lim := b.limiter(throttle.Rule{Name: r.name, Algorithm: throttle.GCRA, Limit: throttle.PerSecond(r.rate).WithBurst(1)})
-		mws = append(mws, middleware(t, []TaskRule{{Name: r.name, Tasks: []string{"a:*"}, Limiter: lim, Subject: Fixed("s")}}, Options{Asynq: b.rdb}))
-	}
-	b.serveStacked(asynq.Config{Concurrency: 8}, mws...)
-	const n = 40
-	for range n {
-		b.enqueue("a:call", `{}`, asynq.MaxRetry(2))
-	}
-	eventually(t, 50*time.Second, "all tasks run", func() bool { return len(b.runs()) == n })
-	seen := map[string]bool{}
-	for _, r := range b.runs() {
-		if seen[r.id] {
-			t.Errorf("task %s ran twice", r.id)
-		}
-		seen[r.id] = true
 	}
 	b.noFailures()
 }
