@@ -260,21 +260,26 @@ func (m *Middleware) sweepLater(ctx context.Context, t *taskRun, d admission.Dec
 // date (expired leases handed to their waiters, who are woken through
 // OnHandoff), and comes back when the earliest lease expires while tasks
 // still wait.
-func (m *Middleware) sweep(ctx context.Context, member, rule, subject string) error {
+func (m *Middleware) sweep(ctx context.Context, rule, subject string, passed int) error {
+	member := sweepMember(rule, subject)
 	r := m.ruleNamed(rule)
 	if r == nil {
 		// Another middleware's rule: one stacked in the same process
 		// (mux.Use(a.Wrap, b.Wrap)), which shares the ledger, serves it;
 		// failing that, it goes back to the ledger for another process
-		// (a fleet with other rules on the same asynq Redis). A rule this
-		// middleware had and a reload removed is dropped.
-		if _, gone := m.retired.Load(rule); gone {
+		// (a fleet with other rules on the same asynq Redis), counting
+		// how often, so that the serving of a rule no process has any
+		// more (removed, then the fleet restarted) is dropped after
+		// maxPassed tries instead of going round for ever. A rule a
+		// reload of this middleware removed is dropped at once.
+		if other := sweepers.owner(m, rule); other != nil {
+			return other.sweep(ctx, rule, subject, passed)
+		}
+		if _, gone := m.retired.Load(rule); gone || passed >= maxPassed {
+			m.log.Debug("worker: dropped the serving of a rule no worker here has", "rule", rule, "passed", passed)
 			return nil
 		}
-		if other := sweepers.owner(m, rule); other != nil {
-			return other.sweep(ctx, member, rule, subject)
-		}
-		return fmt.Errorf("worker: no rule %q in this process to serve or sweep for: %w", rule, admission.ErrWakeLater)
+		return m.wakeups.Add(ctx, admission.Member("", rule, subject, strconv.Itoa(passed+1)), time.Now().Add(admission.DefaultLead+passAfter))
 	}
 	if r.gate == nil {
 		return nil // a limiter that cannot book has no line nor places
@@ -322,6 +327,15 @@ func (m *Middleware) serveLine(ctx context.Context, r *ruleGate, member, subject
 	}
 	return m.wakeups.AddAll(ctx, wakes)
 }
+
+// A serving or sweep that a process without its rule takes goes back to
+// the ledger passAfter later, at most maxPassed times (about 15s of tries,
+// which a fleet sharing the ledger with others takes its own from long
+// before).
+const (
+	passAfter = 300 * time.Millisecond
+	maxPassed = 50
+)
 
 // serveGuard is how long after a serving of a line began another process
 // serves it, if the first died before scheduling the next.
@@ -396,8 +410,12 @@ const wakeErrorEvery = 10 * time.Second
 // an archived one is not revived.
 func (m *Middleware) wake(ctx context.Context, member string) error {
 	parts, ok := admission.Split(member)
-	if ok && len(parts) == 3 && parts[0] == "" {
-		return m.sweep(ctx, member, parts[1], parts[2])
+	if ok && (len(parts) == 3 || len(parts) == 4) && parts[0] == "" {
+		passed := 0 // times passed on by processes without the rule (sweep)
+		if len(parts) == 4 {
+			passed, _ = strconv.Atoi(parts[3])
+		}
+		return m.sweep(ctx, parts[1], parts[2], passed)
 	}
 	if !ok || len(parts) != 2 {
 		return fmt.Errorf("worker: wake-up %q is not a queue and task ID", member)
