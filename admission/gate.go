@@ -365,8 +365,10 @@ type Served struct {
 // says when to serve it next. One process should serve a subject's line
 // at a time, when the last serving (or a Decision.Serve) said; serving it
 // more often is harmless and books nothing new. It costs one script call
-// for up to 256 jobs. Without a line (a negative Horizon, or a limiter
-// with a Concurrency rule), it returns an empty Served.
+// for up to 256 jobs. Without a line (a negative Horizon), it returns an
+// empty Served; a limiter with a Concurrency rule has no line either, and
+// Serve then sweeps its places as Admit with N = 0 does (handing expired
+// leases' places on through OnHandoff) and returns an empty Served.
 func (g *Gate) Serve(ctx context.Context, subject string) (Served, error) {
 	if g.opts.Horizon < 0 {
 		return Served{}, nil
