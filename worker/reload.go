@@ -55,10 +55,20 @@ func (m *Middleware) Reload(cfg *rules.Config) error {
 	if err != nil {
 		return fmt.Errorf("worker: reload refused: %w", err)
 	}
-	old := m.table.Swap(t)
+	old := m.table.Load()
+	for name, r := range t.byName {
+		if o := old.byName[name]; o != nil && o.stacked.Load() {
+			// A rule found stacked stays so (admit.go): relearning it
+			// would first send a few tasks to the back of its line.
+			r.stacked.Store(true)
+		}
+	}
+	m.table.Store(t)
 	for name := range old.byName {
 		if t.byName[name] == nil {
-			m.retired.Store(name, true) // its sweeps are dropped, not passed on (admit.go)
+			// Its servings and sweeps are dropped, unless another
+			// middleware in this process has a rule of that name (admit.go).
+			m.retired.Store(name, true)
 		}
 	}
 	for name := range t.byName {
