@@ -257,8 +257,31 @@ func secretForms(pw string) []string {
 	return []string{pw, url.QueryEscape(pw), url.PathEscape(pw)}
 }
 
-// closedAddr returns a loopback address nothing listens on.
-func closedAddr(t *testing.T) string {
+// refusedAddr returns a loopback address that refuses connections for the
+// rest of the test: its port is bound by a socket that never listens, so no
+// server another test starts meanwhile can take it. (A port that was merely
+// free a moment ago can be: a no-password redis-server that took it lets a
+// client with a password in, and the worker then runs instead of failing.)
+func refusedAddr(t *testing.T) string {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
+}
+
+// freeAddr returns a loopback address nothing listened on a moment ago, for
+// a server the test starts itself.
+func freeAddr(t *testing.T) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -280,8 +303,8 @@ func TestSecretsStayOut(t *testing.T) {
 	guarded := redistest.Server(t, redistest.Args("--requirepass", "the-right-one"))
 	targets := map[string]string{
 		"wrong password": "redis://default:" + pw + "@" + guarded.Addr() + "/0",
-		"no server":      "redis://:" + pw + "@" + closedAddr(t) + "/0",
-		"password param": "redis://" + closedAddr(t) + "/0?password=" + pw,
+		"no server":      "redis://:" + pw + "@" + refusedAddr(t) + "/0",
+		"password param": "redis://" + refusedAddr(t) + "/0?password=" + pw,
 	}
 	check := func(t *testing.T, what, text string) {
 		t.Helper()
@@ -369,7 +392,7 @@ func TestSecretsStayOut(t *testing.T) {
 		check(t, "cmd/worker -help", out)
 		// Metrics of a worker whose URL holds its (right) password.
 		url := "redis://default:" + pw + "@" + redistest.Server(t, redistest.Args("--requirepass", pw)).Addr() + "/0"
-		metricsAddr := closedAddr(t)
+		metricsAddr := freeAddr(t)
 		w := startProcess(t, nil, bin, "--redis", url, "--metrics-addr", metricsAddr)
 		w.waitFor(t, "worker: processing", 30*time.Second)
 		resp, err := http.Get("http://" + metricsAddr + "/metrics")
