@@ -70,6 +70,18 @@ type AdmitRequest struct {
 	// Weight is the Share's weight in the line, from 1 (the default, if
 	// zero) to 1000.
 	Weight int
+	// ShareLimit, if its Count is not zero, is a limit on each Share of
+	// the line of its own, a leaky bucket (GCRA) kept under the subject's
+	// hash tag: a per-tenant limit inside one API key's. A caller is
+	// admitted only when both the limiter's rules and its share's limit
+	// admit it; a share its limit holds back waits in the line (even when
+	// the rules have room) while the other shares are served. So it is one
+	// decision, atomic, over two subjects, and a share that its own limit
+	// holds back never leaves a hole in the subject's turns. Every caller
+	// and every serving of one subject's line should pass the same
+	// ShareLimit; it needs a Horizon, and N at most its Burst (zero
+	// Burst is Count).
+	ShareLimit Limit
 	// Waiter identifies the caller under the limiter's Concurrency rule,
 	// as the holder of a place or in the queue for one, across its
 	// arrivals: Options.OnHandoff receives it when a freed place is handed
@@ -205,6 +217,12 @@ func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error
 	if req.Horizon > 0 && l.leases == nil {
 		horizon = req.Horizon.Microseconds()
 	}
+	capped := req.ShareLimit != Limit{}
+	if capped {
+		if err := checkShareLimit(&req, horizon); err != nil {
+			return Admission{}, err
+		}
+	}
 	keys, args, err := l.request(opAdmit, req.Subject, req.N, wait, nil)
 	if err != nil {
 		return Admission{}, err
@@ -231,6 +249,11 @@ func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error
 		waitAs = cmp.Or(req.WaitAs, waiter)
 	}
 	args = append(args, booking, max(req.Tolerance.Microseconds(), 1), horizon, early, waiter, waitAs, req.Share, max(req.Weight, 1))
+	if capped && horizon != unbounded {
+		args = append(args, req.ShareLimit.Count, req.ShareLimit.Period.Microseconds(), req.ShareLimit.Burst)
+	} else {
+		args = append(args, 0, 0, 0)
+	}
 	for _, id := range [...]string{req.ID, req.Receipt} {
 		if id != "" {
 			args = append(args, l.member(id))
@@ -320,11 +343,34 @@ func handed(raw []any, nrules int) map[string]time.Time {
 }
 
 // lineKeys returns the keys of subject's line (AdmitRequest.Horizon):
-// <prefix>{<subject>}:!line and its :!line:e and :!line:f hashes
-// (driver.lua).
+// <prefix>{<subject>}:!line, its :!line:e and :!line:f hashes, and the
+// sorted sets of its shares' caps, :!line:h, :!line:q, :!line:s and
+// :!line:c (driver.lua).
 func (p *policy) lineKeys(subject string) []string {
 	k := key(p.prefix, escape(subject), lineSuffix)
-	return []string{k, k + ":e", k + ":f"}
+	return []string{k, k + ":e", k + ":f", k + ":h", k + ":q", k + ":s", k + ":c"}
+}
+
+// checkShareLimit checks req.ShareLimit (set), giving a zero Burst the
+// Count.
+func checkShareLimit(req *AdmitRequest, horizon int64) error {
+	sl := &req.ShareLimit
+	if sl.Burst == 0 {
+		sl.Burst = sl.Count
+	}
+	if err := sl.validate(); err != nil {
+		return fmt.Errorf("throttle: admit: share limit: %w", err)
+	}
+	if sl.Burst < 1 || sl.Burst > maxCount {
+		return fmt.Errorf("throttle: admit: share limit: burst %d: must be between 1 and %d", sl.Burst, maxCount)
+	}
+	if horizon == unbounded {
+		return errors.New("throttle: admit: a share limit needs a Horizon (and no concurrency rule): the shares' limits are kept in the subject's line")
+	}
+	if req.N > sl.Burst {
+		return fmt.Errorf("%w: %d permits, but the share limit (%s) admits at most %d at once", ErrExceedsCapacity, req.N, sl.describe(), sl.Burst)
+	}
+	return nil
 }
 
 // lineSuffix names a subject's line.

@@ -2,8 +2,11 @@ package throttle
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"maps"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -23,6 +26,7 @@ type lineSim struct {
 	horizon time.Duration
 	share   func(id string) string
 	weight  func(id string) int
+	cap     Limit           // AdmitRequest.ShareLimit
 	inLine  map[string]bool // ids that joined the line
 
 	returns map[string]time.Time // id -> when it comes back (Redis clock = local, virtual)
@@ -42,7 +46,7 @@ func newLineSim(t *testing.T, rdb *redis.Client, lim *Limiter, horizon time.Dura
 
 func (s *lineSim) admit(id string) {
 	s.t.Helper()
-	a, err := s.lim.Admit(context.Background(), AdmitRequest{Subject: "acct", N: 1, ID: id, Horizon: s.horizon, Share: s.share(id), Weight: s.weight(id), Tolerance: 50 * ms})
+	a, err := s.lim.Admit(context.Background(), AdmitRequest{Subject: "acct", N: 1, ID: id, Horizon: s.horizon, Share: s.share(id), Weight: s.weight(id), ShareLimit: s.cap, Tolerance: 50 * ms})
 	if err != nil {
 		s.t.Fatalf("Admit %s: %v", id, err)
 	}
@@ -76,7 +80,7 @@ func (s *lineSim) admit(id string) {
 func (s *lineSim) serveLine() {
 	s.t.Helper()
 	s.serves++
-	a, err := s.lim.Admit(context.Background(), AdmitRequest{Subject: "acct", N: 0, Horizon: s.horizon})
+	a, err := s.lim.Admit(context.Background(), AdmitRequest{Subject: "acct", N: 0, Horizon: s.horizon, ShareLimit: s.cap})
 	if err != nil {
 		s.t.Fatalf("serving the line: %v", err)
 	}
@@ -290,6 +294,135 @@ func TestLineLiveChange(t *testing.T) {
 		span := after[len(after)-1].Sub(after[0])
 		if rate := float64(len(after)-1) / span.Seconds(); rate < 45 || rate > 51 {
 			t.Errorf("%.1f/s from 1.1s after the change to 50/s, want about 50", rate)
+		}
+	})
+}
+
+// TestLineShareLimits runs one subject at 50/s (an API key) whose shares
+// (tenants) are each limited to 10/s by AdmitRequest.ShareLimit, on
+// virtual time: no share ever passes its own limit nor the key its limit
+// in any second; a share alone runs at its own limit, not the key's; two
+// busy shares run at their limits side by side, and a third that arrives
+// behind their backlogs is not held behind them; eight busy shares split
+// the key's 50/s; every caller is admitted once; and the script calls stay
+// two per caller plus the servings, whatever the backlog: one serving per
+// half horizon while the key is the bound, and at most one per turn while
+// the shares' limits are (every share asleep, the line is served when the
+// first wakes: its turn cannot be booked ahead without leaving the key a
+// hole).
+func TestLineShareLimits(t *testing.T) {
+	key := Rule{Name: "key", Algorithm: GCRA, Limit: PerSecond(50).WithBurst(1)}
+	cap := PerSecond(10).WithBurst(1)
+	cases := []struct {
+		name   string
+		shares map[string]int // share -> callers
+		late   map[string]int // share -> callers arriving 2 s later
+		rate   map[string]float64
+		capped bool // the shares' limits are the bound, not the key's
+	}{
+		{"alone", map[string]int{"A": 100}, nil, map[string]float64{"A": 10}, true},
+		{"two-and-a-late-one", map[string]int{"A": 100, "B": 100}, map[string]int{"C": 20}, map[string]float64{"A": 10, "B": 10, "C": 10}, true},
+		{"eight", map[string]int{"A": 60, "B": 60, "C": 60, "D": 60, "E": 60, "F": 60, "G": 60, "H": 60}, nil,
+			map[string]float64{"A": 50.0 / 8, "B": 50.0 / 8, "C": 50.0 / 8, "D": 50.0 / 8, "E": 50.0 / 8, "F": 50.0 / 8, "G": 50.0 / 8, "H": 50.0 / 8}, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+				l := mustNew(t, rdb, Options{}, key)
+				s := newLineSim(t, rdb, l, time.Second)
+				s.share = func(id string) string { return id[:1] }
+				s.cap = cap
+				total := 0
+				queue := func(shares map[string]int) {
+					names := slices.Sorted(maps.Keys(shares))
+					for i := range slices.Max(slices.Collect(maps.Values(shares))) {
+						for _, sh := range names {
+							if i < shares[sh] {
+								s.admit(fmt.Sprintf("%s%04d", sh, i))
+								total++
+							}
+						}
+					}
+				}
+				start := time.Now()
+				queue(tc.shares)
+				lateAt := start.Add(2 * time.Second)
+				if tc.late != nil {
+					s.run(func() bool { return !time.Now().Before(lateAt) })
+					time.Sleep(time.Until(lateAt))
+					queue(tc.late)
+				}
+				s.run(nil)
+				if len(s.admits) != total {
+					t.Fatalf("%d of %d callers admitted", len(s.admits), total)
+				}
+				byShare := map[string][]time.Time{}
+				var all []time.Time
+				for id, at := range s.admits {
+					byShare[id[:1]] = append(byShare[id[:1]], at)
+					all = append(all, at)
+				}
+				if got := redistest.MaxInWindow(all, time.Second); got > 51 {
+					t.Errorf("%d admitted in one second, the key allows 50 (+1 at the edges)", got)
+				}
+				for sh, ats := range byShare {
+					if got := redistest.MaxInWindow(ats, time.Second); got > 11 {
+						t.Errorf("share %s: %d admitted in one second, its limit is 10 (+1 at the edges)", sh, got)
+					}
+					slices.SortFunc(ats, time.Time.Compare)
+					first := start
+					if tc.late[sh] > 0 {
+						first = lateAt
+					}
+					if wait := ats[0].Sub(first); wait > 1100*ms {
+						t.Errorf("share %s: first admitted %v after it came, want within 1.1s", sh, wait)
+					}
+					rate := float64(len(ats)-1) / ats[len(ats)-1].Sub(ats[0]).Seconds()
+					if want := tc.rate[sh]; rate < 0.9*want || rate > 1.05*want+0.5 {
+						t.Errorf("share %s: %d admitted at %.2f/s, want about %.2f/s", sh, len(ats), rate, want)
+					}
+				}
+				// Calls: one to join or book, one to redeem, the servings.
+				if calls, want := s.calls.Load(), int64(2*total+s.serves); calls > want {
+					t.Errorf("%d script calls for %d callers and %d servings, want at most %d", calls, total, s.serves, want)
+				}
+				span := time.Since(start)
+				if max := int(span/(400*ms)) + 8; !tc.capped && s.serves > max {
+					t.Errorf("%d servings in %v: want about one per half horizon (at most %d)", s.serves, span, max)
+				}
+				if max := int(span/cap.interval()) + 8; tc.capped && s.serves > max {
+					t.Errorf("%d servings in %v: want at most one per interval of the shares' limits (at most %d)", s.serves, span, max)
+				}
+				t.Logf("%d callers in %v: %d servings, %d script calls", total, span.Round(ms), s.serves, s.calls.Load())
+			})
+		})
+	}
+}
+
+// TestShareLimitErrors: a share limit needs a horizon, a valid limit, and
+// N within its burst.
+func TestShareLimitErrors(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		l := mustNew(t, rdb, Options{}, Rule{Name: "key", Algorithm: GCRA, Limit: PerSecond(50)})
+		ctx := context.Background()
+		req := AdmitRequest{Subject: "acct", N: 1, ID: "t1", Horizon: time.Second, Share: "a", ShareLimit: PerSecond(10).WithBurst(2)}
+		if _, err := l.Admit(ctx, req); err != nil {
+			t.Fatalf("a valid share limit: %v", err)
+		}
+		bad := req
+		bad.N = 3
+		if _, err := l.Admit(ctx, bad); !errors.Is(err, ErrExceedsCapacity) {
+			t.Errorf("N 3 over a share limit of burst 2: %v, want ErrExceedsCapacity", err)
+		}
+		bad = req
+		bad.Horizon = 0
+		if _, err := l.Admit(ctx, bad); err == nil || !strings.Contains(err.Error(), "needs a Horizon") {
+			t.Errorf("a share limit without a horizon: %v", err)
+		}
+		bad = req
+		bad.ShareLimit = Limit{Count: 10}
+		if _, err := l.Admit(ctx, bad); err == nil || !strings.Contains(err.Error(), "period") {
+			t.Errorf("a share limit without a period: %v", err)
 		}
 	})
 }

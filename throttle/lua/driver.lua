@@ -48,7 +48,10 @@
 --                   place; the same id otherwise
 --   ARGV[10 + 5r] -> the caller's share of the line (below), '' for none
 --   ARGV[11 + 5r] -> the share's weight, at least 1
---   ARGV[12 + 5r] ... -> members to redeem, in order: the caller's earlier
+--   ARGV[12 + 5r], ARGV[13 + 5r], ARGV[14 + 5r] -> the cap of each share
+--                   of the line (below): count (0: none), period
+--                   (microseconds) and burst
+--   ARGV[15 + 5r] ... -> members to redeem, in order: the caller's earlier
 --                   booking, a receipt made by prepay
 --   KEYS[r+4], KEYS[r+5], KEYS[r+6] -> the subject's line (below):
 --                   <prefix>{<subject>}:!line (a sorted set of the waiting
@@ -56,12 +59,19 @@
 --                   its n and waiter, one a line) and :!line:f (a hash:
 --                   's' .. share -> the place of the share's last member,
 --                   'v' -> the place of the last member served)
+--   KEYS[r+7] ... KEYS[r+10] -> with share caps: :!line:h (a sorted set:
+--                   the shares served, by the place of their first member),
+--                   :!line:q (the members by share, a sorted set ordered by
+--                   name: share, place, member), :!line:s (a sorted set: the
+--                   shares asleep, by the Redis time their cap admits them)
+--                   and :!line:c (a sorted set: each share's cap state, the
+--                   theoretical arrival time of the GCRA, µs of Redis time)
 --   ARGV[3] is how long the caller can wait where it is for a new turn
 --   (-1: no bound).
 -- refund only, after the rules: more reservations to give back in the same
 -- call, each as 1 + r values: its n, then its ticket for each rule
 -- The number of rules r is floor((#ARGV - 3) / 5), for refund (#KEYS - 1) / 2,
--- for admit #KEYS - 6.
+-- for admit #KEYS - 10.
 -- settle (KEYS[r+1]: the pause key; KEYS[r+1+i]: rule i's record of
 -- give-backs, <prefix>{<subject>}:<rule>!settled, bucket.lua) charges
 -- (ARGV[3] - ARGV[2]) more permits, or gives back that many if negative,
@@ -113,6 +123,13 @@
 -- nobody has served it for two horizons: field 't' of :!line:f, the Redis
 -- time of the last serving). A caller that comes back while still in line
 -- stays in its place (renamed to the booking id).
+-- Share caps (ARGV[12 + 5r] > 0): each share of the line is also limited
+-- by its own GCRA (count per period, burst), kept under the subject's hash
+-- tag: a per-tenant limit inside an API key's. A share whose cap admits its
+-- next member later than the rules would sleeps until then, and the other
+-- shares are served meanwhile; a caller whose cap holds it back when
+-- nobody waits starts the line, its share asleep. A caller with a cap
+-- takes a new turn only if its share's cap admits it by the rules' slot.
 -- admit with n = 0 and a horizon serves the line: from its head, each
 -- member's turn is taken and booked under it (as status 2 books) while
 -- the turn is within the horizon, at most 256 a call. It replies {2 (some
@@ -136,7 +153,7 @@ local op = ARGV[1]
 local n = tonumber(ARGV[2])
 local max_wait = tonumber(ARGV[3])
 local nrules = math.floor((#ARGV - 3) / 5)
-if op == 'admit' then nrules = #KEYS - 6 end
+if op == 'admit' then nrules = #KEYS - 10 end
 
 -- one_check and one_commit (a script of one algorithm) or checks and
 -- commits (by algorithm name) come from the use_*.lua file before this one.
@@ -229,35 +246,98 @@ if op == 'admit' then line_open = function(b, rkey, tkey, tol)
   local l = {key = KEYS[nrules + 4], ekey = KEYS[nrules + 5], fkey = KEYS[nrules + 6],
     horizon = tonumber(ARGV[b + 2])}
   local function fmt(x) return string.format('%.17g', x) end
+  -- The shares' caps (ARGV[b + 8] > 0, see above): cap interval ci (µs a
+  -- permit) and burst cb; hkey, qkey, skey and ckey hold the awake shares,
+  -- the members by share, the sleeping shares and the caps' states.
+  local ccount = tonumber(ARGV[b + 8])
+  if ccount > 0 then
+    l.hkey, l.qkey, l.skey, l.ckey = KEYS[nrules + 7], KEYS[nrules + 8], KEYS[nrules + 9], KEYS[nrules + 10]
+    l.ci, l.cb = tonumber(ARGV[b + 9]) / ccount, tonumber(ARGV[b + 10])
+  end
   -- keep makes the line's keys outlive the caller's fallback.
   local function keep(us)
     keep_ttl(l.key, us)
     keep_ttl(l.ekey, us)
     keep_ttl(l.fkey, us)
+    if l.ci then
+      keep_ttl(l.hkey, us)
+      keep_ttl(l.qkey, us)
+      keep_ttl(l.skey, us)
+    end
+  end
+  -- qpre is the prefix of share sh's entries in qkey (its length first, so
+  -- that no share's prefix starts another's); qentry is member's entry
+  -- there, ordered by its place.
+  local function qpre(sh) return string.format('%d:', #sh) .. sh .. '\0' end
+  local function qentry(sh, place, member) return qpre(sh) .. string.format('%024.6f', place) .. '\0' .. member end
+  -- qhead returns share sh's first member in line, its entry and place.
+  local function qhead(sh)
+    local p = qpre(sh)
+    local e = redis.call('ZRANGEBYLEX', l.qkey, '[' .. p, '(' .. p .. '\255', 'LIMIT', 0, 1)[1]
+    if not e then return nil end
+    return string.sub(e, #p + 26), e, tonumber(string.sub(e, #p + 1, #p + 24))
+  end
+  -- cap_delay is when share sh's cap admits m permits (µs from now).
+  local function cap_delay(sh, m)
+    if m > l.cb then return max_us end
+    local tat = tonumber(redis.call('ZSCORE', l.ckey, sh)) or 0
+    return math.max(0, tat + (m - l.cb) * l.ci - now)
+  end
+  -- cap_take charges share sh's cap m permits at the slot now + d.
+  local function cap_take(sh, m, d)
+    local tat = math.max(tonumber(redis.call('ZSCORE', l.ckey, sh)) or 0, now + d) + m * l.ci
+    redis.call('ZADD', l.ckey, fmt(tat), sh)
+    keep_ttl(l.ckey, tat - now)
+  end
+  -- sleep takes share sh off the served shares until the Redis time t.
+  local function sleep(sh, t)
+    redis.call('ZREM', l.hkey, sh)
+    redis.call('ZADD', l.skey, fmt(t), sh)
   end
   -- fallback is how long a caller with ahead members before it may wait
-  -- for its turn: twice its share of the line at the slowest rule's rate,
-  -- plus the horizon.
-  local function fallback(ahead, m)
+  -- for its turn: twice its share of the line at the slowest rule's rate
+  -- (or with caps, twice the members of its share ahead at the cap's
+  -- rate, if longer), plus the horizon.
+  local function fallback(ahead, m, sh)
     local slowest = 0
     for i = 1, nrules do
       local _, count, period = rule(i)
       if period / count > slowest then slowest = period / count end
     end
-    return math.ceil(math.min(l.horizon + 2 * (ahead + 1) * m * slowest, max_us / 4))
+    local w = 2 * (ahead + 1) * m * slowest
+    if l.ci and sh then
+      local p = qpre(sh)
+      local mine = redis.call('ZLEXCOUNT', l.qkey, '[' .. p, '(' .. p .. '\255')
+      w = math.max(w, 2 * mine * m * l.ci)
+    end
+    return math.ceil(math.min(l.horizon + w, max_us / 4))
+  end
+  -- enqueue puts member, at place, in share sh's queue, and the share among
+  -- the served ones if it is neither served nor asleep.
+  local function enqueue(sh, place, member)
+    redis.call('ZADD', l.qkey, 0, qentry(sh, place, member))
+    if not redis.call('ZSCORE', l.hkey, sh) and not redis.call('ZSCORE', l.skey, sh) then
+      redis.call('ZADD', l.hkey, fmt(place), sh)
+    end
   end
   -- join puts the caller, booking as ARGV[b], at the end of its share.
   -- serve is when the line should be served (µs from now), -1 if another
-  -- caller has seen to it.
-  function l.join(serve)
-    local share, weight = 's' .. ARGV[b + 6], tonumber(ARGV[b + 7])
+  -- caller has seen to it. asleep, if set, is when the caller's share's
+  -- cap admits it (µs from now): the share sleeps until then.
+  function l.join(serve, asleep)
+    local sh = ARGV[b + 6]
+    local share, weight = 's' .. sh, tonumber(ARGV[b + 7])
     local f = redis.call('HMGET', l.fkey, 'v', share)
     local place = math.max(tonumber(f[1]) or 0, tonumber(f[2]) or 0) + n / weight
     local ahead = redis.call('ZCARD', l.key)
     redis.call('ZADD', l.key, fmt(place), ARGV[b])
     redis.call('HSET', l.ekey, ARGV[b], string.format('%d', n) .. '\n' .. ARGV[b + 5])
     redis.call('HSET', l.fkey, share, fmt(place))
-    local back = fallback(ahead, n)
+    if l.ci then
+      enqueue(sh, place, ARGV[b])
+      if asleep then sleep(sh, now + asleep) end
+    end
+    local back = fallback(ahead, n, l.ci and sh)
     keep(back + l.horizon + tol)
     if serve ~= -1 and serve < 0 then serve = 0 end
     return {6, 1, ahead + 1, back, serve, now}
@@ -268,23 +348,29 @@ if op == 'admit' then line_open = function(b, rkey, tkey, tol)
   function l.stay(member, place)
     local e = redis.call('HGET', l.ekey, member) or ''
     local m = tonumber(string.match(e, '^(%d+)')) or n
+    local sh = ARGV[b + 6]
     if member ~= ARGV[b] then
       redis.call('ZREM', l.key, member)
       redis.call('HDEL', l.ekey, member)
       redis.call('ZADD', l.key, place, ARGV[b])
+      if l.ci then redis.call('ZREM', l.qkey, qentry(sh, tonumber(place), member)) end
     end
+    if l.ci then enqueue(sh, tonumber(place), ARGV[b]) end
     redis.call('HSET', l.ekey, ARGV[b], string.format('%d', m) .. '\n' .. ARGV[b + 5])
     local ahead = redis.call('ZCOUNT', l.key, '-inf', '(' .. place)
-    local back = fallback(ahead, m)
+    local back = fallback(ahead, m, l.ci and sh)
     keep(back + l.horizon + tol)
     local serve = -1
     if now - (tonumber(redis.call('HGET', l.fkey, 't')) or 0) > 2 * l.horizon then serve = 0 end
     return {6, 1, redis.call('ZCARD', l.key), back, serve, now}
   end
-  -- take books m permits under every rule if the turn is within the
-  -- horizon, and returns true, its delay and the tickets; else false and
-  -- the delay until it would be admitted.
-  local function take(m)
+  -- take books m permits under every rule (and share sh's cap, if given)
+  -- if the turn is within the horizon, and returns true, its delay and the
+  -- tickets; else false and the delay until the rules would admit it, and
+  -- with a cap that admits later than the rules, the cap's delay. With by,
+  -- a turn at or after the Redis time by is not taken: false, its delay,
+  -- nil, true.
+  local function take(m, sh, by)
     local delays, s1s, s2s, late = {}, {}, {}, -1
     for i = 1, nrules do
       local algo, count, period, extra = rule(i)
@@ -297,18 +383,31 @@ if op == 'admit' then line_open = function(b, rkey, tkey, tol)
     if late >= 0 then return false, late end
     local tks, delay = {}, 0
     for i = 1, nrules do
+      if delays[i] > delay then delay = delays[i] end
+    end
+    if by and now + delay >= by then return false, delay, nil, true end
+    if sh then
+      local dc = cap_delay(sh, m)
+      if dc > delay then return false, delay, dc end
+      cap_take(sh, m, delay)
+    end
+    for i = 1, nrules do
       local algo, count, period, extra = rule(i)
       tks[i] = (one_commit or commits[algo])(KEYS[i], count, period, extra, m, delays[i], s1s[i], s2s[i])
-      if delays[i] > delay then delay = delays[i] end
     end
     return true, math.ceil(delay), tks
   end
+  -- book records member's turn, taken with delay and tickets tks.
+  local function book(member, delay, tks)
+    local slot = now + delay
+    redis.call('ZADD', rkey, string.format('%d', slot), member)
+    keep_ttl(rkey, delay + tol)
+    keep_tickets(tkey, rkey, member, table.concat(tks, '\n') .. '\n' .. string.format('%d', now), delay + tol)
+    return slot
+  end
   -- serve books the turns of the line's head members that fall within the
   -- horizon, in order.
-  function l.serve()
-    local reply = {0, 1, 0, 0, 0, now}
-    for i = 1, nrules do reply[6 + i] = '' end
-    redis.call('HSET', l.fkey, 't', string.format('%d', now))
+  local function serve_plain(reply)
     local next_us = -1
     for _ = 1, 256 do
       local head = redis.call('ZRANGE', l.key, 0, 0, 'WITHSCORES')
@@ -327,13 +426,8 @@ if op == 'admit' then line_open = function(b, rkey, tkey, tol)
       redis.call('HDEL', l.ekey, member)
       redis.call('HSET', l.fkey, 'v', head[2])
       local slot = now
-      if ok then
-        -- Booked as a new turn past the caller's wait is (status 2).
-        slot = now + delay
-        redis.call('ZADD', rkey, string.format('%d', slot), member)
-        keep_ttl(rkey, delay + tol)
-        keep_tickets(tkey, rkey, member, table.concat(tks, '\n') .. '\n' .. string.format('%d', now), delay + tol)
-      end
+      -- Booked as a new turn past the caller's wait is (status 2).
+      if ok then slot = book(member, delay, tks) end
       -- A member that can never be admitted now (the rules changed under
       -- it) is woken with nothing booked: it asks again, and is told why.
       if waiter then
@@ -341,13 +435,127 @@ if op == 'admit' then line_open = function(b, rkey, tkey, tol)
         reply[#reply + 1] = string.format('%d', slot)
       end
     end
+    return next_us
+  end
+  -- serve_capped is serve_plain with the shares' caps: the head of the
+  -- line is the first member of the awake share (hkey) that came first; a
+  -- share whose cap admits its first member later than the rules would
+  -- sleeps (skey) until then, and the others are served meanwhile; shares
+  -- whose sleep ends by the slot at hand wake first.
+  local function serve_capped(reply)
+    local next_us = -1
+    redis.call('ZREMRANGEBYSCORE', l.ckey, '-inf', fmt(now))
+    local function first_asleep()
+      local s = redis.call('ZRANGE', l.skey, 0, 0, 'WITHSCORES')
+      return tonumber(s[2]) or max_us * 4
+    end
+    local function wake(upto)
+      for _, sh in ipairs(redis.call('ZRANGEBYSCORE', l.skey, '-inf', fmt(upto))) do
+        redis.call('ZREM', l.skey, sh)
+        local _, _, place = qhead(sh)
+        if place then redis.call('ZADD', l.hkey, fmt(place), sh) end
+      end
+      return first_asleep()
+    end
+    local asleep = wake(now)
+    local v = tonumber(redis.call('HGET', l.fkey, 'v')) or 0
+    for _ = 1, 256 do
+      local sh = redis.call('ZRANGE', l.hkey, 0, 0)[1]
+      if not sh then break end
+      local member, entry, place = qhead(sh)
+      local e = member and redis.call('HGET', l.ekey, member)
+      local m, waiter
+      if e then m, waiter = string.match(e, '^(%d+)\n(.*)$') end
+      m = tonumber(m)
+      if not member then
+        redis.call('ZREM', l.hkey, sh)
+      elseif not e then
+        -- Left the line another way (served while the caps were off).
+        redis.call('ZREM', l.qkey, entry)
+        local _, _, p = qhead(sh)
+        if p then redis.call('ZADD', l.hkey, fmt(p), sh) else redis.call('ZREM', l.hkey, sh) end
+      else
+        local ok, delay, tks, first = false, max_us, nil, nil
+        local dc
+        if m then ok, delay, dc, first = take(m, sh, asleep) end
+        if ok then tks, dc = dc, nil end
+        if not ok and m and delay < max_us / 2 and not dc and not first then
+          next_us = math.max(delay - l.horizon / 2, 0)
+          break
+        end
+        if first then
+          -- The shares asleep until this slot wake, and may go first.
+          asleep = wake(now + delay)
+        elseif dc and dc < max_us / 2 then
+          sleep(sh, now + dc)
+          if now + dc < asleep then asleep = now + dc end
+        else
+          redis.call('ZREM', l.key, member)
+          redis.call('HDEL', l.ekey, member)
+          redis.call('ZREM', l.qkey, entry)
+          if place > v then v = place end
+          local slot = now
+          if ok then slot = book(member, delay, tks) end
+          if waiter then
+            reply[#reply + 1] = waiter
+            reply[#reply + 1] = string.format('%d', slot)
+          end
+          local _, _, p = qhead(sh)
+          if p then redis.call('ZADD', l.hkey, fmt(p), sh) else redis.call('ZREM', l.hkey, sh) end
+        end
+      end
+    end
+    redis.call('HSET', l.fkey, 'v', fmt(v))
+    if next_us < 0 and redis.call('EXISTS', l.hkey) == 0 and asleep < max_us * 4 then
+      -- Every share asleep: served when the first wakes, not before, as
+      -- its turn cannot be booked ahead of the rules' without leaving them
+      -- a hole (its member's slot is then the serving's time).
+      next_us = math.max(asleep - now, 0)
+    end
+    return next_us
+  end
+  function l.serve()
+    local reply = {0, 1, 0, 0, 0, now}
+    for i = 1, nrules do reply[6 + i] = '' end
+    redis.call('HSET', l.fkey, 't', string.format('%d', now))
+    local next_us
+    if l.ci and (redis.call('EXISTS', l.hkey) == 1 or redis.call('EXISTS', l.skey) == 1) then
+      next_us = serve_capped(reply)
+    else
+      -- Without caps, or members who joined while there were none.
+      next_us = serve_plain(reply)
+    end
     local left = redis.call('ZCARD', l.key)
     if left == 0 then
       redis.call('DEL', l.ekey, l.fkey)
+      if l.ci then redis.call('DEL', l.hkey, l.qkey, l.skey) end
     else
       if next_us < 0 then next_us = 0 end
       reply[1], reply[3], reply[4] = 2, left, math.ceil(next_us)
     end
+    return reply
+  end
+  -- direct takes a new turn for a caller with a cap when nobody waits in
+  -- line: granted within the caller's wait, booked within the horizon,
+  -- else the caller starts the line, its share asleep if its cap is what
+  -- holds it back.
+  function l.direct()
+    local sh = ARGV[b + 6]
+    local ok, delay, x = take(n, sh)
+    if not ok then
+      if delay >= max_us / 2 or (x and x >= max_us / 2) then
+        return {0, 1, 0, math.ceil(math.min(x or delay, max_us)), 0, now}
+      end
+      if x then return l.join(x - l.horizon / 2, x) end
+      return l.join(delay - l.horizon / 2)
+    end
+    local wait = tonumber(ARGV[3])
+    if wait >= 0 and delay > wait then
+      book(ARGV[b], delay, x)
+      return {2, 1, 0, delay, 0, now}
+    end
+    local reply = {1, 1, 0, delay, 0, now}
+    for i = 1, nrules do reply[6 + i] = x[i] end
     return reply
   end
   return l
@@ -400,7 +608,7 @@ if op == 'admit' then
   local early = tonumber(ARGV[b + 3])
   line = not c and tonumber(ARGV[b + 2]) >= 0 and (booking ~= '' or n == 0) and line_open(b, rkey, tkey, tol)
   if line and n == 0 then return line.serve() end
-  for i = b + 8, #ARGV do
+  for i = b + 11, #ARGV do
     local slot = tonumber(redis.call('ZSCORE', rkey, ARGV[i]))
     if slot and slot < 0 and c and not cc.free(c) then
       local reply = wait_place()
@@ -445,13 +653,14 @@ if op == 'admit' then
   end
   -- None redeemed: their tickets, if any (stale, or dropped in a pause),
   -- go too.
-  if #ARGV >= b + 8 then redis.call('HDEL', tkey, unpack(ARGV, b + 8)) end
+  if #ARGV >= b + 11 then redis.call('HDEL', tkey, unpack(ARGV, b + 11)) end
   if line then
     -- A caller still in line keeps its place; one that comes while
     -- others wait joins them.
-    local place = ARGV[b + 8] and redis.call('ZSCORE', line.key, ARGV[b + 8])
-    if place then return line.stay(ARGV[b + 8], place) end
+    local place = ARGV[b + 11] and redis.call('ZSCORE', line.key, ARGV[b + 11])
+    if place then return line.stay(ARGV[b + 11], place) end
     if redis.call('EXISTS', line.key) == 1 then return line.join(-1) end
+    if line.ci and n > 0 then return line.direct() end
   end
   -- A new turn, booked as far as the horizon allows; without a booking id,
   -- only as far as the caller can wait.
