@@ -116,7 +116,19 @@ type Options struct {
 	// A limiter with a Concurrency rule has no line; its queue for places
 	// serves the same end.
 	Horizon time.Duration
+	// ShareLimit, if its Count is not zero, limits each Share of a
+	// subject's line on its own (throttle.AdmitRequest.ShareLimit): a
+	// per-tenant limit inside an API key's, decided in the same script. It
+	// needs the line (a Horizon not negative). A job handed a turn when
+	// every share waits for its own limit is handed it for the moment of
+	// the serving, so such a gate's Tolerance defaults to ShareTolerance
+	// instead of the limiter's, enough for the wake-up to bring it back.
+	ShareLimit throttle.Limit
 }
+
+// ShareTolerance is the default Options.Tolerance of a gate with a
+// ShareLimit: a wake-up's lead and a few ticks of the wake-up loop.
+const ShareTolerance = 500 * time.Millisecond
 
 // Gate admits jobs under one throttle.Limiter. It is safe for concurrent
 // use.
@@ -145,6 +157,14 @@ func New(lim *throttle.Limiter, opts Options) (*Gate, error) {
 		return nil, fmt.Errorf("admission: tolerance %v must not be negative", opts.Tolerance)
 	case opts.Horizon > maxHorizon:
 		return nil, fmt.Errorf("admission: horizon %v must be at most %v", opts.Horizon, maxHorizon)
+	}
+	if opts.ShareLimit != (throttle.Limit{}) {
+		if opts.Horizon < 0 {
+			return nil, errors.New("admission: a share limit needs the subject's line: horizon must not be negative")
+		}
+		if opts.Tolerance == 0 {
+			opts.Tolerance = ShareTolerance
+		}
 	}
 	if opts.Horizon == 0 {
 		opts.Horizon = DefaultHorizon
@@ -311,13 +331,14 @@ func (g *Gate) Admit(ctx context.Context, req Request) (Decision, error) {
 		early = min(early, left)
 	}
 	horizon := max(g.opts.Horizon, 0)
-	if req.BookAhead {
+	if req.BookAhead && g.opts.ShareLimit == (throttle.Limit{}) {
+		// (A share limit is kept in the line: such a gate always uses it.)
 		horizon = 0
 	}
 	a, err := g.lim.Admit(ctx, throttle.AdmitRequest{
 		Subject: req.Subject, N: cost, ID: req.ID, Receipt: req.Receipt, BookAs: req.BookAs, Waiter: req.Waiter, WaitAs: req.WaitAs,
 		Wait: wait, EarlyWait: max(early, time.Microsecond), Tolerance: g.opts.Tolerance,
-		Horizon: horizon, Share: req.Share, Weight: req.Weight,
+		Horizon: horizon, Share: req.Share, Weight: req.Weight, ShareLimit: g.opts.ShareLimit,
 	})
 	if err != nil {
 		return Decision{}, err
@@ -373,7 +394,7 @@ func (g *Gate) Serve(ctx context.Context, subject string) (Served, error) {
 	if g.opts.Horizon < 0 {
 		return Served{}, nil
 	}
-	a, err := g.lim.Admit(ctx, throttle.AdmitRequest{Subject: subject, Horizon: g.opts.Horizon})
+	a, err := g.lim.Admit(ctx, throttle.AdmitRequest{Subject: subject, Horizon: g.opts.Horizon, ShareLimit: g.opts.ShareLimit})
 	if err != nil {
 		return Served{}, err
 	}

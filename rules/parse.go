@@ -20,7 +20,7 @@ const maxWaitSlots = 10000
 // The fields each mapping of a rules file may have.
 var (
 	fileFields  = []string{"prefix", "fail_open", "budgets", "rules", handlersField}
-	ruleFields  = []string{"name", "tasks", "subject", "algorithm", "limit", "period", "burst", "precision", "lease", "max_wait", "wait_slots", "cost", "budget", "limits", "horizon", "fair_by", "weights"}
+	ruleFields  = []string{"name", "tasks", "subject", "algorithm", "limit", "period", "burst", "precision", "lease", "max_wait", "wait_slots", "cost", "budget", "limits", "horizon", "fair_by", "weights", "share_limit"}
 	limitFields = []string{"name", "algorithm", "limit", "period", "burst", "precision", "lease", "budget"}
 	// limitOnly are the rule fields that describe a single limit, which a
 	// policy (limits) puts in each of its limits instead.
@@ -147,6 +147,11 @@ func (p *parser) ruleConfig(n *yaml.Node, i int, names map[string]int, owner map
 			return r, err
 		}
 	}
+	if sn := fields["share_limit"]; sn != nil {
+		if r.ShareLimit, err = p.shareLimit(sn, fields["fair_by"] != nil); err != nil {
+			return r, err
+		}
+	}
 
 	limits := fields["limits"]
 	if bn := fields["budget"]; bn != nil {
@@ -160,7 +165,7 @@ func (p *parser) ruleConfig(n *yaml.Node, i int, names map[string]int, owner map
 			return r, err
 		}
 		r.Limits = []throttle.Rule{b}
-		return r, p.checkCost(costNode, r)
+		return r, p.checkCost(costNode, fields["share_limit"], r)
 	}
 	if limits == nil {
 		l, err := p.limit(n, fields, "", r.Name)
@@ -168,7 +173,7 @@ func (p *parser) ruleConfig(n *yaml.Node, i int, names map[string]int, owner map
 			return r, err
 		}
 		r.Limits = []throttle.Rule{l}
-		return r, p.checkCost(costNode, r)
+		return r, p.checkCost(costNode, fields["share_limit"], r)
 	}
 	for _, f := range limitOnly {
 		if v := fields[f]; v != nil {
@@ -215,7 +220,7 @@ func (p *parser) ruleConfig(n *yaml.Node, i int, names map[string]int, owner map
 	if conc := slices.IndexFunc(r.Limits, isConcurrency); conc >= 0 && slices.ContainsFunc(r.Limits[conc+1:], isConcurrency) {
 		return r, p.Failf(limits, "limits", "a policy has at most one concurrency limit")
 	}
-	return r, p.checkCost(costNode, r)
+	return r, p.checkCost(costNode, fields["share_limit"], r)
 }
 
 func isConcurrency(r throttle.Rule) bool { return r.Algorithm == throttle.Concurrency }
@@ -247,6 +252,37 @@ func (p *parser) tasks(rule, n *yaml.Node, owner map[string]string) ([]string, e
 		tasks = append(tasks, t)
 	}
 	return tasks, nil
+}
+
+// shareLimit reads a rule's share_limit: limit per period, and a burst
+// (limit if absent), a leaky bucket for each share of fair_by.
+func (p *parser) shareLimit(n *yaml.Node, fair bool) (throttle.Limit, error) {
+	var l throttle.Limit
+	if !fair {
+		return l, p.Failf(n, "share_limit", "limits each share of fair_by; set fair_by too")
+	}
+	fields, err := p.Mapping(n, "share_limit", "a share limit", []string{"limit", "period", "burst"})
+	if err != nil {
+		return l, err
+	}
+	for _, f := range []string{"limit", "period"} {
+		if fields[f] == nil {
+			return l, p.Failf(n, "share_limit."+f, "missing; share_limit is a rate, such as {limit: 10, period: 1s}")
+		}
+	}
+	if l.Count, err = p.Int(fields["limit"], "share_limit.limit", 1, 1<<40); err != nil {
+		return l, err
+	}
+	if l.Period, err = p.duration(fields["period"], "share_limit.period", time.Microsecond, maxDuration); err != nil {
+		return l, err
+	}
+	l.Burst = l.Count
+	if bn := fields["burst"]; bn != nil {
+		if l.Burst, err = p.Int(bn, "share_limit.burst", 1, 1<<40); err != nil {
+			return l, err
+		}
+	}
+	return l, nil
 }
 
 // weights reads a rule's weights: share -> 1 to 1000.
@@ -379,11 +415,18 @@ func (p *parser) concurrency(n *yaml.Node, fields map[string]*yaml.Node, path st
 	return p.validate(n, fields, path, r)
 }
 
-// checkCost refuses a fixed cost that a limit of r can never admit at
-// once (its burst, or a window's limit).
-func (p *parser) checkCost(n *yaml.Node, r RuleConfig) error {
+// checkCost refuses a fixed cost that a limit of r (or its share limit,
+// set at sn) can never admit at once (its burst, or a window's limit), and
+// a share limit beside a concurrency limit.
+func (p *parser) checkCost(n, sn *yaml.Node, r RuleConfig) error {
+	if sl := r.ShareLimit; sl.Count > 0 && r.Cost.Permits > sl.Burst {
+		return p.Failf(n, "cost", "%d permits per task, but share_limit admits at most %d at once; raise its burst or lower the cost", r.Cost.Permits, sl.Burst)
+	}
 	for _, l := range r.Limits {
 		if l.Algorithm == throttle.Concurrency {
+			if sn != nil {
+				return p.Failf(sn, "share_limit", "cannot limit the shares of concurrency limit %q: it has no line to keep them in", l.Name)
+			}
 			continue // a task takes one place, whatever its cost
 		}
 		capacity := l.Limit.Count

@@ -90,7 +90,11 @@ type RuleConfig struct {
 	// weighed by Weights (share -> 1 to 1000; 1 if absent).
 	FairBy  SubjectConfig
 	Weights map[string]int
-	Line    int // where the rule starts in the file
+	// ShareLimit, if its Count is not zero, limits each share of FairBy
+	// on its own, a leaky bucket (worker.TaskRule.ShareLimit): a
+	// per-tenant limit inside one API key's.
+	ShareLimit throttle.Limit
+	Line       int // where the rule starts in the file
 }
 
 // SubjectConfig says where a rule's subject comes from: exactly one field

@@ -90,6 +90,15 @@ type TaskRule struct {
 	// Weights weigh FairBy's shares: a share of weight 3 gets three turns
 	// for one of a share of weight 1 (the default). From 1 to 1000.
 	Weights map[string]int
+	// ShareLimit, if its Count is not zero, also limits each of FairBy's
+	// shares on its own, as a leaky bucket (GCRA): an API key's 100/s
+	// and each tenant's 10/s of it, decided at once, in one script
+	// (throttle.AdmitRequest.ShareLimit). A tenant its own limit holds
+	// back waits in the line while the others are served. The limit is
+	// kept under the subject's hash tag: it counts the tasks of this
+	// rule's subject only. Needs FairBy and a *throttle.Limiter without a
+	// concurrency rule; a zero Burst is Count.
+	ShareLimit throttle.Limit
 }
 
 // DefaultRedisRetryDelay is how long a task is deferred when its limiter
@@ -261,6 +270,10 @@ func (m *Middleware) newTable(rules []TaskRule) (*ruleTable, error) {
 			return nil, bad("wait_slots", fmt.Sprintf("%d must not be negative", r.WaitSlots))
 		case r.FairBy != nil && m.wakeups == nil:
 			return nil, bad("fair_by", "needs Options.Asynq: the wake-up loop serves the subject's line")
+		case r.ShareLimit != (throttle.Limit{}) && r.FairBy == nil:
+			return nil, bad("share_limit", "limits each share of fair_by; set fair_by too")
+		case r.ShareLimit != (throttle.Limit{}) && (r.ShareLimit.Count < 1 || r.ShareLimit.Period <= 0 || r.ShareLimit.Burst < 0):
+			return nil, bad("share_limit", fmt.Sprintf("%+v: count and period must be positive, burst not negative", r.ShareLimit))
 		}
 		for share, w := range r.Weights {
 			if w < 1 || w > 1000 {
@@ -271,7 +284,7 @@ func (m *Middleware) newTable(rules []TaskRule) (*ruleTable, error) {
 		t.byName[r.Name] = rule
 		rule.Tasks = append([]string(nil), r.Tasks...)
 		if lim, ok := r.Limiter.(*throttle.Limiter); ok {
-			gateOpts := admission.Options{MaxWait: r.MaxWait, WaitSlots: r.WaitSlots, Shared: m.shared, Horizon: r.Horizon}
+			gateOpts := admission.Options{MaxWait: r.MaxWait, WaitSlots: r.WaitSlots, Shared: m.shared, Horizon: r.Horizon, ShareLimit: r.ShareLimit}
 			if m.wakeups == nil {
 				// Parked tasks come back in whole seconds, up to a second
 				// early (see parkAt): let them wait that out in place.
@@ -283,9 +296,14 @@ func (m *Middleware) newTable(rules []TaskRule) (*ruleTable, error) {
 				return nil, bad("limiter", err.Error())
 			}
 			rule.leased = hasConcurrency(lim)
+			if rule.leased && r.ShareLimit != (throttle.Limit{}) {
+				return nil, bad("share_limit", "cannot limit the shares of a concurrency limit: it has no line")
+			}
 			if rule.leased && r.FairBy != nil {
 				return nil, bad("fair_by", "cannot share a concurrency limit: its queue for places is first come, first served")
 			}
+		} else if r.ShareLimit != (throttle.Limit{}) {
+			return nil, bad("share_limit", "needs a *throttle.Limiter: it is kept in the subject's line")
 		}
 		for _, p := range rule.Tasks {
 			if err := taskroute.CheckPattern(p); err != nil {
