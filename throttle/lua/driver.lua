@@ -313,12 +313,16 @@ if op == 'admit' then line_open = function(b, rkey, tkey, tol)
     return math.ceil(math.min(l.horizon + w, max_us / 4))
   end
   -- enqueue puts member, at place, in share sh's queue, and the share among
-  -- the served ones if it is neither served nor asleep.
+  -- the served ones if it is neither served nor asleep; it returns true if
+  -- that share is the only one served (every other asleep, or none).
   local function enqueue(sh, place, member)
     redis.call('ZADD', l.qkey, 0, qentry(sh, place, member))
     if not redis.call('ZSCORE', l.hkey, sh) and not redis.call('ZSCORE', l.skey, sh) then
+      local alone = redis.call('EXISTS', l.hkey) == 0
       redis.call('ZADD', l.hkey, fmt(place), sh)
+      return alone
     end
+    return false
   end
   -- join puts the caller, booking as ARGV[b], at the end of its share.
   -- serve is when the line should be served (µs from now), -1 if another
@@ -334,7 +338,9 @@ if op == 'admit' then line_open = function(b, rkey, tkey, tol)
     redis.call('HSET', l.ekey, ARGV[b], string.format('%d', n) .. '\n' .. ARGV[b + 5])
     redis.call('HSET', l.fkey, share, fmt(place))
     if l.ci then
-      enqueue(sh, place, ARGV[b])
+      -- A share that wakes a line whose shares all sleep (served only when
+      -- the first wakes) has it served now.
+      if enqueue(sh, place, ARGV[b]) and serve == -1 then serve = 0 end
       if asleep then sleep(sh, now + asleep) end
     end
     local back = fallback(ahead, n, l.ci and sh)
@@ -546,7 +552,9 @@ if op == 'admit' then line_open = function(b, rkey, tkey, tol)
       if delay >= max_us / 2 or (x and x >= max_us / 2) then
         return {0, 1, 0, math.ceil(math.min(x or delay, max_us)), 0, now}
       end
-      if x then return l.join(x - l.horizon / 2, x) end
+      -- Its own share's limit holds it back: served when that admits it
+      -- (not before: see serve_capped).
+      if x then return l.join(x, x) end
       return l.join(delay - l.horizon / 2)
     end
     local wait = tonumber(ARGV[3])
