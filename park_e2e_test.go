@@ -631,3 +631,113 @@ rules:
 		t.Logf("%s: %d turns, %.2f/s and at most %d in a second from one second after the change", p.name, len(all), rateOf(settled), redistest.MaxInWindow(settled, time.Second))
 	}
 }
+
+// TestParkShareLimits: one API key at 50/s shared by tenants (fair_by),
+// each tenant also limited to 20/s of it (share_limit), three workers.
+// Tenants A and B queue 200 tasks each at once: each runs at its own
+// 20/s, not held to the key's fair half nor let past its limit; tenant C
+// comes 3s later with 40 tasks: it starts within 2s, and the three share
+// the key. On the Redis clock no tenant passes 20/s and the key never
+// passes 50/s in any second; every task runs once; the limiter calls stay
+// a few per task.
+func TestParkShareLimits(t *testing.T) {
+	t.Parallel()
+	f := newParkFleet(t)
+	cfg, err := rules.Parse("rules.yaml", fmt.Appendf(nil, `prefix: %q
+rules:
+  - name: api
+    tasks: ["job:*"]
+    subject: {fixed: key-1}
+    fair_by: {payload_field: tenant}
+    share_limit: {limit: 20, period: 1s, burst: 1}
+    algorithm: gcra
+    limit: 50
+    period: 1s
+    burst: 1
+`, f.prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		rdb := f.proc.Client(t)
+		limRDB := f.proc.Client(t)
+		f.calls.Count(limRDB)
+		mw, err := worker.FromRules(cfg, limRDB, worker.Options{Asynq: rdb, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.serve(rdb, 20, mw)
+	}
+	start := time.Now()
+	f.enqueue("A", 200)
+	f.enqueue("B", 200)
+	time.Sleep(time.Until(start.Add(3 * time.Second)))
+	joined := time.Now()
+	f.enqueue("C", 40)
+	var starts []taskStart
+	for end := time.Now().Add(90 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		f.mu.Lock()
+		starts = slices.Clone(f.starts)
+		errs := slices.Clone(f.errs)
+		f.mu.Unlock()
+		if len(errs) > 0 {
+			t.Fatalf("handler errors: %v", errs)
+		}
+		if len(starts) >= 440 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("%d of 440 tasks ran within 90s", len(starts))
+		}
+	}
+	time.Sleep(300 * time.Millisecond) // a second run of any task would show
+	f.mu.Lock()
+	starts = slices.Clone(f.starts)
+	f.mu.Unlock()
+	seen := map[string]bool{}
+	var all []time.Time
+	turns := map[string][]time.Time{}
+	first := map[string]time.Time{}
+	for _, s := range starts {
+		if seen[s.id] {
+			t.Errorf("task %s ran twice", s.id)
+		}
+		seen[s.id] = true
+		all = append(all, s.wait.Turn)
+		turns[s.tenant] = append(turns[s.tenant], s.wait.Turn)
+		if first[s.tenant].IsZero() || s.at.Before(first[s.tenant]) {
+			first[s.tenant] = s.at
+		}
+	}
+	if len(starts) != 440 {
+		t.Errorf("%d starts for 440 tasks", len(starts))
+	}
+	if most := redistest.MaxInWindow(all, time.Second); most > 51 {
+		t.Errorf("%d turns of the key in one second on the Redis clock, want at most 51", most)
+	}
+	for who, ts := range turns {
+		if most := redistest.MaxInWindow(ts, time.Second); most > 21 {
+			t.Errorf("tenant %s: %d turns in one second on the Redis clock, its limit is 20 (+1)", who, most)
+		}
+	}
+	// A and B alone (from 1s to 3s): each near its own 20/s.
+	for _, who := range []string{"A", "B"} {
+		n := 0
+		for _, s := range starts {
+			if s.tenant == who && s.at.After(start.Add(time.Second)) && s.at.Before(joined) {
+				n++
+			}
+		}
+		if r := float64(n) / joined.Sub(start.Add(time.Second)).Seconds(); r < 15 {
+			t.Errorf("tenant %s ran at %.1f/s before C came, want near its limit of 20/s", who, r)
+		}
+	}
+	if wait := first["C"].Sub(joined); wait > 2*time.Second {
+		t.Errorf("tenant C started %v after it was enqueued, want within 2s", wait)
+	}
+	perTask := float64(f.calls.Load()) / float64(len(starts))
+	if perTask > 4 {
+		t.Errorf("%.2f limiter calls per task, want at most 4", perTask)
+	}
+	t.Logf("440 tasks in %v; C's first after %v; %.2f limiter calls per task", time.Since(start).Round(time.Millisecond), first["C"].Sub(joined).Round(time.Millisecond), perTask)
+}

@@ -119,16 +119,9 @@ type Options struct {
 	// ShareLimit, if its Count is not zero, limits each Share of a
 	// subject's line on its own (throttle.AdmitRequest.ShareLimit): a
 	// per-tenant limit inside an API key's, decided in the same script. It
-	// needs the line (a Horizon not negative). A job handed a turn when
-	// every share waits for its own limit is handed it for the moment of
-	// the serving, so such a gate's Tolerance defaults to ShareTolerance
-	// instead of the limiter's, enough for the wake-up to bring it back.
+	// needs the line (a Horizon not negative).
 	ShareLimit throttle.Limit
 }
-
-// ShareTolerance is the default Options.Tolerance of a gate with a
-// ShareLimit: a wake-up's lead and a few ticks of the wake-up loop.
-const ShareTolerance = 500 * time.Millisecond
 
 // Gate admits jobs under one throttle.Limiter. It is safe for concurrent
 // use.
@@ -158,13 +151,8 @@ func New(lim *throttle.Limiter, opts Options) (*Gate, error) {
 	case opts.Horizon > maxHorizon:
 		return nil, fmt.Errorf("admission: horizon %v must be at most %v", opts.Horizon, maxHorizon)
 	}
-	if opts.ShareLimit != (throttle.Limit{}) {
-		if opts.Horizon < 0 {
-			return nil, errors.New("admission: a share limit needs the subject's line: horizon must not be negative")
-		}
-		if opts.Tolerance == 0 {
-			opts.Tolerance = ShareTolerance
-		}
+	if opts.ShareLimit != (throttle.Limit{}) && opts.Horizon < 0 {
+		return nil, errors.New("admission: a share limit needs the subject's line: horizon must not be negative")
 	}
 	if opts.Horizon == 0 {
 		opts.Horizon = DefaultHorizon

@@ -74,13 +74,14 @@ type AdmitRequest struct {
 	// the line of its own, a leaky bucket (GCRA) kept under the subject's
 	// hash tag: a per-tenant limit inside one API key's. A caller is
 	// admitted only when both the limiter's rules and its share's limit
-	// admit it; a share its limit holds back waits in the line (even when
-	// the rules have room) while the other shares are served. So it is one
-	// decision, atomic, over two subjects, and a share that its own limit
-	// holds back never leaves a hole in the subject's turns. Every caller
+	// admit it, in one script. A share its own limit holds back waits in
+	// the line, charged nothing, while the other shares are served; when
+	// no other share waits, its turn is booked ahead for the moment its
+	// limit admits it (within the Horizon), so the rules' turns before it
+	// go unused only if nobody wanted them when it was booked. Every caller
 	// and every serving of one subject's line should pass the same
-	// ShareLimit; it needs a Horizon, and N at most its Burst (zero
-	// Burst is Count).
+	// ShareLimit; it needs a Horizon, rules of the bucket algorithms
+	// (GCRA, TokenBucket), and N at most its Burst (zero Burst is Count).
 	ShareLimit Limit
 	// Waiter identifies the caller under the limiter's Concurrency rule,
 	// as the holder of a place or in the queue for one, across its
@@ -219,7 +220,7 @@ func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error
 	}
 	capped := req.ShareLimit != Limit{}
 	if capped {
-		if err := checkShareLimit(&req, horizon); err != nil {
+		if err := l.checkShareLimit(&req, horizon); err != nil {
 			return Admission{}, err
 		}
 	}
@@ -352,8 +353,15 @@ func (p *policy) lineKeys(subject string) []string {
 }
 
 // checkShareLimit checks req.ShareLimit (set), giving a zero Burst the
-// Count.
-func checkShareLimit(req *AdmitRequest, horizon int64) error {
+// Count. Every rule must be a bucket: a turn of a share its own limit
+// holds back is booked ahead for when that limit admits it (driver.lua,
+// take), which a bucket's state, a time, can record for any moment.
+func (l *Limiter) checkShareLimit(req *AdmitRequest, horizon int64) error {
+	for _, r := range l.rules {
+		if !r.Algorithm.bucket() {
+			return fmt.Errorf("throttle: admit: a share limit needs rules of the bucket algorithms (gcra, token_bucket), which can book a turn for any moment; rule %q is %s", r.Name, r.Algorithm)
+		}
+	}
 	sl := &req.ShareLimit
 	if sl.Burst == 0 {
 		sl.Burst = sl.Count

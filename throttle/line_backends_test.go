@@ -89,14 +89,16 @@ func TestBackendsLine(t *testing.T) {
 
 // TestBackendsShareLimit runs a line with a limit per share
 // (AdmitRequest.ShareLimit) on every backend, with intervals of minutes so
-// that nothing moves while it runs: the key admits one turn per 10 minutes,
-// each share one per hour. A's first caller is granted; its second, held
-// back by A's own limit while the key has room, starts the line with A
-// asleep, and the line is served when A's limit admits it; B, arriving
-// then, wakes the line for a serving now, which books B's turn 10 minutes
-// ahead and leaves A asleep; with every share asleep, no serving books
-// ahead of the sleep. On a cluster, the share limits live in the
-// subject's slot.
+// that nothing moves while it runs: the key admits one turn per 10
+// minutes, each share one per hour, the horizon is 30 minutes. A's first
+// caller is granted; its second, held back by A's own limit past the
+// horizon while the key has room, starts the line with A asleep; B,
+// arriving then, wakes the line for a serving now, which books B's turn
+// after a1's and leaves A asleep; once every share sleeps, a serving
+// within A's hour books a2 ahead, at that hour. With nobody in line, a
+// caller whose own limit admits it later than the key does is booked
+// ahead for that moment. On a cluster, everything lives in the subject's
+// slot.
 func TestBackendsShareLimit(t *testing.T) {
 	for _, b := range redistest.Backends(t) {
 		t.Run(b.Name, func(t *testing.T) {
@@ -107,9 +109,9 @@ func TestBackendsShareLimit(t *testing.T) {
 				t.Fatal(err)
 			}
 			perShare := throttle.Limit{Count: 1, Period: time.Hour, Burst: 1}
-			admit := func(id, share string) throttle.Admission {
+			admit := func(id, share string, horizon time.Duration) throttle.Admission {
 				t.Helper()
-				a, err := l.Admit(ctx, throttle.AdmitRequest{Subject: "key", N: 1, ID: id, Horizon: 30 * time.Minute, Share: share, ShareLimit: perShare, Tolerance: time.Minute})
+				a, err := l.Admit(ctx, throttle.AdmitRequest{Subject: "key", N: 1, ID: id, Horizon: horizon, Share: share, ShareLimit: perShare, Tolerance: time.Minute})
 				if err != nil {
 					t.Fatalf("Admit %s: %v", id, err)
 				}
@@ -124,34 +126,43 @@ func TestBackendsShareLimit(t *testing.T) {
 				return s
 			}
 			near := func(d, want time.Duration) bool { return d > want-time.Minute && d < want+time.Minute }
-			if a := admit("a1", "A"); a.Status != throttle.Granted {
+			const h = 30 * time.Minute
+			if a := admit("a1", "A", h); a.Status != throttle.Granted {
 				t.Fatalf("a1: %+v; want granted", a)
 			}
-			a2 := admit("a2", "A")
-			if !a2.InLine || a2.Serve.IsZero() || !near(time.Until(a2.Serve), time.Hour) {
-				t.Fatalf("a2: %+v; want in line, A asleep, the line served when A's limit admits it (in 1h)", a2)
+			a2 := admit("a2", "A", h)
+			if !a2.InLine || a2.Serve.IsZero() || !near(time.Until(a2.Serve), 45*time.Minute) {
+				t.Fatalf("a2: %+v; want in line, A asleep until its hour, the line served half a horizon before", a2)
 			}
-			b1 := admit("b1", "B")
+			b1 := admit("b1", "B", h)
 			if !b1.InLine || b1.Serve.IsZero() || time.Until(b1.Serve) > time.Minute {
 				t.Fatalf("b1: %+v; want in line, the line served now (B is awake)", b1)
 			}
-			s := serve(30 * time.Minute)
+			s := serve(h)
 			if len(s.Handed) != 1 || !near(time.Until(s.Handed["b1"]), 10*time.Minute) {
 				t.Fatalf("serving: handed %v; want b1 alone, in 10m (after a1's turn)", s.Handed)
 			}
-			if s.Status != throttle.Booked || !near(time.Until(s.Serve), time.Hour) {
-				t.Fatalf("serving: %+v; want a2 still in line, the next serving when A's limit admits it (1h)", s)
+			if s.Status != throttle.Booked || !near(time.Until(s.Serve), 45*time.Minute) {
+				t.Fatalf("serving: %+v; want a2 still in line, the next serving half a horizon before A's hour", s)
 			}
-			// With every share asleep, even a serving two hours ahead books
-			// nothing: a2's turn cannot be booked ahead of the key's without
-			// leaving the key a hole, so it waits for A's hour.
+			// Every share asleep, A's hour within the horizon: a2 is booked
+			// ahead, at that hour (the key's turns before it wait for nobody).
 			s = serve(2 * time.Hour)
-			if len(s.Handed) != 0 || s.Status != throttle.Booked || !near(time.Until(s.Serve), time.Hour) {
-				t.Fatalf("serving within 2h: %+v; want nothing handed, the next serving at A's hour", s)
+			if len(s.Handed) != 1 || !near(time.Until(s.Handed["a2"]), time.Hour) || s.Status != throttle.Denied {
+				t.Fatalf("serving within 2h: %+v; want a2 handed in 1h, the line empty", s)
 			}
 			// Each turn is booked under its ID: back early, held.
-			if a := admit("b1", "B"); a.Status != throttle.Held {
+			if a := admit("b1", "B", h); a.Status != throttle.Held {
 				t.Errorf("b1 back: %+v; want its booking held", a)
+			}
+			// Nobody in line: c1 takes the key's next turn (after a2's, at
+			// 70m); c2, whose share admits it only at 130m, is booked ahead
+			// for then, within a 3h horizon, without joining a line.
+			if a := admit("c1", "C", 3*time.Hour); a.Status != throttle.Booked || a.InLine || !near(a.Delay, 70*time.Minute) {
+				t.Fatalf("c1: %+v; want booked in 70m", a)
+			}
+			if a := admit("c2", "C", 3*time.Hour); a.Status != throttle.Booked || a.InLine || !near(a.Delay, 130*time.Minute) {
+				t.Fatalf("c2: %+v; want booked in 130m, when C's own limit admits it", a)
 			}
 		})
 	}

@@ -127,9 +127,10 @@
 -- by its own GCRA (count per period, burst), kept under the subject's hash
 -- tag: a per-tenant limit inside an API key's. A share whose cap admits its
 -- next member later than the rules would sleeps until then, and the other
--- shares are served meanwhile; a caller whose cap holds it back when
--- nobody waits starts the line, its share asleep. A caller with a cap
--- takes a new turn only if its share's cap admits it by the rules' slot.
+-- shares are served meanwhile. When nobody else waits (every share asleep,
+-- or no line), the turn is booked ahead, for when the cap admits it, if
+-- that is within the horizon (take, with at; the rules are buckets); else
+-- the caller starts the line, its share asleep.
 -- admit with n = 0 and a horizon serves the line: from its head, each
 -- member's turn is taken and booked under it (as status 2 books) while
 -- the turn is within the horizon, at most 256 a call. It replies {2 (some
@@ -376,7 +377,7 @@ if op == 'admit' then line_open = function(b, rkey, tkey, tol)
   -- with a cap that admits later than the rules, the cap's delay. With by,
   -- a turn at or after the Redis time by is not taken: false, its delay,
   -- nil, true.
-  local function take(m, sh, by)
+  local function take_now(m, sh, by)
     local delays, s1s, s2s, late = {}, {}, {}, -1
     for i = 1, nrules do
       local algo, count, period, extra = rule(i)
@@ -402,6 +403,32 @@ if op == 'admit' then line_open = function(b, rkey, tkey, tol)
       tks[i] = (one_commit or commits[algo])(KEYS[i], count, period, extra, m, delays[i], s1s[i], s2s[i])
     end
     return true, math.ceil(delay), tks
+  end
+  -- take is take_now, or with at (µs), take_now as if called at now + at:
+  -- a turn booked ahead at that moment, which may leave the rules' turns
+  -- before it unused. It is asked only where no one waits for those turns
+  -- (nobody in line, or every share asleep), for a share whose own limit
+  -- admits it at now + at, and only of the bucket algorithms (every rule
+  -- of a limiter with share limits is one, throttle/admit.go), whose state
+  -- is a time and books any moment. Delays are from the real now.
+  local function take(m, sh, by, at)
+    if not at or at <= 0 then return take_now(m, sh, by) end
+    local real = now
+    now = now + at
+    local ok, delay, x, first = take_now(m, sh, by)
+    now = real
+    delay = delay + at
+    if ok then
+      -- bucket.lua set the keys' TTLs from the shifted now: at too short.
+      for i = 1, nrules do
+        local pt = redis.call('PTTL', KEYS[i])
+        if pt > 0 then redis.call('PEXPIRE', KEYS[i], pt + math.ceil(at / 1000)) end
+      end
+      keep_ttl(l.ckey, (tonumber(redis.call('ZSCORE', l.ckey, sh)) or now) - now)
+    elseif type(x) == 'number' then
+      x = x + at
+    end
+    return ok, delay, x, first
   end
   -- book records member's turn, taken with delay and tickets tks.
   local function book(member, delay, tks)
@@ -465,8 +492,22 @@ if op == 'admit' then line_open = function(b, rkey, tkey, tol)
     end
     local asleep = wake(now)
     local v = tonumber(redis.call('HGET', l.fkey, 'v')) or 0
+    -- ahead: the share woken ahead of its sleep's end (every share was
+    -- asleep) and when it ends, µs from now.
+    local ahead, ahead_at
     for _ = 1, 256 do
       local sh = redis.call('ZRANGE', l.hkey, 0, 0)[1]
+      if not sh and asleep - now <= l.horizon then
+        -- Every share asleep, the first within the horizon: nobody waits
+        -- for the rules' turns before its sleep ends, so its turn is
+        -- booked ahead, for when its own limit admits it.
+        ahead, ahead_at = redis.call('ZRANGE', l.skey, 0, 0)[1], asleep - now
+        redis.call('ZREM', l.skey, ahead)
+        local _, _, p = qhead(ahead)
+        if p then redis.call('ZADD', l.hkey, fmt(p), ahead) end
+        asleep = first_asleep()
+        sh = p and ahead
+      end
       if not sh then break end
       local member, entry, place = qhead(sh)
       local e = member and redis.call('HGET', l.ekey, member)
@@ -483,7 +524,10 @@ if op == 'admit' then line_open = function(b, rkey, tkey, tol)
       else
         local ok, delay, tks, first = false, max_us, nil, nil
         local dc
-        if m then ok, delay, dc, first = take(m, sh, asleep) end
+        -- The share woken ahead is the first asleep: nobody goes first.
+        local at, by = nil, asleep
+        if sh == ahead then at, by, ahead = ahead_at, nil, nil end
+        if m then ok, delay, dc, first = take(m, sh, by, at) end
         if ok then tks, dc = dc, nil end
         if not ok and m and delay < max_us / 2 and not dc and not first then
           next_us = math.max(delay - l.horizon / 2, 0)
@@ -513,10 +557,9 @@ if op == 'admit' then line_open = function(b, rkey, tkey, tol)
     end
     redis.call('HSET', l.fkey, 'v', fmt(v))
     if next_us < 0 and redis.call('EXISTS', l.hkey) == 0 and asleep < max_us * 4 then
-      -- Every share asleep: served when the first wakes, not before, as
-      -- its turn cannot be booked ahead of the rules' without leaving them
-      -- a hole (its member's slot is then the serving's time).
-      next_us = math.max(asleep - now, 0)
+      -- Every share asleep past the horizon: served when the first comes
+      -- within half of it.
+      next_us = math.max(asleep - now - l.horizon / 2, 0)
     end
     return next_us
   end
@@ -552,10 +595,13 @@ if op == 'admit' then line_open = function(b, rkey, tkey, tol)
       if delay >= max_us / 2 or (x and x >= max_us / 2) then
         return {0, 1, 0, math.ceil(math.min(x or delay, max_us)), 0, now}
       end
-      -- Its own share's limit holds it back: served when that admits it
-      -- (not before: see serve_capped).
-      if x then return l.join(x, x) end
-      return l.join(delay - l.horizon / 2)
+      if not x then return l.join(delay - l.horizon / 2) end
+      -- Its own share's limit holds it back: with nobody in line, its
+      -- turn is booked ahead, for when that limit admits it, if within the
+      -- horizon; else it starts the line, its share asleep.
+      if x > l.horizon then return l.join(x - l.horizon / 2, x) end
+      ok, delay, x = take(n, sh, nil, x)
+      if not ok then return l.join(math.max(delay, x or 0) - l.horizon / 2, x) end
     end
     local wait = tonumber(ARGV[3])
     if wait >= 0 and delay > wait then
