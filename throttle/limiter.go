@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -147,6 +148,10 @@ func (l *Limiter) With(rules ...Rule) (*Limiter, error) {
 	opts.LocalLease = 0
 	return New(l.rdb, opts, rules...)
 }
+
+// Rules returns a copy of the rules l applies, as given to New (names,
+// algorithms, limits, subjects).
+func (l *Limiter) Rules() []Rule { return slices.Clone(l.rules) }
 
 // Result is the outcome of Allow.
 type Result struct {

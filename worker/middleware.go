@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -296,8 +297,12 @@ func (m *Middleware) newTable(rules []TaskRule) (*ruleTable, error) {
 				return nil, bad("limiter", err.Error())
 			}
 			rule.leased = hasConcurrency(lim)
-			if rule.leased && r.ShareLimit != (throttle.Limit{}) {
-				return nil, bad("share_limit", "cannot limit the shares of a concurrency limit: it has no line")
+			if r.ShareLimit != (throttle.Limit{}) {
+				for _, lr := range lim.Rules() {
+					if lr.Algorithm != throttle.GCRA && lr.Algorithm != throttle.TokenBucket {
+						return nil, bad("share_limit", fmt.Sprintf("needs limits of gcra or token_bucket, which can book a turn for any moment; %q is %s", lr.Name, lr.Algorithm))
+					}
+				}
 			}
 			if rule.leased && r.FairBy != nil {
 				return nil, bad("fair_by", "cannot share a concurrency limit: its queue for places is first come, first served")
@@ -319,13 +324,9 @@ func (m *Middleware) newTable(rules []TaskRule) (*ruleTable, error) {
 	return t, nil
 }
 
-// hasConcurrency reports whether lim has a concurrency rule: AllowAtMost
-// refuses such a limiter first, with a *throttle.ConfigError on its
-// algorithm, before any call to Redis.
+// hasConcurrency reports whether lim has a concurrency rule.
 func hasConcurrency(lim *throttle.Limiter) bool {
-	var ce *throttle.ConfigError
-	_, _, err := lim.AllowAtMost(context.Background(), "", 0)
-	return errors.As(err, &ce) && ce.Field == "algorithm"
+	return slices.ContainsFunc(lim.Rules(), func(r throttle.Rule) bool { return r.Algorithm == throttle.Concurrency })
 }
 
 // rule returns the rule for a task type, or nil.
