@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -275,6 +276,105 @@ func TestOptionsErrors(t *testing.T) {
 		}
 		if _, err := New(nil, Options{}); err == nil {
 			t.Error("New(nil): no error")
+		}
+		// A share limit is kept in the line, which a negative horizon
+		// turns off.
+		if _, err := New(lim, Options{Horizon: -1, ShareLimit: throttle.PerSecond(10)}); err == nil || !strings.Contains(err.Error(), "share limit needs the subject's line") {
+			t.Errorf("New with a share limit and horizon -1: %v; want the share limit refused", err)
+		}
+		if _, err := New(lim, Options{Horizon: -1}); err != nil {
+			t.Errorf("New with horizon -1 and no share limit: %v", err)
+		}
+	})
+}
+
+// TestShareLimitTolerance: a gate with a share limit and no Tolerance of
+// its own takes ShareTolerance; one given keeps it, and a gate without a
+// share limit leaves it to the limiter (zero).
+func TestShareLimitTolerance(t *testing.T) {
+	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		lim, _ := throttle.New(rdb, throttle.Options{}, gcra5)
+		share := throttle.Limit{Count: 2, Period: time.Second}
+		for _, tc := range []struct {
+			name string
+			opts Options
+			want time.Duration
+		}{
+			{"share limit", Options{ShareLimit: share}, ShareTolerance},
+			{"share limit and tolerance", Options{ShareLimit: share, Tolerance: 2 * time.Second}, 2 * time.Second},
+			{"no share limit", Options{}, 0},
+		} {
+			g, err := New(lim, tc.opts)
+			if err != nil {
+				t.Fatalf("%s: %v", tc.name, err)
+			}
+			if o := g.Options(); o.Tolerance != tc.want || o.ShareLimit != tc.opts.ShareLimit || o.Horizon != DefaultHorizon {
+				t.Errorf("%s: Options() = tolerance %v, share limit %+v, horizon %v; want %v, %+v, %v", tc.name, o.Tolerance, o.ShareLimit, o.Horizon, tc.want, tc.opts.ShareLimit, DefaultHorizon)
+			}
+		}
+	})
+}
+
+// TestGateShareLimit: under 100/s for the key and 1/s for each share,
+// share a's second job waits in the line although the key has room, and
+// the serving hands share b's job its turn at once, a's only when a's own
+// limit admits it a second after the first; a's job then runs on it. So
+// Admit and Serve both pass the share limit on, also for BookAhead.
+func TestGateShareLimit(t *testing.T) {
+	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		key := throttle.Rule{Name: "key", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(100)}
+		g := newGate(t, rdb, Options{MaxWait: time.Second, ShareLimit: throttle.Limit{Count: 1, Period: time.Second}}, key)
+		ctx := context.Background()
+		start := time.Now()
+		admit := func(id, share string) Decision {
+			t.Helper()
+			d, err := g.Admit(ctx, Request{Subject: "acct", ID: id, Share: share})
+			if err != nil {
+				t.Fatalf("Admit %s: %v", id, err)
+			}
+			return d
+		}
+		if d := admit("a1", "a"); d.Outcome != Run || d.Waited != 0 {
+			t.Fatalf("a1: %+v; want run at once", d)
+		}
+		a2 := admit("a2", "a")
+		if a2.Outcome != Park || !a2.InLine || a2.Serve.IsZero() {
+			t.Fatalf("a2: %+v; want parked in line, told to serve it", a2)
+		}
+		if d := admit("b1", "b"); d.Outcome != Park || !d.InLine {
+			t.Fatalf("b1: %+v; want parked in line behind a2", d)
+		}
+		s, err := g.Serve(ctx, "acct")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := s.Handed["b1"]; !ok || len(s.Handed) != 1 || s.Next.IsZero() {
+			t.Fatalf("first serving: handed %v, next %v; want b1 alone, a2 still in line", s.Handed, s.Next)
+		}
+		time.Sleep(time.Until(s.Next))
+		s, err = g.Serve(ctx, "acct")
+		if err != nil {
+			t.Fatal(err)
+		}
+		slot, ok := s.Handed["a2"]
+		if !ok || len(s.Handed) != 1 || !s.Next.IsZero() {
+			t.Fatalf("second serving at %v: handed %v, next %v; want a2 alone and the line empty", time.Since(start), s.Handed, s.Next)
+		}
+		if at := slot.Sub(start); at < time.Second {
+			t.Errorf("a2 handed a turn %v after a1; want a second, its share's limit", at)
+		}
+		time.Sleep(time.Until(slot))
+		if d := admit("a2", "a"); d.Outcome != Run || d.Turn != throttle.Redeemed {
+			t.Errorf("a2 back at its turn: %+v; want run on its booking", d)
+		}
+
+		// A job of stacked rules (BookAhead) still goes through the
+		// line, where the share limit is kept.
+		if d, err := g.Admit(ctx, Request{Subject: "other", ID: "c1", Share: "c", BookAhead: true}); err != nil || d.Outcome != Run {
+			t.Fatalf("c1 (book ahead): %+v, %v; want run", d, err)
+		}
+		if d, err := g.Admit(ctx, Request{Subject: "other", ID: "c2", Share: "c", BookAhead: true}); err != nil || d.Outcome != Park || !d.InLine {
+			t.Errorf("c2 (book ahead): %+v, %v; want parked in line by its share's limit", d, err)
 		}
 	})
 }

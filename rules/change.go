@@ -20,7 +20,8 @@ type Diff struct {
 	Removed []string // rules only in the old file, in its order
 	// Changed are the rules of both files that differ in anything but
 	// their line: tasks, subject, cost, limits (a budget's included),
-	// max_wait or wait_slots. In the new file's order.
+	// max_wait, wait_slots, horizon, fair_by, weights or share_limit. In
+	// the new file's order.
 	Changed  []string
 	FailOpen bool // fail_open changed
 }

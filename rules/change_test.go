@@ -37,6 +37,36 @@ rules:
 	}
 }
 
+// TestDiffShareLimit: a rule whose share_limit alone changes (set, its
+// numbers, dropped) is changed, and the change is accepted: the shares'
+// states are a GCRA's under any numbers.
+func TestDiffShareLimit(t *testing.T) {
+	const base = "rules:\n  - {name: r, tasks: [r], subject: {fixed: s}, algorithm: gcra, limit: 100, period: 1s, fair_by: {payload_field: tenant}"
+	without := mustParse(t, base+"}\n")
+	with := mustParse(t, base+", share_limit: {limit: 10, period: 1s}}\n")
+	for _, tc := range []struct {
+		name      string
+		old, next *Config
+	}{
+		{"set", without, with},
+		{"burst", with, mustParse(t, base+", share_limit: {limit: 10, period: 1s, burst: 2}}\n")},
+		{"period", with, mustParse(t, base+", share_limit: {limit: 10, period: 2s}}\n")},
+		{"dropped", with, without},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if d := tc.old.Diff(tc.next); !slices.Equal(d.Changed, []string{"r"}) || d.Added != nil || d.Removed != nil {
+				t.Errorf("Diff = %+v; want changed [r] only", d)
+			}
+			if err := tc.old.CheckChange(tc.next); err != nil {
+				t.Errorf("CheckChange: %v; want accepted", err)
+			}
+		})
+	}
+	if d := with.Diff(mustParse(t, base+", share_limit: {limit: 10, period: 1s, burst: 10}}\n")); d.Changed != nil {
+		t.Errorf("Diff with the default burst written out = %+v; want nothing", d)
+	}
+}
+
 func TestCheckChange(t *testing.T) {
 	rule := func(algo, limit, period string) string {
 		return "rules:\n  - {name: r, tasks: [r], subject: {fixed: s}, limits: [{name: l, algorithm: " + algo + ", limit: " + limit + ", period: " + period + "}]}\n"

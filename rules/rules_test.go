@@ -128,6 +128,7 @@ func TestParseErrors(t *testing.T) {
 	policy := func(limits string) string {
 		return "rules:\n  - name: p\n    tasks: [r]\n    subject: {fixed: x}\n    limits:\n" + limits
 	}
+	const fair = "    fair_by: {payload_field: tenant}\n"
 	for _, tc := range []struct {
 		name, yaml, want string
 	}{
@@ -218,6 +219,18 @@ func TestParseErrors(t *testing.T) {
 		{"weight zero", rule + "    fair_by: {payload_field: tenant}\n    weights: {gold: 0}\n", `rules.yaml:9: rule "stripe": weights.gold: "0" must be a whole number from 1 to 1000`},
 		{"weights a list", rule + "    fair_by: {payload_field: tenant}\n    weights: [3]\n", `rules.yaml:9: rule "stripe": weights: a list must be a mapping of share to weight`},
 		{"fair_by empty", rule + "    fair_by: {}\n", `rules.yaml:8: rule "stripe": fair_by`},
+		{"share_limit without fair_by", rule + "    share_limit: {limit: 10, period: 1s}\n", `rules.yaml:8: rule "stripe": share_limit: limits each share of fair_by; set fair_by too`},
+		{"share_limit no period", rule + fair + "    share_limit: {limit: 10}\n", `rules.yaml:9: rule "stripe": share_limit.period: missing; share_limit is a rate, such as {limit: 10, period: 1s}`},
+		{"share_limit no limit", rule + fair + "    share_limit: {period: 1s}\n", `rules.yaml:9: rule "stripe": share_limit.limit: missing; share_limit is a rate`},
+		{"share_limit zero", rule + fair + "    share_limit: {limit: 0, period: 1s}\n", `rules.yaml:9: rule "stripe": share_limit.limit: "0" must be a whole number from 1 to 1099511627776`},
+		{"share_limit period zero", rule + fair + "    share_limit:\n      limit: 10\n      period: 0s\n", `rules.yaml:11: rule "stripe": share_limit.period: "0s" must be at least 1µs`},
+		{"share_limit burst zero", rule + fair + "    share_limit: {limit: 10, period: 1s, burst: 0}\n", `rules.yaml:9: rule "stripe": share_limit.burst: "0" must be a whole number from 1 to`},
+		{"share_limit unknown field", rule + fair + "    share_limit: {limit: 10, period: 1s, rate: 3}\n", `rules.yaml:9: rule "stripe": share_limit: unknown field "rate" in a share limit; allowed: limit, period, burst`},
+		{"share_limit a number", rule + fair + "    share_limit: 10\n", `rules.yaml:9: rule "stripe": share_limit: a share limit must be a mapping with the fields limit, period, burst`},
+		{"share_limit on concurrency", strings.Replace(edit("    period: 1s\n", ""), "algorithm: gcra", "algorithm: concurrency", 1) + fair + "    share_limit: {limit: 10, period: 1s}\n", `rules.yaml:8: rule "stripe": share_limit: cannot limit the shares of concurrency limit "stripe": it has no line to keep them in`},
+		{"share_limit in a policy with concurrency", policy("      - {name: rate, algorithm: gcra, limit: 100, period: 1s}\n      - {name: running, algorithm: concurrency, limit: 5}\n") + fair + "    share_limit: {limit: 10, period: 1s}\n", `rules.yaml:9: rule "p": share_limit: cannot limit the shares of concurrency limit "p.running"`},
+		{"cost over share burst", rule + fair + "    share_limit: {limit: 10, period: 1s, burst: 3}\n    cost: 5\n", `rules.yaml:10: rule "stripe": cost: 5 permits per task, but share_limit admits at most 3 at once; raise its burst or lower the cost`},
+		{"cost over share limit", rule + fair + "    share_limit: {limit: 3, period: 1s}\n    cost: 5\n", `rules.yaml:10: rule "stripe": cost: 5 permits per task, but share_limit admits at most 3 at once`},
 
 		// Policies.
 		{"limits with algorithm", edit("    tasks:", "    limits: [{name: a, algorithm: gcra, limit: 1, period: 1s}]\n    tasks:"), `rules.yaml:6: rule "stripe": algorithm: cannot be combined with limits; set it in each of the limits`},
@@ -486,5 +499,36 @@ func TestFairByConfig(t *testing.T) {
 	share, err := r.FairBy.Of([]byte(`{"tenant": "acme"}`))
 	if err != nil || share != "acme" {
 		t.Errorf("share of a payload: %q, %v; want acme", share, err)
+	}
+}
+
+// TestShareLimitConfig reads a rule's share_limit: limit per period, its
+// burst the limit unless given, and a fixed cost up to that burst.
+func TestShareLimitConfig(t *testing.T) {
+	const fair = "    fair_by: {payload_field: tenant}\n"
+	for _, tc := range []struct {
+		name, body string
+		want       throttle.Limit
+	}{
+		{"none", rule + fair, throttle.Limit{}},
+		{"burst is the limit", rule + fair + "    share_limit: {limit: 10, period: 1s}\n", throttle.Limit{Count: 10, Period: time.Second, Burst: 10}},
+		{"burst given", rule + fair + "    share_limit:\n      limit: 600\n      period: 1m\n      burst: 5\n", throttle.Limit{Count: 600, Period: time.Minute, Burst: 5}},
+		{"cost at the burst", rule + fair + "    share_limit: {limit: 10, period: 1s, burst: 3}\n    cost: 3\n", throttle.Limit{Count: 10, Period: time.Second, Burst: 3}},
+		{"burst over the limit", rule + fair + "    share_limit: {limit: 2, period: 1s, burst: 8}\n    cost: 8\n", throttle.Limit{Count: 2, Period: time.Second, Burst: 8}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Parse("rules.yaml", []byte(tc.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := c.Rules[0]
+			if r.ShareLimit != tc.want {
+				t.Errorf("ShareLimit = %+v; want %+v", r.ShareLimit, tc.want)
+			}
+			// The share limit is the shares' own: the rule's limit stays.
+			if want := (throttle.Limit{Count: 20, Period: time.Second, Burst: 20}); len(r.Limits) != 1 || r.Limits[0].Limit != want {
+				t.Errorf("the rule's limits %+v; want one of %+v", r.Limits, want)
+			}
+		})
 	}
 }

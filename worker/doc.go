@@ -43,7 +43,9 @@
 // by default) and waits in the subject's line for the rest, so a new limit
 // is in force within about a second. Tasks already admitted finish under
 // the rule they started with. TaskRule.FairBy divides one limit among the
-// tenants waiting in that line.
+// tenants waiting in that line, and TaskRule.ShareLimit caps each tenant
+// inside it (an API key's 100/s, at most 10/s a tenant): a tenant its own
+// limit holds back waits in the line while the others are served.
 //
 // See README.md in this directory for the binary, the metrics and the
 // parking semantics in full, and rules/README.md for the rules file.

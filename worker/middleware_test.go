@@ -126,6 +126,7 @@ func TestNewMiddlewareErrors(t *testing.T) {
 		{"negative max wait", []TaskRule{with(func(r *TaskRule) { r.MaxWait = -time.Second })}, `worker: rule "ok": max_wait: -1s must not be negative`},
 		{"fair_by without asynq", []TaskRule{with(func(r *TaskRule) { r.FairBy = PayloadField("tenant") })}, `worker: rule "ok": fair_by: needs Options.Asynq`},
 		{"weight zero", []TaskRule{with(func(r *TaskRule) { r.Weights = map[string]int{"gold": 0} })}, `worker: rule "ok": weights: share "gold": weight 0 must be between 1 and 1000`},
+		{"share_limit without fair_by", []TaskRule{with(func(r *TaskRule) { r.ShareLimit = throttle.PerSecond(10) })}, `worker: rule "ok": share_limit: limits each share of fair_by; set fair_by too`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := NewMiddleware(tc.rules, Options{})
@@ -522,6 +523,91 @@ func TestFairByNeedsARate(t *testing.T) {
 		}
 		if want := `worker: rule "c": fair_by: cannot share a concurrency limit`; err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("got %v, want an error containing %q", err, want)
+		}
+	})
+}
+
+// TestShareLimitErrors refuses a ShareLimit that cannot be kept: not a
+// rate, beside a concurrency limit, under a Limiter that is not a
+// *throttle.Limiter, or without the line (a negative Horizon); a valid one
+// reaches the rule's gate, whose Tolerance is then admission.ShareTolerance.
+func TestShareLimitErrors(t *testing.T) {
+	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		rate, err := throttle.New(rdb, throttle.Options{}, throttle.Rule{Name: "key", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(100)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		conc, err := throttle.New(rdb, throttle.Options{}, throttle.Rule{Name: "c", Algorithm: throttle.Concurrency, Limit: throttle.Limit{Count: 2, Period: time.Second}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ok := TaskRule{Name: "s", Tasks: []string{"a"}, Limiter: rate, Subject: Fixed("key"), FairBy: PayloadField("tenant"), ShareLimit: throttle.PerSecond(10)}
+		with := func(f func(*TaskRule)) TaskRule { r := ok; f(&r); return r }
+		for _, tc := range []struct {
+			name string
+			rule TaskRule
+			want string
+		}{
+			{"no count", with(func(r *TaskRule) { r.ShareLimit = throttle.Limit{Period: time.Second} }), `worker: rule "s": share_limit: {Count:0 Period:1s Burst:0}: count and period must be positive, burst not negative`},
+			{"no period", with(func(r *TaskRule) { r.ShareLimit = throttle.Limit{Count: 10} }), `worker: rule "s": share_limit: {Count:10 Period:0s Burst:0}: count and period must be positive`},
+			{"negative count", with(func(r *TaskRule) { r.ShareLimit = throttle.Limit{Count: -1, Period: time.Second} }), `worker: rule "s": share_limit: {Count:-1 `},
+			{"negative burst", with(func(r *TaskRule) { r.ShareLimit = throttle.Limit{Count: 10, Period: time.Second, Burst: -1} }), `worker: rule "s": share_limit: {Count:10 Period:1s Burst:-1}: count and period must be positive, burst not negative`},
+			{"concurrency", with(func(r *TaskRule) { r.Limiter = conc }), `worker: rule "s": share_limit: cannot limit the shares of a concurrency limit: it has no line`},
+			{"not a throttle.Limiter", with(func(r *TaskRule) { r.Limiter = &fakeWaiter{} }), `worker: rule "s": share_limit: needs a *throttle.Limiter: it is kept in the subject's line`},
+			{"no line", with(func(r *TaskRule) { r.Horizon = -1 }), `worker: rule "s": limiter: admission: a share limit needs the subject's line`},
+		} {
+			mw, err := NewMiddleware([]TaskRule{tc.rule}, Options{Asynq: rdb, Logger: quiet})
+			if err == nil {
+				mw.Close()
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("%s: got %v, want an error containing %q", tc.name, err, tc.want)
+			}
+		}
+
+		mw, err := NewMiddleware([]TaskRule{ok, with(func(r *TaskRule) { r.Name, r.Tasks, r.ShareLimit = "plain", []string{"b"}, throttle.Limit{} })}, Options{Asynq: rdb, Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer mw.Close()
+		if o := mw.ruleNamed("s").gate.Options(); o.ShareLimit != ok.ShareLimit || o.Tolerance != admission.ShareTolerance {
+			t.Errorf("gate of a rule with a share limit: share limit %+v, tolerance %v; want %+v, %v", o.ShareLimit, o.Tolerance, ok.ShareLimit, admission.ShareTolerance)
+		}
+		if o := mw.ruleNamed("plain").gate.Options(); o.ShareLimit != (throttle.Limit{}) || o.Tolerance != 0 {
+			t.Errorf("gate of a rule without: share limit %+v, tolerance %v; want none, 0", o.ShareLimit, o.Tolerance)
+		}
+	})
+}
+
+// TestFromRulesShareLimit: a rules file's share_limit reaches the rule's
+// TaskRule and gate; a reload that changes it alone reaches the new gate.
+func TestFromRulesShareLimit(t *testing.T) {
+	file := func(share string) *rules.Config {
+		cfg, err := rules.Parse("rules.yaml", []byte("rules:\n"+
+			"  - {name: api, tasks: [\"api:*\"], subject: {payload_field: key}, algorithm: gcra, limit: 100, period: 1s,\n"+
+			"     fair_by: {payload_field: tenant}, share_limit: "+share+"}\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		mw, err := FromRules(file("{limit: 10, period: 1s}"), rdb, Options{Asynq: rdb, Logger: quiet})
+		if err != nil {
+			t.Fatalf("FromRules: %v", err)
+		}
+		defer mw.Close()
+		want := throttle.Limit{Count: 10, Period: time.Second, Burst: 10}
+		r := mw.ruleNamed("api")
+		if r.ShareLimit != want || r.gate.Options().ShareLimit != want {
+			t.Errorf("rule's share limit %+v, its gate's %+v; want %+v", r.ShareLimit, r.gate.Options().ShareLimit, want)
+		}
+		if err := mw.Reload(file("{limit: 5, period: 1s, burst: 2}")); err != nil {
+			t.Fatalf("Reload: %v", err)
+		}
+		want = throttle.Limit{Count: 5, Period: time.Second, Burst: 2}
+		if got := mw.ruleNamed("api").gate.Options().ShareLimit; got != want {
+			t.Errorf("after the reload, the gate's share limit %+v; want %+v", got, want)
 		}
 	})
 }
