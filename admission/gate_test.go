@@ -288,42 +288,16 @@ func TestOptionsErrors(t *testing.T) {
 	})
 }
 
-// TestShareLimitTolerance: a gate with a share limit and no Tolerance of
-// its own takes ShareTolerance; one given keeps it, and a gate without a
-// share limit leaves it to the limiter (zero).
-func TestShareLimitTolerance(t *testing.T) {
-	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
-		lim, _ := throttle.New(rdb, throttle.Options{}, gcra5)
-		share := throttle.Limit{Count: 2, Period: time.Second}
-		for _, tc := range []struct {
-			name string
-			opts Options
-			want time.Duration
-		}{
-			{"share limit", Options{ShareLimit: share}, ShareTolerance},
-			{"share limit and tolerance", Options{ShareLimit: share, Tolerance: 2 * time.Second}, 2 * time.Second},
-			{"no share limit", Options{}, 0},
-		} {
-			g, err := New(lim, tc.opts)
-			if err != nil {
-				t.Fatalf("%s: %v", tc.name, err)
-			}
-			if o := g.Options(); o.Tolerance != tc.want || o.ShareLimit != tc.opts.ShareLimit || o.Horizon != DefaultHorizon {
-				t.Errorf("%s: Options() = tolerance %v, share limit %+v, horizon %v; want %v, %+v, %v", tc.name, o.Tolerance, o.ShareLimit, o.Horizon, tc.want, tc.opts.ShareLimit, DefaultHorizon)
-			}
-		}
-	})
-}
-
-// TestGateShareLimit: under 100/s for the key and 1/s for each share,
-// share a's second job waits in the line although the key has room, and
-// the serving hands share b's job its turn at once, a's only when a's own
-// limit admits it a second after the first; a's job then runs on it. So
-// Admit and Serve both pass the share limit on, also for BookAhead.
+// TestGateShareLimit: under 100/s for the key and 1/s for each share, with
+// a 500ms horizon, share a's second job waits in the line although the key
+// has room (its share's limit admits it in a second, past the horizon),
+// and the serving hands share b's job its turn at once, a's only when a's
+// own limit admits it a second after the first; a's job then runs on it.
+// So Admit and Serve both pass the share limit on, also for BookAhead.
 func TestGateShareLimit(t *testing.T) {
 	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
 		key := throttle.Rule{Name: "key", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(100)}
-		g := newGate(t, rdb, Options{MaxWait: time.Second, ShareLimit: throttle.Limit{Count: 1, Period: time.Second}}, key)
+		g := newGate(t, rdb, Options{MaxWait: time.Second, Horizon: 500 * time.Millisecond, ShareLimit: throttle.Limit{Count: 1, Period: time.Second}}, key)
 		ctx := context.Background()
 		start := time.Now()
 		admit := func(id, share string) Decision {

@@ -282,7 +282,9 @@ func (p *parser) shareLimit(n *yaml.Node, fair bool) (throttle.Limit, error) {
 			return l, err
 		}
 	}
-	return l, nil
+	// throttle's bounds (burst × period / count, say), as for a gcra limit.
+	r, err := p.validate(n, fields, "share_limit", throttle.Rule{Name: "share_limit", Algorithm: throttle.GCRA, Limit: l})
+	return r.Limit, err
 }
 
 // weights reads a rule's weights: share -> 1 to 1000.
@@ -428,6 +430,9 @@ func (p *parser) checkCost(n, sn *yaml.Node, r RuleConfig) error {
 				return p.Failf(sn, "share_limit", "cannot limit the shares of concurrency limit %q: it has no line to keep them in", l.Name)
 			}
 			continue // a task takes one place, whatever its cost
+		}
+		if sn != nil && l.Algorithm != throttle.GCRA && l.Algorithm != throttle.TokenBucket {
+			return p.Failf(sn, "share_limit", "needs limits of gcra or token_bucket, which can book a turn for any moment; limit %q is %s", l.Name, l.Algorithm)
 		}
 		capacity := l.Limit.Count
 		if l.Algorithm == throttle.TokenBucket || l.Algorithm == throttle.GCRA {

@@ -366,11 +366,8 @@ func (l *Limiter) checkShareLimit(req *AdmitRequest, horizon int64) error {
 	if sl.Burst == 0 {
 		sl.Burst = sl.Count
 	}
-	if err := sl.validate(); err != nil {
-		return fmt.Errorf("throttle: admit: share limit: %w", err)
-	}
-	if sl.Burst < 1 || sl.Burst > maxCount {
-		return fmt.Errorf("throttle: admit: share limit: burst %d: must be between 1 and %d", sl.Burst, maxCount)
+	if err := (Rule{Name: "share limit", Algorithm: GCRA, Limit: *sl}).Validate(); err != nil {
+		return fmt.Errorf("throttle: admit: %w", err)
 	}
 	if horizon == unbounded {
 		return errors.New("throttle: admit: a share limit needs a Horizon (and no concurrency rule): the shares' limits are kept in the subject's line")

@@ -528,9 +528,9 @@ func TestFairByNeedsARate(t *testing.T) {
 }
 
 // TestShareLimitErrors refuses a ShareLimit that cannot be kept: not a
-// rate, beside a concurrency limit, under a Limiter that is not a
+// rate, beside a concurrency or a window limit, under a Limiter that is not a
 // *throttle.Limiter, or without the line (a negative Horizon); a valid one
-// reaches the rule's gate, whose Tolerance is then admission.ShareTolerance.
+// reaches the rule's gate.
 func TestShareLimitErrors(t *testing.T) {
 	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
 		rate, err := throttle.New(rdb, throttle.Options{}, throttle.Rule{Name: "key", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(100)})
@@ -538,6 +538,10 @@ func TestShareLimitErrors(t *testing.T) {
 			t.Fatal(err)
 		}
 		conc, err := throttle.New(rdb, throttle.Options{}, throttle.Rule{Name: "c", Algorithm: throttle.Concurrency, Limit: throttle.Limit{Count: 2, Period: time.Second}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		window, err := throttle.New(rdb, throttle.Options{}, throttle.Rule{Name: "w", Algorithm: throttle.SlidingWindow, Limit: throttle.PerSecond(100)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -552,7 +556,8 @@ func TestShareLimitErrors(t *testing.T) {
 			{"no period", with(func(r *TaskRule) { r.ShareLimit = throttle.Limit{Count: 10} }), `worker: rule "s": share_limit: {Count:10 Period:0s Burst:0}: count and period must be positive`},
 			{"negative count", with(func(r *TaskRule) { r.ShareLimit = throttle.Limit{Count: -1, Period: time.Second} }), `worker: rule "s": share_limit: {Count:-1 `},
 			{"negative burst", with(func(r *TaskRule) { r.ShareLimit = throttle.Limit{Count: 10, Period: time.Second, Burst: -1} }), `worker: rule "s": share_limit: {Count:10 Period:1s Burst:-1}: count and period must be positive, burst not negative`},
-			{"concurrency", with(func(r *TaskRule) { r.Limiter = conc }), `worker: rule "s": share_limit: cannot limit the shares of a concurrency limit: it has no line`},
+			{"concurrency", with(func(r *TaskRule) { r.Limiter = conc }), `worker: rule "s": share_limit: needs limits of gcra or token_bucket, which can book a turn for any moment; "c" is concurrency`},
+			{"window", with(func(r *TaskRule) { r.Limiter = window }), `worker: rule "s": share_limit: needs limits of gcra or token_bucket, which can book a turn for any moment; "w" is sliding_window`},
 			{"not a throttle.Limiter", with(func(r *TaskRule) { r.Limiter = &fakeWaiter{} }), `worker: rule "s": share_limit: needs a *throttle.Limiter: it is kept in the subject's line`},
 			{"no line", with(func(r *TaskRule) { r.Horizon = -1 }), `worker: rule "s": limiter: admission: a share limit needs the subject's line`},
 		} {
@@ -570,8 +575,8 @@ func TestShareLimitErrors(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer mw.Close()
-		if o := mw.ruleNamed("s").gate.Options(); o.ShareLimit != ok.ShareLimit || o.Tolerance != admission.ShareTolerance {
-			t.Errorf("gate of a rule with a share limit: share limit %+v, tolerance %v; want %+v, %v", o.ShareLimit, o.Tolerance, ok.ShareLimit, admission.ShareTolerance)
+		if o := mw.ruleNamed("s").gate.Options(); o.ShareLimit != ok.ShareLimit {
+			t.Errorf("gate of a rule with a share limit: share limit %+v; want %+v", o.ShareLimit, ok.ShareLimit)
 		}
 		if o := mw.ruleNamed("plain").gate.Options(); o.ShareLimit != (throttle.Limit{}) || o.Tolerance != 0 {
 			t.Errorf("gate of a rule without: share limit %+v, tolerance %v; want none, 0", o.ShareLimit, o.Tolerance)

@@ -326,7 +326,7 @@ if op == 'admit' then line_open = function(b, rkey, tkey, tol)
     return false
   end
   -- join puts the caller, booking as ARGV[b], at the end of its share.
-  -- serve is when the line should be served (µs from now), -1 if another
+  -- serve is when the line should be served (µs from now), nil if another
   -- caller has seen to it. asleep, if set, is when the caller's share's
   -- cap admits it (µs from now): the share sleeps until then.
   function l.join(serve, asleep)
@@ -341,12 +341,12 @@ if op == 'admit' then line_open = function(b, rkey, tkey, tol)
     if l.ci then
       -- A share that wakes a line whose shares all sleep (served only when
       -- the first wakes) has it served now.
-      if enqueue(sh, place, ARGV[b]) and serve == -1 then serve = 0 end
+      if enqueue(sh, place, ARGV[b]) and not serve then serve = 0 end
       if asleep then sleep(sh, now + asleep) end
     end
     local back = fallback(ahead, n, l.ci and sh)
     keep(back + l.horizon + tol)
-    if serve ~= -1 and serve < 0 then serve = 0 end
+    if not serve then serve = -1 elseif serve < 0 then serve = 0 end
     return {6, 1, ahead + 1, back, serve, now}
   end
   -- stay keeps a caller that came back still in line (as member, at
@@ -438,6 +438,20 @@ if op == 'admit' then line_open = function(b, rkey, tkey, tol)
     keep_tickets(tkey, rkey, member, table.concat(tks, '\n') .. '\n' .. string.format('%d', now), delay + tol)
     return slot
   end
+  -- hand takes member out of the line, books the turn taken for it (ok,
+  -- delay, tks) and adds its waiter and slot to reply. A member that can
+  -- never be admitted now (the rules changed under it) is woken with
+  -- nothing booked: it asks again, and is told why.
+  local function hand(reply, member, waiter, ok, delay, tks)
+    redis.call('ZREM', l.key, member)
+    redis.call('HDEL', l.ekey, member)
+    local slot = now
+    if ok then slot = book(member, delay, tks) end
+    if waiter then
+      reply[#reply + 1] = waiter
+      reply[#reply + 1] = string.format('%d', slot)
+    end
+  end
   -- serve books the turns of the line's head members that fall within the
   -- horizon, in order.
   local function serve_plain(reply)
@@ -455,18 +469,8 @@ if op == 'admit' then line_open = function(b, rkey, tkey, tol)
         next_us = math.max(delay - l.horizon / 2, 0)
         break
       end
-      redis.call('ZREM', l.key, member)
-      redis.call('HDEL', l.ekey, member)
       redis.call('HSET', l.fkey, 'v', head[2])
-      local slot = now
-      -- Booked as a new turn past the caller's wait is (status 2).
-      if ok then slot = book(member, delay, tks) end
-      -- A member that can never be admitted now (the rules changed under
-      -- it) is woken with nothing booked: it asks again, and is told why.
-      if waiter then
-        reply[#reply + 1] = waiter
-        reply[#reply + 1] = string.format('%d', slot)
-      end
+      hand(reply, member, waiter, ok, delay, tks)
     end
     return next_us
   end
@@ -540,16 +544,9 @@ if op == 'admit' then line_open = function(b, rkey, tkey, tol)
           sleep(sh, now + dc)
           if now + dc < asleep then asleep = now + dc end
         else
-          redis.call('ZREM', l.key, member)
-          redis.call('HDEL', l.ekey, member)
           redis.call('ZREM', l.qkey, entry)
           if place > v then v = place end
-          local slot = now
-          if ok then slot = book(member, delay, tks) end
-          if waiter then
-            reply[#reply + 1] = waiter
-            reply[#reply + 1] = string.format('%d', slot)
-          end
+          hand(reply, member, waiter, ok, delay, tks)
           local _, _, p = qhead(sh)
           if p then redis.call('ZADD', l.hkey, fmt(p), sh) else redis.call('ZREM', l.hkey, sh) end
         end
@@ -590,6 +587,8 @@ if op == 'admit' then line_open = function(b, rkey, tkey, tol)
   -- holds it back.
   function l.direct()
     local sh = ARGV[b + 6]
+    -- Spent states (a share's time passed) are a fresh share's.
+    redis.call('ZREMRANGEBYSCORE', l.ckey, '-inf', fmt(now))
     local ok, delay, x = take(n, sh)
     if not ok then
       if delay >= max_us / 2 or (x and x >= max_us / 2) then
@@ -713,7 +712,7 @@ if op == 'admit' then
     -- others wait joins them.
     local place = ARGV[b + 11] and redis.call('ZSCORE', line.key, ARGV[b + 11])
     if place then return line.stay(ARGV[b + 11], place) end
-    if redis.call('EXISTS', line.key) == 1 then return line.join(-1) end
+    if redis.call('EXISTS', line.key) == 1 then return line.join(nil) end
     if line.ci and n > 0 then return line.direct() end
   end
   -- A new turn, booked as far as the horizon allows; without a booking id,
