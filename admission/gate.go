@@ -116,7 +116,7 @@ type Options struct {
 	// A limiter with a Concurrency rule has no line; its queue for places
 	// serves the same end.
 	Horizon time.Duration
-	// ShareLimit, if its Count is not zero, limits each Share of a
+	// ShareLimit, if set (not the zero Limit), limits each Share of a
 	// subject's line on its own (throttle.AdmitRequest.ShareLimit): a
 	// per-tenant limit inside an API key's, decided in the same script. It
 	// needs the line (a Horizon not negative).

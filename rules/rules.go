@@ -90,7 +90,7 @@ type RuleConfig struct {
 	// weighed by Weights (share -> 1 to 1000; 1 if absent).
 	FairBy  SubjectConfig
 	Weights map[string]int
-	// ShareLimit, if its Count is not zero, limits each share of FairBy
+	// ShareLimit, if set (not the zero Limit), limits each share of FairBy
 	// on its own, a leaky bucket (worker.TaskRule.ShareLimit): a
 	// per-tenant limit inside one API key's.
 	ShareLimit throttle.Limit

@@ -70,7 +70,7 @@ type AdmitRequest struct {
 	// Weight is the Share's weight in the line, from 1 (the default, if
 	// zero) to 1000.
 	Weight int
-	// ShareLimit, if its Count is not zero, is a limit on each Share of
+	// ShareLimit, if set (not the zero Limit), is a limit on each Share of
 	// the line of its own, a leaky bucket (GCRA) kept under the subject's
 	// hash tag: a per-tenant limit inside one API key's. A caller is
 	// admitted only when both the limiter's rules and its share's limit
@@ -352,7 +352,7 @@ func (p *policy) lineKeys(subject string) []string {
 	return []string{k, k + ":e", k + ":f", k + ":h", k + ":q", k + ":s", k + ":c"}
 }
 
-// checkShareLimit checks req.ShareLimit (set), giving a zero Burst the
+// checkShareLimit checks req.ShareLimit (not the zero Limit), giving a zero Burst the
 // Count. Every rule must be a bucket: a turn of a share its own limit
 // holds back is booked ahead for when that limit admits it (driver.lua,
 // take), which a bucket's state, a time, can record for any moment.

@@ -32,8 +32,10 @@
 // turns: a rule whose limit changes (a new Limiter over the same rule
 // names) is in force within a horizon, and callers of different
 // AdmitRequest.Shares (tenants of one key) take turns by Weight instead of
-// waiting behind whoever came first. Allow, Wait and ReserveN do not queue
-// in the line; they take the turns the line leaves.
+// waiting behind whoever came first; AdmitRequest.ShareLimit also limits
+// each share on its own (each tenant's 10/s inside the key's 100/s), in the
+// same script. Allow, Wait and ReserveN do not queue in the line; they take
+// the turns the line leaves.
 //
 //	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
 //	lim, err := throttle.New(rdb, throttle.Options{Prefix: "myapp:"},

@@ -91,7 +91,7 @@ type TaskRule struct {
 	// Weights weigh FairBy's shares: a share of weight 3 gets three turns
 	// for one of a share of weight 1 (the default). From 1 to 1000.
 	Weights map[string]int
-	// ShareLimit, if its Count is not zero, also limits each of FairBy's
+	// ShareLimit, if set (not the zero Limit), also limits each of FairBy's
 	// shares on its own, as a leaky bucket (GCRA): an API key's 100/s
 	// and each tenant's 10/s of it, decided at once, in one script
 	// (throttle.AdmitRequest.ShareLimit). A tenant its own limit holds
