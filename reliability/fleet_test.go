@@ -16,18 +16,44 @@ import (
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 )
 
-// TestFleetKilledMidBacklog runs three built cmd/worker processes on a
-// backlog of 300 demo:echo tasks of a hot tenant (20/s each tenant) and
-// then 10 of a cold one, and kills one worker with SIGKILL after 5s. The
-// other two go on, and the dead one is restarted (after its leases are
-// aged: asynq's 30s lease and its recoverer's period are not waited out,
-// see recovery_test.go): every task completes exactly once (those the dead
-// worker was running come back through asynq's own recovery, the only
-// failures counted), no turn of one tenant passes 20 + 1 in any second on the
-// Redis clock (a task's result carries its turn), and the cold tenant's
-// tasks get their turns within 2s of being enqueued although 300 hot ones
-// were ahead of them in the queue.
+// TestFleetKilledMidBacklog runs three built cmd/worker processes on
+// backlogs of hot tenants' demo:echo tasks and then 10 of a cold one, and
+// kills one worker with SIGKILL after 5s. The other two go on, and the
+// dead one is restarted (after its leases are aged: asynq's 30s lease and
+// its recoverer's period are not waited out, see recovery_test.go): every
+// task completes exactly once (those the dead worker was running come back
+// through asynq's own recovery, the only failures counted), no turn of one
+// tenant passes 20 + 1 in any second on the Redis clock (a task's result
+// carries its turn), nor the key's its limit + 1, and the cold tenant's
+// tasks get their turns within 2s of being enqueued although the hot ones
+// were ahead of them in the queue. Two rule files: a limit per tenant (300
+// hot tasks), and one API key at 40/s shared by the tenants (fair_by), each
+// also limited to 20/s of it (share_limit; two hot tenants of 300 tasks).
 func TestFleetKilledMidBacklog(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		rule  string
+		hot   []string // hot tenants, 300 tasks each
+		keyAt int      // the key's limit per second, 0 if none
+	}{
+		{"per tenant", `
+    subject: {payload_field: tenant}
+    algorithm: gcra
+    limit: 20`, []string{"hot"}, 0},
+		{"share limits", `
+    subject: {fixed: key-1}
+    fair_by: {payload_field: tenant}
+    share_limit: {limit: 20, period: 1s, burst: 1}
+    algorithm: gcra
+    limit: 40`, []string{"hot", "warm"}, 40},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			killMidBacklog(t, tc.rule, tc.hot, tc.keyAt)
+		})
+	}
+}
+
+func killMidBacklog(t *testing.T, rule string, hots []string, keyAt int) {
 	t.Parallel() // mostly waits: 300 turns at 20/s
 	bin := buildBinary(t, "cmd/worker")
 	srv := redistest.Server(t)
@@ -37,14 +63,11 @@ func TestFleetKilledMidBacklog(t *testing.T) {
 	if err := os.WriteFile(rules, fmt.Appendf(nil, `prefix: %q
 rules:
   - name: echo
-    tasks: ["demo:echo"]
-    subject: {payload_field: tenant}
-    algorithm: gcra
-    limit: 20
+    tasks: ["demo:echo"]%s
     period: 1s
     burst: 1
     max_wait: 1s
-`, prefix), 0o644); err != nil {
+`, prefix, rule), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	var workers []*process
@@ -57,6 +80,7 @@ rules:
 	}
 
 	const hot, cold = 300, 10
+	total := hot*len(hots) + cold
 	client := asynq.NewClientFromRedisClient(rdb)
 	enqueue := func(tenant string, n int) time.Time {
 		for i := range n {
@@ -67,7 +91,9 @@ rules:
 		}
 		return time.Now()
 	}
-	enqueue("hot", hot)
+	for _, h := range hots {
+		enqueue(h, hot)
+	}
 	coldEnqueued := enqueue("cold", cold)
 
 	time.Sleep(5 * time.Second)
@@ -91,7 +117,7 @@ rules:
 	var q *asynq.QueueInfo
 	for deadline := time.Now().Add(4 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
 		var err error
-		if q, err = insp.GetQueueInfo("default"); err == nil && q.Completed == hot+cold {
+		if q, err = insp.GetQueueInfo("default"); err == nil && q.Completed == total {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -102,7 +128,7 @@ rules:
 	if q.Archived != 0 {
 		t.Errorf("%d tasks archived, want none", q.Archived)
 	}
-	completed, err := insp.ListCompletedTasks("default", asynq.PageSize(2*(hot+cold)))
+	completed, err := insp.ListCompletedTasks("default", asynq.PageSize(2*total))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,24 +153,30 @@ rules:
 			recovered++
 		}
 	}
-	for i := range hot + cold {
-		tenant, n := "hot", i
-		if i >= hot {
-			tenant, n = "cold", i-hot
+	for _, tenant := range append(slices.Clone(hots), "cold") {
+		for n := range map[bool]int{true: cold, false: hot}[tenant == "cold"] {
+			if m := fmt.Sprintf("%s-%d", tenant, n); seen[m] != 1 {
+				t.Errorf("task %s completed %d times, want once", m, seen[m])
+			}
 		}
-		if m := fmt.Sprintf("%s-%d", tenant, n); seen[m] != 1 {
-			t.Errorf("task %s completed %d times, want once", m, seen[m])
-		}
+	}
+	if len(completed) != total {
+		t.Errorf("%d tasks completed, want %d", len(completed), total)
 	}
 	// Only the tasks the dead worker held (at most its 10 slots) may have
 	// a failure counted: asynq's recovery of a task whose worker died.
 	if recovered > 10 {
 		t.Errorf("%d tasks completed with a failure counted, want at most the dead worker's 10", recovered)
 	}
+	var all []time.Time
 	for tenant, ts := range turns {
 		if most := redistest.MaxInWindow(ts, time.Second); most > 21 {
 			t.Errorf("tenant %s: %d turns in one second on the Redis clock, want at most 21", tenant, most)
 		}
+		all = append(all, ts...)
+	}
+	if most := redistest.MaxInWindow(all, time.Second); keyAt > 0 && most > keyAt+1 {
+		t.Errorf("the key: %d turns in one second on the Redis clock, want at most %d", most, keyAt+1)
 	}
 	slices.SortFunc(turns["cold"], time.Time.Compare)
 	if late := turns["cold"][len(turns["cold"])-1].Sub(coldEnqueued); late > 2*time.Second {
@@ -154,7 +186,7 @@ rules:
 	for _, l := range strings.Split(stats, "\n") {
 		if strings.HasPrefix(l, "total_commands_processed:") {
 			t.Logf("%d tasks, 1 worker of 3 killed holding %d, restarted: %d recovered by asynq, all done %v after the kill; Redis %s (asynq's and jobthrottle's, for the whole run)",
-				hot+cold, len(held), recovered, done.Round(time.Millisecond), strings.TrimSpace(l))
+				total, len(held), recovered, done.Round(time.Millisecond), strings.TrimSpace(l))
 		}
 	}
 }
