@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -343,12 +344,15 @@ func handed(raw []any, nrules int) map[string]time.Time {
 	return h
 }
 
-// lineKeys returns the keys of subject's line (AdmitRequest.Horizon):
-// <prefix>{<subject>}:!line, its :!line:e and :!line:f hashes, and the
-// sorted sets of its shares' caps, :!line:h, :!line:q, :!line:s and
-// :!line:c (driver.lua).
+// lineKeys returns the keys of subject's line (AdmitRequest.Horizon)
+// under this limiter's rules: <prefix>{<subject>}:!line(<rule>,...), its
+// :e and :f hashes, and the sorted sets of its shares' limits, :h, :q, :s
+// and :c (driver.lua). The rules are in the name because a serving books
+// its members' turns under the serving limiter's rules: two limiters over
+// one subject (two rules drawing on one budget, each with a limit of its
+// own) have a line each, and neither books the other's members.
 func (p *policy) lineKeys(subject string) []string {
-	k := key(p.prefix, escape(subject), lineSuffix)
+	k := key(p.prefix, escape(subject), lineSuffix+"("+strings.Join(p.keyRules, ",")+")")
 	return []string{k, k + ":e", k + ":f", k + ":h", k + ":q", k + ":s", k + ":c"}
 }
 

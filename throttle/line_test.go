@@ -424,3 +424,43 @@ func TestShareLimitErrors(t *testing.T) {
 		}
 	})
 }
+
+// TestLinePerRules: two limiters over one subject with rules of their own
+// (two task types, each with its own limit) each have a line: a serving by
+// one books only its own members, charged to its own rules, and the other's
+// members wait for their own rules' servings.
+func TestLinePerRules(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := context.Background()
+		fast := mustNew(t, rdb, Options{}, Rule{Name: "fast", Algorithm: GCRA, Limit: PerSecond(100).WithBurst(1)})
+		slow := mustNew(t, rdb, Options{}, Rule{Name: "slow", Algorithm: GCRA, Limit: Limit{Count: 1, Period: time.Hour, Burst: 1}})
+		admit := func(l *Limiter, id string) Admission {
+			t.Helper()
+			a, err := l.Admit(ctx, AdmitRequest{Subject: "acct", N: 1, ID: id, Horizon: time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return a
+		}
+		if a := admit(slow, "s1"); a.Status != Granted {
+			t.Fatalf("s1: %+v", a)
+		}
+		if a := admit(slow, "s2"); !a.InLine {
+			t.Fatalf("s2: %+v; want in the slow rule's line (next turn in an hour)", a)
+		}
+		if a := admit(fast, "f1"); a.Status != Granted {
+			t.Fatalf("f1: %+v; want granted: the slow rule's line is not the fast one's", a)
+		}
+		s, err := fast.Admit(ctx, AdmitRequest{Subject: "acct", Horizon: time.Second})
+		if err != nil || len(s.Handed) != 0 || s.Status != Denied {
+			t.Fatalf("the fast rule's serving: %+v, %v; want nothing handed (s2 waits for the slow rule)", s, err)
+		}
+		s, err = slow.Admit(ctx, AdmitRequest{Subject: "acct", Horizon: 2 * time.Hour})
+		if _, ok := s.Handed["s2"]; err != nil || !ok {
+			t.Fatalf("the slow rule's serving: %+v, %v; want s2 handed", s, err)
+		}
+		if d := s.Handed["s2"].Sub(time.Now()); d < 59*time.Minute {
+			t.Errorf("s2 handed a turn in %v, want an hour: its own rule's", d)
+		}
+	})
+}

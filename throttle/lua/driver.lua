@@ -54,8 +54,10 @@
 --   ARGV[15 + 5r] ... -> members to redeem, in order: the caller's earlier
 --                   booking, a receipt made by prepay
 --   KEYS[r+4], KEYS[r+5], KEYS[r+6] -> the subject's line (below):
---                   <prefix>{<subject>}:!line (a sorted set of the waiting
---                   members by their place), :!line:e (a hash: member ->
+--                   <prefix>{<subject>}:!line(<rules>) (a sorted set of
+--                   the waiting members by their place; one line per
+--                   limiter's rules, which its servings charge), :!line:e
+--                   (that key and ':e', as for the others: a hash: member ->
 --                   its n and waiter, one a line) and :!line:f (a hash:
 --                   's' .. share -> the place of the share's last member,
 --                   'v' -> the place of the last member served)
