@@ -118,6 +118,36 @@ func (f *parkFleet) serve(rdb redis.UniversalClient, concurrency int, mw *worker
 	return stop
 }
 
+// fromRules starts n asynq servers of 20 slots, each with a middleware
+// built from a rules file of one rule "api" over "job:*", subject the fixed
+// key-1, gcra per second with burst 1, and the given fields (at least
+// limit), its limiter calls counted.
+func (f *parkFleet) fromRules(n int, fields string) {
+	f.t.Helper()
+	cfg, err := rules.Parse("rules.yaml", fmt.Appendf(nil, `prefix: %q
+rules:
+  - name: api
+    tasks: ["job:*"]
+    subject: {fixed: key-1}
+    algorithm: gcra
+    period: 1s
+    burst: 1%s
+`, f.prefix, fields))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	for range n {
+		rdb := f.proc.Client(f.t)
+		limRDB := f.proc.Client(f.t)
+		f.calls.Count(limRDB)
+		mw, err := worker.FromRules(cfg, limRDB, worker.Options{Asynq: rdb, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		f.serve(rdb, 20, mw)
+	}
+}
+
 // enqueue enqueues n tasks of tenant at once.
 func (f *parkFleet) enqueue(tenant string, n int) { f.enqueueType("job:call", tenant, n) }
 
@@ -435,30 +465,9 @@ func TestParkFairShares(t *testing.T) {
 	t.Parallel()
 	const rate = 100
 	f := newParkFleet(t)
-	cfg, err := rules.Parse("rules.yaml", fmt.Appendf(nil, `prefix: %q
-rules:
-  - name: api
-    tasks: ["job:*"]
-    subject: {fixed: key-1}
+	f.fromRules(3, fmt.Sprintf(`
     fair_by: {payload_field: tenant}
-    algorithm: gcra
-    limit: %d
-    period: 1s
-    burst: 1
-`, f.prefix, rate))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for range 3 {
-		rdb := f.proc.Client(t)
-		limRDB := f.proc.Client(t)
-		f.calls.Count(limRDB)
-		mw, err := worker.FromRules(cfg, limRDB, worker.Options{Asynq: rdb, Logger: slog.New(slog.DiscardHandler)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		f.serve(rdb, 20, mw)
-	}
+    limit: %d`, rate))
 	f.enqueue("A", 5000)
 	// A's tasks have all been through a worker once: each has run, or
 	// parked on a booked turn or in the line.
@@ -643,31 +652,10 @@ rules:
 func TestParkShareLimits(t *testing.T) {
 	t.Parallel()
 	f := newParkFleet(t)
-	cfg, err := rules.Parse("rules.yaml", fmt.Appendf(nil, `prefix: %q
-rules:
-  - name: api
-    tasks: ["job:*"]
-    subject: {fixed: key-1}
+	f.fromRules(3, `
     fair_by: {payload_field: tenant}
     share_limit: {limit: 20, period: 1s, burst: 1}
-    algorithm: gcra
-    limit: 50
-    period: 1s
-    burst: 1
-`, f.prefix))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for range 3 {
-		rdb := f.proc.Client(t)
-		limRDB := f.proc.Client(t)
-		f.calls.Count(limRDB)
-		mw, err := worker.FromRules(cfg, limRDB, worker.Options{Asynq: rdb, Logger: slog.New(slog.DiscardHandler)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		f.serve(rdb, 20, mw)
-	}
+    limit: 50`)
 	start := time.Now()
 	f.enqueue("A", 200)
 	f.enqueue("B", 200)
