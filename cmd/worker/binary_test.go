@@ -88,6 +88,16 @@ rules:
     limits:
       - {name: per-minute, algorithm: sliding_window, limit: 100, period: 1m, precision: 1s}
       - {name: daily, algorithm: fixed_window, limit: 5000, period: 24h}
+  - name: crm
+    tasks: ["crm:*"]
+    subject: {fixed: crm-key}
+    horizon: 2s
+    fair_by: {payload_field: tenant}
+    weights: {gold: 3, silver: 2}
+    share_limit: {limit: 10, period: 1s}
+    algorithm: gcra
+    limit: 100
+    period: 1s
 handlers:
   - task: partner:sync
     http:
@@ -107,14 +117,17 @@ handlers:
 		t.Fatalf("exit %d, stderr:\n%s", code, stderr)
 	}
 	for _, want := range []string{
-		rules + `: OK: 2 rules, 2 handlers; prefix "acme:", fail_open false`,
+		rules + `: OK: 3 rules, 2 handlers; prefix "acme:", fail_open false`,
 		`rule "partner" (line 3): tasks partner:*; subject: payload field "account_id"; max_wait: 30s`,
 		`  limit partner: gcra, 20 per 1s, burst 5`,
 		`rule "reports" (line 11): tasks report:render; subject: fixed "all"; max_wait: the task's deadline`,
 		`  limit reports.per-minute: sliding_window, 100 per 1m0s, precision 1s`,
 		`  limit reports.daily: fixed_window, 5000 per 24h0m0s`,
-		`handler "partner:sync" (line 18): http POST https://api.partner.example/v1/accounts/{account_id}/sync, timeout 10s, headers: Authorization from ${PARTNER_TOKEN}, result up to 65536 bytes; limited by rule "partner"`,
-		`handler "report:render" (line 23): command ["/usr/local/bin/render" "--tenant" "{tenant}"], timeout 1m0s, no retry on exit codes [2 65], result up to 1024 bytes; limited by rule "reports"`,
+		`rule "crm" (line 17): tasks crm:*; subject: fixed "crm-key"; max_wait: the task's deadline`,
+		`  limit crm: gcra, 100 per 1s, burst 100`,
+		`  line: horizon 2s; fair_by payload field "tenant", weights gold=3 silver=2; share_limit 10 per 1s, burst 10`,
+		`handler "partner:sync" (line 28): http POST https://api.partner.example/v1/accounts/{account_id}/sync, timeout 10s, headers: Authorization from ${PARTNER_TOKEN}, result up to 65536 bytes; limited by rule "partner"`,
+		`handler "report:render" (line 33): command ["/usr/local/bin/render" "--tenant" "{tenant}"], timeout 1m0s, no retry on exit codes [2 65], result up to 1024 bytes; limited by rule "reports"`,
 	} {
 		if !strings.Contains(stdout, want+"\n") {
 			t.Errorf("stdout lacks the line\n%s\n---\n%s", want, stdout)

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 
 	"github.com/jobthrottle/jobthrottle/handler"
@@ -27,6 +28,9 @@ func check(w io.Writer, cfg *rules.Config, handlers *handler.Config) {
 		fmt.Fprintf(w, "rule %q (line %d): tasks %s; subject: %s; max_wait: %s\n", r.Name, r.Line, strings.Join(r.Tasks, ", "), subject, maxWait)
 		for _, l := range r.Limits {
 			fmt.Fprintf(w, "  limit %s\n", describeLimit(l))
+		}
+		if line := describeLine(r); line != "" {
+			fmt.Fprintf(w, "  line: %s\n", line)
 		}
 	}
 	for _, h := range handlers.Handlers {
@@ -55,6 +59,35 @@ func describeLimit(l throttle.Rule) string {
 		}
 	}
 	return s
+}
+
+// describeLine is what a rule sets of its subject's line, in words
+// ("horizon 2s; fair_by payload field "tenant", weights gold=3; share_limit
+// 10 per 1s, burst 10"), or "" if it keeps every default.
+func describeLine(r rules.RuleConfig) string {
+	var parts []string
+	if r.Horizon > 0 {
+		parts = append(parts, "horizon "+r.Horizon.String())
+	}
+	if fb := r.FairBy; fb != (rules.SubjectConfig{}) {
+		s := fmt.Sprintf("fair_by payload field %q", fb.PayloadField)
+		if fb.PayloadField == "" {
+			s = fmt.Sprintf("fair_by fixed %q", fb.Fixed)
+		}
+		if len(r.Weights) > 0 {
+			var ws []string
+			for share, n := range r.Weights {
+				ws = append(ws, fmt.Sprintf("%s=%d", share, n))
+			}
+			slices.Sort(ws)
+			s += ", weights " + strings.Join(ws, " ")
+		}
+		parts = append(parts, s)
+	}
+	if sl := r.ShareLimit; sl.Count > 0 {
+		parts = append(parts, fmt.Sprintf("share_limit %d per %v, burst %d", sl.Count, sl.Period, sl.Burst))
+	}
+	return strings.Join(parts, "; ")
 }
 
 // count is "1 rule", "2 rules".
