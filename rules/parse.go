@@ -187,6 +187,9 @@ func (p *parser) ruleConfig(n *yaml.Node, i int, names map[string]int, owner map
 	for j, ln := range limits.Content {
 		ln = yamlfile.Resolve(ln)
 		path := "limits[" + strconv.Itoa(j+1) + "]"
+		if sn := mappingValue(ln, "subject"); sn != nil {
+			return r, p.Failf(sn, yamlfile.Join(path, "subject"), "a limit cannot have a subject of its own in a rules file: tasks over several subjects could not park without polling. For each tenant's limit inside one API key's, make the key the rule's subject, the tenant its fair_by, and add share_limit; for one budget drawn on by several rules, use budgets (worker/README.md)")
+		}
 		lf, err := p.Mapping(ln, path, "a limit", limitFields)
 		if err != nil {
 			return r, err
@@ -541,4 +544,18 @@ func (p *parser) validate(n *yaml.Node, fields map[string]*yaml.Node, path strin
 		return r, p.Failf(line, path, "%v", err)
 	}
 	return r, nil
+}
+
+// mappingValue returns the value of key in the mapping n, or nil (also if n
+// is not a mapping).
+func mappingValue(n *yaml.Node, key string) *yaml.Node {
+	if n.Kind != yaml.MappingNode {
+		return nil
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			return n.Content[i+1]
+		}
+	}
+	return nil
 }
