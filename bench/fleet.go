@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -52,11 +53,18 @@ type fleetSpec struct {
 	prefix      string // the limiter's key prefix
 	maxWait     time.Duration
 	concurrency int
+	// fixed, if set, is every task's subject (one API key) instead of
+	// the payload's tenant; fairBy then shares it fairly among the
+	// tenants, and shareLimit, if set, limits each tenant on its own.
+	fixed      string
+	fairBy     bool
+	shareLimit throttle.Limit
 }
 
 // taskStart is one handler start.
 type taskStart struct {
 	id, subject string
+	tenant      string    // the payload's tenant
 	at          time.Time // local clock
 	turn        time.Time // the turn on the Redis clock; zero without one (deferral)
 	redeemed    bool      // it ran on a turn booked before it came (parked, or paced)
@@ -183,9 +191,15 @@ func (f *fleet) startOne() error {
 	if f.spec.mode == modeDeferral {
 		waiter = waitOnly{lim}
 	}
-	mw, err := worker.NewMiddleware([]worker.TaskRule{{Name: f.spec.rule.Name, Tasks: []string{"job:*"}, Limiter: waiter,
-		Subject: worker.PayloadField("tenant"), MaxWait: f.spec.maxWait}},
-		worker.Options{Asynq: rdb, Logger: slog.New(slog.DiscardHandler)})
+	rule := worker.TaskRule{Name: f.spec.rule.Name, Tasks: []string{"job:*"}, Limiter: waiter,
+		Subject: worker.PayloadField("tenant"), MaxWait: f.spec.maxWait}
+	if f.spec.fixed != "" {
+		rule.Subject = worker.Fixed(f.spec.fixed)
+	}
+	if f.spec.fairBy {
+		rule.FairBy, rule.ShareLimit = worker.PayloadField("tenant"), f.spec.shareLimit
+	}
+	mw, err := worker.NewMiddleware([]worker.TaskRule{rule}, worker.Options{Asynq: rdb, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		rdb.Close()
 		limRDB.Close()
@@ -202,8 +216,10 @@ func (f *fleet) startOne() error {
 		at := time.Now()
 		w, _ := admission.WaitedFrom(ctx)
 		id, _ := asynq.GetTaskID(ctx)
+		var p struct{ Tenant string }
+		_ = json.Unmarshal(t.Payload(), &p)
 		f.mu.Lock()
-		f.starts = append(f.starts, taskStart{id: id, subject: w.Subject, at: at, turn: w.Turn, redeemed: w.Redeemed})
+		f.starts = append(f.starts, taskStart{id: id, subject: w.Subject, tenant: p.Tenant, at: at, turn: w.Turn, redeemed: w.Redeemed})
 		f.mu.Unlock()
 		return nil
 	})
