@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -221,12 +220,7 @@ func runBacklogPart(logf func(string, ...any), cfg backlogConfig) error {
 	}
 	res.Machine.LoadEnd = loadavg()
 	res.RuntimeS = time.Since(t0).Seconds()
-	path := filepath.Join("results", t0.UTC().Format("2006-01-02")+"-backlog.json")
-	if err := writeJSON(path, res); err != nil {
-		return err
-	}
-	logf("wrote %s in %v", path, time.Since(t0).Round(time.Second))
-	return nil
+	return writePart(logf, t0, "backlog", res)
 }
 
 func gcraRule(name string, rate int) throttle.Rule {

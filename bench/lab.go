@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -141,12 +140,7 @@ func runLab(logf func(string, ...any), rounds int, d time.Duration) error {
 		}
 	}
 	res.RuntimeS = time.Since(t0).Seconds()
-	path := filepath.Join("results", t0.UTC().Format("2006-01-02")+"-jitterlab.json")
-	if err := writeJSON(path, res); err != nil {
-		return err
-	}
-	logf("wrote %s in %v", path, time.Since(t0).Round(time.Second))
-	return nil
+	return writePart(logf, t0, "jitterlab", res)
 }
 
 func medianF(xs []float64) float64 {

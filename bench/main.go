@@ -445,6 +445,17 @@ func (r *runner) runWaits(ctx context.Context, cfg runConfig, filter *regexp.Reg
 	return out
 }
 
+// writePart writes a part's result, res, to results/<date of t0>-<name>.json
+// and logs it.
+func writePart(logf func(string, ...any), t0 time.Time, name string, res any) error {
+	path := filepath.Join("results", t0.UTC().Format("2006-01-02")+"-"+name+".json")
+	if err := writeJSON(path, res); err != nil {
+		return err
+	}
+	logf("wrote %s in %v", path, time.Since(t0).Round(time.Second))
+	return nil
+}
+
 func writeJSON(path string, v any) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -154,12 +153,7 @@ func runSharesPart(logf func(string, ...any), cfg sharesConfig) error {
 	}
 	res.Machine.LoadEnd = loadavg()
 	res.RuntimeS = time.Since(t0).Seconds()
-	path := filepath.Join("results", t0.UTC().Format("2006-01-02")+"-shares.json")
-	if err := writeJSON(path, res); err != nil {
-		return err
-	}
-	logf("wrote %s in %v", path, time.Since(t0).Round(time.Second))
-	return nil
+	return writePart(logf, t0, "shares", res)
 }
 
 // sharesSchedule returns a case's ideal and fair-schedule times, and the
