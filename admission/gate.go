@@ -119,7 +119,7 @@ type Options struct {
 	// ShareLimit, if set (not the zero Limit), limits each Share of a
 	// subject's line on its own (throttle.AdmitRequest.ShareLimit): a
 	// per-tenant limit inside an API key's, decided in the same script. It
-	// needs the line (a Horizon not negative).
+	// needs the line (a Horizon not negative) and jobs with an ID.
 	ShareLimit throttle.Limit
 }
 

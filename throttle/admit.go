@@ -81,8 +81,9 @@ type AdmitRequest struct {
 	// limit admits it (within the Horizon), so the rules' turns before it
 	// go unused only if nobody wanted them when it was booked. Every caller
 	// and every serving of one subject's line should pass the same
-	// ShareLimit; it needs a Horizon, rules of the bucket algorithms
-	// (GCRA, TokenBucket), and N at most its Burst (zero Burst is Count).
+	// ShareLimit; it needs a Horizon, an ID, rules of the bucket
+	// algorithms (GCRA, TokenBucket), and N at most its Burst (zero Burst
+	// is Count).
 	ShareLimit Limit
 	// Waiter identifies the caller under the limiter's Concurrency rule,
 	// as the holder of a place or in the queue for one, across its
@@ -375,6 +376,9 @@ func (l *Limiter) checkShareLimit(req *AdmitRequest, horizon int64) error {
 	}
 	if horizon == unbounded {
 		return errors.New("throttle: admit: a share limit needs a Horizon (and no concurrency rule): the shares' limits are kept in the subject's line")
+	}
+	if req.N > 0 && req.ID == "" && req.BookAs == "" {
+		return errors.New("throttle: admit: a share limit needs an ID: a caller its share's limit holds back waits in the subject's line, under its ID")
 	}
 	if req.N > sl.Burst {
 		return fmt.Errorf("%w: %d permits, but the share limit (%s) admits at most %d at once", ErrExceedsCapacity, req.N, sl.describe(), sl.Burst)

@@ -393,8 +393,8 @@ func TestLineShareLimits(t *testing.T) {
 	}
 }
 
-// TestShareLimitErrors: a share limit needs a horizon, a valid limit, rules
-// of the bucket algorithms, and N within its burst.
+// TestShareLimitErrors: a share limit needs a horizon, an ID, a valid
+// limit, rules of the bucket algorithms, and N within its burst.
 func TestShareLimitErrors(t *testing.T) {
 	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
 		l := mustNew(t, rdb, Options{}, Rule{Name: "key", Algorithm: GCRA, Limit: PerSecond(50)})
@@ -407,6 +407,11 @@ func TestShareLimitErrors(t *testing.T) {
 		bad.N = 3
 		if _, err := l.Admit(ctx, bad); !errors.Is(err, ErrExceedsCapacity) {
 			t.Errorf("N 3 over a share limit of burst 2: %v, want ErrExceedsCapacity", err)
+		}
+		bad = req
+		bad.ID = ""
+		if _, err := l.Admit(ctx, bad); err == nil || !strings.Contains(err.Error(), "needs an ID") {
+			t.Errorf("a share limit without an ID: %v", err)
 		}
 		bad = req
 		bad.Horizon = 0
