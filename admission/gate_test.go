@@ -34,6 +34,31 @@ func newGate(t *testing.T, rdb redis.UniversalClient, opts Options, rule throttl
 
 var gcra5 = throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(5).WithBurst(1)}
 
+// comeBack brings parked job id of subject "acct" back at its turn, at,
+// and reports whether it ran at once on its booking (else the test fails).
+func comeBack(ctx context.Context, t *testing.T, g *Gate, id string, at time.Time) bool {
+	time.Sleep(time.Until(at))
+	d, err := g.Admit(ctx, Request{Subject: "acct", ID: id})
+	if err != nil || d.Outcome != Run || d.Turn != throttle.Redeemed || d.Waited != 0 {
+		t.Errorf("%s back at its turn: %+v, %v; want run on its booking at once", id, d, err)
+		return false
+	}
+	return true
+}
+
+// recordStart records job id's start, now, as its time since start in
+// starts (under mu), failing the test unless it is a multiple of 200ms
+// that no other job started at: a 5/s limit's distinct turns.
+func recordStart(t *testing.T, mu *sync.Mutex, starts map[time.Duration]string, start time.Time, id string) {
+	mu.Lock()
+	defer mu.Unlock()
+	at := time.Since(start)
+	if other, dup := starts[at]; dup || at%(200*ms) != 0 {
+		t.Errorf("%s started at %v (also %q): want distinct multiples of 200ms", id, at, other)
+	}
+	starts[at] = id
+}
+
 // TestGateParksABacklog admits 50 jobs of one subject at one instant under
 // 5/s with no horizon: the first runs, a few whose turns fall within
 // MaxWait wait for them, and the rest park with their turns booked 200ms
@@ -69,20 +94,11 @@ func TestGateParksABacklog(t *testing.T) {
 					if d.Turn != throttle.Booked {
 						t.Errorf("%s parked with turn %v, want booked", id, d.Turn)
 					}
-					time.Sleep(time.Until(d.At))
-					d, err = g.Admit(ctx, Request{Subject: "acct", ID: id})
-					if err != nil || d.Outcome != Run || d.Turn != throttle.Redeemed || d.Waited != 0 {
-						t.Errorf("%s back at its turn: %+v, %v; want run on its booking at once", id, d, err)
+					if !comeBack(ctx, t, g, id, d.At) {
 						return
 					}
 				}
-				mu.Lock()
-				defer mu.Unlock()
-				at := time.Since(start)
-				if other, dup := starts[at]; dup || at%(200*ms) != 0 {
-					t.Errorf("%s started at %v (also %q): want distinct multiples of 200ms", id, at, other)
-				}
-				starts[at] = id
+				recordStart(t, &mu, starts, start, id)
 			}()
 		}
 		wg.Wait()
@@ -141,20 +157,11 @@ func TestGateLine(t *testing.T) {
 						}
 						d.At = slot
 					}
-					time.Sleep(time.Until(d.At))
-					d, err = g.Admit(ctx, Request{Subject: "acct", ID: id})
-					if err != nil || d.Outcome != Run || d.Turn != throttle.Redeemed || d.Waited != 0 {
-						t.Errorf("%s back at its turn: %+v, %v; want run on its booking at once", id, d, err)
+					if !comeBack(ctx, t, g, id, d.At) {
 						return
 					}
 				}
-				mu.Lock()
-				defer mu.Unlock()
-				at := time.Since(start)
-				if other, dup := starts[at]; dup || at%(200*ms) != 0 {
-					t.Errorf("%s started at %v (also %q): want distinct multiples of 200ms", id, at, other)
-				}
-				starts[at] = id
+				recordStart(t, &mu, starts, start, id)
 			}()
 		}
 		// The line's server: serves when told, until the line is empty.
