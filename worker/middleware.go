@@ -273,8 +273,16 @@ func (m *Middleware) newTable(rules []TaskRule) (*ruleTable, error) {
 			return nil, bad("fair_by", "needs Options.Asynq: the wake-up loop serves the subject's line")
 		case r.ShareLimit != (throttle.Limit{}) && r.FairBy == nil:
 			return nil, bad("share_limit", "limits each share of fair_by; set fair_by too")
-		case r.ShareLimit != (throttle.Limit{}) && (r.ShareLimit.Count < 1 || r.ShareLimit.Period <= 0 || r.ShareLimit.Burst < 0):
-			return nil, bad("share_limit", fmt.Sprintf("%+v: count and period must be positive, burst not negative", r.ShareLimit))
+		case r.ShareLimit != (throttle.Limit{}):
+			// Checked as throttle checks it at each Admit: a GCRA limit,
+			// a zero Burst being Count.
+			sl := r.ShareLimit
+			if sl.Burst == 0 {
+				sl.Burst = sl.Count
+			}
+			if err := (throttle.Rule{Name: "share_limit", Algorithm: throttle.GCRA, Limit: sl}).Validate(); err != nil {
+				return nil, bad("share_limit", err.Error())
+			}
 		}
 		for share, w := range r.Weights {
 			if w < 1 || w > 1000 {

@@ -552,10 +552,11 @@ func TestShareLimitErrors(t *testing.T) {
 			rule TaskRule
 			want string
 		}{
-			{"no count", with(func(r *TaskRule) { r.ShareLimit = throttle.Limit{Period: time.Second} }), `worker: rule "s": share_limit: {Count:0 Period:1s Burst:0}: count and period must be positive, burst not negative`},
-			{"no period", with(func(r *TaskRule) { r.ShareLimit = throttle.Limit{Count: 10} }), `worker: rule "s": share_limit: {Count:10 Period:0s Burst:0}: count and period must be positive`},
-			{"negative count", with(func(r *TaskRule) { r.ShareLimit = throttle.Limit{Count: -1, Period: time.Second} }), `worker: rule "s": share_limit: {Count:-1 `},
-			{"negative burst", with(func(r *TaskRule) { r.ShareLimit = throttle.Limit{Count: 10, Period: time.Second, Burst: -1} }), `worker: rule "s": share_limit: {Count:10 Period:1s Burst:-1}: count and period must be positive, burst not negative`},
+			{"no count", with(func(r *TaskRule) { r.ShareLimit = throttle.Limit{Period: time.Second} }), `worker: rule "s": share_limit: throttle: rule "share_limit": count: 0 must be at least 1`},
+			{"no period", with(func(r *TaskRule) { r.ShareLimit = throttle.Limit{Count: 10} }), `worker: rule "s": share_limit: throttle: rule "share_limit": period: 0s must be at least 1µs`},
+			{"negative count", with(func(r *TaskRule) { r.ShareLimit = throttle.Limit{Count: -1, Period: time.Second} }), `worker: rule "s": share_limit: throttle: rule "share_limit": count: -1 must be at least 1`},
+			{"burst past throttle's bounds", with(func(r *TaskRule) { r.ShareLimit = throttle.Limit{Count: 1, Period: 87600 * time.Hour, Burst: 40} }), `worker: rule "s": share_limit: throttle: rule "share_limit": burst: 40 burst × period / count must be at most`},
+			{"negative burst", with(func(r *TaskRule) { r.ShareLimit = throttle.Limit{Count: 10, Period: time.Second, Burst: -1} }), `worker: rule "s": share_limit: throttle: rule "share_limit": burst: -1 must be at least 1`},
 			{"concurrency", with(func(r *TaskRule) { r.Limiter = conc }), `worker: rule "s": share_limit: needs limits of gcra or token_bucket, which can book a turn for any moment; "c" is concurrency`},
 			{"window", with(func(r *TaskRule) { r.Limiter = window }), `worker: rule "s": share_limit: needs limits of gcra or token_bucket, which can book a turn for any moment; "w" is sliding_window`},
 			{"not a throttle.Limiter", with(func(r *TaskRule) { r.Limiter = &fakeWaiter{} }), `worker: rule "s": share_limit: needs a *throttle.Limiter: it is kept in the subject's line`},
