@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"maps"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -72,6 +73,22 @@ type Pacer struct {
 	// slot) is only a fallback. Tasks then start on their slots, spread over
 	// each second, instead of together at its start.
 	Wakeups *admission.Wakeups
+
+	// check, if set (by PaceSpec.Pacer), runs once before the first
+	// booking: admission.CheckLimits against the workers' published
+	// limits. A Pacer built by hand can make that check itself.
+	check     func(context.Context) error
+	checkOnce sync.Once
+	checkErr  error
+}
+
+// checkLimits runs p.check once and returns its error ever after.
+func (p *Pacer) checkLimits(ctx context.Context) error {
+	if p.check == nil {
+		return nil
+	}
+	p.checkOnce.Do(func() { p.checkErr = p.check(ctx) })
+	return p.checkErr
 }
 
 // Enqueue books task's slot, schedules it for that slot with its receipt
@@ -102,6 +119,9 @@ func (p *Pacer) enqueue(ctx context.Context, c Enqueuer, task *asynq.Task, opts 
 			info, err := c.EnqueueContext(ctx, task, opts...)
 			return info, time.Now(), err
 		}
+	}
+	if err := p.checkLimits(ctx); err != nil {
+		return nil, time.Time{}, err
 	}
 	// Booking ahead is the point: ctx's deadline (a scheduler's
 	// --run-for, say) must not bound how far ahead a slot may be.

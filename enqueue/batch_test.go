@@ -314,3 +314,47 @@ func TestPacerCost(t *testing.T) {
 		}
 	})
 }
+
+// A producer whose limit is not the workers' is refused before its first
+// booking, naming the rule and both limits: nothing is booked or
+// enqueued. With the workers' own limit the batch runs.
+func TestPacerRefusesAnotherLimit(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client) {
+		ctx := context.Background()
+		workers := throttle.Rule{Name: "partner", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(5).WithBurst(1)}
+		if err := admission.PublishLimits(ctx, rdb, throttle.DefaultPrefix, []throttle.Rule{workers}); err != nil {
+			t.Fatal(err)
+		}
+		spec := func(rate, burst int) PaceSpec {
+			return PaceSpec{Rule: "partner", Limit: throttle.PerSecond(rate).WithBurst(burst), Subject: rules.SubjectConfig{Fixed: "acct"}}
+		}
+
+		fast := spec(20, 5)
+		p, err := fast.Pacer(rdb, "partner:call", throttle.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := &fakeClient{}
+		_, err = (&Batch{Type: "partner:call", Count: 10, Pacer: p}).Run(ctx, c)
+		var mm *admission.LimitMismatchError
+		if !errors.As(err, &mm) || mm.Workers != "gcra 5 per 1s (burst 1)" || mm.Ours != "gcra 20 per 1s (burst 5)" {
+			t.Fatalf("a batch at 20/s (burst 5) beside workers at 5/s: %v; want a *admission.LimitMismatchError naming both", err)
+		}
+		if len(c.tasks) != 0 {
+			t.Errorf("%d tasks enqueued, want none", len(c.tasks))
+		}
+		if n := rdb.Exists(ctx, throttle.DefaultPrefix+"{acct}:partner").Val(); n != 0 {
+			t.Error("the refused batch booked a turn")
+		}
+
+		same := spec(5, 1)
+		p, err = same.Pacer(rdb, "partner:call", throttle.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := (&Batch{Type: "partner:call", Count: 10, Pacer: p}).Run(ctx, c)
+		if err != nil || res.Enqueued != 10 {
+			t.Fatalf("a batch at the workers' limit: %+v, %v; want 10 enqueued", res, err)
+		}
+	})
+}

@@ -1,6 +1,8 @@
 package enqueue
 
 import (
+	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"strconv"
@@ -85,7 +87,7 @@ func (s *PaceSpec) Pacer(rdb redis.UniversalClient, taskType string, base thrott
 	if err != nil {
 		return nil, fmt.Errorf("enqueue: pace: %w", err)
 	}
-	return &Pacer{Limiter: lim, Subject: s.Subject.Of, Keep: s.Keep, Lead: s.Lead, Wakeups: w}, nil
+	return &Pacer{Limiter: lim, Subject: s.Subject.Of, Keep: s.Keep, Lead: s.Lead, Wakeups: w, check: checker(rdb, prefix, lim)}, nil
 }
 
 func (s *PaceSpec) rulesPacer(rdb redis.UniversalClient, taskType string, base throttle.Options) (*Pacer, error) {
@@ -101,7 +103,19 @@ func (s *PaceSpec) rulesPacer(rdb redis.UniversalClient, taskType string, base t
 	if err != nil {
 		return nil, fmt.Errorf("enqueue: pace: %w", err)
 	}
-	return &Pacer{Limiter: lim, Subject: rc.Subject.Of, Cost: rc.Cost.Of, Keep: s.Keep, Lead: s.Lead, Wakeups: w}, nil
+	prefix := cmp.Or(s.Rules.Prefix, throttle.DefaultPrefix)
+	return &Pacer{Limiter: lim, Subject: rc.Subject.Of, Cost: rc.Cost.Of, Keep: s.Keep, Lead: s.Lead, Wakeups: w, check: checker(rdb, prefix, lim)}, nil
+}
+
+// checker returns a Pacer's check: lim's rules against the limits the
+// workers published under prefix (admission.CheckLimits).
+func checker(rdb redis.UniversalClient, prefix string, lim *throttle.Limiter) func(context.Context) error {
+	return func(ctx context.Context) error {
+		if err := admission.CheckLimits(ctx, rdb, prefix, lim.Rules()); err != nil {
+			return fmt.Errorf("enqueue: pace: %w", err)
+		}
+		return nil
+	}
 }
 
 // rule returns the rule of s.Rules that the workers apply to taskType,
