@@ -133,7 +133,7 @@
 //
 // AllowN(ctx, subject, 0) reads a subject's state under every rule without
 // charging it; AllowAtMost takes what there is, up to n; Reset forgets a
-// subject; PauseFor holds every rule of a subject back until a time an
+// subject (a reservation made before it gives nothing back); PauseFor holds every rule of a subject back until a time an
 // upstream gave (package httpthrottle does this for HTTP responses).
 //
 // The package owns the limiter, its algorithms and their Lua scripts. It
@@ -231,7 +231,10 @@
 //	Remaining on denial   (Tokens)                         0                             whole permits available now
 //	RetryAfter if allowed —                                -1                            0
 //	AllowAtMost           —                                grants ≥ 1 or denies          the same; n capped at the burst/count
-//	Reset                 —                                deletes the key               deletes every rule's keys and the pause
+//	Reset                 —                                deletes the key               deletes every rule's keys and the pause; a
+//	                                                                                     reservation made before it gives nothing
+//	                                                                                     back into the new state (a settle for
+//	                                                                                     more still charges it)
 //	Reservation.Delay     time left from now               —                             the same, from the slot on the local clock
 //	Cancel                after the time to act: nothing;  —                             the same, decided on Redis's clock; and a
 //	                      before: n less what later                                      place held by later reservations comes

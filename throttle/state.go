@@ -66,10 +66,17 @@ func (l *Limiter) AllowAtMost(ctx context.Context, subject string, n int) (grant
 
 // Reset forgets subject's state under every rule of the limiter, and any
 // pause (PauseFor) over it: the next request finds every rule at full
-// capacity. Reservations already granted keep their slots but can no
-// longer be refunded; prepaid receipts (PrepayN) stay redeemable. It is
-// one DEL of the subject's keys. Errors: ErrInvalidSubject, or an error
-// matching ErrRedis (FailOpen does not apply).
+// capacity. Reservations already granted keep their slots but give
+// nothing back into the new state: not by Cancel, nor by a Wait whose
+// context ends, a Settle for less, a part rolled back or leased slots
+// given back (a Settle for more still charges the new state: see
+// Settle). A reservation made in the same microsecond of Redis time as
+// the Reset counts as made before it. Prepaid receipts (PrepayN) stay
+// redeemable. It is one script call: it deletes the subject's keys and
+// records, per rule, the Redis time of the Reset, kept as long as a
+// reservation made before it could give something back (lua/reset.lua).
+// Errors: ErrInvalidSubject, or an error matching ErrRedis (FailOpen does
+// not apply).
 func (l *Limiter) Reset(ctx context.Context, subject string) error {
 	if l.parts != nil {
 		var errs []error
@@ -82,13 +89,41 @@ func (l *Limiter) Reset(ctx context.Context, subject string) error {
 	if err != nil {
 		return err
 	}
-	keys := make([]string, 0, 2*len(l.rules)+1)
-	for _, r := range l.keyRules {
-		keys = append(keys, key(l.prefix, enc, r), key(l.prefix, enc, r+cancelledSuffix))
-	}
+	keys := make([]string, 0, 4*len(l.rules)+1)
 	keys = append(keys, l.pauseKey(subject))
+	args := make([]any, len(l.rules))
+	for i, r := range l.keyRules {
+		keys = append(keys, key(l.prefix, enc, r), key(l.prefix, enc, r+cancelledSuffix),
+			key(l.prefix, enc, r+settledSuffix), key(l.prefix, enc, r+resetSuffix))
+		args[i] = afterlife(l.rules[i])
+	}
 	if l.local != nil {
 		l.local.drop(subject)
 	}
-	return l.result(ctx, opReset, l.rdb.Del(ctx, keys...).Err())
+	_, err = l.exec(ctx, opReset, resetScript, keys, args)
+	return err
+}
+
+// resetSuffix follows a rule's name: <rule>!reset holds the Redis time
+// (µs) of the rule's latest Reset, which refunds and settles of
+// reservations made before it read (lua/reset.lua, lua/driver.lua).
+const resetSuffix = "!reset"
+
+// resetScript is prelude.lua + reset.lua; see reset.lua for KEYS and
+// ARGV.
+var resetScript = buildScript("prelude.lua", "reset.lua")
+
+// afterlife is how long, in µs, after a rule's key would have expired a
+// reservation made on it could still give something back
+// (lua/reset.lua): a bucket's settle gives back until two bursts after
+// its state's times (bucket.lua); the windows forget everything with
+// their key; -1 for a Concurrency rule, which has no refunds.
+func afterlife(r Rule) int64 {
+	switch {
+	case r.Algorithm.spec().holders:
+		return -1
+	case r.Algorithm.bucket():
+		return int64(2 * float64(r.Limit.Burst) * float64(r.Limit.Period.Microseconds()) / float64(r.Limit.Count))
+	}
+	return 0
 }
