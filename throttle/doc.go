@@ -230,7 +230,9 @@
 //	Allowed               bool                             int (permits granted)         bool; AllowAtMost returns the count
 //	Remaining on denial   (Tokens)                         0                             whole permits available now
 //	RetryAfter if allowed —                                -1                            0
-//	AllowAtMost           —                                grants ≥ 1 or denies          the same; n capped at the burst/count
+//	AllowAtMost           —                                grants ≥ 1 or denies;         the same; n capped at the burst/count;
+//	                                                       AllowAtMost(0) reads          AllowAtMost(0) grants 0 and answers
+//	                                                                                     as AllowN(0)
 //	Reset                 —                                deletes the key               deletes every rule's keys and the pause; a
 //	                                                                                     reservation made before it gives nothing
 //	                                                                                     back into the new state (a settle for

@@ -14,9 +14,11 @@ import (
 // to n, and reports how many it took: at least 1, or 0 with the Result
 // of a denied request of 1 (RetryAfter is when 1 permit frees). It never
 // waits. Use it to drain a batch at the pace allowed: take what is
-// granted, leave the rest for later. n must be at least 1; n above a
-// rule's capacity is capped by what the rule can ever hold. Errors are as
-// for AllowN (a fail-open limiter admits all n when Redis fails); a limiter
+// granted, leave the rest for later. n above a rule's capacity is capped
+// by what the rule can ever hold. n = 0 reads the state, as redis_rate's
+// AllowAtMost(0) does: it grants 0 and returns AllowN(ctx, subject, 0)'s
+// Result, charging nothing. Errors are as for AllowN (a fail-open limiter
+// admits all n when Redis fails; a negative n is an error); a limiter
 // with a Concurrency rule is refused first, with a *ConfigError naming it
 // (field "algorithm"), whatever n.
 func (l *Limiter) AllowAtMost(ctx context.Context, subject string, n int) (granted int, res Result, err error) {
@@ -26,8 +28,12 @@ func (l *Limiter) AllowAtMost(ctx context.Context, subject string, n int) (grant
 	if l.parts != nil {
 		return 0, Result{}, errOneSubject
 	}
-	if n < 1 {
-		return 0, Result{}, fmt.Errorf("throttle: AllowAtMost(n = %d): n must be at least 1; use AllowN(ctx, subject, 0) to read the state", n)
+	if n == 0 {
+		res, err := l.AllowN(ctx, subject, 0)
+		return 0, res, err
+	}
+	if n < 0 {
+		return 0, Result{}, fmt.Errorf("throttle: AllowAtMost(n = %d): n must not be negative (0 reads the state)", n)
 	}
 	for _, r := range l.rules {
 		n = min(n, r.Limit.capacity(r.Algorithm))
