@@ -220,6 +220,14 @@
 //	behaviour             x/time/rate                      redis_rate                    throttle
 //	--------------------  -------------------------------  ----------------------------  -------------------------------------------
 //	clock                 the caller's (AllowN(t, n))      Redis TIME                    Redis TIME; waking maps it to local time
+//	clock steps back by J a t before the last call's       as throttle: its TAT stays    TokenBucket and GCRA keep their state, a
+//	                      keeps the tokens counted, and                                  time (the TAT): the bucket holds burst −
+//	                      refills again from t                                           (TAT − now) × rate whole tokens, up to J ×
+//	                                                                                     rate fewer than before the step (none
+//	                                                                                     fewer once the clock is past the TAT), down
+//	                                                                                     to 0 and into debt: the next permit comes
+//	                                                                                     when the clock reaches the same Redis time,
+//	                                                                                     up to J later
 //	arithmetic            float64 tokens, ns; a deficit    float64 µs in Lua             exact (see above); whole µs, delays rounded
 //	                      under 1ns admits                                               up; a request 1µs early is denied
 //	rate                  Limit (events/s), Inf allowed    Limit{Rate, Burst, Period}    Limit{Count, Period, Burst}; no Inf; burst ≥ 1
