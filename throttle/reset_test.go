@@ -252,3 +252,43 @@ func TestResetLeaseGivesNothingBack(t *testing.T) {
 		})
 	}
 }
+
+// One refund call gives back several reservations (refund.go batches
+// them), each with its own booking time: of a reservation made before
+// Reset and one made after, in either order, only the later comes back.
+func TestResetRefundBatch(t *testing.T) {
+	for _, first := range []string{"earlier first", "later first"} {
+		t.Run(first, func(t *testing.T) {
+			eachRateAlgorithm(t, func(t *testing.T, a Algorithm, rdb *redis.Client) {
+				ctx := context.Background()
+				l := mustNew(t, rdb, Options{}, resetRule(a))
+				if a.bucket() {
+					allow(t, l, "s", 5)
+				}
+				before := mustReserve(t, l, 2)
+				time.Sleep(ms)
+				if err := l.Reset(ctx, "s"); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(ms)
+				after := mustReserve(t, l, 2)
+				if got := admitted(t, l, "s", 10); got != 3 {
+					t.Fatalf("%d admitted after Reset and a reservation of 2, want 3", got)
+				}
+				batch := []*refundEntry{
+					{ctx: ctx, n: 2, booked: before.booked, tickets: before.tickets},
+					{ctx: ctx, n: 2, booked: after.booked, tickets: after.tickets},
+				}
+				if first == "later first" {
+					batch[0], batch[1] = batch[1], batch[0]
+				}
+				if err := l.refundNow("s", batch, false); err != nil {
+					t.Fatal(err)
+				}
+				if got := admitted(t, l, "s", 10); got != 2 {
+					t.Fatalf("%d admitted after the batch, want the 2 of the later reservation", got)
+				}
+			})
+		})
+	}
+}
