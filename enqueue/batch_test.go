@@ -358,3 +358,27 @@ func TestPacerRefusesAnotherLimit(t *testing.T) {
 		}
 	})
 }
+
+// A batch paced by a PaceSpec books no slot sooner than Reach after it
+// starts, even on an idle rule: the first task needs that long to reach
+// a worker, and a slot sooner found it late for its receipt, charged a
+// second time at the end of the batch. The rest follow an interval apart.
+func TestPaceSpecFirstSlotReachable(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client) {
+		spec := PaceSpec{Rule: "partner", Limit: throttle.PerSecond(20).WithBurst(1), Subject: rules.SubjectConfig{Fixed: "acct"}}
+		p, err := spec.Pacer(rdb, "partner:call", throttle.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		var due []time.Duration
+		_, err = (&Batch{Type: "partner:call", Count: 3, Pacer: p,
+			OnEnqueued: func(e Enqueued) { due = append(due, e.Due.Sub(start)) }}).Run(context.Background(), &fakeClient{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := []time.Duration{Reach, Reach + 50*time.Millisecond, Reach + 100*time.Millisecond}; fmt.Sprint(due) != fmt.Sprint(want) {
+			t.Errorf("slots after the start: %v, want %v", due, want)
+		}
+	})
+}

@@ -49,6 +49,17 @@ type PaceSpec struct {
 	Lead time.Duration
 }
 
+// Reach is how far ahead of its booking a paced task's slot is, at the
+// soonest (throttle.Options.PrepayAfter, for gcra and token_bucket rules):
+// the time a task needs to reach a worker, woken from the wake-up ledger
+// (admission.DefaultLead before its slot, on a look every
+// admission.DefaultTick) or moved by asynq's forwarder, then picked up
+// (worker.CheckInterval). A slot sooner, as the first of a batch on an
+// idle rule was, found its task late for its receipt: the task was
+// charged a second time and ran at the end of the batch. A batch's first
+// task thus starts Reach after the batch does.
+const Reach = 500 * time.Millisecond
+
 // wakeups returns the ledger a Pacer records its tasks in: the workers'
 // on rdb, unless a Lead asks for whole-second scheduling instead.
 func (s *PaceSpec) wakeups(rdb redis.UniversalClient) (*admission.Wakeups, error) {
@@ -78,7 +89,7 @@ func (s *PaceSpec) Pacer(rdb redis.UniversalClient, taskType string, base thrott
 	if prefix == "" {
 		prefix = throttle.DefaultPrefix
 	}
-	lim, err := throttle.New(rdb, throttle.Options{Prefix: prefix, Logger: base.Logger, OnRedisError: base.OnRedisError},
+	lim, err := throttle.New(rdb, throttle.Options{Prefix: prefix, Logger: base.Logger, OnRedisError: base.OnRedisError, PrepayAfter: Reach},
 		throttle.Rule{Name: s.Rule, Algorithm: algo, Limit: s.Limit})
 	if err != nil {
 		return nil, fmt.Errorf("enqueue: pace: %w", err)
@@ -95,6 +106,7 @@ func (s *PaceSpec) rulesPacer(rdb redis.UniversalClient, taskType string, base t
 	if err != nil {
 		return nil, err
 	}
+	base.PrepayAfter = Reach
 	lim, err := s.Rules.Limiter(rdb, rc.Name, base)
 	if err != nil {
 		return nil, err

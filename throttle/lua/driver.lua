@@ -26,6 +26,8 @@
 -- prepay only, after the rules:
 --   ARGV[4 + 5r] -> the receipt: id and rule names, a sorted-set member
 --   ARGV[5 + 5r] -> how long the receipt is kept after its slot, microseconds
+--   ARGV[6 + 5r] -> the soonest the slot may be, microseconds from now (0:
+--                   now; only for a policy of buckets, see unshift)
 -- prepay and admit: KEYS[r+2] (prepay), KEYS[r+3] (admit) -> the subject's
 --   tickets of booked turns and receipts, <prefix>{<subject>}:!tickets, a
 --   hash: member -> the refund tickets of its rules and the Redis time
@@ -756,6 +758,36 @@ if op == 'admit' then
   -- the rate rules: it is charged when it has a place.
   if c and not cc.free(c) then return wait_place() end
 end
+-- prepay's ARGV[6 + 5r] (µs, optional) is the soonest its slot may be:
+-- a job needs that long to reach whoever runs it, and a slot sooner would
+-- find it late, its receipt stale. The rules decide as if called that
+-- much later, as take does for a share (exact for the buckets, whose
+-- state is a time; a policy with another rule, whose window would be
+-- trimmed as of then, ignores it), and delays stay from the real now.
+local unshift
+if op == 'prepay' then
+  local after = tonumber(ARGV[6 + 5 * nrules]) or 0
+  for i = 1, nrules do
+    local algo = ARGV[4 + 5 * (i - 1)]
+    if algo ~= 'gcra' and algo ~= 'token_bucket' then after = 0 end
+  end
+  if after > 0 and (max_wait < 0 or max_wait >= after) then
+    now = now + after
+    if max_wait >= 0 then max_wait = max_wait - after end
+    -- unshift returns reply with its delay and now from the real now,
+    -- the rules' TTLs lengthened to match (bucket.lua set them from the
+    -- shifted now).
+    unshift = function(reply)
+      now = now - after
+      reply[4], reply[6] = reply[4] + after, now
+      for i = 1, nrules do
+        local pt = redis.call('PTTL', KEYS[i])
+        if pt > 0 then redis.call('PEXPIRE', KEYS[i], pt + math.ceil(after / 1000)) end
+      end
+      return reply
+    end
+  end
+end
 local reply
 if nrules == 1 then
   -- One rule, the common case: no per-rule arrays, one reply table.
@@ -769,7 +801,9 @@ if nrules == 1 then
     delay = math.ceil(math.min(delay, max_us))
     -- Past the horizon: the caller starts the line (see below).
     if line and not ok then return line.join(delay - line.horizon / 2) end
-    return {ok and 1 or 0, 1, remaining, delay, reset, now}
+    reply = {ok and 1 or 0, 1, remaining, delay, reset, now}
+    if unshift then return unshift(reply) end
+    return reply
   end
   local ticket = (one_commit or commits[algo])(KEYS[1], count, period, extra, n, delay, s1, s2)
   reply = {1, 1, remaining, math.ceil(math.min(delay, max_us)), reset, now, ticket}
@@ -808,6 +842,7 @@ else
   reply[5] = math.ceil(math.min(reply[5], max_us))
 end
 
+if unshift then reply = unshift(reply) end
 if line and reply[1] == 0 then
   -- Past the horizon: the caller starts the line, which is served when its
   -- turn comes within half the horizon.
