@@ -32,6 +32,10 @@ const (
 	DefaultCommandTimeout = time.Minute
 	// MaxTimeout is the longest timeout accepted.
 	MaxTimeout = 24 * time.Hour
+	// DefaultIdempotencyHeader is the request header that carries the
+	// task's ID when idempotency_header is not set, so that an API can
+	// tell a retry from a new call.
+	DefaultIdempotencyHeader = "Idempotency-Key"
 	// DefaultNoRetryExitCode is the exit code that archives a task at once
 	// when no_retry_exit_codes is not set: 65, EX_DATAERR of sysexits.h
 	// ("the input data was incorrect").
@@ -81,6 +85,11 @@ type HTTPSpec struct {
 	URL     string
 	Headers []Header // in file order
 	Timeout time.Duration
+	// IdempotencyHeader is the header that carries the asynq task ID,
+	// the same on every retry and deferral of one task; "" sends none.
+	// ParseConfig sets DefaultIdempotencyHeader unless the file says
+	// otherwise.
+	IdempotencyHeader string
 
 	url *urlTemplate
 }
@@ -179,7 +188,7 @@ func (c *Config) Handler(task string) (Spec, bool) {
 // The fields each mapping of the handlers section may have.
 var (
 	specFields    = []string{"task", "http", "command", "result_limit"}
-	httpFields    = []string{"method", "url", "headers", "timeout"}
+	httpFields    = []string{"method", "url", "headers", "timeout", "idempotency_header"}
 	commandFields = []string{"argv", "env", "timeout", "no_retry_exit_codes"}
 )
 
@@ -284,7 +293,48 @@ func (p *parser) http(n *yaml.Node, path string) (*HTTPSpec, error) {
 			return nil, err
 		}
 	}
+	if h.IdempotencyHeader, err = p.idempotencyHeader(fields, path, h.Headers); err != nil {
+		return nil, err
+	}
 	return h, nil
+}
+
+// idempotencyHeader reads idempotency_header of the http mapping whose
+// fields are given: a header name, or "" for none; the default if it is
+// not set. headers must not set it too.
+func (p *parser) idempotencyHeader(fields map[string]*yaml.Node, path string, headers []Header) (string, error) {
+	name := DefaultIdempotencyHeader
+	if n := fields["idempotency_header"]; n != nil {
+		var err error
+		if name, err = p.headerName(n, yamlfile.Join(path, "idempotency_header")); err != nil {
+			return "", err
+		}
+	}
+	for _, hd := range headers {
+		if hd.Name == name {
+			return "", p.Failf(fields["headers"], yamlfile.Join(path, "headers."+hd.Name),
+				"is the idempotency header, which carries the task ID: remove it here, or set idempotency_header to another name (\"\" for none)")
+		}
+	}
+	return name, nil
+}
+
+// headerName reads idempotency_header's value: a header name, or "".
+func (p *parser) headerName(n *yaml.Node, field string) (string, error) {
+	if n.ShortTag() == "!!null" {
+		return "", p.Failf(n, field, `an empty value: write "" to send no idempotency header, or a header name such as Idempotency-Key`)
+	}
+	name, err := p.Str(n, field)
+	if err != nil {
+		return "", err
+	}
+	if name == "" {
+		return "", nil
+	}
+	if !headerNameRE.MatchString(name) {
+		return "", p.Failf(n, field, "%q is not a valid header name; give one such as Idempotency-Key, or \"\" to send none", name)
+	}
+	return http.CanonicalHeaderKey(name), nil
 }
 
 func (p *parser) command(n *yaml.Node, path string) (*CommandSpec, error) {
@@ -494,6 +544,11 @@ func (s Spec) Describe() string {
 	case s.HTTP != nil:
 		h := s.HTTP
 		fmt.Fprintf(&b, "http %s %s, timeout %v", h.Method, h.URL, h.Timeout)
+		if h.IdempotencyHeader != "" {
+			fmt.Fprintf(&b, ", task ID in %s", h.IdempotencyHeader)
+		} else {
+			b.WriteString(", no idempotency header")
+		}
 		if len(h.Headers) > 0 {
 			var names []string
 			for _, hd := range h.Headers {
