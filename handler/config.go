@@ -32,6 +32,11 @@ const (
 	DefaultCommandTimeout = time.Minute
 	// MaxTimeout is the longest timeout accepted.
 	MaxTimeout = 24 * time.Hour
+	// DefaultStopGrace is how long a command's processes have between
+	// SIGTERM and SIGKILL when stop_grace is not set.
+	DefaultStopGrace = 5 * time.Second
+	// MaxStopGrace is the longest stop_grace accepted.
+	MaxStopGrace = 10 * time.Minute
 	// DefaultIdempotencyHeader is the request header that carries the
 	// task's ID when idempotency_header is not set, so that an API can
 	// tell a retry from a new call.
@@ -116,6 +121,11 @@ type CommandSpec struct {
 	Argv    []string
 	Env     []EnvVar // in file order
 	Timeout time.Duration
+	// StopGrace is how long the command's processes have to end after
+	// SIGTERM (at the timeout, or when the task is cancelled) before
+	// SIGKILL; 0 sends SIGKILL right after SIGTERM. ParseConfig sets
+	// DefaultStopGrace unless the file says otherwise.
+	StopGrace time.Duration
 	// NoRetryExitCodes archive the task at once (no retry); other non-zero
 	// codes are retried.
 	NoRetryExitCodes []int
@@ -189,7 +199,7 @@ func (c *Config) Handler(task string) (Spec, bool) {
 var (
 	specFields    = []string{"task", "http", "command", "result_limit"}
 	httpFields    = []string{"method", "url", "headers", "timeout", "idempotency_header"}
-	commandFields = []string{"argv", "env", "timeout", "no_retry_exit_codes"}
+	commandFields = []string{"argv", "env", "timeout", "stop_grace", "no_retry_exit_codes"}
 )
 
 var (
@@ -343,28 +353,9 @@ func (p *parser) command(n *yaml.Node, path string) (*CommandSpec, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &CommandSpec{Timeout: DefaultCommandTimeout, NoRetryExitCodes: []int{DefaultNoRetryExitCode}}
-	an := fields["argv"]
-	if an == nil {
-		return nil, p.Failf(n, f("argv"), `missing; give the program and its arguments as a list, such as ["/usr/local/bin/render", "--tenant", "{tenant}"]`)
-	}
-	if an.Kind != yaml.SequenceNode || len(an.Content) == 0 {
-		return nil, p.Failf(an, f("argv"), `%s must be a list of at least the program, such as ["/usr/local/bin/render", "{tenant}"]`, yamlfile.Describe(an))
-	}
-	for i, v := range an.Content {
-		v = yamlfile.Resolve(v)
-		field := f("argv[" + strconv.Itoa(i+1) + "]")
-		if v.Kind != yaml.ScalarNode || (v.ShortTag() != "!!str" && v.ShortTag() != "!!int") {
-			return nil, p.Failf(v, field, "%s must be a string", yamlfile.Describe(v))
-		}
-		if i == 0 {
-			if v.Value == "" || placeholderRE.MatchString(v.Value) {
-				return nil, p.Failf(v, field, "%q: the program must be a literal path or name, never taken from the payload", v.Value)
-			}
-		} else if _, whole := wholePlaceholder(v.Value); !whole && placeholderRE.MatchString(v.Value) {
-			return nil, p.Failf(v, field, "%q: a payload field fills a whole argument only; write it as its own element, such as [\"--tenant\", \"{tenant}\"]", v.Value)
-		}
-		c.Argv = append(c.Argv, v.Value)
+	c := &CommandSpec{Timeout: DefaultCommandTimeout, StopGrace: DefaultStopGrace, NoRetryExitCodes: []int{DefaultNoRetryExitCode}}
+	if c.Argv, err = p.argv(n, fields["argv"], f("argv")); err != nil {
+		return nil, err
 	}
 	if v := fields["env"]; v != nil {
 		m, err := p.stringMap(v, f("env"), "a mapping of variable names to values, such as {API_TOKEN: \"${API_TOKEN}\"}")
@@ -380,6 +371,11 @@ func (p *parser) command(n *yaml.Node, path string) (*CommandSpec, error) {
 	}
 	if v := fields["timeout"]; v != nil {
 		if c.Timeout, err = p.Duration(v, f("timeout"), time.Millisecond, MaxTimeout); err != nil {
+			return nil, err
+		}
+	}
+	if v := fields["stop_grace"]; v != nil {
+		if c.StopGrace, err = p.Duration(v, f("stop_grace"), 0, MaxStopGrace); err != nil {
 			return nil, err
 		}
 	}
@@ -399,6 +395,36 @@ func (p *parser) command(n *yaml.Node, path string) (*CommandSpec, error) {
 		}
 	}
 	return c, nil
+}
+
+// argv reads a command's argv, the node an of the command n: the
+// program (literal) and its arguments, each a literal or a whole
+// {field}.
+func (p *parser) argv(n, an *yaml.Node, field string) ([]string, error) {
+	if an == nil {
+		return nil, p.Failf(n, field, `missing; give the program and its arguments as a list, such as ["/usr/local/bin/render", "--tenant", "{tenant}"]`)
+	}
+	an = yamlfile.Resolve(an)
+	if an.Kind != yaml.SequenceNode || len(an.Content) == 0 {
+		return nil, p.Failf(an, field, `%s must be a list of at least the program, such as ["/usr/local/bin/render", "{tenant}"]`, yamlfile.Describe(an))
+	}
+	var argv []string
+	for i, v := range an.Content {
+		v = yamlfile.Resolve(v)
+		vf := field + "[" + strconv.Itoa(i+1) + "]"
+		if v.Kind != yaml.ScalarNode || (v.ShortTag() != "!!str" && v.ShortTag() != "!!int") {
+			return nil, p.Failf(v, vf, "%s must be a string", yamlfile.Describe(v))
+		}
+		if i == 0 {
+			if v.Value == "" || placeholderRE.MatchString(v.Value) {
+				return nil, p.Failf(v, vf, "%q: the program must be a literal path or name, never taken from the payload", v.Value)
+			}
+		} else if _, whole := wholePlaceholder(v.Value); !whole && placeholderRE.MatchString(v.Value) {
+			return nil, p.Failf(v, vf, "%q: a payload field fills a whole argument only; write it as its own element, such as [\"--tenant\", \"{tenant}\"]", v.Value)
+		}
+		argv = append(argv, v.Value)
+	}
+	return argv, nil
 }
 
 type namedValue struct {
@@ -558,7 +584,7 @@ func (s Spec) Describe() string {
 		}
 	case s.Command != nil:
 		c := s.Command
-		fmt.Fprintf(&b, "command %q, timeout %v", c.Argv, c.Timeout)
+		fmt.Fprintf(&b, "command %q, timeout %v, SIGKILL %v after SIGTERM", c.Argv, c.Timeout, c.StopGrace)
 		if len(c.Env) > 0 {
 			var names []string
 			for _, e := range c.Env {

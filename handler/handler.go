@@ -21,7 +21,15 @@
 // retry with backoff.
 //
 // An http request carries the task's ID in the Idempotency-Key header
-// (HTTPSpec.IdempotencyHeader), the same on every try of one task.
+// (HTTPSpec.IdempotencyHeader), the same on every try of one task. On
+// Unix, a command runs in a process group of its own under a supervisor process
+// (the program's own executable again, started under the name
+// "jobthrottle-supervise", which any program importing this package
+// recognises before its main runs): at the timeout or when the task's
+// context ends the group gets SIGTERM, then SIGKILL after the stop
+// grace; what the program leaves running when it exits is stopped the
+// same way; and when the worker dies the group is killed at once. No
+// process of the group outlives its task or its worker.
 //
 // Imports: asynq, rules (the file), admission (ThrottledError, WaitedFrom),
 // throttle (pauses) and httpthrottle (the HTTP transport); it must not
