@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os/exec"
 	"slices"
@@ -21,8 +22,9 @@ import (
 // into the task's error: 1 KiB.
 const StderrTail = 1 << 10
 
-// waitDelay bounds how long a command's output is awaited after it was
-// killed (its children may hold the pipes open).
+// waitDelay bounds how long a command's output is awaited after it
+// ended, or after its stop grace (processes that left its process group
+// may hold the pipes open).
 const waitDelay = 2 * time.Second
 
 // commandHandler runs one command handler.
@@ -63,15 +65,17 @@ func (h *commandHandler) ProcessTask(ctx context.Context, task *asynq.Task) erro
 	cs := h.spec.Command
 	rctx, cancel := context.WithTimeout(ctx, cs.Timeout)
 	defer cancel()
-	cmd := exec.CommandContext(rctx, h.path, args...)
-	cmd.Args[0] = cs.Argv[0]
-	cmd.Stdin = bytes.NewReader(task.Payload())
-	cmd.Env = append(slices.Clip(h.env), "JOBTHROTTLE_TASK_ID="+task.ResultWriter().TaskID(), "JOBTHROTTLE_TASK_TYPE="+task.Type())
 	stdout := &cappedBuffer{limit: h.spec.ResultLimit}
 	stderr := &tailBuffer{size: StderrTail}
-	cmd.Stdout, cmd.Stderr = stdout, stderr
-	cmd.WaitDelay = waitDelay
-	err = cmd.Run()
+	err = runProgram(rctx, program{
+		path:   h.path,
+		argv:   append([]string{cs.Argv[0]}, args...),
+		env:    append(slices.Clip(h.env), "JOBTHROTTLE_TASK_ID="+taskID(task), "JOBTHROTTLE_TASK_TYPE="+task.Type()),
+		stdin:  bytes.NewReader(task.Payload()),
+		stdout: stdout,
+		stderr: stderr,
+		grace:  cs.StopGrace,
+	})
 	name := cs.Argv[0]
 	tail := func() string {
 		s := strings.TrimSpace(strings.ToValidUTF8(string(stderr.b), "?"))
@@ -80,7 +84,7 @@ func (h *commandHandler) ProcessTask(ctx context.Context, task *asynq.Task) erro
 		}
 		return "stderr: " + strconv.Quote(s)
 	}
-	var exitErr *exec.ExitError
+	var exitErr *exitCodeError
 	switch {
 	case err == nil:
 		return writeResult(task, stdout.b, h.spec.ResultLimit)
@@ -88,10 +92,10 @@ func (h *commandHandler) ProcessTask(ctx context.Context, task *asynq.Task) erro
 		return fmt.Errorf("handler: %s: killed after the timeout of %v; will retry; %s", name, cs.Timeout, tail())
 	case ctx.Err() != nil:
 		return ctx.Err()
-	case errors.As(err, &exitErr) && exitErr.Exited():
-		code := exitErr.ExitCode()
+	case errors.As(err, &exitErr):
+		code := exitErr.code
 		if slices.Contains(cs.NoRetryExitCodes, code) {
-			h.log.Warn("handler: the command refused the task; archived", "task_id", task.ResultWriter().TaskID(), "exit_code", code)
+			h.log.Warn("handler: the command refused the task; archived", "task_id", taskID(task), "exit_code", code)
 			return fmt.Errorf("handler: %s exited with %d (no retry); archived without retry; %s: %w", name, code, tail(), asynq.SkipRetry)
 		}
 		return fmt.Errorf("handler: %s exited with %d; will retry; %s", name, code, tail())
@@ -99,6 +103,24 @@ func (h *commandHandler) ProcessTask(ctx context.Context, task *asynq.Task) erro
 		return fmt.Errorf("handler: %s: %v; will retry; %s", name, err, tail())
 	}
 }
+
+// program is one run of a command handler's program.
+type program struct {
+	path   string   // the program's file, looked up
+	argv   []string // argv[0] as written, then the arguments
+	env    []string // all of its environment
+	stdin  io.Reader
+	stdout io.Writer
+	stderr io.Writer
+	// grace is how long its processes have between SIGTERM and SIGKILL
+	// when ctx ends.
+	grace time.Duration
+}
+
+// exitCodeError is a program's exit with a code other than 0.
+type exitCodeError struct{ code int }
+
+func (e *exitCodeError) Error() string { return "exit status " + strconv.Itoa(e.code) }
 
 // args returns the command's arguments after the program, each
 // placeholder argument replaced by its payload field, whole.

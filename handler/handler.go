@@ -20,6 +20,17 @@
 // else (5xx, timeouts, connection errors, other exit codes): asynq's
 // retry with backoff.
 //
+// An http request carries the task's ID in the Idempotency-Key header
+// (HTTPSpec.IdempotencyHeader), the same on every try of one task. On
+// Unix, a command runs in a process group of its own under a supervisor process
+// (the program's own executable again, started under the name
+// "jobthrottle-supervise", which any program importing this package
+// recognises before its main runs): at the timeout or when the task's
+// context ends the group gets SIGTERM, then SIGKILL after the stop
+// grace; what the program leaves running when it exits is stopped the
+// same way; and when the worker dies the group is killed at once. No
+// process of the group outlives its task or its worker.
+//
 // Imports: asynq, rules (the file), admission (ThrottledError, WaitedFrom),
 // throttle (pauses) and httpthrottle (the HTTP transport); it must not
 // import worker or enqueue: cmd/worker puts the two together.
@@ -92,7 +103,17 @@ func (c *Config) build(s Spec, opts Options) (asynq.Handler, error) {
 // payloadError is the error for a task whose payload the handler cannot
 // use: archived at once.
 func payloadError(task *asynq.Task, err error) error {
-	return fmt.Errorf("handler: task %s (%s): %v; archived without retry: %w", task.ResultWriter().TaskID(), task.Type(), err, asynq.SkipRetry)
+	return fmt.Errorf("handler: task %s (%s): %v; archived without retry: %w", taskID(task), task.Type(), err, asynq.SkipRetry)
+}
+
+// taskID is the task's asynq ID: the same for every retry and deferral
+// of the task. It is "" for a task that no asynq server runs (one made
+// with asynq.NewTask in a test).
+func taskID(task *asynq.Task) string {
+	if w := task.ResultWriter(); w != nil {
+		return w.TaskID()
+	}
+	return ""
 }
 
 // writeResult stores out, cut to limit bytes, as the task's result.

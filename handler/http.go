@@ -160,17 +160,9 @@ func (h *httpHandler) send(ctx context.Context, task *asynq.Task) error {
 	}
 	rctx, cancel := context.WithTimeout(ctx, h.spec.HTTP.Timeout)
 	defer cancel()
-	var body io.Reader
-	if h.spec.HTTP.Method != http.MethodGet {
-		body = bytes.NewReader(task.Payload())
-	}
-	req, err := http.NewRequestWithContext(rctx, h.spec.HTTP.Method, target, body)
+	req, err := h.request(rctx, task, target)
 	if err != nil {
 		return payloadError(task, err)
-	}
-	req.Header = h.headers.Clone()
-	if body != nil && req.Header.Get("Content-Type") == "" {
-		req.Header.Set("Content-Type", "application/json")
 	}
 	what := h.spec.HTTP.Method + " " + h.url.origin
 	resp, err := h.client.Do(req)
@@ -205,9 +197,31 @@ func (h *httpHandler) send(ctx context.Context, task *asynq.Task) error {
 	case code >= 500:
 		return fmt.Errorf("handler: %s answered %s: %s; will retry", what, resp.Status, excerpt(out))
 	default: // 3xx (not followed) and 4xx
-		h.log.Warn("handler: the upstream rejected the request; task archived", "task_id", task.ResultWriter().TaskID(), "status", code)
+		h.log.Warn("handler: the upstream rejected the request; task archived", "task_id", taskID(task), "status", code)
 		return fmt.Errorf("handler: %s answered %s: %s; archived without retry: %w", what, resp.Status, excerpt(out), asynq.SkipRetry)
 	}
+}
+
+// request is the task's request to target: its payload as the body
+// (but for GET), the file's headers, and its ID in the idempotency
+// header.
+func (h *httpHandler) request(ctx context.Context, task *asynq.Task, target string) (*http.Request, error) {
+	var body io.Reader
+	if h.spec.HTTP.Method != http.MethodGet {
+		body = bytes.NewReader(task.Payload())
+	}
+	req, err := http.NewRequestWithContext(ctx, h.spec.HTTP.Method, target, body)
+	if err != nil {
+		return nil, err
+	}
+	req.Header = h.headers.Clone()
+	if name, id := h.spec.HTTP.IdempotencyHeader, taskID(task); name != "" && id != "" {
+		req.Header.Set(name, id)
+	}
+	if body != nil && req.Header.Get("Content-Type") == "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	return req, nil
 }
 
 // throttled defers a task whose upstream asked to slow down, until the
@@ -235,7 +249,7 @@ func (h *httpHandler) throttled(ctx context.Context, task *asynq.Task, subject s
 		wait = DefaultRetryAfter
 	}
 	retryAt := now.Add(wait)
-	h.log.Info("handler: deferred until the upstream's time", "task_id", task.ResultWriter().TaskID(), "status", resp.StatusCode, "retry_at", retryAt.UTC().Format(time.RFC3339Nano))
+	h.log.Info("handler: deferred until the upstream's time", "task_id", taskID(task), "status", resp.StatusCode, "retry_at", retryAt.UTC().Format(time.RFC3339Nano))
 	return &admission.ThrottledError{
 		Rule: h.rule, Subject: subject, RetryAt: retryAt,
 		Err: fmt.Errorf("handler: %s %s answered %s: %s", h.spec.HTTP.Method, h.url.origin, resp.Status, excerpt(body)),
