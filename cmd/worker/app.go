@@ -35,8 +35,8 @@ type app struct {
 // the handlers (their ${VAR}s set, their programs on $PATH) and the demo.
 // So a file that passes --check starts, short of Redis, and start refuses a
 // bad one before it connects anywhere. It connects to nothing: it builds
-// on a Redis client that cannot dial (the wake-up loop's first calls fail,
-// unlogged), and closes what it built.
+// on a Redis client that fails every command before it dials (the wake-up
+// loop's first calls fail, unlogged), and closes what it built.
 func validate(o options, getenv func(string) string) (*rules.Config, *handler.Config, error) {
 	cfg, hs, err := loadRules(o.config)
 	if err != nil {
@@ -49,10 +49,8 @@ func validate(o options, getenv func(string) string) (*rules.Config, *handler.Co
 		}
 		_ = rdb.Close()
 	}
-	offline := redis.NewClient(&redis.Options{
-		Addr:   "127.0.0.1:0",
-		Dialer: func(context.Context, string, string) (net.Conn, error) { return nil, errOffline },
-	})
+	offline := redis.NewClient(&redis.Options{Addr: "127.0.0.1:0"})
+	offline.AddHook(offlineHook{})
 	defer offline.Close()
 	a, err := build(o, cfg, hs, offline, getenv, slog.New(slog.DiscardHandler))
 	if err != nil {
@@ -64,6 +62,30 @@ func validate(o options, getenv func(string) string) (*rules.Config, *handler.Co
 
 // errOffline is what validate's Redis client answers, were it ever asked.
 var errOffline = errors.New("worker: checking the rules connects to no Redis")
+
+// offlineHook fails every command of a go-redis client before it takes a
+// connection, so the client never dials (nor logs a failed dial).
+type offlineHook struct{}
+
+func (offlineHook) DialHook(redis.DialHook) redis.DialHook {
+	return func(context.Context, string, string) (net.Conn, error) { return nil, errOffline }
+}
+
+func (offlineHook) ProcessHook(redis.ProcessHook) redis.ProcessHook {
+	return func(_ context.Context, cmd redis.Cmder) error {
+		cmd.SetErr(errOffline)
+		return errOffline
+	}
+}
+
+func (offlineHook) ProcessPipelineHook(redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(_ context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			cmd.SetErr(errOffline)
+		}
+		return errOffline
+	}
+}
 
 // build builds the app on rdb; the middleware's wake-up loop of parked
 // tasks starts on it at once. Mistakes in the rules file, and in the

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -176,8 +177,8 @@ handlers:
 	// A Redis URL nobody answers: --check must not need it.
 	env := []string{"PARTNER_TOKEN=s3cret-token", "REDIS_URL=redis://" + closedAddr}
 	code, stdout, stderr := cmdtest.Run(t, env, "--check", "--config", rules)
-	if code != exitOK {
-		t.Fatalf("exit %d, stderr:\n%s", code, stderr)
+	if code != exitOK || stderr != "" {
+		t.Fatalf("exit %d, stderr:\n%s\nwant exit 0 and nothing on stderr (no log, no dial)", code, stderr)
 	}
 	for _, want := range []string{
 		rules + `: OK: 3 rules, 2 handlers; prefix "acme:", fail_open false`,
@@ -271,7 +272,16 @@ func TestBinaryHealthAndDemo(t *testing.T) {
 		t.Errorf("demo:echo result %s", got.Result)
 	}
 
-	proc.Stop()
+	// Redis takes commands and answers none for 2s: /readyz gives up
+	// after readyTimeout, not after go-redis's read timeout (3s).
+	if err := rdb.Do(context.Background(), "CLIENT", "PAUSE", "2000", "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := get("/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "not ready: Redis does not answer within 500ms") {
+		t.Errorf("/readyz with Redis paused: %d %s; want 503 within readyTimeout", code, body)
+	}
+
+	proc.Kill() // SHUTDOWN would wait for the pause
 	if code, body := get("/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "Redis does not answer") {
 		t.Errorf("/readyz with Redis stopped: %d %s; want 503 naming Redis", code, body)
 	}
