@@ -388,7 +388,8 @@ func (m *Middleware) Wrap(next asynq.Handler) asynq.Handler {
 // to ShutdownTimeout for tasks that are only waiting. Tasks on their last
 // attempt are not drained unless Options.Asynq is set (deferring would
 // archive them); asynq puts them back in their queue when ShutdownTimeout
-// passes. Drain cannot be undone.
+// passes. It logs the summary of the parks counted since the last one
+// (ParkSummaryEvery) at once. Drain cannot be undone.
 func (m *Middleware) Drain() {
 	m.drain()
 	if m.stopped != nil {
