@@ -6,14 +6,15 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/handler"
 	"github.com/jobthrottle/jobthrottle/rules"
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
 // check prints the rules and handlers of a valid rules file as the worker
-// understands them, for `worker --check`: what CI runs on a rules change.
-// It connects to nothing.
+// understands them, for `worker --check` (what CI runs on a rules change),
+// once validate has passed them.
 func check(w io.Writer, cfg *rules.Config, handlers *handler.Config) {
 	fmt.Fprintf(w, "%s: OK: %s, %s; prefix %q, fail_open %v\n", cfg.File, count(len(cfg.Rules), "rule"), count(len(handlers.Handlers), "handler"), cfg.Prefix, cfg.FailOpen)
 	for _, r := range cfg.Rules {
@@ -21,7 +22,9 @@ func check(w io.Writer, cfg *rules.Config, handlers *handler.Config) {
 		if r.Subject.PayloadField == "" {
 			subject = fmt.Sprintf("fixed %q", r.Subject.Fixed)
 		}
-		maxWait := "the task's deadline"
+		// A rule's limiter is a *throttle.Limiter, which books turns: an
+		// unset max_wait is the admission gate's default.
+		maxWait := admission.DefaultMaxWait.String() + " (the default)"
 		if r.MaxWait > 0 {
 			maxWait = r.MaxWait.String()
 		}
