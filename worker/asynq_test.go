@@ -685,11 +685,12 @@ func TestAsynqLine(t *testing.T) {
 	for _, r := range b.runs() {
 		turns = append(turns, r.wait.Turn)
 	}
-	slices.SortFunc(turns, time.Time.Compare)
-	for i := 1; i < n; i++ {
-		if gap := turns[i].Sub(turns[i-1]); gap < 100*time.Millisecond-time.Millisecond {
-			t.Errorf("turns %d and %d are %v apart on the Redis clock; the rule spaces them 100ms", i-1, i, gap)
-		}
+	// The promise is per window: a task back late for its booked turn,
+	// within the tolerance (one interval), runs on it as late as it came,
+	// so on a loaded machine two turns may be closer than 100ms, never
+	// more than limit + burst in a second.
+	if most := redistest.MaxInWindow(turns, time.Second); most > 11 {
+		t.Errorf("%d turns in one second on the Redis clock; the rule allows 10 + burst 1", most)
 	}
 	// About 30 of the 40 turns were more than a second away: the line's.
 	if got := testutil.ToFloat64(m.lineTurns.WithLabelValues("api")); got < 20 || got > n {
