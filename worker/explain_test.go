@@ -104,7 +104,7 @@ func explainUntil(t *testing.T, rdb redis.UniversalClient, id string, opts Expla
 
 // A parked task is explained with its rule, subject and booked turn (and
 // the wake-up that brings it back), or its place in its subject's line,
-// and what it last waited for.
+// and what it last waited for, then and once it has run.
 func TestExplainParked(t *testing.T) {
 	t.Parallel()
 	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
@@ -129,47 +129,75 @@ func TestExplainParked(t *testing.T) {
 			}
 			es = append(es, e)
 		}
-		booked, lined := es[:3], es[3:]
-		var turns []time.Time
-		for _, e := range byStatus(t, booked, 1, 2) {
-			r := e.Rule
-			if r == nil || r.Name != "booked" || r.Subject != "a1" || r.Turn == nil || r.InLine {
-				t.Fatalf("booked task: rule %+v, want a turn of rule booked for a1", r)
-			}
-			if !r.Turn.After(e.Now) || r.Turn.Sub(e.Now) > 20*time.Second {
-				t.Errorf("turn %v is not within 20s after now %v", r.Turn, e.Now)
-			}
-			if e.Wakeup == nil || !e.Wakeup.Equal(*r.Turn) {
-				t.Errorf("wake-up %v, want at the turn %v", e.Wakeup, r.Turn)
-			}
-			checkLastWait(t, e, "booked", "a1")
-			for _, want := range []string{`is parked in queue "default": waiting for its turn, not failed`, `rule "booked" (limits booked), subject "a1"`, "turn booked for " + r.Turn.Format("2006-01-02T15:04:05.000Z") + " (in ", "the wake-up loop moves it to pending just before\n", `last parked at `, "retried 0 of 25"} {
-				if !strings.Contains(e.Text(), want) {
-					t.Errorf("text lacks %q:\n%s", want, e.Text())
-				}
-			}
-			turns = append(turns, *r.Turn)
-		}
-		slices.SortFunc(turns, time.Time.Compare)
-		if gap := turns[1].Sub(turns[0]); gap != 10*time.Second {
-			t.Errorf("the two booked turns are %v apart, want the rule's 10s", gap)
-		}
-		var places []int
-		for _, e := range byStatus(t, lined, 1, 2) {
-			r := e.Rule
-			if r == nil || !r.InLine || r.Turn != nil || r.LineLength != 2 || r.LineServing == nil || e.Wakeup != nil {
-				t.Fatalf("lined task: rule %+v, wake-up %v: want in a line of 2 with a serving, no turn, no wake-up", r, e.Wakeup)
-			}
-			checkLastWait(t, e, "lined", "b1")
-			if want := fmt.Sprintf("waiting in its subject's line, no turn booked yet: place %d of 2; the line is next served at ", r.Place); !strings.Contains(e.Text(), want) {
-				t.Errorf("text lacks %q:\n%s", want, e.Text())
-			}
-			places = append(places, r.Place)
-		}
-		if slices.Sort(places); !slices.Equal(places, []int{1, 2}) {
-			t.Errorf("places in line %v, want 1 and 2", places)
+		booked := byStatus(t, es[:3], 1, 2)
+		checkBooked(t, booked)
+		checkLined(t, byStatus(t, es[3:], 1, 2))
+
+		// Once run, a task that was parked still says what it waited for.
+		p := booked[0]
+		done := explainUntil(t, rdb, p.TaskID, opts, "completed", func(e *Explanation) bool { return e.Status == StatusCompleted })
+		if w := done.LastWait; w == nil || w.Rule != "booked" || !strings.Contains(done.Text(), `  last parked at `+p.LastErrorAt.Format("2006-01-02T15:04:05.000Z")+` (`) ||
+			!strings.Contains(done.Text(), `by rule "booked", subject "a1", until `+p.LastWait.RunsAgainAt.Format("2006-01-02T15:04:05.000Z")+" (") {
+			t.Errorf("completed after a park: last wait %+v:\n%s", w, done.Text())
 		}
 	})
+}
+
+// checkBooked checks the explanations of two tasks parked on turns booked
+// one after the other under rule "booked" for subject a1.
+func checkBooked(t *testing.T, parked []*Explanation) {
+	t.Helper()
+	var turns []time.Time
+	for _, e := range parked {
+		r := e.Rule
+		if r == nil || r.Name != "booked" || r.Subject != "a1" || r.Turn == nil || r.InLine {
+			t.Fatalf("booked task: rule %+v, want a turn of rule booked for a1", r)
+		}
+		if !r.Turn.After(e.Now) || r.Turn.Sub(e.Now) > 20*time.Second {
+			t.Errorf("turn %v is not within 20s after now %v", r.Turn, e.Now)
+		}
+		if e.Wakeup == nil || !e.Wakeup.Equal(*r.Turn) {
+			t.Errorf("wake-up %v, want at the turn %v", e.Wakeup, r.Turn)
+		}
+		checkLastWait(t, e, "booked", "a1")
+		checkText(t, e, `is parked in queue "default": waiting for its turn, not failed`, `rule "booked" (limits booked), subject "a1"`,
+			"turn booked for "+r.Turn.Format("2006-01-02T15:04:05.000Z")+" (in ", "the wake-up loop moves it to pending just before\n",
+			`last parked at `, "retried 0 of 25 (parks are not counted")
+		turns = append(turns, *r.Turn)
+	}
+	slices.SortFunc(turns, time.Time.Compare)
+	if gap := turns[1].Sub(turns[0]); gap != 10*time.Second {
+		t.Errorf("the two booked turns are %v apart, want the rule's 10s", gap)
+	}
+}
+
+// checkLined checks the explanations of two tasks waiting in the line of
+// rule "lined" for subject b1.
+func checkLined(t *testing.T, parked []*Explanation) {
+	t.Helper()
+	var places []int
+	for _, e := range parked {
+		r := e.Rule
+		if r == nil || !r.InLine || r.Turn != nil || r.LineLength != 2 || r.LineServing == nil || e.Wakeup != nil {
+			t.Fatalf("lined task: rule %+v, wake-up %v: want in a line of 2 with a serving, no turn, no wake-up", r, e.Wakeup)
+		}
+		checkLastWait(t, e, "lined", "b1")
+		checkText(t, e, fmt.Sprintf("waiting in its subject's line, no turn booked yet: place %d of 2; the line is next served at ", r.Place),
+			"if its line's serving has not woken it")
+		places = append(places, r.Place)
+	}
+	if slices.Sort(places); !slices.Equal(places, []int{1, 2}) {
+		t.Errorf("places in line %v, want 1 and 2", places)
+	}
+}
+
+func checkText(t *testing.T, e *Explanation, want ...string) {
+	t.Helper()
+	for _, w := range want {
+		if !strings.Contains(e.Text(), w) {
+			t.Errorf("text lacks %q:\n%s", w, e.Text())
+		}
+	}
 }
 
 func doneOrParked(e *Explanation) bool {
@@ -212,37 +240,27 @@ func TestExplainStates(t *testing.T) {
 		b := newExplainBed(t, rdb)
 		defer b.stop()
 		opts := ExplainOptions{Rules: b.cfg}
-		first := b.enqueue(t, "block:a", "")
-		run := explainUntil(t, rdb, first, opts, "running", func(e *Explanation) bool { return e.Status == StatusRunning && e.Running != nil })
-		if run.Rule == nil || !run.Rule.Holding || run.Running.PID == 0 || !strings.Contains(run.Text(), `is running in queue "default", on `) || !strings.Contains(run.Text(), `holds a place of concurrency limit "places"`) {
-			t.Errorf("running task: %+v, rule %+v:\n%s", run, run.Rule, run.Text())
+		run := explainUntil(t, rdb, b.enqueue(t, "block:a", ""), opts, "running", func(e *Explanation) bool { return e.Status == StatusRunning && e.Running != nil })
+		if run.Rule == nil || !run.Rule.Holding || run.Running.PID == 0 {
+			t.Errorf("running task: %+v, rule %+v", run, run.Rule)
 		}
+		checkText(t, run, `is running in queue "default", on `, `holds a place of concurrency limit "places"`)
 		second := explainUntil(t, rdb, b.enqueue(t, "block:b", ""), opts, "queued for a place", func(e *Explanation) bool { return e.Rule != nil && e.Rule.QueuedForPlace == 1 })
-		if second.Status != StatusParked || !strings.Contains(second.Text(), `queued for a place of concurrency limit "places": place 1`) {
-			t.Errorf("queued task: status %s:\n%s", second.Status, second.Text())
+		if second.Status != StatusParked {
+			t.Errorf("queued task: status %s", second.Status)
 		}
+		checkText(t, second, `queued for a place of concurrency limit "places": place 1`)
 
 		done := explainUntil(t, rdb, b.enqueue(t, "other:x", ""), opts, "completed", func(e *Explanation) bool { return e.Status == StatusCompleted })
-		if done.CompletedAt == nil || done.Rule != nil || !strings.Contains(done.Text(), "no rule applies to type \"other:x\"") {
-			t.Errorf("completed task: %+v:\n%s", done, done.Text())
+		if done.CompletedAt == nil || done.Rule != nil {
+			t.Errorf("completed task: %+v", done)
 		}
+		checkText(t, done, `completed in queue "default" at `, `no rule applies to type "other:x"`)
 		archived := explainUntil(t, rdb, b.enqueue(t, "api:booked", `{}`), opts, "archived", func(e *Explanation) bool { return e.Status == StatusArchived })
 		if archived.Rule == nil || !strings.Contains(archived.Rule.SubjectError, `"acct"`) {
 			t.Errorf("archived task: rule %+v, want its subject's error", archived.Rule)
 		}
-
-		pending := b.enqueue(t, "other:y", "", asynq.Queue("idle"))
-		e, err := Explain(context.Background(), rdb, pending, opts)
-		if err != nil || e.Status != StatusPending || !e.RulesKnown || e.Rule != nil || e.Queue != "idle" {
-			t.Fatalf("pending task: %+v, %v", e, err)
-		}
-		if want := "task " + pending + " (other:y) is pending in queue \"idle\": it runs when a worker is free\n  no rule applies to type \"other:y\"\n"; !strings.HasPrefix(e.Text(), want) {
-			t.Errorf("text:\n%s\nwant it to start %q", e.Text(), want)
-		}
-		e, err = Explain(context.Background(), rdb, pending, ExplainOptions{})
-		if err != nil || e.RulesKnown || !strings.Contains(e.Text(), "rule: unknown without the rules file (--config)") {
-			t.Errorf("without rules: %+v, %v:\n%s", e, err, e.Text())
-		}
+		checkPending(t, rdb, b, opts)
 
 		// A task with no retry left parks as a copy; the original is gone.
 		explainUntil(t, rdb, b.enqueue(t, "api:booked", `{"acct": "c1"}`), opts, "completed", func(e *Explanation) bool { return e.Status == StatusCompleted })
@@ -251,7 +269,27 @@ func TestExplainStates(t *testing.T) {
 		if cp.TaskID != orig+"~throttled1" || cp.Asked != orig || cp.Requeues != 1 || cp.State != "scheduled" {
 			t.Errorf("copy: %+v", cp)
 		}
+		checkText(t, cp, "  asked for "+orig+": it was parked as this copy", "parked as a copy 1 times")
 	})
+}
+
+// checkPending checks a pending task no rule applies to, with the rules
+// and without.
+func checkPending(t *testing.T, rdb redis.UniversalClient, b *explainBed, opts ExplainOptions) {
+	t.Helper()
+	pending := b.enqueue(t, "other:y", "", asynq.Queue("idle"))
+	e, err := Explain(context.Background(), rdb, pending, opts)
+	if err != nil || e.Status != StatusPending || !e.RulesKnown || e.Rule != nil || e.Queue != "idle" {
+		t.Fatalf("pending task: %+v, %v", e, err)
+	}
+	if want := "task " + pending + " (other:y) is pending in queue \"idle\": it runs when a worker is free\n  no rule applies to type \"other:y\"\n"; !strings.HasPrefix(e.Text(), want) {
+		t.Errorf("text:\n%s\nwant it to start %q", e.Text(), want)
+	}
+	e, err = Explain(context.Background(), rdb, pending, ExplainOptions{})
+	if err != nil || e.RulesKnown {
+		t.Fatalf("without rules: %+v, %v", e, err)
+	}
+	checkText(t, e, "rule: unknown without the rules file (--config)")
 }
 
 // An ID no queue holds, and one that two queues hold.
@@ -296,7 +334,6 @@ func TestExplainKeys(t *testing.T) {
 	t.Parallel()
 	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
 		ctx := context.Background()
-		const subject = "acct 1/{é}:x"
 		prefix := redistest.Prefix(t)
 		limits := []throttle.Rule{{Name: "per second", Algorithm: throttle.GCRA, Limit: throttle.Limit{Count: 1, Period: 10 * time.Second, Burst: 1}}, {Name: "daily%", Algorithm: throttle.FixedWindow, Limit: throttle.Limit{Count: 100, Period: 24 * time.Hour}}}
 		lim, err := throttle.New(rdb, throttle.Options{Prefix: prefix}, limits...)
@@ -304,7 +341,7 @@ func TestExplainKeys(t *testing.T) {
 			t.Fatal(err)
 		}
 		admit := func(id string, horizon time.Duration) throttle.Admission {
-			a, err := lim.Admit(ctx, throttle.AdmitRequest{Subject: subject, N: 1, ID: id, Horizon: horizon})
+			a, err := lim.Admit(ctx, throttle.AdmitRequest{Subject: keysSubject, N: 1, ID: id, Horizon: horizon})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -315,19 +352,12 @@ func TestExplainKeys(t *testing.T) {
 		if inLine := admit("t2", time.Second); booked.Status != throttle.Booked || booked.InLine || !inLine.InLine {
 			t.Fatalf("admissions %v and %+v: want a booking, then a place in line", booked.Status, inLine)
 		}
-		res, err := lim.PrepayN(ctx, subject, 1, time.Hour)
+		res, err := lim.PrepayN(ctx, keysSubject, 1, time.Hour)
 		if err != nil {
 			t.Fatal(err)
 		}
 		receipt, slot := res.Receipt()
-		rc := rules.RuleConfig{Name: "r", Subject: rules.SubjectConfig{Fixed: subject}, Limits: limits}
-		read := func(id string, headers map[string]string) *RuleState {
-			rs, err := readRule(ctx, rdb, prefix, rc, &asynq.TaskInfo{ID: id, Queue: "q", Headers: headers})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return rs
-		}
+		read := ruleReader(t, rdb, prefix, limits)
 		if rs := read("t1", nil); rs.Turn == nil || !rs.Turn.Equal(booked.Slot) || rs.InLine {
 			t.Errorf("booked: %+v, want turn %v", rs, booked.Slot)
 		}
@@ -337,25 +367,51 @@ func TestExplainKeys(t *testing.T) {
 		if rs := read("t3", map[string]string{admission.ReceiptHeader: receipt}); rs.Receipt == nil || !rs.Receipt.Equal(slot) || rs.Turn != nil {
 			t.Errorf("paced: %+v, want receipt %v", rs, slot)
 		}
+	})
+}
 
+// keysSubject is a subject whose every odd byte the key encoding escapes.
+const keysSubject = "acct 1/{é}:x"
+
+// ruleReader returns a function that reads what a rule of limits keeps
+// about the task id in queue "q" with headers, for keysSubject.
+func ruleReader(t *testing.T, rdb redis.UniversalClient, prefix string, limits []throttle.Rule) func(id string, headers map[string]string) *RuleState {
+	rc := rules.RuleConfig{Name: "r", Subject: rules.SubjectConfig{Fixed: keysSubject}, Limits: limits}
+	return func(id string, headers map[string]string) *RuleState {
+		t.Helper()
+		rs, err := readRule(context.Background(), rdb, prefix, rc, &asynq.TaskInfo{ID: id, Queue: "q", Headers: headers})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rs
+	}
+}
+
+// The places of a concurrency limit, as Explain reads them: a holder and
+// a waiter, each under its wake-up member.
+func TestExplainKeysConcurrency(t *testing.T) {
+	t.Parallel()
+	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := context.Background()
+		prefix := redistest.Prefix(t)
 		places := []throttle.Rule{{Name: "one at a time", Algorithm: throttle.Concurrency, Limit: throttle.Limit{Count: 1, Period: time.Minute}}}
-		clim, err := throttle.New(rdb, throttle.Options{Prefix: prefix}, places...)
+		lim, err := throttle.New(rdb, throttle.Options{Prefix: prefix}, places...)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, id := range []string{"h", "w"} {
-			if _, err := clim.Admit(ctx, throttle.AdmitRequest{Subject: subject, N: 1, ID: id, Waiter: admission.Member("q", id)}); err != nil {
+			if _, err := lim.Admit(ctx, throttle.AdmitRequest{Subject: keysSubject, N: 1, ID: id, Waiter: admission.Member("q", id)}); err != nil {
 				t.Fatal(err)
 			}
 		}
-		rc.Limits = places
+		read := ruleReader(t, rdb, prefix, places)
 		if rs := read("h", nil); !rs.Holding || rs.Concurrency != "one at a time" {
 			t.Errorf("holder: %+v", rs)
 		}
 		if rs := read("w", nil); rs.Holding || rs.QueuedForPlace != 1 {
 			t.Errorf("waiter: %+v", rs)
 		}
-		if err := clim.Release(ctx, subject); err != nil {
+		if err := lim.Release(ctx, keysSubject); err != nil {
 			t.Fatal(err)
 		}
 	})

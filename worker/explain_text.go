@@ -25,15 +25,7 @@ func (e *Explanation) Text() string {
 	line("%s", e.asynqLine())
 	switch {
 	case e.LastWait != nil:
-		w := e.LastWait
-		s := fmt.Sprintf("last waited for rule %q, subject %q, until %s", w.Rule, w.Subject, e.at(w.RunsAgainAt))
-		if e.LastErrorAt != nil {
-			s = fmt.Sprintf("last parked at %s: rule %q, subject %q, until %s", e.at(*e.LastErrorAt), w.Rule, w.Subject, e.at(w.RunsAgainAt))
-		}
-		if w.Cause != "" {
-			s += " (" + w.Cause + ")"
-		}
-		line("%s", s)
+		line("%s", e.lastWaitLine())
 	case e.LastError != "" && e.LastErrorAt != nil:
 		line("last error at %s: %s", e.at(*e.LastErrorAt), e.LastError)
 	case e.LastError != "":
@@ -99,6 +91,19 @@ func (e *Explanation) ruleLines() []string {
 	if r.NoBookings != "" {
 		return append(lines, r.NoBookings)
 	}
+	lines = append(lines, e.bookingLines()...)
+	if e.Status == StatusParked && len(lines) == 1 {
+		lines = append(lines, "nothing booked for it now: it asks for a new turn when asynq brings it back")
+	}
+	return lines
+}
+
+// bookingLines say what the rule's limiter keeps for the task: its turn,
+// its producer's receipt, its place in its subject's line or in the queue
+// for a place of a concurrency limit.
+func (e *Explanation) bookingLines() []string {
+	r := e.Rule
+	var lines []string
 	switch {
 	case r.Turn != nil && r.TurnPaid:
 		lines = append(lines, fmt.Sprintf("its turn came at %s and is paid; it waits for a place of concurrency limit %q", e.at(*r.Turn), r.Concurrency))
@@ -123,9 +128,6 @@ func (e *Explanation) ruleLines() []string {
 	case r.QueuedForPlace > 0:
 		lines = append(lines, fmt.Sprintf("queued for a place of concurrency limit %q: place %d", r.Concurrency, r.QueuedForPlace))
 	}
-	if e.Status == StatusParked && len(lines) == 1 {
-		lines = append(lines, "nothing booked for it now: it asks for a new turn when asynq brings it back")
-	}
 	return lines
 }
 
@@ -134,13 +136,41 @@ func (e *Explanation) wakesAtTurn() bool {
 	return e.Wakeup != nil && e.Rule != nil && e.Rule.Turn != nil && !e.Rule.TurnPaid && e.Rule.Turn.Equal(*e.Wakeup)
 }
 
+// lastWaitLine says what the task last waited for: for a parked task, the
+// park it is in (whose turn the lines above give), else an earlier one.
+func (e *Explanation) lastWaitLine() string {
+	w := e.LastWait
+	s := "last parked"
+	if e.LastErrorAt != nil {
+		s += " at " + e.at(*e.LastErrorAt)
+	}
+	s += fmt.Sprintf(" by rule %q, subject %q", w.Rule, w.Subject)
+	if e.Status != StatusParked {
+		s += ", until " + e.at(w.RunsAgainAt)
+	}
+	if w.Requeued != "" {
+		s += ", requeued as " + w.Requeued
+	}
+	if w.Cause != "" {
+		s += ": " + w.Cause
+	}
+	return s
+}
+
 // asynqLine is asynq's view: state, next time, retries.
 func (e *Explanation) asynqLine() string {
 	s := "asynq: " + e.State
-	if e.NextProcessAt != nil {
+	switch {
+	case e.NextProcessAt != nil && e.Rule != nil && e.Rule.InLine:
+		s += ", back in its queue by itself at " + e.at(*e.NextProcessAt) + " if its line's serving has not woken it"
+	case e.NextProcessAt != nil:
 		s += ", back in its queue at " + e.at(*e.NextProcessAt)
 	}
-	return s + fmt.Sprintf(", retried %d of %d (a park is not a failure and is not counted)", e.Retried, e.MaxRetry)
+	s += fmt.Sprintf(", retried %d of %d", e.Retried, e.MaxRetry)
+	if e.Status == StatusParked || e.LastWait != nil {
+		s += " (parks are not counted: they are not failures)"
+	}
+	return s
 }
 
 // at writes t with how far it is from Now: "2026-05-06T07:08:09.300Z (in 2.5s)".

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/jobthrottle/jobthrottle/internal/cmdtest"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
@@ -24,7 +25,6 @@ import (
 // and a task no rule applies to.
 func TestBinaryExplain(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	proc := redistest.Server(t)
 	rdb := proc.Client(t)
 	path := writeRules(t, fmt.Sprintf("prefix: %q\nrules:\n  - {name: partner, tasks: [\"partner:*\"], subject: {payload_field: acct}, algorithm: gcra, limit: 1, period: 1m}\n", redistest.Prefix(t)))
@@ -37,31 +37,14 @@ func TestBinaryExplain(t *testing.T) {
 		return info.ID
 	}
 	booked, other := enqueue("partner:sync", `{"acct": "a 1"}`), enqueue("other:x", `{}`)
-	// The turn a parked task has: the rule's next, booked under its ID.
-	cfg, err := rules.Load(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lim, err := cfg.Limiter(rdb, "partner", throttle.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var turn throttle.Admission
-	for _, id := range []string{"first", booked} {
-		if turn, err = lim.Admit(ctx, throttle.AdmitRequest{Subject: "a 1", N: 1, ID: id, Horizon: time.Hour}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if turn.Status != throttle.Booked {
-		t.Fatalf("second admission %v, want booked", turn.Status)
-	}
+	slot := bookTurn(t, rdb, path, "partner", "a 1", booked)
 	env := []string{"REDIS_URL=" + proc.URL()}
 
 	code, stdout, stderr := cmdtest.Run(t, env, "explain", "--config", path, booked)
 	for _, want := range []string{
 		"task " + booked + ` (partner:sync) is pending in queue "explain": it runs when a worker is free` + "\n",
 		`  rule "partner" (limits partner), subject "a 1"` + "\n",
-		"  turn booked for " + turn.Slot.UTC().Format("2006-01-02T15:04:05.000Z") + " (in ",
+		"  turn booked for " + slot.UTC().Format("2006-01-02T15:04:05.000Z") + " (in ",
 		"  asynq: pending, retried 0 of 25",
 	} {
 		if code != exitOK || !strings.Contains(stdout, want) {
@@ -71,20 +54,10 @@ func TestBinaryExplain(t *testing.T) {
 
 	// Flags after the ID too; JSON decodes to the documented struct.
 	code, stdout, _ = cmdtest.Run(t, env, "explain", booked, "--json", "--config", path)
-	var e worker.Explanation
-	dec := json.NewDecoder(strings.NewReader(stdout))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&e); err != nil || code != exitOK {
-		t.Fatalf("--json: exit %d, %v:\n%s", code, err, stdout)
-	}
+	e := decodeExplanation(t, code, stdout)
 	if e.TaskID != booked || e.Queue != "explain" || e.Status != worker.StatusPending || !e.RulesKnown || e.Rule == nil ||
-		e.Rule.Name != "partner" || e.Rule.Subject != "a 1" || e.Rule.Turn == nil || !e.Rule.Turn.Equal(turn.Slot) || e.Now.IsZero() {
-		t.Errorf("--json: %+v, rule %+v; want pending, rule partner for \"a 1\", turn %v", e, e.Rule, turn.Slot)
-	}
-	for _, key := range []string{`"task_id"`, `"status": "pending"`, `"rule": {`, `"turn": "`, `"rules_known": true`} {
-		if !strings.Contains(stdout, key) {
-			t.Errorf("--json lacks %s:\n%s", key, stdout)
-		}
+		e.Rule.Name != "partner" || e.Rule.Subject != "a 1" || e.Rule.Turn == nil || !e.Rule.Turn.Equal(slot) || e.Now.IsZero() {
+		t.Errorf("--json: %+v, rule %+v; want pending, rule partner for \"a 1\", turn %v", e, e.Rule, slot)
 	}
 
 	code, stdout, _ = cmdtest.Run(t, env, "explain", "--queue", "explain", "--config", path, other)
@@ -95,6 +68,49 @@ func TestBinaryExplain(t *testing.T) {
 	if code != exitOK || !strings.Contains(stdout, "  rule: unknown without the rules file (--config)\n") {
 		t.Errorf("no rules file: exit %d:\n%s", code, stdout)
 	}
+}
+
+// bookTurn books the turn a parked task has under rule of the rules file
+// at path, for subject: the rule's next, under the task's ID. It returns
+// the turn's slot.
+func bookTurn(t *testing.T, rdb *redis.Client, path, rule, subject, id string) time.Time {
+	t.Helper()
+	cfg, err := rules.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := cfg.Limiter(rdb, rule, throttle.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var a throttle.Admission
+	for _, id := range []string{"first", id} {
+		if a, err = lim.Admit(context.Background(), throttle.AdmitRequest{Subject: subject, N: 1, ID: id, Horizon: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if a.Status != throttle.Booked {
+		t.Fatalf("second admission %v, want booked", a.Status)
+	}
+	return a.Slot
+}
+
+// decodeExplanation decodes explain --json's output, which must hold no
+// field that worker.Explanation lacks.
+func decodeExplanation(t *testing.T, code int, stdout string) worker.Explanation {
+	t.Helper()
+	var e worker.Explanation
+	dec := json.NewDecoder(strings.NewReader(stdout))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&e); err != nil || code != exitOK {
+		t.Fatalf("--json: exit %d, %v:\n%s", code, err, stdout)
+	}
+	for _, key := range []string{`"task_id"`, `"status": "pending"`, `"rule": {`, `"turn": "`, `"rules_known": true`} {
+		if !strings.Contains(stdout, key) {
+			t.Errorf("--json lacks %s:\n%s", key, stdout)
+		}
+	}
+	return e
 }
 
 // goRedisLog matches a line of go-redis's own logger.
