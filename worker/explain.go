@@ -209,7 +209,9 @@ const maxCopyLookups = 32
 // subject's line, its place under a concurrency limit and its wake-up.
 // rdb is the Redis of asynq and of the limiters (one Redis, as cmd/worker
 // has). An ID no queue holds is followed to its requeued copies
-// ("<id>~throttled<n>"). It reads only; it changes nothing.
+// ("<id>~throttled<n>"). It changes nothing of the task or the limiters
+// (asynq's inspector drops expired entries of its server list as it
+// lists the servers, for a running task).
 //
 // It returns a *TaskNotFoundError if no queue holds the task, an error
 // matching ErrAmbiguousTask if several do, and an error wrapping Redis's

@@ -24,8 +24,8 @@ const explainUsage = `usage: worker explain [--redis URL] [--config rules.yaml] 
 
 Says where the task is and why: running, pending, parked by a rule for a
 subject until its booked turn or in its subject's line, scheduled, waiting
-for a retry, archived or completed; and what it last waited for. It reads
-only. Exit status: 0 found, 1 Redis failed, 2 a mistake in the flags or
+for a retry, archived or completed; and what it last waited for. It
+changes nothing. Exit status: 0 found, 1 Redis failed, 2 a mistake in the flags or
 the rules file, 3 no such task.
 
 `
