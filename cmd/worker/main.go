@@ -5,6 +5,7 @@
 //	export REDIS_URL=redis://:password@redis:6379/0  # not --redis: a flag shows in ps
 //	worker --config rules.yaml --concurrency 20 --queues critical=6,default=3 --metrics-addr :9090
 //	worker --check --config rules.yaml    # check as start does, print the rules, connect to nothing
+//	worker explain --config rules.yaml TASK_ID  # where a task is and why (explain.go)
 //
 // Without --redis (or REDIS_URL) it starts an in-memory Redis on loopback
 // and logs its address first. Without --config it uses built-in demo
@@ -47,6 +48,13 @@ const (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "explain" {
+		// Its one line of error says what failed; go-redis's dial retries
+		// would only repeat it.
+		redis.SetLogger(redisLogger{slog.New(slog.DiscardHandler)})
+		err := explain(context.Background(), os.Args[2:], os.Getenv, os.Stdout, os.Stderr)
+		os.Exit(explainExitCode(os.Stderr, err))
+	}
 	signals := make(chan os.Signal, 4)
 	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	processLogs = func(log *slog.Logger) { redis.SetLogger(redisLogger{log}) }
