@@ -88,7 +88,7 @@ func (h *commandHandler) ProcessTask(ctx context.Context, task *asynq.Task) erro
 	case err == nil:
 		return writeResult(task, stdout.b, h.spec.ResultLimit)
 	case rctx.Err() != nil && ctx.Err() == nil:
-		ae := &attemptError{outcome: OutcomeTimeout, err: fmt.Errorf("handler: %s: killed after the timeout of %v; will retry; %s", name, cs.Timeout, tail())}
+		ae := &attemptError{outcome: OutcomeTimeout, err: fmt.Errorf("handler: %s: killed after the timeout of %v; %s; %s", name, cs.Timeout, retryNote(ctx), tail())}
 		if errors.As(err, &sigErr) {
 			ae.signal = sigErr.name
 		}
@@ -97,15 +97,15 @@ func (h *commandHandler) ProcessTask(ctx context.Context, task *asynq.Task) erro
 		return ctx.Err()
 	case errors.As(err, &exitErr):
 		code := exitErr.code
-		ae := &attemptError{outcome: OutcomeExitNonzero, exitCode: code, err: fmt.Errorf("handler: %s exited with %d; will retry; %s", name, code, tail())}
+		ae := &attemptError{outcome: OutcomeExitNonzero, exitCode: code, err: fmt.Errorf("handler: %s exited with %d; %s; %s", name, code, retryNote(ctx), tail())}
 		if slices.Contains(cs.NoRetryExitCodes, code) {
 			ae.err = fmt.Errorf("handler: %s exited with %d (no retry); archived without retry; %s: %w", name, code, tail(), asynq.SkipRetry)
 		}
 		return ae
 	case errors.As(err, &sigErr):
-		return &attemptError{outcome: OutcomeSignal, signal: sigErr.name, err: fmt.Errorf("handler: %s: %v; will retry; %s", name, err, tail())}
+		return &attemptError{outcome: OutcomeSignal, signal: sigErr.name, err: fmt.Errorf("handler: %s: %v; %s; %s", name, err, retryNote(ctx), tail())}
 	default:
-		return fmt.Errorf("handler: %s: %v; will retry; %s", name, err, tail())
+		return fmt.Errorf("handler: %s: %v; %s; %s", name, err, retryNote(ctx), tail())
 	}
 }
 

@@ -18,7 +18,8 @@
 // and the task is deferred with a *admission.ThrottledError, which
 // worker.Configure reschedules without counting a failure. Everything
 // else (5xx, timeouts, connection errors, other exit codes): asynq's
-// retry with backoff.
+// retry with backoff. Their errors end "will retry", or "no retry left:
+// archived" for a task on its last try.
 //
 // Every attempt is counted by outcome and timed (Options.Metrics), and
 // every failed one is logged once: at Warn when asynq will retry the
@@ -162,6 +163,15 @@ func noRetryLeft(ctx context.Context) bool {
 	n, ok1 := asynq.GetRetryCount(ctx)
 	max, ok2 := asynq.GetMaxRetry(ctx)
 	return ok1 && ok2 && n >= max
+}
+
+// retryNote is what a failed attempt's error says of the task's next
+// try: asynq retries it, unless it has used its retries.
+func retryNote(ctx context.Context) string {
+	if noRetryLeft(ctx) {
+		return "no retry left: archived"
+	}
+	return "will retry"
 }
 
 // cappedBuffer keeps the first limit bytes written to it and discards

@@ -261,7 +261,9 @@ handlers:
 	if err != nil {
 		t.Fatal(err)
 	}
-	settle(t, asynq.NewInspectorFromRedisClient(rdb), []string{info.ID}, 30*time.Second)
+	if got := settle(t, asynq.NewInspectorFromRedisClient(rdb), []string{info.ID}, 30*time.Second)[info.ID]; got.State != asynq.TaskStateArchived {
+		t.Errorf("task %v (%s); want archived after its retry", got.State, got.LastErr)
+	}
 
 	lines := logs.failures(t)
 	if len(lines) != 2 {
@@ -271,6 +273,10 @@ handlers:
 		{"level": "WARN", "retry": true, "retried": 0.0},
 		{"level": "ERROR", "retry": false, "retried": 1.0},
 	} {
+		// The error, which asynq keeps as the task's last, says the same.
+		if note := []string{"; will retry", "; no retry left: archived"}[i]; !strings.HasSuffix(fmt.Sprint(lines[i]["error"]), note) {
+			t.Errorf("attempt %d: error %q; want it to end %q", i+1, lines[i]["error"], note)
+		}
 		for k, v := range map[string]any{"task_id": info.ID, "rule": "partner", "outcome": "http_5xx", "status": 500.0, "max_retry": 1.0} {
 			want[k] = v
 		}
