@@ -45,16 +45,13 @@ func labelString(m *dto.Metric) string {
 	return strings.Join(parts, ",")
 }
 
-// The queue gauges agree with asynq's Inspector on a real Redis, for
-// tasks in every state, in a queue that a server runs and in one it does
-// not; a queue that never held a task reports zeros; the ledger's size is
-// the wake-up ledger's. A scrape costs 1 + 3 × queues + 1 Redis calls.
-func TestQueueCollectorAgreesWithInspector(t *testing.T) {
-	t.Parallel()
-	b := newBed(t)
+// queuesInEveryState fills the bed's Redis: in q1, run by a server, a
+// task completed (kept), one failed (waiting an hour for its retry) and
+// one running until the test ends; in q2, run by nobody, 3 pending, 2
+// scheduled and 1 archived; and 2 members in the wake-up ledger.
+func queuesInEveryState(t *testing.T, b *bed) {
+	t.Helper()
 	ctx := context.Background()
-	// q1, run by a server: one task completed (kept), one failed (waiting
-	// an hour for its retry), one running until the test ends.
 	release := make(chan struct{})
 	srv := asynq.NewServerFromRedisClient(b.rdb, asynq.Config{
 		Concurrency:    2,
@@ -84,7 +81,6 @@ func TestQueueCollectorAgreesWithInspector(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// q2, run by nobody: pending, scheduled and archived tasks.
 	for range 3 {
 		if _, err := b.client.Enqueue(asynq.NewTask("x", nil), asynq.Queue("q2")); err != nil {
 			t.Fatal(err)
@@ -109,6 +105,16 @@ func TestQueueCollectorAgreesWithInspector(t *testing.T) {
 		info, err := b.insp.GetQueueInfo("q1")
 		return err == nil && info.Completed == 1 && info.Retry == 1 && info.Active == 1
 	})
+}
+
+// The queue gauges agree with asynq's Inspector on a real Redis, for
+// tasks in every state, in a queue that a server runs and in one it does
+// not; a queue that never held a task reports zeros; the ledger's size is
+// the wake-up ledger's. A scrape costs 1 + 3 × queues + 1 Redis calls.
+func TestQueueCollectorAgreesWithInspector(t *testing.T) {
+	t.Parallel()
+	b := newBed(t)
+	queuesInEveryState(t, b)
 
 	rdb := b.proc.Client(t) // the collector's own, to count its calls
 	calls := redistest.CountCommands(rdb, nil)
