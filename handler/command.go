@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -32,15 +31,14 @@ type commandHandler struct {
 	spec Spec
 	path string   // argv[0] looked up
 	env  []string // resolved
-	log  *slog.Logger
 }
 
-func newCommandHandler(s Spec, opts Options, log *slog.Logger) (*commandHandler, error) {
+func newCommandHandler(s Spec, opts Options) (*commandHandler, error) {
 	path, err := exec.LookPath(s.Command.Argv[0])
 	if err != nil {
 		return nil, fmt.Errorf("command: %w", err)
 	}
-	h := &commandHandler{spec: s, path: path, log: log}
+	h := &commandHandler{spec: s, path: path}
 	// The worker's own environment may hold the Redis password: a command
 	// gets PATH and what its env lists, nothing else.
 	if p := opts.Getenv("PATH"); p != "" {
@@ -85,22 +83,29 @@ func (h *commandHandler) ProcessTask(ctx context.Context, task *asynq.Task) erro
 		return "stderr: " + strconv.Quote(s)
 	}
 	var exitErr *exitCodeError
+	var sigErr *signalError
 	switch {
 	case err == nil:
 		return writeResult(task, stdout.b, h.spec.ResultLimit)
 	case rctx.Err() != nil && ctx.Err() == nil:
-		return fmt.Errorf("handler: %s: killed after the timeout of %v; will retry; %s", name, cs.Timeout, tail())
+		ae := &attemptError{outcome: OutcomeTimeout, err: fmt.Errorf("handler: %s: killed after the timeout of %v; %s; %s", name, cs.Timeout, retryNote(ctx), tail())}
+		if errors.As(err, &sigErr) {
+			ae.signal = sigErr.name
+		}
+		return ae
 	case ctx.Err() != nil:
 		return ctx.Err()
 	case errors.As(err, &exitErr):
 		code := exitErr.code
+		ae := &attemptError{outcome: OutcomeExitNonzero, exitCode: code, err: fmt.Errorf("handler: %s exited with %d; %s; %s", name, code, retryNote(ctx), tail())}
 		if slices.Contains(cs.NoRetryExitCodes, code) {
-			h.log.Warn("handler: the command refused the task; archived", "task_id", taskID(task), "exit_code", code)
-			return fmt.Errorf("handler: %s exited with %d (no retry); archived without retry; %s: %w", name, code, tail(), asynq.SkipRetry)
+			ae.err = fmt.Errorf("handler: %s exited with %d (no retry); archived without retry; %s: %w", name, code, tail(), asynq.SkipRetry)
 		}
-		return fmt.Errorf("handler: %s exited with %d; will retry; %s", name, code, tail())
+		return ae
+	case errors.As(err, &sigErr):
+		return &attemptError{outcome: OutcomeSignal, signal: sigErr.name, err: fmt.Errorf("handler: %s: %v; %s; %s", name, err, retryNote(ctx), tail())}
 	default:
-		return fmt.Errorf("handler: %s: %v; will retry; %s", name, err, tail())
+		return fmt.Errorf("handler: %s: %v; %s; %s", name, err, retryNote(ctx), tail())
 	}
 }
 
@@ -121,6 +126,12 @@ type program struct {
 type exitCodeError struct{ code int }
 
 func (e *exitCodeError) Error() string { return "exit status " + strconv.Itoa(e.code) }
+
+// signalError is a program's end by a signal, named as Go names it
+// ("killed", "segmentation fault").
+type signalError struct{ name string }
+
+func (e *signalError) Error() string { return "signal: " + e.name }
 
 // args returns the command's arguments after the program, each
 // placeholder argument replaced by its payload field, whole.

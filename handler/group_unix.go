@@ -84,7 +84,7 @@ func programError(report string, waitErr error) error {
 		}
 	case strings.HasPrefix(report, reportSignal):
 		if n, err := strconv.Atoi(report[len(reportSignal):]); err == nil {
-			return fmt.Errorf("signal: %v", syscall.Signal(n))
+			return &signalError{name: syscall.Signal(n).String()}
 		}
 	case strings.HasPrefix(report, reportStart):
 		return fmt.Errorf("starting the program: %s", report[len(reportStart):])

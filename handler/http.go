@@ -178,9 +178,10 @@ func (h *httpHandler) send(ctx context.Context, task *asynq.Task) error {
 			err = ue.Err // the URL may carry payload data; the origin says enough
 		}
 		if rctx.Err() != nil && ctx.Err() == nil {
-			return fmt.Errorf("handler: %s: no answer within the timeout of %v; will retry", what, h.spec.HTTP.Timeout)
+			return &attemptError{outcome: OutcomeTimeout,
+				err: fmt.Errorf("handler: %s: no answer within the timeout of %v; %s", what, h.spec.HTTP.Timeout, retryNote(ctx))}
 		}
-		return fmt.Errorf("handler: %s: %v; will retry", what, err)
+		return fmt.Errorf("handler: %s: %v; %s", what, err, retryNote(ctx))
 	}
 	defer resp.Body.Close()
 	out, readErr := io.ReadAll(io.LimitReader(resp.Body, int64(max(h.spec.ResultLimit, ExcerptLimit))+1))
@@ -189,16 +190,18 @@ func (h *httpHandler) send(ctx context.Context, task *asynq.Task) error {
 	switch {
 	case code >= 200 && code < 300:
 		if readErr != nil {
-			return fmt.Errorf("handler: %s: reading the answer: %v; will retry", what, readErr)
+			return &attemptError{outcome: OutcomeError, status: code,
+				err: fmt.Errorf("handler: %s: reading the answer: %v; %s", what, readErr, retryNote(ctx))}
 		}
 		return writeResult(task, out, h.spec.ResultLimit)
 	case code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable:
 		return h.throttled(ctx, task, subject, resp, out)
 	case code >= 500:
-		return fmt.Errorf("handler: %s answered %s: %s; will retry", what, resp.Status, excerpt(out))
+		return &attemptError{outcome: OutcomeHTTP5xx, status: code,
+			err: fmt.Errorf("handler: %s answered %s: %s; %s", what, resp.Status, excerpt(out), retryNote(ctx))}
 	default: // 3xx (not followed) and 4xx
-		h.log.Warn("handler: the upstream rejected the request; task archived", "task_id", taskID(task), "status", code)
-		return fmt.Errorf("handler: %s answered %s: %s; archived without retry: %w", what, resp.Status, excerpt(out), asynq.SkipRetry)
+		return &attemptError{outcome: OutcomeHTTP4xx, status: code,
+			err: fmt.Errorf("handler: %s answered %s: %s; archived without retry: %w", what, resp.Status, excerpt(out), asynq.SkipRetry)}
 	}
 }
 

@@ -139,7 +139,7 @@ func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (
 		return turn{}, m.deferTask(ctx, t, retryAt, ErrParked, OutcomeParked, "turn", "in line")
 	}
 	t.booked, t.ahead = d.Slot, time.Until(d.At)
-	m.metrics.bookedAhead(r.Name, t.ahead)
+	m.metrics.parkedOn(r.Name, d, t.ahead)
 	return turn{}, m.deferTask(ctx, t, retryAt, ErrParked, OutcomeParked,
 		"turn", d.Turn, "booked_for", d.Slot.UTC(), "booked_ahead", t.ahead.Round(time.Millisecond))
 }

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"net"
 	"runtime"
+	"slices"
 
 	"github.com/hibiken/asynq"
 	"github.com/prometheus/client_golang/prometheus"
@@ -97,6 +99,16 @@ func build(o options, cfg *rules.Config, hs *handler.Config, rdb redis.Universal
 	if err != nil {
 		return nil, err
 	}
+	hmetrics, err := handler.NewMetrics(a.reg)
+	if err != nil {
+		return nil, err
+	}
+	// The queues' sizes are read from Redis when /metrics is scraped, never otherwise.
+	queues, err := worker.NewQueueCollector(rdb, slices.Sorted(maps.Keys(o.queues)))
+	if err != nil {
+		return nil, usageError{err}
+	}
+	a.reg.MustRegister(queues)
 	// Half the slots at most wait for turns, so the other half always
 	// serves tasks that can run, however many subjects are over their limits.
 	wopts := worker.Options{Logger: log, Metrics: metrics, Asynq: rdb, MaxWaiting: max(concurrency(o)/2, 1)}
@@ -120,7 +132,7 @@ func build(o options, cfg *rules.Config, hs *handler.Config, rdb redis.Universal
 	// middleware, before it, swaps its own rules.
 	handlers := func(cfg *rules.Config, hs *handler.Config) (*asynq.ServeMux, error) {
 		mux := asynq.NewServeMux()
-		if err := hs.Register(mux, handler.Options{Rules: cfg, Redis: rdb, Getenv: getenv, Logger: log}); err != nil {
+		if err := hs.Register(mux, handler.Options{Rules: cfg, Redis: rdb, Getenv: getenv, Logger: log, Metrics: hmetrics}); err != nil {
 			return nil, err
 		}
 		if a.demo != nil {

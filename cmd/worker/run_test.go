@@ -117,6 +117,8 @@ rules:
     period: 1s
     burst: 1
     max_wait: 5s
+handlers:
+  - {task: "job:fail", command: {argv: [sh, -c, "exit 3"]}}
 `)
 	log, stop, _ := start(t, map[string]string{"REDIS_URL": proc.URL()},
 		"--config", rules, "--demo", "--concurrency", "4", "--queues", "critical=2,default=1", "--metrics-addr", "127.0.0.1:0", "--shutdown-timeout", "2s")
@@ -166,6 +168,20 @@ rules:
 	if info := waitCompleted(t, insp, "default", api.ID); !bytes.Contains(info.Result, []byte(`"path": "/v1/accounts/acct_42"`)) {
 		t.Errorf("api result %s", info.Result)
 	}
+	// A failing command, on its only try: one line at Error, counted.
+	failing, err := client.Enqueue(asynq.NewTask("job:fail", nil), asynq.MaxRetry(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	log.find(t, `level=ERROR msg="handler: the task failed and will not be retried; asynq archives it" task_type=job:fail task_id=`+failing.ID+` kind=command outcome=exit_nonzero exit_code=3 duration=\S+ retry=false retried=0 max_retry=0 error=`)
+	for end := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if info, err := insp.GetTaskInfo("default", failing.ID); err == nil && info.State == asynq.TaskStateArchived {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("the failing task was not archived")
+		}
+	}
 
 	resp, err := http.Get(metricsURL)
 	if err != nil {
@@ -173,7 +189,12 @@ rules:
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, want := range []string{`jobthrottle_decisions_total{outcome="waited",rule="echo"}`, `jobthrottle_wait_seconds_bucket{rule="echo"`, `jobthrottle_waiters{rule="echo"} 0`, `go_goroutines`} {
+	for _, want := range []string{`jobthrottle_decisions_total{outcome="waited",rule="echo"}`, `jobthrottle_wait_seconds_bucket{rule="echo"`, `jobthrottle_waiters{rule="echo"} 0`, `go_goroutines`,
+		`jobthrottle_handler_attempts_total{handler="job:fail",kind="command",outcome="exit_nonzero"} 1`,
+		`jobthrottle_handler_attempts_total{handler="job:fail",kind="command",outcome="success"} 0`,
+		`jobthrottle_handler_duration_seconds_count{handler="job:fail",kind="command"} 1`,
+		`jobthrottle_queue_tasks{queue="critical",state="completed"} 3`, `jobthrottle_queue_tasks{queue="default",state="completed"} 1`,
+		`jobthrottle_queue_tasks{queue="default",state="archived"} 1`, `jobthrottle_queue_read_errors_total 0`, `jobthrottle_wakeup_ledger_members `} {
 		if !bytes.Contains(body, []byte(want)) {
 			t.Errorf("metrics lack %s", want)
 		}
