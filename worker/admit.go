@@ -591,6 +591,7 @@ func (m *Middleware) deferTask(ctx context.Context, t *taskRun, retryAt time.Tim
 		// and a summary per rule at Info (parklog.go).
 		msg, level = "worker: task parked until its turn", slog.LevelDebug
 		m.parks.add(rule, t.booked, t.ahead)
+		m.metrics.parkedTurn(rule, t.booked, t.ahead)
 	}
 	t.log.Log(ctx, level, msg, attrs...)
 	if te.Requeued != "" {

@@ -52,6 +52,7 @@ type Metrics struct {
 	wait        *prometheus.HistogramVec
 	delays      *prometheus.HistogramVec
 	decisions   *prometheus.CounterVec
+	activity    *Activity // the decisions again, in memory, for a status page (activity.go)
 	waiters     *prometheus.GaugeVec
 	ahead       *prometheus.GaugeVec
 	wakeups     prometheus.Counter
@@ -95,6 +96,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name:      "decisions_total",
 			Help:      "Throttled tasks by rule and outcome: admitted, waited, redeemed, parked, deferred, refunded, error.",
 		}, []string{"rule", "outcome"}),
+		activity: &Activity{},
 		waiters: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: "jobthrottle",
 			Name:      "waiters",
@@ -136,6 +138,7 @@ func (m *Metrics) OnRedisError(err error, failedOpen bool) {
 func (m *Metrics) decided(rule, outcome string) {
 	if m != nil {
 		m.decisions.WithLabelValues(rule, outcome).Inc()
+		m.activity.decided(rule, outcome)
 	}
 }
 
