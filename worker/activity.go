@@ -62,7 +62,9 @@ type RuleActivity struct {
 	// in it (Admitted is zero).
 	Ahead []SecondActivity
 	// TurnsAhead counts the turns this process booked for parked tasks
-	// that are not due yet (to the second), however far ahead.
+	// that are not due yet (to the second), however far ahead: when they
+	// parked, or when it served their subject's line. (A task that comes
+	// back before its turn and parks on it again counts it again.)
 	TurnsAhead int
 	// NextTurn and LastTurn are the seconds the soonest and the furthest
 	// of those turns are due in (the local clock, truncated to the
@@ -108,6 +110,20 @@ func (m *Metrics) parkedTurn(rule string, turn time.Time, ahead time.Duration) {
 	}
 }
 
+// handedTurns records the turns a serving of rule's line booked for the
+// tasks waiting in it, by task, each with its slot on the Redis clock
+// (taken as the local one, as the wake-ups take it).
+func (m *Metrics) handedTurns(rule string, handed map[string]time.Time) {
+	if m == nil || len(handed) == 0 {
+		return
+	}
+	aheads := make([]time.Duration, 0, len(handed))
+	for _, slot := range handed {
+		aheads = append(aheads, time.Until(slot))
+	}
+	m.activity.turnsAhead(rule, aheads...)
+}
+
 // rule returns rule's record, created if new; a holds its mutex.
 func (a *Activity) rule(name string) *ruleActivity {
 	if a.rules == nil {
@@ -141,22 +157,32 @@ func (a *Activity) decided(rule, outcome string) {
 }
 
 // parkedTurn records a park of rule on a turn due after ahead (turn is
-// not zero), or in the subject's line. The turns that have come are
-// dropped at most once a second, so a process nobody looks at keeps only
-// the seconds booked ahead.
+// not zero), or in the subject's line.
 func (a *Activity) parkedTurn(rule string, turn time.Time, ahead time.Duration) {
+	if turn.IsZero() {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		a.rule(rule).inLine++
+		return
+	}
+	a.turnsAhead(rule, ahead)
+}
+
+// turnsAhead records turns of rule booked for parked tasks, due after
+// each of aheads. The turns that have come are dropped at most once a
+// second, so a process nobody looks at keeps only the seconds booked
+// ahead.
+func (a *Activity) turnsAhead(rule string, aheads ...time.Duration) {
 	now := time.Now()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	r := a.rule(rule)
-	if turn.IsZero() {
-		r.inLine++
-		return
-	}
 	if r.pruned != now.Unix() {
 		r.prune(now.Unix())
 	}
-	r.turns[now.Add(ahead).Unix()]++
+	for _, ahead := range aheads {
+		r.turns[now.Add(ahead).Unix()]++
+	}
 }
 
 // prune drops the turns due before the second now.

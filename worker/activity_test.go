@@ -99,23 +99,9 @@ func TestActivityTurnsAhead(t *testing.T) {
 func TestActivityAgreesWithMetrics(t *testing.T) {
 	t.Parallel()
 	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
-		b := bedOn(t, rdb)
 		// A horizon of 10m books every turn at once: each task parks once.
-		cfg := parseRules(t, `prefix: "`+b.prefix+`"
-rules:
-  - {name: api, tasks: [api], subject: {fixed: all}, algorithm: gcra, limit: 1, period: 1s, max_wait: 1ms, horizon: 10m}
-`)
-		m, _ := NewMetrics(prometheus.NewRegistry())
-		mw, err := FromRules(cfg, rdb, Options{Asynq: rdb, Logger: quiet, Metrics: m})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer mw.Close()
-		srv := b.serve(mw, asynq.Config{})
-		defer srv.Shutdown()
-		for range 10 {
-			b.enqueue("api", "")
-		}
+		b, m, stop := activityBed(t, rdb, "10m")
+		defer stop()
 		agree := func(when string) RuleActivity {
 			t.Helper()
 			r := m.Activity().Rule("api")
@@ -139,6 +125,65 @@ rules:
 		}
 		if r.TurnsAhead != 0 || r.Admitted() != 10 || admitted != 10 {
 			t.Errorf("after the runs: %d turns ahead, %d admitted, %d in the seconds; want 0, 10, 10", r.TurnsAhead, r.Admitted(), admitted)
+		}
+	})
+}
+
+// activityBed serves 10 tasks of rule api, 1 a second, with the horizon
+// given, under asynq on rdb (in a Virtual bubble), and returns the bed,
+// the metrics, and a func that stops it.
+func activityBed(t *testing.T, rdb *redis.Client, horizon string) (*bed, *Metrics, func()) {
+	b := bedOn(t, rdb)
+	cfg := parseRules(t, `prefix: "`+b.prefix+`"
+rules:
+  - {name: api, tasks: [api], subject: {fixed: all}, algorithm: gcra, limit: 1, period: 1s, max_wait: 1ms, horizon: `+horizon+`}
+`)
+	m, _ := NewMetrics(prometheus.NewRegistry())
+	mw, err := FromRules(cfg, rdb, Options{Asynq: rdb, Logger: quiet, Metrics: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := b.serve(mw, asynq.Config{})
+	for range 10 {
+		b.enqueue("api", "")
+	}
+	return b, m, func() { srv.Shutdown(); mw.Close() }
+}
+
+// The turns a serving of a line books count as turns ahead: with a
+// horizon of 1s, all but a turn or two of a backlog wait in the line, and
+// every second its next turn is ahead.
+func TestActivityLineTurns(t *testing.T) {
+	t.Parallel()
+	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		start := time.Now()
+		b, m, stop := activityBed(t, rdb, "1s")
+		defer stop()
+		eventually(t, 5*time.Second, "9 tasks parked", func() bool { return m.Activity().Rule("api").Decisions[OutcomeParked] == 9 })
+		if r := m.Activity().Rule("api"); r.InLine < 7 {
+			t.Errorf("%d tasks parked in the line; want at least 7 of the 9 beyond the horizon", r.InLine)
+		}
+		for sec := 3; sec <= 7; sec++ {
+			time.Sleep(time.Until(start.Add(time.Duration(sec)*time.Second + 500*time.Millisecond)))
+			if r := m.Activity().Rule("api"); r.TurnsAhead < 1 || r.NextTurn.Sub(time.Now()) > 2*time.Second {
+				t.Errorf("at %ds: %d turns ahead, the next at %v; want the line's next, within 2s", sec, r.TurnsAhead, r.NextTurn.Sub(start))
+			}
+		}
+		eventually(t, 15*time.Second, "10 tasks ran", func() bool { return len(b.runs()) == 10 })
+	})
+}
+
+// handedTurns counts each turn a serving handed, by the second it is due in.
+func TestActivityHandedTurns(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m, _ := NewMetrics(prometheus.NewRegistry())
+		time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second)))
+		now := time.Now()
+		m.handedTurns("r", map[string]time.Time{"a": now.Add(1500 * time.Millisecond), "b": now.Add(3 * time.Second), "c": now.Add(3200 * time.Millisecond)})
+		m.handedTurns("r", nil)
+		r := m.Activity().Rule("r")
+		if r.TurnsAhead != 3 || r.Ahead[1].Parked != 1 || r.Ahead[3].Parked != 2 || r.InLine != 0 {
+			t.Errorf("%d turns ahead, %+v; want 3: 1 in a second, 2 in 3", r.TurnsAhead, r.Ahead[:4])
 		}
 	})
 }
