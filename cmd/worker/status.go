@@ -128,8 +128,8 @@ type ruleView struct {
 	ruleWords
 	Decisions  []outcomeCount // every outcome, in a fixed order
 	Admitted   int64
-	LastMinute int    // tasks admitted in the last 60 s
-	Use        string // the last minute's admissions against the limit's rate; "" for a concurrency limit
+	LastMinute int      // tasks admitted in the last 60 s
+	Uses       []string // each limit's use, in words (limitUse); none for a concurrency limit
 	TurnsAhead int
 	NextTurn   string // "within 1s", "in 12s"; "" if no turn is ahead
 	LastTurn   string
@@ -184,9 +184,16 @@ func ruleOnPage(r rules.RuleConfig, a worker.RuleActivity, now time.Time) ruleVi
 	for _, s := range a.Seconds[len(a.Seconds)-60:] {
 		v.LastMinute += s.Admitted
 	}
-	tightest, perSecond := tightestRate(r.Limits)
-	if perSecond > 0 {
-		v.Use = use(v.LastMinute, tightest, perSecond, r.Cost)
+	perSecond := 0.0 // in tasks: the lowest rate of a limit the plot spans
+	for _, l := range r.Limits {
+		if l.Algorithm == throttle.Concurrency {
+			continue
+		}
+		v.Uses = append(v.Uses, limitUse(l, a.Seconds, r.Cost))
+		rate := float64(l.Limit.Count) / l.Limit.Period.Seconds() / float64(max(r.Cost.Permits, 1))
+		if l.Limit.Period <= worker.ActivitySpan && (perSecond == 0 || rate < perSecond) {
+			perSecond = rate
+		}
 	}
 	if a.TurnsAhead > 0 {
 		v.NextTurn, v.LastTurn = dueIn(a.NextTurn, now), dueIn(a.LastTurn, now)
@@ -195,35 +202,28 @@ func ruleOnPage(r rules.RuleConfig, a worker.RuleActivity, now time.Time) ruleVi
 	return v
 }
 
-// tightestRate returns the limit of limits with the lowest average rate,
-// and that rate in permits per second; 0 if every limit is a concurrency
-// limit, which has no rate.
-func tightestRate(limits []throttle.Rule) (throttle.Rule, float64) {
-	var tightest throttle.Rule
-	perSecond := 0.0
-	for _, l := range limits {
-		if l.Algorithm == throttle.Concurrency || l.Limit.Period <= 0 {
-			continue
-		}
-		if r := float64(l.Limit.Count) / l.Limit.Period.Seconds(); perSecond == 0 || r < perSecond {
-			tightest, perSecond = l, r
-		}
+// limitUse is the use of limit l in words, from the seconds of its
+// rule's activity: the tasks admitted over its period (at least the last
+// minute), against what it allows in that time, "partner: 299 tasks in the
+// last 1m0s, 100% of 5 per 1s". A limit whose period is longer than the
+// activity keeps is not measured. A task takes cost's permits: one unless
+// the rule says otherwise; a cost read from each task's payload is not
+// known here.
+func limitUse(l throttle.Rule, seconds []worker.SecondActivity, cost rules.CostConfig) string {
+	span := time.Duration(len(seconds)) * time.Second
+	if l.Limit.Period > span {
+		return fmt.Sprintf("%s, %d per %v: its period is longer than the %v this page keeps", l.Name, l.Limit.Count, l.Limit.Period, span)
 	}
-	return tightest, perSecond
-}
-
-// use is the last minute's admissions, n tasks, against limit l's average
-// rate, perSecond permits a second: "12 tasks, 20% of partner's 1 per
-// 1s". A task takes cost's permits, one unless the rule says otherwise;
-// a cost read from each task's payload is not known here.
-func use(n int, l throttle.Rule, perSecond float64, cost rules.CostConfig) string {
-	permits := n
-	if cost.Permits > 1 {
-		permits = n * cost.Permits
+	window := min(max(l.Limit.Period, time.Minute).Round(time.Second), span)
+	n := 0
+	for _, s := range seconds[len(seconds)-int(window/time.Second):] {
+		n += s.Admitted
 	}
-	s := fmt.Sprintf("%d tasks in the last minute: %.0f%% of %s's average rate (%d per %v)", n, 100*float64(permits)/(60*perSecond), l.Name, l.Limit.Count, l.Limit.Period)
+	permits := n * max(cost.Permits, 1)
+	allowed := float64(l.Limit.Count) * window.Seconds() / l.Limit.Period.Seconds()
+	s := fmt.Sprintf("%s: %d tasks in the last %v, %.0f%% of %d per %v", l.Name, n, window, 100*float64(permits)/allowed, l.Limit.Count, l.Limit.Period)
 	if cost.PayloadField != "" {
-		s += fmt.Sprintf(", counting a permit a task (the real cost is each task's %q field)", cost.PayloadField)
+		s += fmt.Sprintf(" (counting a permit a task: the real cost is each task's %q)", cost.PayloadField)
 	}
 	return s
 }

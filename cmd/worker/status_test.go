@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -132,6 +133,9 @@ func TestStatusPlot(t *testing.T) {
     limits:
       - {name: second, algorithm: gcra, limit: 10, period: 1s}
       - {name: minute, algorithm: sliding_window, limit: 120, period: 1m}
+      - {name: fivemin, algorithm: fixed_window, limit: 300, period: 5m}
+      - {name: daily, algorithm: fixed_window, limit: 5000, period: 24h}
+    cost: 2
 `)
 	a := worker.RuleActivity{Rule: "r", Seconds: make([]worker.SecondActivity, 300), Ahead: make([]worker.SecondActivity, 60)}
 	a.Seconds[299] = worker.SecondActivity{Admitted: 3, Parked: 4}
@@ -142,14 +146,22 @@ func TestStatusPlot(t *testing.T) {
 	if p.Sums != [3]int{4, 4, 5} || len(p.Admitted) != 2 || len(p.Parked) != 1 || len(p.Ahead) != 1 {
 		t.Fatalf("plot sums %v, bars %d/%d/%d; want 4 admitted, 4 parked, 5 ahead in 2, 1 and 1 bars", p.Sums, len(p.Admitted), len(p.Parked), len(p.Ahead))
 	}
-	// minute is the tightest, 2/s; the top is 7 (the busiest second).
-	if p.YMax != 7 || p.LimitY != p.Bottom-2*plotHeight/7 || p.Limit != "limit 2/s" {
-		t.Errorf("top %d, limit at %v (%q); want 7, and 2/s at %v", p.YMax, p.LimitY, p.Limit, p.Bottom-2*plotHeight/7)
+	// fivemin is the tightest limit the plot spans, 1 permit a second: 0.5
+	// tasks. The top is 7 (the busiest second).
+	if p.YMax != 7 || p.LimitY != p.Bottom-0.5*plotHeight/7 || p.Limit != "limit 0.5/s" {
+		t.Errorf("top %d, limit at %v (%q); want 7, and 0.5/s at %v", p.YMax, p.LimitY, p.Limit, p.Bottom-0.5*plotHeight/7)
 	}
 	if stacked := p.Parked[0]; stacked.Y+stacked.H != p.Admitted[1].Y || p.Ahead[0].X != p.NowX+2*plotBar {
 		t.Errorf("parked bar %+v not on the admitted %+v, or ahead bar at %v, not 2 s right of now", stacked, p.Admitted[1], p.Ahead[0].X)
 	}
-	if want := "3 tasks in the last minute: 2% of r.minute's average rate (120 per 1m0s)"; v.Use != want {
-		t.Errorf("use %q; want %q", v.Use, want)
+	// Over its period, at least a minute; 2 permits a task.
+	want := []string{
+		"r.second: 3 tasks in the last 1m0s, 1% of 10 per 1s",
+		"r.minute: 3 tasks in the last 1m0s, 5% of 120 per 1m0s",
+		"r.fivemin: 4 tasks in the last 5m0s, 3% of 300 per 5m0s",
+		"r.daily, 5000 per 24h0m0s: its period is longer than the 5m0s this page keeps",
+	}
+	if !slices.Equal(v.Uses, want) {
+		t.Errorf("uses:\n%s\nwant:\n%s", strings.Join(v.Uses, "\n"), strings.Join(want, "\n"))
 	}
 }
