@@ -11,7 +11,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
 // The activity counts decisions per second for ActivitySpan, and by
@@ -67,27 +69,34 @@ func TestActivitySeconds(t *testing.T) {
 	})
 }
 
-// The turns booked ahead are counted by the second they are due in, until
-// it ends; a park in the line has no turn.
+// The turns booked ahead are the turn book's, parked or handed by a
+// line's serving: spread over the seconds they are due in, the soonest to
+// within a grain, the furthest exact; and they are those of
+// jobthrottle_booked_turns.
 func TestActivityTurnsAhead(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		m, _ := NewMetrics(prometheus.NewRegistry())
+		reg := prometheus.NewRegistry()
+		m, _ := NewMetrics(reg)
 		time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second)))
 		now := time.Now()
-		turn := now // any non-zero time: the turn on the Redis clock
-		for _, ahead := range []time.Duration{300 * time.Millisecond, 2500 * time.Millisecond, 2700 * time.Millisecond, 90 * time.Second} {
-			m.parkedTurn("r", turn, ahead)
+		for _, ahead := range []time.Duration{2500 * time.Millisecond, 90 * time.Second} {
+			m.parkedOn("r", admission.Decision{Turn: throttle.Booked, At: now.Add(ahead)}, ahead)
 		}
-		m.parkedTurn("r", time.Time{}, 0)
+		m.parkedOn("r", admission.Decision{Turn: throttle.Held, At: now.Add(time.Second)}, time.Second) // counted when booked
+		m.lineServed("r", map[string]time.Time{"a": now.Add(250 * time.Millisecond), "b": now.Add(2700 * time.Millisecond)})
 		r := m.Activity().Rule("r")
-		if r.TurnsAhead != 4 || r.InLine != 1 || !r.NextTurn.Equal(now) || !r.LastTurn.Equal(now.Add(90*time.Second)) {
-			t.Errorf("%d turns ahead, %d in line, next %v, last %v; want 4, 1, %v, %v", r.TurnsAhead, r.InLine, r.NextTurn, r.LastTurn, now, now.Add(90*time.Second))
+		next := now.Add(300*time.Millisecond - time.Nanosecond) // the end of 0.25 s's grain
+		if r.TurnsAhead != 4 || !r.NextTurn.Equal(next) || !r.LastTurn.Equal(now.Add(90*time.Second)) {
+			t.Errorf("%d turns ahead, next %v, last %v; want 4, %v, %v", r.TurnsAhead, r.NextTurn.Sub(now), r.LastTurn.Sub(now), next.Sub(now), 90*time.Second)
 		}
 		if len(r.Ahead) != int(ActivityAhead/time.Second) || r.Ahead[0].Parked != 1 || r.Ahead[2].Parked != 2 || !r.Ahead[2].Start.Equal(now.Add(2*time.Second)) {
 			t.Errorf("ahead %+v; want 1 turn in the current second, 2 in the third", r.Ahead[:3])
 		}
+		if got := scrape(t, reg)["jobthrottle_booked_turns"]["rule=r"]; got != float64(r.TurnsAhead) {
+			t.Errorf("jobthrottle_booked_turns = %v; the activity says %d", got, r.TurnsAhead)
+		}
 		time.Sleep(3 * time.Second)
-		if r := m.Activity().Rule("r"); r.TurnsAhead != 1 || !r.NextTurn.Equal(r.LastTurn) {
+		if r := m.Activity().Rule("r"); r.TurnsAhead != 1 || r.LastTurn.Sub(r.NextTurn) >= turnGrain {
 			t.Errorf("3s later: %d turns ahead, next %v, last %v; want the one 90s ahead", r.TurnsAhead, r.NextTurn, r.LastTurn)
 		}
 	})
@@ -113,11 +122,11 @@ func TestActivityAgreesWithMetrics(t *testing.T) {
 			return r
 		}
 		eventually(t, 5*time.Second, "9 tasks parked", func() bool { return m.Activity().Rule("api").Decisions[OutcomeParked] == 9 })
-		if r := agree("parked"); r.TurnsAhead != 9 || r.LastTurn.Sub(r.NextTurn) != 8*time.Second {
-			t.Errorf("%d turns ahead, from %v to %v; want 9, a second apart", r.TurnsAhead, r.NextTurn, r.LastTurn)
+		if r := agree("parked"); r.TurnsAhead != 9 || r.LastTurn.Sub(r.NextTurn).Round(time.Second) != 8*time.Second {
+			t.Errorf("%d turns ahead, from %v to %v; want 9, about a second apart", r.TurnsAhead, r.NextTurn, r.LastTurn)
 		}
 		eventually(t, 15*time.Second, "10 tasks ran", func() bool { return len(b.runs()) == 10 })
-		time.Sleep(time.Second) // the last turn's second is over
+		time.Sleep(turnGrain) // a turn counts until at most a grain after it
 		r := agree("ran")
 		admitted := 0
 		for _, s := range r.Seconds {
@@ -152,7 +161,7 @@ rules:
 
 // The turns a serving of a line books count as turns ahead: with a
 // horizon of 1s, all but a turn or two of a backlog wait in the line, and
-// every second its next turn is ahead.
+// every second the line's next turn is ahead.
 func TestActivityLineTurns(t *testing.T) {
 	t.Parallel()
 	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
@@ -160,30 +169,13 @@ func TestActivityLineTurns(t *testing.T) {
 		b, m, stop := activityBed(t, rdb, "1s")
 		defer stop()
 		eventually(t, 5*time.Second, "9 tasks parked", func() bool { return m.Activity().Rule("api").Decisions[OutcomeParked] == 9 })
-		if r := m.Activity().Rule("api"); r.InLine < 7 {
-			t.Errorf("%d tasks parked in the line; want at least 7 of the 9 beyond the horizon", r.InLine)
-		}
 		for sec := 3; sec <= 7; sec++ {
-			time.Sleep(time.Until(start.Add(time.Duration(sec)*time.Second + 500*time.Millisecond)))
-			if r := m.Activity().Rule("api"); r.TurnsAhead < 1 || r.NextTurn.Sub(time.Now()) > 2*time.Second {
-				t.Errorf("at %ds: %d turns ahead, the next at %v; want the line's next, within 2s", sec, r.TurnsAhead, r.NextTurn.Sub(start))
+			// A serving books the next turn half a second before it.
+			time.Sleep(time.Until(start.Add(time.Duration(sec)*time.Second + 800*time.Millisecond)))
+			if r := m.Activity().Rule("api"); r.TurnsAhead != 1 || r.NextTurn.Sub(time.Now()) > time.Second {
+				t.Errorf("at %ds: %d turns ahead, the next at %v; want the line's next, within 1s", sec, r.TurnsAhead, r.NextTurn.Sub(start))
 			}
 		}
 		eventually(t, 15*time.Second, "10 tasks ran", func() bool { return len(b.runs()) == 10 })
-	})
-}
-
-// handedTurns counts each turn a serving handed, by the second it is due in.
-func TestActivityHandedTurns(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		m, _ := NewMetrics(prometheus.NewRegistry())
-		time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second)))
-		now := time.Now()
-		m.handedTurns("r", map[string]time.Time{"a": now.Add(1500 * time.Millisecond), "b": now.Add(3 * time.Second), "c": now.Add(3200 * time.Millisecond)})
-		m.handedTurns("r", nil)
-		r := m.Activity().Rule("r")
-		if r.TurnsAhead != 3 || r.Ahead[1].Parked != 1 || r.Ahead[3].Parked != 2 || r.InLine != 0 {
-			t.Errorf("%d turns ahead, %+v; want 3: 1 in a second, 2 in 3", r.TurnsAhead, r.Ahead[:4])
-		}
 	})
 }

@@ -320,8 +320,7 @@ func (m *Middleware) serveLine(ctx context.Context, r *ruleGate, member, subject
 		}
 		return fmt.Errorf("worker: serving the line of rule %q: %w", r.Name, err)
 	}
-	m.metrics.lineServed(r.Name, len(s.Handed))
-	m.metrics.handedTurns(r.Name, s.Handed)
+	m.metrics.lineServed(r.Name, s.Handed)
 	wakes := s.Handed
 	if !s.Next.IsZero() {
 		if wakes == nil {
@@ -592,7 +591,6 @@ func (m *Middleware) deferTask(ctx context.Context, t *taskRun, retryAt time.Tim
 		// and a summary per rule at Info (parklog.go).
 		msg, level = "worker: task parked until its turn", slog.LevelDebug
 		m.parks.add(rule, t.booked, t.ahead)
-		m.metrics.parkedTurn(rule, t.booked, t.ahead)
 	}
 	t.log.Log(ctx, level, msg, attrs...)
 	if te.Requeued != "" {
