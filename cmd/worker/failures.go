@@ -66,9 +66,10 @@ func (l *failureLog) recent() ([]failure, int64) {
 // error that asynq counts as a failure (worker.IsFailure: not a
 // deferral) and that does not revoke the task. It adds no Redis call.
 //
-// This is the status page's own hook on the handlers; handler outcome
-// metrics and log lines, where the handler package records them, are
-// another.
+// Package handler counts the same attempts of the rules file's handlers
+// (jobthrottle_handler_attempts_total) and logs each failure, but keeps
+// none to read back: the page keeps its own ring, of every task the
+// worker runs (the demo's, and a type with no handler, too).
 func (s *status) observe(next asynq.Handler) asynq.Handler {
 	return asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
 		start := time.Now()

@@ -133,7 +133,6 @@ type ruleView struct {
 	TurnsAhead int
 	NextTurn   string // "within 1s", "in 12s"; "" if no turn is ahead
 	LastTurn   string
-	InLine     int64
 	Plot       plot
 }
 
@@ -177,7 +176,7 @@ func (s *status) view(now time.Time) statusView {
 // ruleOnPage is rule r, with its activity a, as the page shows it at now.
 func ruleOnPage(r rules.RuleConfig, a worker.RuleActivity, now time.Time) ruleView {
 	v := ruleView{Name: r.Name, FileLine: r.Line, ruleWords: describeRule(r), Admitted: a.Admitted(),
-		TurnsAhead: a.TurnsAhead, InLine: a.InLine}
+		TurnsAhead: a.TurnsAhead}
 	for _, o := range outcomes {
 		v.Decisions = append(v.Decisions, outcomeCount{o, a.Decisions[o]})
 	}
@@ -228,11 +227,10 @@ func limitUse(l throttle.Rule, seconds []worker.SecondActivity, cost rules.CostC
 	return s
 }
 
-// dueIn is when a turn due in the second at is, from now: "within 1s" for
-// the current second, else "in 12s".
+// dueIn is when a turn due at at is, from now: "within 1s", else "in 12s".
 func dueIn(at, now time.Time) string {
-	if d := at.Sub(now.Truncate(time.Second)); d >= time.Second {
-		return "in " + d.String()
+	if d := at.Sub(now); d >= time.Second {
+		return "in " + d.Round(time.Second).String()
 	}
 	return "within 1s"
 }

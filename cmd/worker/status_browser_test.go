@@ -43,7 +43,8 @@ handlers:
 
 // The status page of a running worker, loaded in a real headless
 // Chromium, shows the worker's rules, the same decisions as its /metrics,
-// a plot of them, and the handlers' failures that asynq archived.
+// a plot of them, and as many handler failures as /metrics counts: those
+// of the tasks asynq archived.
 func TestStatusPageInChromium(t *testing.T) {
 	t.Parallel()
 	browser := chromium(t)
@@ -61,7 +62,10 @@ func TestStatusPageInChromium(t *testing.T) {
 	go log.rest() // keeps its stderr flowing
 
 	failed := runStatusTasks(t, proc.Client(t))
-	metrics := scrapeDecisions(t, base+"/metrics")
+	metrics, failedAttempts := scrapeMetrics(t, base+"/metrics")
+	if failedAttempts != len(failed) {
+		t.Errorf("jobthrottle_handler_attempts_total counts %d failed attempts; want the %d archived tasks'", failedAttempts, len(failed))
+	}
 	if got := metrics["partner"]; got["admitted"]+got["waited"]+got["redeemed"] != 6 || got["parked"] == 0 {
 		t.Errorf("partner's decisions on /metrics %v; want 6 tasks admitted, some after parking", got)
 	}
@@ -85,8 +89,8 @@ func TestStatusPageInChromium(t *testing.T) {
 		}
 	}
 	slices.Sort(page.FailedIDs)
-	if page.Failures != len(failed) || !slices.Equal(page.FailedIDs, failed) {
-		t.Errorf("the page lists %d failures, of tasks %q; want the %d archived: %q", page.Failures, page.FailedIDs, len(failed), failed)
+	if page.Failures != failedAttempts || !slices.Equal(page.FailedIDs, failed) {
+		t.Errorf("the page lists %d failures, of tasks %q; want the %d of /metrics, the tasks archived: %q", page.Failures, page.FailedIDs, failedAttempts, failed)
 	}
 	if !strings.Contains(page.FailureText, "answered 500 Internal Server Error") || !strings.Contains(page.FailureText, "exited with 3") {
 		t.Errorf("the failures' errors %q; want the upstream's 500 and the command's exit code 3", page.FailureText)
@@ -149,12 +153,17 @@ func runStatusTasks(t *testing.T, rdb redis.UniversalClient) []string {
 }
 
 // decisionLine is a sample of jobthrottle_decisions_total in the text
-// format (labels in name order).
-var decisionLine = regexp.MustCompile(`(?m)^jobthrottle_decisions_total\{outcome="(\w+)",rule="([^"]+)"\} (\d+)$`)
+// format (labels in name order); attemptLine one of
+// jobthrottle_handler_attempts_total.
+var (
+	decisionLine = regexp.MustCompile(`(?m)^jobthrottle_decisions_total\{outcome="(\w+)",rule="([^"]+)"\} (\d+)$`)
+	attemptLine  = regexp.MustCompile(`(?m)^jobthrottle_handler_attempts_total\{handler="[^"]+",kind="\w+",outcome="(\w+)"\} (\d+)$`)
+)
 
-// scrapeDecisions returns the decisions on the worker's /metrics at url,
-// by rule and outcome.
-func scrapeDecisions(t *testing.T, url string) map[string]map[string]int64 {
+// scrapeMetrics returns the decisions on the worker's /metrics at url, by
+// rule and outcome, and the handlers' failed attempts: every outcome but
+// success and throttled (a deferral).
+func scrapeMetrics(t *testing.T, url string) (map[string]map[string]int64, int) {
 	t.Helper()
 	resp, err := http.Get(url)
 	if err != nil {
@@ -165,14 +174,20 @@ func scrapeDecisions(t *testing.T, url string) map[string]map[string]int64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]map[string]int64{}
+	decisions := map[string]map[string]int64{}
 	for _, m := range decisionLine.FindAllStringSubmatch(string(body), -1) {
-		if out[m[2]] == nil {
-			out[m[2]] = map[string]int64{}
+		if decisions[m[2]] == nil {
+			decisions[m[2]] = map[string]int64{}
 		}
-		out[m[2]][m[1]], _ = strconv.ParseInt(m[3], 10, 64)
+		decisions[m[2]][m[1]], _ = strconv.ParseInt(m[3], 10, 64)
 	}
-	return out
+	failed := 0
+	for _, m := range attemptLine.FindAllStringSubmatch(string(body), -1) {
+		if n, _ := strconv.Atoi(m[2]); m[1] != "success" && m[1] != "throttled" {
+			failed += n
+		}
+	}
+	return decisions, failed
 }
 
 // statusPage is what the test reads of the page in the browser.
