@@ -179,3 +179,14 @@ func TestActivityLineTurns(t *testing.T) {
 		eventually(t, 15*time.Second, "10 tasks ran", func() bool { return len(b.runs()) == 10 })
 	})
 }
+
+// BenchmarkDecided is what a decision costs the middleware's metrics: the
+// Prometheus counter and the Activity's second.
+func BenchmarkDecided(b *testing.B) {
+	m, _ := NewMetrics(prometheus.NewRegistry())
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			m.decided("api", OutcomeAdmitted)
+		}
+	})
+}

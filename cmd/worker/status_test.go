@@ -165,3 +165,26 @@ func TestStatusPlot(t *testing.T) {
 		t.Errorf("uses:\n%s\nwant:\n%s", strings.Join(v.Uses, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// BenchmarkStatusPage is what serving the page costs, for a rules file of
+// 10 rules and a full ring of failures: memory only, no Redis.
+func BenchmarkStatusPage(b *testing.B) {
+	var body strings.Builder
+	body.WriteString("rules:\n")
+	for i := range 10 {
+		fmt.Fprintf(&body, "  - {name: r%d, tasks: [t%d], subject: {fixed: s}, algorithm: gcra, limit: 10, period: 1s}\n", i, i)
+	}
+	cfg, err := rules.Parse("rules.yaml", []byte(body.String()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	m, _ := worker.NewMetrics(prometheus.NewRegistry())
+	st := newStatus(cfg, &handler.Config{}, m.Activity())
+	for range failuresKept {
+		st.failures.add(failure{At: time.Now(), Task: "t0", ID: "id", Error: strings.Repeat("x", maxFailureText)})
+	}
+	req := httptest.NewRequest(http.MethodGet, "/status", nil)
+	for b.Loop() {
+		st.ServeHTTP(httptest.NewRecorder(), req)
+	}
+}
