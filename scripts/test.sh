@@ -4,7 +4,8 @@
 # Starts a throwaway standalone Redis and a 3-master Redis Cluster on loopback,
 # points the tests at them (internal/redistest reads the JOBTHROTTLE_REDIS_*
 # variables), runs go vet and go test, and stops every server on exit.
-# Installs redis-server and redis-tools with apt-get if they are missing.
+# Installs redis-server, redis-tools and chromium (the status page's test
+# drives it headless) with apt-get if they are missing.
 # Every test runs; fuzz seed corpora run as ordinary tests. About 4 minutes
 # on a 2-core machine with an empty build cache (README.md).
 #
@@ -15,6 +16,9 @@
 #               Redis under valgrind, installed with apt-get if missing)
 #   FUZZ=1      also fuzz every target for FUZZTIME (default 5s) each
 #               (scripts/fuzz.sh)
+#   JOBTHROTTLE_ARTIFACTS=DIR  where tests save what a reader may want to
+#               see (the status page's screenshot); else each in its own
+#               temporary directory, removed after
 #
 # Arguments go to go test. Arguments starting with ./ or ../ are package
 # patterns and replace ./... (for vet too; BENCH and FUZZ are then
@@ -29,13 +33,14 @@ SECONDS=0
 section() { printf '\n==> %s  (at %ds)\n' "$*" "$SECONDS"; }
 die() { printf 'scripts/test.sh: %s\n' "$*" >&2; exit 1; }
 
-section "Redis binaries"
+section "Redis binaries, chromium"
 RACE=${RACE:-0} BENCH=${BENCH:-0} FUZZ=${FUZZ:-0}
 # valgrind: the bench's server-cost smoke test counts redis-server's
 # instructions under callgrind.
 need=()
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v redis-cli >/dev/null || need+=(redis-tools)
+command -v chromium >/dev/null || need+=(chromium)
 [[ $BENCH != 1 ]] || command -v valgrind >/dev/null || need+=(valgrind)
 if ((${#need[@]})); then
 	sudo=()
@@ -48,6 +53,7 @@ if ((${#need[@]})); then
 fi
 REDIS_SERVER=${JOBTHROTTLE_REDIS_SERVER_BIN:-$(command -v redis-server)}
 "$REDIS_SERVER" --version
+chromium --version 2>/dev/null || die "chromium --version failed"
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/jobthrottle-test.XXXXXX")
 PIDS=() PORTS=()

@@ -320,7 +320,7 @@ func (m *Middleware) serveLine(ctx context.Context, r *ruleGate, member, subject
 		}
 		return fmt.Errorf("worker: serving the line of rule %q: %w", r.Name, err)
 	}
-	m.metrics.lineServed(r.Name, len(s.Handed))
+	m.metrics.lineServed(r.Name, s.Handed)
 	wakes := s.Handed
 	if !s.Next.IsZero() {
 		if wakes == nil {

@@ -18,7 +18,7 @@ const turnPruneEvery = time.Second
 
 var (
 	bookedTurnsDesc = prometheus.NewDesc("jobthrottle_booked_turns",
-		"Turns this process booked for parked tasks that have not come yet (to within 0.1 s), by rule: tasks parked on a booked turn. Tasks waiting in a subject's line have no turn yet and are not counted. Sum over the fleet.",
+		"Turns this process booked for parked tasks that have not come yet (to within 0.1 s), by rule: tasks parked on a booked turn, and the turns it booked serving a subject's line. Tasks still waiting in a line have no turn yet and are not counted. Sum over the fleet.",
 		[]string{"rule"}, nil)
 	furthestTurnDesc = prometheus.NewDesc("jobthrottle_furthest_turn_seconds",
 		"How far ahead of now is the furthest turn this process booked for a parked task, by rule; 0 once it has come. Max over the fleet: how far ahead the rule is booked.",
@@ -84,6 +84,26 @@ func (r *ruleTurns) prune(now time.Time) int {
 		left += n
 	}
 	return left
+}
+
+// ahead returns rule's turns that have not come by now: the count of each
+// grain, by the grain's last instant, and the furthest turn (zero if
+// none). A nil book has none.
+func (b *turnBook) ahead(rule string, now time.Time) (map[time.Time]int, time.Time) {
+	if b == nil {
+		return nil, time.Time{}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	r := b.rules[rule]
+	if r == nil || r.prune(now) == 0 {
+		return nil, time.Time{}
+	}
+	grains := make(map[time.Time]int, len(r.counts))
+	for end, n := range r.counts {
+		grains[time.Unix(0, end*int64(turnGrain)-1)] = n
+	}
+	return grains, r.furthest
 }
 
 // Describe sends the book's descriptors.

@@ -29,6 +29,7 @@ type app struct {
 	demo     *demo // nil without the demo
 	ready    func(context.Context) error
 	reloader *reloader
+	status   *status // the status page (status.go)
 }
 
 // validate checks all that start checks before it connects to Redis, and
@@ -144,7 +145,8 @@ func build(o options, cfg *rules.Config, hs *handler.Config, rdb redis.Universal
 	if err != nil {
 		return nil, usageError{err}
 	}
-	a.reloader = &reloader{path: o.config, log: log, getenv: getenv, mw: a.mw, handlers: &handlerSwitch{}, build: handlers, cfg: cfg}
+	a.status = newStatus(cfg, hs, metrics.Activity())
+	a.reloader = &reloader{path: o.config, log: log, getenv: getenv, mw: a.mw, handlers: &handlerSwitch{}, build: handlers, cfg: cfg, status: a.status}
 	a.reloader.handlers.h.Store(mux)
 	return a, nil
 }

@@ -41,7 +41,7 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (optio
 	fs.StringVar(&o.config, "config", "", "rules file (YAML, see worker/README.md), else $JOBTHROTTLE_CONFIG; if neither, built-in demo rules and the demo task types.\nRead again on SIGHUP: new limits apply to new bookings, a file that fails to load changes nothing")
 	fs.IntVar(&o.concurrency, "concurrency", 0, "tasks processed at once (0: the number of CPUs)")
 	fs.StringVar(&queues, "queues", "default=1", "queues to process and their priorities, such as critical=6,default=3")
-	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://<addr>/metrics, with /healthz and /readyz beside, such as :9090, else $JOBTHROTTLE_METRICS_ADDR")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://<addr>/metrics, with /healthz, /readyz and a status page at / beside, such as :9090, else $JOBTHROTTLE_METRICS_ADDR")
 	fs.StringVar(&o.embeddedAddr, "embedded-redis-addr", "127.0.0.1:0", "where the in-memory Redis listens when no Redis URL is given")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM, how long running tasks may finish before they are put back in their queues;\na second SIGTERM or SIGINT stops at once")
 	fs.BoolVar(&o.demo, "demo", false, "also serve the demo task types demo:echo and demo:api, with a stand-in third-party API on loopback\n(always on without a rules file)")

@@ -22,10 +22,15 @@ import (
 // answers takes well under a millisecond.
 const readyTimeout = 500 * time.Millisecond
 
-// healthMux serves /metrics, /healthz (the process is up) and /readyz
-// (ready answers nil: Redis answers and the throttle scripts run).
-func healthMux(reg *prometheus.Registry, ready func(context.Context) error) http.Handler {
+// healthMux serves /metrics, /healthz (the process is up), /readyz
+// (ready answers nil: Redis answers and the throttle scripts run) and,
+// if status is not nil, the status page at / and /status.
+func healthMux(reg *prometheus.Registry, ready func(context.Context) error, status http.Handler) http.Handler {
 	mux := http.NewServeMux()
+	if status != nil {
+		mux.Handle("GET /{$}", status)
+		mux.Handle("GET /status", status)
+	}
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(w, "ok")
@@ -43,19 +48,19 @@ func healthMux(reg *prometheus.Registry, ready func(context.Context) error) http
 
 // serveMetrics serves healthMux on addr until stop is called. An address
 // it cannot listen on (in use, say) is a failure at run time.
-func serveMetrics(addr string, reg *prometheus.Registry, ready func(context.Context) error, log *slog.Logger) (stop func(), err error) {
+func serveMetrics(addr string, reg *prometheus.Registry, ready func(context.Context) error, status http.Handler, log *slog.Logger) (stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("-metrics-addr: %w", err)
 	}
-	srv := &http.Server{Handler: healthMux(reg, ready), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: healthMux(reg, ready, status), ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("worker: metrics server failed", "error", err)
 		}
 	}()
 	base := "http://" + ln.Addr().String()
-	log.Info("worker: serving metrics", "url", base+"/metrics", "healthz", base+"/healthz", "readyz", base+"/readyz")
+	log.Info("worker: serving metrics", "url", base+"/metrics", "healthz", base+"/healthz", "readyz", base+"/readyz", "status", base+"/status")
 	return func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

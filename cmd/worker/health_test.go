@@ -42,7 +42,7 @@ func TestReadyzRedisHangs(t *testing.T) {
 		}
 		start := time.Now()
 		rec := httptest.NewRecorder()
-		healthMux(prometheus.NewRegistry(), ready).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+		healthMux(prometheus.NewRegistry(), ready, nil).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
 		if took := time.Since(start); took != readyTimeout || took >= time.Second {
 			t.Errorf("/readyz answered after %v; want readyTimeout, %v, under a second", took, readyTimeout)
 		}

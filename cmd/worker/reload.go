@@ -25,6 +25,8 @@ type reloader struct {
 	// build makes the handlers of a rules file, the demo ones included.
 	build func(*rules.Config, *handler.Config) (*asynq.ServeMux, error)
 	cfg   *rules.Config // the rules in force
+	// status is told what each reload did, for the status page.
+	status *status
 }
 
 // reload re-reads the file and logs one line: at Info, what changed; at
@@ -47,9 +49,11 @@ func (r *reloader) reload() {
 	}
 	if err != nil {
 		r.log.Error("worker: rules file not reloaded; the running rules stay", "file", r.path, "error", err)
+		r.status.refused(err)
 		return
 	}
 	r.handlers.h.Store(mux)
+	r.status.reloaded(cfg, hs)
 	d := r.cfg.Diff(cfg)
 	r.cfg = cfg
 	attrs := []any{"file", r.path, "changed", d.Changed, "added", d.Added, "removed", d.Removed, "handlers", handlerNames(hs)}

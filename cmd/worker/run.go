@@ -92,7 +92,7 @@ func serve(ctx context.Context, o options, a *app, rdb redis.UniversalClient, si
 		defer a.demo.close()
 	}
 	if o.metricsAddr != "" {
-		stop, err := serveMetrics(o.metricsAddr, a.reg, a.ready, log)
+		stop, err := serveMetrics(o.metricsAddr, a.reg, a.ready, a.status, log)
 		if err != nil {
 			return err
 		}
@@ -105,7 +105,7 @@ func serve(ctx context.Context, o options, a *app, rdb redis.UniversalClient, si
 		Logger:          worker.AsynqLogger(log),
 		LogLevel:        asynqLevel(o.logLevel),
 	}))
-	if err := srv.Start(a.mw.Wrap(a.reloader.handlers)); err != nil {
+	if err := srv.Start(a.mw.Wrap(a.status.observe(a.reloader.handlers))); err != nil {
 		return fmt.Errorf("starting the asynq server: %w", err)
 	}
 	log.Info("worker: processing", "queues", o.queues, "concurrency", concurrency(o))
