@@ -45,9 +45,11 @@
 package admission
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -121,6 +123,18 @@ type Options struct {
 	// per-tenant limit inside an API key's, decided in the same script. It
 	// needs the line (a Horizon not negative) and jobs with an ID.
 	ShareLimit throttle.Limit
+	// Parking, if set, is where the gate records the wake-ups of the jobs
+	// it parks (the job at its slot, its subject's line at Decision.Serve,
+	// the sweep of its places within a lease), and which serves its line
+	// once Parking.Serve is given the gate. If nil, a parked job comes back
+	// by its queue's own schedule, and nobody serves a line: give a
+	// negative Horizon.
+	Parking *Parking
+	// Name names the gate in the ledger's line entries (LineEntry.Rule):
+	// every process must give the same name to the gates of the same
+	// limiter, and Parking.Serve routes a line's serving by it. Required
+	// with Parking.
+	Name string
 }
 
 // Gate admits jobs under one throttle.Limiter. It is safe for concurrent
@@ -128,6 +142,10 @@ type Options struct {
 type Gate struct {
 	lim  *throttle.Limiter
 	opts Options
+
+	// leased: the limiter has a Concurrency rule, so a job that runs holds
+	// a place, and the gate has places to sweep instead of a line.
+	leased bool
 
 	mu      sync.Mutex
 	waiting map[string]int // jobs holding a waiting slot, by subject
@@ -154,6 +172,9 @@ func New(lim *throttle.Limiter, opts Options) (*Gate, error) {
 	if opts.ShareLimit != (throttle.Limit{}) && opts.Horizon < 0 {
 		return nil, errors.New("admission: a share limit needs the subject's line: horizon must not be negative")
 	}
+	if opts.Parking != nil && opts.Name == "" {
+		return nil, errors.New("admission: a gate with a parking needs a name, the same in every process, for its line's servings")
+	}
 	if opts.Horizon == 0 {
 		opts.Horizon = DefaultHorizon
 	}
@@ -166,7 +187,20 @@ func New(lim *throttle.Limiter, opts Options) (*Gate, error) {
 	if opts.EarlyWait == 0 {
 		opts.EarlyWait = DefaultEarlyWait
 	}
-	return &Gate{lim: lim, opts: opts, waiting: map[string]int{}}, nil
+	leased := slices.ContainsFunc(lim.Rules(), func(r throttle.Rule) bool { return r.Algorithm == throttle.Concurrency })
+	return &Gate{lim: lim, opts: opts, leased: leased, waiting: map[string]int{}}, nil
+}
+
+// Leased reports whether the gate's limiter has a Concurrency rule: a job
+// it lets run holds a place until Release.
+func (g *Gate) Leased() bool { return g.leased }
+
+// Release gives back the place of the limiter's Concurrency rule that a
+// job of subject ran under (Decision.Lease), whatever the job did. It
+// returns an error matching throttle.ErrRedis if Redis fails: the place
+// then frees when its lease expires.
+func (g *Gate) Release(ctx context.Context, subject string) error {
+	return g.lim.Release(ctx, subject)
 }
 
 // Options returns the gate's options, defaults filled in.
@@ -262,7 +296,7 @@ type Decision struct {
 	Reservation *throttle.Reservation
 	// Lease is throttle.Admission.Lease: for Run, non-zero when the job
 	// holds a place of the limiter's Concurrency rule, which the caller
-	// gives back with Limiter().Release when the job ends, succeeded or
+	// gives back with Release when the job ends, succeeded or
 	// not; for Park, non-zero when the job is queued for such a place (Rule
 	// names the rule). It is that rule's lease.
 	Lease time.Duration
@@ -273,8 +307,17 @@ type Decision struct {
 	// Serve, if not zero, is when the job's caller must make sure the
 	// subject's line is served (Gate.Serve), on the Redis clock: the job
 	// started the line, or came back still in it and nobody has served the
-	// line lately.
+	// line lately. With Options.Parking, Admit has recorded it.
 	Serve time.Time
+	// Woken, for Park, is true when the job will be woken for its turn
+	// through Options.Parking: its wake-up is in the ledger, or (InLine)
+	// the serving that books its turn will record it. False without a
+	// Parking, or if the ledger could not be written (ParkErr): the job
+	// then comes back by its queue's own schedule, for At.
+	Woken bool
+	// ParkErr, for Park, says which wake-ups Admit could not record in
+	// Options.Parking (Redis failed); the decision stands. Nil otherwise.
+	ParkErr error
 }
 
 // Admit decides for req: run (now, after waiting in one of the subject's
@@ -351,9 +394,16 @@ func (g *Gate) Admit(ctx context.Context, req Request) (Decision, error) {
 	default: // throttle.Denied: no ID to book under
 		return Decision{}, &throttle.DelayError{Rule: a.Rule, RetryAfter: a.Delay, Deadline: byDeadline}
 	}
+	if d.Outcome == Park && g.opts.Parking != nil {
+		d.Woken, d.ParkErr = g.opts.Parking.park(ctx, g.opts.Name, req, d)
+	}
 	d.Waited = time.Since(start)
 	return d, nil
 }
+
+// name is the job's name in its subject's line and under a Concurrency
+// rule (Request.WaitAs): the first of WaitAs, Waiter, BookAs and ID set.
+func (r Request) name() string { return cmp.Or(r.WaitAs, r.Waiter, r.BookAs, r.ID) }
 
 // maxHorizon bounds Options.Horizon: bookings a day ahead are no line.
 const maxHorizon = 24 * time.Hour
@@ -391,6 +441,21 @@ func (g *Gate) Serve(ctx context.Context, subject string) (Served, error) {
 		s.Next = a.Serve
 	}
 	return s, nil
+}
+
+// sweep brings subject's places of the limiter's Concurrency rule up to
+// date (expired leases' places handed to their waiters through the
+// limiter's OnHandoff), and returns when the earliest lease expires if jobs
+// still wait for a place (Redis clock), else the zero time.
+func (g *Gate) sweep(ctx context.Context, subject string) (time.Time, error) {
+	a, err := g.lim.Admit(ctx, throttle.AdmitRequest{Subject: subject, N: 0, Waiter: "sweep", Tolerance: time.Second})
+	if err != nil {
+		return time.Time{}, err
+	}
+	if a.Status != throttle.Booked || a.Lease == 0 {
+		return time.Time{}, nil // nobody waits (or the limiter has no Concurrency rule now)
+	}
+	return a.Slot, nil
 }
 
 // refundTimeout bounds the refund of a turn whose wait ended with its

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -121,13 +119,12 @@ const DefaultRedisRetryDelay = 5 * time.Second
 // A Middleware is safe for concurrent use.
 type Middleware struct {
 	table      atomic.Pointer[ruleTable] // swapped whole by Reload (reload.go)
-	retired    sync.Map                  // names of rules a Reload removed (string → true)
 	shared     *admission.Slots          // Options.MaxWaiting, kept across reloads; nil if unbounded
 	source     *ruleSource               // what FromRules built the rules from; nil for NewMiddleware
 	log        *slog.Logger
 	metrics    *Metrics
 	requeue    *requeuer
-	wakeups    *admission.Wakeups // nil without Options.Asynq
+	parking    *admission.Parking // the wake-up ledger's parking and waking; nil without Options.Asynq
 	redisRetry time.Duration
 	drainCtx   context.Context
 	drain      context.CancelFunc
@@ -140,7 +137,7 @@ type Middleware struct {
 // *ruleGate it was admitted by until its handler returns.
 type ruleTable struct {
 	route  taskroute.Router[*ruleGate]
-	byName map[string]*ruleGate // for the sweeps of concurrency rules (admit.go)
+	byName map[string]*ruleGate // for the wake-up loop (swap) and Explain
 }
 
 // ruleGate is a TaskRule with its admission gate (nil for a Limiter that is not a
@@ -223,8 +220,13 @@ func NewMiddleware(rules []TaskRule, opts Options) (*Middleware, error) {
 	m.parks = &parkTally{log: m.log, every: ParkSummaryEvery}
 	if opts.Asynq != nil {
 		m.requeue = &requeuer{client: asynq.NewClientFromRedisClient(opts.Asynq), insp: asynq.NewInspectorFromRedisClient(opts.Asynq)}
-		var err error
-		if m.wakeups, err = admission.NewWakeups(opts.Asynq, admission.WakeupsKey); err != nil {
+		ledger, err := admission.NewWakeups(opts.Asynq, admission.WakeupsKey)
+		if err == nil {
+			m.parking, err = admission.NewParking(ledger, admission.ParkingOptions{Logger: m.log, OnServe: func(rule string, s admission.Served) {
+				m.metrics.lineServed(rule, s.Handed)
+			}})
+		}
+		if err != nil {
 			return nil, fmt.Errorf("worker: %w", err)
 		}
 	}
@@ -235,11 +237,10 @@ func NewMiddleware(rules []TaskRule, opts Options) (*Middleware, error) {
 	if err != nil {
 		return nil, err
 	}
-	m.table.Store(t)
+	m.swap(t)
 	m.drainCtx, m.drain = context.WithCancel(context.Background())
-	if m.wakeups != nil {
+	if m.parking != nil {
 		m.stopped = make(chan struct{})
-		sweepers.add(m)
 		go m.wakeLoop()
 	}
 	return m, nil
@@ -271,7 +272,7 @@ func (m *Middleware) newTable(rules []TaskRule) (*ruleTable, error) {
 			return nil, bad("max_wait", fmt.Sprintf("%v must not be negative", r.MaxWait))
 		case r.WaitSlots < 0:
 			return nil, bad("wait_slots", fmt.Sprintf("%d must not be negative", r.WaitSlots))
-		case r.FairBy != nil && m.wakeups == nil:
+		case r.FairBy != nil && m.parking == nil:
 			return nil, bad("fair_by", "needs Options.Asynq: the wake-up loop serves the subject's line")
 		case r.ShareLimit != (throttle.Limit{}) && r.FairBy == nil:
 			return nil, bad("share_limit", "limits each share of fair_by; set fair_by too")
@@ -295,8 +296,9 @@ func (m *Middleware) newTable(rules []TaskRule) (*ruleTable, error) {
 		t.byName[r.Name] = rule
 		rule.Tasks = append([]string(nil), r.Tasks...)
 		if lim, ok := r.Limiter.(*throttle.Limiter); ok {
-			gateOpts := admission.Options{MaxWait: r.MaxWait, WaitSlots: r.WaitSlots, Shared: m.shared, Horizon: r.Horizon, ShareLimit: r.ShareLimit}
-			if m.wakeups == nil {
+			gateOpts := admission.Options{MaxWait: r.MaxWait, WaitSlots: r.WaitSlots, Shared: m.shared, Horizon: r.Horizon, ShareLimit: r.ShareLimit,
+				Parking: m.parking, Name: r.Name}
+			if m.parking == nil {
 				// Parked tasks come back in whole seconds, up to a second
 				// early (see parkAt): let them wait that out in place.
 				// Nobody serves a line: every turn is booked at once.
@@ -306,7 +308,7 @@ func (m *Middleware) newTable(rules []TaskRule) (*ruleTable, error) {
 			if rule.gate, err = admission.New(lim, gateOpts); err != nil {
 				return nil, bad("limiter", err.Error())
 			}
-			rule.leased = hasConcurrency(lim)
+			rule.leased = rule.gate.Leased()
 			if r.ShareLimit != (throttle.Limit{}) {
 				for _, lr := range lim.Rules() {
 					if lr.Algorithm != throttle.GCRA && lr.Algorithm != throttle.TokenBucket {
@@ -334,9 +336,19 @@ func (m *Middleware) newTable(rules []TaskRule) (*ruleTable, error) {
 	return t, nil
 }
 
-// hasConcurrency reports whether lim has a concurrency rule.
-func hasConcurrency(lim *throttle.Limiter) bool {
-	return slices.ContainsFunc(lim.Rules(), func(r throttle.Rule) bool { return r.Algorithm == throttle.Concurrency })
+// swap puts t in force: tasks that arrive take its rules, and the wake-up
+// loop serves its gates' lines (a rule t no longer has is retired: its
+// servings are dropped).
+func (m *Middleware) swap(t *ruleTable) {
+	m.table.Store(t)
+	if m.parking == nil {
+		return
+	}
+	gates := make(map[string]*admission.Gate, len(t.byName))
+	for name, r := range t.byName {
+		gates[name] = r.gate
+	}
+	m.parking.Serve(gates)
 }
 
 // rule returns the rule for a task type, or nil.
@@ -345,15 +357,18 @@ func (m *Middleware) rule(taskType string) *ruleGate {
 	return r
 }
 
-// ruleNamed returns the rule named name in the current rules, or nil: a
-// sweep scheduled before a Reload runs on the rule's new limiter, whose
-// keys are the old one's.
+// ruleNamed returns the rule named name in the current rules, or nil.
 func (m *Middleware) ruleNamed(name string) *ruleGate { return m.table.Load().byName[name] }
 
 // Wrap returns next throttled by the middleware's rules: an
 // asynq.MiddlewareFunc for ServeMux.Use.
 func (m *Middleware) Wrap(next asynq.Handler) asynq.Handler {
 	return asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+		if m.parking != nil {
+			// Stacked middlewares over one ledger pass each other the
+			// servings of their lines (admission.Parking.Join).
+			ctx = m.parking.Join(ctx)
+		}
 		r := m.rule(task.Type())
 		if r == nil {
 			return next.ProcessTask(ctx, task)
