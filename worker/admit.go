@@ -41,36 +41,27 @@ const (
 // handler must return (a *admission.ThrottledError to park or defer it,
 // ctx.Err() if asynq ended it, an error wrapping asynq.SkipRetry if it can
 // never run).
-func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (_ turn, err error) {
-	t := m.newTaskRun(ctx, r, task)
-	subject, err := r.Subject(task)
-	if err == nil && subject == "" {
-		err = errors.New("the subject is empty")
-	}
+func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (turn, error) {
+	t, err := m.newTaskRun(ctx, r, task)
 	if err != nil {
 		m.metrics.decided(r.Name, OutcomeError)
-		return turn{}, t.archive(ctx, "worker: task archived: no subject", true, err)
+		return turn{}, err
 	}
-	t.subject, t.log = subject, t.log.With("subject", subject)
-	if t.cost, err = r.cost(task); err != nil {
-		m.metrics.decided(r.Name, OutcomeError)
-		return turn{}, t.archive(ctx, "worker: task archived: no cost", false, fmt.Errorf("cannot derive the cost: %w", err))
-	}
-	if t.cost == 0 {
-		// Free: nothing to charge, nothing to wait for.
-		w := admission.Wait{Rule: r.Name, Subject: subject}
+	if t.Cost == 0 {
+		// Free: nothing to charge, nothing to wait for. (The gate would
+		// take a zero Cost as 1: it never sees this task.)
+		w := admission.Wait{Rule: r.Name, Subject: t.Subject}
 		m.admitted(t, w)
 		return turn{Wait: w}, nil
 	}
-
-	retried, _ := asynq.GetRetryCount(ctx)
-	maxRetry, known := asynq.GetMaxRetry(ctx)
-	t.lastAttempt = known && retried >= maxRetry
 	if r.gate == nil || (t.lastAttempt && m.requeue == nil) {
 		w, err := m.waitInPlace(ctx, t)
 		return turn{Wait: w, held: err == nil && r.leased}, err
 	}
-
+	if err := m.gateRequest(ctx, t); err != nil {
+		m.metrics.decided(r.Name, OutcomeError)
+		return turn{}, err
+	}
 	wctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	stop := context.AfterFunc(m.drainCtx, func() { cancel(ErrDraining) })
@@ -80,17 +71,36 @@ func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (
 		wctx, cancelEnd = context.WithDeadline(wctx, end)
 		defer cancelEnd()
 	}
+	m.metrics.waiting(r.Name, 1)
+	d, err := r.gate.Admit(wctx, t.Request)
+	m.metrics.waiting(r.Name, -1)
+	switch {
+	case err != nil:
+		return turn{}, m.notAdmitted(ctx, wctx, t, err)
+	case d.Outcome == admission.Run:
+		w := admission.Wait{Rule: r.Name, Subject: t.Subject, Duration: d.Waited, Redeemed: d.Turn == throttle.Redeemed, Turn: d.Slot}
+		m.admitted(t, w)
+		return turn{Wait: w, held: d.Lease > 0, res: d.Reservation, cost: t.Cost}, nil
+	}
+	return turn{}, m.park(ctx, t, d)
+}
+
+// gateRequest completes t's request for its rule's gate: who it books
+// and waits as, its producer's receipt, its share. It returns the error
+// that archives the task if its share cannot be derived.
+func (m *Middleware) gateRequest(ctx context.Context, t *taskRun) error {
 	// A task with no retry left parks as a copy (requeue.go): book the
 	// turn under the copy's ID, which is the one that comes back.
-	bookID := t.id
+	t.BookAs = t.ID
 	if t.lastAttempt {
-		bookID = nextCopyID(t.id)
+		t.BookAs = nextCopyID(t.ID)
 	}
-	// Under a concurrency rule, the task waits for a place as the wake-up
-	// member that brings it back (WakeOnHandoff).
+	// Under a concurrency rule, and in its subject's line, the task is
+	// named by the wake-up ledger entry that brings it back.
 	queue, _ := asynq.GetQueueName(ctx)
-	req := admission.Request{Subject: subject, Cost: t.cost, ID: t.id, BookAs: bookID, Receipt: task.Headers()[admission.ReceiptHeader],
-		Waiter: admission.JobEntry{Queue: queue, ID: t.id}.Member(), WaitAs: admission.JobEntry{Queue: queue, ID: bookID}.Member()}
+	t.Waiter = admission.JobEntry{Queue: queue, ID: t.ID}.Member()
+	t.WaitAs = admission.JobEntry{Queue: queue, ID: t.BookAs}.Member()
+	t.Receipt = t.task.Headers()[admission.ReceiptHeader]
 	// Stacked rules (mux.Use(a.Wrap, b.Wrap) over the same task): a task
 	// that one rule admits and another parks gives the first rule's turn
 	// back, and comes back for the second rule's turn needing a turn of
@@ -99,28 +109,17 @@ func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (
 	// another (the outer admitted the task: WaitedFrom) or with one inside
 	// it that has throttled a task books turns however far ahead, as
 	// without a horizon. Each rule's own limit still holds.
-	if _, nested := admission.WaitedFrom(ctx); nested || r.stacked.Load() {
-		req.BookAhead = true
+	_, nested := admission.WaitedFrom(ctx)
+	t.BookAhead = nested || t.rule.stacked.Load()
+	if t.rule.FairBy == nil {
+		return nil
 	}
-	if r.FairBy != nil {
-		if req.Share, err = r.FairBy(task); err != nil {
-			m.metrics.decided(r.Name, OutcomeError)
-			return turn{}, t.archive(ctx, "worker: task archived: no share", false, fmt.Errorf("cannot derive its fair_by share: %w", err))
-		}
-		req.Weight = r.Weights[req.Share]
+	var err error
+	if t.Share, err = t.rule.FairBy(t.task); err != nil {
+		return t.archive(ctx, "worker: task archived: no share", false, fmt.Errorf("cannot derive its fair_by share: %w", err))
 	}
-	m.metrics.waiting(r.Name, 1)
-	d, err := r.gate.Admit(wctx, req)
-	m.metrics.waiting(r.Name, -1)
-	if err != nil {
-		return turn{}, m.notAdmitted(ctx, wctx, t, err)
-	}
-	if d.Outcome == admission.Run {
-		w := admission.Wait{Rule: r.Name, Subject: subject, Duration: d.Waited, Redeemed: d.Turn == throttle.Redeemed, Turn: d.Slot}
-		m.admitted(t, w)
-		return turn{Wait: w, held: d.Lease > 0, res: d.Reservation, cost: t.cost}, nil
-	}
-	return turn{}, m.park(ctx, t, d)
+	t.Weight = t.rule.Weights[t.Share]
+	return nil
 }
 
 // park returns the error that parks a task d parked: until its turn, or,
@@ -155,13 +154,13 @@ type turn struct {
 	cost int                   // the permits it took: the rule's Cost, an estimate
 }
 
-// taskRun is what admit knows of the task it decides for.
+// taskRun is what admit knows of the task it decides for: the request
+// its rule's gate decides on (Subject, Cost and ID, then, for the gate,
+// gateRequest's), and what the adapter keeps beside it.
 type taskRun struct {
+	admission.Request
 	rule        *ruleGate
 	task        *asynq.Task
-	id          string
-	subject     string
-	cost        int
 	lastAttempt bool
 	byMaxWait   bool          // the wait in place was bounded by the rule's MaxWait, not the deadline
 	booked      time.Time     // a parked task's turn (Redis clock); zero if it parked in its subject's line
@@ -170,16 +169,35 @@ type taskRun struct {
 	log         *slog.Logger
 }
 
-func (m *Middleware) newTaskRun(ctx context.Context, r *ruleGate, task *asynq.Task) *taskRun {
+// newTaskRun maps task to its subject, cost and ID under rule r, and tells
+// whether it is on its last attempt. It returns the error that archives a
+// task whose subject or cost cannot be derived.
+func (m *Middleware) newTaskRun(ctx context.Context, r *ruleGate, task *asynq.Task) (*taskRun, error) {
 	id, _ := asynq.GetTaskID(ctx)
-	return &taskRun{rule: r, task: task, id: id, start: time.Now(),
+	t := &taskRun{rule: r, task: task, start: time.Now(),
 		log: m.log.With("rule", r.Name, "task_id", id, "task_type", task.Type())}
+	t.ID = id
+	subject, err := r.Subject(task)
+	if err == nil && subject == "" {
+		err = errors.New("the subject is empty")
+	}
+	if err != nil {
+		return nil, t.archive(ctx, "worker: task archived: no subject", true, err)
+	}
+	t.Subject, t.log = subject, t.log.With("subject", subject)
+	if t.Cost, err = r.cost(task); err != nil {
+		return nil, t.archive(ctx, "worker: task archived: no cost", false, fmt.Errorf("cannot derive the cost: %w", err))
+	}
+	retried, _ := asynq.GetRetryCount(ctx)
+	maxRetry, known := asynq.GetMaxRetry(ctx)
+	t.lastAttempt = known && retried >= maxRetry
+	return t, nil
 }
 
 // archive returns the error that archives a task that can never run;
 // noSubject says its subject was the reason.
 func (t *taskRun) archive(ctx context.Context, msg string, noSubject bool, err error) error {
-	err = &archivedError{rule: t.rule.Name, taskID: t.id, taskType: t.task.Type(), noSubject: noSubject, err: err}
+	err = &archivedError{rule: t.rule.Name, taskID: t.ID, taskType: t.task.Type(), noSubject: noSubject, err: err}
 	t.log.WarnContext(ctx, msg, "error", err)
 	return err
 }
@@ -281,12 +299,12 @@ func (m *Middleware) waitInPlace(ctx context.Context, t *taskRun) (admission.Wai
 		t.byMaxWait = canDefer && r.MaxWait > 0 && (!hasDeadline || end.Before(dl.Add(-min(deadlineMargin, max(dl.Sub(t.start), 0)/4))))
 	}
 	m.metrics.waiting(r.Name, 1)
-	err := r.Limiter.WaitN(wctx, t.subject, t.cost)
+	err := r.Limiter.WaitN(wctx, t.Subject, t.Cost)
 	m.metrics.waiting(r.Name, -1)
 	if err != nil {
 		return admission.Wait{}, m.notAdmitted(ctx, wctx, t, err)
 	}
-	w := admission.Wait{Rule: r.Name, Subject: t.subject, Duration: time.Since(t.start)}
+	w := admission.Wait{Rule: r.Name, Subject: t.Subject, Duration: time.Since(t.start)}
 	m.admitted(t, w)
 	return w, nil
 }
@@ -378,14 +396,14 @@ func (m *Middleware) admitted(t *taskRun, w admission.Wait) {
 // to its log line.
 func (m *Middleware) deferTask(ctx context.Context, t *taskRun, retryAt time.Time, cause error, outcome string, attrs ...any) error {
 	rule := t.rule.Name
-	te := &admission.ThrottledError{Rule: rule, Subject: t.subject, RetryAt: retryAt, Err: cause}
+	te := &admission.ThrottledError{Rule: rule, Subject: t.Subject, RetryAt: retryAt, Err: cause}
 	if t.lastAttempt {
 		if m.requeue == nil {
 			m.metrics.decided(rule, OutcomeError)
 			t.log.ErrorContext(ctx, "worker: task archived: throttled past its deadline on its last attempt; set worker.Options.Asynq to defer such tasks", "error", te)
 			return te
 		}
-		copyID, err := m.requeue.copy(ctx, t.task, t.id, retryAt)
+		copyID, err := m.requeue.copy(ctx, t.task, t.ID, retryAt)
 		if err != nil {
 			m.metrics.decided(rule, OutcomeError)
 			te.Err = errors.Join(cause, err)
