@@ -2,8 +2,15 @@
 // queued task), whether it runs now, waits a short while where it is, or
 // parks until a turn booked for it in the shared ledger. It knows nothing
 // of any queue: the asynq adapter (package worker) maps a task to a subject,
-// a cost, an ID and a deadline, and maps a Park decision back to asynq's
-// retry set and the wake-up ledger (Wakeups).
+// a cost, an ID and a deadline, and a decision back to asynq (run the
+// handler, or its retry set until the turn).
+//
+// It also owns parking and waking: a gate given a Parking (Options.Parking)
+// records the wake-ups of the jobs it parks in the shared ledger
+// (Wakeups), and Parking.Run takes each due entry (ledger.go: a JobEntry or
+// a LineEntry): it serves a subject's line, or sweeps its places, itself,
+// and hands a parked job to the adapter's wake function, the one thing a
+// queue must supply (for asynq, move the task to pending).
 //
 // It also owns what producers, workers and handlers must agree on, so
 // that none of them needs another's package: the task headers and the
@@ -195,6 +202,13 @@ func New(lim *throttle.Limiter, opts Options) (*Gate, error) {
 // it lets run holds a place until Release.
 func (g *Gate) Leased() bool { return g.leased }
 
+// WaitN waits for n permits of subject as the limiter's WaitN does, until
+// ctx ends, whatever the gate's options: for a job that cannot park (it
+// could not come back), which waits where it is as long as ctx allows.
+func (g *Gate) WaitN(ctx context.Context, subject string, n int) error {
+	return g.lim.WaitN(ctx, subject, n)
+}
+
 // Release gives back the place of the limiter's Concurrency rule that a
 // job of subject ran under (Decision.Lease), whatever the job did. It
 // returns an error matching throttle.ErrRedis if Redis fails: the place
@@ -335,10 +349,6 @@ func (g *Gate) Admit(ctx context.Context, req Request) (Decision, error) {
 	if err := ctx.Err(); err != nil {
 		return Decision{}, err
 	}
-	cost := req.Cost
-	if cost == 0 {
-		cost = 1
-	}
 	// A new turn is waited for only in one of the subject's waiting slots:
 	// without one, a job whose turn is not now parks, however close the
 	// turn, so that a subject over its limit cannot keep every worker slot
@@ -361,16 +371,7 @@ func (g *Gate) Admit(ctx context.Context, req Request) (Decision, error) {
 		}
 		early = min(early, left)
 	}
-	horizon := max(g.opts.Horizon, 0)
-	if req.BookAhead && g.opts.ShareLimit == (throttle.Limit{}) {
-		// (A share limit is kept in the line: such a gate always uses it.)
-		horizon = 0
-	}
-	a, err := g.lim.Admit(ctx, throttle.AdmitRequest{
-		Subject: req.Subject, N: cost, ID: req.ID, Receipt: req.Receipt, BookAs: req.BookAs, Waiter: req.Waiter, WaitAs: req.WaitAs,
-		Wait: wait, EarlyWait: max(early, time.Microsecond), Tolerance: g.opts.Tolerance,
-		Horizon: horizon, Share: req.Share, Weight: req.Weight, ShareLimit: g.opts.ShareLimit,
-	})
+	a, err := g.lim.Admit(ctx, g.limiterRequest(req, wait, early))
 	if err != nil {
 		return Decision{}, err
 	}
@@ -399,6 +400,26 @@ func (g *Gate) Admit(ctx context.Context, req Request) (Decision, error) {
 	}
 	d.Waited = time.Since(start)
 	return d, nil
+}
+
+// limiterRequest is req as the limiter takes it, under the gate's
+// options: the one place a Request becomes a throttle.AdmitRequest. wait
+// is how long the job may wait for a new turn, early for a booked one.
+func (g *Gate) limiterRequest(req Request, wait, early time.Duration) throttle.AdmitRequest {
+	horizon := max(g.opts.Horizon, 0)
+	if req.BookAhead && g.opts.ShareLimit == (throttle.Limit{}) {
+		// (A share limit is kept in the line: such a gate always uses it.)
+		horizon = 0
+	}
+	n := req.Cost
+	if n == 0 {
+		n = 1
+	}
+	return throttle.AdmitRequest{
+		Subject: req.Subject, N: n, ID: req.ID, Receipt: req.Receipt, BookAs: req.BookAs, Waiter: req.Waiter, WaitAs: req.WaitAs,
+		Wait: wait, EarlyWait: max(early, time.Microsecond), Tolerance: g.opts.Tolerance,
+		Horizon: horizon, Share: req.Share, Weight: req.Weight, ShareLimit: g.opts.ShareLimit,
+	}
 }
 
 // name is the job's name in its subject's line and under a Concurrency

@@ -299,7 +299,11 @@ func (m *Middleware) waitInPlace(ctx context.Context, t *taskRun) (admission.Wai
 		t.byMaxWait = canDefer && r.MaxWait > 0 && (!hasDeadline || end.Before(dl.Add(-min(deadlineMargin, max(dl.Sub(t.start), 0)/4))))
 	}
 	m.metrics.waiting(r.Name, 1)
-	err := r.Limiter.WaitN(wctx, t.Subject, t.Cost)
+	var waiter Waiter = r.Limiter
+	if r.gate != nil {
+		waiter = r.gate // the same limiter, through its gate
+	}
+	err := waiter.WaitN(wctx, t.Subject, t.Cost)
 	m.metrics.waiting(r.Name, -1)
 	if err != nil {
 		return admission.Wait{}, m.notAdmitted(ctx, wctx, t, err)
