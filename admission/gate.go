@@ -116,7 +116,8 @@ type Options struct {
 	// whose turn would be later, or that comes while others of its
 	// subject wait, waits in the subject's line in Redis instead, charged
 	// nothing (Decision.InLine), and is booked when the horizon reaches it
-	// (Gate.Serve, which the caller runs when Decision.Serve says). So a
+	// (Gate.Serve, which Parking runs, or the caller when Decision.Serve
+	// says). So a
 	// backlog of any depth holds at most a horizon of booked turns: a
 	// limit that changes is in force within about a horizon, and a
 	// subject's Shares are served in turn. If zero, DefaultHorizon (1s).
@@ -248,7 +249,9 @@ type Request struct {
 	// Waiter (a task requeued as a copy): it takes over Waiter's place.
 	// In the subject's line (Options.Horizon), the job is named by WaitAs,
 	// Waiter, BookAs or ID, the first set: Gate.Serve hands that name its
-	// turn.
+	// turn. With Options.Parking, that name is also the job's wake-up in
+	// the ledger, and a Waiter is woken by Parking.Run when a place is
+	// handed to it (WakeOnHandoff): give each a JobEntry's Member.
 	WaitAs string
 	// Share is the job's share of its subject's line (a tenant of one API
 	// key): the shares with jobs in line are served in turn, each by its
@@ -298,8 +301,8 @@ type Decision struct {
 	// At is, for Run, when the job was admitted, and for Park, when its
 	// turn comes (local clock).
 	At time.Time
-	// Slot is the turn on the Redis clock (for Park: schedule the wake-up
-	// by it, as Wakeups.Add does).
+	// Slot is the turn on the Redis clock (for Park: the job's wake-up is
+	// scheduled by it, by Admit with Options.Parking, else by the caller).
 	Slot time.Time
 	// Waited is how long Admit kept the job.
 	Waited time.Duration
