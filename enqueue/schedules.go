@@ -456,7 +456,7 @@ func (p *parser) pace(n *yaml.Node, file *Schedules) (*PaceSpec, error) {
 		}
 		a, err := rules.ParseAlgorithm(as)
 		if err != nil {
-			return nil, p.Failf(v, "pace.algorithm", "%q: use gcra (leaky_bucket), token_bucket, fixed_window, sliding_log or sliding_window", as)
+			return nil, p.Failf(v, "pace.algorithm", "%q: use %s", as, rules.AlgorithmNames(rules.PaceAlgorithms()))
 		}
 		ps.Algorithm = a
 	}

@@ -286,8 +286,8 @@ func (p *parser) shareLimit(n *yaml.Node, fair bool) (throttle.Limit, error) {
 		}
 	}
 	// throttle's bounds (burst × period / count, say), as for a gcra limit.
-	r, err := p.validate(n, fields, "share_limit", throttle.Rule{Name: "share_limit", Algorithm: throttle.GCRA, Limit: l})
-	return r.Limit, err
+	l, err = throttle.CheckShareLimit(l)
+	return l, p.throttleError(n, fields, "share_limit", throttle.GCRA, err)
 }
 
 // weights reads a rule's weights: share -> 1 to 1000.
@@ -420,28 +420,27 @@ func (p *parser) concurrency(n *yaml.Node, fields map[string]*yaml.Node, path st
 	return p.validate(n, fields, path, r)
 }
 
-// checkCost refuses a fixed cost that a limit of r (or its share limit,
-// set at sn) can never admit at once (its burst, or a window's limit), and
-// a share limit beside a concurrency limit.
+// checkCost refuses a share limit (set at sn) that r's limits cannot keep
+// (throttle.CheckShareLimit), and a fixed cost that a limit of r or its
+// share limit can never admit at once (its capacity).
 func (p *parser) checkCost(n, sn *yaml.Node, r RuleConfig) error {
 	if sl := r.ShareLimit; sl.Count > 0 && r.Cost.Permits > sl.Burst {
 		return p.Failf(n, "cost", "%d permits per task, but share_limit admits at most %d at once; raise its burst or lower the cost", r.Cost.Permits, sl.Burst)
 	}
-	for _, l := range r.Limits {
-		if l.Algorithm == throttle.Concurrency {
-			if sn != nil {
-				return p.Failf(sn, "share_limit", "cannot limit the shares of concurrency limit %q: it has no line to keep them in", l.Name)
+	if sn != nil {
+		if _, err := throttle.CheckShareLimit(r.ShareLimit, r.Limits...); err != nil {
+			// sl itself passed shareLimit: a limit of r cannot keep shares.
+			var ce *throttle.ConfigError
+			if errors.As(err, &ce) && slices.ContainsFunc(r.Limits, func(l throttle.Rule) bool { return l.Name == ce.Rule && isConcurrency(l) }) {
+				return p.Failf(sn, "share_limit", "cannot limit the shares of concurrency limit %q: it has no line to keep them in", ce.Rule)
+			} else if ce != nil {
+				err = errors.New(ce.Reason)
 			}
-			continue // a task takes one place, whatever its cost
+			return p.Failf(sn, "share_limit", "%v", err)
 		}
-		if sn != nil && l.Algorithm != throttle.GCRA && l.Algorithm != throttle.TokenBucket {
-			return p.Failf(sn, "share_limit", "needs limits of gcra or token_bucket, which can book a turn for any moment; limit %q is %s", l.Name, l.Algorithm)
-		}
-		capacity := l.Limit.Count
-		if l.Algorithm == throttle.TokenBucket || l.Algorithm == throttle.GCRA {
-			capacity = l.Limit.Burst
-		}
-		if r.Cost.Permits > capacity {
+	}
+	for _, l := range r.Limits {
+		if capacity := l.Capacity(); r.Cost.Permits > capacity {
 			return p.Failf(n, "cost", "%d permits per task, but limit %q admits at most %d at once; raise its burst or lower the cost", r.Cost.Permits, l.Name, capacity)
 		}
 	}
@@ -461,7 +460,7 @@ func (p *parser) limit(n *yaml.Node, fields map[string]*yaml.Node, path, name st
 		return nil, p.Failf(n, f(field), "missing; %s", help)
 	}
 
-	an, err := need("algorithm", "one of fixed_window, sliding_log, sliding_window, token_bucket, gcra, concurrency")
+	an, err := need("algorithm", "one of "+listAlgorithms(throttle.Algorithms(), "", ", "))
 	if err != nil {
 		return r, err
 	}
@@ -470,7 +469,7 @@ func (p *parser) limit(n *yaml.Node, fields map[string]*yaml.Node, path, name st
 		return r, err
 	}
 	if r.Algorithm, err = ParseAlgorithm(as); err != nil {
-		return r, p.Failf(an, f("algorithm"), "%q is not one of fixed_window, sliding_log, sliding_window, token_bucket, gcra (or leaky_bucket), concurrency", as)
+		return r, p.Failf(an, f("algorithm"), "%q is not one of %s", as, listAlgorithms(throttle.Algorithms(), " (or %s)", ", "))
 	}
 	if r.Algorithm == throttle.Concurrency {
 		return p.concurrency(n, fields, path, r)
@@ -496,10 +495,9 @@ func (p *parser) limit(n *yaml.Node, fields map[string]*yaml.Node, path, name st
 		return r, err
 	}
 
-	bucket := r.Algorithm == throttle.TokenBucket || r.Algorithm == throttle.GCRA
 	r.Limit.Burst = r.Limit.Count
 	if bn := fields["burst"]; bn != nil {
-		if !bucket {
+		if !r.Algorithm.Bucket() {
 			return r, p.Failf(bn, f("burst"), "applies only to token_bucket and gcra; %v admits limit per period", r.Algorithm)
 		}
 		if r.Limit.Burst, err = p.AtLeast(bn, f("burst"), 1, throttle.MaxPermits); err != nil {
@@ -521,30 +519,36 @@ func (p *parser) limit(n *yaml.Node, fields map[string]*yaml.Node, path, name st
 }
 
 // validate reports what the checks of limit and concurrency leave to
-// throttle (upper bounds, bucket horizons, bucket counts) at the field
-// throttle names: count is the file's limit, and a concurrency rule's
-// period its lease.
+// throttle (upper bounds, bucket horizons, bucket counts), as
+// throttleError does.
 func (p *parser) validate(n *yaml.Node, fields map[string]*yaml.Node, path string, r throttle.Rule) (throttle.Rule, error) {
-	f := func(field string) string { return yamlfile.Join(path, field) }
-	if err := r.Validate(); err != nil {
-		var ce *throttle.ConfigError
-		field, line := "", n
-		if errors.As(err, &ce) {
-			field = ce.Field
-			switch {
-			case field == "count":
-				field = "limit"
-			case field == "period" && r.Algorithm == throttle.Concurrency:
-				field = "lease"
-			}
-			if v := fields[field]; v != nil {
-				line = v
-			}
-			return r, p.Failf(line, f(field), "%s", ce.Reason)
-		}
-		return r, p.Failf(line, path, "%v", err)
+	return r, p.throttleError(n, fields, path, r.Algorithm, r.Validate())
+}
+
+// throttleError reports err, throttle's verdict on a limit of algorithm a
+// read from fields (of the mapping at n; path prefixes field names), at
+// the field throttle names: count is the file's limit, and a concurrency
+// rule's period its lease. A *throttle.ConfigError's Reason is given at
+// that field; other errors at path. nil is nil.
+func (p *parser) throttleError(n *yaml.Node, fields map[string]*yaml.Node, path string, a throttle.Algorithm, err error) error {
+	if err == nil {
+		return nil
 	}
-	return r, nil
+	var ce *throttle.ConfigError
+	if !errors.As(err, &ce) {
+		return p.Failf(n, path, "%v", err)
+	}
+	field, line := ce.Field, n
+	switch {
+	case field == "count":
+		field = "limit"
+	case field == "period" && a == throttle.Concurrency:
+		field = "lease"
+	}
+	if v := fields[field]; v != nil {
+		line = v
+	}
+	return p.Failf(line, yamlfile.Join(path, field), "%s", ce.Reason)
 }
 
 // mappingValue returns the value of key in the mapping n, or nil (also if n
