@@ -144,8 +144,35 @@ func LoadConfig(path string) (*Config, error) {
 // file is rules.Parse's); name is used in messages. It returns a
 // *rules.Error naming the line and the field for the first
 // problem found. A file without a handlers section gives an empty Config.
+// A worker that parses the file with rules.Parse reads the section it
+// holds with FromRules instead.
 func ParseConfig(name string, data []byte) (*Config, error) {
-	p := &parser{}
+	p := newParser(name)
+	root, err := p.Root(data, "rules", "the file is empty")
+	if err != nil {
+		return nil, err
+	}
+	var list *yaml.Node
+	if root = yamlfile.Resolve(root); root.Kind == yaml.MappingNode { // else rules.Parse reports it
+		for i := 0; i+1 < len(root.Content); i += 2 {
+			if root.Content[i].Value == "handlers" {
+				list = root.Content[i+1]
+			}
+		}
+	}
+	return p.config(list)
+}
+
+// FromRules reads the handlers section of the rules file cfg was parsed
+// from (rules.Config.HandlersSection), as ParseConfig reads it from the
+// file.
+func FromRules(cfg *rules.Config) (*Config, error) {
+	return newParser(cfg.File).config(cfg.HandlersSection())
+}
+
+// newParser reads the handlers section of the file name.
+func newParser(name string) *parser {
+	p := &parser{file: name}
 	p.Reader = yamlfile.Reader{
 		Fail: func(line int, field, reason string) error {
 			return &rules.Error{File: name, Line: line, Field: field, Reason: reason}
@@ -153,25 +180,16 @@ func ParseConfig(name string, data []byte) (*Config, error) {
 		DurationExamples: "10s, 500ms or 2m",
 		DurationSyntax:   "(ms, s, m, h), such as 10s or 2m",
 	}
-	root, err := p.Root(data, "rules", "the file is empty")
-	if err != nil {
-		return nil, err
-	}
-	c := &Config{File: name}
-	root = yamlfile.Resolve(root)
-	if root.Kind != yaml.MappingNode {
-		return c, nil // rules.Parse reports it
-	}
-	var list *yaml.Node
-	for i := 0; i+1 < len(root.Content); i += 2 {
-		if root.Content[i].Value == "handlers" {
-			list = yamlfile.Resolve(root.Content[i+1])
-		}
-	}
+	return p
+}
+
+// config reads the handlers section list (nil: none).
+func (p *parser) config(list *yaml.Node) (*Config, error) {
+	c := &Config{File: p.file}
 	if list == nil {
 		return c, nil
 	}
-	if list.Kind != yaml.SequenceNode {
+	if list = yamlfile.Resolve(list); list.Kind != yaml.SequenceNode {
 		return nil, p.Failf(list, "handlers", "%s must be a list of handlers, each with task and http or command", yamlfile.Describe(list))
 	}
 	seen := map[string]int{}
@@ -214,6 +232,7 @@ var (
 
 type parser struct {
 	yamlfile.Reader
+	file string
 }
 
 func (p *parser) spec(n *yaml.Node, path string, seen map[string]int) (Spec, error) {

@@ -56,7 +56,7 @@ func (p *parser) config(root *yaml.Node) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Config{File: p.file, Prefix: throttle.DefaultPrefix}
+	c := &Config{File: p.file, Prefix: throttle.DefaultPrefix, handlers: fields[handlersField]}
 	if n := fields["prefix"]; n != nil {
 		if c.Prefix, err = p.Prefix(n, "prefix", throttle.DefaultPrefix); err != nil {
 			return nil, err
