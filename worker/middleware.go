@@ -276,7 +276,13 @@ func (m *Middleware) newTable(rules []TaskRule) (*ruleTable, error) {
 		case r.ShareLimit != (throttle.Limit{}) && r.FairBy == nil:
 			return nil, bad("share_limit", "limits each share of fair_by; set fair_by too")
 		case r.ShareLimit != (throttle.Limit{}):
-			if _, err := throttle.CheckShareLimit(r.ShareLimit); err != nil {
+			// Checked as throttle checks it at each Admit: a GCRA limit,
+			// a zero Burst being Count.
+			sl := r.ShareLimit
+			if sl.Burst == 0 {
+				sl.Burst = sl.Count
+			}
+			if err := (throttle.Rule{Name: "share_limit", Algorithm: throttle.GCRA, Limit: sl}).Validate(); err != nil {
 				return nil, bad("share_limit", err.Error())
 			}
 		}
@@ -302,9 +308,10 @@ func (m *Middleware) newTable(rules []TaskRule) (*ruleTable, error) {
 			}
 			rule.leased = hasConcurrency(lim)
 			if r.ShareLimit != (throttle.Limit{}) {
-				var ce *throttle.ConfigError
-				if _, err := throttle.CheckShareLimit(r.ShareLimit, lim.Rules()...); errors.As(err, &ce) {
-					return nil, bad("share_limit", ce.Reason)
+				for _, lr := range lim.Rules() {
+					if lr.Algorithm != throttle.GCRA && lr.Algorithm != throttle.TokenBucket {
+						return nil, bad("share_limit", fmt.Sprintf("needs limits of gcra or token_bucket, which can book a turn for any moment; %q is %s", lr.Name, lr.Algorithm))
+					}
 				}
 			}
 			if rule.leased && r.FairBy != nil {
