@@ -306,13 +306,8 @@ func (m *Middleware) checkRule(r *TaskRule) error {
 	case r.ShareLimit != (throttle.Limit{}) && r.FairBy == nil:
 		return bad("share_limit", "limits each share of fair_by; set fair_by too")
 	case r.ShareLimit != (throttle.Limit{}):
-		// Checked as throttle checks it at each Admit: a GCRA limit,
-		// a zero Burst being Count.
-		sl := r.ShareLimit
-		if sl.Burst == 0 {
-			sl.Burst = sl.Count
-		}
-		if err := (throttle.Rule{Name: "share_limit", Algorithm: throttle.GCRA, Limit: sl}).Validate(); err != nil {
+		// Checked as throttle checks it at each Admit.
+		if _, err := throttle.CheckShareLimit(r.ShareLimit); err != nil {
 			return bad("share_limit", err.Error())
 		}
 	}
@@ -350,10 +345,9 @@ func (m *Middleware) newRuleGate(r *TaskRule) (*ruleGate, error) {
 	}
 	rule.leased = rule.gate.Leased()
 	if r.ShareLimit != (throttle.Limit{}) {
-		for _, lr := range lim.Rules() {
-			if lr.Algorithm != throttle.GCRA && lr.Algorithm != throttle.TokenBucket {
-				return nil, ruleError(r.Name, "share_limit", fmt.Sprintf("needs limits of gcra or token_bucket, which can book a turn for any moment; %q is %s", lr.Name, lr.Algorithm))
-			}
+		var ce *throttle.ConfigError
+		if _, err := throttle.CheckShareLimit(r.ShareLimit, lim.Rules()...); errors.As(err, &ce) {
+			return nil, ruleError(r.Name, "share_limit", ce.Reason)
 		}
 	}
 	if rule.leased && r.FairBy != nil {
