@@ -174,7 +174,7 @@ type Admission struct {
 	Handed map[string]time.Time
 }
 
-// Reply statuses of the driver's admit operation (lua/driver.lua).
+// Reply statuses of lua/admit.lua.
 const (
 	admitDenied   = 0
 	admitGranted  = 1
@@ -348,7 +348,7 @@ func handed(raw []any, nrules int) map[string]time.Time {
 // lineKeys returns the keys of subject's line (AdmitRequest.Horizon)
 // under this limiter's rules: <prefix>{<subject>}:!line(<rule>,...), its
 // :e and :f hashes, and the sorted sets of its shares' limits, :h, :q, :s
-// and :c (driver.lua). The rules are in the name because a serving books
+// and :c (lua/line.lua). The rules are in the name because a serving books
 // its members' turns under the serving limiter's rules: two limiters over
 // one subject (two rules drawing on one budget, each with a limit of its
 // own) have a line each, and neither books the other's members.
@@ -359,7 +359,7 @@ func (p *policy) lineKeys(subject string) []string {
 
 // checkShareLimit checks req.ShareLimit (not the zero Limit), giving a zero Burst the
 // Count. Every rule must be a bucket: a turn of a share its own limit
-// holds back is booked ahead for when that limit admits it (driver.lua,
+// holds back is booked ahead for when that limit admits it (line_serve.lua,
 // take), which a bucket's state, a time, can record for any moment.
 func (l *Limiter) checkShareLimit(req *AdmitRequest, horizon int64) error {
 	for _, r := range l.rules {

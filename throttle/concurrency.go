@@ -10,7 +10,7 @@ import (
 
 // Concurrency: lua/concurrency.lua keeps, per subject, one sorted set of
 // the holders of a place (scored by their lease's expiry) and of the
-// waiters for one (by arrival). driver.lua's admit takes a place or queues
+// waiters for one (by arrival). admit.lua takes a place or queues
 // for one; lua/lease.lua renews and releases. A Limiter with a Concurrency
 // rule keeps the places its process holds (leases, below) and renews them
 // while they are held.

@@ -140,7 +140,7 @@ func New(rdb redis.UniversalClient, opts Options, rules ...Rule) (*Limiter, erro
 		}
 		return l, nil
 	}
-	l.script = scriptFor(l.rules)
+	l.scripts = scriptsFor(l.rules)
 	if l.local, err = newLeaser(l, opts); err != nil {
 		return nil, err
 	}
@@ -332,7 +332,7 @@ func (l *Limiter) call(ctx context.Context, o op, keys []string, args []any) (re
 
 // callLine is call of a script call's line (run.go).
 func (l *Limiter) callLine(ctx context.Context, o op, line []any) (reply, time.Time, error) {
-	cmd := l.run(ctx, l.script, line)
+	cmd := l.run(ctx, l.scripts.of(o), line)
 	err := l.result(ctx, o, cmd.Err())
 	recv := time.Now()
 	if err != nil {

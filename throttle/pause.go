@@ -78,7 +78,7 @@ func (l *Limiter) PauseFor(ctx context.Context, subject string, d time.Duration)
 		if rerr != nil {
 			return 0, rerr
 		}
-		cmd, err = l.exec(ctx, opPause, l.script, append(keys, l.pauseKey(subject)), args)
+		cmd, err = l.exec(ctx, opPause, l.scripts.pause, append(keys, l.pauseKey(subject)), args)
 	}
 	if err != nil {
 		return 0, err

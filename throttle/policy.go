@@ -4,19 +4,17 @@ import (
 	"fmt"
 	"strconv"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
-// A policy is a limiter's rules as the driver script sees them: each
+// A policy is a limiter's rules as the policy scripts see them: each
 // rule's key name and arguments, and the script that decides them all
-// (lua/driver.lua documents KEYS, ARGV and the reply).
+// (each lua/<operation>.lua documents its KEYS, ARGV and reply).
 type policy struct {
 	rules     []Rule
 	prefix    string
-	keyRules  []string // escaped rule names, the last part of each key
-	ruleArgs  []any    // per rule: algorithm, count, period µs, extra; a ticket follows each
-	script    *redis.Script
+	keyRules  []string      // escaped rule names, the last part of each key
+	ruleArgs  []any         // per rule: algorithm, count, period µs, extra; a ticket follows each
+	scripts   *scriptSet    // one per operation (scripts.go)
 	tolerance time.Duration // Admit's default: the tightest rate rule's interval, in [1ms, 1s]
 	buckets   bool          // every rule is a bucket: WaitN reserves; else window waits queue (window.go)
 	fast      bool          // allow and reserve go to the fast bucket script (fastRule, scripts.go)
@@ -62,7 +60,7 @@ func newPolicy(prefix string, rules []Rule) (policy, error) {
 	return p, nil
 }
 
-// op is an operation of the driver script (ARGV[1]), or another call the
+// op is an operation of a policy script (ARGV[1], scripts.go), or another call the
 // limiter makes; it names the call in errors.
 type op string
 
@@ -87,7 +85,7 @@ const (
 // (Options.FailOpen): its caller decides, and reports the error then.
 func (o op) failsOpen() bool { return o == opAllow || o == opReserve || o == opAdmit || o == opAtMost }
 
-// unbounded is the bound (ARGV[3]) the driver reads as none: a reserve
+// unbounded is the bound (ARGV[3]) the scripts read as none: a reserve
 // may book any slot.
 const unbounded int64 = -1
 
@@ -118,7 +116,7 @@ func (p *policy) line(o op, subject string, n int, bound int64) ([]any, error) {
 
 // build builds a call's line: for the fast bucket script if the policy
 // and the operation allow it and fast is set (fastScript, scripts.go),
-// else the driver's, its tickets empty.
+// else allow.lua's, its tickets empty.
 func (p *policy) build(o op, subject string, n int, bound int64, fast bool) ([]any, error) {
 	enc, err := p.check(subject, n)
 	if err != nil {
@@ -177,7 +175,7 @@ func (o op) arg() any {
 	return string(o)
 }
 
-// reply is the driver's answer to allow, reserve, prepay, admit and
+// reply is the answer of lua/decide.lua to allow, reserve, prepay, admit and
 // atmost: {status, deciding rule (1-based), remaining, delay µs, reset
 // µs, Redis now µs, tickets…}; atmost adds the permits it took.
 type reply struct {
@@ -191,7 +189,7 @@ type reply struct {
 // nil if it has none (n = 0 charged nothing). Built on demand: Allow drops
 // them, and its hot path allocates only what go-redis needs. The fast
 // bucket script replies its one ticket as an integer, the time to act in
-// whole µs, which is the driver's "<w> 0" (lua/bucket_fast.lua).
+// whole µs, which is the general script's "<w> 0" (lua/bucket_fast.lua).
 func (r reply) tickets(rules int) []string {
 	if len(r.raw) < 6+rules {
 		return nil
@@ -208,7 +206,7 @@ func (r reply) tickets(rules int) []string {
 	return t
 }
 
-// parse reads a reply; it fails only for one the driver cannot have sent.
+// parse reads a reply; it fails only for one the scripts cannot have sent.
 func (p *policy) parse(raw []any) (reply, error) {
 	if len(raw) < 6 {
 		return reply{}, badReply(raw)
@@ -238,7 +236,7 @@ func (p *policy) parse(raw []any) (reply, error) {
 	}, nil
 }
 
-// badReply is the error for a reply the driver cannot have sent (built only
+// badReply is the error for a reply the scripts cannot have sent (built only
 // then: formatting a reply costs more than the rest of parsing it).
 func badReply(raw []any) error {
 	return fmt.Errorf("throttle: unexpected script reply %v", raw)

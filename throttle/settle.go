@@ -12,7 +12,7 @@ import (
 // Reserve, then settle: for a budget whose real cost is known only after
 // the work (the tokens an LLM call used), the caller reserves an estimate
 // and, once it knows, settles the reservation to the actual cost in one
-// script call on the Redis clock (lua/driver.lua, op 'settle'): the
+// script call on the Redis clock (lua/settle.lua): the
 // difference is given back, or charged, into debt if need be.
 
 // settledSuffix follows a rule's name: <rule>!settled records the
@@ -24,7 +24,7 @@ const settledSuffix = "!settled"
 // redeems one (Admit) gets a Reservation it can settle.
 const ticketsSuffix = "!tickets"
 
-// opSettle is the driver's operation that corrects a reservation.
+// opSettle is the operation (lua/settle.lua) that corrects a reservation.
 const opSettle op = "settle"
 
 // errSettled is Settle's error for a reservation already settled or
@@ -112,7 +112,7 @@ func (r *Reservation) settle(ctx context.Context, actual int) error {
 	// when the reservation was made.
 	keys = append(keys, r.lim.givebackKeys(r.subject, settledSuffix)...)
 	args = append(args, r.booked)
-	_, rerr = r.lim.exec(ctx, opSettle, r.lim.script, keys, args)
+	_, rerr = r.lim.exec(ctx, opSettle, r.lim.scripts.settle, keys, args)
 	return errors.Join(err, rerr)
 }
 
