@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 )
@@ -105,30 +104,6 @@ type AdmitRequest struct {
 	Tolerance time.Duration
 }
 
-// AdmitStatus is what an Admit caller does next; its value is its name.
-type AdmitStatus string
-
-const (
-	// Denied: the slot would be past the Horizon (or past Wait with no ID);
-	// nothing was charged. Admission.Delay says when it would be.
-	Denied AdmitStatus = "denied"
-	// Granted: a new turn within Wait. Act at Admission.At; if the caller
-	// will not act, Admission.Reservation.Cancel refunds it.
-	Granted AdmitStatus = "granted"
-	// Booked: a new turn later than Wait, booked under the request's ID
-	// for Admission.At. Leave, and come back then. With a Concurrency
-	// rule (Admission.Rule names it) whose places are all taken: the
-	// caller is in the queue for one; leave, and come back when
-	// Options.OnHandoff names it, or at Admission.At at the latest.
-	Booked AdmitStatus = "booked"
-	// Redeemed: the caller's booking or receipt is due within Wait, and is
-	// used up. Act at Admission.At.
-	Redeemed AdmitStatus = "redeemed"
-	// Held: the caller's booking or receipt is for Admission.At, later
-	// than Wait. It is kept: leave, and come back then.
-	Held AdmitStatus = "held"
-)
-
 // Admission is Admit's answer.
 type Admission struct {
 	Status AdmitStatus
@@ -174,17 +149,6 @@ type Admission struct {
 	Handed map[string]time.Time
 }
 
-// Reply statuses of lua/admit.lua.
-const (
-	admitDenied   = 0
-	admitGranted  = 1
-	admitBooked   = 2
-	admitRedeemed = 3
-	admitHeld     = 4
-	admitQueued   = 5 // waiting for a place of the Concurrency rule
-	admitInLine   = 6 // waiting in the subject's line (AdmitRequest.Horizon)
-)
-
 // maxWeight bounds AdmitRequest.Weight.
 const maxWeight = 1000
 
@@ -203,121 +167,25 @@ func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error
 	if l.parts != nil {
 		return l.admitParts(ctx, req)
 	}
-	if len(req.ID) > maxReceiptLen || len(req.Receipt) > maxReceiptLen || len(req.BookAs) > maxReceiptLen || len(req.Waiter) > maxReceiptLen || len(req.WaitAs) > maxReceiptLen || len(req.Share) > maxReceiptLen {
-		return Admission{}, fmt.Errorf("throttle: admit: an ID, receipt, waiter or share is at most %d bytes; hash longer ones", maxReceiptLen)
-	}
-	if req.Weight < 0 || req.Weight > maxWeight {
-		return Admission{}, fmt.Errorf("throttle: admit: weight %d: must be between 1 and %d (0 is 1)", req.Weight, maxWeight)
-	}
-	serving := req.N == 0 && l.leases == nil
-	if serving && req.Horizon <= 0 {
-		return Admission{}, errors.New("throttle: admit: n = 0 serves the subject's line, which needs a Horizon")
-	}
-	if req.Horizon < 0 || req.Horizon > maxPeriod {
-		return Admission{}, fmt.Errorf("throttle: admit: horizon %v: must be between 0 (no bound) and %v", req.Horizon, maxPeriod)
-	}
-	wait, horizon := micros(req.Wait), unbounded
-	if req.Horizon > 0 && l.leases == nil {
-		horizon = req.Horizon.Microseconds()
-	}
-	capped := req.ShareLimit != Limit{}
-	if capped {
-		if err := l.checkShareLimit(&req, horizon); err != nil {
-			return Admission{}, err
-		}
-	}
-	keys, args, err := l.request(opAdmit, req.Subject, req.N, wait, nil)
+	call, err := l.admitCall(&req)
 	if err != nil {
 		return Admission{}, err
 	}
-	keys = append(keys, l.receiptsKey(req.Subject), l.pauseKey(req.Subject), l.ticketsKey(req.Subject))
-	keys = append(keys, l.lineKeys(req.Subject)...)
-	booking := ""
-	switch {
-	case req.BookAs != "":
-		booking = l.member(req.BookAs)
-	case req.ID != "":
-		booking = l.member(req.ID)
-	}
-	early := wait
-	if req.EarlyWait > 0 {
-		early = req.EarlyWait.Microseconds()
-	}
-	// The caller under the Concurrency rule, if any, or in the line.
-	waiter, waitAs := "", cmp.Or(req.WaitAs, req.Waiter, req.BookAs, req.ID)
-	if l.leases != nil {
-		if waiter = cmp.Or(req.Waiter, req.ID); waiter == "" {
-			return Admission{}, errors.New("throttle: admit: a limiter with a concurrency rule needs an ID or a Waiter")
-		}
-		waitAs = cmp.Or(req.WaitAs, waiter)
-	}
-	args = append(args, booking, max(req.Tolerance.Microseconds(), 1), horizon, early, waiter, waitAs, req.Share, max(req.Weight, 1))
-	if capped && horizon != unbounded {
-		args = append(args, req.ShareLimit.Count, req.ShareLimit.Period.Microseconds(), req.ShareLimit.Burst)
-	} else {
-		args = append(args, 0, 0, 0)
-	}
-	for _, id := range [...]string{req.ID, req.Receipt} {
-		if id != "" {
-			args = append(args, l.member(id))
-		}
-	}
-	rep, recv, err := l.call(ctx, opAdmit, keys, args)
+	rep, recv, err := l.call(ctx, opAdmit, call.keys, call.args)
 	woken := l.leases.woken(rep.raw, len(l.rules))
-	if re, ok := err.(*redisError); ok && serving {
-		return Admission{}, re
-	} else if ok {
-		r, err := l.failOpenOr(ctx, opAdmit, req.Subject, req.N, re.err)
-		if err != nil {
-			return Admission{}, err
-		}
-		return Admission{Status: Granted, Rule: l.rules[0].Name, At: r.at, Reservation: r}, nil
+	if re, ok := err.(*redisError); ok {
+		return l.admitFailed(ctx, req, re, call.serving)
 	}
 	if err != nil {
 		return Admission{}, err
 	}
-	res := rep.Result
-	a := Admission{
-		Delay: res.RetryAfter,
-		Slot:  time.UnixMicro(rep.redisNow).Add(res.RetryAfter),
-	}
-	a.At = l.clock.wake(recv, rep.redisNow, a.Delay)
-	switch rep.status {
-	case admitDenied:
-		a.Status, a.Rule = Denied, res.Rule
-	case admitGranted:
-		a.Status, a.Rule = Granted, res.Rule
-		a.Reservation = &Reservation{lim: l, subject: req.Subject, n: req.N, tickets: rep.tickets(len(l.rules)), delay: a.Delay, at: a.At, booked: rep.redisNow}
-	case admitBooked:
-		a.Status, a.Rule = Booked, res.Rule
-	case admitRedeemed:
-		a.Status = Redeemed
-		if t, booked := redeemedTickets(rep.raw, len(l.rules)); t != nil {
-			// To settle (Reservation.Settle); the turn is spent, so
-			// Cancel gives nothing back.
-			a.Reservation = &Reservation{lim: l, subject: req.Subject, n: req.N, tickets: t, delay: a.Delay, at: a.At, spent: true, booked: booked}
-		}
-	case admitHeld:
-		a.Status = Held
-	case admitQueued:
-		a.Status, a.Rule = Booked, res.Rule
-	case admitInLine:
-		a.Status, a.Rule, a.InLine = Booked, res.Rule, true
-		if serve, _ := rep.raw[4].(int64); serve >= 0 {
-			a.Serve = time.UnixMicro(rep.redisNow + serve)
-		}
-	default:
-		return Admission{}, badReply(rep.raw)
-	}
-	if serving {
-		a.Handed = handed(rep.raw, len(l.rules))
-		if a.Status == Booked {
-			a.Serve, a.Rule = a.Slot, ""
-		}
+	a, err := l.decodeAdmit(req, rep, recv, call.serving)
+	if err != nil {
+		return Admission{}, err
 	}
 	if l.leases != nil {
 		if req.N > 0 && (a.Status == Granted || a.Status == Redeemed) {
-			l.leases.hold(req.Subject, waitAs)
+			l.leases.hold(req.Subject, call.who.waitAs)
 			a.Lease = l.leases.lease
 		}
 		if rep.status == admitQueued {
@@ -328,21 +196,120 @@ func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error
 	return a, nil
 }
 
-// handed reads the members a serving of the line booked: the waiter and
-// slot pairs after the reply's 6 + nrules values.
-func handed(raw []any, nrules int) map[string]time.Time {
-	if len(raw) <= 6+nrules {
-		return nil
+// admitFailed answers an Admit that Redis failed: a serving of the line
+// fails; a decision is granted without Redis if the limiter fails open.
+func (l *Limiter) admitFailed(ctx context.Context, req AdmitRequest, re *redisError, serving bool) (Admission, error) {
+	if serving {
+		return Admission{}, re
 	}
-	h := make(map[string]time.Time, (len(raw)-6-nrules)/2)
-	for i := 6 + nrules; i+1 < len(raw); i += 2 {
-		w, _ := raw[i].(string)
-		us, err := strconv.ParseInt(fmt.Sprint(raw[i+1]), 10, 64)
-		if err == nil {
-			h[w] = time.UnixMicro(us)
+	r, err := l.failOpenOr(ctx, opAdmit, req.Subject, req.N, re.err)
+	if err != nil {
+		return Admission{}, err
+	}
+	return Admission{Status: Granted, Rule: l.rules[0].Name, At: r.at, Reservation: r}, nil
+}
+
+// who is an admit caller's identities as lua/admit.lua takes them, each
+// AdmitRequest default applied here and only here.
+type who struct {
+	booking string   // a new turn is booked under it (ARGV[b]): BookAs, else ID, as a member; '' if neither
+	waiter  string   // the holder or waiter under a Concurrency rule: Waiter, else ID; '' without one
+	waitAs  string   // the id held or waited under from now on, and the name a serving of the line hands back
+	redeem  []string // the members to redeem, in order: ID's booking, the Receipt
+}
+
+// identify returns req's identities (who); a limiter with a Concurrency
+// rule needs a Waiter or an ID.
+func (l *Limiter) identify(req *AdmitRequest) (who, error) {
+	w := who{waitAs: cmp.Or(req.WaitAs, req.Waiter, req.BookAs, req.ID)}
+	if id := cmp.Or(req.BookAs, req.ID); id != "" {
+		w.booking = l.member(id)
+	}
+	if l.leases != nil {
+		if w.waiter = cmp.Or(req.Waiter, req.ID); w.waiter == "" {
+			return who{}, errors.New("throttle: admit: a limiter with a concurrency rule needs an ID or a Waiter")
+		}
+		w.waitAs = cmp.Or(req.WaitAs, w.waiter)
+	}
+	for _, id := range [...]string{req.ID, req.Receipt} {
+		if id != "" {
+			w.redeem = append(w.redeem, l.member(id))
 		}
 	}
-	return h
+	return w, nil
+}
+
+// admitArgs is one call of lua/admit.lua, whose header documents its
+// KEYS and ARGV: keys and args, and what the decoder needs of the request.
+type admitArgs struct {
+	keys    []string
+	args    []any
+	who     who
+	serving bool // N = 0 without a Concurrency rule: a serving of the line
+}
+
+// admitCall checks req and builds its call of lua/admit.lua; it may give
+// req.ShareLimit a zero Burst's default.
+func (l *Limiter) admitCall(req *AdmitRequest) (admitArgs, error) {
+	serving, horizon, err := l.checkAdmit(req)
+	if err != nil {
+		return admitArgs{}, err
+	}
+	wait := micros(req.Wait)
+	keys, args, err := l.request(opAdmit, req.Subject, req.N, wait, nil)
+	if err != nil {
+		return admitArgs{}, err
+	}
+	w, err := l.identify(req)
+	if err != nil {
+		return admitArgs{}, err
+	}
+	keys = append(keys, l.receiptsKey(req.Subject), l.pauseKey(req.Subject), l.ticketsKey(req.Subject))
+	keys = append(keys, l.lineKeys(req.Subject)...)
+	early := wait
+	if req.EarlyWait > 0 {
+		early = req.EarlyWait.Microseconds()
+	}
+	args = append(args, w.booking, max(req.Tolerance.Microseconds(), 1), horizon, early, w.waiter, w.waitAs, req.Share, max(req.Weight, 1))
+	if sl := req.ShareLimit; sl != (Limit{}) && horizon != unbounded {
+		args = append(args, sl.Count, sl.Period.Microseconds(), sl.Burst)
+	} else {
+		args = append(args, 0, 0, 0)
+	}
+	for _, m := range w.redeem {
+		args = append(args, m)
+	}
+	return admitArgs{keys: keys, args: args, who: w, serving: serving}, nil
+}
+
+// checkAdmit checks req's bounds and share limit, and returns whether it
+// serves the line and the horizon in µs (unbounded: none).
+func (l *Limiter) checkAdmit(req *AdmitRequest) (serving bool, horizon int64, err error) {
+	for _, id := range [...]string{req.ID, req.Receipt, req.BookAs, req.Waiter, req.WaitAs, req.Share} {
+		if len(id) > maxReceiptLen {
+			return false, 0, fmt.Errorf("throttle: admit: an ID, receipt, waiter or share is at most %d bytes; hash longer ones", maxReceiptLen)
+		}
+	}
+	if req.Weight < 0 || req.Weight > maxWeight {
+		return false, 0, fmt.Errorf("throttle: admit: weight %d: must be between 1 and %d (0 is 1)", req.Weight, maxWeight)
+	}
+	serving = req.N == 0 && l.leases == nil
+	if serving && req.Horizon <= 0 {
+		return false, 0, errors.New("throttle: admit: n = 0 serves the subject's line, which needs a Horizon")
+	}
+	if req.Horizon < 0 || req.Horizon > maxPeriod {
+		return false, 0, fmt.Errorf("throttle: admit: horizon %v: must be between 0 (no bound) and %v", req.Horizon, maxPeriod)
+	}
+	horizon = unbounded
+	if req.Horizon > 0 && l.leases == nil {
+		horizon = req.Horizon.Microseconds()
+	}
+	if req.ShareLimit != (Limit{}) {
+		if err := l.checkShareLimit(req, horizon); err != nil {
+			return false, 0, err
+		}
+	}
+	return serving, horizon, nil
 }
 
 // lineKeys returns the keys of subject's line (AdmitRequest.Horizon)

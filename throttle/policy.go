@@ -2,7 +2,6 @@ package throttle
 
 import (
 	"fmt"
-	"strconv"
 	"time"
 )
 
@@ -173,71 +172,4 @@ func (o op) arg() any {
 		return "reserve"
 	}
 	return string(o)
-}
-
-// reply is the answer of lua/decide.lua to allow, reserve, prepay, admit and
-// atmost: {status, deciding rule (1-based), remaining, delay µs, reset
-// µs, Redis now µs, tickets…}; atmost adds the permits it took.
-type reply struct {
-	Result
-	status   int64 // ok (1/0), or admit's status (admit.go)
-	redisNow int64 // µs of Redis TIME when the script ran
-	raw      []any
-}
-
-// tickets returns the refund tickets of an admitted reply, one per rule;
-// nil if it has none (n = 0 charged nothing). Built on demand: Allow drops
-// them, and its hot path allocates only what go-redis needs. The fast
-// bucket script replies its one ticket as an integer, the time to act in
-// whole µs, which is the general script's "<w> 0" (lua/bucket_fast.lua).
-func (r reply) tickets(rules int) []string {
-	if len(r.raw) < 6+rules {
-		return nil
-	}
-	t := make([]string, rules)
-	for i := range t {
-		switch v := r.raw[6+i].(type) {
-		case string:
-			t[i] = v
-		case int64:
-			t[i] = strconv.FormatInt(v, 10) + " 0"
-		}
-	}
-	return t
-}
-
-// parse reads a reply; it fails only for one the scripts cannot have sent.
-func (p *policy) parse(raw []any) (reply, error) {
-	if len(raw) < 6 {
-		return reply{}, badReply(raw)
-	}
-	var ints [6]int64
-	for i := range ints {
-		v, ok := raw[i].(int64)
-		if !ok {
-			return reply{}, badReply(raw)
-		}
-		ints[i] = v
-	}
-	decider := int(ints[1]) - 1
-	if decider < 0 || decider >= len(p.rules) {
-		return reply{}, badReply(raw)
-	}
-	return reply{
-		Result: Result{
-			Allowed:    ints[0] == 1,
-			Rule:       p.rules[decider].Name,
-			Limit:      p.rules[decider].Limit,
-			Remaining:  int(ints[2]),
-			RetryAfter: time.Duration(ints[3]) * time.Microsecond,
-			ResetAfter: time.Duration(ints[4]) * time.Microsecond,
-		},
-		status: ints[0], redisNow: ints[5], raw: raw,
-	}, nil
-}
-
-// badReply is the error for a reply the scripts cannot have sent (built only
-// then: formatting a reply costs more than the rest of parsing it).
-func badReply(raw []any) error {
-	return fmt.Errorf("throttle: unexpected script reply %v", raw)
 }

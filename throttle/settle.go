@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
 )
 
@@ -136,27 +134,4 @@ func (l *Limiter) checkDebt(n, actual int) error {
 		}
 	}
 	return nil
-}
-
-// redeemedTickets returns the tickets admit's reply carries for a redeemed
-// booking or receipt (one string: a line per rule, then the Redis time of
-// the booking), and that time; nil if it has none (recorded before tickets
-// were kept, or under other rules).
-func redeemedTickets(raw []any, rules int) ([]string, int64) {
-	if len(raw) < 7 {
-		return nil, 0
-	}
-	s, ok := raw[6].(string)
-	if !ok {
-		return nil, 0
-	}
-	t := strings.Split(s, "\n")
-	if len(t) != rules+1 {
-		return nil, 0
-	}
-	booked, err := strconv.ParseInt(t[rules], 10, 64)
-	if err != nil {
-		return nil, 0
-	}
-	return t[:rules], booked
 }
