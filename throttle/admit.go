@@ -16,18 +16,13 @@ import (
 // otherwise. Every algorithm can book, the windows included: their state
 // holds future admissions (each algorithm's Lua file says how).
 
-// AdmitRequest is what Admit decides on.
-type AdmitRequest struct {
-	// Subject is what is limited, as for Allow. Required.
-	Subject string
-	// N is the number of permits (at least 1; an error matching
-	// ErrExceedsCapacity if more than a rule can ever admit). With a
-	// Concurrency rule, N = 0 takes nothing and only brings the places up
-	// to date: the places of expired leases are handed to their waiters
-	// (Options.OnHandoff); the answer is Booked, At the earliest lease's
-	// expiry, while some wait (look again then: that is how a fleet whose
-	// holders all died goes on), else Denied.
-	N int
+// Caller is an Admit caller's identities across its arrivals (a queued
+// task's): who books a turn and redeems it (ID, Receipt, BookAs), who
+// holds or waits for a place of a Concurrency rule (Waiter, WaitAs), and
+// which share of the subject's line it is in (Share, Weight). Each empty
+// field has its default from the others, applied in one place: the zero
+// Caller books nothing, holds no place and is the empty share.
+type Caller struct {
 	// ID identifies the caller across arrivals (a task ID): a slot too
 	// late for Wait is booked under it, and redeemed when the caller
 	// comes back with the same ID. If empty, nothing is booked: a slot
@@ -40,6 +35,44 @@ type AdmitRequest struct {
 	// of ID: for a caller that will come back under another identity (a
 	// task requeued as a copy). ID is still redeemed.
 	BookAs string
+	// Waiter identifies the caller under the limiter's Concurrency rule,
+	// as the holder of a place or in the queue for one, across its
+	// arrivals: Options.OnHandoff receives it when a freed place is handed
+	// to the caller while it is parked. If empty, ID; one of them is
+	// required with a Concurrency rule.
+	Waiter string
+	// WaitAs, if not empty, is the Waiter the caller comes back as, if not
+	// Waiter (a task requeued as a copy): it takes over Waiter's place in
+	// the queue, or the place it holds.
+	WaitAs string
+	// Share, with a Horizon, is the caller's share of the subject's line
+	// (a tenant of one API key): the shares with callers in line are
+	// served in turn, each in proportion to its Weight, so a share with
+	// ten callers waiting is not served after one with ten thousand that
+	// came first. Callers of one share are served in order. Empty is a
+	// share like any other.
+	Share string
+	// Weight is the Share's weight in the line, from 1 (the default, if
+	// zero) to 1000.
+	Weight int
+}
+
+// AdmitRequest is what Admit decides on.
+type AdmitRequest struct {
+	// Subject is what is limited, as for Allow. Required.
+	Subject string
+	// N is the number of permits (at least 1; an error matching
+	// ErrExceedsCapacity if more than a rule can ever admit). With a
+	// Concurrency rule, N = 0 takes nothing and only brings the places up
+	// to date: the places of expired leases are handed to their waiters
+	// (Options.OnHandoff); the answer is Booked, At the earliest lease's
+	// expiry, while some wait (look again then: that is how a fleet whose
+	// holders all died goes on), else Denied.
+	N int
+	// Caller names the caller across its arrivals: under which ID its
+	// turns are booked and redeemed, under which name it holds or waits
+	// for a place of a Concurrency rule, and its share of the line.
+	Caller
 	// Wait is how long the caller can wait where it is for a new turn. A
 	// negative Wait means without bound (nothing is booked).
 	Wait time.Duration
@@ -52,7 +85,7 @@ type AdmitRequest struct {
 	// ID whose turn would be later, or who comes while others wait in the
 	// subject's line, joins that line instead (Admission.InLine) and is
 	// charged nothing: turns are booked for the line's members, in order,
-	// only as they come within the horizon, by Admit with N = 0. So the
+	// only as they come within the horizon, by ServeLine. So the
 	// bookings of a long backlog never reach further ahead than the
 	// horizon, and a rule whose limit changes (a new Limiter over the same
 	// rule names) is in force within a horizon, whatever the backlog. A
@@ -60,16 +93,6 @@ type AdmitRequest struct {
 	// no bound and no line. A limiter with a Concurrency rule ignores it:
 	// its queue for places is its line.
 	Horizon time.Duration
-	// Share, with a Horizon, is the caller's share of the subject's line
-	// (a tenant of one API key): the shares with callers in line are
-	// served in turn, each in proportion to its Weight, so a share with
-	// ten callers waiting is not served after one with ten thousand that
-	// came first. Callers of one share are served in order. Empty is a
-	// share like any other.
-	Share string
-	// Weight is the Share's weight in the line, from 1 (the default, if
-	// zero) to 1000.
-	Weight int
 	// ShareLimit, if set (not the zero Limit), is a limit on each Share of
 	// the line of its own, a leaky bucket (GCRA) kept under the subject's
 	// hash tag: a per-tenant limit inside one API key's. A caller is
@@ -84,16 +107,6 @@ type AdmitRequest struct {
 	// algorithms (GCRA, TokenBucket), and N at most its Burst (zero Burst
 	// is Count).
 	ShareLimit Limit
-	// Waiter identifies the caller under the limiter's Concurrency rule,
-	// as the holder of a place or in the queue for one, across its
-	// arrivals: Options.OnHandoff receives it when a freed place is handed
-	// to the caller while it is parked. If empty, ID; one of them is
-	// required with a Concurrency rule.
-	Waiter string
-	// WaitAs, if not empty, is the Waiter the caller comes back as, if not
-	// Waiter (a task requeued as a copy): it takes over Waiter's place in
-	// the queue, or the place it holds.
-	WaitAs string
 	// Tolerance is how late a caller may come back for its booking or
 	// receipt: one that comes later takes a new turn, and its old slot
 	// (long past) is not redeemed, so a fleet that was down does not run
@@ -136,7 +149,7 @@ type Admission struct {
 	// keeps its place.
 	InLine bool
 	// Serve, if not zero, is when the line should next be served (Admit
-	// with N = 0), on the Redis clock: set for the caller that starts the
+	// ServeLine), on the Redis clock: set for the caller that starts the
 	// line, and for one that comes back still in it when nobody has served
 	// the line for two horizons (serve at once: whoever served it may have
 	// stopped). Other callers in line leave it zero.
@@ -209,8 +222,8 @@ func (l *Limiter) admitFailed(ctx context.Context, req AdmitRequest, re *redisEr
 	return Admission{Status: Granted, Rule: l.rules[0].Name, At: r.at, Reservation: r}, nil
 }
 
-// who is an admit caller's identities as lua/admit.lua takes them, each
-// AdmitRequest default applied here and only here.
+// who is a Caller as lua/admit.lua takes it, its defaults applied
+// (Caller.resolve).
 type who struct {
 	booking string   // a new turn is booked under it (ARGV[b]): BookAs, else ID, as a member; '' if neither
 	waiter  string   // the holder or waiter under a Concurrency rule: Waiter, else ID; '' without one
@@ -218,25 +231,39 @@ type who struct {
 	redeem  []string // the members to redeem, in order: ID's booking, the Receipt
 }
 
-// identify returns req's identities (who); a limiter with a Concurrency
-// rule needs a Waiter or an ID.
-func (l *Limiter) identify(req *AdmitRequest) (who, error) {
-	w := who{waitAs: cmp.Or(req.WaitAs, req.Waiter, req.BookAs, req.ID)}
-	if id := cmp.Or(req.BookAs, req.ID); id != "" {
+// resolve applies c's defaults, here and only here, for limiter l; a
+// limiter with a Concurrency rule needs a Waiter or an ID.
+func (c Caller) resolve(l *Limiter) (who, error) {
+	w := who{waitAs: cmp.Or(c.WaitAs, c.Waiter, c.BookAs, c.ID)}
+	if id := cmp.Or(c.BookAs, c.ID); id != "" {
 		w.booking = l.member(id)
 	}
 	if l.leases != nil {
-		if w.waiter = cmp.Or(req.Waiter, req.ID); w.waiter == "" {
+		if w.waiter = cmp.Or(c.Waiter, c.ID); w.waiter == "" {
 			return who{}, errors.New("throttle: admit: a limiter with a concurrency rule needs an ID or a Waiter")
 		}
-		w.waitAs = cmp.Or(req.WaitAs, w.waiter)
+		w.waitAs = cmp.Or(c.WaitAs, w.waiter)
 	}
-	for _, id := range [...]string{req.ID, req.Receipt} {
+	for _, id := range [...]string{c.ID, c.Receipt} {
 		if id != "" {
 			w.redeem = append(w.redeem, l.member(id))
 		}
 	}
 	return w, nil
+}
+
+// check checks c's bounds: each name at most maxReceiptLen bytes, the
+// Weight at most maxWeight.
+func (c Caller) check() error {
+	for _, id := range [...]string{c.ID, c.Receipt, c.BookAs, c.Waiter, c.WaitAs, c.Share} {
+		if len(id) > maxReceiptLen {
+			return fmt.Errorf("throttle: admit: an ID, receipt, waiter or share is at most %d bytes; hash longer ones", maxReceiptLen)
+		}
+	}
+	if c.Weight < 0 || c.Weight > maxWeight {
+		return fmt.Errorf("throttle: admit: weight %d: must be between 1 and %d (0 is 1)", c.Weight, maxWeight)
+	}
+	return nil
 }
 
 // admitArgs is one call of lua/admit.lua, whose header documents its
@@ -260,7 +287,7 @@ func (l *Limiter) admitCall(req *AdmitRequest) (admitArgs, error) {
 	if err != nil {
 		return admitArgs{}, err
 	}
-	w, err := l.identify(req)
+	w, err := req.Caller.resolve(l)
 	if err != nil {
 		return admitArgs{}, err
 	}
@@ -285,13 +312,8 @@ func (l *Limiter) admitCall(req *AdmitRequest) (admitArgs, error) {
 // checkAdmit checks req's bounds and share limit, and returns whether it
 // serves the line and the horizon in µs (unbounded: none).
 func (l *Limiter) checkAdmit(req *AdmitRequest) (serving bool, horizon int64, err error) {
-	for _, id := range [...]string{req.ID, req.Receipt, req.BookAs, req.Waiter, req.WaitAs, req.Share} {
-		if len(id) > maxReceiptLen {
-			return false, 0, fmt.Errorf("throttle: admit: an ID, receipt, waiter or share is at most %d bytes; hash longer ones", maxReceiptLen)
-		}
-	}
-	if req.Weight < 0 || req.Weight > maxWeight {
-		return false, 0, fmt.Errorf("throttle: admit: weight %d: must be between 1 and %d (0 is 1)", req.Weight, maxWeight)
+	if err := req.Caller.check(); err != nil {
+		return false, 0, err
 	}
 	serving = req.N == 0 && l.leases == nil
 	if serving && req.Horizon <= 0 {
@@ -310,6 +332,41 @@ func (l *Limiter) checkAdmit(req *AdmitRequest) (serving bool, horizon int64, er
 		}
 	}
 	return serving, horizon, nil
+}
+
+// LineServing is what one serving of a subject's line did (ServeLine).
+type LineServing struct {
+	// Handed are the members of the line just booked, each by its name
+	// (Caller.WaitAs, or Waiter, BookAs, ID: the first set) with its slot
+	// on the Redis clock: wake each shortly before its slot.
+	Handed map[string]time.Time
+	// Next, if not zero, is when to serve the line again, on the Redis
+	// clock: members still wait in it.
+	Next time.Time
+}
+
+// ServeLine serves subject's line (AdmitRequest.Horizon): it books the
+// turns of the members at its head that fall within horizon, in order (a
+// share at a time, by weight), at most 256 in its one script call, and
+// says when to serve it next. shareLimit is the line's
+// AdmitRequest.ShareLimit, the zero Limit for none: every caller and every
+// serving of one line should pass the same. One process should serve a
+// subject's line at a time, when the last serving (or an Admission.Serve)
+// said; serving it more often is harmless and books nothing new. Admit
+// with N = 0 and this Horizon serves it the same way. horizon must be
+// above zero. A limiter with a Concurrency rule has no line (its queue for
+// places is its line) and fails: Admit with N = 0 and a Waiter brings its
+// places up to date. Other errors are Admit's.
+func (l *Limiter) ServeLine(ctx context.Context, subject string, horizon time.Duration, shareLimit Limit) (LineServing, error) {
+	a, err := l.Admit(ctx, AdmitRequest{Subject: subject, Horizon: horizon, ShareLimit: shareLimit})
+	if err != nil {
+		return LineServing{}, err
+	}
+	s := LineServing{Handed: a.Handed}
+	if a.Status == Booked && a.Lease == 0 {
+		s.Next = a.Serve
+	}
+	return s, nil
 }
 
 // lineKeys returns the keys of subject's line (AdmitRequest.Horizon)

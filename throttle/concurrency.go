@@ -299,7 +299,7 @@ func (s *leases) wait(ctx context.Context, subject string, n int) error {
 		if err := ctx.Err(); err != nil {
 			return giveUp(err)
 		}
-		a, err := l.Admit(ctx, AdmitRequest{Subject: subject, N: n, ID: id, Wait: -1, Tolerance: waitTolerance})
+		a, err := l.Admit(ctx, AdmitRequest{Subject: subject, N: n, Caller: Caller{ID: id}, Wait: -1, Tolerance: waitTolerance})
 		if err != nil {
 			return giveUp(err)
 		}
