@@ -8,7 +8,7 @@
 -- KEYS[r+1]  -> the subject's pause key, <prefix>{<subject>}:!pause,
 --               holding the Redis time (µs) the pause ends
 -- ARGV[1]    -> 'pause'
--- ARGV[2]    -> 0 (unused)
+-- ARGV[2]    -> 1 (unused: pause.go sends it as n)
 -- ARGV[3]    -> the pause, microseconds (at least 1)
 -- ARGV[4 + 5 * (i - 1)] ... -> rule i, five values (rules.lua)
 -- r is floor((#ARGV - 3) / 5).
