@@ -102,14 +102,10 @@ func (r *Reservation) settle(ctx context.Context, actual int) error {
 	if r.tickets == nil || actual == r.n {
 		return err
 	}
-	keys, args, rerr := r.lim.request(opSettle, r.subject, r.n, int64(actual), r.tickets)
+	keys, args, rerr := settleArgs{subject: r.subject, n: r.n, actual: actual, tickets: r.tickets, booked: r.booked}.build(&r.lim.policy)
 	if rerr != nil {
 		return errors.Join(err, rerr)
 	}
-	// Each rule's record of give-backs (bucket.lua); after the rules,
-	// when the reservation was made.
-	keys = append(keys, r.lim.givebackKeys(r.subject, settledSuffix)...)
-	args = append(args, r.booked)
 	_, rerr = r.lim.exec(ctx, opSettle, r.lim.scripts.settle, keys, args)
 	return errors.Join(err, rerr)
 }
