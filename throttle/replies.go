@@ -104,7 +104,8 @@ const (
 	Held AdmitStatus = "held"
 )
 
-// Reply statuses of lua/admit.lua (its header says when each is sent).
+// Reply statuses of lua/admit.lua, named as lua/status.lua names them
+// (admit.lua's header says when each is sent).
 const (
 	admitDenied   = 0
 	admitGranted  = 1

@@ -1,13 +1,14 @@
 -- admit: the decision for a caller that may come back later (a queued
 -- task). It redeems the caller's booking or receipt if one is due within
--- ARGV[b+3] (status 3; delay until its slot), reports one that is later
--- (status 4, nothing changes), drops a stale one or one inside a pause,
+-- ARGV[b+3] (REDEEMED, 3; delay until its slot), reports one that is
+-- later (HELD, 4, nothing changes), drops a stale one or one inside a pause,
 -- and otherwise takes a new turn: a slot within ARGV[3] is granted as
--- reserve grants it (status 1, with tickets), a later one within the
--- horizon is booked under ARGV[b], scored by the slot (status 2), a slot
--- past the horizon is denied, charging nothing (status 0). Built as
+-- reserve grants it (GRANTED, 1, with tickets), a later one within the
+-- horizon is booked under ARGV[b], scored by the slot (BOOKED, 2), a slot
+-- past the horizon is denied, charging nothing (DENIED, 0). Built as
 -- time.lua, prelude.lua, the algorithm files, a use_*.lua file, rules.lua,
--- decide.lua, line.lua, line_serve.lua, admit.lua (throttle/scripts.go).
+-- decide.lua, status.lua, line.lua, line_serve.lua, admit.lua
+-- (throttle/scripts.go). status.lua names the statuses.
 --
 -- KEYS[i]     -> the key of rule i, i = 1..r (rules.lua)
 -- KEYS[r+1]   -> the receipt set, <prefix>{<subject>}:!receipts (bookings
@@ -47,26 +48,27 @@
 --
 -- Returns {status, deciding rule index, remaining, delay µs, reset µs,
 -- Redis now µs, ticket 1, ..., ticket r}, the status one of those above or:
---   5 with a concurrency rule, every place taken: the caller is queued for
+--   QUEUED (5) with a concurrency rule, every place taken: the caller is queued for
 --     one (the concurrency rule deciding, delay = its fallback, see
 --     concurrency.lua). A new turn of the rate rules is taken only with a
 --     place free; a booking that comes due while every place is taken is
 --     kept, paid, until the caller has one. A caller that must come back
---     later (status 2, 0) gives up a place it was handed. The reply then
+--     later (BOOKED, DENIED) gives up a place it was handed. The reply then
 --     always has 6 + r values (tickets, or '') and, last, the ids of the
 --     waiters this call handed a place to.
---   6 the caller joins the line (a horizon, a booking id, no concurrency
---     rule): its turn would be past the horizon, or others wait in line.
+--   IN_LINE (6) the caller joins the line (a horizon, a booking id, no
+--     concurrency rule): its turn is past the horizon, or others wait.
 --     {6, 1, members in line, fallback µs, serve µs, now}: fallback is how
 --     long until it should come back by itself if nobody wakes it; serve,
 --     if not -1, is when the line should next be served (the caller is its
 --     only member, or came back still in it and nobody has served it for
 --     two horizons). A caller that comes back still in line keeps its
 --     place (renamed to ARGV[b]).
--- A redeemed booking's reply (status 3) carries its tickets (prepay.lua),
--- one string, as its 7th value. A serving (n = 0) replies {2 (some still
--- wait) or 0, 1, members left, µs until the line should be served again,
--- 0, now, '' x r, waiter 1, slot 1 (µs of Redis time), waiter 2, ...}.
+-- A redeemed booking's reply (REDEEMED) carries its tickets (prepay.lua),
+-- one string, as its 7th value. A serving (n = 0) replies {BOOKED (some
+-- still wait) or DENIED, 1, members left, µs until the line should be
+-- served again, 0, now, '' x r, waiter 1, slot 1 (µs of Redis time),
+-- waiter 2, ...}.
 local n = tonumber(ARGV[2])
 local wait_here = tonumber(ARGV[3])
 local nrules = #KEYS - 10
@@ -91,17 +93,17 @@ if c and n == 0 then
   -- again), else 0; remaining is the free places.
   local live = redis.call('ZCOUNT', c.key, '0', '+inf')
   if redis.call('ZCOUNT', c.key, '-inf', '(0') == 0 then
-    return cc.reply(c, {0, c.rule, c.count - live, 0, 0, now}, nrules)
+    return cc.reply(c, {DENIED, c.rule, c.count - live, 0, 0, now}, nrules)
   end
   local first = redis.call('ZRANGEBYSCORE', c.key, '0', '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
   local d = c.lease
   if first[2] then d = tonumber(first[2]) - now end
-  return cc.reply(c, {5, c.rule, c.count - live, d, 0, now}, nrules)
+  return cc.reply(c, {QUEUED, c.rule, c.count - live, d, 0, now}, nrules)
 end
 -- wait_place queues the caller for a place of the concurrency rule: it
 -- comes back when a place is handed to it, or at the fallback.
 local function wait_place()
-  return cc.reply(c, {5, c.rule, 0, cc.queue(c), 0, now}, nrules)
+  return cc.reply(c, {QUEUED, c.rule, 0, cc.queue(c), 0, now}, nrules)
 end
 -- Stale bookings go; a turn paid for and waiting for a place of the
 -- concurrency rule (a negative score, see below) stays.
@@ -129,9 +131,9 @@ for i = b + 11, #ARGV do
     local d = slot - now
     if d < 0 then d = 0 end
     if early >= 0 and d > early then
-      if not c then return {4, 1, 0, d, 0, now} end
+      if not c then return {HELD, 1, 0, d, 0, now} end
       if c.holding then cc.give(c) end
-      return cc.reply(c, {4, 1, 0, d, 0, now}, nrules)
+      return cc.reply(c, {HELD, 1, 0, d, 0, now}, nrules)
     end
     if c and not cc.free(c) then
       -- The turn has come but every place of the concurrency rule is
@@ -144,7 +146,7 @@ for i = b + 11, #ARGV do
       return reply
     end
     redis.call('ZREM', rkey, ARGV[i])
-    local reply = {3, 1, 0, d, 0, now}
+    local reply = {REDEEMED, 1, 0, d, 0, now}
     local tk = redis.call('HGET', tkey, ARGV[i])
     if tk then
       redis.call('HDEL', tkey, ARGV[i])
@@ -177,6 +179,7 @@ if booking == '' then max_wait = wait_here end
 if c and not cc.free(c) then return wait_place() end
 
 local reply, final = decide(n, true, max_wait, nrules)
+-- decide's ok is the status from here on: 1 is GRANTED, 0 DENIED.
 if line and reply[1] == 0 then
   -- Past the horizon: the caller starts the line, which is served when its
   -- turn comes within half the horizon.
@@ -194,7 +197,7 @@ if reply[1] == 1 and later then
   redis.call('ZADD', rkey, string.format('%d', now + reply[4]), booking)
   keep_ttl(rkey, reply[4] + tol)
   if n > 0 then keep_tickets(KEYS[nrules + 3], rkey, booking, table.concat(reply, '\n', 7, 6 + nrules) .. '\n' .. string.format('%d', now), reply[4] + tol) end
-  reply = {2, reply[2], reply[3], reply[4], reply[5], now}
+  reply = {BOOKED, reply[2], reply[3], reply[4], reply[5], now}
 end
 if c then return cc.reply(c, reply, nrules) end
 return reply

@@ -131,7 +131,7 @@ local function line_base(n, nrules, b, rkey, tkey, tol)
     local back = fallback(ahead, n, l.ci and sh)
     keep(back + l.horizon + tol)
     if not serve then serve = -1 elseif serve < 0 then serve = 0 end
-    return {6, 1, ahead + 1, back, serve, now}
+    return {IN_LINE, 1, ahead + 1, back, serve, now}
   end
   -- stay keeps a caller that came back still in line (as member, at
   -- place) there, as the booking id; if nobody has served the line for two
@@ -153,7 +153,7 @@ local function line_base(n, nrules, b, rkey, tkey, tol)
     keep(back + l.horizon + tol)
     local serve = -1
     if now - (tonumber(redis.call('HGET', l.fkey, 't')) or 0) > 2 * l.horizon then serve = 0 end
-    return {6, 1, redis.call('ZCARD', l.key), back, serve, now}
+    return {IN_LINE, 1, redis.call('ZCARD', l.key), back, serve, now}
   end
   return l, {fmt = fmt, qhead = qhead, cap_delay = cap_delay, cap_take = cap_take, sleep = sleep}
 end

@@ -3,7 +3,7 @@
 -- the line.
 --
 -- A serving (admit with n = 0 and a horizon) books, from the line's head,
--- each member's turn (as admit's status 2 books) while the turn is within
+-- each member's turn (as admit's BOOKED books) while the turn is within
 -- the horizon, at most 256 a call; with share caps, a share whose cap admits
 -- its next member later than the rules would sleeps until then, and the
 -- other shares are served meanwhile (a per-tenant limit inside an API
@@ -207,7 +207,7 @@ local function line_open(n, nrules, b, rkey, tkey, tol)
     return next_us
   end
   function l.serve()
-    local reply = {0, 1, 0, 0, 0, now}
+    local reply = {DENIED, 1, 0, 0, 0, now}
     for i = 1, nrules do reply[6 + i] = '' end
     redis.call('HSET', l.fkey, 't', string.format('%d', now))
     local next_us
@@ -223,7 +223,7 @@ local function line_open(n, nrules, b, rkey, tkey, tol)
       if l.ci then redis.call('DEL', l.hkey, l.qkey, l.skey) end
     else
       if next_us < 0 then next_us = 0 end
-      reply[1], reply[3], reply[4] = 2, left, math.ceil(next_us)
+      reply[1], reply[3], reply[4] = BOOKED, left, math.ceil(next_us)
     end
     return reply
   end
@@ -238,7 +238,7 @@ local function line_open(n, nrules, b, rkey, tkey, tol)
     local ok, delay, x = take(n, sh)
     if not ok then
       if delay >= max_us / 2 or (x and x >= max_us / 2) then
-        return {0, 1, 0, math.ceil(math.min(x or delay, max_us)), 0, now}
+        return {DENIED, 1, 0, math.ceil(math.min(x or delay, max_us)), 0, now}
       end
       if not x then return l.join(delay - l.horizon / 2) end
       -- Its own share's limit holds it back: with nobody in line, its
@@ -251,9 +251,9 @@ local function line_open(n, nrules, b, rkey, tkey, tol)
     local wait = tonumber(ARGV[3])
     if wait >= 0 and delay > wait then
       book(ARGV[b], delay, x)
-      return {2, 1, 0, delay, 0, now}
+      return {BOOKED, 1, 0, delay, 0, now}
     end
-    local reply = {1, 1, 0, delay, 0, now}
+    local reply = {GRANTED, 1, 0, delay, 0, now}
     for i = 1, nrules do reply[6 + i] = x[i] end
     return reply
   end
