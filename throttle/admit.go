@@ -154,11 +154,12 @@ type Admission struct {
 	// the line for two horizons (serve at once: whoever served it may have
 	// stopped). Other callers in line leave it zero.
 	Serve time.Time
-	// Handed is, for Admit with N = 0 and a Horizon (serving the line),
-	// the members of the line just booked: each one's Waiter (or WaitAs,
-	// BookAs, ID, the first set) with its slot on the Redis clock. Status
-	// is Booked while callers remain in line, with Serve when to serve it
-	// next; Denied once the line is empty.
+	// Handed is, for Admit with N = 0 and a Horizon (serving the line, as
+	// ServeLine does), the members of the line just booked: each one's
+	// name (Caller.WaitAs, or Waiter, BookAs, ID: the first set) with its
+	// slot on the Redis clock. Status is Booked while callers remain in
+	// line, with Serve when to serve it next; Denied once the line is
+	// empty.
 	Handed map[string]time.Time
 }
 
