@@ -419,9 +419,9 @@ func (g *Gate) limiterRequest(req Request, wait, early time.Duration) throttle.A
 		n = 1
 	}
 	return throttle.AdmitRequest{
-		Subject: req.Subject, N: n, ID: req.ID, Receipt: req.Receipt, BookAs: req.BookAs, Waiter: req.Waiter, WaitAs: req.WaitAs,
+		Subject: req.Subject, N: n, Caller: throttle.Caller{ID: req.ID, Receipt: req.Receipt, BookAs: req.BookAs, Waiter: req.Waiter, WaitAs: req.WaitAs, Share: req.Share, Weight: req.Weight},
 		Wait: wait, EarlyWait: max(early, time.Microsecond), Tolerance: g.opts.Tolerance,
-		Horizon: horizon, Share: req.Share, Weight: req.Weight, ShareLimit: g.opts.ShareLimit,
+		Horizon: horizon, ShareLimit: g.opts.ShareLimit,
 	}
 }
 
@@ -456,15 +456,11 @@ func (g *Gate) Serve(ctx context.Context, subject string) (Served, error) {
 	if g.opts.Horizon < 0 {
 		return Served{}, nil
 	}
-	a, err := g.lim.Admit(ctx, throttle.AdmitRequest{Subject: subject, Horizon: g.opts.Horizon, ShareLimit: g.opts.ShareLimit})
+	ls, err := g.lim.ServeLine(ctx, subject, g.opts.Horizon, g.opts.ShareLimit)
 	if err != nil {
 		return Served{}, err
 	}
-	s := Served{Handed: a.Handed}
-	if a.Status == throttle.Booked && a.Lease == 0 {
-		s.Next = a.Serve
-	}
-	return s, nil
+	return Served{Handed: ls.Handed, Next: ls.Next}, nil
 }
 
 // sweep brings subject's places of the limiter's Concurrency rule up to
@@ -472,7 +468,7 @@ func (g *Gate) Serve(ctx context.Context, subject string) (Served, error) {
 // limiter's OnHandoff), and returns when the earliest lease expires if jobs
 // still wait for a place (Redis clock), else the zero time.
 func (g *Gate) sweep(ctx context.Context, subject string) (time.Time, error) {
-	a, err := g.lim.Admit(ctx, throttle.AdmitRequest{Subject: subject, N: 0, Waiter: "sweep", Tolerance: time.Second})
+	a, err := g.lim.Admit(ctx, throttle.AdmitRequest{Subject: subject, N: 0, Caller: throttle.Caller{Waiter: "sweep"}, Tolerance: time.Second})
 	if err != nil {
 		return time.Time{}, err
 	}

@@ -15,7 +15,7 @@ import (
 type algorithm struct {
 	rank int // the order of algorithm lists, in messages and docs
 	// files are the Lua files that define check_<name> and commit_<name>,
-	// in order; use_<name>.lua hands them to the driver (scripts.go).
+	// in order; use_<name>.lua hands them to the operations' scripts (scripts.go).
 	files []string
 	// bucket: a burst applies (Limit.Burst), Wait reserves a future slot,
 	// and count and period reach the script in lowest terms (bucket.lua's

@@ -18,7 +18,7 @@ import (
 
 // This file reads what a rule's limiter keeps in Redis about one task, for
 // Explain. The key layout is throttle's (throttle/keys.go, prepay.go,
-// admit.go's lineKeys, lua/driver.lua's header); throttle has no call that
+// admit.go's lineKeys, lua/admit.lua's header); throttle has no call that
 // reads one task's booking or place without deciding for it, so it is
 // written out again here, and TestExplainKeys pins it to the keys a real
 // limiter writes.

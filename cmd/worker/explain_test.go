@@ -85,7 +85,7 @@ func bookTurn(t *testing.T, rdb *redis.Client, path, rule, subject, id string) t
 	}
 	var a throttle.Admission
 	for _, id := range []string{"first", id} {
-		if a, err = lim.Admit(context.Background(), throttle.AdmitRequest{Subject: subject, N: 1, ID: id, Horizon: time.Hour}); err != nil {
+		if a, err = lim.Admit(context.Background(), throttle.AdmitRequest{Subject: subject, N: 1, Caller: throttle.Caller{ID: id}, Horizon: time.Hour}); err != nil {
 			t.Fatal(err)
 		}
 	}
