@@ -319,18 +319,12 @@ func (p *policy) lineKeys(subject string) []string {
 // holds back is booked ahead for when that limit admits it (line_serve.lua,
 // take), which a bucket's state, a time, can record for any moment.
 func (l *Limiter) checkShareLimit(req *AdmitRequest, horizon int64) error {
-	for _, r := range l.rules {
-		if !r.Algorithm.bucket() {
-			return fmt.Errorf("throttle: admit: a share limit needs rules of the bucket algorithms (gcra, token_bucket), which can book a turn for any moment; rule %q is %s", r.Name, r.Algorithm)
-		}
+	checked, err := CheckShareLimit(req.ShareLimit, l.rules...)
+	if err != nil {
+		return fmt.Errorf("throttle: admit: a share limit: %w", err)
 	}
+	req.ShareLimit = checked
 	sl := &req.ShareLimit
-	if sl.Burst == 0 {
-		sl.Burst = sl.Count
-	}
-	if err := (Rule{Name: "share limit", Algorithm: GCRA, Limit: *sl}).Validate(); err != nil {
-		return fmt.Errorf("throttle: admit: %w", err)
-	}
 	if horizon == unbounded {
 		return errors.New("throttle: admit: a share limit needs a Horizon (and no concurrency rule): the shares' limits are kept in the subject's line")
 	}

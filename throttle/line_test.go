@@ -419,7 +419,7 @@ func TestShareLimitErrors(t *testing.T) {
 			t.Errorf("a share limit without a horizon: %v", err)
 		}
 		window := mustNew(t, rdb, Options{}, Rule{Name: "win", Algorithm: SlidingWindow, Limit: PerSecond(50)})
-		if _, err := window.Admit(ctx, req); err == nil || !strings.Contains(err.Error(), "bucket algorithms") {
+		if _, err := window.Admit(ctx, req); err == nil || !strings.Contains(err.Error(), "needs limits of gcra or token_bucket") {
 			t.Errorf("a share limit over a sliding window: %v", err)
 		}
 		bad = req
