@@ -36,6 +36,7 @@ const minLease = 100 * time.Millisecond
 // holds, which it renews every third of the lease until they are released,
 // and the callers waiting in Wait for one.
 type leases struct {
+	exact // what the places do not decide: ReserveN
 	lim   *Limiter
 	rule  int // the Concurrency rule's index
 	count int
@@ -47,9 +48,10 @@ type leases struct {
 	idle    chan struct{}            // closed when no place is held: the renewal goroutine, if any, ends
 }
 
-// newLeases returns the leases of l's Concurrency rule; nil without one, an
-// error if l has two.
-func newLeases(l *Limiter) (*leases, error) {
+// newLeases returns the leases of a Concurrency rule of ex's limiter; nil
+// without one, an error if it has two.
+func newLeases(ex exact) (*leases, error) {
+	l := ex.l
 	var s *leases
 	for i, r := range l.rules {
 		if r.Algorithm != Concurrency {
@@ -58,11 +60,37 @@ func newLeases(l *Limiter) (*leases, error) {
 		if s != nil {
 			return nil, &ConfigError{Rule: r.Name, Field: "algorithm", Reason: fmt.Sprintf("a limiter has at most one concurrency rule, and %q is one", l.rules[s.rule].Name)}
 		}
-		s = &leases{lim: l, rule: i, count: r.Limit.Count, lease: r.Limit.Period,
+		s = &leases{exact: ex, lim: l, rule: i, count: r.Limit.Count, lease: r.Limit.Period,
 			held: map[string][]string{}, waiting: map[string]chan struct{}{}}
 	}
 	return s, nil
 }
+
+func (s *leases) allow(context.Context, string, int) (Result, error) {
+	return Result{}, s.only("AllowN")
+}
+
+// admit is Admit under a Concurrency rule: a place granted is held (and
+// renewed) from now on, and the waiters the call handed places to are
+// woken.
+func (s *leases) admit(ctx context.Context, req AdmitRequest) (Admission, error) {
+	a, did, err := s.lim.admitOne(ctx, req)
+	if err != nil || did.rep.raw == nil { // failed, or granted without Redis
+		return a, err
+	}
+	woken := s.woken(did.rep.raw, len(s.lim.rules))
+	if req.N > 0 && (a.Status == Granted || a.Status == Redeemed) {
+		s.hold(req.Subject, did.who.waitAs)
+		a.Lease = s.lease
+	}
+	if did.rep.status == admitQueued {
+		a.Lease = s.lease
+	}
+	s.deliver(woken)
+	return a, nil
+}
+
+func (s *leases) close() {}
 
 // only is the error of an operation that a limiter with a Concurrency
 // rule does not offer.
@@ -73,9 +101,9 @@ func (s *leases) only(op string) error {
 }
 
 // woken returns the ids that an admit reply says were handed a place: its
-// last value, when s is not nil and the reply has one; nil otherwise.
+// last value, when the reply has one; nil otherwise.
 func (s *leases) woken(reply []any, nrules int) []any {
-	if s == nil || len(reply) != 7+nrules {
+	if len(reply) != 7+nrules {
 		return nil
 	}
 	w, ok := reply[len(reply)-1].([]any)
@@ -245,8 +273,8 @@ func (s *leases) call(o op, subject string, ids []string) (woken []any, lost []s
 // an error matching ErrRedis if Redis fails (the place then frees when its
 // lease expires).
 func (l *Limiter) Release(ctx context.Context, subject string) error {
-	s := l.leases
-	if s == nil {
+	s, ok := l.mode.(*leases)
+	if !ok {
 		return errors.New("throttle: release: the limiter has no concurrency rule")
 	}
 	id, ok := s.takeLast(subject)

@@ -133,7 +133,7 @@ func TestConcurrencyDeadHolder(t *testing.T) {
 			t.Fatalf("dead: %v", a.Status)
 		}
 		// The dead process stops renewing: it forgets its place.
-		dead.leases.drop("s", "dead")
+		placesOf(dead).drop("s", "dead")
 		start := time.Now()
 		if a := admitID(t, live, "waiter"); a.Status != Booked {
 			t.Fatalf("waiter: %v", a.Status)
@@ -352,7 +352,7 @@ func TestConcurrencySweep(t *testing.T) {
 			t.Fatalf("sweep of an idle subject: %v, want denied (nobody waits)", a.Status)
 		}
 		admitID(t, l, "dead")
-		l.leases.drop("s", "dead") // its process dies
+		placesOf(l).drop("s", "dead") // its process dies
 		admitID(t, l, "w")
 		a := sweep()
 		if a.Status != Booked || a.Delay != 3*time.Second {

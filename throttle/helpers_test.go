@@ -121,3 +121,9 @@ func rateAlgorithms() []Algorithm {
 	}
 	return as
 }
+
+// placesOf returns the places of l's Concurrency rule (its mode).
+func placesOf(l *Limiter) *leases { return l.mode.(*leases) }
+
+// leaserOf returns l's leaser (its mode, Options.LocalLease).
+func leaserOf(l *Limiter) *leaser { return l.mode.(*leaser) }

@@ -68,6 +68,7 @@ const (
 
 // leaser hands out leased permits of a limiter whose one rule is a bucket.
 type leaser struct {
+	exact    // what a lease does not serve
 	lim      *Limiter
 	slack    time.Duration // δ, Options.LocalLease
 	count    uint64        // the rule's count and period in ns, reduced:
@@ -82,9 +83,11 @@ type leaser struct {
 	sweeping atomic.Bool
 }
 
-// newLeaser returns the leaser for l, or nil if opts do not lease. It
-// returns a *ConfigError if LocalLease is set on rules that cannot lease.
-func newLeaser(l *Limiter, opts Options) (*leaser, error) {
+// newLeaser returns the leaser for ex's limiter, or nil if opts do not
+// lease. It returns a *ConfigError if LocalLease is set on rules that
+// cannot lease.
+func newLeaser(ex exact, opts Options) (*leaser, error) {
+	l := ex.l
 	d := opts.LocalLease
 	if d == 0 {
 		return nil, nil
@@ -104,6 +107,7 @@ func newLeaser(l *Limiter, opts Options) (*leaser, error) {
 	}
 	count, period := lowestTerms(int64(r.Limit.Count), r.Limit.Period.Microseconds())
 	q := &leaser{
+		exact:    ex,
 		lim:      l,
 		slack:    d,
 		count:    uint64(count),
@@ -429,9 +433,27 @@ func (q *leaser) leasable(n int) bool {
 	return n >= 1 && n <= q.lim.rules[0].Limit.Burst && q.offset(n-1) <= q.slack/2
 }
 
-// allow answers AllowN from subject's leases. handled is false if the
+func (q *leaser) allow(ctx context.Context, subject string, n int) (Result, error) {
+	if res, ok, err := q.allowLocal(ctx, subject, n); ok {
+		return res, err
+	}
+	return q.exact.allow(ctx, subject, n)
+}
+
+func (q *leaser) wait(ctx context.Context, subject string, n int) error {
+	if ok, err := q.waitLocal(ctx, subject, n); ok {
+		return err
+	}
+	return q.exact.wait(ctx, subject, n)
+}
+
+func (q *leaser) forget(subject string) { q.drop(subject) }
+
+func (q *leaser) close() {}
+
+// allowLocal answers AllowN from subject's leases. handled is false if the
 // exact path must answer instead (the caller then asks Redis).
-func (q *leaser) allow(ctx context.Context, subject string, n int) (res Result, handled bool, err error) {
+func (q *leaser) allowLocal(ctx context.Context, subject string, n int) (res Result, handled bool, err error) {
 	if !q.leasable(n) {
 		return Result{}, false, nil
 	}
@@ -517,10 +539,10 @@ func (q *leaser) due(k *leasedKey, t time.Time) int {
 	return n
 }
 
-// wait serves WaitN from subject's leases: it takes the next n free slots
-// in arrival order and sleeps until the last. handled is false if the
-// exact path must serve it instead.
-func (q *leaser) wait(ctx context.Context, subject string, n int) (handled bool, err error) {
+// waitLocal serves WaitN from subject's leases: it takes the next n free
+// slots in arrival order and sleeps until the last. handled is false if
+// the exact path must serve it instead.
+func (q *leaser) waitLocal(ctx context.Context, subject string, n int) (handled bool, err error) {
 	if !q.leasable(n) {
 		return false, nil
 	}

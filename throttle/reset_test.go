@@ -225,7 +225,7 @@ func TestResetLeaseGivesNothingBack(t *testing.T) {
 				p := newProc(t, m, rule)
 				plain := mustNew(t, rdb, Options{}, rule)
 				allow(t, plain, "hot", 10) // the lease's slots lie ahead
-				q := p.lim.local
+				q := leaserOf(p.lim)
 				k := q.lock("hot")
 				k.mu.Unlock()
 				q.call(ctx, "hot", k, 8)
