@@ -172,6 +172,9 @@ const maxWeight = 1000
 // and an error matching ErrRedis if Redis fails (a FailOpen limiter
 // grants instead).
 func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error) {
+	if err := l.open(); err != nil {
+		return Admission{}, err
+	}
 	if req.Tolerance < 0 {
 		return Admission{}, fmt.Errorf("throttle: admit: tolerance %v: must not be negative", req.Tolerance)
 	}

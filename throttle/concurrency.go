@@ -124,8 +124,10 @@ func (s *leases) hold(subject, id string) {
 	}
 	s.held[subject] = append(s.held[subject], id)
 	if s.idle == nil {
-		s.idle = make(chan struct{})
-		go s.renew(s.idle)
+		idle := make(chan struct{})
+		if s.lim.bg.start(func() { s.renew(idle) }) { // not after Close
+			s.idle = idle
+		}
 	}
 }
 
@@ -155,15 +157,18 @@ func (s *leases) deliver(woken []any) {
 const renewTimeout = 5 * time.Second
 
 // renew renews every held place once per third of the lease, one call per
-// subject, until none is held. A place found lost (this process stalled
-// past its lease, and the place was handed on) is dropped and logged: its
-// holder runs on without it.
+// subject, until none is held or the limiter is closed. A place found lost
+// (this process stalled past its lease, and the place was handed on) is
+// dropped and logged: its holder runs on without it.
 func (s *leases) renew(idle chan struct{}) {
+	ctx := s.lim.bg.context()
 	t := time.NewTicker(s.lease / 3)
 	defer t.Stop()
 	for {
 		select {
 		case <-idle:
+			return
+		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
@@ -174,7 +179,7 @@ func (s *leases) renew(idle chan struct{}) {
 		}
 		s.mu.Unlock()
 		for subj, ids := range held {
-			woken, lost, err := s.call(opRenew, subj, ids)
+			woken, lost, err := s.call(ctx, opRenew, subj, ids)
 			if err != nil {
 				s.lim.opts.Logger.Warn("throttle: cannot renew concurrency leases; they expire unless a later renewal gets through", "rule", s.lim.rules[s.rule].Name, "subject", subj, "error", err)
 				continue
@@ -230,8 +235,9 @@ func (s *leases) drop(subject, id string) bool {
 	return false
 }
 
-// call runs lease.lua's o (opRenew or opRelease) for ids.
-func (s *leases) call(o op, subject string, ids []string) (woken []any, lost []string, err error) {
+// call runs lease.lua's o (opRenew or opRelease) for ids, within ctx and
+// at most renewTimeout.
+func (s *leases) call(ctx context.Context, o op, subject string, ids []string) (woken []any, lost []string, err error) {
 	enc, err := encodeSubject(subject)
 	if err != nil {
 		return nil, nil, err
@@ -242,7 +248,7 @@ func (s *leases) call(o op, subject string, ids []string) (woken []any, lost []s
 	for _, id := range ids {
 		args = append(args, id)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), renewTimeout)
+	ctx, cancel := context.WithTimeout(ctx, renewTimeout)
 	defer cancel()
 	cmd, err := l.exec(ctx, o, leaseScript, []string{key(l.prefix, enc, l.keyRules[s.rule])}, args)
 	if err != nil {
@@ -270,8 +276,8 @@ func (s *leases) call(o op, subject string, ids []string) (woken []any, lost []s
 // work ends, whether it succeeded or not. A place not released (the process
 // died) frees when its lease expires. It returns an error if the limiter
 // has no Concurrency rule or this process holds no place for subject, and
-// an error matching ErrRedis if Redis fails (the place then frees when its
-// lease expires).
+// an error matching ErrRedis if Redis fails or ctx ends first (the place
+// then frees when its lease expires).
 func (l *Limiter) Release(ctx context.Context, subject string) error {
 	s, ok := l.mode.(*leases)
 	if !ok {
@@ -281,7 +287,7 @@ func (l *Limiter) Release(ctx context.Context, subject string) error {
 	if !ok {
 		return fmt.Errorf("throttle: release: this process holds no place of rule %q for subject %q", l.rules[s.rule].Name, subject)
 	}
-	woken, _, err := s.call(opRelease, subject, []string{id})
+	woken, _, err := s.call(ctx, opRelease, subject, []string{id})
 	if err != nil {
 		return err
 	}
@@ -318,7 +324,7 @@ func (s *leases) wait(ctx context.Context, subject string, n int) error {
 	// giveUp leaves the queue or gives back a place the caller was handed.
 	giveUp := func(err error) error {
 		s.drop(subject, id)
-		if woken, _, rerr := s.call(opRelease, subject, []string{id}); rerr == nil {
+		if woken, _, rerr := s.call(context.WithoutCancel(ctx), opRelease, subject, []string{id}); rerr == nil {
 			s.deliver(woken)
 		}
 		return err
@@ -355,6 +361,7 @@ func (s *leases) wait(ctx context.Context, subject string, n int) error {
 			case <-woken:
 			case <-t.C:
 			case <-ctx.Done():
+			case <-l.bg.context().Done(): // Close: Admit says so
 			}
 			t.Stop()
 		default:

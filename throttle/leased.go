@@ -81,6 +81,7 @@ type leaser struct {
 
 	keys     sync.Map // subject → *leasedKey
 	sweeping atomic.Bool
+	sweeper  atomic.Pointer[time.Timer] // the next sweep, stopped by close
 }
 
 // newLeaser returns the leaser for ex's limiter, or nil if opts do not
@@ -364,7 +365,7 @@ func (q *leaser) lock(subject string) *leasedKey {
 		if !ok {
 			v, ok = q.keys.LoadOrStore(subject, &leasedKey{win: time.Now()})
 			if !ok && !q.sweeping.Swap(true) {
-				time.AfterFunc(leaseForget, q.sweep)
+				q.sweeper.Store(time.AfterFunc(leaseForget, q.sweep))
 			}
 		}
 		k := v.(*leasedKey)
@@ -379,6 +380,9 @@ func (q *leaser) lock(subject string) *leasedKey {
 // sweep forgets subjects without slots, requests or calls for leaseForget,
 // and runs again while any subject is left.
 func (q *leaser) sweep() {
+	if q.lim.closed.Load() {
+		return
+	}
 	t := time.Now()
 	left := false
 	q.keys.Range(func(s, v any) bool {
@@ -401,7 +405,7 @@ func (q *leaser) sweep() {
 			return
 		}
 	}
-	time.AfterFunc(leaseForget, q.sweep)
+	q.sweeper.Store(time.AfterFunc(leaseForget, q.sweep))
 }
 
 // drop forgets subject's slots in this process (a pause, a reset): they
@@ -449,7 +453,27 @@ func (q *leaser) wait(ctx context.Context, subject string, n int) error {
 
 func (q *leaser) forget(subject string) { q.drop(subject) }
 
-func (q *leaser) close() {}
+// close stops the sweep and the idle checks, waits for the lease calls
+// under way, and gives back the unused tails of every subject's leases.
+func (q *leaser) close() {
+	if t := q.sweeper.Load(); t != nil {
+		t.Stop()
+	}
+	q.lim.bg.close()
+	t := time.Now()
+	q.keys.Range(func(subject, v any) bool {
+		k := v.(*leasedKey)
+		k.mu.Lock()
+		if k.idle != nil {
+			k.idle.Stop()
+			k.idle = nil
+		}
+		back := q.tails(k, t)
+		k.mu.Unlock()
+		q.giveBackTails(subject.(string), back)
+		return true
+	})
+}
 
 // allowLocal answers AllowN from subject's leases. handled is false if the
 // exact path must answer instead (the caller then asks Redis).
@@ -671,9 +695,9 @@ func (q *leaser) renew(ctx context.Context, subject string, k *leasedKey, t time
 	if n == 0 || t.Before(k.backoff) {
 		return false
 	}
-	k.renewing = true
-	go q.call(context.WithoutCancel(ctx), subject, k, n)
-	return true
+	ctx = context.WithoutCancel(ctx)
+	k.renewing = q.lim.bg.start(func() { q.call(ctx, subject, k, n) }) // not after Close
+	return k.renewing
 }
 
 // call leases n slots of subject: a reservation of n permits whose last
@@ -701,7 +725,8 @@ func (q *leaser) call(ctx context.Context, subject string, k *leasedKey, n int) 
 			var rep reply
 			rep, ls, err = q.grant(raw, n, send, recv)
 			if errors.Is(err, errUncertainClock) {
-				go q.giveBackLease(context.WithoutCancel(ctx), subject, n, rep.tickets(1)[0], rep.redisNow)
+				ticket, booked := rep.tickets(1)[0], rep.redisNow
+				q.lim.bg.run(func() { q.giveBackLease(context.WithoutCancel(ctx), subject, n, ticket, booked) })
 			}
 		}
 	}
@@ -797,7 +822,9 @@ func (q *leaser) serve(ctx context.Context, subject string, k *leasedKey, t time
 // armIdle starts k's idle check unless it runs.
 func (q *leaser) armIdle(subject string, k *leasedKey) {
 	if k.idle == nil {
-		k.idle = time.AfterFunc(q.idleGap(k, time.Now()), func() { q.checkIdle(subject, k) })
+		k.idle = time.AfterFunc(q.idleGap(k, time.Now()), func() {
+			q.lim.bg.start(func() { q.checkIdle(subject, k) }) // not after Close
+		})
 	}
 }
 
@@ -826,33 +853,11 @@ func (q *leaser) idleSince(k *leasedKey, t time.Time) time.Time {
 // request, no wait holding a slot), and runs again while k holds slots.
 func (q *leaser) checkIdle(subject string, k *leasedKey) {
 	t := time.Now()
-	type refund struct {
-		n      int
-		ticket string
-		booked int64
-	}
-	var back []refund
+	var back []tail
 	k.mu.Lock()
 	q.expire(k, t)
 	if !t.Before(q.idleSince(k, t)) && len(k.pending) == 0 && k.sleeping == 0 {
-		// The latest lease first: the bucket takes back only a tail that
-		// no later reservation follows (else it records it, bucket.lua),
-		// and each refund moves that tail to the lease before. Slots
-		// already past are given back too: the bucket counts them as
-		// unused, as if never taken, which they were not (below a full
-		// bucket, bk_refund clamps).
-		for i := len(k.leases) - 1; i >= 0; i-- {
-			ls := k.leases[i]
-			if ls.returned || ls.end != ls.k || ls.next == ls.end || !ls.last.lo.After(t) {
-				break
-			}
-			back = append(back, refund{ls.end - ls.next, ls.ticket, ls.booked})
-			ls.end, ls.returned = ls.next, true
-			if ls.next > 0 {
-				break // its head was handed out: earlier leases are no tail
-			}
-		}
-		q.expire(k, t)
+		back = q.tails(k, t)
 	}
 	if free(k) > 0 {
 		k.idle.Reset(max(q.idleSince(k, t).Sub(t), leaseIdleMin/4))
@@ -860,9 +865,43 @@ func (q *leaser) checkIdle(subject string, k *leasedKey) {
 		k.idle = nil
 	}
 	k.mu.Unlock()
-	if len(back) == 0 {
-		return
+	q.giveBackTails(subject, back)
+}
+
+// tail is the unused end of a lease, to give back.
+type tail struct {
+	n      int
+	ticket string
+	booked int64
+}
+
+// tails takes the unused tails of k's leases that Redis can take back at
+// t. k.mu is held.
+func (q *leaser) tails(k *leasedKey, t time.Time) []tail {
+	var back []tail
+	// The latest lease first: the bucket takes back only a tail that no
+	// later reservation follows (else it records it, bucket.lua), and each
+	// refund moves that tail to the lease before. Slots already past are
+	// given back too: the bucket counts them as unused, as if never taken,
+	// which they were not (below a full bucket, bk_refund clamps).
+	for i := len(k.leases) - 1; i >= 0; i-- {
+		ls := k.leases[i]
+		if ls.returned || ls.end != ls.k || ls.next == ls.end || !ls.last.lo.After(t) {
+			break
+		}
+		back = append(back, tail{ls.end - ls.next, ls.ticket, ls.booked})
+		ls.end, ls.returned = ls.next, true
+		if ls.next > 0 {
+			break // its head was handed out: earlier leases are no tail
+		}
 	}
+	q.expire(k, t)
+	return back
+}
+
+// giveBackTails gives back tails of subject's leases, in order, until
+// Redis fails.
+func (q *leaser) giveBackTails(subject string, back []tail) {
 	for _, b := range back {
 		if !q.giveBackLease(context.Background(), subject, b.n, b.ticket, b.booked) {
 			return

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -93,6 +94,8 @@ type Limiter struct {
 	queues  windowQueues // window waits, by encoded subject (window.go)
 	refunds refunder     // refunds waiting for a call, by escaped subject (refund.go)
 	mode    mode         // how it decides, chosen by New (modes.go)
+	closed  atomic.Bool  // Close was called (close.go)
+	bg      goroutines   // its own goroutines, which Close ends (close.go)
 }
 
 // New returns a Limiter that applies every rule to each subject. It returns
@@ -185,6 +188,9 @@ func (l *Limiter) Allow(ctx context.Context, subject string) (Result, error) {
 // rule refuses AllowN with a *ConfigError naming the rule: take a place
 // with Wait or Admit.
 func (l *Limiter) AllowN(ctx context.Context, subject string, n int) (Result, error) {
+	if err := l.open(); err != nil {
+		return Result{}, err
+	}
 	return l.mode.allow(ctx, subject, n)
 }
 
@@ -201,6 +207,9 @@ func (l *Limiter) AllowN(ctx context.Context, subject string, n int) (Result, er
 // it is granted at once, or, while reservations hold a bucket in debt,
 // when the debt is repaid.
 func (l *Limiter) ReserveN(ctx context.Context, subject string, n int) (*Reservation, error) {
+	if err := l.open(); err != nil {
+		return nil, err
+	}
 	return l.mode.acquire(ctx, subject, n, true)
 }
 
@@ -239,6 +248,9 @@ func (l *Limiter) Wait(ctx context.Context, subject string) error {
 // charges nothing: it returns at once unless a request of 0 would wait
 // (see AllowN), and then waits as x/time/rate's WaitN(ctx, 0) does.
 func (l *Limiter) WaitN(ctx context.Context, subject string, n int) error {
+	if err := l.open(); err != nil {
+		return err
+	}
 	return l.mode.wait(ctx, subject, n)
 }
 

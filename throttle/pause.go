@@ -50,6 +50,9 @@ func (p *policy) pauseKey(subject string) string {
 // (ErrInvalidSubject) and Redis failures (ErrRedis; FailOpen does not
 // apply). Each call is one script call.
 func (l *Limiter) PauseFor(ctx context.Context, subject string, d time.Duration) (time.Duration, error) {
+	if err := l.open(); err != nil {
+		return 0, err
+	}
 	if d > maxPause {
 		return 0, fmt.Errorf("throttle: pause of %v: must be at most %v", d, maxPause)
 	}

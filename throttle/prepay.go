@@ -46,6 +46,9 @@ func (p *policy) member(id string) string {
 // To book far ahead (a large batch), use a limiter whose MaxWait is zero
 // or large enough, and a context without a deadline.
 func (l *Limiter) PrepayN(ctx context.Context, subject string, n int, keep time.Duration) (*Reservation, error) {
+	if err := l.open(); err != nil {
+		return nil, err
+	}
 	if !l.oneSubject() {
 		return nil, errOneSubject
 	}

@@ -22,6 +22,9 @@ import (
 // with a Concurrency rule is refused first, with a *ConfigError naming it
 // (field "algorithm"), whatever n.
 func (l *Limiter) AllowAtMost(ctx context.Context, subject string, n int) (granted int, res Result, err error) {
+	if err := l.open(); err != nil {
+		return 0, Result{}, err
+	}
 	if s, ok := l.mode.(*leases); ok {
 		return 0, Result{}, s.only("AllowAtMost")
 	}
@@ -84,6 +87,9 @@ func (l *Limiter) AllowAtMost(ctx context.Context, subject string, n int) (grant
 // Errors: ErrInvalidSubject, or an error matching ErrRedis (FailOpen does
 // not apply).
 func (l *Limiter) Reset(ctx context.Context, subject string) error {
+	if err := l.open(); err != nil {
+		return err
+	}
 	var errs []error
 	for _, p := range l.mode.parts() {
 		errs = append(errs, p.lim.reset(ctx, p.of(subject)))

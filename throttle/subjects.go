@@ -60,7 +60,7 @@ func (m severalSubjects) forget(string) {}
 
 func (m severalSubjects) close() {
 	for _, p := range m.ps {
-		p.lim.mode.close()
+		_ = p.lim.Close()
 	}
 }
 
