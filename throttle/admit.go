@@ -136,9 +136,14 @@ type Admission struct {
 	// is there to Settle (its Cancel gives nothing back: the turn is
 	// spent); nil otherwise.
 	Reservation *Reservation
+	// Place is the place of the limiter's Concurrency rule that a Granted
+	// or Redeemed caller now holds: give it back with Place.Release when
+	// the work ends. Nil otherwise, and always for a limiter without a
+	// Concurrency rule.
+	Place *Place
 	// Lease is the lease of the limiter's Concurrency rule when the answer
-	// is about a place under it: Granted or Redeemed (the caller holds a
-	// place until Release) or Booked by that rule (the caller is queued
+	// is about a place under it: Granted or Redeemed (the caller holds
+	// Place until it releases it) or Booked by that rule (the caller is queued
 	// for a place, and Rule names the rule). Zero otherwise, and always
 	// for a limiter without a Concurrency rule.
 	Lease time.Duration

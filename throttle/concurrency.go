@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -80,7 +81,7 @@ func (s *leases) admit(ctx context.Context, req AdmitRequest) (Admission, error)
 	}
 	woken := s.woken(did.rep.raw, len(s.lim.rules))
 	if req.N > 0 && (a.Status == Granted || a.Status == Redeemed) {
-		s.hold(req.Subject, did.who.waitAs)
+		a.Place = s.hold(req.Subject, did.who.waitAs)
 		a.Lease = s.lease
 	}
 	if did.rep.status == admitQueued {
@@ -114,12 +115,13 @@ func (s *leases) woken(reply []any, nrules int) []any {
 }
 
 // hold records a place id holds for subject, and renews it from now on.
-func (s *leases) hold(subject, id string) {
+func (s *leases) hold(subject, id string) *Place {
+	p := &Place{s: s, subject: subject, id: id}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, h := range s.held[subject] {
 		if h == id {
-			return
+			return p
 		}
 	}
 	s.held[subject] = append(s.held[subject], id)
@@ -129,6 +131,7 @@ func (s *leases) hold(subject, id string) {
 			s.idle = idle
 		}
 	}
+	return p
 }
 
 // deliver wakes the ids handed a place: a Wait of this process directly,
@@ -270,14 +273,51 @@ func (s *leases) call(ctx context.Context, o op, subject string, ids []string) (
 	return woken, lost, nil
 }
 
+// A Place is one of the Count places of a Concurrency rule, held by the
+// caller that took it (Acquire, or Admit: Admission.Place) while its work
+// runs, and renewed by the limiter in the background until Release. A nil
+// *Place holds nothing; its Release does nothing.
+type Place struct {
+	s        *leases
+	subject  string
+	id       string // its holder's id in Redis
+	released atomic.Bool
+}
+
+// Release gives the place back and hands it to the subject's next waiter.
+// Call it when the work ends, whether it succeeded or not; ctx bounds the
+// call (context.WithoutCancel of the work's context gives it back even if
+// the work was cancelled). A place not released (the process died, or
+// Redis failed) frees when its lease expires. It works after the
+// limiter's Close. It returns an error if the place was released already
+// or lost (this process stalled past its lease and the place went to
+// another), and one matching ErrRedis if Redis fails or ctx ends first.
+func (p *Place) Release(ctx context.Context) error {
+	if p == nil {
+		return nil
+	}
+	if p.released.Swap(true) {
+		return errors.New("throttle: release: the place was released already")
+	}
+	s := p.s
+	if !s.drop(p.subject, p.id) {
+		return fmt.Errorf("throttle: release: this process no longer holds its place of rule %q for subject %q: it was lost when its lease expired, or given back by Limiter.Release", s.lim.rules[s.rule].Name, p.subject)
+	}
+	return s.release(ctx, p.subject, p.id)
+}
+
 // Release gives back a place of the limiter's Concurrency rule that this
 // process holds for subject (taken by Wait, or by an Admit that was Granted
-// or Redeemed), and hands it to the subject's next waiter. Call it when the
-// work ends, whether it succeeded or not. A place not released (the process
-// died) frees when its lease expires. It returns an error if the limiter
-// has no Concurrency rule or this process holds no place for subject, and
-// an error matching ErrRedis if Redis fails or ctx ends first (the place
-// then frees when its lease expires).
+// or Redeemed), the latest it took, and hands it to the subject's next
+// waiter. It returns an error if the limiter has no Concurrency rule or
+// this process holds no place for subject, and an error matching ErrRedis
+// if Redis fails or ctx ends first (the place then frees when its lease
+// expires).
+//
+// Deprecated: Release gives back whichever place of subject this process
+// took last, which need not be the caller's. Hold the place itself: take
+// it with Acquire (or find it in Admission.Place) and give it back with
+// Place.Release.
 func (l *Limiter) Release(ctx context.Context, subject string) error {
 	s, ok := l.mode.(*leases)
 	if !ok {
@@ -287,6 +327,12 @@ func (l *Limiter) Release(ctx context.Context, subject string) error {
 	if !ok {
 		return fmt.Errorf("throttle: release: this process holds no place of rule %q for subject %q", l.rules[s.rule].Name, subject)
 	}
+	return s.release(ctx, subject, id)
+}
+
+// release gives back id's place of subject in Redis, no longer held here,
+// and wakes whoever it was handed to.
+func (s *leases) release(ctx context.Context, subject, id string) error {
 	woken, _, err := s.call(ctx, opRelease, subject, []string{id})
 	if err != nil {
 		return err
@@ -306,9 +352,9 @@ const waitTolerance = time.Second
 // with a *DelayError if the turn of a rate rule is past the context's
 // deadline or MaxWait. If the context ends, its place (or its place in the
 // queue) is given up and ctx.Err() returned.
-func (s *leases) wait(ctx context.Context, subject string, n int) error {
+func (s *leases) wait(ctx context.Context, subject string, n int) (*Place, error) {
 	if err := ctx.Err(); err != nil {
-		return err // nothing taken, nothing to give up
+		return nil, err // nothing taken, nothing to give up
 	}
 	l := s.lim
 	id := "wait:" + newReceiptID()
@@ -331,11 +377,11 @@ func (s *leases) wait(ctx context.Context, subject string, n int) error {
 	}
 	for {
 		if err := ctx.Err(); err != nil {
-			return giveUp(err)
+			return nil, giveUp(err)
 		}
 		a, err := l.Admit(ctx, AdmitRequest{Subject: subject, N: n, Caller: Caller{ID: id}, Wait: -1, Tolerance: waitTolerance})
 		if err != nil {
-			return giveUp(err)
+			return nil, giveUp(err)
 		}
 		switch a.Status {
 		case Granted, Redeemed:
@@ -344,15 +390,15 @@ func (s *leases) wait(ctx context.Context, subject string, n int) error {
 				if a.Reservation != nil {
 					_ = a.Reservation.Cancel(context.WithoutCancel(ctx))
 				}
-				return giveUp(&DelayError{Rule: a.Rule, RetryAfter: a.Delay, Deadline: byDeadline})
+				return nil, giveUp(&DelayError{Rule: a.Rule, RetryAfter: a.Delay, Deadline: byDeadline})
 			}
 			if err := sleep(ctx, time.Until(a.At)); err != nil {
 				if a.Reservation != nil {
 					_ = a.Reservation.Cancel(context.WithoutCancel(ctx))
 				}
-				return giveUp(err)
+				return nil, giveUp(err)
 			}
-			return nil
+			return a.Place, nil
 		case Booked, Held:
 			// Queued for a place (or, for a turn booked earlier, held):
 			// back when handed one, or at the fallback.
@@ -365,7 +411,7 @@ func (s *leases) wait(ctx context.Context, subject string, n int) error {
 			}
 			t.Stop()
 		default:
-			return giveUp(&DelayError{Rule: a.Rule, RetryAfter: a.Delay})
+			return nil, giveUp(&DelayError{Rule: a.Rule, RetryAfter: a.Delay})
 		}
 	}
 }

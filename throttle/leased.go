@@ -444,9 +444,9 @@ func (q *leaser) allow(ctx context.Context, subject string, n int) (Result, erro
 	return q.exact.allow(ctx, subject, n)
 }
 
-func (q *leaser) wait(ctx context.Context, subject string, n int) error {
+func (q *leaser) wait(ctx context.Context, subject string, n int) (*Place, error) {
 	if ok, err := q.waitLocal(ctx, subject, n); ok {
-		return err
+		return nil, err
 	}
 	return q.exact.wait(ctx, subject, n)
 }

@@ -247,9 +247,23 @@ func (l *Limiter) Wait(ctx context.Context, subject string) error {
 // returned. n larger than a rule's capacity is an error matching ErrExceedsCapacity. n = 0
 // charges nothing: it returns at once unless a request of 0 would wait
 // (see AllowN), and then waits as x/time/rate's WaitN(ctx, 0) does.
+//
+// With a Concurrency rule, WaitN takes a place, which the caller gives
+// back: Acquire is WaitN that hands it back as a value to release.
 func (l *Limiter) WaitN(ctx context.Context, subject string, n int) error {
+	_, err := l.Acquire(ctx, subject, n)
+	return err
+}
+
+// Acquire is WaitN that returns the place it took of the limiter's
+// Concurrency rule: hold it while the work runs and give it back with
+// Place.Release when the work ends, whether it succeeded or not. Without
+// a Concurrency rule (or when a FailOpen limiter admitted without Redis)
+// it takes no place and returns a nil *Place, whose Release does
+// nothing. Errors are WaitN's.
+func (l *Limiter) Acquire(ctx context.Context, subject string, n int) (*Place, error) {
 	if err := l.open(); err != nil {
-		return err
+		return nil, err
 	}
 	return l.mode.wait(ctx, subject, n)
 }

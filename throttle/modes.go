@@ -21,8 +21,8 @@ type mode interface {
 	// a reservation (reserve, or a bucket policy), or a window's permits
 	// once the local queue and Redis grant them.
 	acquire(ctx context.Context, subject string, n int, reserve bool) (*Reservation, error)
-	// wait is WaitN's.
-	wait(ctx context.Context, subject string, n int) error
+	// wait is WaitN's; a place it takes comes back (nil without one).
+	wait(ctx context.Context, subject string, n int) (*Place, error)
 	// admit is Admit's, req's Tolerance filled in.
 	admit(ctx context.Context, req AdmitRequest) (Admission, error)
 	// parts are the limiters over one subject each that a request
@@ -91,8 +91,8 @@ func (m exact) acquire(ctx context.Context, subject string, n int, reserve bool)
 	return m.l.waitWindow(ctx, subject, n)
 }
 
-func (m exact) wait(ctx context.Context, subject string, n int) error {
-	return m.l.acquireAndWait(ctx, subject, n)
+func (m exact) wait(ctx context.Context, subject string, n int) (*Place, error) {
+	return nil, m.l.acquireAndWait(ctx, subject, n)
 }
 
 func (m exact) admit(ctx context.Context, req AdmitRequest) (Admission, error) {

@@ -47,8 +47,8 @@ func (m severalSubjects) acquire(ctx context.Context, subject string, n int, res
 	return m.acquireParts(ctx, subject, n, reserve)
 }
 
-func (m severalSubjects) wait(ctx context.Context, subject string, n int) error {
-	return m.l.acquireAndWait(ctx, subject, n)
+func (m severalSubjects) wait(ctx context.Context, subject string, n int) (*Place, error) {
+	return nil, m.l.acquireAndWait(ctx, subject, n)
 }
 
 func (m severalSubjects) admit(ctx context.Context, req AdmitRequest) (Admission, error) {
