@@ -44,6 +44,7 @@
 //	if err != nil {
 //		return err
 //	}
+//	defer lim.Close() // ends its goroutines
 //	if err := lim.Wait(ctx, "account-42"); err != nil {
 //		return err // ctx ended, or the wait would pass its deadline
 //	}
