@@ -200,22 +200,16 @@ func New(lim *throttle.Limiter, opts Options) (*Gate, error) {
 }
 
 // Leased reports whether the gate's limiter has a Concurrency rule: a job
-// it lets run holds a place until Release.
+// it lets run holds a place (Decision.Place) until it releases it.
 func (g *Gate) Leased() bool { return g.leased }
 
-// WaitN waits for n permits of subject as the limiter's WaitN does, until
-// ctx ends, whatever the gate's options: for a job that cannot park (it
-// could not come back), which waits where it is as long as ctx allows.
-func (g *Gate) WaitN(ctx context.Context, subject string, n int) error {
-	return g.lim.WaitN(ctx, subject, n)
-}
-
-// Release gives back the place of the limiter's Concurrency rule that a
-// job of subject ran under (Decision.Lease), whatever the job did. It
-// returns an error matching throttle.ErrRedis if Redis fails: the place
-// then frees when its lease expires.
-func (g *Gate) Release(ctx context.Context, subject string) error {
-	return g.lim.Release(ctx, subject)
+// Acquire waits for n permits of subject as the limiter's Acquire does,
+// until ctx ends, whatever the gate's options: for a job that cannot park
+// (it could not come back), which waits where it is as long as ctx
+// allows. With a Concurrency rule the job then holds the place it returns
+// (nil without one): give it back with its Release when the job ends.
+func (g *Gate) Acquire(ctx context.Context, subject string, n int) (*throttle.Place, error) {
+	return g.lim.Acquire(ctx, subject, n)
 }
 
 // Options returns the gate's options, defaults filled in.
@@ -243,7 +237,7 @@ type Request struct {
 	// Waiter is the job under the limiter's Concurrency rule, if it has
 	// one (throttle.AdmitRequest.Waiter): what the limiter's OnHandoff is
 	// given to wake the job when a place is handed to it. If empty, ID.
-	// A job that runs holds a place until it ends (Decision.Lease).
+	// A job that runs holds a place until it ends (Decision.Place).
 	Waiter string
 	// WaitAs, if not empty, is the Waiter the job comes back as, if not
 	// Waiter (a task requeued as a copy): it takes over Waiter's place.
@@ -311,11 +305,14 @@ type Decision struct {
 	// (throttle.Reservation.Settle). Nil for Park, and for a turn booked
 	// before the limiter kept tickets.
 	Reservation *throttle.Reservation
+	// Place is throttle.Admission.Place: for Run, the place of the
+	// limiter's Concurrency rule that the job holds, which the caller gives
+	// back with its Release when the job ends, succeeded or not. Nil
+	// otherwise.
+	Place *throttle.Place
 	// Lease is throttle.Admission.Lease: for Run, non-zero when the job
-	// holds a place of the limiter's Concurrency rule, which the caller
-	// gives back with Release when the job ends, succeeded or
-	// not; for Park, non-zero when the job is queued for such a place (Rule
-	// names the rule). It is that rule's lease.
+	// holds a Place; for Park, non-zero when the job is queued for such a
+	// place (Rule names the rule). It is that rule's lease.
 	Lease time.Duration
 	// InLine, for Park, is true when the job waits in its subject's line
 	// (Options.Horizon) with no turn yet: At is only a fallback, and the
@@ -378,7 +375,7 @@ func (g *Gate) Admit(ctx context.Context, req Request) (Decision, error) {
 	if err != nil {
 		return Decision{}, err
 	}
-	d := Decision{Turn: a.Status, Rule: a.Rule, At: a.At, Slot: a.Slot, Reservation: a.Reservation, Lease: a.Lease, InLine: a.InLine, Serve: a.Serve}
+	d := Decision{Turn: a.Status, Rule: a.Rule, At: a.At, Slot: a.Slot, Reservation: a.Reservation, Place: a.Place, Lease: a.Lease, InLine: a.InLine, Serve: a.Serve}
 	switch a.Status {
 	case throttle.Booked, throttle.Held:
 		d.Outcome, d.Reservation = Park, nil
@@ -388,9 +385,7 @@ func (g *Gate) Admit(ctx context.Context, req Request) (Decision, error) {
 			if a.Reservation != nil {
 				_ = a.Reservation.Cancel(rctx)
 			}
-			if a.Lease > 0 {
-				_ = g.lim.Release(rctx, req.Subject)
-			}
+			_ = a.Place.Release(rctx) // nil without a place: nothing
 			cancel()
 			return Decision{}, err
 		}

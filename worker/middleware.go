@@ -147,7 +147,7 @@ type ruleGate struct {
 	gate *admission.Gate
 	// leased: the limiter has a concurrency rule, so a task that waits in
 	// place (waitInPlace) holds a place until its handler returns. Tasks
-	// admitted through the gate learn it from their Decision.Lease.
+	// admitted through the gate hold their Decision.Place.
 	leased bool
 	// stacked: a throttling middleware inside this one has throttled one
 	// of the rule's tasks (admit.go, stacked rules).
@@ -399,9 +399,9 @@ func (m *Middleware) Wrap(next asynq.Handler) asynq.Handler {
 			rep.notRun() // an outer rule's turn goes back (settle.go)
 			return err
 		}
-		if t.held {
+		if t.place != nil {
 			m.metrics.holding(r.Name, 1)
-			defer func() { m.release(r, t.Wait); m.metrics.holding(r.Name, -1) }()
+			defer func() { m.release(t.place, t.Wait); m.metrics.holding(r.Name, -1) }()
 		}
 		err = next.ProcessTask(admission.WithWait(ctx, t.Wait), task)
 		m.settle(ctx, r, task, t, rep)
