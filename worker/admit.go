@@ -26,6 +26,19 @@ import (
 // that turn without asking the limiter again.
 var ErrParked = errors.New("worker: parked until its booked turn")
 
+// ErrParkedInLine is the cause for a task parked in its subject's line
+// (TaskRule.Horizon): no turn is booked yet; the line's serving books it
+// and wakes the task. It matches ErrParked (errors.Is): a park all the same.
+var ErrParkedInLine error = parkedInLine{}
+
+type parkedInLine struct{}
+
+func (parkedInLine) Error() string {
+	return "worker: parked in its subject's line; its turn is booked when the line reaches it"
+}
+
+func (parkedInLine) Is(target error) bool { return target == ErrParked }
+
 const (
 	// earlyWaitUnwoken is the gate's EarlyWait without wake-ups: a parked
 	// task then comes back by asynq's own schedule, in whole seconds, up to
@@ -136,7 +149,7 @@ func (m *Middleware) park(ctx context.Context, t *taskRun, d admission.Decision)
 		retryAt = d.At.Add(-unwokenLead).Truncate(time.Second)
 	}
 	if d.InLine {
-		return m.deferTask(ctx, t, retryAt, ErrParked, OutcomeParked, "turn", "in line")
+		return m.deferTask(ctx, t, retryAt, ErrParkedInLine, OutcomeParked, "turn", "in line")
 	}
 	t.booked, t.ahead = d.Slot, time.Until(d.At)
 	m.metrics.parkedOn(t.rule.Name, d, t.ahead)
