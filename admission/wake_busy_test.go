@@ -1,0 +1,124 @@
+package admission
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+)
+
+// popCounter counts the looks at the ledger (wake_pop.lua calls) a client
+// sends, and those that took nothing.
+type popCounter struct {
+	mu          sync.Mutex
+	looks, empt int
+}
+
+func (p *popCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (p *popCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (p *popCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		args := cmd.Args()
+		if len(args) < 2 || (args[1] != wakePopScript.Hash() && args[1] != wakePopSrc) {
+			return err
+		}
+		v, _ := cmd.(*redis.Cmd).Slice()
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		p.looks++
+		if len(v) == 3 {
+			if due, _ := v[0].([]any); len(due) == 0 {
+				p.empt++
+			}
+		}
+		return err
+	}
+}
+
+// A backlog of 3,000 wake-ups at 50 a second, served by three processes
+// each with its own client: every wake-up is woken exactly once, before
+// its turn and no sooner than Lead before it, and the looks that take
+// nothing are at most 0.2 per wake-up, with one shard and with three. On
+// virtual time, so the counts are exact.
+func TestWakeupsBusyLooks(t *testing.T) {
+	for _, shards := range []int{1, 3} {
+		t.Run(fmt.Sprintf("shards=%d", shards), func(t *testing.T) {
+			redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
+				const tasks, rate = 3000, 50
+				looks, woken := busyBacklog(t, m, shards, tasks, rate)
+				if len(woken) != tasks {
+					t.Errorf("%d of %d wake-ups woken", len(woken), tasks)
+				}
+				for member, n := range woken {
+					if n != 1 {
+						t.Errorf("%s woken %d times, want once", member, n)
+					}
+				}
+				if looks.empt > tasks/5 {
+					t.Errorf("%d looks took nothing, want at most %d (0.2 per wake-up)", looks.empt, tasks/5)
+				}
+				t.Logf("%d shards, %d wake-ups at %d/s, 3 processes: %d looks (%.3f per wake-up), %d took nothing (%.3f per wake-up)",
+					shards, tasks, rate, looks.looks, float64(looks.looks)/tasks, looks.empt, float64(looks.empt)/tasks)
+			})
+		})
+	}
+}
+
+// busyBacklog adds tasks wake-ups at rate a second to a ledger of shards,
+// runs three wakers until all are due, and returns their looks and how
+// often each member was woken. A member woken outside [slot-Lead, slot]
+// fails t.
+func busyBacklog(t *testing.T, m *miniredis.Miniredis, shards, tasks, rate int) (*popCounter, map[string]int) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const key = "test:{wakeups}"
+	cfg := RunOptions{Lead: 250 * ms, Tick: 50 * ms}
+	adder := redistest.PipeClient(m)
+	defer adder.Close()
+	ledger, err := NewShardedWakeups(adder, key, shards)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now().Add(time.Second)
+	slots := make(map[string]time.Time, tasks)
+	for i := range tasks {
+		slots[fmt.Sprintf("task-%d", i)] = start.Add(time.Duration(i) * time.Second / time.Duration(rate))
+	}
+	if err := ledger.AddAll(ctx, slots); err != nil {
+		t.Fatal(err)
+	}
+	looks := &popCounter{}
+	var mu sync.Mutex
+	woken := map[string]int{}
+	wake := func(_ context.Context, member string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		woken[member]++
+		if now, slot := time.Now(), slots[member]; now.Before(slot.Add(-cfg.Lead)) || now.After(slot) {
+			t.Errorf("%s woken %v before its slot, want within %v", member, slot.Sub(now), cfg.Lead)
+		}
+		return nil
+	}
+	var wg sync.WaitGroup
+	for range 3 {
+		c := redistest.PipeClient(m)
+		defer c.Close()
+		c.AddHook(looks)
+		w, _ := NewShardedWakeups(c, key, shards)
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = w.Run(ctx, cfg, wake) }()
+	}
+	time.Sleep(time.Until(start.Add(time.Duration(tasks) * time.Second / time.Duration(rate))))
+	cancel()
+	wg.Wait()
+	return looks, woken
+}
