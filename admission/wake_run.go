@@ -155,7 +155,7 @@ func (w *Wakeups) subscribe(ctx context.Context, report func(error)) (sig *signa
 	cancel()
 	if err != nil && strings.Contains(err.Error(), "NOPERM") {
 		_ = sub.Close()
-		report(fmt.Errorf("admission: wakeups: may not subscribe to %s (grant the user channel &%s), so looking every tick: %w", w.keys[0], w.keys[0], err))
+		report(fmt.Errorf("admission: wakeups: may not subscribe to %s (grant the user the channels &%s), so looking every tick: %w", w.keys[0], withTagSuffix(w.keys[0], "*"), err))
 		return sig, func() {}, false
 	}
 	if err != nil {
