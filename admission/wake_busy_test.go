@@ -13,37 +13,6 @@ import (
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 )
 
-// popCounter counts the looks at the ledger (wake_pop.lua calls) a client
-// sends, and those that took nothing.
-type popCounter struct {
-	mu          sync.Mutex
-	looks, empt int
-}
-
-func (p *popCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (p *popCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-func (p *popCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		err := next(ctx, cmd)
-		args := cmd.Args()
-		if len(args) < 2 || (args[1] != wakePopScript.Hash() && args[1] != wakePopSrc) {
-			return err
-		}
-		v, _ := cmd.(*redis.Cmd).Slice()
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		p.looks++
-		if len(v) == 3 {
-			if due, _ := v[0].([]any); len(due) == 0 {
-				p.empt++
-			}
-		}
-		return err
-	}
-}
-
 // A backlog of 3,000 wake-ups at 50 a second, served by three processes
 // each with its own client: every wake-up is woken exactly once, before
 // its turn and no sooner than Lead before it, and the looks that take
@@ -54,7 +23,8 @@ func TestWakeupsBusyLooks(t *testing.T) {
 		t.Run(fmt.Sprintf("shards=%d", shards), func(t *testing.T) {
 			redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
 				const tasks, rate = 3000, 50
-				looks, woken := busyBacklog(t, m, shards, tasks, rate)
+				calls, woken := busyBacklog(t, m, shards, tasks, rate)
+				looks, empty, _ := calls.Counts()
 				if len(woken) != tasks {
 					t.Errorf("%d of %d wake-ups woken", len(woken), tasks)
 				}
@@ -63,11 +33,11 @@ func TestWakeupsBusyLooks(t *testing.T) {
 						t.Errorf("%s woken %d times, want once", member, n)
 					}
 				}
-				if looks.empt > tasks/5 {
-					t.Errorf("%d looks took nothing, want at most %d (0.2 per wake-up)", looks.empt, tasks/5)
+				if empty > tasks/5 {
+					t.Errorf("%d looks took nothing, want at most %d (0.2 per wake-up)", empty, tasks/5)
 				}
 				t.Logf("%d shards, %d wake-ups at %d/s, 3 processes: %d looks (%.3f per wake-up), %d took nothing (%.3f per wake-up)",
-					shards, tasks, rate, looks.looks, float64(looks.looks)/tasks, looks.empt, float64(looks.empt)/tasks)
+					shards, tasks, rate, looks, float64(looks)/tasks, empty, float64(empty)/tasks)
 			})
 		})
 	}
@@ -77,7 +47,7 @@ func TestWakeupsBusyLooks(t *testing.T) {
 // runs three wakers until all are due, and returns their looks and how
 // often each member was woken. A member woken outside [slot-Lead, slot]
 // fails t.
-func busyBacklog(t *testing.T, m *miniredis.Miniredis, shards, tasks, rate int) (*popCounter, map[string]int) {
+func busyBacklog(t *testing.T, m *miniredis.Miniredis, shards, tasks, rate int) (*redistest.LedgerCalls, map[string]int) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	const key = "test:{wakeups}"
@@ -96,7 +66,7 @@ func busyBacklog(t *testing.T, m *miniredis.Miniredis, shards, tasks, rate int) 
 	if err := ledger.AddAll(ctx, slots); err != nil {
 		t.Fatal(err)
 	}
-	looks := &popCounter{}
+	looks := redistest.CountLedger(ledger.Keys())
 	var mu sync.Mutex
 	woken := map[string]int{}
 	wake := func(_ context.Context, member string) error {
