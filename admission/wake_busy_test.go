@@ -92,3 +92,86 @@ func busyBacklog(t *testing.T, m *miniredis.Miniredis, shards, tasks, rate int) 
 	wg.Wait()
 	return looks, woken
 }
+
+// A waker that stops while it takes a busy shard's wake-ups leaves them to
+// the others, which had left that shard to it: they look there once per
+// Idle, so they take over within an Idle. 600 wake-ups at 20/s over three
+// shards and two wakers, one of which stops after 10 s: every wake-up is
+// woken once, none later than an Idle after its slot, and all are on time
+// again by 2 s after the stop.
+func TestWakeupsBusyTakeover(t *testing.T) {
+	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
+		const key, tasks, rate = "test:{wakeups}", 600, 20
+		cfg := RunOptions{Lead: 250 * ms, Tick: 50 * ms, Idle: time.Second}
+		ledger, _ := NewShardedWakeups(rdb, key, 3)
+		start := time.Now().Add(time.Second)
+		slots := make(map[string]time.Time, tasks)
+		for i := range tasks {
+			slots[fmt.Sprintf("task-%d", i)] = start.Add(time.Duration(i) * time.Second / rate)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		if err := ledger.AddAll(ctx, slots); err != nil {
+			t.Fatal(err)
+		}
+		var mu sync.Mutex
+		woken := map[string]time.Time{}
+		var took [2]int // by each waker, in the second before the stop
+		var stops [2]context.CancelFunc
+		var wg sync.WaitGroup
+		for i := range 2 {
+			c := redistest.PipeClient(m)
+			defer c.Close()
+			w, _ := NewShardedWakeups(c, key, 3)
+			runCtx, stop := context.WithCancel(ctx)
+			defer stop()
+			stops[i] = stop
+			wake := func(_ context.Context, member string) error {
+				mu.Lock()
+				defer mu.Unlock()
+				if _, again := woken[member]; again {
+					t.Errorf("%s woken twice", member)
+				}
+				woken[member] = time.Now()
+				took[i]++
+				return nil
+			}
+			wg.Add(1)
+			go func() { defer wg.Done(); _ = w.Run(runCtx, cfg, wake) }()
+		}
+		stopAt := start.Add(10 * time.Second)
+		time.Sleep(time.Until(stopAt.Add(-time.Second)))
+		mu.Lock()
+		took = [2]int{}
+		mu.Unlock()
+		time.Sleep(time.Until(stopAt))
+		mu.Lock()
+		busiest := 0 // the waker taking most: the one the other left shards to
+		if took[1] > took[0] {
+			busiest = 1
+		}
+		t.Logf("in the second before the stop, the wakers took %v; stopping waker %d", took, busiest)
+		mu.Unlock()
+		stops[busiest]()
+		time.Sleep(time.Until(start.Add(tasks*time.Second/rate + time.Second)))
+		cancel()
+		wg.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		late := 0
+		for member, slot := range slots {
+			at, ok := woken[member]
+			switch {
+			case !ok:
+				t.Errorf("%s not woken", member)
+			case at.After(slot.Add(cfg.Idle)):
+				t.Errorf("%s woken %v after its slot, want at most an Idle (%v)", member, at.Sub(slot), cfg.Idle)
+			case at.After(slot) && slot.After(stopAt.Add(2*time.Second)):
+				t.Errorf("%s (slot %v after the stop) woken %v late, want on time", member, slot.Sub(stopAt), at.Sub(slot))
+			case at.After(slot):
+				late++
+			}
+		}
+		t.Logf("one of two wakers stopped: %d of %d wake-ups late, all within an Idle", late, tasks)
+	})
+}
