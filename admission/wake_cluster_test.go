@@ -36,7 +36,11 @@ func clusterClients(tb testing.TB, n int) []*redis.ClusterClient {
 // On a real 3-master Redis Cluster, the three shards' keys are on three
 // masters; 3,000 wake-ups added one call each by 30 goroutines land in
 // every shard, about a third each; three wakers, each with its own client,
-// wake every one exactly once, none lost, and leave the shards empty.
+// wake every one exactly once, none lost, and leave the shards empty. Then,
+// their ledger empty and their idle looks a minute apart, a wake-up added
+// to each shard is woken within seconds of its slot, not at the next idle
+// look: the one subscription of each waker hears the adds of every shard,
+// whichever master holds it.
 func TestWakeupsCluster(t *testing.T) {
 	ctx := context.Background()
 	clients := clusterClients(t, 4)
@@ -93,7 +97,7 @@ func TestWakeupsCluster(t *testing.T) {
 		runs.Add(1)
 		go func() {
 			defer runs.Done()
-			_ = w.Run(rctx, RunOptions{OnError: func(err error) { t.Error(err) }}, func(_ context.Context, m string) error {
+			_ = w.Run(rctx, RunOptions{Idle: time.Minute, OnError: func(err error) { t.Error(err) }}, func(_ context.Context, m string) error {
 				if _, again := woken.LoadOrStore(m, true); again {
 					t.Errorf("%s woken twice", m)
 				}
@@ -107,13 +111,33 @@ func TestWakeupsCluster(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	time.Sleep(300 * time.Millisecond) // a double wake-up would come now
-	cancel()
-	runs.Wait()
 	if got := count.Load(); got != n {
 		t.Errorf("%d wake-ups, want %d, each once", got, n)
 	}
 	if left, err := ledger.Len(ctx); err != nil || left != 0 {
 		t.Errorf("%d left in the ledger (%v), want 0", left, err)
+	}
+
+	late := map[int]string{} // one member per shard
+	for i := 0; len(late) < 3; i++ {
+		if m := fmt.Sprint("late-", i); late[shardOf(m, 3)] == "" {
+			late[shardOf(m, 3)] = m
+		}
+	}
+	slot := time.Now().Add(time.Second)
+	for _, m := range late {
+		if err := ledger.Add(ctx, m, slot); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for time.Now().Before(slot.Add(5*time.Second)) && count.Load() < n+3 {
+		time.Sleep(20 * time.Millisecond)
+	}
+	woke := time.Now()
+	cancel()
+	runs.Wait()
+	if got := count.Load(); got != n+3 {
+		t.Errorf("%d of the 3 wake-ups added to idle wakers woken by %v after their slot, want all (told by their shards' channels)", got-n, woke.Sub(slot))
 	}
 }
 
