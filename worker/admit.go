@@ -221,8 +221,20 @@ func (t *taskRun) archive(ctx context.Context, msg string, noSubject bool, err e
 // wake-up loop of any middleware with Options.Asynq moves them to pending
 // at once. FromRules sets it on the limiters it builds (with Asynq); set it
 // on limiters of your own that have a throttle.Concurrency rule.
+// It writes to a ledger of admission.DefaultWakeupShards shards; a worker
+// with other Options.WakeupShards gets its own from FromRules.
 func WakeOnHandoff(rdb redis.UniversalClient) func(waiters []string) {
-	wakeups, _ := admission.NewWakeups(rdb, admission.WakeupsKey)
+	return wakeOnHandoff(rdb, 0)
+}
+
+// wakeOnHandoff is WakeOnHandoff over a ledger of shards shards (0: the
+// default); an invalid number falls back to the default, which
+// NewMiddleware refuses anyway.
+func wakeOnHandoff(rdb redis.UniversalClient, shards int) func(waiters []string) {
+	wakeups, err := admission.NewShardedWakeups(rdb, admission.WakeupsKey, shards)
+	if err != nil {
+		wakeups, _ = admission.NewShardedWakeups(rdb, admission.WakeupsKey, 0)
+	}
 	return admission.WakeOnHandoff(wakeups)
 }
 

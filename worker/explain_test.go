@@ -379,7 +379,8 @@ func ruleReader(t *testing.T, rdb redis.UniversalClient, prefix string, limits [
 	rc := rules.RuleConfig{Name: "r", Subject: rules.SubjectConfig{Fixed: keysSubject}, Limits: limits}
 	return func(id string, headers map[string]string) *RuleState {
 		t.Helper()
-		rs, err := readRule(context.Background(), rdb, prefix, rc, &asynq.TaskInfo{ID: id, Queue: "q", Headers: headers})
+		ledger, _ := admission.NewShardedWakeups(rdb, admission.WakeupsKey, 0)
+		rs, err := readRule(context.Background(), rdb, ledger, prefix, rc, &asynq.TaskInfo{ID: id, Queue: "q", Headers: headers})
 		if err != nil {
 			t.Fatal(err)
 		}
