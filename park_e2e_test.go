@@ -285,7 +285,8 @@ func TestParkBacklog(t *testing.T) {
 // 50/s, whose turns are then closer together than any worker waits), then
 // 10 of a cold one, in one queue, one worker of concurrency 10 and a
 // max_wait of 30s: the hot tasks park instead of holding the worker slots,
-// so the cold ones start within 2s of being enqueued; the hot tenant runs
+// so the cold ones start within seconds of being enqueued, not behind the
+// hot backlog; the hot tenant runs
 // no faster than its limit (how close to it: the bench).
 func TestParkHotAndCold(t *testing.T) {
 	t.Parallel()
@@ -312,8 +313,12 @@ func TestParkHotAndCold(t *testing.T) {
 				}
 			}
 			f.mu.Unlock()
-			if coldWorst > 2*time.Second {
-				t.Errorf("a cold task started %v after it was enqueued, want at most 2s", coldWorst)
+			// Behind the hot backlog a cold task would wait 10 to 20 s;
+			// parked, it waits for a worker's pick-up and a wake-up
+			// (0.4 to 1.1 s on a quiet machine, 2.6 s seen on a loaded
+			// one): 5 s tells the two apart whatever the load.
+			if coldWorst > 5*time.Second {
+				t.Errorf("a cold task started %v after it was enqueued, want at most 5s", coldWorst)
 			}
 			slices.SortFunc(hotTurns, time.Time.Compare)
 			span := hotTurns[len(hotTurns)-1].Sub(hotTurns[0])
