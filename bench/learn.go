@@ -268,7 +268,7 @@ func (errorCount) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (c errorCount) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
-		if err != nil && !errors.Is(err, redis.Nil) {
+		if err != nil && !errors.Is(err, redis.Nil) && !strings.HasPrefix(err.Error(), "NOSCRIPT") {
 			c.n.Add(1)
 		}
 		return err
@@ -279,7 +279,20 @@ func (c errorCount) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 	return next
 }
 
-// learnStats are the fleet's Transports' own counts, summed.
-type learnStats struct{}
+// learnStats are the fleet's Transports' own counts (httpthrottle.Stats),
+// summed: how many times a 429 lowered the learned rate, and the pauses
+// recorded.
+type learnStats struct {
+	Lowered int64 `json:"lowered"`
+	Paused  int64 `json:"paused"`
+}
 
-func collectStats(trs []*httpthrottle.Transport) learnStats { return learnStats{} }
+func collectStats(trs []*httpthrottle.Transport) learnStats {
+	var s learnStats
+	for _, tr := range trs {
+		st := tr.Stats()
+		s.Lowered += st.Lowered
+		s.Paused += st.Paused
+	}
+	return s
+}

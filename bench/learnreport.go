@@ -166,8 +166,8 @@ func renderLearn(res *learnResult) string {
 	var b strings.Builder
 	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	c := res.Config
-	p("| style | workers | stall | tasks done | requests | converged | share of L after | 429s after | max in 1 s (bound %d) | across the stall | min gap | scripts/request |\n", c.Limit+1)
-	p("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	p("| style | workers | stall | tasks done | requests | converged | share of L after | 429s after | max in 1 s (bound %d) | across the stall | min gap | lowered / paused | scripts/request |\n", c.Limit+1)
+	p("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range res.Runs {
 		stall, across := "—", "—"
 		if r.Stall {
@@ -178,9 +178,9 @@ func renderLearn(res *learnResult) string {
 		if r.ConvergedS >= 0 {
 			conv = fmt.Sprintf("%.2f s", r.ConvergedS)
 		}
-		p("| %s | %d | %s | %d of %d in %.1f s | %d (%d × 429) | %s | %.1f %% | %.2f %% (%d) | %d | %s | %.1f ms | %.2f |\n",
+		p("| %s | %d | %s | %d of %d in %.1f s | %d (%d × 429) | %s | %.1f %% | %.2f %% (%d) | %d | %s | %.1f ms | %d / %d | %.2f |\n",
 			r.Style, r.Workers, stall, r.Done, c.Tasks, r.TookS, r.Requests, r.TooMany, conv,
-			100*r.ShareAfter, 100*r.TooManyAfter, r.AfterTooMany, r.Max1s, across, r.MinGapMS, r.ScriptsPerRequest)
+			100*r.ShareAfter, 100*r.TooManyAfter, r.AfterTooMany, r.Max1s, across, r.MinGapMS, r.Lowered, r.Paused, r.ScriptsPerRequest)
 	}
 	return b.String()
 }
