@@ -34,10 +34,12 @@ type learnRun struct {
 	Bound1s    int     `json:"bound_1s"`
 	Max1sStall int     `json:"max_1s_stall"`
 	StallAtS   float64 `json:"stall_at_s"` // since the API started; -1 without
-	// The closest two requests came at the API, and how many pairs came
-	// closer than half the API's interval.
-	MinGapMS  float64 `json:"min_gap_ms"`
-	CloseGaps int     `json:"close_gaps"`
+	// The closest two requests came at the API, how many pairs came
+	// closer than half the API's interval, and closer than the interval
+	// (each such pair is a 429).
+	MinGapMS      float64 `json:"min_gap_ms"`
+	CloseGaps     int     `json:"close_gaps"`
+	UnderInterval int     `json:"under_interval"`
 	// ScriptsPerRequest is the fleet's EVALSHA/EVAL calls per request
 	// sent; RedisErrors its failed Redis commands (timeouts included).
 	ScriptsPerRequest float64        `json:"scripts_per_request"`
@@ -73,6 +75,7 @@ func analyseLearn(hits []apiHit, cfg learnConfig, c learnCase, stallAt time.Dura
 		r.Max1sStall = maxStarting(at, int64(end-time.Second), int64(end+2*time.Second), int64(time.Second))
 	}
 	r.MinGapMS, r.CloseGaps = gaps(at, time.Second/time.Duration(cfg.Limit)/2)
+	_, r.UnderInterval = gaps(at, time.Second/time.Duration(cfg.Limit))
 	conv := converged(hits, int(math.Ceil(r.ShareGoal*float64(cfg.Limit))))
 	if conv < 0 {
 		return r
@@ -156,9 +159,9 @@ func gaps(sorted []int64, close time.Duration) (float64, int) {
 
 // summary is a run's figures on one line, for the log.
 func (r *learnRun) summary() string {
-	return fmt.Sprintf("%d/%d tasks in %.1fs, %d requests, %d × 429; converged %.2fs; after: %.1f %% of L, %.2f %% 429; max 1 s %d (bound %d), across the stall %d; min gap %.2f ms, %d close; %.2f scripts/request, %d Redis errors, stats %+v, errors %v",
+	return fmt.Sprintf("%d/%d tasks in %.1fs, %d requests, %d × 429; converged %.2fs; after: %.1f %% of L, %.2f %% 429; max 1 s %d (bound %d), across the stall %d; min gap %.2f ms, %d close, %d under the interval; %.2f scripts/request, %d Redis errors, stats %+v, errors %v",
 		r.Done, r.Requests-r.TooMany, r.TookS, r.Requests, r.TooMany, r.ConvergedS, 100*r.ShareAfter, 100*r.TooManyAfter,
-		r.Max1s, r.Bound1s, r.Max1sStall, r.MinGapMS, r.CloseGaps, r.ScriptsPerRequest, r.RedisErrors, r.learnStats, r.TransportErrors)
+		r.Max1s, r.Bound1s, r.Max1sStall, r.MinGapMS, r.CloseGaps, r.UnderInterval, r.ScriptsPerRequest, r.RedisErrors, r.learnStats, r.TransportErrors)
 }
 
 // renderLearn is the part's table, in markdown, for BENCHMARKS.md.

@@ -12,7 +12,7 @@
 // leaves. The schedule is what the upstream sees, and what the transport
 // promises at it: requests of one subject leave no closer than the
 // schedule's rate, within a few milliseconds of their slots
-// (throttle.DepartureTolerance: a quarter of the interval, 1–5ms), also
+// (throttle.DepartureTolerance: a twentieth of the interval, 1–5ms), also
 // after a Redis stall, a process pause or a busy machine, whose late
 // requests take new slots instead of leaving together. So in any window
 // of length W, at most burst + (W + tolerance) × rate requests reach the
@@ -23,7 +23,7 @@
 // What the upstream says is learned in Redis, for the whole fleet, from
 // the first answer: every departure reads it in the script call that
 // books it. An announced policy (RateLimit-Policy, or X-RateLimit-Limit
-// over the longest reset seen) is a rate, followed at 97 % of it; the
+// over the longest reset seen) is a rate, followed at 95 % of it; the
 // remaining requests and the reset describe one window (at most that many
 // more until it resets), never a new rate. A 429 lowers the learned rate,
 // says so in a log line (Options.Logger) and in Stats, and the rate

@@ -35,29 +35,33 @@ import (
 // subject was paused or the learned rate was lowered. So catching up
 // after a stall is spread at the schedule's rate, and in any window of
 // length W at most burst + (W + tolerance) × rate departures leave, the
-// tolerance being a quarter of the interval, at least 1ms and at most
+// tolerance being a twentieth of the interval, at least 1ms and at most
 // 5ms (see DepartureTolerance).
 //
 // # Learning
 //
 // An announced policy (Quota per Window) is a rate: the schedule starts at
-// 97 % of it, and of the limiter's slowest rule if that is slower. A limit
-// without a window (X-RateLimit-Limit) is a policy over the longest reset
-// seen, rounded up to whole seconds. Remaining and the reset describe one
-// window, not a rate: at most Remaining more departures until the window
-// resets (before its earliest possible reset when a policy is known, else
-// its latest); they never change the rate.
+// LearnedShare (95 %) of it, or of the limiter's slowest rule if that is
+// slower. A limit without a window (X-RateLimit-Limit) is a policy over
+// the longest reset seen, rounded up to whole seconds. Remaining and the
+// reset describe one window, not a rate: at most Remaining more
+// departures until the window resets (before its earliest possible reset
+// when a policy is known, else its latest); they never change the rate.
 //
 // An answer that the resource is over its limit (TooMany, an HTTP 429)
 // lowers the learned rate, once per lowering: 429s to departures booked
-// before the last lowering are not counted again. The rate is lowered to
-// 90 % of what it was when a policy or an earlier 429 vouches for it, and
-// halved while a resource that announces nothing is being discovered
-// (from the rate the resource was seeing, at most the slowest rule). It
-// then recovers at 5 % a second of the rate the 429 came at, to 98 % of
-// it, and past that grows by 0.05 % a second: slowly towards the policy
-// (never above it, nor above the slowest rule), so that a steady fleet
-// settles where the 429s stop.
+// before the last lowering are not counted again. It is lowered from the
+// rate the resource saw (the one the departure was booked at; without a
+// learned rate, the rate departures have been leaving at; never above
+// the slowest rule): to 90 % of it when the 429 came near the rate of
+// the last one (the usual see-saw of a fleet at its limit) or, with no
+// 429 before, under a policy; to 80 % when it came well under it (under
+// 95 %: the limit is lower than thought); to half when it came under 70 %
+// of it, or while a resource that announces nothing is being discovered.
+// It then recovers at 10 % a second of the rate the 429 came at, to 98 %
+// of it, and past that grows by 0.05 % a second: slowly towards the
+// policy (never above it, nor above the slowest rule), so that a steady
+// fleet settles where the 429s stop.
 //
 // The first departure after nothing is known of the resource (a new
 // subject, or its state expired) probes: the others wait for its answer,
@@ -77,11 +81,16 @@ const UpstreamTTL = 10 * time.Minute
 // to the first one, when nothing is known of the resource.
 const ProbeWait = 2 * time.Second
 
+// LearnedShare is the share of an announced policy an Upstream's
+// schedule starts at: the rest is room for the jitter of departures and
+// arrivals, which an upstream with no burst answers with 429s.
+const LearnedShare = 0.95
+
 // The learning controller (see Upstream), as lua/upstream.lua's ARGV.
 const (
-	learnStart    = 0.97   // the share of a policy the schedule starts at
+	learnStart    = LearnedShare
 	learnBelow    = 0.98   // the share of the rate a 429 came at to recover to
-	learnRecover  = 0.05   // recovery per second, a share of that rate
+	learnRecover  = 0.1    // recovery per second, a share of that rate
 	learnGrow     = 0.0005 // growth per second past it
 	learnGentle   = 0.9    // lowering by a 429 near the rate meant to settle at
 	learnLower    = 0.8    // lowering by a 429 well under it
@@ -90,8 +99,12 @@ const (
 
 // confirmAfter is how long a departure may wait for its slot and still
 // leave without asking Redis again: a longer wait gives a pause or a
-// lowering time to come.
-const confirmAfter = 5 * time.Millisecond
+// lowering time to come. Those that ask do so confirmLead before the
+// slot (a pause or a lowering in the last confirmLead is not seen).
+const (
+	confirmAfter = 5 * time.Millisecond
+	confirmLead  = 5 * time.Millisecond
+)
 
 // probePoll bounds how long a departure waiting for the first answer
 // sleeps before it asks again.
@@ -183,13 +196,15 @@ type Departure struct {
 }
 
 // DepartureTolerance is how late a departure booked at interval may
-// leave: a quarter of the interval, at least 1ms and at most 5ms; without
-// an interval (nothing paces the departures) a second.
+// leave: a twentieth of the interval, at least 1ms and at most 5ms;
+// without an interval (nothing paces the departures) a second. A later
+// departure would eat the margin a schedule at 97 % of an upstream's
+// rate keeps from the next one.
 func DepartureTolerance(interval time.Duration) time.Duration {
 	if interval <= 0 {
 		return time.Second
 	}
-	return min(max(interval/4, time.Millisecond), 5*time.Millisecond)
+	return min(max(interval/20, time.Millisecond), 5*time.Millisecond)
 }
 
 // Depart books the next departure of a request of subject and returns
@@ -220,7 +235,9 @@ func (u *Upstream) Depart(ctx context.Context, subject string, maxWait time.Dura
 				return d, err
 			}
 		}
-		if err := sleep(ctx, time.Until(d.At)); err != nil {
+		// Confirmed a little before the slot, so that the round trip
+		// does not make it late.
+		if err := sleep(ctx, time.Until(d.At.Add(-confirmLead))); err != nil {
 			u.giveBack(ctx, keys, d)
 			return nil, err
 		}
@@ -232,6 +249,10 @@ func (u *Upstream) Depart(ctx context.Context, subject string, maxWait time.Dura
 				return d, err
 			}
 			continue
+		}
+		if err := sleep(ctx, time.Until(d.At)); err != nil {
+			u.giveBack(ctx, keys, d)
+			return nil, err
 		}
 		if time.Since(d.est) <= DepartureTolerance(d.interval) || late >= maxLate {
 			return d, nil
@@ -433,9 +454,9 @@ func (u *Upstream) Learn(ctx context.Context, subject string, d *Departure, a An
 	if _, err := encodeSubject(subject); err != nil {
 		return Lesson{}, err
 	}
-	booked, seq := int64(-1), int64(-1)
+	booked, seq, iv := int64(-1), int64(-1), int64(0)
 	if d != nil {
-		booked, seq = d.booked, d.seq
+		booked, seq, iv = d.booked, d.seq, d.interval.Microseconds()
 	}
 	tooMany := 0
 	if a.TooMany {
@@ -453,7 +474,7 @@ func (u *Upstream) Learn(ctx context.Context, subject string, d *Departure, a An
 		quota, window = 0, 0
 	}
 	raw, _, err := u.call(ctx, u.keys(subject), u.args(opLearn, tooMany, booked, seq, quota, window,
-		int64(max(a.Limit, 0)), remaining, rmin, rmax))
+		int64(max(a.Limit, 0)), remaining, rmin, rmax, iv))
 	if err != nil {
 		err = u.lim.result(ctx, opLearn, err)
 		return Lesson{}, err

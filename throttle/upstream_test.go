@@ -34,7 +34,7 @@ func learn(t *testing.T, u *Upstream, subject string, d *Departure, a Answer) Le
 var tenPerSecond = Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(10).WithBurst(1)}
 
 // The first departure probes; the others wait for its answer, then
-// follow the policy it taught at 97 %, and Learned says so.
+// follow the policy it taught at LearnedShare, and Learned says so.
 func TestUpstreamProbeThenPolicy(t *testing.T) {
 	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
 		u := mustNew(t, rdb, Options{}, tenPerSecond).Upstream()
@@ -49,13 +49,13 @@ func TestUpstreamProbeThenPolicy(t *testing.T) {
 		if second.Probe || when < 300*time.Millisecond || when > 320*time.Millisecond {
 			t.Errorf("the second departure left at %v (probe %v); want right after the first answer, at 300ms", when, second.Probe)
 		}
-		if want := 0.97 * 5; !near(second.Learned.Rate, want) || second.Learned.Quota != 5 || second.Learned.Window != time.Second {
+		if want := LearnedShare * 5; !near(second.Learned.Rate, want) || second.Learned.Quota != 5 || second.Learned.Window != time.Second {
 			t.Errorf("Learned = %+v; want rate %v, 5 per 1s", second.Learned, want)
 		}
 		_, third := depart(t, u, "s", 0)
-		rate := 0.97 * 5
+		rate := LearnedShare * 5
 		if want := when + time.Duration(float64(time.Second)/rate); third < want-time.Millisecond || third > want+time.Millisecond {
-			t.Errorf("the third departure left at %v; want %v (one interval of 97 %% of 5/s later)", third, want)
+			t.Errorf("the third departure left at %v; want %v (one interval of 95 %% of 5/s later)", third, want)
 		}
 	})
 }
@@ -114,7 +114,7 @@ func TestUpstreamWindow(t *testing.T) {
 	}{
 		{"exact reset, nothing left", Answer{Remaining: 0, HasRemaining: true, ResetMin: 400 * time.Millisecond, ResetMax: 400 * time.Millisecond, HasReset: true}, 400 * time.Millisecond},
 		{"whole seconds, no policy: its latest moment", Answer{Remaining: 0, HasRemaining: true, ResetMin: 0, ResetMax: time.Second, HasReset: true}, time.Second},
-		{"whole seconds, a policy: its earliest", Answer{Quota: 100, Window: time.Second, Remaining: 0, HasRemaining: true, ResetMin: 0, ResetMax: time.Second, HasReset: true}, time.Second / 97},
+		{"whole seconds, a policy: its earliest", Answer{Quota: 100, Window: time.Second, Remaining: 0, HasRemaining: true, ResetMin: 0, ResetMax: time.Second, HasReset: true}, time.Second / 95},
 		{"requests left", Answer{Remaining: 3, HasRemaining: true, ResetMin: time.Second, ResetMax: time.Second, HasReset: true}, 0},
 	}
 	for _, c := range cases {
@@ -145,8 +145,8 @@ func TestUpstreamLowerOnceAndRecover(t *testing.T) {
 			ds = append(ds, d)
 		}
 		l := learn(t, u, "s", ds[0], Answer{TooMany: true})
-		if !l.Lowered || !near(l.From, 0.97*20) || !near(l.Rate, 0.9*l.From) {
-			t.Errorf("the first 429: %+v; want lowered from 19.4 to 90 %%", l)
+		if !l.Lowered || !near(l.From, LearnedShare*20) || !near(l.Rate, 0.9*l.From) {
+			t.Errorf("the first 429: %+v; want lowered from 19 to 90 %%", l)
 		}
 		for _, d := range ds[1:] {
 			if l := learn(t, u, "s", d, Answer{TooMany: true}); l.Lowered {
@@ -155,7 +155,7 @@ func TestUpstreamLowerOnceAndRecover(t *testing.T) {
 		}
 		time.Sleep(time.Minute)
 		d, _ := depart(t, u, "s", 0)
-		if want := 0.98 * 0.97 * 20; d.Learned.Rate < want || d.Learned.Rate > 20 {
+		if want := 0.98 * l.From; d.Learned.Rate < want || d.Learned.Rate > 20 {
 			t.Errorf("a minute later the rate is %v; want between %v (98 %% of where the 429 came) and the policy's 20", d.Learned.Rate, want)
 		}
 	})

@@ -53,6 +53,8 @@
 --          ARGV[18] -> requests remaining until the reset (-1: not said)
 --          ARGV[19], ARGV[20] -> the reset comes between these, µs from
 --          now (-1 -1: not said)
+--          ARGV[21] -> the interval the departure was booked at, µs (0:
+--          unknown, or none)
 --
 -- depart and confirm reply {status, delay, slot, n, g, now, t before, t
 -- after, interval, rate, q, w, probe, ls before}: status 1 booked (delay µs from now,
@@ -246,6 +248,7 @@ grow()
 local too_many, booked, dep = ARGV[12] == '1', tonumber(ARGV[13]), tonumber(ARGV[14])
 local quota, window, limit = tonumber(ARGV[15]), tonumber(ARGV[16]), tonumber(ARGV[17])
 local remaining, reset_min, reset_max = tonumber(ARGV[18]), tonumber(ARGV[19]), tonumber(ARGV[20])
+local dep_iv = tonumber(ARGV[21])
 local changed, down, from = 0, 0, ''
 if s.p then set('p', nil) end
 
@@ -297,8 +300,15 @@ end
 -- one, or departures close enough together to have one (a 429 to a lone
 -- request says only "wait", which its Retry-After does).
 if too_many and booked >= (s.d or 0) and (s.r or s.gap) then
+  -- The rate the resource saw: the one the departure was booked at (the
+  -- learned rate may have grown since, departures booked ahead keep
+  -- theirs), else the learned one, else the gaps between departures.
   local cur = s.r
-  if not cur and s.gap > 0 then cur = 1e6 / s.gap end
+  if dep_iv > 0 then
+    cur = 1e6 / dep_iv
+  elseif not cur and s.gap > 0 then
+    cur = 1e6 / s.gap
+  end
   cur = least(cur, cap())
   if cur then
     -- Lowered by k_gentle when the 429 came where the rate was meant to
