@@ -280,11 +280,14 @@ func (c errorCount) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 }
 
 // learnStats are the fleet's Transports' own counts (httpthrottle.Stats),
-// summed: how many times a 429 lowered the learned rate, and the pauses
-// recorded.
+// summed: how many times a 429 lowered the learned rate, the pauses
+// recorded, the departures booked again, and the requests that left later
+// than the departure tolerance.
 type learnStats struct {
-	Lowered int64 `json:"lowered"`
-	Paused  int64 `json:"paused"`
+	Lowered  int64 `json:"lowered"`
+	Paused   int64 `json:"paused"`
+	Rebooked int64 `json:"rebooked"`
+	LeftLate int64 `json:"left_late"`
 }
 
 func collectStats(trs []*httpthrottle.Transport) learnStats {
@@ -293,6 +296,8 @@ func collectStats(trs []*httpthrottle.Transport) learnStats {
 		st := tr.Stats()
 		s.Lowered += st.Lowered
 		s.Paused += st.Paused
+		s.Rebooked += st.Rebooked
+		s.LeftLate += st.LeftLate
 	}
 	return s
 }

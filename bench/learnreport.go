@@ -42,9 +42,13 @@ type learnRun struct {
 	UnderInterval int     `json:"under_interval"`
 	// ScriptsPerRequest is the fleet's EVALSHA/EVAL calls per request
 	// sent; RedisErrors its failed Redis commands (timeouts included).
-	ScriptsPerRequest float64        `json:"scripts_per_request"`
-	RedisErrors       int64          `json:"redis_errors"`
-	TransportErrors   map[string]int `json:"transport_errors,omitempty"`
+	ScriptsPerRequest float64 `json:"scripts_per_request"`
+	// PerSecond is the accepted requests in each second from the first
+	// request; TooManyAtS when each 429 came, from the first request.
+	PerSecond       []int          `json:"per_second"`
+	TooManyAtS      []float64      `json:"too_many_at_s,omitempty"`
+	RedisErrors     int64          `json:"redis_errors"`
+	TransportErrors map[string]int `json:"transport_errors,omitempty"`
 	learnStats
 }
 
@@ -67,6 +71,17 @@ func analyseLearn(hits []apiHit, cfg learnConfig, c learnCase, stallAt time.Dura
 		}
 	}
 	r.Max1s = maxInWindow(at, int64(time.Second))
+	for _, h := range hits {
+		s := h.at - hits[0].at
+		if !h.ok {
+			r.TooManyAtS = append(r.TooManyAtS, s.Seconds())
+			continue
+		}
+		for int(s/time.Second) >= len(r.PerSecond) {
+			r.PerSecond = append(r.PerSecond, 0)
+		}
+		r.PerSecond[s/time.Second]++
+	}
 	stall := time.Duration(0)
 	if stallAt >= 0 {
 		r.StallAtS = stallAt.Seconds()

@@ -155,14 +155,23 @@ type Stats struct {
 	// Paused is the pauses this transport recorded (Retry-After, or a
 	// window with nothing left).
 	Paused int64
+	// Rebooked is the departures booked again before their requests left
+	// (throttle.Departure.Rebooked): a pause or a lowering voided them,
+	// or they would have left late.
+	Rebooked int64
+	// LeftLate is the requests that left later than
+	// throttle.DepartureTolerance after their slots, on a machine too busy
+	// to leave in time.
+	LeftLate int64
 }
 
 // counters are a Transport's Stats.
-type counters struct{ sent, tooMany, lowered, paused atomic.Int64 }
+type counters struct{ sent, tooMany, lowered, paused, rebooked, leftLate atomic.Int64 }
 
 // Stats returns the transport's counts so far.
 func (t *Transport) Stats() Stats {
-	return Stats{Sent: t.stats.sent.Load(), TooMany: t.stats.tooMany.Load(), Lowered: t.stats.lowered.Load(), Paused: t.stats.paused.Load()}
+	return Stats{Sent: t.stats.sent.Load(), TooMany: t.stats.tooMany.Load(), Lowered: t.stats.lowered.Load(),
+		Paused: t.stats.paused.Load(), Rebooked: t.stats.rebooked.Load(), LeftLate: t.stats.leftLate.Load()}
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -237,6 +246,10 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return fail(err)
 	}
 	t.stats.sent.Add(1)
+	t.stats.rebooked.Add(int64(d.Rebooked))
+	if d.Late > throttle.DepartureTolerance(d.Interval()) {
+		t.stats.leftLate.Add(1)
+	}
 	resp, err := t.base.RoundTrip(req)
 	if err != nil {
 		if d.Probe {

@@ -59,7 +59,7 @@ import (
 // 95 %: the limit is lower than thought); to half when it came under 70 %
 // of it, or while a resource that announces nothing is being discovered.
 // It then recovers at 10 % a second of the rate the 429 came at, to 98 %
-// of it, and past that grows by 0.05 % a second: slowly towards the
+// of it, and past that grows by 0.02 % a second: slowly towards the
 // policy (never above it, nor above the slowest rule), so that a steady
 // fleet settles where the 429s stop.
 //
@@ -91,7 +91,7 @@ const (
 	learnStart    = LearnedShare
 	learnBelow    = 0.98   // the share of the rate a 429 came at to recover to
 	learnRecover  = 0.1    // recovery per second, a share of that rate
-	learnGrow     = 0.0005 // growth per second past it
+	learnGrow     = 0.0002 // growth per second past it
 	learnGentle   = 0.9    // lowering by a 429 near the rate meant to settle at
 	learnLower    = 0.8    // lowering by a 429 well under it
 	learnDiscover = 0.5    // lowering while discovering
@@ -183,6 +183,14 @@ type Departure struct {
 	// Learned is what the fleet knew of the resource when the slot was
 	// booked.
 	Learned Learned
+	// Late is how long after its slot the departure left, as this
+	// process maps the Redis clock: at most DepartureTolerance, unless it
+	// was booked again maxLate times for being later (a machine too busy
+	// to leave in time).
+	Late time.Duration
+	// Rebooked counts the slots this departure was booked at before the
+	// one it left at: voided by a pause or a lowering, or passed.
+	Rebooked int
 
 	booked   int64         // Redis time (µs) of the call that booked it; -1 if unknown
 	seq      int64         // its number on the schedule; -1 if unknown
@@ -194,6 +202,10 @@ type Departure struct {
 	delay    time.Duration // from the booking to the slot
 	est      time.Time     // the slot's local time, unclamped (redisClock.slot)
 }
+
+// Interval is the spacing the departure was booked at: the learned
+// rate's, or the ceiling's while nothing is learned; 0 if nothing paced it.
+func (d *Departure) Interval() time.Duration { return d.interval }
 
 // DepartureTolerance is how late a departure booked at interval may
 // leave: a twentieth of the interval, at least 1ms and at most 5ms;
@@ -228,7 +240,8 @@ func (u *Upstream) Depart(ctx context.Context, subject string, maxWait time.Dura
 	}
 	keys := u.keys(subject)
 	var d *Departure
-	for late := 0; ; {
+	rebooked, late := 0, 0
+	for {
 		if d == nil {
 			var err error
 			if d, err = u.book(ctx, keys, maxWait); err != nil || d.seq < 0 {
@@ -244,7 +257,7 @@ func (u *Upstream) Depart(ctx context.Context, subject string, maxWait time.Dura
 		next, err := u.confirm(ctx, keys, d, maxWait)
 		if err != nil || next != d {
 			// Booked again by Redis (void), or failed.
-			d = next
+			d, rebooked = next, rebooked+1
 			if err != nil || d.seq < 0 {
 				return d, err
 			}
@@ -254,10 +267,15 @@ func (u *Upstream) Depart(ctx context.Context, subject string, maxWait time.Dura
 			u.giveBack(ctx, keys, d)
 			return nil, err
 		}
-		if time.Since(d.est) <= DepartureTolerance(d.interval) || late >= maxLate {
+		// The probe leaves however late: nothing left before it, and the
+		// others wait for its answer.
+		d.Late = max(time.Since(d.est), 0)
+		if d.Late <= DepartureTolerance(d.interval) || late >= maxLate || d.Probe {
+			d.Rebooked = rebooked
 			return d, nil
 		}
 		late++
+		rebooked++
 		d = nil
 	}
 }

@@ -3,7 +3,9 @@ package throttle
 import (
 	"context"
 	"errors"
+	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -184,3 +186,42 @@ func TestUpstreamRedisDown(t *testing.T) {
 // near reports whether a learned rate is within 0.1 % of want: it grows
 // by the time a call reads it.
 func near(got, want float64) bool { return got >= want*0.999 && got <= want*1.001 }
+
+// slowConn holds every reply it reads for delay while slow is set.
+type slowConn struct {
+	net.Conn
+	slow  *atomic.Bool
+	delay time.Duration
+}
+
+func (c slowConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if c.slow.Load() {
+		time.Sleep(c.delay)
+	}
+	return n, err
+}
+
+// The probe leaves even when its reply came late (a fresh process loads
+// the script first): it is not booked again, which would leave it
+// waiting for its own answer until ProbeWait.
+func TestUpstreamLateProbeLeaves(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
+		var slow atomic.Bool
+		slowRDB := redis.NewClient(&redis.Options{Addr: "127.0.0.1:0", Dialer: func(context.Context, string, string) (net.Conn, error) {
+			c, err := m.Dial()
+			return slowConn{Conn: c, slow: &slow, delay: 20 * time.Millisecond}, err
+		}})
+		defer slowRDB.Close()
+		lim := mustNew(t, slowRDB, Options{}, tenPerSecond)
+		// A reservation's reply gives the clock a fast reply to go by.
+		if err := lim.Wait(context.Background(), "warm-up"); err != nil {
+			t.Fatal(err)
+		}
+		slow.Store(true)
+		d, when := depart(t, lim.Upstream(), "s", 0)
+		if !d.Probe || when > 100*time.Millisecond || d.Rebooked != 0 {
+			t.Errorf("the probe left at %v (probe %v, rebooked %d); want it at once, late as it is", when, d.Probe, d.Rebooked)
+		}
+	})
+}
