@@ -42,13 +42,13 @@ type learnRun struct {
 	UnderInterval int     `json:"under_interval"`
 	// ScriptsPerRequest is the fleet's EVALSHA/EVAL calls per request
 	// sent; RedisErrors its failed Redis commands (timeouts included).
-	ScriptsPerRequest float64 `json:"scripts_per_request"`
+	ScriptsPerRequest float64        `json:"scripts_per_request"`
+	RedisErrors       int64          `json:"redis_errors"`
+	TransportErrors   map[string]int `json:"transport_errors,omitempty"`
 	// PerSecond is the accepted requests in each second from the first
 	// request; TooManyAtS when each 429 came, from the first request.
-	PerSecond       []int          `json:"per_second"`
-	TooManyAtS      []float64      `json:"too_many_at_s,omitempty"`
-	RedisErrors     int64          `json:"redis_errors"`
-	TransportErrors map[string]int `json:"transport_errors,omitempty"`
+	PerSecond  []int     `json:"per_second"`
+	TooManyAtS []float64 `json:"too_many_at_s,omitempty"`
 	learnStats
 }
 

@@ -12,7 +12,7 @@
 // leaves. The schedule is what the upstream sees, and what the transport
 // promises at it: requests of one subject leave no closer than the
 // schedule's rate, within a few milliseconds of their slots
-// (throttle.DepartureTolerance: a twentieth of the interval, 1–5ms), also
+// (throttle.DepartureTolerance: a fortieth of the interval, 1–5ms), also
 // after a Redis stall, a process pause or a busy machine, whose late
 // requests take new slots instead of leaving together. So in any window
 // of length W, at most burst + (W + tolerance) × rate requests reach the
