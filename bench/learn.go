@@ -34,8 +34,8 @@ type learnConfig struct {
 	Tasks      int      `json:"tasks"`      // each sent until the API accepts it
 	Workers    []int    `json:"workers"`    // Transports, each with its own Redis client and Limiter
 	Goroutines int      `json:"goroutines"` // sending through each Transport
-	Styles     []string `json:"styles"`
-	StallMS    int      `json:"stall_ms"` // CLIENT PAUSE once half the tasks are done
+	Styles     []string `json:"styles"`     // rule-only: no limit at the API, the fleet's rule at Limit
+	StallMS    int      `json:"stall_ms"`   // CLIENT PAUSE once half the tasks are done
 	// Targets: the share of L after convergence (with headers, and
 	// without), the share of requests answered 429 after it, and the
 	// convergence time.
@@ -50,7 +50,7 @@ type learnConfig struct {
 
 func defaultLearnConfig() learnConfig {
 	return learnConfig{Limit: 20, Configured: 100, Tasks: 1500, Workers: []int{3, 10}, Goroutines: 4,
-		Styles:  []string{styleIETF, styleXSeconds, styleXUnix, styleRetryAfter},
+		Styles:  []string{styleIETF, styleXSeconds, styleXUnix, styleRetryAfter, styleRuleOnly},
 		StallMS: 4000, ShareTarget: 0.95, ShareTargetBare: 0.85, TooManyTarget: 0.002, TooManyTargetBare: 0.02,
 		ConvergeTargetS: 1, CapFactor: 3}
 }
@@ -82,9 +82,9 @@ func (c learnCase) String() string {
 }
 
 // runLearnPart runs every case on one throwaway redis-server and writes
-// results/<date>-learn.json; only, if set, picks the cases whose name
+// results/<date>-<name>.json; only, if set, picks the cases whose name
 // matches.
-func runLearnPart(logf func(string, ...any), cfg learnConfig, only string) error {
+func runLearnPart(logf func(string, ...any), cfg learnConfig, only, name string) error {
 	t0 := time.Now()
 	var filter *regexp.Regexp
 	if only != "" {
@@ -121,7 +121,7 @@ func runLearnPart(logf func(string, ...any), cfg learnConfig, only string) error
 	}
 	res.Machine.LoadEnd = loadavg()
 	res.RuntimeS = time.Since(t0).Seconds()
-	if err := writePart(logf, t0, "learn", res); err != nil {
+	if err := writePart(logf, t0, name, res); err != nil {
 		return err
 	}
 	fmt.Print(renderLearn(res))
@@ -139,9 +139,13 @@ type learnFleet struct {
 	errs      map[string]int // transport errors, by message (sampled)
 }
 
-func newLearnFleet(addr, prefix string, cfg learnConfig, workers int) (*learnFleet, error) {
+func newLearnFleet(addr, prefix string, cfg learnConfig, style string, workers int) (*learnFleet, error) {
 	f := &learnFleet{errs: map[string]int{}}
-	rule := throttle.Rule{Name: "partner", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(cfg.Configured).WithBurst(1)}
+	rate := cfg.Configured
+	if style == styleRuleOnly {
+		rate = cfg.Limit
+	}
+	rule := throttle.Rule{Name: "partner", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(rate).WithBurst(1)}
 	for range workers {
 		rdb := redis.NewClient(&redis.Options{Addr: addr, PoolSize: cfg.Goroutines + 4})
 		rdb.AddHook(scriptCount{n: &f.scripts})
@@ -183,7 +187,7 @@ func runLearnCase(addr string, cfg learnConfig, c learnCase, prefix string) (*le
 	api := newLimitedAPI(cfg.Limit, c.Style)
 	hs := httptest.NewServer(api)
 	defer hs.Close()
-	f, err := newLearnFleet(addr, prefix, cfg, c.Workers)
+	f, err := newLearnFleet(addr, prefix, cfg, c.Style, c.Workers)
 	if err != nil {
 		return nil, err
 	}

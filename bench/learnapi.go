@@ -14,6 +14,10 @@ const (
 	styleXSeconds   = "x-ratelimit" // X-RateLimit-Limit/-Remaining/-Reset, reset in seconds
 	styleXUnix      = "x-unix"      // the same, reset as a Unix time
 	styleRetryAfter = "retry-after" // no rate-limit headers: 429 with Retry-After only
+	// styleRuleOnly is an API with no limit of its own (and no headers):
+	// the fleet's rule, at the API's L, is the only limit, so the case
+	// measures pacing at send time alone (issue 19's stall at 20/s burst 1).
+	styleRuleOnly = "rule-only"
 )
 
 // limitedAPI is a third-party API with a limit its callers are not told:
@@ -36,7 +40,11 @@ type limitedAPI struct {
 }
 
 func newLimitedAPI(limit int, style string) *limitedAPI {
-	return &limitedAPI{start: time.Now(), interval: time.Second / time.Duration(limit), limit: limit, style: style}
+	interval := time.Second / time.Duration(limit)
+	if style == styleRuleOnly {
+		interval = 0
+	}
+	return &limitedAPI{start: time.Now(), interval: interval, limit: limit, style: style}
 }
 
 func (a *limitedAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {

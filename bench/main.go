@@ -133,6 +133,7 @@ func main() {
 	learn := flag.Bool("learn", false, "run the learn part (issue 19, about 25 minutes): a fleet of Transports against a fake API with an untold limit, every header style, with and without a Redis stall; results/<date>-learn.json")
 	learnOnly := flag.String("learn-only", "", "with -learn: only the cases whose name (\"<style>, <n> workers[, stall]\") matches this regexp")
 	learnTasks := flag.Int("learn-tasks", 0, "with -learn: tasks per case (0: 1500)")
+	learnOut := flag.String("learn-out", "learn", "with -learn: the results file is results/<date>-<this>.json")
 	upstream := flag.Bool("upstream", false, "run the upstream part (about 1 minute): limits learned from a fake API's headers beside the plain Retry-After pause; results/<date>-upstream.json, then the report")
 	flag.Parse()
 
@@ -193,7 +194,7 @@ func main() {
 			if *learnTasks > 0 {
 				cfg.Tasks = *learnTasks
 			}
-			err = runLearnPart(logf, cfg, *learnOnly)
+			err = runLearnPart(logf, cfg, *learnOnly, *learnOut)
 			break
 		}
 		if *lab {
