@@ -10,15 +10,19 @@
 // A request waits for a permit of the configured rules, then for its
 // departure on the subject's upstream schedule (throttle.Upstream), and
 // leaves. The schedule is what the upstream sees, and what the transport
-// promises at it: requests of one subject leave no closer than the
-// schedule's rate, within a few milliseconds of their slots
-// (throttle.DepartureTolerance: a fortieth of the interval, 1–5ms), also
-// after a Redis stall, a process pause or a busy machine, whose late
-// requests take new slots instead of leaving together. So in any window
-// of length W, at most burst + (W + tolerance) × rate requests reach the
-// upstream: the configured rule's rate and burst while nothing is learned
-// (at most limit + burst in any period of the rule), the learned rate
-// with a burst of 1 once learned.
+// promises at it: a request leaves within throttle.DepartureTolerance of
+// its slot (a fortieth of the interval, 2–5ms) or takes a new slot, also
+// after a Redis stall, a process pause or a busy machine, so that late
+// requests are spread instead of leaving together. In any window of
+// length W, at most burst + (W + tolerance) × rate requests leave: the
+// configured rule's rate and burst while nothing is learned (at most
+// limit + burst in any period of the rule), the learned rate with a burst
+// of 1 once learned. Two exceptions, both counted: a request booked again
+// three times for lateness leaves late (Stats.LeftLate), and the first
+// request after nothing is known of the upstream leaves however late its
+// slot came. What the upstream sees adds the variation of the path after
+// the departure (the HTTP client, the network), which the schedule's 5 %
+// room below a learned rate absorbs.
 //
 // What the upstream says is learned in Redis, for the whole fleet, from
 // the first answer: every departure reads it in the script call that

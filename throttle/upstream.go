@@ -35,7 +35,7 @@ import (
 // subject was paused or the learned rate was lowered. So catching up
 // after a stall is spread at the schedule's rate, and in any window of
 // length W at most burst + (W + tolerance) × rate departures leave, the
-// tolerance being a fortieth of the interval, at least 1ms and at most
+// tolerance being a fortieth of the interval, at least 2ms and at most
 // 5ms (see DepartureTolerance).
 //
 // # Learning
@@ -208,16 +208,20 @@ type Departure struct {
 func (d *Departure) Interval() time.Duration { return d.interval }
 
 // DepartureTolerance is how late a departure booked at interval may
-// leave: a fortieth of the interval, at least 1ms and at most 5ms;
-// without an interval (nothing paces the departures) a second. It is half
-// the room a schedule at LearnedShare of an upstream's rate keeps before
-// the next departure: the other half is for what happens after (the HTTP
-// client, the network, the upstream's own clock).
+// leave: a fortieth of the interval, at least 2ms and at most 5ms;
+// without an interval (nothing paces the departures) a second. A
+// fortieth is half the room a schedule at LearnedShare of an upstream's
+// rate keeps before the next departure (the other half is for what
+// follows: the HTTP client, the network, the upstream's own clock); 2ms
+// is about what a busy machine's timers and scheduler make a departure
+// late by (BENCHMARKS.md): tighter, its departures would be booked again
+// so often that the holes they leave in the schedule cost a tenth of the
+// rate.
 func DepartureTolerance(interval time.Duration) time.Duration {
 	if interval <= 0 {
 		return time.Second
 	}
-	return min(max(interval/40, time.Millisecond), 5*time.Millisecond)
+	return min(max(interval/40, 2*time.Millisecond), 5*time.Millisecond)
 }
 
 // Depart books the next departure of a request of subject and returns
