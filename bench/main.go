@@ -9,7 +9,7 @@
 //	cd bench && go run . -backlog    # parking against deferral (issue 9, about 15 minutes)
 //	cd bench && go run . -shares     # share_limit: one key shared by tenants, each limited (about 2.5 minutes)
 //	cd bench && go run . -leased     # one hot key past one shard: Options.LocalLease (issue 14, about 2 minutes)
-//	cd bench && go run . -learn      # limits learned from an API that does not tell the fleet (issue 19, about 25 minutes)
+//	cd bench && go run . -learn      # limits learned from an API that does not tell the fleet (issue 19, about 30 minutes)
 //	cd bench && go run . -report results/2026-01-02.json   # redo the report only
 package main
 
@@ -130,7 +130,7 @@ func main() {
 	flag.IntVar(&rateOverride, "rate", 0, "override the Wait scenarios' rate R (permits per second; 0: 200), e.g. 5000 for the hot-key check of issue 11")
 	leased := flag.Bool("leased", false, "run the leased part (issue 14, about 2 minutes): one hot key in 4 processes, plain path, Options.LocalLease and redis_rate; results/<date>-leased.json, then the report")
 	leasedRate := flag.Int("leased-rate", 0, "the leased part's limit on the hot key, per second (0: 200000; burst: a thousandth)")
-	learn := flag.Bool("learn", false, "run the learn part (issue 19, about 25 minutes): a fleet of Transports against a fake API with an untold limit, every header style, with and without a Redis stall; results/<date>-learn.json")
+	learn := flag.Bool("learn", false, "run the learn part (issue 19, about 30 minutes): a fleet of Transports against a fake API with an untold limit, every header style, with and without a Redis stall; results/<date>-learn.json")
 	learnOnly := flag.String("learn-only", "", "with -learn: only the cases whose name (\"<style>, <n> workers[, stall]\") matches this regexp")
 	learnTasks := flag.Int("learn-tasks", 0, "with -learn: tasks per case (0: 1500)")
 	learnOut := flag.String("learn-out", "learn", "with -learn: the results file is results/<date>-<this>.json")
