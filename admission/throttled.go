@@ -30,9 +30,11 @@ type ThrottledError struct {
 	Requeued string
 }
 
-// Error names the rule and subject, and when the work may run again.
+// Error says that the job waits and is not failing, names the rule and
+// subject, and when the work may run again: it is what a reader of
+// asynq's inspector or asynqmon sees as the task's last error.
 func (e *ThrottledError) Error() string {
-	s := fmt.Sprintf("admission: rule %q: subject %q throttled until %s", e.Rule, e.Subject, e.RetryAt.UTC().Format(time.RFC3339Nano))
+	s := fmt.Sprintf("admission: waiting, not failed: rule %q, subject %q, runs again at %s", e.Rule, e.Subject, e.RetryAt.UTC().Format(time.RFC3339Nano))
 	if e.Requeued != "" {
 		s += "; requeued as task " + e.Requeued
 	}

@@ -39,9 +39,13 @@ var (
 const (
 	// DefaultLead is how long before its turn a parked job is woken.
 	DefaultLead = 250 * time.Millisecond
-	// DefaultTick is the longest Run sleeps between two looks at the
-	// ledger.
+	// DefaultTick is the shortest Run sleeps between two looks at the
+	// ledger while wake-ups come due one after another: each look takes
+	// those due within Lead, so a look per Tick keeps them on time.
 	DefaultTick = 50 * time.Millisecond
+	// DefaultIdle is the longest Run sleeps between two looks at the
+	// ledger, when nothing is due sooner (RunOptions.Idle).
+	DefaultIdle = time.Second
 	// wakeBatch bounds the wake-ups one look takes.
 	wakeBatch = 256
 	// wakeParallel bounds the wake functions running at once.
@@ -119,8 +123,16 @@ type RunOptions struct {
 	// DefaultLead. Keep it below Options.EarlyWait, so that a job woken on
 	// time waits for its turn instead of parking again.
 	Lead time.Duration
-	// Tick is the longest Run sleeps between looks. If zero, DefaultTick.
+	// Tick is the shortest Run sleeps between looks, unless a look took
+	// a full batch; also how much later a wake-up that returned
+	// ErrWakeLater is tried again. If zero, DefaultTick.
 	Tick time.Duration
+	// Idle is the longest Run sleeps between looks: it sleeps until the
+	// next wake-up it knows of is due, or until a process adds an earlier
+	// one (Add publishes it), but no longer than Idle, in case a
+	// notification was lost. If zero, DefaultIdle. An idle process thus
+	// costs Redis one look per Idle.
+	Idle time.Duration
 	// OnError, if set, is called with every error of a look or a wake,
 	// possibly from several goroutines at once.
 	OnError func(error)
@@ -130,8 +142,12 @@ type RunOptions struct {
 // taken from the ledger by exactly one process and passed to wake (up to
 // 16 at once, so wake must be safe for concurrent use); if wake returns an
 // error matching ErrWakeLater, it is put back to be tried again one Tick
-// later. Run sleeps until the next wake-up is due, at most
-// Tick, so it costs Redis one small script call per Tick per process.
+// later. Between looks Run sleeps until the next wake-up is due (at least
+// Tick, at most Idle), and is woken sooner when a process adds an earlier
+// one: it subscribes to the ledger's channel, on which Add publishes a
+// wake-up that became the first. So it costs Redis one small script call
+// per Idle while nothing is due, and about one per wake-up (at most one
+// per Tick) while jobs come due.
 func (w *Wakeups) Run(ctx context.Context, opts RunOptions, wake func(ctx context.Context, member string) error) error {
 	if opts.Lead <= 0 {
 		opts.Lead = DefaultLead
@@ -143,6 +159,14 @@ func (w *Wakeups) Run(ctx context.Context, opts RunOptions, wake func(ctx contex
 		if opts.OnError != nil && ctx.Err() == nil {
 			opts.OnError(err)
 		}
+	}
+	if opts.Idle <= 0 {
+		opts.Idle = DefaultIdle
+	}
+	added, stop, ok := w.subscribe(ctx, report)
+	defer stop()
+	if !ok {
+		opts.Idle = opts.Tick
 	}
 	for ctx.Err() == nil {
 		members, next, redisNow, err := w.pop(ctx, opts.Lead)
@@ -175,19 +199,75 @@ func (w *Wakeups) Run(ctx context.Context, opts RunOptions, wake func(ctx contex
 		if len(members) == wakeBatch {
 			continue
 		}
-		sleep := opts.Tick
-		if next >= 0 && next < sleep {
-			sleep = next
-		}
-		t := time.NewTimer(sleep)
-		select {
-		case <-ctx.Done():
-		case <-t.C:
-		}
-		t.Stop()
+		w.sleep(ctx, sleepFor(next, opts), added)
 	}
 	return nil
 }
+
+// sleepFor returns how long Run sleeps after a look that found the next
+// wake-up due in next (-1: none): until then, but at least Tick and at
+// most Idle.
+func sleepFor(next time.Duration, opts RunOptions) time.Duration {
+	if next < 0 {
+		return opts.Idle
+	}
+	return min(max(next, opts.Tick), opts.Idle)
+}
+
+// sleep waits d, or until ctx ends, or until a process adds a wake-up
+// that became the ledger's first (from added): Run then looks at once.
+func (w *Wakeups) sleep(ctx context.Context, d time.Duration, added <-chan struct{}) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	case <-added:
+	}
+}
+
+// subscribe listens on the ledger's channel, on which wake_add.lua
+// publishes a wake-up that became the ledger's first, and signals each on
+// the returned channel (one pending signal at most). stop closes the
+// subscription. If the user may not subscribe (an ACL that grants no
+// channels), it reports why and returns ok false: Run must then look every
+// Tick, as nothing will tell it of an earlier wake-up. Other errors (Redis
+// unreachable now) are reported and the subscription kept: go-redis
+// subscribes again when it reconnects.
+func (w *Wakeups) subscribe(ctx context.Context, report func(error)) (added <-chan struct{}, stop func(), ok bool) {
+	sub := w.rdb.Subscribe(ctx, w.key)
+	rctx, cancel := context.WithTimeout(ctx, subscribeTimeout)
+	_, err := sub.Receive(rctx) // the subscription's confirmation
+	cancel()
+	if err != nil && strings.Contains(err.Error(), "NOPERM") {
+		_ = sub.Close()
+		report(fmt.Errorf("admission: wakeups: may not subscribe to %s (grant the user channel &%s), so looking every tick: %w", w.key, w.key, err))
+		return nil, func() {}, false
+	}
+	if err != nil {
+		report(fmt.Errorf("admission: wakeups: subscribing to %s: %w", w.key, err))
+	}
+	out := make(chan struct{}, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range sub.Channel() {
+			select {
+			case out <- struct{}{}:
+			default: // a signal is pending already
+			}
+		}
+	}()
+	return out, func() {
+		if err := sub.Close(); err != nil {
+			report(fmt.Errorf("admission: wakeups: closing the subscription: %w", err))
+		}
+		<-done
+	}, true
+}
+
+// subscribeTimeout bounds waiting for the ledger channel's subscription.
+const subscribeTimeout = 5 * time.Second
 
 // ErrWakeLater is returned (possibly wrapped) by a wake function that
 // could not wake its job yet; Run tries again one Tick later.

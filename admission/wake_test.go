@@ -3,6 +3,7 @@ package admission
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -98,5 +99,117 @@ func TestMemberSplit(t *testing.T) {
 		if _, ok := Split(bad); ok {
 			t.Errorf("Split(%q): ok", bad)
 		}
+	}
+}
+
+// TestWakeupsIdle: two wakers over an empty ledger look at it once a
+// second each (Idle), not once a Tick; a wake-up added while they sleep is
+// published, so it is still woken on time, within a tick of its slot less
+// the lead, whether it is due before their next look or after it.
+func TestWakeupsIdle(t *testing.T) {
+	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		other := redistest.PipeClient(m)
+		defer other.Close()
+		// The script loaded first: a first EVALSHA answered NOSCRIPT is
+		// sent again as EVAL, two calls for one look.
+		if _, _, _, err := (&Wakeups{rdb: rdb, key: "test:{wakeups}"}).pop(ctx, 0); err != nil {
+			t.Fatal(err)
+		}
+		looks := redistest.CountScripts(rdb)
+		looks.Count(other)
+		cfg := RunOptions{Lead: 250 * ms, Tick: 50 * ms}
+		var mu sync.Mutex
+		woken := map[string]time.Time{}
+		wake := func(_ context.Context, member string) error {
+			mu.Lock()
+			defer mu.Unlock()
+			woken[member] = time.Now()
+			return nil
+		}
+		var wg sync.WaitGroup
+		for _, c := range []*redis.Client{rdb, other} {
+			w, _ := NewWakeups(c, "test:{wakeups}")
+			wg.Add(1)
+			go func() { defer wg.Done(); _ = w.Run(ctx, cfg, wake) }()
+		}
+		time.Sleep(10*time.Second + 500*ms)
+		if n := looks.Load(); n > 2*11 {
+			t.Errorf("%d looks in 10.5s by two idle wakers, want at most 22 (one a second each)", n)
+		}
+
+		adder, _ := NewWakeups(redistest.PipeClient(m), "test:{wakeups}")
+		start := time.Now()
+		slots := map[string]time.Time{"soon": start.Add(300 * ms), "later": start.Add(2500 * ms)}
+		for member, at := range slots {
+			if err := adder.Add(ctx, member, at); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(3 * time.Second)
+		cancel()
+		wg.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		for member, slot := range slots {
+			due := slot.Add(-cfg.Lead)
+			if at, ok := woken[member]; !ok || at.Before(due) || at.After(due.Add(cfg.Tick)) {
+				t.Errorf("%q woken at %v (woken: %v), want within a tick after %v", member, at.Sub(start), ok, due.Sub(start))
+			}
+		}
+	})
+}
+
+// A user whose ACL grants no channels still adds wake-ups (the script's
+// PUBLISH is refused, not its ZADD) and still wakes them on time: Run
+// says it cannot subscribe and looks every tick instead. Real Redis: ACLs.
+func TestWakeupsWithoutChannels(t *testing.T) {
+	srv := redistest.Server(t)
+	admin := srv.Client(t)
+	if err := admin.Do(context.Background(), "ACL", "SETUSER", "nochan", "on", ">pw", "~*", "resetchannels", "+@all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: "nochan", Password: "pw"})
+	defer rdb.Close()
+	w, err := NewWakeups(rdb, redistest.Prefix(t)+"{wakeups}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var mu sync.Mutex
+	var reported []error
+	woken := make(chan time.Time, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = w.Run(ctx, RunOptions{Lead: 50 * ms, Tick: 50 * ms, Idle: time.Minute, OnError: func(err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			reported = append(reported, err)
+		}}, func(context.Context, string) error { woken <- time.Now(); return nil })
+	}()
+	time.Sleep(200 * ms) // Run has subscribed, or failed to, and sleeps
+	slot := time.Now().Add(300 * ms)
+	if err := w.Add(ctx, "m", slot); err != nil {
+		t.Fatalf("Add without channels: %v", err)
+	}
+	select {
+	case at := <-woken:
+		// A look every tick: woken about a tick after its slot less the
+		// lead, not at the next idle look, a minute later.
+		if d := at.Sub(slot.Add(-50 * ms)); d > 3*time.Second {
+			t.Errorf("woken %v after its slot less the lead, want within a few ticks", d)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("not woken within 10s: Run did not fall back to a look every tick")
+	}
+	cancel()
+	<-done
+	mu.Lock()
+	defer mu.Unlock()
+	if len(reported) == 0 || !strings.Contains(reported[0].Error(), "may not subscribe") {
+		t.Errorf("reported %v, want that it may not subscribe", reported)
 	}
 }

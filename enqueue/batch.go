@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"maps"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -72,6 +73,22 @@ type Pacer struct {
 	// slot) is only a fallback. Tasks then start on their slots, spread over
 	// each second, instead of together at its start.
 	Wakeups *admission.Wakeups
+
+	// check, if set (by PaceSpec.Pacer), runs once before the first
+	// booking: admission.CheckLimits against the workers' published
+	// limits. A Pacer built by hand can make that check itself.
+	check     func(context.Context) error
+	checkOnce sync.Once
+	checkErr  error
+}
+
+// checkLimits runs p.check once and returns its error ever after.
+func (p *Pacer) checkLimits(ctx context.Context) error {
+	if p.check == nil {
+		return nil
+	}
+	p.checkOnce.Do(func() { p.checkErr = p.check(ctx) })
+	return p.checkErr
 }
 
 // Enqueue books task's slot, schedules it for that slot with its receipt
@@ -86,22 +103,16 @@ func (p *Pacer) Enqueue(ctx context.Context, c Enqueuer, task *asynq.Task, opts 
 
 // enqueue is Enqueue, also returning the slot (local time).
 func (p *Pacer) enqueue(ctx context.Context, c Enqueuer, task *asynq.Task, opts []asynq.Option) (*asynq.TaskInfo, time.Time, error) {
-	subject, err := p.Subject(task.Payload())
-	if err == nil && subject == "" {
-		err = errors.New("the subject is empty")
-	}
+	subject, n, err := p.terms(task.Payload())
 	if err != nil {
-		return nil, time.Time{}, fmt.Errorf("subject: %w", err)
+		return nil, time.Time{}, err
 	}
-	n := 1
-	if p.Cost != nil {
-		if n, err = p.Cost(task.Payload()); err != nil {
-			return nil, time.Time{}, fmt.Errorf("cost: %w", err)
-		}
-		if n == 0 {
-			info, err := c.EnqueueContext(ctx, task, opts...)
-			return info, time.Now(), err
-		}
+	if n == 0 {
+		info, err := c.EnqueueContext(ctx, task, opts...)
+		return info, time.Now(), err
+	}
+	if err := p.checkLimits(ctx); err != nil {
+		return nil, time.Time{}, err
 	}
 	// Booking ahead is the point: ctx's deadline (a scheduler's
 	// --run-for, say) must not bound how far ahead a slot may be.
@@ -140,21 +151,63 @@ func (p *Pacer) enqueue(ctx context.Context, c Enqueuer, task *asynq.Task, opts 
 	return info, due, nil
 }
 
+// terms returns the subject and the permits of a task whose payload is
+// payload, as the Pacer books them, or the error a booking of them fails
+// with at once whatever the ledger holds (Limiter.CheckN; a Pacer without
+// a Limiter checks the subject and the cost only).
+func (p *Pacer) terms(payload []byte) (subject string, n int, err error) {
+	subject, err = p.Subject(payload)
+	if err == nil && subject == "" {
+		err = errors.New("the subject is empty")
+	}
+	if err != nil {
+		return "", 0, fmt.Errorf("subject: %w", err)
+	}
+	n = 1
+	if p.Cost != nil {
+		if n, err = p.Cost(payload); err != nil {
+			return "", 0, fmt.Errorf("cost: %w", err)
+		}
+	}
+	if p.Limiter != nil {
+		if err := p.Limiter.CheckN(subject, n); err != nil {
+			return "", 0, err
+		}
+	}
+	return subject, n, nil
+}
+
+// MaxCount bounds the tasks of one batch (Batch.Count, the payloads of a
+// file, a schedule's count): 10 million. A larger batch is most likely a
+// mistake; split it.
+const MaxCount = 10_000_000
+
 // Batch is Count tasks of one type.
 type Batch struct {
 	Type string
-	// Count is the number of tasks. If zero, one task per payload.
+	// Count is the number of tasks, at most MaxCount. If zero, one task
+	// per payload.
 	Count int
 	// Payloads: none gives every task an empty payload, one gives every
 	// task that payload, more give task i Payloads[i] (then Count must not
 	// exceed their number).
 	Payloads [][]byte
+	// Where names payload i in errors, such as PayloadFile.Where
+	// ("accounts.jsonl:12"). If nil, "payload i+1".
+	Where func(i int) string
 	// Pacer, if set, books a slot per task and schedules the task for it;
 	// if nil, every task is due at once.
 	Pacer *Pacer
+	// MaxAhead, if positive, refuses a paced batch whose Plan books its
+	// last slot further ahead than this: Run then enqueues nothing and
+	// returns an *AheadError. If zero, there is no bound.
+	MaxAhead time.Duration
 	// Options are added to every task's (asynq.Queue, asynq.MaxRetry…).
 	// Do not set ProcessAt or ProcessIn on a paced batch.
 	Options []asynq.Option
+	// OnPlan, if set, is called with the batch's Plan before its first
+	// task is enqueued: say how far ahead it books.
+	OnPlan func(Plan)
 	// OnEnqueued, if set, is called after each task is enqueued.
 	OnEnqueued func(Enqueued)
 }
@@ -174,8 +227,24 @@ type Summary struct {
 	LastDue  time.Time // when the last enqueued task is due
 }
 
-// Validate reports a batch that cannot run.
+// Validate reports a batch that cannot run, without calling Redis. For a
+// paced batch it derives every task's subject and cost as the Pacer will
+// and checks them against its limiter (throttle.Limiter.CheckN): a payload
+// that would fail is a *PayloadError naming it, found before anything is
+// enqueued.
 func (b *Batch) Validate() error {
+	if err := b.validateShape(); err != nil {
+		return err
+	}
+	if b.Pacer != nil {
+		_, err := b.scan()
+		return err
+	}
+	return nil
+}
+
+// validateShape checks the batch's fields, not its payloads.
+func (b *Batch) validateShape() error {
 	switch {
 	case b.Type == "":
 		return errors.New("enqueue: the task type is empty")
@@ -185,6 +254,10 @@ func (b *Batch) Validate() error {
 		return errors.New("enqueue: count is 0 and there are no payloads; give a count")
 	case len(b.Payloads) > 1 && b.Count > len(b.Payloads):
 		return fmt.Errorf("enqueue: count %d is more than the %d payloads", b.Count, len(b.Payloads))
+	case b.size() > MaxCount:
+		return fmt.Errorf("enqueue: %d tasks: a batch holds at most %d; split it", b.size(), MaxCount)
+	case b.MaxAhead < 0:
+		return fmt.Errorf("enqueue: MaxAhead %v is negative", b.MaxAhead)
 	case b.Pacer != nil && (b.Pacer.Limiter == nil || b.Pacer.Subject == nil):
 		return errors.New("enqueue: a Pacer needs a Limiter and a Subject")
 	case b.Pacer != nil && b.Pacer.Lead < 0:
@@ -210,17 +283,27 @@ func (b *Batch) payload(i int) []byte {
 	return b.Payloads[i]
 }
 
-// Run enqueues the batch through c, in order. A paced task books its slot
-// first (one Redis round trip) and is cancelled (its permit refunded) if
-// enqueueing it fails. Run stops at the first error, leaving the tasks
-// already enqueued in place: Summary.Enqueued says how many. ctx's
-// cancellation stops the batch between two tasks; its deadline does not
-// bound how far ahead a paced task is booked (the Pacer's limiter MaxWait
-// does, if set).
+// Run enqueues the batch through c, in order. It first makes the batch's
+// Plan, which checks every task as Validate does and, for a paced batch,
+// reads how far ahead its busiest subject is booked: a payload that would
+// fail, a batch beyond MaxAhead, or Redis failing then stop it before its
+// first task. Then a paced task books its slot (one Redis round trip) and
+// is cancelled (its permit refunded) if enqueueing it fails. Run stops at
+// the first error, leaving the tasks already enqueued in place:
+// Summary.Enqueued says how many. ctx's cancellation stops the batch
+// between two tasks; its deadline does not bound how far ahead a paced
+// task is booked (the Pacer's limiter MaxWait does, if set).
 func (b *Batch) Run(ctx context.Context, c Enqueuer) (Summary, error) {
 	var res Summary
-	if err := b.Validate(); err != nil {
+	plan, err := b.Plan(ctx)
+	if err != nil {
 		return res, err
+	}
+	if b.MaxAhead > 0 && plan.Ahead > b.MaxAhead {
+		return res, &AheadError{Plan: plan, MaxAhead: b.MaxAhead}
+	}
+	if b.OnPlan != nil {
+		b.OnPlan(plan)
 	}
 	n := b.size()
 	for i := range n {

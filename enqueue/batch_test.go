@@ -205,18 +205,166 @@ func TestBatchValidate(t *testing.T) {
 	}
 }
 
-// A subject that cannot be derived fails the task before anything is
-// booked.
-func TestBatchBadSubject(t *testing.T) {
+// A paced batch checks every task before it books or enqueues any: a
+// payload without its subject, with a bad cost, or that the rule refuses
+// whatever its state fails the whole batch, naming the payload, and
+// leaves both the queue and the ledger untouched.
+func TestBatchChecksEveryTaskFirst(t *testing.T) {
+	good := func(n int) [][]byte {
+		p := make([][]byte, n)
+		for i := range p {
+			p[i] = fmt.Appendf(nil, `{"t": "a", "n": 1, "i": %d}`, i)
+		}
+		return p
+	}
+	with := func(p [][]byte, i int, bad string) [][]byte { p[i] = []byte(bad); return p }
+	burst5 := throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(20).WithBurst(5)}
+	cases := []struct {
+		name     string
+		payloads [][]byte
+		where    func(int) string
+		want     string
+	}{
+		{"no subject on task 2", with(good(3), 1, `{"n": 1}`), nil, `enqueue: payload 2: subject: payload has no field "t"`},
+		{"no subject on line 500", with(good(600), 499, `{"n": 1}`), func(i int) string { return fmt.Sprint("p.jsonl:", i+1) }, `enqueue: p.jsonl:500: subject: payload has no field "t"`},
+		{"a bad cost", with(good(3), 2, `{"t": "a", "n": "x"}`), nil, `enqueue: payload 3: cost: payload cost field "n" is a string`},
+		{"a cost above the burst", with(good(3), 2, `{"t": "a", "n": 6}`), nil, `enqueue: payload 3: throttle: request exceeds the limit's capacity: rule "api": 6 permits requested, but it admits at most 5 at once`},
+		{"a subject too long", with(good(3), 1, `{"t": "`+strings.Repeat("x", 1100)+`", "n": 1}`), nil, `enqueue: payload 2: throttle: invalid subject: 1100 bytes long`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			virtual(t, func(t *testing.T, rdb *redis.Client) {
+				lim := newLimiter(t, rdb, burst5)
+				fc := &fakeClient{}
+				b := Batch{Type: "t", Payloads: c.payloads, Where: c.where,
+					Pacer: &Pacer{Limiter: lim, Subject: rules.SubjectConfig{PayloadField: "t"}.Of, Cost: rules.CostConfig{PayloadField: "n"}.Of}}
+				if err := b.Validate(); err == nil || !strings.HasPrefix(err.Error(), c.want) {
+					t.Errorf("Validate = %v\nwant %s…", err, c.want)
+				}
+				res, err := b.Run(context.Background(), fc)
+				var pe *PayloadError
+				if !errors.As(err, &pe) || !strings.HasPrefix(err.Error(), c.want) || res.Enqueued != 0 || len(fc.tasks) != 0 {
+					t.Fatalf("Run = %+v, %v (%d enqueued)\nwant nothing enqueued and %s…", res, err, len(fc.tasks), c.want)
+				}
+				if r, err := lim.AllowN(context.Background(), "a", 0); err != nil || r.Remaining != 5 {
+					t.Errorf("the ledger after the refused batch: %+v, %v; want untouched (5 remaining)", r, err)
+				}
+			})
+		})
+	}
+}
+
+// A batch holds at most MaxCount tasks.
+func TestBatchMaxCount(t *testing.T) {
+	c := &fakeClient{}
+	b := Batch{Type: "t", Count: MaxCount + 1}
+	if _, err := b.Run(context.Background(), c); err == nil || !strings.Contains(err.Error(), "at most 10000000") || len(c.tasks) != 0 {
+		t.Errorf("Run = %v, %d tasks; want a refusal naming the bound and nothing enqueued", err, len(c.tasks))
+	}
+}
+
+// Plan says, before the first task, how far ahead a paced batch books its
+// last slot: exactly where it lands for a gcra rule, also after earlier
+// bookings of the subject, which it reads without charging.
+func TestBatchPlan(t *testing.T) {
 	virtual(t, func(t *testing.T, rdb *redis.Client) {
-		c := &fakeClient{}
-		b := Batch{Type: "t", Payloads: [][]byte{[]byte(`{"t":"a"}`), []byte(`{}`)},
-			Pacer: &Pacer{Limiter: newLimiter(t, rdb, apiRule), Subject: rules.SubjectConfig{PayloadField: "t"}.Of}}
-		res, err := b.Run(context.Background(), c)
-		if err == nil || res.Enqueued != 1 {
-			t.Fatalf("Run = %+v, %v; want 1 enqueued, then an error", res, err)
+		ctx := context.Background()
+		lim := newLimiter(t, rdb, apiRule)
+		b := Batch{Type: "t", Count: 5000, Pacer: &Pacer{Limiter: lim, Subject: rules.SubjectConfig{Fixed: "acme"}.Of}}
+		p, err := b.Plan(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Ahead != 4999*50*time.Millisecond || p.Permits != 5000 || p.Subject != "acme" || p.Rule != "api" || p.Booked != 0 {
+			t.Errorf("Plan = %+v; want 5000 permits of acme under api, last at 4m9.95s", p)
+		}
+		if got, want := p.Describe(), "pacing 5000 tasks at 20/s (rule api): the last is booked about 4m10s ahead"; got != want {
+			t.Errorf("Describe = %q, want %q", got, want)
+		}
+		if r, _ := lim.AllowN(ctx, "acme", 0); r.Remaining != 1 {
+			t.Errorf("Plan charged the ledger: %+v", r)
+		}
+
+		// 20 booked already (1s of slots): 10 more come after them.
+		for range 20 {
+			if _, err := lim.ReserveN(ctx, "acme", 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+		start := time.Now()
+		b.Count = 10
+		var seen Plan
+		b.OnPlan = func(p Plan) { seen = p }
+		res, err := b.Run(ctx, &fakeClient{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seen.Booked != time.Second || seen.Ahead != res.LastDue.Sub(start) || seen.Ahead != 1450*time.Millisecond {
+			t.Errorf("OnPlan got %+v; want booked 1s, ahead 1.45s, the last task's slot (+%v)", seen, res.LastDue.Sub(start))
 		}
 	})
+}
+
+// Over several subjects, the plan is the busiest subject's, with the
+// tasks' costs.
+func TestBatchPlanSubjects(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client) {
+		payloads := [][]byte{[]byte(`{"t":"a","n":2}`), []byte(`{"t":"b","n":1}`), []byte(`{"t":"b","n":4}`), []byte(`{"t":"a","n":0}`)}
+		b := Batch{Type: "t", Payloads: payloads, Pacer: &Pacer{Limiter: newLimiter(t, rdb, apiRule),
+			Subject: rules.SubjectConfig{PayloadField: "t"}.Of, Cost: rules.CostConfig{PayloadField: "n"}.Of}}
+		b.Pacer.Limiter = newLimiter(t, rdb, throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(20).WithBurst(5)})
+		p, err := b.Plan(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Subjects != 2 || p.Subject != "b" || p.Permits != 5 || p.Ahead != 0 {
+			t.Errorf("Plan = %+v; want 2 subjects, b the busiest with 5 permits, all within the burst", p)
+		}
+		if got, want := p.Describe(), `pacing 4 tasks over 2 subjects at 20/s (rule api): the last of the busiest, "b" (5 permits), is booked about 0s ahead`; got != want {
+			t.Errorf("Describe = %q, want %q", got, want)
+		}
+	})
+}
+
+// A batch that would book further ahead than MaxAhead is refused before
+// its first task: nothing is booked or enqueued.
+func TestBatchMaxAhead(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client) {
+		lim := newLimiter(t, rdb, throttle.Rule{Name: "slow", Algorithm: throttle.GCRA, Limit: throttle.Limit{Count: 1, Period: time.Second, Burst: 1}})
+		c := &fakeClient{}
+		b := Batch{Type: "t", Count: 12, MaxAhead: 10 * time.Second, Pacer: &Pacer{Limiter: lim, Subject: rules.SubjectConfig{Fixed: "s"}.Of}}
+		_, err := b.Run(context.Background(), c)
+		var ae *AheadError
+		if !errors.As(err, &ae) || ae.Plan.Ahead != 11*time.Second || len(c.tasks) != 0 {
+			t.Fatalf("Run = %v, %d tasks; want an AheadError for 11s and nothing enqueued", err, len(c.tasks))
+		}
+		want := "enqueue: pacing 12 tasks at 1/s (rule slow): the last is booked about 11s ahead, more than the 10s allowed"
+		if !strings.HasPrefix(err.Error(), want) {
+			t.Errorf("error %q\nwant %s…", err, want)
+		}
+		if r, _ := lim.AllowN(context.Background(), "s", 0); r.Remaining != 1 {
+			t.Errorf("the refused batch booked: %+v", r)
+		}
+		b.Count = 11
+		if _, err := b.Run(context.Background(), c); err != nil || len(c.tasks) != 11 {
+			t.Errorf("a batch booking exactly 10s ahead: %v, %d tasks; want it enqueued", err, len(c.tasks))
+		}
+	})
+}
+
+// RoundAhead writes durations as a person reads them.
+func TestRoundAhead(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		1234567 * time.Microsecond:                     "1.235s",
+		1234 * time.Microsecond:                        "1ms",
+		4*time.Minute + 9950*time.Millisecond:          "4m10s",
+		27*time.Hour + 46*time.Minute + 39*time.Second: "27h47m",
+		99_999_999 * time.Second:                       "27777h47m (1157.4 days)",
+	} {
+		if got := RoundAhead(d); got != want {
+			t.Errorf("RoundAhead(%v) = %q, want %q", d, got, want)
+		}
+	}
 }
 
 // With a Lead, tasks are scheduled that long before their slot; the
@@ -311,6 +459,74 @@ func TestPacerCost(t *testing.T) {
 		}
 		if _, err := p.Enqueue(context.Background(), c, asynq.NewTask("t", []byte(`{"n": "x"}`))); err == nil || !strings.Contains(err.Error(), "cost") {
 			t.Errorf("a bad cost: %v; want an error naming the cost", err)
+		}
+	})
+}
+
+// A producer whose limit is not the workers' is refused before its first
+// booking, naming the rule and both limits: nothing is booked or
+// enqueued. With the workers' own limit the batch runs.
+func TestPacerRefusesAnotherLimit(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client) {
+		ctx := context.Background()
+		workers := throttle.Rule{Name: "partner", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(5).WithBurst(1)}
+		if err := admission.PublishLimits(ctx, rdb, throttle.DefaultPrefix, []throttle.Rule{workers}); err != nil {
+			t.Fatal(err)
+		}
+		spec := func(rate, burst int) PaceSpec {
+			return PaceSpec{Rule: "partner", Limit: throttle.PerSecond(rate).WithBurst(burst), Subject: rules.SubjectConfig{Fixed: "acct"}}
+		}
+
+		fast := spec(20, 5)
+		p, err := fast.Pacer(rdb, "partner:call", throttle.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := &fakeClient{}
+		_, err = (&Batch{Type: "partner:call", Count: 10, Pacer: p}).Run(ctx, c)
+		var mm *admission.LimitMismatchError
+		if !errors.As(err, &mm) || mm.Workers != "gcra 5 per 1s (burst 1)" || mm.Ours != "gcra 20 per 1s (burst 5)" {
+			t.Fatalf("a batch at 20/s (burst 5) beside workers at 5/s: %v; want a *admission.LimitMismatchError naming both", err)
+		}
+		if len(c.tasks) != 0 {
+			t.Errorf("%d tasks enqueued, want none", len(c.tasks))
+		}
+		if n := rdb.Exists(ctx, throttle.DefaultPrefix+"{acct}:partner").Val(); n != 0 {
+			t.Error("the refused batch booked a turn")
+		}
+
+		same := spec(5, 1)
+		p, err = same.Pacer(rdb, "partner:call", throttle.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := (&Batch{Type: "partner:call", Count: 10, Pacer: p}).Run(ctx, c)
+		if err != nil || res.Enqueued != 10 {
+			t.Fatalf("a batch at the workers' limit: %+v, %v; want 10 enqueued", res, err)
+		}
+	})
+}
+
+// A batch paced by a PaceSpec books no slot sooner than Reach after it
+// starts, even on an idle rule: the first task needs that long to reach
+// a worker, and a slot sooner found it late for its receipt, charged a
+// second time at the end of the batch. The rest follow an interval apart.
+func TestPaceSpecFirstSlotReachable(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client) {
+		spec := PaceSpec{Rule: "partner", Limit: throttle.PerSecond(20).WithBurst(1), Subject: rules.SubjectConfig{Fixed: "acct"}}
+		p, err := spec.Pacer(rdb, "partner:call", throttle.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		var due []time.Duration
+		_, err = (&Batch{Type: "partner:call", Count: 3, Pacer: p,
+			OnEnqueued: func(e Enqueued) { due = append(due, e.Due.Sub(start)) }}).Run(context.Background(), &fakeClient{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := []time.Duration{Reach, Reach + 50*time.Millisecond, Reach + 100*time.Millisecond}; fmt.Sprint(due) != fmt.Sprint(want) {
+			t.Errorf("slots after the start: %v, want %v", due, want)
 		}
 	})
 }

@@ -1,6 +1,8 @@
 package enqueue
 
 import (
+	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"strconv"
@@ -47,6 +49,17 @@ type PaceSpec struct {
 	Lead time.Duration
 }
 
+// Reach is how far ahead of its booking a paced task's slot is, at the
+// soonest (throttle.Options.PrepayAfter, for gcra and token_bucket rules):
+// the time a task needs to reach a worker, woken from the wake-up ledger
+// (admission.DefaultLead before its slot, on a look every
+// admission.DefaultTick) or moved by asynq's forwarder, then picked up
+// (worker.CheckInterval). A slot sooner, as the first of a batch on an
+// idle rule was, found its task late for its receipt: the task was
+// charged a second time and ran at the end of the batch. A batch's first
+// task thus starts Reach after the batch does.
+const Reach = 500 * time.Millisecond
+
 // wakeups returns the ledger a Pacer records its tasks in: the workers'
 // on rdb, unless a Lead asks for whole-second scheduling instead.
 func (s *PaceSpec) wakeups(rdb redis.UniversalClient) (*admission.Wakeups, error) {
@@ -57,51 +70,75 @@ func (s *PaceSpec) wakeups(rdb redis.UniversalClient) (*admission.Wakeups, error
 }
 
 // Pacer builds the Pacer for batches of taskType on rdb. base supplies the
-// limiter's Logger and OnRedisError. Errors name what to fix.
+// limiter's Logger and OnRedisError. Errors name what to fix. It does not
+// call Redis.
 func (s *PaceSpec) Pacer(rdb redis.UniversalClient, taskType string, base throttle.Options) (*Pacer, error) {
-	if s.Rules != nil {
-		return s.rulesPacer(rdb, taskType, base)
-	}
-	if !yamlfile.ValidName(s.Rule) {
-		return nil, fmt.Errorf("enqueue: pace rule name %q: use the name of the workers' rule (%s)", s.Rule, yamlfile.NameRule)
-	}
-	algo := s.Algorithm
-	if algo == "" {
-		algo = throttle.GCRA
-	}
-	if (s.Subject.Fixed == "") == (s.Subject.PayloadField == "") {
-		return nil, errors.New("enqueue: pace subject: give exactly one of a fixed subject and a payload field, as the workers' rule does")
-	}
-	prefix := s.Prefix
-	if prefix == "" {
-		prefix = throttle.DefaultPrefix
-	}
-	lim, err := throttle.New(rdb, throttle.Options{Prefix: prefix, Logger: base.Logger, OnRedisError: base.OnRedisError},
-		throttle.Rule{Name: s.Rule, Algorithm: algo, Limit: s.Limit})
+	subject, cost, err := s.terms(taskType)
 	if err != nil {
-		return nil, fmt.Errorf("enqueue: pace: %w", err)
+		return nil, err
+	}
+	var lim *throttle.Limiter
+	if s.Rules != nil {
+		rc, _ := s.Rules.RuleFor(taskType) // terms found it
+		base.PrepayAfter = Reach
+		if lim, err = s.Rules.Limiter(rdb, rc.Name, base); err != nil {
+			return nil, err
+		}
+	} else {
+		algo := s.Algorithm
+		if algo == "" {
+			algo = throttle.GCRA
+		}
+		lim, err = throttle.New(rdb, throttle.Options{Prefix: s.prefix(), Logger: base.Logger, OnRedisError: base.OnRedisError, PrepayAfter: Reach},
+			throttle.Rule{Name: s.Rule, Algorithm: algo, Limit: s.Limit})
+		if err != nil {
+			return nil, fmt.Errorf("enqueue: pace: %w", err)
+		}
 	}
 	w, err := s.wakeups(rdb)
 	if err != nil {
 		return nil, fmt.Errorf("enqueue: pace: %w", err)
 	}
-	return &Pacer{Limiter: lim, Subject: s.Subject.Of, Keep: s.Keep, Lead: s.Lead, Wakeups: w}, nil
+	return &Pacer{Limiter: lim, Subject: subject, Cost: cost, Keep: s.Keep, Lead: s.Lead, Wakeups: w, check: checker(rdb, s.prefix(), lim)}, nil
 }
 
-func (s *PaceSpec) rulesPacer(rdb redis.UniversalClient, taskType string, base throttle.Options) (*Pacer, error) {
-	rc, err := s.rule(taskType)
-	if err != nil {
-		return nil, err
+// terms returns how the workers derive a task's subject and cost from its
+// payload under s, for tasks of taskType: the rule's of the rules file,
+// or the inline subject (and a cost of one).
+func (s *PaceSpec) terms(taskType string) (subject func([]byte) (string, error), cost func([]byte) (int, error), err error) {
+	if s.Rules != nil {
+		rc, err := s.rule(taskType)
+		if err != nil {
+			return nil, nil, err
+		}
+		return rc.Subject.Of, rc.Cost.Of, nil
 	}
-	lim, err := s.Rules.Limiter(rdb, rc.Name, base)
-	if err != nil {
-		return nil, err
+	if !yamlfile.ValidName(s.Rule) {
+		return nil, nil, fmt.Errorf("enqueue: pace rule name %q: use the name of the workers' rule (%s)", s.Rule, yamlfile.NameRule)
 	}
-	w, err := s.wakeups(rdb)
-	if err != nil {
-		return nil, fmt.Errorf("enqueue: pace: %w", err)
+	if (s.Subject.Fixed == "") == (s.Subject.PayloadField == "") {
+		return nil, nil, errors.New("enqueue: pace subject: give exactly one of a fixed subject and a payload field, as the workers' rule does")
 	}
-	return &Pacer{Limiter: lim, Subject: rc.Subject.Of, Cost: rc.Cost.Of, Keep: s.Keep, Lead: s.Lead, Wakeups: w}, nil
+	return s.Subject.Of, nil, nil
+}
+
+// prefix returns the workers' key prefix the pacer books under.
+func (s *PaceSpec) prefix() string {
+	if s.Rules != nil {
+		return cmp.Or(s.Rules.Prefix, throttle.DefaultPrefix)
+	}
+	return cmp.Or(s.Prefix, throttle.DefaultPrefix)
+}
+
+// checker returns a Pacer's check: lim's rules against the limits the
+// workers published under prefix (admission.CheckLimits).
+func checker(rdb redis.UniversalClient, prefix string, lim *throttle.Limiter) func(context.Context) error {
+	return func(ctx context.Context) error {
+		if err := admission.CheckLimits(ctx, rdb, prefix, lim.Rules()); err != nil {
+			return fmt.Errorf("enqueue: pace: %w", err)
+		}
+		return nil
+	}
 }
 
 // rule returns the rule of s.Rules that the workers apply to taskType,
@@ -127,9 +164,15 @@ func ParseRate(s string, burst int) (throttle.Limit, error) {
 	if !ok {
 		return throttle.Limit{}, fmt.Errorf("rate %q: write count/period, such as 20/s, 100/m or 3/500ms", s)
 	}
-	n, err := strconv.Atoi(strings.TrimSpace(count))
-	if err != nil || n < 1 {
+	count = strings.TrimSpace(count)
+	n, err := strconv.Atoi(count)
+	switch {
+	case errors.Is(err, strconv.ErrRange) && !strings.HasPrefix(count, "-"), err == nil && n > throttle.MaxPermits:
+		return throttle.Limit{}, fmt.Errorf("rate %q: the count %q is too large: at most %d", s, count, throttle.MaxPermits)
+	case err != nil || n < 1:
 		return throttle.Limit{}, fmt.Errorf("rate %q: the count %q must be a whole number of at least 1", s, count)
+	case burst < 1:
+		return throttle.Limit{}, fmt.Errorf("rate %q: the burst %d must be at least 1: the most permits admitted at one instant", s, burst)
 	}
 	per = strings.TrimSpace(per)
 	var period time.Duration

@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 	"github.com/robfig/cron/v3"
 
@@ -62,28 +61,18 @@ func NewScheduler(s *Schedules, opts SchedulerOptions) (*Scheduler, error) {
 	for i := range s.Schedules {
 		sc := &s.Schedules[i]
 		j := &job{name: sc.Name, log: log.With("schedule", sc.Name), onBatch: opts.OnBatch, client: opts.Client}
-		j.batch = Batch{Type: sc.Type, Count: sc.Count, Payloads: sc.loaded}
+		if sc.Payloads != "" && sc.loaded == nil {
+			return nil, fmt.Errorf("enqueue: schedule %q: payloads %s not loaded; use LoadSchedules", sc.Name, sc.Payloads)
+		}
+		j.batch = sc.batch()
 		if f := opts.OnEnqueued; f != nil {
 			name := sc.Name
 			j.batch.OnEnqueued = func(e Enqueued) { f(name, e) }
 		}
-		if sc.Payload != nil {
-			j.batch.Payloads = [][]byte{sc.Payload}
-		}
-		if sc.Payloads != "" && sc.loaded == nil {
-			return nil, fmt.Errorf("enqueue: schedule %q: payloads %s not loaded; use LoadSchedules", sc.Name, sc.Payloads)
-		}
-		if sc.Queue != "" {
-			j.batch.Options = append(j.batch.Options, asynq.Queue(sc.Queue))
-		}
-		if sc.MaxRetry >= 0 {
-			j.batch.Options = append(j.batch.Options, asynq.MaxRetry(sc.MaxRetry))
-		}
-		if sc.Timeout > 0 {
-			j.batch.Options = append(j.batch.Options, asynq.Timeout(sc.Timeout))
-		}
-		if sc.Retention > 0 {
-			j.batch.Options = append(j.batch.Options, asynq.Retention(sc.Retention))
+		j.batch.OnPlan = func(p Plan) {
+			if p.Paced {
+				j.log.Info("enqueue: "+p.Describe(), "ahead", p.Ahead.Round(time.Millisecond))
+			}
 		}
 		if sc.Pace != nil {
 			if opts.Redis == nil {

@@ -2,6 +2,7 @@ package enqueue
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/robfig/cron/v3"
 	"go.yaml.in/yaml/v3"
 
@@ -83,14 +85,36 @@ type Schedule struct {
 	Line int
 
 	schedule cron.Schedule
-	loaded   [][]byte // payloads read by LoadSchedules
+	loaded   *PayloadFile // Payloads, read by LoadSchedules
+}
+
+// batch returns the schedule's batch, unpaced: its tasks, payloads and
+// asynq options.
+func (sc *Schedule) batch() Batch {
+	b := Batch{Type: sc.Type, Count: sc.Count}
+	switch {
+	case sc.Payload != nil:
+		b.Payloads = [][]byte{sc.Payload}
+	case sc.loaded != nil:
+		b.Payloads, b.Where = sc.loaded.Payloads, sc.loaded.Where
+	}
+	if sc.Queue != "" {
+		b.Options = append(b.Options, asynq.Queue(sc.Queue))
+	}
+	if sc.MaxRetry >= 0 {
+		b.Options = append(b.Options, asynq.MaxRetry(sc.MaxRetry))
+	}
+	if sc.Timeout > 0 {
+		b.Options = append(b.Options, asynq.Timeout(sc.Timeout))
+	}
+	if sc.Retention > 0 {
+		b.Options = append(b.Options, asynq.Retention(sc.Retention))
+	}
+	return b
 }
 
 // Next returns the schedule's first firing after t.
 func (s *Schedule) Next(t time.Time) time.Time { return s.schedule.Next(t) }
-
-// MaxCount bounds a schedule's count.
-const MaxCount = 10_000_000
 
 // MaxRetention bounds a schedule's retention: 90 days.
 const MaxRetention = 90 * 24 * time.Hour
@@ -140,29 +164,35 @@ func LoadSchedules(path string) (*Schedules, error) {
 			if sc.loaded, err = ReadPayloads(rel(sc.Payloads)); err != nil {
 				return nil, fail("payloads", "%v", err)
 			}
-			if len(sc.loaded) == 0 {
+			if len(sc.loaded.Payloads) == 0 {
 				return nil, fail("payloads", "%s has no payload lines", sc.Payloads)
 			}
-			if sc.Count > len(sc.loaded) {
-				return nil, fail("count", "%d is more than the %d payloads in %s", sc.Count, len(sc.loaded), sc.Payloads)
+			if sc.Count > len(sc.loaded.Payloads) {
+				return nil, fail("count", "%d is more than the %d payloads in %s", sc.Count, len(sc.loaded.Payloads), sc.Payloads)
 			}
 		}
 		if sc.Pace == nil {
 			continue
 		}
-		subject := sc.Pace.Subject.Of
 		if sc.Pace.Limit.Count == 0 {
 			sc.Pace.Rules = s.RulesConfig
-			rc, err := sc.Pace.rule(sc.Type)
-			if err != nil {
-				return nil, fail("pace", "%v", strings.TrimPrefix(err.Error(), "enqueue: "))
-			}
-			subject = rc.Subject.Of
 		}
-		// Every firing would fail on a payload without the subject:
-		// say so now.
-		if err := checkSubjects(sc, subject); err != nil {
-			return nil, fail(err.field, "%s", err.reason)
+		subject, cost, err := sc.Pace.terms(sc.Type)
+		if err != nil {
+			return nil, fail("pace", "%v", strings.TrimPrefix(err.Error(), "enqueue: "))
+		}
+		// Every firing would fail on a payload without the subject or
+		// the cost: say so now. (NewScheduler checks them against the
+		// rule's capacity too, with its limiter.)
+		probe := sc.batch()
+		probe.Pacer = &Pacer{Subject: subject, Cost: cost}
+		if _, err := probe.scan(); err != nil {
+			var pe *PayloadError
+			errors.As(err, &pe)
+			if sc.Payloads != "" {
+				return nil, fail("payloads", "%s: %v; a paced task needs the subject (and cost) the workers' rule reads", pe.Where, pe.Err)
+			}
+			return nil, fail("payload", "%v; a paced task needs the subject (and cost) the workers' rule reads", pe.Err)
 		}
 	}
 	return s, nil
@@ -441,31 +471,6 @@ func (p *parser) pace(n *yaml.Node, file *Schedules) (*PaceSpec, error) {
 		return nil, p.Failf(rate, "pace.rate", "%v", strings.TrimPrefix(err.Error(), "throttle: "))
 	}
 	return ps, nil
-}
-
-// subjectProblem is a payload of a paced schedule whose subject cannot be
-// derived.
-type subjectProblem struct{ field, reason string }
-
-// checkSubjects derives the subject of every payload of a paced schedule
-// (one empty payload if it has none), as each firing will.
-func checkSubjects(sc *Schedule, subject func(payload []byte) (string, error)) *subjectProblem {
-	switch {
-	case sc.Payloads != "":
-		for i, p := range sc.loaded {
-			if sc.Count > 0 && i >= sc.Count {
-				break
-			}
-			if _, err := subject(p); err != nil {
-				return &subjectProblem{"payloads", fmt.Sprintf("payload %d of %s: %v; a paced task needs the subject the workers' rule reads", i+1, sc.Payloads, err)}
-			}
-		}
-	default:
-		if _, err := subject(sc.Payload); err != nil {
-			return &subjectProblem{"payload", fmt.Sprintf("%v; a paced task needs the subject the workers' rule reads", err)}
-		}
-	}
-	return nil
 }
 
 // peekName returns the value of a mapping's name field, or "".

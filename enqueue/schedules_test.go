@@ -185,8 +185,8 @@ func TestLoadSchedules(t *testing.T) {
 		t.Fatal(err)
 	}
 	sc := s.Schedules[0]
-	if s.RulesConfig == nil || len(sc.loaded) != 2 || string(sc.loaded[1]) != `{"account": "b"}` || sc.Pace.Rules != s.RulesConfig {
-		t.Errorf("loaded: rules %v, payloads %q", s.RulesConfig != nil, sc.loaded)
+	if s.RulesConfig == nil || len(sc.loaded.Payloads) != 2 || string(sc.loaded.Payloads[1]) != `{"account": "b"}` || sc.loaded.Lines[1] != 3 || sc.Pace.Rules != s.RulesConfig {
+		t.Errorf("loaded: rules %v, payloads %q at lines %v", s.RulesConfig != nil, sc.loaded.Payloads, sc.loaded.Lines)
 	}
 
 	cases := []struct {
@@ -202,10 +202,16 @@ func TestLoadSchedules(t *testing.T) {
 			`%s:2: schedule "s": payloads: open `},
 		{"bad payload line", "schedules:\n  - name: s\n    cron: \"@hourly\"\n    type: t\n    payloads: bad.jsonl\n",
 			`%s:2: schedule "s": payloads: ` + "%s" + `:2: not a JSON value`},
+		{"payload without the subject", "rules: rules.yaml\nschedules:\n  - name: s\n    cron: \"@hourly\"\n    type: sync:x\n    payloads: nosubject.jsonl\n    pace: {}\n",
+			`%s:3: schedule "s": payloads: ` + "%s" + `:4: subject: payload has no field "account"; a paced task needs the subject (and cost) the workers' rule reads`},
+		{"payload without the cost", "rules: costs.yaml\nschedules:\n  - name: s\n    cron: \"@hourly\"\n    type: sync:x\n    count: 2\n    payload: {account: a, n: x}\n    pace: {}\n",
+			`%s:3: schedule "s": payload: cost: payload cost field "n" is a string`},
 		{"count above payloads", "schedules:\n  - name: s\n    cron: \"@hourly\"\n    type: t\n    count: 3\n    payloads: accounts.jsonl\n",
 			`%s:2: schedule "s": count: 3 is more than the 2 payloads in accounts.jsonl`},
 	}
 	write("bad.jsonl", "{}\n{nope\n")
+	write("nosubject.jsonl", "{\"account\": \"a\"}\n{\"account\": \"b\"}\n\n{\"other\": 1}\n")
+	write("costs.yaml", "rules:\n  - {name: sync, tasks: [\"sync:*\"], subject: {payload_field: account}, cost: {payload_field: n}, algorithm: gcra, limit: 10, period: 1s}\n")
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			p := write("case.yaml", c.file)
@@ -216,6 +222,9 @@ func TestLoadSchedules(t *testing.T) {
 			other := filepath.Join(dir, "rules.yaml")
 			if strings.Contains(c.want, "payloads: %s") {
 				other = filepath.Join(dir, "bad.jsonl")
+				if strings.Contains(c.name, "subject") {
+					other = filepath.Join(dir, "nosubject.jsonl")
+				}
 			}
 			want := c.want
 			if strings.Count(want, "%s") == 2 {
@@ -255,6 +264,34 @@ func TestParseRate(t *testing.T) {
 		got, err := ParseRate(c.in, 1)
 		if (err == nil) != c.ok || got != c.want {
 			t.Errorf("ParseRate(%q) = %v, %v; want %v, ok=%v", c.in, got, err, c.want, c.ok)
+		}
+	}
+}
+
+// ParseRate's errors say what is wrong with the value, in the terms of
+// a rate: a count too large gives the maximum; a bad burst says what a
+// burst is, without naming library functions. FormatRate writes back
+// what ParseRate reads.
+func TestParseRateMessages(t *testing.T) {
+	for _, c := range []struct {
+		in    string
+		burst int
+		want  string
+	}{
+		{"99999999999999999999999/s", 1, `rate "99999999999999999999999/s": the count "99999999999999999999999" is too large: at most 1099511627776`},
+		{"2000000000000/s", 1, `the count "2000000000000" is too large: at most 1099511627776`},
+		{"-99999999999999999999999/s", 1, `must be a whole number of at least 1`},
+		{"5/s", -1, `rate "5/s": the burst -1 must be at least 1: the most permits admitted at one instant`},
+	} {
+		_, err := ParseRate(c.in, c.burst)
+		if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "PerSecond") {
+			t.Errorf("ParseRate(%q, %d) = %v, want %q", c.in, c.burst, err, c.want)
+		}
+	}
+	for _, in := range []string{"20/s", "100/m", "5000/h", "20000/d", "3/500ms", "7/1m30s"} {
+		l, err := ParseRate(in, 1)
+		if err != nil || FormatRate(l) != in {
+			t.Errorf("FormatRate(ParseRate(%q)) = %q, %v", in, FormatRate(l), err)
 		}
 	}
 }

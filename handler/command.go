@@ -5,7 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
+	"io"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -21,8 +21,9 @@ import (
 // into the task's error: 1 KiB.
 const StderrTail = 1 << 10
 
-// waitDelay bounds how long a command's output is awaited after it was
-// killed (its children may hold the pipes open).
+// waitDelay bounds how long a command's output is awaited after it
+// ended, or after its stop grace (processes that left its process group
+// may hold the pipes open).
 const waitDelay = 2 * time.Second
 
 // commandHandler runs one command handler.
@@ -30,15 +31,14 @@ type commandHandler struct {
 	spec Spec
 	path string   // argv[0] looked up
 	env  []string // resolved
-	log  *slog.Logger
 }
 
-func newCommandHandler(s Spec, opts Options, log *slog.Logger) (*commandHandler, error) {
+func newCommandHandler(s Spec, opts Options) (*commandHandler, error) {
 	path, err := exec.LookPath(s.Command.Argv[0])
 	if err != nil {
 		return nil, fmt.Errorf("command: %w", err)
 	}
-	h := &commandHandler{spec: s, path: path, log: log}
+	h := &commandHandler{spec: s, path: path}
 	// The worker's own environment may hold the Redis password: a command
 	// gets PATH and what its env lists, nothing else.
 	if p := opts.Getenv("PATH"); p != "" {
@@ -63,15 +63,17 @@ func (h *commandHandler) ProcessTask(ctx context.Context, task *asynq.Task) erro
 	cs := h.spec.Command
 	rctx, cancel := context.WithTimeout(ctx, cs.Timeout)
 	defer cancel()
-	cmd := exec.CommandContext(rctx, h.path, args...)
-	cmd.Args[0] = cs.Argv[0]
-	cmd.Stdin = bytes.NewReader(task.Payload())
-	cmd.Env = append(slices.Clip(h.env), "JOBTHROTTLE_TASK_ID="+task.ResultWriter().TaskID(), "JOBTHROTTLE_TASK_TYPE="+task.Type())
 	stdout := &cappedBuffer{limit: h.spec.ResultLimit}
 	stderr := &tailBuffer{size: StderrTail}
-	cmd.Stdout, cmd.Stderr = stdout, stderr
-	cmd.WaitDelay = waitDelay
-	err = cmd.Run()
+	err = runProgram(rctx, program{
+		path:   h.path,
+		argv:   append([]string{cs.Argv[0]}, args...),
+		env:    append(slices.Clip(h.env), "JOBTHROTTLE_TASK_ID="+taskID(task), "JOBTHROTTLE_TASK_TYPE="+task.Type()),
+		stdin:  bytes.NewReader(task.Payload()),
+		stdout: stdout,
+		stderr: stderr,
+		grace:  cs.StopGrace,
+	})
 	name := cs.Argv[0]
 	tail := func() string {
 		s := strings.TrimSpace(strings.ToValidUTF8(string(stderr.b), "?"))
@@ -80,25 +82,56 @@ func (h *commandHandler) ProcessTask(ctx context.Context, task *asynq.Task) erro
 		}
 		return "stderr: " + strconv.Quote(s)
 	}
-	var exitErr *exec.ExitError
+	var exitErr *exitCodeError
+	var sigErr *signalError
 	switch {
 	case err == nil:
 		return writeResult(task, stdout.b, h.spec.ResultLimit)
 	case rctx.Err() != nil && ctx.Err() == nil:
-		return fmt.Errorf("handler: %s: killed after the timeout of %v; will retry; %s", name, cs.Timeout, tail())
+		ae := &attemptError{outcome: OutcomeTimeout, err: fmt.Errorf("handler: %s: killed after the timeout of %v; %s; %s", name, cs.Timeout, retryNote(ctx), tail())}
+		if errors.As(err, &sigErr) {
+			ae.signal = sigErr.name
+		}
+		return ae
 	case ctx.Err() != nil:
 		return ctx.Err()
-	case errors.As(err, &exitErr) && exitErr.Exited():
-		code := exitErr.ExitCode()
+	case errors.As(err, &exitErr):
+		code := exitErr.code
+		ae := &attemptError{outcome: OutcomeExitNonzero, exitCode: code, err: fmt.Errorf("handler: %s exited with %d; %s; %s", name, code, retryNote(ctx), tail())}
 		if slices.Contains(cs.NoRetryExitCodes, code) {
-			h.log.Warn("handler: the command refused the task; archived", "task_id", task.ResultWriter().TaskID(), "exit_code", code)
-			return fmt.Errorf("handler: %s exited with %d (no retry); archived without retry; %s: %w", name, code, tail(), asynq.SkipRetry)
+			ae.err = fmt.Errorf("handler: %s exited with %d (no retry); archived without retry; %s: %w", name, code, tail(), asynq.SkipRetry)
 		}
-		return fmt.Errorf("handler: %s exited with %d; will retry; %s", name, code, tail())
+		return ae
+	case errors.As(err, &sigErr):
+		return &attemptError{outcome: OutcomeSignal, signal: sigErr.name, err: fmt.Errorf("handler: %s: %v; %s; %s", name, err, retryNote(ctx), tail())}
 	default:
-		return fmt.Errorf("handler: %s: %v; will retry; %s", name, err, tail())
+		return fmt.Errorf("handler: %s: %v; %s; %s", name, err, retryNote(ctx), tail())
 	}
 }
+
+// program is one run of a command handler's program.
+type program struct {
+	path   string   // the program's file, looked up
+	argv   []string // argv[0] as written, then the arguments
+	env    []string // all of its environment
+	stdin  io.Reader
+	stdout io.Writer
+	stderr io.Writer
+	// grace is how long its processes have between SIGTERM and SIGKILL
+	// when ctx ends.
+	grace time.Duration
+}
+
+// exitCodeError is a program's exit with a code other than 0.
+type exitCodeError struct{ code int }
+
+func (e *exitCodeError) Error() string { return "exit status " + strconv.Itoa(e.code) }
+
+// signalError is a program's end by a signal, named as Go names it
+// ("killed", "segmentation fault").
+type signalError struct{ name string }
+
+func (e *signalError) Error() string { return "signal: " + e.name }
 
 // args returns the command's arguments after the program, each
 // placeholder argument replaced by its payload field, whole.

@@ -32,6 +32,15 @@ const (
 	DefaultCommandTimeout = time.Minute
 	// MaxTimeout is the longest timeout accepted.
 	MaxTimeout = 24 * time.Hour
+	// DefaultStopGrace is how long a command's processes have between
+	// SIGTERM and SIGKILL when stop_grace is not set.
+	DefaultStopGrace = 5 * time.Second
+	// MaxStopGrace is the longest stop_grace accepted.
+	MaxStopGrace = 10 * time.Minute
+	// DefaultIdempotencyHeader is the request header that carries the
+	// task's ID when idempotency_header is not set, so that an API can
+	// tell a retry from a new call.
+	DefaultIdempotencyHeader = "Idempotency-Key"
 	// DefaultNoRetryExitCode is the exit code that archives a task at once
 	// when no_retry_exit_codes is not set: 65, EX_DATAERR of sysexits.h
 	// ("the input data was incorrect").
@@ -81,6 +90,11 @@ type HTTPSpec struct {
 	URL     string
 	Headers []Header // in file order
 	Timeout time.Duration
+	// IdempotencyHeader is the header that carries the asynq task ID,
+	// the same on every retry and deferral of one task; "" sends none.
+	// ParseConfig sets DefaultIdempotencyHeader unless the file says
+	// otherwise.
+	IdempotencyHeader string
 
 	url *urlTemplate
 }
@@ -107,6 +121,11 @@ type CommandSpec struct {
 	Argv    []string
 	Env     []EnvVar // in file order
 	Timeout time.Duration
+	// StopGrace is how long the command's processes have to end after
+	// SIGTERM (at the timeout, or when the task is cancelled) before
+	// SIGKILL; 0 sends SIGKILL right after SIGTERM. ParseConfig sets
+	// DefaultStopGrace unless the file says otherwise.
+	StopGrace time.Duration
 	// NoRetryExitCodes archive the task at once (no retry); other non-zero
 	// codes are retried.
 	NoRetryExitCodes []int
@@ -179,8 +198,8 @@ func (c *Config) Handler(task string) (Spec, bool) {
 // The fields each mapping of the handlers section may have.
 var (
 	specFields    = []string{"task", "http", "command", "result_limit"}
-	httpFields    = []string{"method", "url", "headers", "timeout"}
-	commandFields = []string{"argv", "env", "timeout", "no_retry_exit_codes"}
+	httpFields    = []string{"method", "url", "headers", "timeout", "idempotency_header"}
+	commandFields = []string{"argv", "env", "timeout", "stop_grace", "no_retry_exit_codes"}
 )
 
 var (
@@ -284,7 +303,48 @@ func (p *parser) http(n *yaml.Node, path string) (*HTTPSpec, error) {
 			return nil, err
 		}
 	}
+	if h.IdempotencyHeader, err = p.idempotencyHeader(fields, path, h.Headers); err != nil {
+		return nil, err
+	}
 	return h, nil
+}
+
+// idempotencyHeader reads idempotency_header of the http mapping whose
+// fields are given: a header name, or "" for none; the default if it is
+// not set. headers must not set it too.
+func (p *parser) idempotencyHeader(fields map[string]*yaml.Node, path string, headers []Header) (string, error) {
+	name := DefaultIdempotencyHeader
+	if n := fields["idempotency_header"]; n != nil {
+		var err error
+		if name, err = p.headerName(n, yamlfile.Join(path, "idempotency_header")); err != nil {
+			return "", err
+		}
+	}
+	for _, hd := range headers {
+		if hd.Name == name {
+			return "", p.Failf(fields["headers"], yamlfile.Join(path, "headers."+hd.Name),
+				"is the idempotency header, which carries the task ID: remove it here, or set idempotency_header to another name (\"\" for none)")
+		}
+	}
+	return name, nil
+}
+
+// headerName reads idempotency_header's value: a header name, or "".
+func (p *parser) headerName(n *yaml.Node, field string) (string, error) {
+	if n.ShortTag() == "!!null" {
+		return "", p.Failf(n, field, `an empty value: write "" to send no idempotency header, or a header name such as Idempotency-Key`)
+	}
+	name, err := p.Str(n, field)
+	if err != nil {
+		return "", err
+	}
+	if name == "" {
+		return "", nil
+	}
+	if !headerNameRE.MatchString(name) {
+		return "", p.Failf(n, field, "%q is not a valid header name; give one such as Idempotency-Key, or \"\" to send none", name)
+	}
+	return http.CanonicalHeaderKey(name), nil
 }
 
 func (p *parser) command(n *yaml.Node, path string) (*CommandSpec, error) {
@@ -293,28 +353,9 @@ func (p *parser) command(n *yaml.Node, path string) (*CommandSpec, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &CommandSpec{Timeout: DefaultCommandTimeout, NoRetryExitCodes: []int{DefaultNoRetryExitCode}}
-	an := fields["argv"]
-	if an == nil {
-		return nil, p.Failf(n, f("argv"), `missing; give the program and its arguments as a list, such as ["/usr/local/bin/render", "--tenant", "{tenant}"]`)
-	}
-	if an.Kind != yaml.SequenceNode || len(an.Content) == 0 {
-		return nil, p.Failf(an, f("argv"), `%s must be a list of at least the program, such as ["/usr/local/bin/render", "{tenant}"]`, yamlfile.Describe(an))
-	}
-	for i, v := range an.Content {
-		v = yamlfile.Resolve(v)
-		field := f("argv[" + strconv.Itoa(i+1) + "]")
-		if v.Kind != yaml.ScalarNode || (v.ShortTag() != "!!str" && v.ShortTag() != "!!int") {
-			return nil, p.Failf(v, field, "%s must be a string", yamlfile.Describe(v))
-		}
-		if i == 0 {
-			if v.Value == "" || placeholderRE.MatchString(v.Value) {
-				return nil, p.Failf(v, field, "%q: the program must be a literal path or name, never taken from the payload", v.Value)
-			}
-		} else if _, whole := wholePlaceholder(v.Value); !whole && placeholderRE.MatchString(v.Value) {
-			return nil, p.Failf(v, field, "%q: a payload field fills a whole argument only; write it as its own element, such as [\"--tenant\", \"{tenant}\"]", v.Value)
-		}
-		c.Argv = append(c.Argv, v.Value)
+	c := &CommandSpec{Timeout: DefaultCommandTimeout, StopGrace: DefaultStopGrace, NoRetryExitCodes: []int{DefaultNoRetryExitCode}}
+	if c.Argv, err = p.argv(n, fields["argv"], f("argv")); err != nil {
+		return nil, err
 	}
 	if v := fields["env"]; v != nil {
 		m, err := p.stringMap(v, f("env"), "a mapping of variable names to values, such as {API_TOKEN: \"${API_TOKEN}\"}")
@@ -330,6 +371,11 @@ func (p *parser) command(n *yaml.Node, path string) (*CommandSpec, error) {
 	}
 	if v := fields["timeout"]; v != nil {
 		if c.Timeout, err = p.Duration(v, f("timeout"), time.Millisecond, MaxTimeout); err != nil {
+			return nil, err
+		}
+	}
+	if v := fields["stop_grace"]; v != nil {
+		if c.StopGrace, err = p.Duration(v, f("stop_grace"), 0, MaxStopGrace); err != nil {
 			return nil, err
 		}
 	}
@@ -349,6 +395,36 @@ func (p *parser) command(n *yaml.Node, path string) (*CommandSpec, error) {
 		}
 	}
 	return c, nil
+}
+
+// argv reads a command's argv, the node an of the command n: the
+// program (literal) and its arguments, each a literal or a whole
+// {field}.
+func (p *parser) argv(n, an *yaml.Node, field string) ([]string, error) {
+	if an == nil {
+		return nil, p.Failf(n, field, `missing; give the program and its arguments as a list, such as ["/usr/local/bin/render", "--tenant", "{tenant}"]`)
+	}
+	an = yamlfile.Resolve(an)
+	if an.Kind != yaml.SequenceNode || len(an.Content) == 0 {
+		return nil, p.Failf(an, field, `%s must be a list of at least the program, such as ["/usr/local/bin/render", "{tenant}"]`, yamlfile.Describe(an))
+	}
+	var argv []string
+	for i, v := range an.Content {
+		v = yamlfile.Resolve(v)
+		vf := field + "[" + strconv.Itoa(i+1) + "]"
+		if v.Kind != yaml.ScalarNode || (v.ShortTag() != "!!str" && v.ShortTag() != "!!int") {
+			return nil, p.Failf(v, vf, "%s must be a string", yamlfile.Describe(v))
+		}
+		if i == 0 {
+			if v.Value == "" || placeholderRE.MatchString(v.Value) {
+				return nil, p.Failf(v, vf, "%q: the program must be a literal path or name, never taken from the payload", v.Value)
+			}
+		} else if _, whole := wholePlaceholder(v.Value); !whole && placeholderRE.MatchString(v.Value) {
+			return nil, p.Failf(v, vf, "%q: a payload field fills a whole argument only; write it as its own element, such as [\"--tenant\", \"{tenant}\"]", v.Value)
+		}
+		argv = append(argv, v.Value)
+	}
+	return argv, nil
 }
 
 type namedValue struct {
@@ -494,6 +570,11 @@ func (s Spec) Describe() string {
 	case s.HTTP != nil:
 		h := s.HTTP
 		fmt.Fprintf(&b, "http %s %s, timeout %v", h.Method, h.URL, h.Timeout)
+		if h.IdempotencyHeader != "" {
+			fmt.Fprintf(&b, ", task ID in %s", h.IdempotencyHeader)
+		} else {
+			b.WriteString(", no idempotency header")
+		}
 		if len(h.Headers) > 0 {
 			var names []string
 			for _, hd := range h.Headers {
@@ -503,7 +584,7 @@ func (s Spec) Describe() string {
 		}
 	case s.Command != nil:
 		c := s.Command
-		fmt.Fprintf(&b, "command %q, timeout %v", c.Argv, c.Timeout)
+		fmt.Fprintf(&b, "command %q, timeout %v, SIGKILL %v after SIGTERM", c.Argv, c.Timeout, c.StopGrace)
 		if len(c.Env) > 0 {
 			var names []string
 			for _, e := range c.Env {

@@ -36,6 +36,12 @@ func TestParseConfigErrors(t *testing.T) {
 		{"program placeholder", "handlers:\n  - {task: x, command: {argv: [\"{prog}\"]}}", `handlers[1].command.argv[1]: "{prog}": the program must be a literal`},
 		{"partial placeholder", "handlers:\n  - {task: x, command: {argv: [ls, \"--t={t}\"]}}", `handlers[1].command.argv[2]: "--t={t}": a payload field fills a whole argument only`},
 		{"exit code", "handlers:\n  - {task: x, command: {argv: [ls], no_retry_exit_codes: [0]}}", `no_retry_exit_codes: "0" must be a whole number from 1 to 255`},
+		{"stop grace", "handlers:\n  - {task: x, command: {argv: [ls], stop_grace: 11m}}", `handlers[1].command.stop_grace: "11m" must be at most 10m0s`},
+		{"stop grace unit", "handlers:\n  - {task: x, command: {argv: [ls], stop_grace: 5}}", `handlers[1].command.stop_grace: "5" must be a duration with a unit`},
+		{"idempotency header name", "handlers:\n  - {task: x, http: {url: \"https://a.example/\", idempotency_header: \"Idem Key\"}}", `handlers[1].http.idempotency_header: "Idem Key" is not a valid header name`},
+		{"idempotency header empty", "handlers:\n  - {task: x, http: {url: \"https://a.example/\", idempotency_header: }}", `handlers[1].http.idempotency_header: an empty value: write "" to send no idempotency header`},
+		{"idempotency header also set", "handlers:\n  - {task: x, http: {url: \"https://a.example/\", headers: {idempotency-key: k}}}", `handlers[1].http.headers.Idempotency-Key: is the idempotency header, which carries the task ID`},
+		{"custom idempotency header also set", "handlers:\n  - {task: x, http: {url: \"https://a.example/\", idempotency_header: x-request-id, headers: {X-Request-ID: k}}}", `handlers[1].http.headers.X-Request-Id: is the idempotency header`},
 		{"result limit", "handlers:\n  - {task: x, result_limit: 2000000, command: {argv: [ls]}}", `result_limit: "2000000" must be a whole number from 0 to 1048576`},
 	}
 	for _, c := range cases {
@@ -61,6 +67,10 @@ func TestParseConfigDefaultsAndDescribe(t *testing.T) {
       headers: {Authorization: "Bearer ${TOKEN}", Accept: application/json}
   - task: report:render
     command: {argv: [render, "{tenant}"], env: {KEY: "${KEY}"}}
+  - task: partner:ping
+    http: {method: GET, url: "https://api.example.com/ping", idempotency_header: ""}
+  - task: report:now
+    command: {argv: [render], stop_grace: 0s}
 `)
 	c, err := ParseConfig("rules.yaml", data)
 	if err != nil {
@@ -71,13 +81,24 @@ func TestParseConfigDefaultsAndDescribe(t *testing.T) {
 		t.Fatalf("http defaults: %+v", h)
 	}
 	got := h.Describe()
-	want := `http POST https://api.example.com/v1/a/{id}?q={q}, timeout 30s, headers: Authorization from ${TOKEN}; Accept, result up to 65536 bytes`
+	want := `http POST https://api.example.com/v1/a/{id}?q={q}, timeout 30s, task ID in Idempotency-Key, headers: Authorization from ${TOKEN}; Accept, result up to 65536 bytes`
 	if got != want {
 		t.Errorf("Describe:\n got %s\nwant %s", got, want)
 	}
 	cmd, _ := c.Handler("report:render")
-	if got, want := cmd.Describe(), `command ["render" "{tenant}"], timeout 1m0s, env: KEY from ${KEY}, no retry on exit codes [65], result up to 65536 bytes`; got != want {
+	off, _ := c.Handler("partner:ping")
+	if got, want := off.Describe(), `http GET https://api.example.com/ping, timeout 30s, no idempotency header, result up to 65536 bytes`; got != want {
 		t.Errorf("Describe:\n got %s\nwant %s", got, want)
+	}
+	now, _ := c.Handler("report:now")
+	if got, want := now.Describe(), `command ["render"], timeout 1m0s, SIGKILL 0s after SIGTERM, no retry on exit codes [65], result up to 65536 bytes`; got != want {
+		t.Errorf("Describe:\n got %s\nwant %s", got, want)
+	}
+	if got, want := cmd.Describe(), `command ["render" "{tenant}"], timeout 1m0s, SIGKILL 5s after SIGTERM, env: KEY from ${KEY}, no retry on exit codes [65], result up to 65536 bytes`; got != want {
+		t.Errorf("Describe:\n got %s\nwant %s", got, want)
+	}
+	if h.HTTP.IdempotencyHeader != DefaultIdempotencyHeader || cmd.Command.StopGrace != DefaultStopGrace {
+		t.Errorf("idempotency header %q, stop grace %v; want the defaults", h.HTTP.IdempotencyHeader, cmd.Command.StopGrace)
 	}
 	if err := c.Register(asynq.NewServeMux(), Options{Getenv: func(string) string { return "" }}); err == nil || !strings.Contains(err.Error(), "environment variable TOKEN is not set") {
 		t.Errorf("Register with TOKEN unset: %v", err)

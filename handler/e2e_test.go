@@ -277,7 +277,7 @@ case "$1" in
 ok) printf 'in=%s arg=%s greeting=%s type=%s pad=' "$input" "$2" "$GREETING" "$JOBTHROTTLE_TASK_TYPE"; printf '%0200d' 0 ;;
 refuse) echo "line one" >&2; echo "the input is not a report" >&2; exit 65 ;;
 flaky) if [ -f "$MARK" ]; then printf done; else : > "$MARK"; echo "busy, try later" >&2; exit 3; fi ;;
-slow) exec sleep 10 ;;
+slow) exec sleep 60 ;;
 env) env | sort ;;
 esac
 `
@@ -312,7 +312,7 @@ handlers:
     command:
       argv: [%q, "{mode}", "{arg}"]
       env: {GREETING: "hello ${TEST_GREETING}", MARK: %q}
-      timeout: 700ms
+      timeout: 3s
 `, redistest.Prefix(t), script, mark)
 	env := map[string]string{"TEST_GREETING": "world", "PATH": os.Getenv("PATH"), "REDIS_URL": "redis://:hunter2@x:6379"}
 	fleet(t, rdb, rules, 1, 4, func(k string) string { return env[k] })
@@ -355,7 +355,7 @@ handlers:
 		t.Errorf("flaky: %v retried %d result %q; want completed after one retry", flaky.State, flaky.Retried, flaky.Result)
 	}
 	slow := infos[ids["slow"]]
-	if slow.State != asynq.TaskStateArchived || !strings.Contains(slow.LastErr, "killed after the timeout of 700ms") {
+	if slow.State != asynq.TaskStateArchived || !strings.Contains(slow.LastErr, "killed after the timeout of 3s") {
 		t.Errorf("slow: %v, last error %q; want killed at the timeout (and archived: no retry left)", slow.State, slow.LastErr)
 	}
 	envOut := string(infos[ids["env"]].Result)

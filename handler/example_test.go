@@ -19,10 +19,12 @@ handlers:
       url: "https://api.partner.example/v1/accounts/{account_id}/sync"
       headers: {Authorization: "Bearer ${PARTNER_TOKEN}"}
       timeout: 10s
+      idempotency_header: X-Request-Id
   - task: report:render
     result_limit: 4096
     command:
       argv: ["/usr/local/bin/render", "--tenant", "{tenant}"]
+      stop_grace: 30s
 `)
 	c, err := handler.ParseConfig("rules.yaml", rules)
 	if err != nil {
@@ -42,7 +44,7 @@ handlers:
 `))
 	fmt.Println(err)
 	// Output:
-	// partner:sync (line 5): http POST https://api.partner.example/v1/accounts/{account_id}/sync, timeout 10s, headers: Authorization from ${PARTNER_TOKEN}, result up to 65536 bytes
-	// report:render (line 10): command ["/usr/local/bin/render" "--tenant" "{tenant}"], timeout 1m0s, no retry on exit codes [65], result up to 4096 bytes
+	// partner:sync (line 5): http POST https://api.partner.example/v1/accounts/{account_id}/sync, timeout 10s, task ID in X-Request-Id, headers: Authorization from ${PARTNER_TOKEN}, result up to 65536 bytes
+	// report:render (line 11): command ["/usr/local/bin/render" "--tenant" "{tenant}"], timeout 1m0s, SIGKILL 30s after SIGTERM, no retry on exit codes [65], result up to 4096 bytes
 	// rules.yaml:6: handlers[1].http.url: "https://{host}/v1/items": the host must be written out in the file (no placeholders, no user:password@)
 }

@@ -18,7 +18,26 @@
 // and the task is deferred with a *admission.ThrottledError, which
 // worker.Configure reschedules without counting a failure. Everything
 // else (5xx, timeouts, connection errors, other exit codes): asynq's
-// retry with backoff.
+// retry with backoff. Their errors end "will retry", or "no retry left:
+// archived" for a task on its last try.
+//
+// Every attempt is counted by outcome and timed (Options.Metrics), and
+// every failed one is logged once: at Warn when asynq will retry the
+// task, at Error when it will not, with the task's type and ID, the rule
+// that limits its type, the HTTP status or the exit code or signal, how
+// long it took and whether it will be retried. Deferrals (429, 503) are
+// not failures: they count as OutcomeThrottled and log at Info.
+//
+// An http request carries the task's ID in the Idempotency-Key header
+// (HTTPSpec.IdempotencyHeader), the same on every try of one task. On
+// Unix, a command runs in a process group of its own under a supervisor process
+// (the program's own executable again, started under the name
+// "jobthrottle-supervise", which any program importing this package
+// recognises before its main runs): at the timeout or when the task's
+// context ends the group gets SIGTERM, then SIGKILL after the stop
+// grace; what the program leaves running when it exits is stopped the
+// same way; and when the worker dies the group is killed at once. No
+// process of the group outlives its task or its worker.
 //
 // Imports: asynq, rules (the file), admission (ThrottledError, WaitedFrom),
 // throttle (pauses) and httpthrottle (the HTTP transport); it must not
@@ -50,9 +69,11 @@ type Options struct {
 	// Getenv resolves ${VAR} in header and env values. If nil, os.Getenv
 	// is used.
 	Getenv func(string) string
-	// Logger receives a line per deferral and archived task; it never
-	// sees header or env values. If nil, slog.Default() is used.
+	// Logger receives a line per failed attempt and per deferral; it
+	// never sees header or env values. If nil, slog.Default() is used.
 	Logger *slog.Logger
+	// Metrics, if set, counts and times every attempt (NewMetrics).
+	Metrics *Metrics
 	// Base sends the http handlers' requests. If nil, a clone of
 	// http.DefaultTransport is used. Redirects are never followed.
 	Base http.RoundTripper
@@ -81,18 +102,43 @@ func (c *Config) Register(mux *asynq.ServeMux, opts Options) error {
 	return nil
 }
 
+// build returns the handler of s, observed (outcome.go).
 func (c *Config) build(s Spec, opts Options) (asynq.Handler, error) {
 	log := opts.Logger.With("task_type", s.Task)
-	if s.HTTP != nil {
-		return newHTTPHandler(s, opts, log)
+	o := &observed{handler: s.Task, kind: kindCommand, log: log, metrics: opts.Metrics}
+	if opts.Rules != nil {
+		if rc, ok := opts.Rules.RuleFor(s.Task); ok {
+			o.rule = rc.Name
+		}
 	}
-	return newCommandHandler(s, opts, log)
+	var err error
+	if s.HTTP != nil {
+		o.kind = kindHTTP
+		o.next, err = newHTTPHandler(s, opts, log)
+	} else {
+		o.next, err = newCommandHandler(s, opts)
+	}
+	if err != nil {
+		return nil, err
+	}
+	opts.Metrics.known(o.handler, o.kind)
+	return o, nil
 }
 
 // payloadError is the error for a task whose payload the handler cannot
 // use: archived at once.
 func payloadError(task *asynq.Task, err error) error {
-	return fmt.Errorf("handler: task %s (%s): %v; archived without retry: %w", task.ResultWriter().TaskID(), task.Type(), err, asynq.SkipRetry)
+	return fmt.Errorf("handler: task %s (%s): %v; archived without retry: %w", taskID(task), task.Type(), err, asynq.SkipRetry)
+}
+
+// taskID is the task's asynq ID: the same for every retry and deferral
+// of the task. It is "" for a task that no asynq server runs (one made
+// with asynq.NewTask in a test).
+func taskID(task *asynq.Task) string {
+	if w := task.ResultWriter(); w != nil {
+		return w.TaskID()
+	}
+	return ""
 }
 
 // writeResult stores out, cut to limit bytes, as the task's result.
@@ -117,6 +163,15 @@ func noRetryLeft(ctx context.Context) bool {
 	n, ok1 := asynq.GetRetryCount(ctx)
 	max, ok2 := asynq.GetMaxRetry(ctx)
 	return ok1 && ok2 && n >= max
+}
+
+// retryNote is what a failed attempt's error says of the task's next
+// try: asynq retries it, unless it has used its retries.
+func retryNote(ctx context.Context) string {
+	if noRetryLeft(ctx) {
+		return "no retry left: archived"
+	}
+	return "will retry"
 }
 
 // cappedBuffer keeps the first limit bytes written to it and discards

@@ -160,17 +160,9 @@ func (h *httpHandler) send(ctx context.Context, task *asynq.Task) error {
 	}
 	rctx, cancel := context.WithTimeout(ctx, h.spec.HTTP.Timeout)
 	defer cancel()
-	var body io.Reader
-	if h.spec.HTTP.Method != http.MethodGet {
-		body = bytes.NewReader(task.Payload())
-	}
-	req, err := http.NewRequestWithContext(rctx, h.spec.HTTP.Method, target, body)
+	req, err := h.request(rctx, task, target)
 	if err != nil {
 		return payloadError(task, err)
-	}
-	req.Header = h.headers.Clone()
-	if body != nil && req.Header.Get("Content-Type") == "" {
-		req.Header.Set("Content-Type", "application/json")
 	}
 	what := h.spec.HTTP.Method + " " + h.url.origin
 	resp, err := h.client.Do(req)
@@ -186,9 +178,10 @@ func (h *httpHandler) send(ctx context.Context, task *asynq.Task) error {
 			err = ue.Err // the URL may carry payload data; the origin says enough
 		}
 		if rctx.Err() != nil && ctx.Err() == nil {
-			return fmt.Errorf("handler: %s: no answer within the timeout of %v; will retry", what, h.spec.HTTP.Timeout)
+			return &attemptError{outcome: OutcomeTimeout,
+				err: fmt.Errorf("handler: %s: no answer within the timeout of %v; %s", what, h.spec.HTTP.Timeout, retryNote(ctx))}
 		}
-		return fmt.Errorf("handler: %s: %v; will retry", what, err)
+		return fmt.Errorf("handler: %s: %v; %s", what, err, retryNote(ctx))
 	}
 	defer resp.Body.Close()
 	out, readErr := io.ReadAll(io.LimitReader(resp.Body, int64(max(h.spec.ResultLimit, ExcerptLimit))+1))
@@ -197,17 +190,41 @@ func (h *httpHandler) send(ctx context.Context, task *asynq.Task) error {
 	switch {
 	case code >= 200 && code < 300:
 		if readErr != nil {
-			return fmt.Errorf("handler: %s: reading the answer: %v; will retry", what, readErr)
+			return &attemptError{outcome: OutcomeError, status: code,
+				err: fmt.Errorf("handler: %s: reading the answer: %v; %s", what, readErr, retryNote(ctx))}
 		}
 		return writeResult(task, out, h.spec.ResultLimit)
 	case code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable:
 		return h.throttled(ctx, task, subject, resp, out)
 	case code >= 500:
-		return fmt.Errorf("handler: %s answered %s: %s; will retry", what, resp.Status, excerpt(out))
+		return &attemptError{outcome: OutcomeHTTP5xx, status: code,
+			err: fmt.Errorf("handler: %s answered %s: %s; %s", what, resp.Status, excerpt(out), retryNote(ctx))}
 	default: // 3xx (not followed) and 4xx
-		h.log.Warn("handler: the upstream rejected the request; task archived", "task_id", task.ResultWriter().TaskID(), "status", code)
-		return fmt.Errorf("handler: %s answered %s: %s; archived without retry: %w", what, resp.Status, excerpt(out), asynq.SkipRetry)
+		return &attemptError{outcome: OutcomeHTTP4xx, status: code,
+			err: fmt.Errorf("handler: %s answered %s: %s; archived without retry: %w", what, resp.Status, excerpt(out), asynq.SkipRetry)}
 	}
+}
+
+// request is the task's request to target: its payload as the body
+// (but for GET), the file's headers, and its ID in the idempotency
+// header.
+func (h *httpHandler) request(ctx context.Context, task *asynq.Task, target string) (*http.Request, error) {
+	var body io.Reader
+	if h.spec.HTTP.Method != http.MethodGet {
+		body = bytes.NewReader(task.Payload())
+	}
+	req, err := http.NewRequestWithContext(ctx, h.spec.HTTP.Method, target, body)
+	if err != nil {
+		return nil, err
+	}
+	req.Header = h.headers.Clone()
+	if name, id := h.spec.HTTP.IdempotencyHeader, taskID(task); name != "" && id != "" {
+		req.Header.Set(name, id)
+	}
+	if body != nil && req.Header.Get("Content-Type") == "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	return req, nil
 }
 
 // throttled defers a task whose upstream asked to slow down, until the
@@ -235,7 +252,7 @@ func (h *httpHandler) throttled(ctx context.Context, task *asynq.Task, subject s
 		wait = DefaultRetryAfter
 	}
 	retryAt := now.Add(wait)
-	h.log.Info("handler: deferred until the upstream's time", "task_id", task.ResultWriter().TaskID(), "status", resp.StatusCode, "retry_at", retryAt.UTC().Format(time.RFC3339Nano))
+	h.log.Info("handler: deferred until the upstream's time", "task_id", taskID(task), "status", resp.StatusCode, "retry_at", retryAt.UTC().Format(time.RFC3339Nano))
 	return &admission.ThrottledError{
 		Rule: h.rule, Subject: subject, RetryAt: retryAt,
 		Err: fmt.Errorf("handler: %s %s answered %s: %s", h.spec.HTTP.Method, h.url.origin, resp.Status, excerpt(body)),

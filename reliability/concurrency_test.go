@@ -53,6 +53,17 @@ func runConcWorker(addr, prefix string) {
 		rdb.RPush(context.Background(), events, fmt.Sprintf("%s %d %s %d", what, os.Getpid(), id, time.Now().UnixNano()))
 	}
 	mux := asynq.NewServeMux()
+	// Outside the throttle: which process holds each task, running or
+	// waiting for a place; a task the killed worker held waits for
+	// asynq's recovery whether or not its handler had started.
+	mux.Use(func(next asynq.Handler) asynq.Handler {
+		return asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+			id, _ := asynq.GetTaskID(ctx)
+			record("got", id)
+			defer record("left", id)
+			return next.ProcessTask(ctx, task)
+		})
+	})
 	mux.Use(mw.Wrap)
 	mux.HandleFunc("job:", func(ctx context.Context, task *asynq.Task) error {
 		id, _ := asynq.GetTaskID(ctx)
@@ -73,29 +84,53 @@ func runConcWorker(addr, prefix string) {
 	mw.Drain()
 }
 
-// concEvent is one handler start or end.
+// concEvent is one handler start or end, or (held set) a task reaching
+// or leaving the worker's middleware chain.
 type concEvent struct {
 	start bool
+	held  bool
 	pid   int
 	task  string
 	at    time.Time
 }
 
-func readConcEvents(t *testing.T, rdb *redis.Client, prefix string) []concEvent {
+func readConcEvents(t *testing.T, rdb *redis.Client, prefix string) (evs, holds []concEvent) {
 	t.Helper()
 	raw, err := rdb.LRange(context.Background(), prefix+"events", 0, -1).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var evs []concEvent
 	for _, r := range raw {
 		f := strings.Fields(r)
 		pid, _ := strconv.Atoi(f[1])
 		ns, _ := strconv.ParseInt(f[3], 10, 64)
-		evs = append(evs, concEvent{start: f[0] == "start", pid: pid, task: f[2], at: time.Unix(0, ns)})
+		e := concEvent{start: f[0] == "start" || f[0] == "got", held: f[0] == "got" || f[0] == "left", pid: pid, task: f[2], at: time.Unix(0, ns)}
+		if e.held {
+			holds = append(holds, e)
+		} else {
+			evs = append(evs, e)
+		}
 	}
-	slices.SortFunc(evs, func(a, b concEvent) int { return a.at.Compare(b.at) })
-	return evs
+	byTime := func(a, b concEvent) int { return a.at.Compare(b.at) }
+	slices.SortFunc(evs, byTime)
+	slices.SortFunc(holds, byTime)
+	return evs, holds
+}
+
+// heldBy counts the tasks whose last hold event is pid's "got": those it
+// had when it died, running or waiting for a place.
+func heldBy(holds []concEvent, pid int) int {
+	last := map[string]concEvent{}
+	for _, e := range holds {
+		last[e.task] = e
+	}
+	n := 0
+	for _, e := range last {
+		if e.start && e.pid == pid {
+			n++
+		}
+	}
+	return n
 }
 
 // TestConcurrencyWorkerKilled: three worker processes share a concurrency
@@ -105,8 +140,9 @@ func readConcEvents(t *testing.T, rdb *redis.Client, prefix string) []concEvent 
 // until its lease could first have expired); the dead worker's places free
 // within the lease (plus the wake-up and asynq's pick-up: 1s), not before,
 // after which the two others run 3 at once; and every task the dead
-// worker was not running completes once, long before asynq would re-run
-// the killed ones (its own lease, 30s).
+// worker did not hold (running, or waiting in its middleware for a place)
+// completes once, long before asynq would re-run the held ones (its own
+// lease, 30s).
 func TestConcurrencyWorkerKilled(t *testing.T) {
 	if child() == roleConcWorker {
 		runConcWorker(os.Getenv("JT_REDIS_ADDR"), os.Getenv("JT_PREFIX"))
@@ -156,7 +192,8 @@ func TestConcurrencyWorkerKilled(t *testing.T) {
 			t.Fatal("no worker ran a task")
 		}
 		open := map[string]int{}
-		for _, e := range readConcEvents(t, rdb, prefix) {
+		evs, _ := readConcEvents(t, rdb, prefix)
+		for _, e := range evs {
 			if e.start {
 				open[e.task] = e.pid
 			} else {
@@ -171,10 +208,11 @@ func TestConcurrencyWorkerKilled(t *testing.T) {
 			break
 		}
 	}
-	orphans := 0
+	orphans, held := 0, 0
 	insp := asynq.NewInspectorFromRedisClient(rdb)
 	for deadline := time.Now().Add(40 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		evs := readConcEvents(t, rdb, prefix)
+		evs, holds := readConcEvents(t, rdb, prefix)
+		held = heldBy(holds, victim)
 		ended := map[string]bool{}
 		for _, e := range evs {
 			if !e.start {
@@ -188,11 +226,11 @@ func TestConcurrencyWorkerKilled(t *testing.T) {
 			}
 		}
 		q, err := insp.GetQueueInfo("default")
-		if err == nil && q.Completed+orphans >= n {
+		if err == nil && q.Completed+held >= n {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%v completed, %d killed mid-task, of %d within 40s", q, orphans, n)
+			t.Fatalf("%+v: %d killed mid-task, %d held by the killed worker, of %d within 40s", q, orphans, held, n)
 		}
 	}
 
@@ -201,7 +239,7 @@ func TestConcurrencyWorkerKilled(t *testing.T) {
 	// have expired: renewed every third of the lease, the last renewal was
 	// at most a third of a lease before the kill.
 	const earliestExpiry = concLease*2/3 - 50*time.Millisecond // less the renewal ticker's jitter
-	evs := readConcEvents(t, rdb, prefix)
+	evs, _ := readConcEvents(t, rdb, prefix)
 	ended := map[string]bool{}
 	for _, e := range evs {
 		if !e.start {
@@ -255,8 +293,8 @@ func TestConcurrencyWorkerKilled(t *testing.T) {
 		t.Fatalf("the two live workers never ran %d tasks at once after the kill", concPlaces)
 	}
 	freed := full.Sub(killed)
-	t.Logf("killed worker %d mid-task (%d of its tasks running); the others ran %d at once %v later (lease %v); at most %d at once in all; %d tasks completed",
-		victim, orphans, concPlaces, freed.Round(time.Millisecond), concLease, most, n-orphans)
+	t.Logf("killed worker %d mid-task (%d of its tasks running, %d held); the others ran %d at once %v later (lease %v); at most %d at once in all; %d tasks completed",
+		victim, orphans, held, concPlaces, freed.Round(time.Millisecond), concLease, most, n-held)
 	if freed > concLease+time.Second {
 		t.Errorf("full concurrency came back %v after the kill, want within the lease %v + 1s", freed, concLease)
 	}

@@ -72,7 +72,7 @@ rules:
 	}
 	var workers []*process
 	for range 3 {
-		w := startProcess(t, nil, bin, "--redis", srv.URL(), "--config", rules, "--concurrency", "10", "--log-level", "info")
+		w := startProcess(t, nil, bin, "--redis", srv.URL(), "--config", rules, "--demo", "--concurrency", "10", "--log-level", "info")
 		workers = append(workers, w)
 	}
 	for _, w := range workers {

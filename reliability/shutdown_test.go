@@ -62,7 +62,7 @@ rules:
 	}
 	insp := asynq.NewInspectorFromRedisClient(rdb)
 	args := func(perSecond int) []string {
-		return []string{"--redis", srv.URL(), "--config", rulesFile(perSecond), "--concurrency", "10",
+		return []string{"--redis", srv.URL(), "--config", rulesFile(perSecond), "--demo", "--concurrency", "10",
 			"--shutdown-timeout", shutdownTimeout.String(), "--log-level", "info"}
 	}
 

@@ -273,7 +273,7 @@ func (p *parser) shareLimit(n *yaml.Node, fair bool) (throttle.Limit, error) {
 			return l, p.Failf(n, "share_limit."+f, "missing; share_limit is a rate, such as {limit: 10, period: 1s}")
 		}
 	}
-	if l.Count, err = p.Int(fields["limit"], "share_limit.limit", 1, 1<<40); err != nil {
+	if l.Count, err = p.Int(fields["limit"], "share_limit.limit", 1, throttle.MaxPermits); err != nil {
 		return l, err
 	}
 	if l.Period, err = p.duration(fields["period"], "share_limit.period", time.Microsecond, maxDuration); err != nil {
@@ -281,7 +281,7 @@ func (p *parser) shareLimit(n *yaml.Node, fair bool) (throttle.Limit, error) {
 	}
 	l.Burst = l.Count
 	if bn := fields["burst"]; bn != nil {
-		if l.Burst, err = p.Int(bn, "share_limit.burst", 1, 1<<40); err != nil {
+		if l.Burst, err = p.Int(bn, "share_limit.burst", 1, throttle.MaxPermits); err != nil {
 			return l, err
 		}
 	}
@@ -408,7 +408,7 @@ func (p *parser) concurrency(n *yaml.Node, fields map[string]*yaml.Node, path st
 		return r, p.Failf(n, f("limit"), "missing; how many tasks may run at once, such as 5")
 	}
 	var err error
-	if r.Limit.Count, err = p.AtLeast(ln, f("limit"), 1); err != nil {
+	if r.Limit.Count, err = p.AtLeast(ln, f("limit"), 1, throttle.MaxPermits); err != nil {
 		return r, err
 	}
 	r.Limit.Period, r.Limit.Burst = DefaultLease, r.Limit.Count
@@ -479,12 +479,13 @@ func (p *parser) limit(n *yaml.Node, fields map[string]*yaml.Node, path, name st
 		return r, p.Failf(ln, f("lease"), "applies only to concurrency")
 	}
 
-	// Upper bounds are throttle's: r.Validate below reports them.
+	// Upper bounds are throttle's: throttle.MaxPermits here, and r.Validate below
+	// reports the rest (bucket horizons).
 	ln, err := need("limit", "how many tasks per period, such as 20")
 	if err != nil {
 		return r, err
 	}
-	if r.Limit.Count, err = p.AtLeast(ln, f("limit"), 1); err != nil {
+	if r.Limit.Count, err = p.AtLeast(ln, f("limit"), 1, throttle.MaxPermits); err != nil {
 		return r, err
 	}
 	pn, err := need("period", "a duration such as 1s, 1m or 1h")
@@ -501,7 +502,7 @@ func (p *parser) limit(n *yaml.Node, fields map[string]*yaml.Node, path, name st
 		if !bucket {
 			return r, p.Failf(bn, f("burst"), "applies only to token_bucket and gcra; %v admits limit per period", r.Algorithm)
 		}
-		if r.Limit.Burst, err = p.AtLeast(bn, f("burst"), 1); err != nil {
+		if r.Limit.Burst, err = p.AtLeast(bn, f("burst"), 1, throttle.MaxPermits); err != nil {
 			return r, err
 		}
 	}

@@ -196,15 +196,15 @@ func (c *Config) RuleFor(taskType string) (RuleConfig, bool) {
 }
 
 // Limiter builds the limiter of the rule named rule: its Limits under the
-// config's Prefix and FailOpen, with base's Logger, OnRedisError and
-// OnHandoff (other fields of base are ignored). Producers that pace tasks at enqueue time
+// config's Prefix and FailOpen, with base's Logger, OnRedisError,
+// OnHandoff and PrepayAfter (other fields of base are ignored). Producers that pace tasks at enqueue time
 // (throttle.Limiter.PrepayN) use it to book in the ledger the workers use.
 func (c *Config) Limiter(rdb redis.UniversalClient, rule string, base throttle.Options) (*throttle.Limiter, error) {
 	r, ok := c.Rule(rule)
 	if !ok {
 		return nil, fmt.Errorf("rules: %s: no rule named %q", c.File, rule)
 	}
-	opts := throttle.Options{Prefix: c.Prefix, FailOpen: c.FailOpen, Logger: base.Logger, OnRedisError: base.OnRedisError, OnHandoff: base.OnHandoff}
+	opts := throttle.Options{Prefix: c.Prefix, FailOpen: c.FailOpen, Logger: base.Logger, OnRedisError: base.OnRedisError, OnHandoff: base.OnHandoff, PrepayAfter: base.PrepayAfter}
 	lim, err := throttle.New(rdb, opts, r.Limits...)
 	if err != nil {
 		return nil, fmt.Errorf("rules: %s:%d: rule %q: %w", c.File, r.Line, r.Name, err)

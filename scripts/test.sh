@@ -3,14 +3,29 @@
 #
 # Starts a throwaway standalone Redis and a 3-master Redis Cluster on loopback,
 # points the tests at them (internal/redistest reads the JOBTHROTTLE_REDIS_*
-# variables), runs go vet and go test -race, and stops every server on exit.
-# Installs redis-server and redis-tools with apt-get if they are missing.
+# variables), runs go vet and go test, and stops every server on exit.
+# Installs redis-server, redis-tools and chromium (the status page's test
+# drives it headless) with apt-get if they are missing.
+# Every test runs; fuzz seed corpora run as ordinary tests. About 4 minutes
+# on a 2-core machine with an empty build cache (README.md).
+#
+# Environment, for the longer runs CI adds (.ci/run):
+#   RACE=1      go test -race: the same tests under the race detector
+#               (about twice as long: every package is built again)
+#   BENCH=1     also the bench module's tests (bench/, own go.mod; they run
+#               Redis under valgrind, installed with apt-get if missing)
+#   FUZZ=1      also fuzz every target for FUZZTIME (default 5s) each
+#               (scripts/fuzz.sh)
+#   JOBTHROTTLE_ARTIFACTS=DIR  where tests save what a reader may want to
+#               see (the status page's screenshot); else each in its own
+#               temporary directory, removed after
 #
 # Arguments go to go test. Arguments starting with ./ or ../ are package
-# patterns and replace ./... (for vet too; bench/ is then skipped); give
-# flags with values as -flag=value. Examples:
+# patterns and replace ./... (for vet too; BENCH and FUZZ are then
+# ignored); give flags with values as -flag=value. Examples:
 #   bash scripts/test.sh
 #   bash scripts/test.sh ./internal/... -run TestCluster -v
+#   RACE=1 BENCH=1 FUZZ=1 bash scripts/test.sh
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -18,26 +33,34 @@ SECONDS=0
 section() { printf '\n==> %s  (at %ds)\n' "$*" "$SECONDS"; }
 die() { printf 'scripts/test.sh: %s\n' "$*" >&2; exit 1; }
 
-section "Redis binaries"
+section "Redis binaries, chromium"
+RACE=${RACE:-0} BENCH=${BENCH:-0} FUZZ=${FUZZ:-0}
 # valgrind: the bench's server-cost smoke test counts redis-server's
 # instructions under callgrind.
-if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null || ! command -v valgrind >/dev/null; then
+need=()
+command -v redis-server >/dev/null || need+=(redis-server)
+command -v redis-cli >/dev/null || need+=(redis-tools)
+command -v chromium >/dev/null || need+=(chromium)
+[[ $BENCH != 1 ]] || command -v valgrind >/dev/null || need+=(valgrind)
+if ((${#need[@]})); then
 	sudo=()
 	[[ $(id -u) -eq 0 ]] || sudo=(sudo)
-	echo "installing redis-server, redis-tools and valgrind with apt-get"
+	echo "installing ${need[*]} with apt-get"
 	# Lock::Timeout waits for an apt-get already running instead of failing.
 	"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -qq -o DPkg::Lock::Timeout=600 update
 	"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -qq -o DPkg::Lock::Timeout=600 \
-		install -y redis-server redis-tools valgrind >/dev/null
+		install -y "${need[@]}" >/dev/null
 fi
 REDIS_SERVER=${JOBTHROTTLE_REDIS_SERVER_BIN:-$(command -v redis-server)}
 "$REDIS_SERVER" --version
+chromium --version 2>/dev/null || die "chromium --version failed"
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/jobthrottle-test.XXXXXX")
 PIDS=() PORTS=()
 
 cleanup() {
 	local status=$? i
+	[[ -z ${TICKER:-} ]] || kill "$TICKER" 2>/dev/null || true
 	for i in "${!PIDS[@]}"; do
 		[[ -z ${PORTS[i]} ]] || redis-cli -p "${PORTS[i]}" shutdown nosave >/dev/null 2>&1 || true
 	done
@@ -131,8 +154,11 @@ full=$(( ${#pkgs[@]} == 0 ))
 
 section "go vet ${pkgs[*]}"
 go vet "${pkgs[@]}"
+echo "vet: no findings"
 
-section "go test ${pkgs[*]}"
+race=()
+[[ $RACE != 1 ]] || race=(-race)
+section "go test ${race[*]} ${pkgs[*]}"
 status=0
 test_pkgs=("${pkgs[@]}")
 if ((full)); then
@@ -147,14 +173,25 @@ if ((full)); then
 	for p in ./reliability ./throttle .; do [[ -d $p ]] && test_pkgs+=("$p"); done
 	test_pkgs+=(./...)
 fi
-go test -race -shuffle=on -count=1 -timeout 30m "${flags[@]}" "${test_pkgs[@]}" || status=$?
+# go test prints a package's result only once those named before it are
+# done, so say every 30 s which test binaries are running.
+(
+	while sleep 30; do
+		running=$(ps -eo args= | awk '$1 ~ /\.test$/ { n = split($1, p, "/"); print p[n] }' | sort -u | tr '\n' ' ')
+		printf '    ... at %ds: %s\n' "$SECONDS" "${running:-building}"
+	done
+) &
+TICKER=$!
+go test "${race[@]}" -shuffle=on -count=1 -timeout 30m "${flags[@]}" "${test_pkgs[@]}" || status=$?
+kill "$TICKER" 2>/dev/null || true
+TICKER=
 
-if ((full)) && [[ -f bench/go.mod ]]; then
+if ((full)) && [[ $BENCH == 1 && -f bench/go.mod ]]; then
 	section "bench (own module)"
 	(cd bench && go vet ./... && go test -count=1 -timeout 10m ./...) || { s=$?; ((status)) || status=$s; }
 fi
 
-if ((full)); then
+if ((full)) && [[ $FUZZ == 1 ]]; then
 	# Every fuzz target, briefly: the seed corpora already ran as tests above.
 	# Only the packages that have one are listed, so that finding the
 	# targets (go test -list) does not build every package's tests again.

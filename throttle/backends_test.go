@@ -400,6 +400,76 @@ func TestBackendsExactStateAtMostReset(t *testing.T) {
 	}
 }
 
+// Issue 20 on every backend: a reservation made before Reset gives
+// nothing back into the state after it, by Cancel or by a Settle for less,
+// under every algorithm; the record of the Reset (<rule>!reset) has a TTL
+// no longer than the forgotten state could matter. A bucket's reservation
+// lies ahead (a bucket gives back only before its time to act), a
+// window's is counted now.
+func TestBackendsResetRefundsNothing(t *testing.T) {
+	give := map[string]func(context.Context, *throttle.Reservation) error{
+		"Cancel": func(ctx context.Context, r *throttle.Reservation) error { return r.Cancel(ctx) },
+		"Settle": func(ctx context.Context, r *throttle.Reservation) error { return r.Settle(ctx, 0) },
+	}
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			for _, algo := range allAlgorithms {
+				for _, path := range []string{"Cancel", "Settle"} {
+					t.Run(string(algo)+"/"+path, func(t *testing.T) {
+						prefix := redistest.Prefix(t)
+						l, err := throttle.New(b.Client, throttle.Options{Prefix: prefix},
+							throttle.Rule{Name: "r", Algorithm: algo, Limit: throttle.Limit{Count: 5, Period: time.Hour, Burst: 5}})
+						if err != nil {
+							t.Fatal(err)
+						}
+						bucket := algo == throttle.TokenBucket || algo == throttle.GCRA
+						if bucket {
+							admittedOf(t, l, 5)
+						}
+						r, err := l.ReserveN(ctx, "s", 2)
+						if err != nil {
+							t.Fatal(err)
+						}
+						if err := l.Reset(ctx, "s"); err != nil {
+							t.Fatal(err)
+						}
+						if got := admittedOf(t, l, 10); got != 5 {
+							t.Fatalf("%d admitted after Reset, want 5", got)
+						}
+						if err := give[path](ctx, r); err != nil {
+							t.Fatal(err)
+						}
+						if got := admittedOf(t, l, 10); got != 0 {
+							t.Fatalf("%s after Reset gave %d back into the new state, want 0", path, got)
+						}
+						ttl, err := b.Client.PTTL(ctx, prefix+"{s}:r!reset").Result()
+						if limit := 3*time.Hour + 30*time.Minute; err != nil || ttl <= 0 || ttl > limit {
+							t.Fatalf("PTTL of the record of the Reset = %v, %v; want within (0, %v]", ttl, err, limit)
+						}
+					})
+				}
+			}
+		})
+	}
+}
+
+// admittedOf counts how many of k Allow calls on subject "s" succeed.
+func admittedOf(t *testing.T, l *throttle.Limiter, k int) int {
+	t.Helper()
+	got := 0
+	for range k {
+		res, err := l.Allow(context.Background(), "s")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Allowed {
+			got++
+		}
+	}
+	return got
+}
+
 // One permit from a full bucket leaves the integer form of the state
 // (lua/bucket.lua): the TAT alone, in decimal, which a real Redis keeps as
 // an integer inside its object header (OBJECT ENCODING "int"), 16 bytes

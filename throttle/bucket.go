@@ -10,7 +10,7 @@ func validateBurst(r Rule) error {
 	}
 	switch {
 	case l.Burst < 1:
-		return bad("must be at least 1 (PerSecond and friends set it to the count)")
+		return bad("must be at least 1: the most permits the bucket admits at one instant")
 	case l.Burst > maxCount:
 		return bad(fmt.Sprintf("must be at most %d", maxCount))
 	case float64(l.Burst)*float64(l.Period)/float64(l.Count) > float64(maxPeriod):

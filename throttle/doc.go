@@ -133,7 +133,7 @@
 //
 // AllowN(ctx, subject, 0) reads a subject's state under every rule without
 // charging it; AllowAtMost takes what there is, up to n; Reset forgets a
-// subject; PauseFor holds every rule of a subject back until a time an
+// subject (a reservation made before it gives nothing back); PauseFor holds every rule of a subject back until a time an
 // upstream gave (package httpthrottle does this for HTTP responses).
 //
 // Upstream is where a limiter's requests meet the resource behind it:
@@ -229,6 +229,14 @@
 //	behaviour             x/time/rate                      redis_rate                    throttle
 //	--------------------  -------------------------------  ----------------------------  -------------------------------------------
 //	clock                 the caller's (AllowN(t, n))      Redis TIME                    Redis TIME; waking maps it to local time
+//	clock steps back by J a t before the last call's       as throttle: its TAT stays    TokenBucket and GCRA keep their state, a
+//	                      keeps the tokens counted, and                                  time (the TAT): the bucket holds burst −
+//	                      refills again from t                                           (TAT − now) × rate whole tokens, up to J ×
+//	                                                                                     rate fewer than before the step (none
+//	                                                                                     fewer once the clock is past the TAT), down
+//	                                                                                     to 0 and into debt: the next permit comes
+//	                                                                                     when the clock reaches the same Redis time,
+//	                                                                                     up to J later
 //	arithmetic            float64 tokens, ns; a deficit    float64 µs in Lua             exact (see above); whole µs, delays rounded
 //	                      under 1ns admits                                               up; a request 1µs early is denied
 //	rate                  Limit (events/s), Inf allowed    Limit{Rate, Burst, Period}    Limit{Count, Period, Burst}; no Inf; burst ≥ 1
@@ -239,8 +247,13 @@
 //	Allowed               bool                             int (permits granted)         bool; AllowAtMost returns the count
 //	Remaining on denial   (Tokens)                         0                             whole permits available now
 //	RetryAfter if allowed —                                -1                            0
-//	AllowAtMost           —                                grants ≥ 1 or denies          the same; n capped at the burst/count
-//	Reset                 —                                deletes the key               deletes every rule's keys and the pause
+//	AllowAtMost           —                                grants ≥ 1 or denies;         the same; n capped at the burst/count;
+//	                                                       AllowAtMost(0) reads          AllowAtMost(0) grants 0 and answers
+//	                                                                                     as AllowN(0)
+//	Reset                 —                                deletes the key               deletes every rule's keys and the pause; a
+//	                                                                                     reservation made before it gives nothing
+//	                                                                                     back into the new state (a settle for
+//	                                                                                     more still charges it)
 //	Reservation.Delay     time left from now               —                             the same, from the slot on the local clock
 //	Cancel                after the time to act: nothing;  —                             the same, decided on Redis's clock; and a
 //	                      before: n less what later                                      place held by later reservations comes

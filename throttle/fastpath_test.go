@@ -88,8 +88,8 @@ func TestFastBucketScriptAgreesWithDriver(t *testing.T) {
 				}
 				if rng.IntN(4) == 0 {
 					refund := []any{[]string{"refund", "undo"}[rng.IntN(2)], n, int64(-1), string(algo), int64(1), T, burst}
-					keysF := []string{kf, "pause-f", kf + "!cancelled"}
-					keysG := []string{kg, "pause-g", kg + "!cancelled"}
+					keysF := []string{kf, "pause-f", kf + "!cancelled", kf + "!reset"}
+					keysG := []string{kg, "pause-g", kg + "!cancelled", kg + "!reset"}
 					if err := scripts[algo].Run(ctx, rdb, keysF, append(refund, tf)...).Err(); err != nil {
 						t.Fatal(err)
 					}
@@ -202,7 +202,7 @@ func TestBucketRefundReadsPreviousTickets(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if err := scripts[algo].Run(ctx, rdb, []string{k, "pause", k + "!cancelled"}, "refund", 1, -1, string(algo), 1, T, burst, tk).Err(); err != nil {
+			if err := scripts[algo].Run(ctx, rdb, []string{k, "pause", k + "!cancelled", k + "!reset"}, "refund", 1, -1, string(algo), 1, T, burst, tk).Err(); err != nil {
 				t.Fatal(err)
 			}
 			states = append(states, mustGet(m, k))

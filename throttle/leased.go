@@ -170,6 +170,7 @@ type lease struct {
 	next     int    // the first slot neither handed out nor dropped
 	end      int    // slots from end on were given back
 	ticket   string // the reservation's refund ticket: its last slot
+	booked   int64  // the Redis time (µs) of the grant, for its refund
 	at       slot   // the local moment of the grant's Redis now
 	last     slot   // the local moment of slot k - 1
 	returned bool   // its tail was given back (once only)
@@ -678,7 +679,7 @@ func (q *leaser) call(ctx context.Context, subject string, k *leasedKey, n int) 
 			var rep reply
 			rep, ls, err = q.grant(raw, n, send, recv)
 			if errors.Is(err, errUncertainClock) {
-				go q.giveBackLease(context.WithoutCancel(ctx), subject, n, rep.tickets(1)[0])
+				go q.giveBackLease(context.WithoutCancel(ctx), subject, n, rep.tickets(1)[0], rep.redisNow)
 			}
 		}
 	}
@@ -720,7 +721,7 @@ func (q *leaser) grant(raw []any, n int, send, recv time.Time) (reply, *lease, e
 		return rep, nil, errUncertainClock
 	}
 	now := time.Duration(redisNow) * time.Microsecond
-	ls := &lease{k: n, end: n, ticket: tk[0], at: slot{lo: base.lo.Add(now), hi: base.hi.Add(now)}}
+	ls := &lease{k: n, end: n, ticket: tk[0], booked: redisNow, at: slot{lo: base.lo.Add(now), hi: base.hi.Add(now)}}
 	// The last slot: w µs + r / count µs, r < count.
 	x := time.Duration(w)*time.Microsecond + time.Duration(uint64(r)*1000/q.count)
 	ls.last = slot{lo: base.lo.Add(x), hi: base.hi.Add(x + 1)}
@@ -806,6 +807,7 @@ func (q *leaser) checkIdle(subject string, k *leasedKey) {
 	type refund struct {
 		n      int
 		ticket string
+		booked int64
 	}
 	var back []refund
 	k.mu.Lock()
@@ -822,7 +824,7 @@ func (q *leaser) checkIdle(subject string, k *leasedKey) {
 			if ls.returned || ls.end != ls.k || ls.next == ls.end || !ls.last.lo.After(t) {
 				break
 			}
-			back = append(back, refund{ls.end - ls.next, ls.ticket})
+			back = append(back, refund{ls.end - ls.next, ls.ticket, ls.booked})
 			ls.end, ls.returned = ls.next, true
 			if ls.next > 0 {
 				break // its head was handed out: earlier leases are no tail
@@ -840,7 +842,7 @@ func (q *leaser) checkIdle(subject string, k *leasedKey) {
 		return
 	}
 	for _, b := range back {
-		if !q.giveBackLease(context.Background(), subject, b.n, b.ticket) {
+		if !q.giveBackLease(context.Background(), subject, b.n, b.ticket, b.booked) {
 			return
 		}
 	}
@@ -851,18 +853,19 @@ func (q *leaser) checkIdle(subject string, k *leasedKey) {
 var errUncertainClock = errors.New("throttle: lease round trips too slow to place slots")
 
 // giveBackLease refunds the last n slots of the lease whose ticket is
-// ticket (bucket.lua's refund, which takes back only what no later
-// reservation follows), and reports whether Redis answered.
-func (q *leaser) giveBackLease(ctx context.Context, subject string, n int, ticket string) bool {
+// ticket, granted at the Redis time booked (bucket.lua's refund, which
+// takes back only what no later reservation follows; nothing if the rule
+// was reset since), and reports whether Redis answered.
+func (q *leaser) giveBackLease(ctx context.Context, subject string, n int, ticket string, booked int64) bool {
 	ctx, cancel := context.WithTimeout(ctx, leaseCallTimeout)
 	defer cancel()
 	l := q.lim
-	keys, args, err := l.request(opRefund, subject, 1, unbounded, []string{ticket})
+	keys, args, err := l.request(opRefund, subject, 1, booked, []string{ticket})
 	if err != nil {
 		return false
 	}
 	args[1] = n // the tail of a lease, which may exceed the burst
-	keys = append(keys, l.pauseKey(subject), key(l.prefix, escape(subject), l.keyRules[0]+cancelledSuffix))
+	keys = append(keys, l.givebackKeys(subject, cancelledSuffix)...)
 	_, err = l.exec(ctx, opRefund, l.script, keys, args) // which reports a failure
 	return err == nil
 }

@@ -24,8 +24,8 @@ const (
 	// maxPeriod is the longest Period (and the longest burst horizon,
 	// Burst × Period / Count) a Limit may have.
 	maxPeriod = 10 * 365 * 24 * time.Hour
-	// maxCount bounds Count and Burst.
-	maxCount = 1 << 40
+	// maxCount bounds Count and Burst (MaxPermits).
+	maxCount = MaxPermits
 	// maxLogCount bounds Count for SlidingLog, which stores one sorted-set
 	// member per permit; use SlidingWindow for larger counts.
 	maxLogCount = 1_000_000
@@ -33,6 +33,11 @@ const (
 	// one hash field per bucket.
 	maxBuckets = 10_000
 )
+
+// MaxPermits bounds a Limit's Count and Burst, 2^40: Rule.Validate
+// refuses more. Rules files and command lines that read a limit check
+// against it, so that the bound is stated once.
+const MaxPermits = 1 << 40
 
 // PerSecond returns a limit of n permits per second, burst n.
 func PerSecond(n int) Limit { return Limit{Count: n, Period: time.Second, Burst: n} }

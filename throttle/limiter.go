@@ -65,6 +65,15 @@ type Options struct {
 	// and AllowAtMost do not lease. See the package doc, "One hot key". If
 	// zero (the default), nothing is leased.
 	LocalLease time.Duration
+	// PrepayAfter is the soonest a slot booked by PrepayN may be, from the
+	// call: the time a job needs to reach whoever redeems its receipt (a
+	// queue's delay from enqueue to a worker). A slot sooner finds the job
+	// late, its receipt stale, and the job is charged a second time. A
+	// policy of TokenBucket and GCRA rules decides as if called that much
+	// later (so the turns before then go unused, by anyone); a policy
+	// with another rule ignores it. If zero (the default), a slot may be
+	// now. At most maxPeriod.
+	PrepayAfter time.Duration
 }
 
 // A Limiter decides, through Redis, whether a subject (a tenant, an API
@@ -102,6 +111,9 @@ func New(rdb redis.UniversalClient, opts Options, rules ...Rule) (*Limiter, erro
 	}
 	if opts.MaxWait < 0 {
 		return nil, &ConfigError{Field: "max_wait", Reason: fmt.Sprintf("%v must not be negative", opts.MaxWait)}
+	}
+	if opts.PrepayAfter < 0 || opts.PrepayAfter > maxPeriod {
+		return nil, &ConfigError{Field: "prepay_after", Reason: fmt.Sprintf("%v must be between 0 and %v", opts.PrepayAfter, maxPeriod)}
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()

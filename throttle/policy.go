@@ -79,7 +79,7 @@ const (
 	opRelease op = "release" // give places back (lease.lua, concurrency.go)
 
 	opPaused      op = "paused"       // read a pause (paused.lua)
-	opReset       op = "reset"        // DEL a subject's keys (state.go)
+	opReset       op = "reset"        // forget a subject's state (state.go, reset.lua)
 	opDropReceipt op = "drop receipt" // ZREM a cancelled receipt (prepay.go)
 )
 

@@ -62,7 +62,7 @@ func (l *Limiter) PrepayN(ctx context.Context, subject string, n int, keep time.
 	}
 	id := newReceiptID()
 	keys = append(keys, l.receiptsKey(subject), l.ticketsKey(subject))
-	args = append(args, l.member(id), keep.Microseconds())
+	args = append(args, l.member(id), keep.Microseconds(), l.opts.PrepayAfter.Microseconds())
 	// No fail-open here (opPrepay): a receipt that Redis never recorded
 	// would only make the consumer charge again.
 	rep, recv, err := l.call(ctx, opPrepay, keys, args)

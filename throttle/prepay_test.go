@@ -212,3 +212,60 @@ func TestPrepayWindows(t *testing.T) {
 		})
 	}
 }
+
+// With Options.PrepayAfter, a bucket's first prepaid slot is that long
+// after the call, not now, and the next ones follow it an interval apart;
+// the rules hold the permits at those slots (exactly: a plain Allow waits
+// for the first free one after them), the receipts redeem at their slots,
+// and the keys outlive the booking. A policy with a window rule ignores it.
+func TestPrepayAfter(t *testing.T) {
+	for _, algo := range []Algorithm{GCRA, TokenBucket} {
+		t.Run(string(algo), func(t *testing.T) {
+			virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
+				ctx := context.Background()
+				rule := Rule{Name: "api", Algorithm: algo, Limit: PerSecond(10).WithBurst(2)}
+				producer := mustNew(t, rdb, Options{PrepayAfter: 300 * ms}, rule)
+				worker := mustNew(t, rdb, Options{}, rule)
+				var receipts []string
+				// Burst 2: two slots at 300ms, then one per 100ms.
+				for i, want := range []time.Duration{300 * ms, 300 * ms, 400 * ms, 500 * ms} {
+					r, err := producer.PrepayN(ctx, "s", 1, time.Minute)
+					if err != nil {
+						t.Fatalf("PrepayN %d: %v", i, err)
+					}
+					if r.Delay() != want {
+						t.Errorf("PrepayN %d: Delay = %v, want %v", i, r.Delay(), want)
+					}
+					receipts = append(receipts, receiptOf(r))
+				}
+				if res := allow(t, worker, "s", 1); res.Allowed || res.RetryAfter != 600*ms {
+					t.Errorf("after 4 prepaid from 300ms: allowed=%v RetryAfter=%v; want denied, 600ms", res.Allowed, res.RetryAfter)
+				}
+				if ttl := rdb.PTTL(ctx, "jobthrottle:{s}:api").Val(); ttl < 600*ms {
+					t.Errorf("the rule's key lives %v, want at least until the last slot, 600ms", ttl)
+				}
+				time.Sleep(300 * ms)
+				for i, rc := range receipts {
+					d, ok, err := redeem(ctx, worker, "s", rc)
+					if want := max(time.Duration(i-1), 0) * 100 * ms; err != nil || !ok || d != want {
+						t.Errorf("Redeem %d at 300ms: %v, %v, %v; want ok after %v", i, d, ok, err, want)
+					}
+				}
+			})
+		})
+	}
+	t.Run("window rule ignores it", func(t *testing.T) {
+		virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+			rules := []Rule{{Name: "api", Algorithm: GCRA, Limit: PerSecond(10).WithBurst(1)},
+				{Name: "day", Algorithm: FixedWindow, Limit: Limit{Count: 1000, Period: 24 * time.Hour}}}
+			producer := mustNew(t, rdb, Options{PrepayAfter: 300 * ms}, rules...)
+			r, err := producer.PrepayN(context.Background(), "s", 1, time.Minute)
+			if err != nil || r.Delay() != 0 {
+				t.Fatalf("PrepayN: %v, %v; want a slot now", r, err)
+			}
+		})
+	})
+	if _, err := New(redis.NewClient(&redis.Options{}), Options{PrepayAfter: -ms}, Rule{Name: "a", Algorithm: GCRA, Limit: PerSecond(1)}); err == nil {
+		t.Error("a negative PrepayAfter: no error")
+	}
+}

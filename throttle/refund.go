@@ -21,12 +21,14 @@ type refunder struct {
 // refund is made, or when ctx ends; the refund is then still made if Redis
 // answers. undo (rolling back the part of one subject when another's
 // rules refuse: subjects.go) gives the permits back even
-// after their time to act, which a Cancel does not (bucket.lua).
-func (l *Limiter) refund(ctx context.Context, subject string, n int, tickets []string, undo bool) error {
+// after their time to act, which a Cancel does not (bucket.lua). booked is
+// the Redis time (µs) of the call that made the reservation: a rule reset
+// since gives nothing back (lua/reset.lua).
+func (l *Limiter) refund(ctx context.Context, subject string, n int, booked int64, tickets []string, undo bool) error {
 	if _, _, err := l.request(opRefund, subject, n, unbounded, tickets); err != nil {
 		return err // bad input fails before it is queued
 	}
-	e := &refundEntry{ctx: ctx, n: n, tickets: tickets, done: make(chan struct{})}
+	e := &refundEntry{ctx: ctx, n: n, booked: booked, tickets: tickets, done: make(chan struct{})}
 	// Cancels and undos of one subject go in separate batches (one op per
 	// call). An escaped subject holds no NUL, so the undo key, with a NUL
 	// in front, is never another subject's.
@@ -71,6 +73,7 @@ type refundBatch struct {
 type refundEntry struct {
 	ctx     context.Context // its caller's, for values; the call has its own deadline
 	n       int
+	booked  int64 // Redis time (µs) of the call that made it
 	tickets []string
 	done    chan struct{} // closed once err is set
 	err     error
@@ -106,21 +109,16 @@ func (l *Limiter) refundNow(subject string, batch []*refundEntry, undo bool) err
 	if undo {
 		o = opUndo
 	}
-	keys, args, err := l.request(o, subject, first.n, unbounded, first.tickets)
+	keys, args, err := l.request(o, subject, first.n, first.booked, first.tickets)
 	if err != nil {
 		return err
 	}
-	// The pause key, so that the script can hold a running pause (pause.go),
-	// then each rule's record of cancelled reservations, so that refunds
+	// Each rule's record of cancelled reservations, so that refunds
 	// arriving in any order give back everything (prelude.lua); the other
 	// reservations follow the rules in ARGV (driver.lua).
-	keys = append(keys, l.pauseKey(subject))
-	enc := escape(subject)
-	for _, r := range l.keyRules {
-		keys = append(keys, key(l.prefix, enc, r+cancelledSuffix))
-	}
+	keys = append(keys, l.givebackKeys(subject, cancelledSuffix)...)
 	for _, e := range batch[1:] {
-		args = append(args, e.n)
+		args = append(args, e.n, e.booked)
 		for _, t := range e.tickets {
 			args = append(args, t)
 		}
@@ -137,4 +135,23 @@ func (l *Limiter) refundNow(subject string, batch []*refundEntry, undo bool) err
 		}
 	}
 	return err
+}
+
+// givebackKeys returns the keys a refund or settle of subject has after
+// its rules' (lua/driver.lua): the pause key, so that the script can hold
+// a running pause (pause.go); each rule's record named by suffix
+// (cancelledSuffix, settledSuffix); and each rule's record of its latest
+// Reset, so that a reservation made before it gives nothing back into the
+// new state (state.go).
+func (p *policy) givebackKeys(subject, suffix string) []string {
+	enc := escape(subject)
+	keys := make([]string, 0, 2*len(p.keyRules)+1)
+	keys = append(keys, p.pauseKey(subject))
+	for _, r := range p.keyRules {
+		keys = append(keys, key(p.prefix, enc, r+suffix))
+	}
+	for _, r := range p.keyRules {
+		keys = append(keys, key(p.prefix, enc, r+resetSuffix))
+	}
+	return keys
 }

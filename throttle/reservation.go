@@ -25,7 +25,7 @@ type Reservation struct {
 	slot time.Time // a prepaid reservation's slot on the Redis clock (prepay.go)
 
 	spent  bool  // a redeemed booking or receipt (admit.go): Cancel gives nothing back, Settle corrects it
-	booked int64 // Redis time (µs) of the call that made it, for Settle; -1 if unknown
+	booked int64 // Redis time (µs) of the call that made it, for refunds and Settle; -1 if unknown
 
 	parts []*Reservation // a limiter over several subjects: each part's (subjects.go)
 
@@ -48,8 +48,9 @@ func (r *Reservation) Delay() time.Duration { return max(0, time.Until(r.at)) }
 // already took. Later reservations keep their slots; permits they hold
 // come back when those are cancelled too (Redis remembers, whichever
 // process cancels, in whatever order; x/time/rate would keep them). A
-// prepaid reservation (PrepayN) also loses its receipt. Calling it again
-// does nothing and returns the first call's error.
+// prepaid reservation (PrepayN) also loses its receipt. A reservation made
+// before a Reset of its subject gives nothing back (see Reset). Calling it
+// again does nothing and returns the first call's error.
 func (r *Reservation) Cancel(ctx context.Context) error {
 	return r.cancel(ctx, false)
 }
@@ -66,7 +67,7 @@ func (r *Reservation) cancel(ctx context.Context, undo bool) error {
 			r.cancelErr = r.lim.dropReceipt(ctx, r.subject, r.receipt)
 		}
 		if r.tickets != nil && !r.spent {
-			r.cancelErr = errors.Join(r.cancelErr, r.lim.refund(ctx, r.subject, r.n, r.tickets, undo))
+			r.cancelErr = errors.Join(r.cancelErr, r.lim.refund(ctx, r.subject, r.n, r.booked, r.tickets, undo))
 		}
 	})
 	return r.cancelErr

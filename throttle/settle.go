@@ -63,6 +63,12 @@ func (p *policy) ticketsKey(subject string) string {
 // whatever comes back: for a budget settled under a backlog, prefer a
 // bucket.)
 //
+// After a Reset of the subject, a reservation made before it gives
+// nothing back: a Settle for less changes nothing. A Settle for more
+// still charges the difference to the new state, into debt if need be:
+// the work used those permits, whenever it ran, and a charge never lets a
+// rule admit more than its bound.
+//
 // A reservation is settled once: a second Settle, or a Settle after
 // Cancel, returns an error and changes nothing; Cancel after Settle does
 // nothing. A reservation admitted without Redis (Options.FailOpen) settles
@@ -102,13 +108,9 @@ func (r *Reservation) settle(ctx context.Context, actual int) error {
 	if rerr != nil {
 		return errors.Join(err, rerr)
 	}
-	// The pause key, then each rule's record of give-backs (bucket.lua);
-	// after the rules, when the reservation was made (0: unknown).
-	keys = append(keys, r.lim.pauseKey(r.subject))
-	enc := escape(r.subject)
-	for _, kr := range r.lim.keyRules {
-		keys = append(keys, key(r.lim.prefix, enc, kr+settledSuffix))
-	}
+	// Each rule's record of give-backs (bucket.lua); after the rules,
+	// when the reservation was made.
+	keys = append(keys, r.lim.givebackKeys(r.subject, settledSuffix)...)
 	args = append(args, r.booked)
 	_, rerr = r.lim.exec(ctx, opSettle, r.lim.script, keys, args)
 	return errors.Join(err, rerr)

@@ -106,8 +106,44 @@ func TestAllowAtMost(t *testing.T) {
 		if got, _, err := l.AllowAtMost(ctx, "s", 100); err != nil || got != 5 {
 			t.Fatalf("AllowAtMost(100) on a full rule = %d, %v; want 5", got, err)
 		}
-		if _, _, err := l.AllowAtMost(ctx, "s", 0); err == nil {
-			t.Fatal("AllowAtMost(0) succeeded, want an error")
+		if _, _, err := l.AllowAtMost(ctx, "s", -1); err == nil {
+			t.Fatal("AllowAtMost(-1) succeeded, want an error")
+		}
+	})
+}
+
+// AllowAtMost(0) reads the state, as redis_rate's does (issue 20): it
+// grants 0 and answers what AllowN(0) answers, charging and changing
+// nothing.
+func TestAllowAtMostZeroReads(t *testing.T) {
+	eachAlgorithm(t, func(t *testing.T, l *Limiter, m *miniredis.Miniredis) {
+		ctx := context.Background()
+		time.Sleep(100 * ms) // inside the fixed window [0, 1s)
+		check := func(when string) {
+			t.Helper()
+			before := fmt.Sprint(m.Dump())
+			got, res, err := l.AllowAtMost(ctx, "s", 0)
+			if err != nil || got != 0 {
+				t.Fatalf("%s: AllowAtMost(0) = %d, %+v, %v; want 0 granted", when, got, res, err)
+			}
+			if want := allow(t, l, "s", 0); res != want {
+				t.Fatalf("%s: AllowAtMost(0) answered %+v, AllowN(0) %+v; want the same", when, res, want)
+			}
+			if after := fmt.Sprint(m.Dump()); after != before {
+				t.Fatalf("%s: AllowAtMost(0) changed the state:\n%s\nto\n%s", when, before, after)
+			}
+		}
+		check("fresh")
+		allow(t, l, "s", 3)
+		check("3 of 5 taken")
+		if res := allow(t, l, "s", 0); !res.Allowed || res.Remaining != 2 {
+			t.Fatalf("AllowN(0) after: %+v, want allowed, 2 left", res)
+		}
+		if l.rules[0].Algorithm.bucket() {
+			if _, err := l.ReserveN(ctx, "s", 5); err != nil {
+				t.Fatal(err)
+			}
+			check("in debt")
 		}
 	})
 }

@@ -219,3 +219,67 @@ func ceilMicro(d time.Duration) time.Duration {
 
 // xrateSeed fixes the random sequences, so a failure replays.
 var xrateSeed uint64 = 11
+
+// When Redis's clock steps back, the token bucket and GCRA answer more
+// strictly than x/time/rate (the table in doc.go): their state is a time,
+// the TAT, which stays where it was, so the bucket holds burst − (TAT −
+// now) / T whole tokens by the earlier clock, fewer than before the step,
+// and a bucket stepped back past its burst is in debt until the clock
+// catches up. x/time/rate keeps the tokens it had counted. A TAT behind
+// the stepped-back clock is a full bucket still. Both scripts: the fast
+// one (an interval of whole µs) and bucket.lua (3 per second).
+func TestBucketsClockStepsBack(t *testing.T) {
+	for _, algo := range []Algorithm{TokenBucket, GCRA} {
+		for _, lim := range []Limit{PerSecond(10), {Count: 3, Period: time.Second, Burst: 3}} {
+			t.Run(string(algo)+"/"+lim.describe(), func(t *testing.T) {
+				virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
+					ctx := context.Background()
+					l := mustNew(t, rdb, Options{}, Rule{Name: "r", Algorithm: algo, Limit: lim})
+					ref := rate.NewLimiter(rate.Every(lim.interval()), lim.Burst)
+					T, B := lim.interval(), lim.Burst
+					t0 := time.Now()
+					clock := func(d time.Duration) time.Time {
+						m.SetTime(t0.Add(d))
+						return t0.Add(d)
+					}
+					// whole tokens at TAT t0 + B×T, now t0 + d, by the formula
+					tokens := func(d time.Duration) int { return max(0, int(d/T)) }
+					if res := allow(t, l, "s", B); !res.Allowed || !ref.AllowN(clock(0), B) {
+						t.Fatalf("the burst at t0: %+v", res)
+					}
+					ref.AllowN(clock(500*ms), 0)
+					if res := allow(t, l, "s", 0); res.Remaining != tokens(500*ms) {
+						t.Fatalf("at t0+500ms: %+v, want %d left", res, tokens(500*ms))
+					}
+					// 300ms back: the TAT stays, x/time/rate keeps its tokens.
+					now := clock(200 * ms)
+					full := ceilMicro(time.Duration(B)*lim.Period/time.Duration(lim.Count) - 200*ms)
+					if res := allow(t, l, "s", 0); res.Remaining != tokens(200*ms) || res.ResetAfter != full {
+						t.Fatalf("stepped back to t0+200ms: %+v, want %d left, full in %v", res, tokens(200*ms), full)
+					}
+					if got := int(ref.TokensAt(now)); got != tokens(500*ms) {
+						t.Fatalf("x/time/rate stepped back: %d tokens, want the %d it had", got, tokens(500*ms))
+					}
+					// Back past the burst: in debt until t0 + T on the clock.
+					clock(-time.Second)
+					res := allow(t, l, "s", 1)
+					if want := ceilMicro(time.Second + T); res.Allowed || res.Remaining != 0 || res.RetryAfter != want {
+						t.Fatalf("stepped back to t0-1s: %+v, want denied, 0 left, retry after %v", res, want)
+					}
+					r, err := l.ReserveN(ctx, "s", 1)
+					if want := ceilMicro(time.Second + T); err != nil || r.Delay() != want {
+						t.Fatalf("ReserveN at t0-1s = %v, %v; want a delay of %v", r, err, want)
+					}
+					// A TAT that the stepped-back clock has passed: full.
+					clock(2 * time.Second)
+					allow(t, l, "f", 1)
+					clock(10 * time.Second)
+					clock(5 * time.Second)
+					if res := allow(t, l, "f", 0); res.Remaining != B {
+						t.Fatalf("a TAT behind the stepped-back clock: %+v, want %d left", res, B)
+					}
+				})
+			})
+		}
+	}
+}

@@ -138,9 +138,10 @@ func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (
 	if d.InLine {
 		return turn{}, m.deferTask(ctx, t, retryAt, ErrParked, OutcomeParked, "turn", "in line")
 	}
-	m.metrics.bookedAhead(r.Name, time.Until(d.At))
+	t.booked, t.ahead = d.Slot, time.Until(d.At)
+	m.metrics.parkedOn(r.Name, d, t.ahead)
 	return turn{}, m.deferTask(ctx, t, retryAt, ErrParked, OutcomeParked,
-		"turn", d.Turn, "booked_for", d.Slot.UTC(), "booked_ahead", time.Until(d.At).Round(time.Millisecond))
+		"turn", d.Turn, "booked_for", d.Slot.UTC(), "booked_ahead", t.ahead.Round(time.Millisecond))
 }
 
 // turn is how admit lets a task run: the Wait its handler sees, whether
@@ -161,7 +162,9 @@ type taskRun struct {
 	subject     string
 	cost        int
 	lastAttempt bool
-	byMaxWait   bool // the wait in place was bounded by the rule's MaxWait, not the deadline
+	byMaxWait   bool          // the wait in place was bounded by the rule's MaxWait, not the deadline
+	booked      time.Time     // a parked task's turn (Redis clock); zero if it parked in its subject's line
+	ahead       time.Duration // how far ahead booked was
 	start       time.Time
 	log         *slog.Logger
 }
@@ -317,7 +320,7 @@ func (m *Middleware) serveLine(ctx context.Context, r *ruleGate, member, subject
 		}
 		return fmt.Errorf("worker: serving the line of rule %q: %w", r.Name, err)
 	}
-	m.metrics.lineServed(r.Name, len(s.Handed))
+	m.metrics.lineServed(r.Name, s.Handed)
 	wakes := s.Handed
 	if !s.Next.IsZero() {
 		if wakes == nil {
@@ -582,11 +585,14 @@ func (m *Middleware) deferTask(ctx context.Context, t *taskRun, retryAt time.Tim
 	if te.Requeued != "" {
 		attrs = append(attrs, "requeued_as", te.Requeued)
 	}
-	msg := "worker: task deferred"
+	msg, level := "worker: task deferred", slog.LevelInfo
 	if outcome == OutcomeParked {
-		msg = "worker: task parked until its turn"
+		// One line per park would flood the log under a backlog: Debug,
+		// and a summary per rule at Info (parklog.go).
+		msg, level = "worker: task parked until its turn", slog.LevelDebug
+		m.parks.add(rule, t.booked, t.ahead)
 	}
-	t.log.InfoContext(ctx, msg, attrs...)
+	t.log.Log(ctx, level, msg, attrs...)
 	if te.Requeued != "" {
 		return revokedError{te}
 	}

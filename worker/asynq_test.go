@@ -449,11 +449,15 @@ func TestAsynqShutdownWhileWaiting(t *testing.T) {
 	mw := middleware(t, []TaskRule{{Name: "slow", Tasks: []string{"slow"}, Limiter: lim, Subject: Fixed("s"), MaxWait: time.Minute}}, Options{Metrics: m})
 	srv := b.serve(mw, asynq.Config{ShutdownTimeout: 500 * time.Millisecond})
 	task := b.enqueue("slow", "", asynq.MaxRetry(3))
-	eventually(t, 10*time.Second, "the task waiting", func() bool { return testutil.ToFloat64(m.waiters.WithLabelValues("slow")) == 1 })
-
-	// The waiting task booked the slot 20s ahead; the next would be 40s.
-	if res, _ := lim.Allow(context.Background(), "s"); res.RetryAfter < 35*time.Second {
-		t.Fatalf("next slot in %v while the task waits, want about 40s", res.RetryAfter)
+	// The waiting task books the slot 20s ahead; the next is then 40s.
+	// (The waiters gauge goes up just before that booking, so it is the
+	// booking that is waited for.)
+	eventually(t, 10*time.Second, "the task waiting on the slot 20s ahead", func() bool {
+		res, err := lim.Allow(context.Background(), "s")
+		return err == nil && res.RetryAfter >= 35*time.Second
+	})
+	if got := testutil.ToFloat64(m.waiters.WithLabelValues("slow")); got != 1 {
+		t.Fatalf("waiters = %v while the task waits, want 1", got)
 	}
 	srv.Shutdown()
 
@@ -685,11 +689,12 @@ func TestAsynqLine(t *testing.T) {
 	for _, r := range b.runs() {
 		turns = append(turns, r.wait.Turn)
 	}
-	slices.SortFunc(turns, time.Time.Compare)
-	for i := 1; i < n; i++ {
-		if gap := turns[i].Sub(turns[i-1]); gap < 100*time.Millisecond-time.Millisecond {
-			t.Errorf("turns %d and %d are %v apart on the Redis clock; the rule spaces them 100ms", i-1, i, gap)
-		}
+	// The promise is per window: a task back late for its booked turn,
+	// within the tolerance (one interval), runs on it as late as it came,
+	// so on a loaded machine two turns may be closer than 100ms, never
+	// more than limit + burst in a second.
+	if most := redistest.MaxInWindow(turns, time.Second); most > 11 {
+		t.Errorf("%d turns in one second on the Redis clock; the rule allows 10 + burst 1", most)
 	}
 	// About 30 of the 40 turns were more than a second away: the line's.
 	if got := testutil.ToFloat64(m.lineTurns.WithLabelValues("api")); got < 20 || got > n {

@@ -119,7 +119,7 @@ func TestConfigure(t *testing.T) {
 func TestThrottledError(t *testing.T) {
 	cause := &throttle.DelayError{Rule: "stripe", RetryAfter: 4 * time.Second}
 	te := &admission.ThrottledError{Rule: "stripe", Subject: "acct_42", RetryAt: time.Date(2026, 5, 6, 7, 8, 9, 0, time.UTC), Err: cause}
-	want := `admission: rule "stripe": subject "acct_42" throttled until 2026-05-06T07:08:09Z: throttle: rule "stripe": admission in 4s is past the limiter's MaxWait`
+	want := `admission: waiting, not failed: rule "stripe", subject "acct_42", runs again at 2026-05-06T07:08:09Z: throttle: rule "stripe": admission in 4s is past the limiter's MaxWait`
 	if got := te.Error(); got != want {
 		t.Errorf("Error() =\n%s\nwant\n%s", got, want)
 	}

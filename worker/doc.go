@@ -47,6 +47,10 @@
 // inside it (an API key's 100/s, at most 10/s a tenant): a tenant its own
 // limit holds back waits in the line while the others are served.
 //
+// Explain says where a task is and why (cmd/worker explain): asynq's
+// state of it, and what its rule's limiter and the wake-up ledger keep
+// about it in Redis (its booked turn, its place in its subject's line).
+//
 // See README.md in this directory for the binary, the metrics and the
 // parking semantics in full, and rules/README.md for the rules file.
 package worker

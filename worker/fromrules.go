@@ -1,11 +1,16 @@
 package worker
 
 import (
+	"cmp"
+	"context"
+	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/rules"
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
@@ -16,6 +21,11 @@ import (
 // and its Metrics' OnRedisError also go to the limiters, and with Asynq,
 // WakeOnHandoff wakes the tasks handed a place of a concurrency rule.
 // Reload replaces the rules with those of a changed file.
+//
+// FromRules, and Reload after it, publish the limit of every throttle rule
+// they charge (admission.PublishLimits) under cfg's prefix, so that a
+// producer pacing under another limit is refused (enqueue.PaceSpec); a
+// failure to publish is logged as a warning, not returned.
 func FromRules(cfg *rules.Config, rdb redis.UniversalClient, opts Options) (*Middleware, error) {
 	src := &ruleSource{rdb: rdb, cfg: cfg, base: throttle.Options{Logger: opts.Logger}}
 	if opts.Metrics != nil {
@@ -33,7 +43,39 @@ func FromRules(cfg *rules.Config, rdb redis.UniversalClient, opts Options) (*Mid
 		return nil, err
 	}
 	m.source = src
+	src.publish(m.log, trs)
 	return m, nil
+}
+
+// publishTimeout bounds publishing the rules' limits, which a worker does
+// not wait on for long: a Redis that does not answer now fails the tasks'
+// own calls soon enough, and says so there.
+const publishTimeout = 2 * time.Second
+
+// publish records the limits of trs' rules for producers to check theirs
+// against (admission.PublishLimits). A failure is logged, not returned: it
+// costs only the producers' check, not the workers' limits.
+func (s *ruleSource) publish(log *slog.Logger, trs []TaskRule) {
+	var rules []throttle.Rule
+	seen := map[string]bool{}
+	for _, tr := range trs {
+		lim, ok := tr.Limiter.(*throttle.Limiter)
+		if !ok {
+			continue
+		}
+		for _, r := range lim.Rules() {
+			if !seen[r.Name] {
+				seen[r.Name] = true
+				rules = append(rules, r)
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
+	defer cancel()
+	prefix := cmp.Or(s.cfg.Prefix, throttle.DefaultPrefix)
+	if err := admission.PublishLimits(ctx, s.rdb, prefix, rules); err != nil {
+		log.Warn("worker: producers cannot check their limits against this worker's", "err", err)
+	}
 }
 
 // ruleSource is what FromRules built a middleware's rules from, for

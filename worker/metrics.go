@@ -5,6 +5,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/jobthrottle/jobthrottle/admission"
+	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
 // Outcomes of a throttled task, the values of the outcome label of
@@ -36,6 +39,11 @@ const WaitThreshold = 5 * time.Millisecond
 //	jobthrottle_redis_errors_total            errors from Redis seen by the limiters
 //	jobthrottle_places_held{rule}             tasks of a concurrency rule running in this process, each holding a place
 //	jobthrottle_line_turns_total{rule}        turns this process booked for tasks waiting in a subject's line
+//	jobthrottle_booked_turns{rule}            turns this process booked for parked tasks (or serving a line) that have not come yet
+//	jobthrottle_furthest_turn_seconds{rule}   how far ahead of now the furthest of those turns is
+//
+// The last two are kept in memory and computed when scraped: they cost
+// no Redis call.
 //
 // A nil *Metrics records nothing. Pass one to the middleware with
 // Options.Metrics; FromRules also wires OnRedisError into the limiters
@@ -44,12 +52,14 @@ type Metrics struct {
 	wait        *prometheus.HistogramVec
 	delays      *prometheus.HistogramVec
 	decisions   *prometheus.CounterVec
+	activity    *Activity // the decisions and turns again, in memory, for a status page (activity.go)
 	waiters     *prometheus.GaugeVec
 	ahead       *prometheus.GaugeVec
 	wakeups     prometheus.Counter
 	redisErrors prometheus.Counter
 	places      *prometheus.GaugeVec
 	lineTurns   *prometheus.CounterVec
+	turns       *turnBook
 }
 
 // NewMetrics creates the metrics and registers them on reg. It returns an
@@ -107,7 +117,9 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		Name:      "line_turns_total",
 		Help:      "Turns this process booked, serving a subject's line, for tasks that waited in it past the rule's horizon, by rule.",
 	}, []string{"rule"})
-	for _, c := range []prometheus.Collector{m.wait, m.delays, m.decisions, m.waiters, m.ahead, m.wakeups, m.redisErrors, m.places, m.lineTurns} {
+	m.turns = &turnBook{}
+	m.activity = &Activity{turns: m.turns}
+	for _, c := range []prometheus.Collector{m.wait, m.delays, m.decisions, m.waiters, m.ahead, m.wakeups, m.redisErrors, m.places, m.lineTurns, m.turns} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("worker: registering metrics: %w", err)
 		}
@@ -126,6 +138,7 @@ func (m *Metrics) OnRedisError(err error, failedOpen bool) {
 func (m *Metrics) decided(rule, outcome string) {
 	if m != nil {
 		m.decisions.WithLabelValues(rule, outcome).Inc()
+		m.activity.decided(rule, outcome)
 	}
 }
 
@@ -147,9 +160,16 @@ func (m *Metrics) startDelay(rule string, d time.Duration) {
 	}
 }
 
-func (m *Metrics) bookedAhead(rule string, d time.Duration) {
-	if m != nil {
-		m.ahead.WithLabelValues(rule).Set(d.Seconds())
+// parkedOn records the turn d that a task of rule parked on, booked
+// ahead by ahead. A held turn (the task came back early) was counted in
+// the turn book when it was booked.
+func (m *Metrics) parkedOn(rule string, d admission.Decision, ahead time.Duration) {
+	if m == nil {
+		return
+	}
+	m.ahead.WithLabelValues(rule).Set(ahead.Seconds())
+	if d.Turn == throttle.Booked {
+		m.turns.add(rule, d.At)
 	}
 }
 
@@ -165,8 +185,15 @@ func (m *Metrics) holding(rule string, delta float64) {
 	}
 }
 
-func (m *Metrics) lineServed(rule string, turns int) {
-	if m != nil && turns > 0 {
-		m.lineTurns.WithLabelValues(rule).Add(float64(turns))
+// lineServed records the turns a serving of rule's line booked, by task,
+// each with its slot on the Redis clock (taken as the local one, as the
+// wake-ups take it).
+func (m *Metrics) lineServed(rule string, handed map[string]time.Time) {
+	if m == nil || len(handed) == 0 {
+		return
+	}
+	m.lineTurns.WithLabelValues(rule).Add(float64(len(handed)))
+	for _, slot := range handed {
+		m.turns.add(rule, slot)
 	}
 }

@@ -132,6 +132,7 @@ type Middleware struct {
 	drainCtx   context.Context
 	drain      context.CancelFunc
 	stopped    chan struct{} // closed when the wake-up loop has ended (nil without one)
+	parks      *parkTally    // the parks logged in summary (parklog.go)
 }
 
 // ruleTable is the middleware's rules, by task type and by name. It is
@@ -219,6 +220,7 @@ func NewMiddleware(rules []TaskRule, opts Options) (*Middleware, error) {
 	if m.redisRetry <= 0 {
 		m.redisRetry = DefaultRedisRetryDelay
 	}
+	m.parks = &parkTally{log: m.log, every: ParkSummaryEvery}
 	if opts.Asynq != nil {
 		m.requeue = &requeuer{client: asynq.NewClientFromRedisClient(opts.Asynq), insp: asynq.NewInspectorFromRedisClient(opts.Asynq)}
 		var err error
@@ -386,12 +388,14 @@ func (m *Middleware) Wrap(next asynq.Handler) asynq.Handler {
 // to ShutdownTimeout for tasks that are only waiting. Tasks on their last
 // attempt are not drained unless Options.Asynq is set (deferring would
 // archive them); asynq puts them back in their queue when ShutdownTimeout
-// passes. Drain cannot be undone.
+// passes. It logs the summary of the parks counted since the last one
+// (ParkSummaryEvery) at once. Drain cannot be undone.
 func (m *Middleware) Drain() {
 	m.drain()
 	if m.stopped != nil {
 		<-m.stopped
 	}
+	m.parks.stop()
 }
 
 // Close is Drain: it releases what the middleware runs in the background.

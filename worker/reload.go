@@ -75,5 +75,6 @@ func (m *Middleware) Reload(cfg *rules.Config) error {
 		m.retired.Delete(name)
 	}
 	src.cfg = cfg
+	src.publish(m.log, trs)
 	return nil
 }

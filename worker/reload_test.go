@@ -258,3 +258,44 @@ func TestReloadInFlight(t *testing.T) {
 		b.noFailures()
 	})
 }
+
+// FromRules publishes the limits of its rules for producers to check
+// theirs against, and Reload publishes the new ones: a producer with the
+// workers' old file is then refused, one with the new file is not.
+func TestRulesPublishLimits(t *testing.T) {
+	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := context.Background()
+		old, changed := parseRules(t, fixedRule(2)), parseRules(t, fixedRule(5))
+		lim := func(cfg *rules.Config) []throttle.Rule {
+			l, err := cfg.Limiter(rdb, "api", throttle.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return l.Rules()
+		}
+		if err := admission.CheckLimits(ctx, rdb, throttle.DefaultPrefix, lim(changed)); err != nil {
+			t.Fatalf("before any worker ran: %v, want nil", err)
+		}
+		mw, err := FromRules(old, rdb, Options{Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer mw.Close()
+		if got := rdb.HGet(ctx, admission.LimitsKey(throttle.DefaultPrefix), "api").Val(); got != "fixed_window 2 per 1s" {
+			t.Errorf("published %q, want %q", got, "fixed_window 2 per 1s")
+		}
+		var mm *admission.LimitMismatchError
+		if err := admission.CheckLimits(ctx, rdb, throttle.DefaultPrefix, lim(changed)); !errors.As(err, &mm) {
+			t.Errorf("a producer at 5/s beside workers at 2/s: %v, want a *admission.LimitMismatchError", err)
+		}
+		if err := mw.Reload(changed); err != nil {
+			t.Fatal(err)
+		}
+		if err := admission.CheckLimits(ctx, rdb, throttle.DefaultPrefix, lim(changed)); err != nil {
+			t.Errorf("after the reload to 5/s, a producer at 5/s: %v, want nil", err)
+		}
+		if err := admission.CheckLimits(ctx, rdb, throttle.DefaultPrefix, lim(old)); !errors.As(err, &mm) || mm.Workers != "fixed_window 5 per 1s" {
+			t.Errorf("after the reload to 5/s, a producer with the old file: %v, want the workers' 5 per 1s named", err)
+		}
+	})
+}

@@ -70,11 +70,17 @@ func (q *requeuer) copy(ctx context.Context, task *asynq.Task, id string, at tim
 // nextCopyID returns the ID of the next copy of task id: "<id>~throttled1",
 // then "<id>~throttled2" for a copy of that copy, and so on.
 func nextCopyID(id string) string {
-	base, n := id, uint64(0)
+	base, n := splitCopyID(id)
+	return base + copySuffix + strconv.FormatUint(n+1, 10)
+}
+
+// splitCopyID returns the original's ID and n for the ID of a copy,
+// "<id>~throttled<n>", and id and 0 for any other ID.
+func splitCopyID(id string) (base string, n uint64) {
 	if i := strings.LastIndex(id, copySuffix); i >= 0 {
 		if k, err := strconv.ParseUint(id[i+len(copySuffix):], 10, 32); err == nil && k > 0 {
-			base, n = id[:i], k
+			return id[:i], k
 		}
 	}
-	return base + copySuffix + strconv.FormatUint(n+1, 10)
+	return id, 0
 }

@@ -10,10 +10,14 @@
 -- ARGV[5], ARGV[6], ... -> more members and their times, in pairs (optional)
 --
 -- Returns 1. The ledger's TTL covers its latest wake-up plus ARGV[3]; it is
--- only ever lengthened.
+-- only ever lengthened. If an added member is now the ledger's first, its
+-- time (µs) is published on the channel named like the ledger's key, so
+-- that the processes waking jobs, which sleep until the first wake-up they
+-- know of (wake.go, Run), look again now instead.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local latest = tonumber(ARGV[2])
+local earliest = latest
 if ARGV[4] == 'NX' then
   redis.call('ZADD', KEYS[1], 'NX', ARGV[2], ARGV[1])
 else
@@ -22,9 +26,16 @@ end
 for i = 5, #ARGV - 1, 2 do
   redis.call('ZADD', KEYS[1], ARGV[i + 1], ARGV[i])
   if tonumber(ARGV[i + 1]) > latest then latest = tonumber(ARGV[i + 1]) end
+  if tonumber(ARGV[i + 1]) < earliest then earliest = tonumber(ARGV[i + 1]) end
 end
 local want = math.ceil((latest - now) / 1000) + tonumber(ARGV[3])
 if want < 1 then want = 1 end
 local cur = redis.call('PTTL', KEYS[1])
 if cur < want then redis.call('PEXPIRE', KEYS[1], string.format('%d', want)) end
+local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if first[2] and tonumber(first[2]) >= earliest then
+  -- pcall: a user whose ACL grants no channels still adds wake-ups (its
+  -- wakers look every tick instead, wake.go).
+  redis.pcall('PUBLISH', KEYS[1], string.format('%d', earliest))
+end
 return 1

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/jobthrottle/jobthrottle/internal/cmdtest"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
 // TestMain removes the binary the tests built.
@@ -41,8 +43,8 @@ func TestBinaryRejectsBadValues(t *testing.T) {
 		{[]string{"batch", "--type", "t", "--count", "1", "--pace", "--rule-config", rules, "--keep", "-1s"}, "enqueue batch: --keep -1s must be positive"},
 		{[]string{"batch", "--type", "t", "--count", "1", "--bogus"}, "flag provided but not defined: -bogus"},
 		{[]string{"schedule", "--config", every0}, every0 + `:3: schedule "tick": cron: "@every 0s": the interval must be at least 1s`},
-		{[]string{"schedule", "--config", noSubject}, noSubject + `:3: schedule "reports": payload: payload has no field "tenant"; a paced task needs the subject the workers' rule reads`},
-		{[]string{"schedule", "--config", noSubjectFile}, noSubjectFile + `:3: schedule "reports": payloads: payload 3 of tenants.jsonl: payload has no field "tenant"`},
+		{[]string{"schedule", "--config", noSubject}, noSubject + `:3: schedule "reports": payload: subject: payload has no field "tenant"; a paced task needs the subject (and cost) the workers' rule reads`},
+		{[]string{"schedule", "--config", noSubjectFile}, noSubjectFile + `:3: schedule "reports": payloads: ` + filepath.Join(dir, "tenants.jsonl") + `:3: subject: payload has no field "tenant"`},
 	}
 	for _, c := range cases {
 		code, _, stderr := cmdtest.Run(t, []string{"REDIS_URL=redis://127.0.0.1:1"}, c.args...)
@@ -75,17 +77,19 @@ func TestBinaryFailedFiring(t *testing.T) {
 	t.Parallel()
 	proc := redistest.Server(t)
 	dir := t.TempDir()
-	// The subject is there but longer than throttle accepts: the firing
-	// fails when it books the first slot.
-	long := strings.Repeat("x", 1100)
-	sched := writeFile(t, dir, "s.yaml", fmt.Sprintf(`schedules:
+	// The rule's key holds a list, not a limiter's state: every firing
+	// fails when it reads the ledger, as it would with Redis failing.
+	if err := proc.Client(t).LPush(t.Context(), throttle.DefaultPrefix+"{acme}:r", "not a limiter").Err(); err != nil {
+		t.Fatal(err)
+	}
+	sched := writeFile(t, dir, "s.yaml", `schedules:
   - name: tick
     cron: "@every 1s"
     type: t
     count: 1
-    payload: {tenant: %q}
+    payload: {tenant: acme}
     pace: {rule: r, rate: 10/s, subject: {payload_field: tenant}}
-`, long))
+`)
 	cmd := cmdtest.Command(t, []string{"REDIS_URL=" + proc.URL()}, "schedule", "--config", sched, "--run-for", "2500ms", "--metrics-addr", "127.0.0.1:0")
 	pipe, err := cmd.StderrPipe()
 	if err != nil {
@@ -129,5 +133,115 @@ func TestBinaryFailedFiring(t *testing.T) {
 	ee, ok := err.(*exec.ExitError)
 	if !ok || ee.ExitCode() != exitError {
 		t.Errorf("exit %v; want 1 after a failed firing", err)
+	}
+}
+
+// Usage errors exit 2 and runtime errors 1, as in cmd/worker: a mistake
+// the user fixes in the command line or a file (a malformed --redis
+// included) is 2, whatever Redis does; Redis refusing or not answering
+// is 1. Every message says what is wrong in the user's terms.
+func TestBinaryExitCodes(t *testing.T) {
+	t.Parallel()
+	proc := redistest.Server(t)
+	guarded := redistest.Server(t, redistest.Args("--requirepass", "the-right-one"))
+	dir := t.TempDir()
+	rules := writeFile(t, dir, "rules.yaml", rulesFile)
+	huge := writeFile(t, dir, "huge.yaml", strings.Replace(rulesFile, "limit: 20", "limit: 99999999999999999999999", 1))
+	up, down := []string{"REDIS_URL=" + proc.URL()}, []string{"REDIS_URL=redis://127.0.0.1:1/0"}
+	batch := func(args ...string) []string { return append([]string{"batch", "--type", "demo:x"}, args...) }
+	inline := []string{"--pace", "--rule", "r", "--subject", "s"}
+	cases := []struct {
+		name string
+		env  []string
+		args []string
+		code int
+		want string
+	}{
+		{"no command", up, nil, exitUsage, "usage:"},
+		{"unknown flag", up, batch("--count", "1", "--bogus"), exitUsage, "flag provided but not defined: -bogus"},
+		{"count 0", up, batch("--count", "0"), exitUsage, `invalid value "0" for flag -count: must be at least 1`},
+		{"count far too large", up, batch(append([]string{"--count", "100000000000", "--rate", "1/s"}, inline...)...), exitUsage, `invalid value "100000000000" for flag -count: is too large: at most 10000000`},
+		{"count beyond int64", up, batch("--count", "99999999999999999999999"), exitUsage, "is too large: at most 10000000"},
+		{"negative burst", up, batch(append([]string{"--count", "1", "--rate", "5/s", "--burst", "-1"}, inline...)...), exitUsage, `invalid value "-1" for flag -burst: must be at least 1`},
+		{"rate count too large", up, batch(append([]string{"--count", "1", "--rate", "99999999999999999999999/s"}, inline...)...), exitUsage, `the count "99999999999999999999999" is too large: at most 1099511627776`},
+		{"limit too large in the rules file", up, batch("--count", "1", "--pace", "--rule-config", huge), exitUsage, `limit: "99999999999999999999999" is too large: at most 1099511627776`},
+		{"max-ahead without pace", up, batch("--count", "1", "--max-ahead", "48h"), exitUsage, "--max-ahead paces the batch: add --pace"},
+		{"malformed --redis", up, batch("--count", "1", "--redis", "redis://127.0.0.1:x/0"), exitUsage, "Redis URL redis://(does not parse)"},
+		{"--redis without scheme", up, batch("--count", "1", "--redis", "hunter2secret"), exitUsage, "Redis URL (a Redis URL without scheme://)"},
+		{"malformed REDIS_URL for schedule", []string{"REDIS_URL=redis://127.0.0.1:x/0"}, []string{"schedule", "--config", writeFile(t, dir, "ok.yaml", "schedules:\n  - {name: tick, cron: \"@every 1s\", type: t, count: 1}\n")}, exitUsage, "Redis URL"},
+		{"rules mistake with Redis down", down, batch("--count", "1", "--pace", "--rule-config", huge), exitUsage, "too large"},
+		{"Redis down", down, batch("--count", "1"), exitError, "Redis at redis://127.0.0.1:1/0 does not answer"},
+		{"wrong password", nil, batch("--count", "1", "--redis", "redis://:hunter2secret@"+guarded.Addr()+"/0"), exitError, "Redis at redis://:xxxxx@" + guarded.Addr() + "/0: authentication failed (WRONGPASS"},
+		{"beyond --max-ahead", up, batch(append([]string{"--count", "100000", "--rate", "1/s"}, inline...)...), exitUsage,
+			"pacing 100000 tasks at 1/s (rule r): the last is booked about 27h47m ahead, more than --max-ahead 24h0m0s; split the batch, or raise --max-ahead"},
+		{"paced under the rules file", up, batch("--count", "3", "--pace", "--rule-config", rules, "--queue", "ok"), exitOK, "pacing 3 tasks at 20/s (rule api): the last is booked about 100ms ahead"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			code, stdout, stderr := cmdtest.Run(t, c.env, c.args...)
+			if code != c.code || !strings.Contains(stderr, c.want) || strings.Contains(stdout+stderr, "hunter2") {
+				t.Errorf("enqueue %s: exit %d, stderr:\n%s\nwant exit %d and %q (and no password)", strings.Join(c.args, " "), code, stderr, c.code, c.want)
+			}
+			if strings.Contains(stderr, "PerSecond") || strings.Contains(stderr, "friends") {
+				t.Errorf("a library name in a CLI message:\n%s", stderr)
+			}
+		})
+	}
+	queues, err := asynq.NewInspectorFromRedisClient(proc.Client(t)).Queues()
+	if err != nil || strings.Join(queues, ",") != "ok" {
+		t.Errorf("queues %v, %v; want only the successful batch's (ok): a refused batch enqueues nothing", queues, err)
+	}
+}
+
+// A batch whose payloads file has a bad line anywhere enqueues nothing
+// and books nothing: every line is checked (JSON, and the subject and cost
+// the workers' rule reads) before the first task. The error names the line.
+func TestBinaryBadLineEnqueuesNothing(t *testing.T) {
+	t.Parallel()
+	proc := redistest.Server(t)
+	dir := t.TempDir()
+	rules := writeFile(t, dir, "rules.yaml", `rules:
+  - name: accounts
+    tasks: ["sync:*"]
+    subject: {payload_field: account}
+    cost: {payload_field: n}
+    algorithm: gcra
+    limit: 20
+    period: 1s
+    burst: 5
+`)
+	lines := func(bad int, text string) string {
+		var b strings.Builder
+		for i := 1; i <= 600; i++ {
+			if i == bad {
+				b.WriteString(text + "\n")
+				continue
+			}
+			fmt.Fprintf(&b, "{\"account\": \"a%d\", \"n\": 1}\n", i%7)
+		}
+		return b.String()
+	}
+	cases := []struct {
+		name, file, want string
+	}{
+		{"not JSON on line 2", lines(2, "{nope"), ":2: not a JSON value"},
+		{"no subject on line 2", lines(2, `{"n": 1}`), `:2: subject: payload has no field "account"`},
+		{"no subject on line 500", lines(500, `{"n": 1}`), `:500: subject: payload has no field "account"`},
+		{"a bad cost on line 500", lines(500, `{"account": "a", "n": "two"}`), `:500: cost: payload cost field "n" is a string`},
+		{"a cost above the burst on line 500", lines(500, `{"account": "a", "n": 6}`), `:500: throttle: request exceeds the limit's capacity: rule "accounts": 6 permits requested, but it admits at most 5 at once`},
+	}
+	for i, c := range cases {
+		path := writeFile(t, dir, fmt.Sprintf("p%d.jsonl", i), c.file)
+		code, _, stderr := cmdtest.Run(t, []string{"REDIS_URL=" + proc.URL()},
+			"batch", "--type", "sync:account", "--payloads", path, "--queue", "q", "--pace", "--rule-config", rules)
+		if code != exitUsage || !strings.HasPrefix(stderr, "enqueue batch: ") || !strings.Contains(stderr, path+c.want) {
+			t.Errorf("%s: exit %d, stderr:\n%s\nwant exit 2 and %q", c.name, code, stderr, path+c.want)
+		}
+	}
+	if n, err := proc.Client(t).DBSize(t.Context()).Result(); err != nil || n != 0 {
+		t.Errorf("Redis holds %d keys (%v) after refused batches; want none: nothing enqueued, nothing booked", n, err)
+	}
+	if queues, err := asynq.NewInspectorFromRedisClient(proc.Client(t)).Queues(); err != nil || len(queues) != 0 {
+		t.Errorf("queues %v, %v; want none", queues, err)
 	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -26,7 +28,8 @@ const defaultRedisURL = "redis://127.0.0.1:6379/0"
 
 const usage = `usage:
   enqueue batch --type T --count N [--payload JSON | --payloads FILE.jsonl] [--queue Q]
-                [--pace (--rule-config rules.yaml [--rule NAME] | --rule NAME --rate 20/s [--burst 1] (--subject S | --subject-field F))]
+                [--pace (--rule-config rules.yaml [--rule NAME] | --rule NAME --rate 20/s [--burst 1] (--subject S | --subject-field F))
+                        [--max-ahead 24h]]
                 [--redis URL]
   enqueue schedule --config schedules.yaml [--run-for 1h] [--redis URL]
 
@@ -36,12 +39,43 @@ Run "enqueue batch -h" or "enqueue schedule -h" for every flag; see cmd/enqueue/
 
 const redisHelp = "Redis URL: redis://[user:password@]host:port[/db], rediss:// (TLS), redis-cluster://host:port,host:port\nor redis-sentinel://host:port,host:port/master; default $REDIS_URL, else " + defaultRedisURL
 
-// Exit codes.
+// Exit codes, as cmd/worker's.
 const (
 	exitOK    = 0
-	exitError = 1 // the work failed
-	exitUsage = 2 // bad flags or files
+	exitError = 1 // the work failed: Redis does not answer, an enqueue failed
+	exitUsage = 2 // bad flags or files, a malformed --redis, a batch refused as given
 )
+
+// defaultMaxAhead is --max-ahead's default: a paced batch that would book
+// its last slot further ahead than a day is refused unless allowed.
+const defaultMaxAhead = 24 * time.Hour
+
+// usageError is a mistake in the flags or files: exit 2.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+// errFlagParse stands for an error the flag package has already printed.
+var errFlagParse = errors.New("bad flags")
+
+// exitCode prints err, if any, after the command's name and returns the
+// exit status for it: 2 for a usageError, else 1.
+func exitCode(w io.Writer, cmd string, err error) int {
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	var ue usageError
+	isUsage := errors.As(err, &ue)
+	if isUsage && ue.err == errFlagParse {
+		return exitUsage // the flag package has printed the message and usage
+	}
+	fail(w, cmd, err)
+	if isUsage {
+		return exitUsage
+	}
+	return exitError
+}
 
 // run is the whole command, minus the process: args exclude the program
 // name; getenv reads the environment.
@@ -54,9 +88,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	redis.SetLogger(redisLogger{log})
 	switch args[0] {
 	case "batch":
-		return runBatch(ctx, args[1:], stdout, stderr, getenv, log)
+		return exitCode(stderr, "enqueue batch", runBatch(ctx, args[1:], stdout, stderr, getenv, log))
 	case "schedule":
-		return runSchedule(ctx, args[1:], stderr, getenv, log)
+		return exitCode(stderr, "enqueue schedule", runSchedule(ctx, args[1:], stderr, getenv, log))
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return exitOK
@@ -65,30 +99,36 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	return exitUsage
 }
 
-// connect opens the Redis named by --redis or REDIS_URL, as cmd/worker
-// does (redisurl.Open: one server, TLS, Cluster or Sentinel), and
-// checks that it answers. Logs and errors show the URL without password.
-func connect(ctx context.Context, flagURL string, getenv func(string) string, log *slog.Logger) (redis.UniversalClient, error) {
-	raw := flagURL
-	if raw == "" {
-		raw = getenv("REDIS_URL")
-	}
-	if raw == "" {
-		raw = defaultRedisURL
-	}
+// redisConn is the Redis named by --redis or REDIS_URL, opened by
+// redisurl.Open as cmd/worker opens it (one server, TLS, Cluster or
+// Sentinel) but not yet asked anything.
+type redisConn struct {
+	rdb      redis.UniversalClient
+	raw      string
+	redacted string // for logs and errors: without password
+}
+
+// openRedis opens the Redis of --redis (flagURL), else REDIS_URL, else the
+// default. A URL that does not parse is a usage error; nothing is dialled.
+func openRedis(flagURL string, getenv func(string) string) (*redisConn, error) {
+	raw := cmp.Or(flagURL, getenv("REDIS_URL"), defaultRedisURL)
 	rdb, err := redisurl.Open(raw)
 	if err != nil {
-		return nil, err
+		return nil, usageError{err}
 	}
-	redacted := redisurl.Redact(raw)
+	return &redisConn{rdb: rdb, raw: raw, redacted: redisurl.Redact(raw)}, nil
+}
+
+// ping checks that Redis answers, within 5 s: a runtime error (exit 1)
+// that says whether it refused the password or did not answer.
+func (c *redisConn) ping(ctx context.Context, log *slog.Logger) error {
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if err := rdb.Ping(pctx).Err(); err != nil {
-		_ = rdb.Close()
-		return nil, fmt.Errorf("redis %s does not answer: %w", redacted, err)
+	if err := redisurl.Ping(pctx, c.rdb, c.raw); err != nil {
+		return err
 	}
-	log.Info("enqueue: connected to Redis", "redis", redacted)
-	return rdb, nil
+	log.Info("enqueue: connected to Redis", "redis", c.redacted)
+	return nil
 }
 
 // batchFlags are the flags of enqueue batch.
@@ -102,6 +142,7 @@ type batchFlags struct {
 	burst                         int
 	subject, subjectField         string
 	keep, lead, retention         time.Duration
+	maxAhead                      time.Duration
 	redis                         string
 }
 
@@ -110,7 +151,7 @@ func (f *batchFlags) flagSet(stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("enqueue batch", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&f.typ, "type", "", "task type (required)")
-	fs.IntVar(&f.count, "count", 0, "number of tasks; with --payloads, default one per line")
+	fs.Var(&intFlag{p: &f.count, min: 1, max: enqueue.MaxCount}, "count", fmt.Sprintf("number of tasks, 1 to %d; with --payloads, default one per line", enqueue.MaxCount))
 	fs.StringVar(&f.payload, "payload", "", "JSON payload of every task")
 	fs.StringVar(&f.payloads, "payloads", "", "file with one JSON payload per line, one task each")
 	fs.StringVar(&f.queue, "queue", "", "asynq queue (default asynq's \"default\")")
@@ -121,54 +162,71 @@ func (f *batchFlags) flagSet(stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&f.ruleConfig, "rule-config", "", "the workers' rules file; pace under the rule it applies to --type")
 	fs.StringVar(&f.rule, "rule", "", "the workers' rule name (with --rule-config: a check; with --rate: required)")
 	fs.StringVar(&f.rate, "rate", "", "inline rule instead of --rule-config: count/period such as 20/s, 100/m, 3/500ms; must match the workers' rule")
-	fs.IntVar(&f.burst, "burst", 1, "inline rule: burst")
+	f.burst = 1
+	fs.Var(&intFlag{p: &f.burst, min: 1, max: throttle.MaxPermits}, "burst", "inline rule: burst, the most tasks the rule admits at one instant (default 1)")
 	fs.StringVar(&f.algorithm, "algorithm", "gcra", "inline rule: gcra, token_bucket, fixed_window, sliding_log or sliding_window")
 	fs.StringVar(&f.prefix, "prefix", throttle.DefaultPrefix, "inline rule: the workers' key prefix")
 	fs.StringVar(&f.subject, "subject", "", "inline rule: the workers' fixed subject")
 	fs.StringVar(&f.subjectField, "subject-field", "", "inline rule: the payload field the workers take the subject from")
 	fs.DurationVar(&f.lead, "lead", 0, "for workers without wake-ups only: schedule each task this long before its slot, in whole seconds, so that it\nreaches a worker early and waits there for the slot (default 0: the workers wake each task just before its slot)")
+	fs.DurationVar(&f.maxAhead, "max-ahead", defaultMaxAhead, "refuse a paced batch whose last slot would be booked further ahead than this; raise it to book further")
 	fs.DurationVar(&f.keep, "keep", 0, "how long a paced task's receipt outlives its slot (default 24h); a task run later is charged again")
 	fs.StringVar(&f.redis, "redis", "", redisHelp)
 	return fs
 }
 
-func runBatch(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string, log *slog.Logger) int {
+func runBatch(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string, log *slog.Logger) error {
 	var f batchFlags
 	fs := f.flagSet(stderr)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
+			return err
 		}
-		return exitUsage
+		return usageError{errFlagParse}
 	}
 	batch, spec, err := f.batch(fs)
 	if err != nil {
-		fail(stderr, "enqueue batch", err)
-		return exitUsage
+		return usageError{err}
 	}
-	rdb, err := connect(ctx, f.redis, getenv, log)
+	conn, err := openRedis(f.redis, getenv)
 	if err != nil {
-		fail(stderr, "enqueue batch", err)
-		return exitError
+		return err
 	}
-	defer rdb.Close()
+	defer conn.rdb.Close()
 	if spec != nil {
-		if batch.Pacer, err = spec.Pacer(rdb, batch.Type, throttle.Options{Logger: log}); err != nil {
-			fail(stderr, "enqueue batch", err)
-			return exitUsage
+		if batch.Pacer, err = spec.Pacer(conn.rdb, batch.Type, throttle.Options{Logger: log}); err != nil {
+			return usageError{err}
 		}
+		batch.MaxAhead = f.maxAhead
 	}
-	client := asynq.NewClientFromRedisClient(rdb)
+	// Every task is checked before Redis is asked anything, so that a
+	// bad line is a usage error even with Redis down.
+	if err := batch.Validate(); err != nil {
+		return usageError{err}
+	}
+	if err := conn.ping(ctx, log); err != nil {
+		return err
+	}
+	client := asynq.NewClientFromRedisClient(conn.rdb)
 	defer client.Close()
 
 	prog := newProgress(stderr, isTerminal(stderr), log)
 	batch.OnEnqueued = prog.update
+	batch.OnPlan = func(p enqueue.Plan) {
+		if p.Paced {
+			fmt.Fprintf(stderr, "enqueue batch: %s\n", p.Describe())
+		}
+	}
 	start := time.Now()
 	res, err := batch.Run(ctx, client)
 	prog.finish()
-	if err != nil {
-		fail(stderr, "enqueue batch", fmt.Errorf("%w (%d enqueued before that)", err, res.Enqueued))
-		return exitError
+	var ahead *enqueue.AheadError
+	switch {
+	case errors.As(err, &ahead):
+		return usageError{fmt.Errorf("%s, more than --max-ahead %v; split the batch, or raise --max-ahead to book that far ahead (nothing was enqueued)",
+			ahead.Plan.Describe(), f.maxAhead)}
+	case err != nil:
+		return fmt.Errorf("%w (%d enqueued before that)", err, res.Enqueued)
 	}
 	if batch.Pacer != nil {
 		fmt.Fprintf(stdout, "enqueued %d %s tasks in %v, paced: the last is due at %s (in %v)\n", res.Enqueued, batch.Type,
@@ -176,7 +234,7 @@ func runBatch(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 	} else {
 		fmt.Fprintf(stdout, "enqueued %d %s tasks in %v\n", res.Enqueued, batch.Type, time.Since(start).Round(time.Millisecond))
 	}
-	return exitOK
+	return nil
 }
 
 // batch checks the flags and builds the batch, and the pace spec if paced.
@@ -186,112 +244,141 @@ func (f *batchFlags) batch(fs *flag.FlagSet) (*enqueue.Batch, *enqueue.PaceSpec,
 	}
 	set := map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	b, err := f.tasks()
+	if err != nil {
+		return nil, nil, err
+	}
+	if b.Options, err = f.options(set); err != nil {
+		return nil, nil, err
+	}
+	spec, err := f.paceSpec(set)
+	if err != nil {
+		return nil, nil, err
+	}
+	return b, spec, nil
+}
+
+// tasks builds the batch's type, count and payloads, reading --payloads.
+func (f *batchFlags) tasks() (*enqueue.Batch, error) {
 	b := &enqueue.Batch{Type: f.typ, Count: f.count}
 	switch {
 	case f.typ == "":
-		return nil, nil, errors.New("--type is required")
+		return nil, errors.New("--type is required")
 	case f.payload != "" && f.payloads != "":
-		return nil, nil, errors.New("--payload and --payloads cannot be combined")
-	case f.count < 0:
-		return nil, nil, fmt.Errorf("--count %d must be at least 1", f.count)
+		return nil, errors.New("--payload and --payloads cannot be combined")
 	case f.count == 0 && f.payloads == "":
-		return nil, nil, errors.New("--count is required (or --payloads, one task per line)")
+		return nil, errors.New("--count is required (or --payloads, one task per line)")
 	}
 	if f.payload != "" {
 		if !json.Valid([]byte(f.payload)) {
-			return nil, nil, errors.New("--payload is not valid JSON")
+			return nil, errors.New("--payload is not valid JSON")
 		}
 		b.Payloads = [][]byte{[]byte(f.payload)}
 	}
 	if f.payloads != "" {
 		p, err := enqueue.ReadPayloads(f.payloads)
 		if err != nil {
-			return nil, nil, fmt.Errorf("--payloads: %w", err)
+			return nil, fmt.Errorf("--payloads: %w", err)
 		}
-		if len(p) == 0 {
-			return nil, nil, fmt.Errorf("--payloads: %s has no payload lines", f.payloads)
+		if len(p.Payloads) == 0 {
+			return nil, fmt.Errorf("--payloads: %s has no payload lines", f.payloads)
 		}
-		if f.count > len(p) {
-			return nil, nil, fmt.Errorf("--count %d is more than the %d payloads in %s", f.count, len(p), f.payloads)
+		if f.count > len(p.Payloads) {
+			return nil, fmt.Errorf("--count %d is more than the %d payloads in %s", f.count, len(p.Payloads), f.payloads)
 		}
-		b.Payloads = p
-		if len(p) == 1 && f.count == 0 {
+		b.Payloads, b.Where = p.Payloads, p.Where
+		if len(p.Payloads) == 1 && f.count == 0 {
 			b.Count = 1
 		}
 	}
-	if f.queue != "" {
-		b.Options = append(b.Options, asynq.Queue(f.queue))
-	}
+	return b, nil
+}
+
+// options checks the flags that become asynq options, and --keep and
+// --max-ahead, and returns the options.
+func (f *batchFlags) options(set map[string]bool) ([]asynq.Option, error) {
 	switch {
 	case set["max-retry"] && f.maxRetry < 0:
-		return nil, nil, fmt.Errorf("--max-retry %d must be 0 or more; leave it out for asynq's default (25)", f.maxRetry)
+		return nil, fmt.Errorf("--max-retry %d must be 0 or more; leave it out for asynq's default (25)", f.maxRetry)
 	case set["timeout"] && f.timeout <= 0:
-		return nil, nil, fmt.Errorf("--timeout %v must be positive; leave it out for asynq's default", f.timeout)
+		return nil, fmt.Errorf("--timeout %v must be positive; leave it out for asynq's default", f.timeout)
 	case set["retention"] && f.retention <= 0:
-		return nil, nil, fmt.Errorf("--retention %v must be positive; leave it out to keep no completed task", f.retention)
+		return nil, fmt.Errorf("--retention %v must be positive; leave it out to keep no completed task", f.retention)
 	case set["keep"] && f.keep <= 0:
-		return nil, nil, fmt.Errorf("--keep %v must be positive; leave it out for the default (24h)", f.keep)
+		return nil, fmt.Errorf("--keep %v must be positive; leave it out for the default (24h)", f.keep)
+	case f.maxAhead <= 0:
+		return nil, fmt.Errorf("--max-ahead %v must be positive; leave it out for the default (%v)", f.maxAhead, defaultMaxAhead)
+	}
+	var opts []asynq.Option
+	if f.queue != "" {
+		opts = append(opts, asynq.Queue(f.queue))
 	}
 	if f.maxRetry >= 0 {
-		b.Options = append(b.Options, asynq.MaxRetry(f.maxRetry))
+		opts = append(opts, asynq.MaxRetry(f.maxRetry))
 	}
 	if f.timeout > 0 {
-		b.Options = append(b.Options, asynq.Timeout(f.timeout))
+		opts = append(opts, asynq.Timeout(f.timeout))
 	}
 	if f.retention > 0 {
-		b.Options = append(b.Options, asynq.Retention(f.retention))
+		opts = append(opts, asynq.Retention(f.retention))
 	}
+	return opts, nil
+}
+
+// paceSpec checks the pacing flags and returns the pace spec, or nil for
+// an unpaced batch.
+func (f *batchFlags) paceSpec(set map[string]bool) (*enqueue.PaceSpec, error) {
 	inline := []string{"rate", "burst", "algorithm", "prefix", "subject", "subject-field"}
 	if !f.pace {
-		for _, name := range append(inline, "rule-config", "rule", "keep", "lead") {
+		for _, name := range append(inline, "rule-config", "rule", "keep", "lead", "max-ahead") {
 			if set[name] {
-				return nil, nil, fmt.Errorf("--%s paces the batch: add --pace", name)
+				return nil, fmt.Errorf("--%s paces the batch: add --pace", name)
 			}
 		}
-		return b, nil, nil
+		return nil, nil
 	}
 	if f.lead < 0 || f.lead > time.Minute {
-		return nil, nil, fmt.Errorf("--lead %v must be between 0 and 1m", f.lead)
+		return nil, fmt.Errorf("--lead %v must be between 0 and 1m", f.lead)
 	}
 	spec := &enqueue.PaceSpec{Rule: f.rule, Keep: f.keep, Lead: f.lead}
 	switch {
 	case f.ruleConfig != "" && f.rate != "":
-		return nil, nil, errors.New("--rule-config and --rate cannot be combined: pace under the workers' rules file, or spell the rule out")
+		return nil, errors.New("--rule-config and --rate cannot be combined: pace under the workers' rules file, or spell the rule out")
 	case f.ruleConfig != "":
 		for _, name := range inline {
 			if set[name] {
-				return nil, nil, fmt.Errorf("--%s comes from --rule-config; remove it", name)
+				return nil, fmt.Errorf("--%s comes from --rule-config; remove it", name)
 			}
 		}
 		cfg, err := rules.Load(f.ruleConfig)
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		spec.Rules = cfg
 	case f.rate != "":
 		if f.rule == "" {
-			return nil, nil, errors.New("--rate needs --rule: the name the workers' rules file gives the rule (the last part of its Redis key)")
+			return nil, errors.New("--rate needs --rule: the name the workers' rules file gives the rule (the last part of its Redis key)")
 		}
 		lim, err := enqueue.ParseRate(f.rate, f.burst)
 		if err != nil {
-			return nil, nil, fmt.Errorf("--rate: %w", err)
+			return nil, fmt.Errorf("--rate: %w", err)
 		}
 		algo, err := rules.ParseAlgorithm(f.algorithm)
 		if err != nil {
-			return nil, nil, fmt.Errorf("--algorithm: %w", err)
+			return nil, fmt.Errorf("--algorithm: %w", err)
 		}
 		if (f.subject == "") == (f.subjectField == "") {
-			return nil, nil, errors.New("--rate needs exactly one of --subject and --subject-field, as the workers' rule has")
+			return nil, errors.New("--rate needs exactly one of --subject and --subject-field, as the workers' rule has")
 		}
 		spec.Limit, spec.Algorithm, spec.Prefix = lim, algo, f.prefix
 		spec.Subject = rules.SubjectConfig{Fixed: f.subject, PayloadField: f.subjectField}
 	default:
-		return nil, nil, errors.New("--pace needs the workers' rule: --rule-config rules.yaml, or --rule, --rate and --subject/--subject-field")
+		return nil, errors.New("--pace needs the workers' rule: --rule-config rules.yaml, or --rule, --rate and --subject/--subject-field")
 	}
-	return b, spec, nil
+	return spec, nil
 }
 
-func runSchedule(ctx context.Context, args []string, stderr io.Writer, getenv func(string) string, log *slog.Logger) int {
+func runSchedule(ctx context.Context, args []string, stderr io.Writer, getenv func(string) string, log *slog.Logger) error {
 	fs := flag.NewFlagSet("enqueue schedule", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	config := fs.String("config", "", "schedules file (required; see README.md)")
@@ -300,47 +387,46 @@ func runSchedule(ctx context.Context, args []string, stderr io.Writer, getenv fu
 	redisURL := fs.String("redis", "", redisHelp)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
+			return err
 		}
-		return exitUsage
+		return usageError{errFlagParse}
 	}
 	switch {
 	case fs.NArg() > 0:
-		fmt.Fprintf(stderr, "enqueue schedule: unexpected argument %q\n", fs.Arg(0))
-		return exitUsage
+		return usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
 	case *config == "":
-		fmt.Fprintln(stderr, "enqueue schedule: --config is required")
-		return exitUsage
+		return usageError{errors.New("--config is required")}
 	case *runFor < 0:
-		fmt.Fprintln(stderr, "enqueue schedule: --run-for must not be negative")
-		return exitUsage
+		return usageError{errors.New("--run-for must not be negative")}
 	}
 	s, err := enqueue.LoadSchedules(*config)
 	if err != nil {
-		fail(stderr, "enqueue schedule", err)
-		return exitUsage
+		return usageError{err}
 	}
-	rdb, err := connect(ctx, *redisURL, getenv, log)
+	conn, err := openRedis(*redisURL, getenv)
 	if err != nil {
-		fail(stderr, "enqueue schedule", err)
-		return exitError
+		return err
 	}
-	defer rdb.Close()
-	client := asynq.NewClientFromRedisClient(rdb)
+	defer conn.rdb.Close()
+	client := asynq.NewClientFromRedisClient(conn.rdb)
 	defer client.Close()
 	firings := newFiringMetrics()
+	// NewScheduler builds every limiter and checks every task without
+	// asking Redis anything: a mistake is a usage error even with Redis
+	// down.
+	sch, err := enqueue.NewScheduler(s, enqueue.SchedulerOptions{Redis: conn.rdb, Client: client, Logger: log, OnBatch: firings.onBatch})
+	if err != nil {
+		return usageError{err}
+	}
+	if err := conn.ping(ctx, log); err != nil {
+		return err
+	}
 	if *metricsAddr != "" {
 		stop, err := firings.serve(*metricsAddr, log)
 		if err != nil {
-			fail(stderr, "enqueue schedule", err)
-			return exitUsage
+			return usageError{err}
 		}
 		defer stop()
-	}
-	sch, err := enqueue.NewScheduler(s, enqueue.SchedulerOptions{Redis: rdb, Client: client, Logger: log, OnBatch: firings.onBatch})
-	if err != nil {
-		fail(stderr, "enqueue schedule", err)
-		return exitUsage
 	}
 	if *runFor > 0 {
 		var cancel context.CancelFunc
@@ -349,15 +435,13 @@ func runSchedule(ctx context.Context, args []string, stderr io.Writer, getenv fu
 	}
 	log.Info("enqueue: running schedules", "file", *config, "schedules", len(s.Schedules))
 	if err := sch.Run(ctx); err != nil {
-		fail(stderr, "enqueue schedule", err)
-		return exitError
+		return err
 	}
 	log.Info("enqueue: stopped", "firings", firings.total(), "failed", firings.failed())
 	if n := firings.failed(); n > 0 && *runFor > 0 {
-		fmt.Fprintf(stderr, "enqueue schedule: %d of %d firings failed (see the log)\n", n, firings.total())
-		return exitError
+		return fmt.Errorf("%d of %d firings failed (see the log)", n, firings.total())
 	}
-	return exitOK
+	return nil
 }
 
 // isTerminal reports whether w is a character device (a terminal).
@@ -386,4 +470,32 @@ type redisLogger struct{ log *slog.Logger }
 
 func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
 	l.log.DebugContext(ctx, "redis: "+fmt.Sprintf(format, v...))
+}
+
+// intFlag is a whole-number flag from min to max whose errors say which
+// bound was missed: "must be at least 1", "is too large: at most 10000000".
+type intFlag struct {
+	p        *int
+	min, max int
+}
+
+func (f *intFlag) String() string {
+	if f.p == nil {
+		return ""
+	}
+	return strconv.Itoa(*f.p)
+}
+
+func (f *intFlag) Set(s string) error {
+	v, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+	switch {
+	case errors.Is(err, strconv.ErrRange) && !strings.HasPrefix(strings.TrimSpace(s), "-"), err == nil && v > int64(f.max):
+		return fmt.Errorf("is too large: at most %d", f.max)
+	case errors.Is(err, strconv.ErrRange), err == nil && v < int64(f.min):
+		return fmt.Errorf("must be at least %d", f.min)
+	case err != nil:
+		return fmt.Errorf("must be a whole number from %d to %d", f.min, f.max)
+	}
+	*f.p = int(v)
+	return nil
 }

@@ -6,31 +6,25 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/handler"
 	"github.com/jobthrottle/jobthrottle/rules"
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
 // check prints the rules and handlers of a valid rules file as the worker
-// understands them, for `worker --check`: what CI runs on a rules change.
-// It connects to nothing.
+// understands them, for `worker --check` (what CI runs on a rules change),
+// once validate has passed them.
 func check(w io.Writer, cfg *rules.Config, handlers *handler.Config) {
 	fmt.Fprintf(w, "%s: OK: %s, %s; prefix %q, fail_open %v\n", cfg.File, count(len(cfg.Rules), "rule"), count(len(handlers.Handlers), "handler"), cfg.Prefix, cfg.FailOpen)
 	for _, r := range cfg.Rules {
-		subject := fmt.Sprintf("payload field %q", r.Subject.PayloadField)
-		if r.Subject.PayloadField == "" {
-			subject = fmt.Sprintf("fixed %q", r.Subject.Fixed)
+		d := describeRule(r)
+		fmt.Fprintf(w, "rule %q (line %d): tasks %s; subject: %s; max_wait: %s\n", r.Name, r.Line, d.Tasks, d.Subject, d.MaxWait)
+		for _, l := range d.Limits {
+			fmt.Fprintf(w, "  limit %s\n", l)
 		}
-		maxWait := "the task's deadline"
-		if r.MaxWait > 0 {
-			maxWait = r.MaxWait.String()
-		}
-		fmt.Fprintf(w, "rule %q (line %d): tasks %s; subject: %s; max_wait: %s\n", r.Name, r.Line, strings.Join(r.Tasks, ", "), subject, maxWait)
-		for _, l := range r.Limits {
-			fmt.Fprintf(w, "  limit %s\n", describeLimit(l))
-		}
-		if line := describeLine(r); line != "" {
-			fmt.Fprintf(w, "  line: %s\n", line)
+		if d.Waiting != "" {
+			fmt.Fprintf(w, "  line: %s\n", d.Waiting)
 		}
 	}
 	for _, h := range handlers.Handlers {
@@ -40,6 +34,34 @@ func check(w io.Writer, cfg *rules.Config, handlers *handler.Config) {
 		}
 		fmt.Fprintf(w, "handler %q (line %d): %s; %s\n", h.Task, h.Line, h.Describe(), rule)
 	}
+}
+
+// ruleWords is a rule of the rules file in words, as --check prints it
+// and the status page shows it.
+type ruleWords struct {
+	Tasks   string   // "partner:*, partner-v2:*"
+	Subject string   // `payload field "account_id"` or `fixed "all"`
+	MaxWait string   // "30s", or "1s (the default)"
+	Limits  []string // describeLimit of each limit
+	Waiting string   // describeLine: the settings of the subject's line; "" if all are defaults
+}
+
+// describeRule is r in words.
+func describeRule(r rules.RuleConfig) ruleWords {
+	d := ruleWords{Tasks: strings.Join(r.Tasks, ", "), Subject: fmt.Sprintf("payload field %q", r.Subject.PayloadField), Waiting: describeLine(r)}
+	if r.Subject.PayloadField == "" {
+		d.Subject = fmt.Sprintf("fixed %q", r.Subject.Fixed)
+	}
+	// A rule's limiter is a *throttle.Limiter, which books turns: an
+	// unset max_wait is the admission gate's default.
+	d.MaxWait = admission.DefaultMaxWait.String() + " (the default)"
+	if r.MaxWait > 0 {
+		d.MaxWait = r.MaxWait.String()
+	}
+	for _, l := range r.Limits {
+		d.Limits = append(d.Limits, describeLimit(l))
+	}
+	return d
 }
 
 // describeLimit is one limit in words: "api: gcra, 20 per 1s, burst 5".

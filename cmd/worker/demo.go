@@ -32,18 +32,21 @@ const (
 	TypeAPI = "demo:api"
 )
 
-// demo holds the demo handlers and the stand-in third-party API.
+// demo holds the demo handlers and the stand-in third-party API. A
+// worker has it with --demo, or without a rules file (the quickstart);
+// a worker with a rules file has neither the handlers nor the listener.
 type demo struct {
-	api    *http.Server
+	api    *http.Server // nil until listen
 	apiURL string
+	rate   int
 	client *http.Client
 	log    *slog.Logger
 }
 
-// startDemo starts the stand-in third-party API on loopback and the HTTP
-// client that demo:api tasks use: a httpthrottle.Transport pacing all workers'
-// requests to rate per second, under prefix.
-func startDemo(rdb redis.UniversalClient, prefix string, rate int, log *slog.Logger) (*demo, error) {
+// newDemo returns the demo with the HTTP client that demo:api tasks use:
+// a httpthrottle.Transport pacing all workers' requests to rate per
+// second, under prefix. It listens nowhere yet: see listen.
+func newDemo(rdb redis.UniversalClient, prefix string, rate int, log *slog.Logger) (*demo, error) {
 	lim, err := throttle.New(rdb, throttle.Options{Prefix: prefix, Logger: log},
 		throttle.Rule{Name: "demo-api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(rate)})
 	if err != nil {
@@ -57,17 +60,22 @@ func startDemo(rdb redis.UniversalClient, prefix string, rate int, log *slog.Log
 	if err != nil {
 		return nil, err
 	}
+	return &demo{rate: rate, client: &http.Client{Transport: tr, Timeout: time.Minute}, log: log}, nil
+}
+
+// listen starts the stand-in third-party API on loopback, until close.
+func (d *demo) listen() error {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return nil, fmt.Errorf("demo API: %w", err)
+		return fmt.Errorf("demo API: %w", err)
 	}
 	// The stand-in API allows twice our rate, and answers 429 with
 	// Retry-After beyond that, as real ones do.
-	api := &http.Server{Handler: fakeAPI(2 * rate), ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = api.Serve(ln) }()
-	d := &demo{api: api, apiURL: "http://" + ln.Addr().String(), client: &http.Client{Transport: tr, Timeout: time.Minute}, log: log}
-	log.Info("demo: third-party API stand-in listening", "url", d.apiURL, "client_rate_per_second", rate)
-	return d, nil
+	d.api = &http.Server{Handler: fakeAPI(2 * d.rate), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = d.api.Serve(ln) }()
+	d.apiURL = "http://" + ln.Addr().String()
+	d.log.Info("demo: third-party API stand-in listening", "url", d.apiURL, "client_rate_per_second", d.rate)
+	return nil
 }
 
 func (d *demo) close() {

@@ -2,19 +2,22 @@
 // file shared by every worker process through Redis, and run by the
 // handlers the file names (http calls and commands):
 //
-//	worker --redis redis://:password@redis:6379/0 --config rules.yaml \
-//	       --concurrency 20 --queues critical=6,default=3 --metrics-addr :9090
-//	worker --check --config rules.yaml    # validate and print the rules, connect to nothing
+//	export REDIS_URL=redis://:password@redis:6379/0  # not --redis: a flag shows in ps
+//	worker --config rules.yaml --concurrency 20 --queues critical=6,default=3 --metrics-addr :9090
+//	worker --check --config rules.yaml    # check as start does, print the rules, connect to nothing
+//	worker explain --config rules.yaml TASK_ID  # where a task is and why (explain.go)
 //
 // Without --redis (or REDIS_URL) it starts an in-memory Redis on loopback
 // and logs its address first. Without --config it uses built-in demo
-// rules. It also handles the demo task types demo:echo and demo:api
-// (which calls a local "third-party API" through httpthrottle.Transport).
-// SIGINT or SIGTERM shut it down gracefully. SIGHUP reads the rules file
-// again and applies its limits and handlers to the tasks that arrive from
-// then on, or, if the file fails to load, logs why and keeps the running
-// rules (worker/README.md, "Changing limits live"). Exit status: 0 done, 1 a
-// failure at run time, 2 bad flags or a bad rules file. See
+// rules and handles the demo task types demo:echo and demo:api (which
+// calls a local "third-party API" through httpthrottle.Transport); with
+// --config, only if --demo says so. SIGINT or SIGTERM shut it down
+// gracefully, and a second one stops it at once. SIGHUP reads the rules
+// file again and applies its limits and handlers to the tasks that arrive
+// from then on, or, if the file fails to load, logs why and keeps the
+// running rules (worker/README.md, "Changing limits live"). Exit status: 0
+// done, 1 a failure at run time (Redis, a port in use, a second signal), 2
+// a mistake in the flags, the rules file or the environment it needs. See
 // worker/README.md.
 //
 // It owns flags, files and wiring only: the rules file (package rules), the
@@ -41,20 +44,26 @@ import (
 const (
 	exitOK    = 0
 	exitError = 1 // the work failed
-	exitUsage = 2 // bad flags or files
+	exitUsage = 2 // a mistake in the flags, the rules file or the environment it needs
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	reload := make(chan os.Signal, 1)
-	signal.Notify(reload, syscall.SIGHUP)
+	if len(os.Args) > 1 && os.Args[1] == "explain" {
+		// Its one line of error says what failed; go-redis's dial retries
+		// would only repeat it.
+		redis.SetLogger(redisLogger{slog.New(slog.DiscardHandler)})
+		err := explain(context.Background(), os.Args[2:], os.Getenv, os.Stdout, os.Stderr)
+		os.Exit(explainExitCode(os.Stderr, err))
+	}
+	signals := make(chan os.Signal, 4)
+	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	processLogs = func(log *slog.Logger) { redis.SetLogger(redisLogger{log}) }
-	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr, reload)
-	stop()
+	err := run(context.Background(), os.Args[1:], os.Getenv, os.Stdout, os.Stderr, signals)
 	os.Exit(exitCode(os.Stderr, err))
 }
 
-// usageError is a mistake in the flags or the rules file: exit 2.
+// usageError is a mistake in the flags, the rules file or the
+// environment it needs: exit 2.
 type usageError struct{ err error }
 
 func (e usageError) Error() string { return e.err.Error() }
@@ -70,6 +79,9 @@ func exitCode(w io.Writer, err error) int {
 	var ue usageError
 	if errors.As(err, &ue) && ue.err == errFlagParse {
 		return exitUsage // the flag package has printed the message and usage
+	}
+	if errors.Is(err, errStoppedAtOnce) {
+		return exitError // the log has said so
 	}
 	msg := err.Error()
 	for changed := true; changed; {

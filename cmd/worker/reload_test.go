@@ -49,7 +49,7 @@ rules:
 		}
 	}
 
-	cmd, log := startBinary(t, []string{"REDIS_URL=redis://:" + password + "@" + proc.Addr() + "/0"}, "--config", path, "--shutdown-timeout", "2s")
+	cmd, log := startBinary(t, []string{"REDIS_URL=redis://:" + password + "@" + proc.Addr() + "/0"}, "--config", path, "--demo", "--shutdown-timeout", "2s")
 	enqueue := func() string {
 		t.Helper()
 		info, err := client.Enqueue(asynq.NewTask(TypeEcho, []byte(`{"tenant": "t", "message": "hi"}`)), asynq.Retention(time.Hour))

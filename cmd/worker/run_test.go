@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -53,13 +54,16 @@ func (l *logBuffer) find(t *testing.T, re string) string {
 	return ""
 }
 
-// start runs the worker with args until the test ends, and returns its log.
-func start(t *testing.T, env map[string]string, args ...string) (*logBuffer, func() error) {
+// start runs the worker with args until the test ends, and returns its
+// log, a function that stops it (gracefully: its context ends) and returns
+// what run returned, and the channel of the signals it gets.
+func start(t *testing.T, env map[string]string, args ...string) (*logBuffer, func() error, chan<- os.Signal) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	log := &logBuffer{}
+	signals := make(chan os.Signal, 4)
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, args, func(k string) string { return env[k] }, io.Discard, log, nil) }()
+	go func() { done <- run(ctx, args, func(k string) string { return env[k] }, io.Discard, log, signals) }()
 	var once sync.Once
 	var runErr error
 	stop := func() error {
@@ -74,7 +78,7 @@ func start(t *testing.T, env map[string]string, args ...string) (*logBuffer, fun
 		return runErr
 	}
 	t.Cleanup(func() { _ = stop() })
-	return log, stop
+	return log, stop, signals
 }
 
 func writeRules(t *testing.T, body string) string {
@@ -113,9 +117,11 @@ rules:
     period: 1s
     burst: 1
     max_wait: 5s
+handlers:
+  - {task: "job:fail", command: {argv: [sh, -c, "exit 3"]}}
 `)
-	log, stop := start(t, map[string]string{"REDIS_URL": proc.URL()},
-		"--config", rules, "--concurrency", "4", "--queues", "critical=2,default=1", "--metrics-addr", "127.0.0.1:0", "--shutdown-timeout", "2s")
+	log, stop, _ := start(t, map[string]string{"REDIS_URL": proc.URL()},
+		"--config", rules, "--demo", "--concurrency", "4", "--queues", "critical=2,default=1", "--metrics-addr", "127.0.0.1:0", "--shutdown-timeout", "2s")
 	metricsURL := log.find(t, `url=(http://\S+/metrics)`)
 	log.find(t, `worker: processing`)
 
@@ -162,6 +168,20 @@ rules:
 	if info := waitCompleted(t, insp, "default", api.ID); !bytes.Contains(info.Result, []byte(`"path": "/v1/accounts/acct_42"`)) {
 		t.Errorf("api result %s", info.Result)
 	}
+	// A failing command, on its only try: one line at Error, counted.
+	failing, err := client.Enqueue(asynq.NewTask("job:fail", nil), asynq.MaxRetry(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	log.find(t, `level=ERROR msg="handler: the task failed and will not be retried; asynq archives it" task_type=job:fail task_id=`+failing.ID+` kind=command outcome=exit_nonzero exit_code=3 duration=\S+ retry=false retried=0 max_retry=0 error=`)
+	for end := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if info, err := insp.GetTaskInfo("default", failing.ID); err == nil && info.State == asynq.TaskStateArchived {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("the failing task was not archived")
+		}
+	}
 
 	resp, err := http.Get(metricsURL)
 	if err != nil {
@@ -169,7 +189,12 @@ rules:
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, want := range []string{`jobthrottle_decisions_total{outcome="waited",rule="echo"}`, `jobthrottle_wait_seconds_bucket{rule="echo"`, `jobthrottle_waiters{rule="echo"} 0`, `go_goroutines`} {
+	for _, want := range []string{`jobthrottle_decisions_total{outcome="waited",rule="echo"}`, `jobthrottle_wait_seconds_bucket{rule="echo"`, `jobthrottle_waiters{rule="echo"} 0`, `go_goroutines`,
+		`jobthrottle_handler_attempts_total{handler="job:fail",kind="command",outcome="exit_nonzero"} 1`,
+		`jobthrottle_handler_attempts_total{handler="job:fail",kind="command",outcome="success"} 0`,
+		`jobthrottle_handler_duration_seconds_count{handler="job:fail",kind="command"} 1`,
+		`jobthrottle_queue_tasks{queue="critical",state="completed"} 3`, `jobthrottle_queue_tasks{queue="default",state="completed"} 1`,
+		`jobthrottle_queue_tasks{queue="default",state="archived"} 1`, `jobthrottle_queue_read_errors_total 0`, `jobthrottle_wakeup_ledger_members `} {
 		if !bytes.Contains(body, []byte(want)) {
 			t.Errorf("metrics lack %s", want)
 		}
@@ -187,7 +212,7 @@ rules:
 
 func TestRunEmbeddedRedis(t *testing.T) {
 	t.Parallel()
-	log, stop := start(t, nil, "--shutdown-timeout", "1s")
+	log, stop, _ := start(t, nil, "--shutdown-timeout", "1s")
 	url := log.find(t, `url=(redis://127\.0\.0\.1:\d+/0)`)
 	first, _, _ := strings.Cut(log.String(), "\n")
 	if !strings.Contains(first, "in-memory Redis") || !strings.Contains(first, url) {
@@ -303,5 +328,88 @@ func TestFakeAPI(t *testing.T) {
 	}
 	if codes[0] != 200 || codes[1] != 200 || codes[2] != 429 {
 		t.Errorf("codes %v, want 200 200 429", codes)
+	}
+}
+
+// A worker with a rules file serves no demo: no stand-in API listens, and
+// a demo:echo task finds no handler. (--demo, or no rules file, serves it:
+// TestRunWithRedisAndRules, TestRunEmbeddedRedis.)
+func TestRunNoDemoWithRules(t *testing.T) {
+	t.Parallel()
+	proc := redistest.Server(t)
+	rules := writeRules(t, `prefix: "`+redistest.Prefix(t)+`"
+rules:
+  - {name: r, tasks: [x], subject: {fixed: s}, algorithm: gcra, limit: 1, period: 1s}
+`)
+	log, stop, _ := start(t, map[string]string{"REDIS_URL": proc.URL()}, "--config", rules, "--shutdown-timeout", "1s")
+	log.find(t, `worker: processing`)
+	rdb := proc.Client(t)
+	info, err := asynq.NewClientFromRedisClient(rdb).Enqueue(asynq.NewTask(TypeEcho, []byte(`{"tenant": "t", "message": "hi"}`)), asynq.MaxRetry(0), asynq.Retention(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	insp := asynq.NewInspectorFromRedisClient(rdb)
+	for end := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		got, err := insp.GetTaskInfo("default", info.ID)
+		if err == nil && got.State == asynq.TaskStateArchived {
+			if !strings.Contains(got.LastErr, "handler not found") {
+				t.Errorf("demo:echo archived with %q; want no handler found", got.LastErr)
+			}
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("demo:echo not archived: %+v, %v", got, err)
+		}
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(log.String(), "demo:") {
+		t.Errorf("the demo shows in the log of a worker with rules:\n%s", log)
+	}
+}
+
+// JSON logs write durations as Go writes them, not in nanoseconds.
+func TestRunJSONDurations(t *testing.T) {
+	t.Parallel()
+	log, stop, _ := start(t, nil, "--log-format", "json") // the default --shutdown-timeout, 10s
+	log.find(t, `worker: processing`)
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(log.String(), `"shutdown_timeout":"10s"`) {
+		t.Errorf("no \"shutdown_timeout\":\"10s\" in the log:\n%s", log)
+	}
+	for line := range strings.Lines(log.String()) {
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Errorf("not a JSON line: %s", line)
+		}
+	}
+}
+
+// A reload that finds a ${VAR} unset keeps the running rules, and says
+// that the variable must be set where the worker starts: a reload cannot
+// change the environment.
+func TestRunReloadUnsetVariable(t *testing.T) {
+	t.Parallel()
+	const rule = "rules:\n  - {name: r, tasks: [x], subject: {fixed: s}, algorithm: gcra, limit: 1, period: 1s}\n"
+	path := writeRules(t, rule)
+	log, stop, signals := start(t, nil, "--config", path, "--shutdown-timeout", "1s")
+	log.find(t, `worker: processing`)
+	if err := os.WriteFile(path, []byte(rule+"handlers:\n  - task: x\n    http: {url: \"https://api.example/v1\", headers: {Authorization: \"Bearer ${RELOAD_TOKEN}\"}}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	signals <- syscall.SIGHUP
+	line := log.find(t, `(level=ERROR msg="worker: rules file not reloaded; the running rules stay" .*)`)
+	want := regexp.QuoteMeta(path) + `:4: handler for \\"x\\": header Authorization: environment variable RELOAD_TOKEN is not set, and a reload cannot change the environment the worker started with: set RELOAD_TOKEN where the worker starts, then restart it`
+	if !regexp.MustCompile(want).MatchString(line) {
+		t.Errorf("reload error:\n%s\nwant it to match %s", line, want)
+	}
+	if strings.Contains(line, "set it in the worker's environment") {
+		t.Errorf("the reload error tells to set the variable in the running worker's environment:\n%s", line)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
 	}
 }

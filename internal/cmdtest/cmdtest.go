@@ -4,6 +4,9 @@
 //	func TestMain(m *testing.M) { os.Exit(cmdtest.Main(m)) }
 //	code, stdout, stderr := cmdtest.Run(t, nil, "--check", "--config", path)
 //
+// On Linux, ReadPID and Process follow the processes that a command
+// under test starts, to check that none outlives it.
+//
 // Imports: the standard library only; for tests only.
 package cmdtest
 

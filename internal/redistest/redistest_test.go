@@ -5,13 +5,16 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -172,4 +175,29 @@ func pingOnce(ctx context.Context, addr string, tlsConf *tls.Config) error {
 	c := redis.NewClient(&redis.Options{Addr: addr, TLSConfig: tlsConf, MaxRetries: -1, DialTimeout: time.Second})
 	defer c.Close()
 	return c.Ping(ctx).Err()
+}
+
+// A client made by PipeClient never waits for a connection inside a
+// bubble, even with more commands at once than go-redis's default pool
+// (ten per CPU): waiting would take a timer from go-redis's process-wide
+// pool, and a timer shared between a bubble and the rest of the test
+// binary crashes it (see BubblePoolSize).
+func TestPipeClientNeverWaitsForAConnection(t *testing.T) {
+	Virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
+		const commands = 200
+		var wg sync.WaitGroup
+		for i := range commands {
+			wg.Go(func() {
+				// Each holds its connection for a second of the bubble's
+				// clock, so all 200 need one at once.
+				if _, err := rdb.BLPop(context.Background(), time.Second, fmt.Sprint("empty-", i)).Result(); err != redis.Nil {
+					t.Errorf("BLPOP on an empty list: %v, want redis.Nil", err)
+				}
+			})
+		}
+		wg.Wait()
+		if st := rdb.PoolStats(); st.WaitCount != 0 || st.Timeouts != 0 {
+			t.Fatalf("pool stats %+v: commands waited for a connection, want none", *st)
+		}
+	})
 }

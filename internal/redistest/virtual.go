@@ -32,11 +32,27 @@ func Virtual(t *testing.T, f func(t *testing.T, rdb *redis.Client, m *miniredis.
 // (miniredis's Dial), which a synctest bubble can use where sockets
 // cannot. Inside Virtual, use it for a second "process" on the same
 // Redis. The caller closes it.
+//
+// Its pool never makes a command wait for a connection (see
+// [BubblePoolSize]).
 func PipeClient(m *miniredis.Miniredis) *redis.Client {
 	return redis.NewClient(&redis.Options{
 		// An IP address: go-redis resolves host names when the client is
 		// built, which a bubble cannot do.
-		Addr:   "127.0.0.1:0",
-		Dialer: func(context.Context, string, string) (net.Conn, error) { return m.Dial() },
+		Addr:     "127.0.0.1:0",
+		Dialer:   func(context.Context, string, string) (net.Conn, error) { return m.Dial() },
+		PoolSize: BubblePoolSize,
 	})
 }
+
+// BubblePoolSize is the connection pool size of a client used inside a
+// synctest bubble: more connections than any test runs commands at once.
+//
+// go-redis keeps the timers of commands that wait for a free connection
+// in one process-wide sync.Pool. A timer made inside a bubble and later
+// reset outside it (or the reverse) crashes the test binary ("reset of
+// synctest timer from outside bubble"), so whether a package's tests
+// pass would depend on their order (-shuffle). A bubble's client that
+// never waits for a connection never takes a timer from that pool, and
+// never puts one there.
+const BubblePoolSize = 4096

@@ -1,6 +1,7 @@
 // Package redisurl opens the Redis a URL names (one server, TLS, a Unix
-// socket, Redis Cluster or Sentinel) and writes URLs for logs with every
-// password replaced. Both binaries (cmd/worker, cmd/enqueue) read their
+// socket, Redis Cluster or Sentinel), checks that it answers (Ping, whose
+// errors tell a refused password from silence) and writes URLs for logs
+// with every password replaced. Both binaries (cmd/worker, cmd/enqueue) read their
 // --redis flag with it, so they accept the same URLs.
 //
 // Its errors carry no package prefix: each binary prefixes its own name
@@ -9,6 +10,7 @@
 package redisurl
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/url"
@@ -92,6 +94,33 @@ func Open(rawURL string) (redis.UniversalClient, error) {
 		}
 		return redis.NewClient(opts), nil
 	}
+}
+
+// Ping checks that the Redis rdb, opened from rawURL, answers within ctx.
+// Its error tells apart what an operator fixes differently, with the URL
+// redacted and no password in it: the server refused the credentials
+// ("authentication failed"), wants a password the URL does not give, or
+// has none while the URL gives one; answered with another error; or did
+// not answer at all.
+func Ping(ctx context.Context, rdb redis.UniversalClient, rawURL string) error {
+	err := rdb.Ping(ctx).Err()
+	if err == nil {
+		return nil
+	}
+	at, msg := Redact(rawURL), scrubSecrets(err.Error(), rawURL)
+	var answer redis.Error
+	if !errors.As(err, &answer) {
+		return fmt.Errorf("Redis at %s does not answer: %s", at, msg)
+	}
+	switch {
+	case strings.HasPrefix(msg, "NOAUTH"):
+		return fmt.Errorf("Redis at %s wants a password and the URL gives none (%s); use redis://[user]:password@host:port", at, msg)
+	case strings.Contains(msg, "without any password configured") || strings.Contains(msg, "no password is set"):
+		return fmt.Errorf("Redis at %s has no password, but the URL gives one; remove it from the URL", at)
+	case strings.HasPrefix(msg, "WRONGPASS") || strings.Contains(msg, "invalid password") || strings.Contains(msg, "invalid username-password"):
+		return fmt.Errorf("Redis at %s: authentication failed (%s); check the user name and password in the URL", at, msg)
+	}
+	return fmt.Errorf("Redis at %s answered PING with an error: %s", at, msg)
 }
 
 // secretParams are the query parameters of a Redis URL that hold secrets.

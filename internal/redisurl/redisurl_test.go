@@ -1,9 +1,14 @@
 package redisurl
 
 import (
+	"bufio"
+	"context"
+	"net"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -116,4 +121,76 @@ func TestRedactURL(t *testing.T) {
 			t.Errorf("Redact(%q) = %q, want %q", in, got, want)
 		}
 	}
+}
+
+// Ping's errors say what the server answered, never with the password:
+// refused credentials are an authentication failure, not silence.
+func TestPing(t *testing.T) {
+	guarded := miniredis.RunT(t)
+	guarded.RequireAuth("the-right-one")
+	loading := answerEverything(t, "-LOADING Redis is loading the dataset in memory\r\n")
+	redis5 := answerEverything(t, "-ERR Client sent AUTH, but no password is set\r\n")
+	cases := []struct {
+		name, url, want string
+	}{
+		{"wrong password", "redis://:hunter2secret@" + guarded.Addr(), "Redis at redis://:xxxxx@" + guarded.Addr() + ": authentication failed (WRONGPASS"},
+		{"no password", "redis://" + guarded.Addr(), "wants a password and the URL gives none"},
+		{"password to a Redis 5 without one", "redis://:hunter2secret@" + redis5, "has no password, but the URL gives one"},
+		{"another error", "redis://" + loading, "answered PING with an error: LOADING"},
+		{"no server", "redis://:hunter2secret@127.0.0.1:1/0?dial_timeout=1s", "Redis at redis://:xxxxx@127.0.0.1:1/0?dial_timeout=1s does not answer: dial tcp 127.0.0.1:1"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			rdb, err := Open(c.url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rdb.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			err = Ping(ctx, rdb, c.url)
+			if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "hunter2") {
+				t.Errorf("Ping = %v\nwant it to contain %q and no password", err, c.want)
+			}
+		})
+	}
+	rdb, _ := Open("redis://:the-right-one@" + guarded.Addr())
+	defer rdb.Close()
+	if err := Ping(context.Background(), rdb, "redis://:the-right-one@"+guarded.Addr()); err != nil {
+		t.Errorf("Ping with the right password = %v", err)
+	}
+}
+
+// answerEverything serves a fake Redis that answers every command with
+// reply, and returns its address.
+func answerEverything(t *testing.T, reply string) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer conn.Close()
+				r := bufio.NewReader(conn)
+				for {
+					line, err := r.ReadString('\n')
+					if err != nil {
+						return
+					}
+					if strings.HasPrefix(line, "*") { // a new command
+						if _, err := conn.Write([]byte(reply)); err != nil {
+							return
+						}
+					}
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String()
 }

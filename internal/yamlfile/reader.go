@@ -148,8 +148,15 @@ func (r *Reader) Bool(n *yaml.Node, field string) (bool, error) {
 	return false, r.Failf(n, field, "%s must be true or false", Describe(n))
 }
 
-// Int reads a whole number from lo to hi.
+// Int reads a whole number from lo to hi. A number written in decimal
+// digits too large for an int64 is "too large" (YAML reads it as a float);
+// the error gives hi. Upper bounds that another package states, such as
+// throttle.MaxPermits, are passed as hi so that the file's error gives
+// them.
 func (r *Reader) Int(n *yaml.Node, field string, lo, hi int64) (int, error) {
+	if overflows(n) {
+		return 0, r.Failf(n, field, "%q is too large: at most %d", n.Value, hi)
+	}
 	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" {
 		return 0, r.Failf(n, field, "%s must be a whole number from %d to %d", Describe(n), lo, hi)
 	}
@@ -160,10 +167,15 @@ func (r *Reader) Int(n *yaml.Node, field string, lo, hi int64) (int, error) {
 	return int(v), nil
 }
 
-// AtLeast reads a whole number of at least lo; the upper bound is left to
-// whoever checks the value next (throttle.Rule.Validate, say), so that one
-// package states it.
-func (r *Reader) AtLeast(n *yaml.Node, field string, lo int64) (int, error) {
+// AtLeast reads a whole number of at least lo, for a quantity whose upper
+// bound hi few files come near (a limit's count, say): a smaller value
+// "must be a whole number, at least lo", and a larger one, even beyond what
+// an int64 holds, is "too large: at most hi". Pass the bound of the
+// package that enforces it (throttle.MaxPermits), so that it is stated once.
+func (r *Reader) AtLeast(n *yaml.Node, field string, lo, hi int64) (int, error) {
+	if overflows(n) {
+		return 0, r.Failf(n, field, "%q is too large: at most %d", n.Value, hi)
+	}
 	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" {
 		return 0, r.Failf(n, field, "%s must be a whole number, at least %d", Describe(n), lo)
 	}
@@ -171,7 +183,24 @@ func (r *Reader) AtLeast(n *yaml.Node, field string, lo int64) (int, error) {
 	if err := n.Decode(&v); err != nil || v < lo {
 		return 0, r.Failf(n, field, "%q must be a whole number, at least %d", n.Value, lo)
 	}
+	if v > hi {
+		return 0, r.Failf(n, field, "%q is too large: at most %d", n.Value, hi)
+	}
 	return int(v), nil
+}
+
+// overflows reports whether n is an unquoted positive whole number in
+// decimal digits that an int64 cannot hold.
+func overflows(n *yaml.Node) bool {
+	if n.Kind != yaml.ScalarNode || n.Style&(yaml.SingleQuotedStyle|yaml.DoubleQuotedStyle) != 0 {
+		return false
+	}
+	digits := strings.TrimPrefix(n.Value, "+")
+	if digits == "" || strings.Trim(digits, "0123456789") != "" {
+		return false
+	}
+	_, err := strconv.ParseInt(digits, 10, 64)
+	return err != nil
 }
 
 // Duration reads a Go duration such as 1s, 500ms or 1h30m, from lo to

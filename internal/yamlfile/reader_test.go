@@ -74,6 +74,7 @@ func TestScalars(t *testing.T) {
 	str := func(r *Reader, f map[string]*yaml.Node) (any, error) { return r.Str(f["a"], "a") }
 	boolean := func(r *Reader, f map[string]*yaml.Node) (any, error) { return r.Bool(f["a"], "a") }
 	integer := func(r *Reader, f map[string]*yaml.Node) (any, error) { return r.Int(f["a"], "a", 1, 10) }
+	atLeast := func(r *Reader, f map[string]*yaml.Node) (any, error) { return r.AtLeast(f["a"], "a", 1, 10) }
 	duration := func(r *Reader, f map[string]*yaml.Node) (any, error) {
 		return r.Duration(f["a"], "a", time.Second, time.Hour)
 	}
@@ -96,7 +97,15 @@ func TestScalars(t *testing.T) {
 		{"int", "a: 10\n", integer, "10"},
 		{"int below", "a: 0\n", integer, `1: a: "0" must be a whole number from 1 to 10`},
 		{"int above", "a: 11\n", integer, `1: a: "11" must be a whole number from 1 to 10`},
-		{"int overflow", "a: 99999999999999999999\n", integer, `1: a: "99999999999999999999" must be a whole number from 1 to 10`},
+		{"int overflow", "a: 99999999999999999999\n", integer, `1: a: "99999999999999999999" is too large: at most 10`},
+		{"quoted int overflow", "a: \"99999999999999999999\"\n", integer, `1: a: "99999999999999999999" must be a whole number from 1 to 10`},
+		{"negative overflow", "a: -99999999999999999999\n", integer, `1: a: "-99999999999999999999" must be a whole number from 1 to 10`},
+
+		{"amount", "a: 10\n", atLeast, "10"},
+		{"amount below", "a: 0\n", atLeast, `1: a: "0" must be a whole number, at least 1`},
+		{"amount above", "a: 11\n", atLeast, `1: a: "11" is too large: at most 10`},
+		{"amount overflow", "a: +99999999999999999999\n", atLeast, `1: a: "+99999999999999999999" is too large: at most 10`},
+		{"amount float", "a: 1e3\n", atLeast, `1: a: "1e3" must be a whole number, at least 1`},
 		{"float as int", "a: 2.5\n", integer, `1: a: "2.5" must be a whole number from 1 to 10`},
 		{"mapping as int", "a: {b: 1}\n", integer, "1: a: a mapping must be a whole number from 1 to 10"},
 

@@ -6,15 +6,19 @@
 --               pause ends; prepay: the subject's receipt set,
 --               <prefix>{<subject>}:!receipts
 -- KEYS[r+1+i] -> refund: rule i's record of cancelled reservations,
---               <prefix>{<subject>}:<rule>!cancelled (bucket.lua);
---               a refund always has these 2r + 1 keys
+--               <prefix>{<subject>}:<rule>!cancelled (bucket.lua)
+-- KEYS[2r+1+i] -> refund and settle: rule i's record of its latest Reset,
+--               <prefix>{<subject>}:<rule>!reset (reset.lua); a refund
+--               always has these 3r + 1 keys
 -- ARGV[1]    -> operation: 'allow', 'reserve', 'prepay', 'refund', 'undo',
 --               'atmost', 'pause' or 'settle'
 -- ARGV[2]    -> n, the number of permits; 0 (allow, reserve) reads the state
 --               and charges nothing
 -- ARGV[3]    -> reserve, prepay: the longest delay accepted, microseconds
 --               (-1: no bound); pause: the pause, microseconds (at least 1);
---               settle: the actual cost, permits (ARGV[2] is the reserved n)
+--               settle: the actual cost, permits (ARGV[2] is the reserved n);
+--               refund: the Redis time (µs) of the call that made the
+--               reservation (-1 if unknown)
 -- then for rule i, five values starting at ARGV[4 + 5 * (i - 1)]:
 --   algorithm name, count, period (microseconds),
 --   extra (burst; precision in microseconds for sliding_window),
@@ -22,6 +26,8 @@
 -- prepay only, after the rules:
 --   ARGV[4 + 5r] -> the receipt: id and rule names, a sorted-set member
 --   ARGV[5 + 5r] -> how long the receipt is kept after its slot, microseconds
+--   ARGV[6 + 5r] -> the soonest the slot may be, microseconds from now (0:
+--                   now; only for a policy of buckets, see unshift)
 -- prepay and admit: KEYS[r+2] (prepay), KEYS[r+3] (admit) -> the subject's
 --   tickets of booked turns and receipts, <prefix>{<subject>}:!tickets, a
 --   hash: member -> the refund tickets of its rules and the Redis time
@@ -71,15 +77,23 @@
 --   ARGV[3] is how long the caller can wait where it is for a new turn
 --   (-1: no bound).
 -- refund only, after the rules: more reservations to give back in the same
--- call, each as 1 + r values: its n, then its ticket for each rule
--- The number of rules r is floor((#ARGV - 3) / 5), for refund (#KEYS - 1) / 2,
+-- call, each as 2 + r values: its n, the Redis time (µs) of the call that
+-- made it, then its ticket for each rule
+-- The number of rules r is floor((#ARGV - 3) / 5), for refund (#KEYS - 1) / 3,
 -- for admit #KEYS - 10.
 -- settle (KEYS[r+1]: the pause key; KEYS[r+1+i]: rule i's record of
--- give-backs, <prefix>{<subject>}:<rule>!settled, bucket.lua) charges
--- (ARGV[3] - ARGV[2]) more permits, or gives back that many if negative,
--- against each rule's ticket (settle[algo], prelude.lua), then applies a
--- running pause again as refund does; it returns 1. ARGV[4 + 5r] is the
--- Redis time (µs) of the call that made the reservation, -1 if unknown.
+-- give-backs, <prefix>{<subject>}:<rule>!settled, bucket.lua; KEYS[2r+1+i]
+-- its record of Resets, as for refund) charges (ARGV[3] - ARGV[2]) more
+-- permits, or gives back that many if negative, against each rule's
+-- ticket (settle[algo], prelude.lua), then applies a running pause again
+-- as refund does; it returns 1. ARGV[4 + 5r] is the Redis time (µs) of the
+-- call that made the reservation, -1 if unknown.
+-- A reservation made no later than a rule's latest Reset (its booking
+-- time at or before the time the record holds) gives nothing back under
+-- that rule, by refund, undo or settle: its permits were counted in the
+-- state the Reset forgot (issue 20). A settle for more still charges the
+-- difference to the new state: the work used it, and a charge can never
+-- admit more than the rule's bound.
 --
 -- allow and reserve return
 --   {ok (1/0), deciding rule index (1-based), remaining, delay microseconds,
@@ -189,22 +203,37 @@ if rare then
     return untl - now
   end
 
+  -- resets returns, for each rule, the Redis time of its latest Reset
+  -- (reset.lua), held in KEYS[2 * nrules + 1 + i], or false if none.
+  local function resets()
+    local rs = {}
+    for i = 1, nrules do rs[i] = tonumber(redis.call('GET', KEYS[2 * nrules + 1 + i])) or false end
+    return rs
+  end
+
   if op == 'refund' or op == 'undo' then
-    nrules = (#KEYS - 1) / 2
-    -- refund_one gives back m permits with the tickets ticket(i).
-    local function refund_one(m, ticket)
+    nrules = (#KEYS - 1) / 3
+    local rs = resets()
+    -- refund_one gives back m permits, of a reservation made at the Redis
+    -- time booked, with the tickets ticket(i); nothing under a rule reset
+    -- since (at or after booked).
+    local function refund_one(m, booked, ticket)
       for i = 1, nrules do
         local algo, count, period, extra = rule(i)
         local tk = ticket(i)
-        if tk ~= '' then refund[algo](KEYS[i], count, period, extra, m, tk, KEYS[nrules + 1 + i], op == 'undo') end
+        if tk ~= '' and not (rs[i] and booked <= rs[i]) then
+          refund[algo](KEYS[i], count, period, extra, m, tk, KEYS[nrules + 1 + i], op == 'undo')
+        end
       end
     end
-    refund_one(n, function(i) return ARGV[4 + 5 * (i - 1) + 4] end)
+    -- ARGV[3], the bound of other operations, is the first reservation's
+    -- booking time.
+    refund_one(n, max_wait, function(i) return ARGV[4 + 5 * (i - 1) + 4] end)
     local b = 4 + 5 * nrules
     while ARGV[b] do
       local base = b
-      refund_one(tonumber(ARGV[base]), function(i) return ARGV[base + i] end)
-      b = b + 1 + nrules
+      refund_one(tonumber(ARGV[base]), tonumber(ARGV[base + 1]), function(i) return ARGV[base + 1 + i] end)
+      b = b + 2 + nrules
     end
     if KEYS[nrules + 1] then
       local untl = tonumber(redis.call('GET', KEYS[nrules + 1]))
@@ -215,9 +244,13 @@ if rare then
 
   if op == 'settle' then
     local booked = tonumber(ARGV[4 + 5 * nrules]) or -1
+    local rs = resets()
     for i = 1, nrules do
       local algo, count, period, extra, tk = rule(i)
-      if tk ~= '' then settle[algo](KEYS[i], count, period, extra, n, max_wait, tk, booked, KEYS[nrules + 1 + i]) end
+      -- Under a rule reset since the reservation, only a charge.
+      if tk ~= '' and (max_wait > n or not (rs[i] and booked <= rs[i])) then
+        settle[algo](KEYS[i], count, period, extra, n, max_wait, tk, booked, KEYS[nrules + 1 + i])
+      end
     end
     local untl = tonumber(redis.call('GET', KEYS[nrules + 1]))
     if untl and untl > now then pause_all(untl) end
@@ -725,6 +758,36 @@ if op == 'admit' then
   -- the rate rules: it is charged when it has a place.
   if c and not cc.free(c) then return wait_place() end
 end
+-- prepay's ARGV[6 + 5r] (µs, optional) is the soonest its slot may be:
+-- a job needs that long to reach whoever runs it, and a slot sooner would
+-- find it late, its receipt stale. The rules decide as if called that
+-- much later, as take does for a share (exact for the buckets, whose
+-- state is a time; a policy with another rule, whose window would be
+-- trimmed as of then, ignores it), and delays stay from the real now.
+local unshift
+if op == 'prepay' then
+  local after = tonumber(ARGV[6 + 5 * nrules]) or 0
+  for i = 1, nrules do
+    local algo = ARGV[4 + 5 * (i - 1)]
+    if algo ~= 'gcra' and algo ~= 'token_bucket' then after = 0 end
+  end
+  if after > 0 and (max_wait < 0 or max_wait >= after) then
+    now = now + after
+    if max_wait >= 0 then max_wait = max_wait - after end
+    -- unshift returns reply with its delay and now from the real now,
+    -- the rules' TTLs lengthened to match (bucket.lua set them from the
+    -- shifted now).
+    unshift = function(reply)
+      now = now - after
+      reply[4], reply[6] = reply[4] + after, now
+      for i = 1, nrules do
+        local pt = redis.call('PTTL', KEYS[i])
+        if pt > 0 then redis.call('PEXPIRE', KEYS[i], pt + math.ceil(after / 1000)) end
+      end
+      return reply
+    end
+  end
+end
 local reply
 if nrules == 1 then
   -- One rule, the common case: no per-rule arrays, one reply table.
@@ -738,7 +801,9 @@ if nrules == 1 then
     delay = math.ceil(math.min(delay, max_us))
     -- Past the horizon: the caller starts the line (see below).
     if line and not ok then return line.join(delay - line.horizon / 2) end
-    return {ok and 1 or 0, 1, remaining, delay, reset, now}
+    reply = {ok and 1 or 0, 1, remaining, delay, reset, now}
+    if unshift then return unshift(reply) end
+    return reply
   end
   local ticket = (one_commit or commits[algo])(KEYS[1], count, period, extra, n, delay, s1, s2)
   reply = {1, 1, remaining, math.ceil(math.min(delay, max_us)), reset, now, ticket}
@@ -777,6 +842,7 @@ else
   reply[5] = math.ceil(math.min(reply[5], max_us))
 end
 
+if unshift then reply = unshift(reply) end
 if line and reply[1] == 0 then
   -- Past the horizon: the caller starts the line, which is served when its
   -- turn comes within half the horizon.

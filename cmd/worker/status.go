@@ -1,0 +1,236 @@
+package main
+
+import (
+	"bytes"
+	_ "embed"
+	"fmt"
+	"html/template"
+	"net/http"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/handler"
+	"github.com/jobthrottle/jobthrottle/rules"
+	"github.com/jobthrottle/jobthrottle/throttle"
+	"github.com/jobthrottle/jobthrottle/worker"
+)
+
+// statusHTML is the status page's template: plain HTML with an inline SVG
+// plot per rule, no script and no external asset.
+//
+//go:embed status.html
+var statusHTML string
+
+var statusTemplate = template.Must(template.New("status").Funcs(template.FuncMap{
+	"clock": func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
+	"num":   func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) },
+}).Parse(statusHTML))
+
+// status is what a worker's status page shows (served at / and /status
+// beside /metrics): the rules in force and where they came from, each
+// rule's recent activity (worker.Activity, the same counts as the
+// metrics), the handlers, and their recent failures. It holds everything
+// in memory: serving the page costs no Redis call.
+type status struct {
+	started  time.Time
+	activity *worker.Activity // nil without metrics: every count zero
+	failures failureLog
+
+	mu     sync.Mutex
+	source rulesSource
+}
+
+// rulesSource is the rules in force and where they came from.
+type rulesSource struct {
+	cfg      *rules.Config
+	handlers *handler.Config
+	loaded   time.Time // when the file was read, at start or at the last reload
+	reloads  int       // reloads applied since start
+	refused  time.Time // the last reload refused (the running rules stayed); zero if none
+	refusal  string    // why
+}
+
+// newStatus returns the status of a worker started with cfg and hs.
+func newStatus(cfg *rules.Config, hs *handler.Config, activity *worker.Activity) *status {
+	now := time.Now()
+	return &status{started: now, activity: activity, source: rulesSource{cfg: cfg, handlers: hs, loaded: now}}
+}
+
+// reloaded records that a reload put cfg and hs in force.
+func (s *status) reloaded(cfg *rules.Config, hs *handler.Config) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.source.cfg, s.source.handlers, s.source.loaded = cfg, hs, time.Now()
+	s.source.reloads++
+}
+
+// refused records a reload that failed: the running rules stay.
+func (s *status) refused(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.source.refused, s.source.refusal = time.Now(), err.Error()
+}
+
+// rules returns the rules in force and their source.
+func (s *status) rules() rulesSource {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.source
+}
+
+// maxRefresh bounds ?refresh=N, the seconds between reloads of the page.
+const maxRefresh = 3600
+
+// ServeHTTP serves the page; ?refresh=N (1 to 3600) has the browser load
+// it again every N seconds.
+func (s *status) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	v := s.view(time.Now())
+	if n, err := strconv.Atoi(r.URL.Query().Get("refresh")); err == nil && n >= 1 && n <= maxRefresh {
+		v.Refresh = n
+	}
+	var b bytes.Buffer
+	if err := statusTemplate.Execute(&b, v); err != nil {
+		http.Error(w, "worker: rendering the status page: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	_, _ = w.Write(b.Bytes())
+}
+
+// statusView is what the template shows.
+type statusView struct {
+	Now, Started time.Time
+	Uptime       string
+	PID          int
+	Host         string
+	Refresh      int // seconds; 0: no reload
+	File         string
+	Prefix       string
+	FailOpen     bool
+	Loaded       time.Time
+	Reloads      int
+	Refused      time.Time // zero if no reload was refused
+	Refusal      string
+	Rules        []ruleView
+	Handlers     []handlerView
+	Failures     []failure // newest first
+	FailureCount int64     // since start
+	Span, Ahead  string    // the plots' spans: "5m", "1m"
+}
+
+// ruleView is one rule on the page.
+type ruleView struct {
+	Name     string
+	FileLine int // where the rule starts in the file
+	ruleWords
+	Decisions  []outcomeCount // every outcome, in a fixed order
+	Admitted   int64
+	LastMinute int      // tasks admitted in the last 60 s
+	Uses       []string // each limit's use, in words (limitUse); none for a concurrency limit
+	TurnsAhead int
+	NextTurn   string // "within 1s", "in 12s"; "" if no turn is ahead
+	LastTurn   string
+	Plot       plot
+}
+
+// outcomeCount is one outcome's count of a rule's decisions.
+type outcomeCount struct {
+	Outcome string
+	Count   int64
+}
+
+// outcomes are the decisions' outcomes in the order the page lists them.
+var outcomes = []string{worker.OutcomeAdmitted, worker.OutcomeWaited, worker.OutcomeRedeemed, worker.OutcomeParked,
+	worker.OutcomeDeferred, worker.OutcomeRefunded, worker.OutcomeError}
+
+// handlerView is one handler of the rules file.
+type handlerView struct {
+	Task, Does, Rule string
+	Line             int
+}
+
+// view is the page at now.
+func (s *status) view(now time.Time) statusView {
+	src := s.rules()
+	host, _ := os.Hostname()
+	v := statusView{Now: now, Started: s.started, Uptime: now.Sub(s.started).Round(time.Second).String(), PID: os.Getpid(), Host: host,
+		File: src.cfg.File, Prefix: src.cfg.Prefix, FailOpen: src.cfg.FailOpen, Loaded: src.loaded, Reloads: src.reloads, Refused: src.refused, Refusal: src.refusal,
+		Span: worker.ActivitySpan.String(), Ahead: worker.ActivityAhead.String()}
+	for _, r := range src.cfg.Rules {
+		v.Rules = append(v.Rules, ruleOnPage(r, s.activity.Rule(r.Name), now))
+	}
+	for _, h := range src.handlers.Handlers {
+		hv := handlerView{Task: h.Task, Does: h.Describe(), Line: h.Line}
+		if rc, ok := src.cfg.RuleFor(h.Task); ok {
+			hv.Rule = rc.Name
+		}
+		v.Handlers = append(v.Handlers, hv)
+	}
+	v.Failures, v.FailureCount = s.failures.recent()
+	return v
+}
+
+// ruleOnPage is rule r, with its activity a, as the page shows it at now.
+func ruleOnPage(r rules.RuleConfig, a worker.RuleActivity, now time.Time) ruleView {
+	v := ruleView{Name: r.Name, FileLine: r.Line, ruleWords: describeRule(r), Admitted: a.Admitted(),
+		TurnsAhead: a.TurnsAhead}
+	for _, o := range outcomes {
+		v.Decisions = append(v.Decisions, outcomeCount{o, a.Decisions[o]})
+	}
+	for _, s := range a.Seconds[len(a.Seconds)-60:] {
+		v.LastMinute += s.Admitted
+	}
+	perSecond := 0.0 // in tasks: the lowest rate of a limit the plot spans
+	for _, l := range r.Limits {
+		if l.Algorithm == throttle.Concurrency {
+			continue
+		}
+		v.Uses = append(v.Uses, limitUse(l, a.Seconds, r.Cost))
+		rate := float64(l.Limit.Count) / l.Limit.Period.Seconds() / float64(max(r.Cost.Permits, 1))
+		if l.Limit.Period <= worker.ActivitySpan && (perSecond == 0 || rate < perSecond) {
+			perSecond = rate
+		}
+	}
+	if a.TurnsAhead > 0 {
+		v.NextTurn, v.LastTurn = dueIn(a.NextTurn, now), dueIn(a.LastTurn, now)
+	}
+	v.Plot = plotOf(a, perSecond)
+	return v
+}
+
+// limitUse is the use of limit l in words, from the seconds of its
+// rule's activity: the tasks admitted over its period (at least the last
+// minute), against what it allows in that time, "partner: 299 tasks in the
+// last 1m0s, 100% of 5 per 1s". A limit whose period is longer than the
+// activity keeps is not measured. A task takes cost's permits: one unless
+// the rule says otherwise; a cost read from each task's payload is not
+// known here.
+func limitUse(l throttle.Rule, seconds []worker.SecondActivity, cost rules.CostConfig) string {
+	span := time.Duration(len(seconds)) * time.Second
+	if l.Limit.Period > span {
+		return fmt.Sprintf("%s, %d per %v: its period is longer than the %v this page keeps", l.Name, l.Limit.Count, l.Limit.Period, span)
+	}
+	window := min(max(l.Limit.Period, time.Minute).Round(time.Second), span)
+	n := 0
+	for _, s := range seconds[len(seconds)-int(window/time.Second):] {
+		n += s.Admitted
+	}
+	permits := n * max(cost.Permits, 1)
+	allowed := float64(l.Limit.Count) * window.Seconds() / l.Limit.Period.Seconds()
+	s := fmt.Sprintf("%s: %d tasks in the last %v, %.0f%% of %d per %v", l.Name, n, window, 100*float64(permits)/allowed, l.Limit.Count, l.Limit.Period)
+	if cost.PayloadField != "" {
+		s += fmt.Sprintf(" (counting a permit a task: the real cost is each task's %q)", cost.PayloadField)
+	}
+	return s
+}
+
+// dueIn is when a turn due at at is, from now: "within 1s", else "in 12s".
+func dueIn(at, now time.Time) string {
+	if d := at.Sub(now); d >= time.Second {
+		return "in " + d.Round(time.Second).String()
+	}
+	return "within 1s"
+}
