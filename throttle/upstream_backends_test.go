@@ -35,9 +35,12 @@ func TestBackendsUpstream(t *testing.T) {
 			}
 			_, err = u.Depart(ctx, "s", time.Second)
 			var de *throttle.DelayError
-			// One departure per 1/(0.97 × 2/h): 30m56s after the first.
-			if !errors.As(err, &de) || de.RetryAfter < 30*time.Minute || de.RetryAfter > 31*time.Minute {
-				t.Fatalf("second Depart: %v; want a *DelayError in about 31 minutes", err)
+			// One departure per 1/(LearnedShare × 2/h): 31m35s after the
+			// first at 95 %.
+			share := throttle.LearnedShare
+			want := time.Duration(float64(time.Hour) / (share * 2))
+			if !errors.As(err, &de) || de.RetryAfter < want-time.Minute || de.RetryAfter > want {
+				t.Fatalf("second Depart: %v; want a *DelayError in about %v", err, want.Round(time.Second))
 			}
 			k := prefix + "{s}:!upstream(r)"
 			ttl, err := b.Client.PTTL(ctx, k).Result()
