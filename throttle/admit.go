@@ -232,6 +232,7 @@ func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error
 	}
 	keys = append(keys, l.receiptsKey(req.Subject), l.pauseKey(req.Subject), l.ticketsKey(req.Subject))
 	keys = append(keys, l.lineKeys(req.Subject)...)
+	keys = append(keys, l.upstreamKey(req.Subject)) // lua/upstream_pace.lua
 	booking := ""
 	switch {
 	case req.BookAs != "":

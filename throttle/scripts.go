@@ -29,14 +29,14 @@ func init() {
 	all := []string{"prelude.lua"}
 	for _, a := range registered() {
 		files := a.spec().files
-		scripts[a] = buildScript(append(append([]string{"prelude.lua"}, files...), "use_"+string(a)+".lua", "driver.lua")...)
+		scripts[a] = buildScript(append(append([]string{"prelude.lua"}, files...), "use_"+string(a)+".lua", "upstream_rate.lua", "upstream_pace.lua", "driver.lua")...)
 		for _, f := range files {
 			if !slices.Contains(all, f) {
 				all = append(all, f)
 			}
 		}
 	}
-	allScript = buildScript(append(all, "use_all.lua", "driver.lua")...)
+	allScript = buildScript(append(all, "use_all.lua", "upstream_rate.lua", "upstream_pace.lua", "driver.lua")...)
 }
 
 // buildScript concatenates time.lua (Redis's clock, read first by every

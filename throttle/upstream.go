@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // An Upstream is where a limiter's requests meet the resource behind it
@@ -86,15 +88,19 @@ const ProbeWait = 2 * time.Second
 // arrivals, which an upstream with no burst answers with 429s.
 const LearnedShare = 0.95
 
-// The learning controller (see Upstream), as lua/upstream.lua's ARGV.
+// The learning controller (see Upstream): the first four are the
+// upstream scripts' ARGV (lua/upstream_state.lua); the growth, which admit
+// applies too (lua/upstream_pace.lua), is written in lua/upstream_rate.lua,
+// and a test checks that it says the same as learnBelow, learnRecover and
+// learnGrow.
 const (
 	learnStart    = LearnedShare
-	learnBelow    = 0.98   // the share of the rate a 429 came at to recover to
-	learnRecover  = 0.1    // recovery per second, a share of that rate
-	learnGrow     = 0.0002 // growth per second past it
 	learnGentle   = 0.9    // lowering by a 429 near the rate meant to settle at
 	learnLower    = 0.8    // lowering by a 429 well under it
 	learnDiscover = 0.5    // lowering while discovering
+	learnBelow    = 0.98   // the share of the rate a 429 came at to recover to
+	learnRecover  = 0.1    // recovery per second, a share of that rate
+	learnGrow     = 0.0002 // growth per second past it
 )
 
 // confirmAfter is how long a departure may wait for its slot and still
@@ -110,7 +116,8 @@ const (
 // sleeps before it asks again.
 const probePoll = 20 * time.Millisecond
 
-// operations of lua/upstream.lua, named in errors
+// operations of the upstream scripts (lua/upstream_<op>.lua), named in
+// errors
 const (
 	opDepart  op = "depart"
 	opConfirm op = "confirm"
@@ -118,9 +125,16 @@ const (
 	opCancel  op = "cancel"
 )
 
-// upstreamScript is lua/upstream.lua; it documents KEYS, ARGV and the
-// replies.
-var upstreamScript = buildScript("upstream.lua")
+// upstreamScripts are one script per operation, lua/upstream_<op>.lua
+// after the state they share (lua/upstream_state.lua); each documents its
+// ARGV and reply.
+var upstreamScripts = map[op]*redis.Script{}
+
+func init() {
+	for _, o := range []op{opDepart, opConfirm, opLearn, opCancel} {
+		upstreamScripts[o] = buildScript("upstream_rate.lua", "upstream_state.lua", "upstream_"+string(o)+".lua")
+	}
+}
 
 const upstreamSuffix = "!upstream"
 
@@ -149,13 +163,19 @@ func (l *Limiter) Upstream() *Upstream {
 // keys are the script's KEYS for subject, which has passed encodeSubject.
 func (u *Upstream) keys(subject string) []string {
 	p := u.lim.policy
-	return []string{key(p.prefix, escape(subject), upstreamSuffix+"("+strings.Join(p.keyRules, ",")+")"), p.pauseKey(subject)}
+	return []string{p.upstreamKey(subject), p.pauseKey(subject)}
+}
+
+// upstreamKey is subject's upstream hash under this limiter's rules, which
+// Admit reads too (lua/upstream_pace.lua).
+func (p *policy) upstreamKey(subject string) string {
+	return key(p.prefix, escape(subject), upstreamSuffix+"("+strings.Join(p.keyRules, ",")+")")
 }
 
 // args are the script's ARGV for o, before the operation's own.
 func (u *Upstream) args(o op, extra ...any) []any {
 	a := []any{string(o), strconv.FormatFloat(u.interval, 'f', -1, 64), u.burst, UpstreamTTL.Milliseconds(),
-		learnStart, learnBelow, learnRecover, learnGrow, learnGentle, learnLower, learnDiscover}
+		learnStart, learnGentle, learnLower, learnDiscover}
 	return append(a, extra...)
 }
 
@@ -201,6 +221,16 @@ type Departure struct {
 	last     string        // the latest slot before it was booked ("" if none)
 	delay    time.Duration // from the booking to the slot
 	est      time.Time     // the slot's local time, unclamped (redisClock.slot)
+}
+
+// DepartNow returns a departure that leaves now without a slot on the
+// schedule: for a request sent on a turn that Limiter.Admit already spaced
+// at the learned rate (lua/upstream_pace.lua). Learned is what the caller
+// last knew of the resource. Learn takes it as a departure whose booking
+// is unknown.
+func DepartNow(l Learned) *Departure {
+	now := time.Now()
+	return &Departure{At: now, est: now, Learned: l, booked: -1, seq: -1}
 }
 
 // Interval is the spacing the departure was booked at: the learned
@@ -358,7 +388,7 @@ func (u *Upstream) bound(ctx context.Context, maxWait time.Duration) (time.Durat
 
 // call runs one call of the script and returns its reply and when it came.
 func (u *Upstream) call(ctx context.Context, keys []string, args []any) ([]any, time.Time, error) {
-	cmd := u.lim.run(ctx, upstreamScript, evalLine(keys, args))
+	cmd := u.lim.run(ctx, upstreamScripts[op(args[0].(string))], evalLine(keys, args))
 	recv := time.Now()
 	if err := cmd.Err(); err != nil {
 		return nil, recv, err
@@ -382,7 +412,7 @@ func (u *Upstream) failed(ctx context.Context, o op, err error) (*Departure, err
 	return nil, &redisError{op: o, err: err}
 }
 
-// departure decodes a depart or confirm reply (lua/upstream.lua): the
+// departure decodes a depart or confirm reply (lua/upstream_*.lua): the
 // departure booked, or how long to wait for the first answer, or a
 // *DelayError if the slot is too far.
 func (u *Upstream) departure(raw []any, recv time.Time, byDeadline bool) (*Departure, time.Duration, error) {

@@ -80,7 +80,8 @@
 -- call, each as 2 + r values: its n, the Redis time (µs) of the call that
 -- made it, then its ticket for each rule
 -- The number of rules r is floor((#ARGV - 3) / 5), for refund (#KEYS - 1) / 3,
--- for admit #KEYS - 10.
+-- for admit #KEYS - 11: its last key is the subject's upstream hash,
+-- read by upstream_pace (upstream_pace.lua) before anything else.
 -- settle (KEYS[r+1]: the pause key; KEYS[r+1+i]: rule i's record of
 -- give-backs, <prefix>{<subject>}:<rule>!settled, bucket.lua; KEYS[2r+1+i]
 -- its record of Resets, as for refund) charges (ARGV[3] - ARGV[2]) more
@@ -170,7 +171,10 @@ local op = ARGV[1]
 local n = tonumber(ARGV[2])
 local max_wait = tonumber(ARGV[3])
 local nrules = math.floor((#ARGV - 3) / 5)
-if op == 'admit' then nrules = #KEYS - 10 end
+if op == 'admit' then
+  nrules = #KEYS - 11
+  upstream_pace(KEYS[#KEYS], nrules)
+end
 
 -- one_check and one_commit (a script of one algorithm) or checks and
 -- commits (by algorithm name) come from the use_*.lua file before this one.
