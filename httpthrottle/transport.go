@@ -43,6 +43,7 @@
 package httpthrottle
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -94,6 +95,7 @@ type Transport struct {
 	onPause  func(subject string, d time.Duration, err error)
 	onLearn  func(subject string, info RateLimitInfo)
 	noWait   bool
+	paced    *pacedSubjects // nil unless Options.Paced
 	log      *slog.Logger
 	stats    counters
 }
@@ -132,6 +134,22 @@ type Options struct {
 	// task that sends the request, under the same limiter and subject).
 	// The request still waits for its departure on the upstream schedule.
 	NoWait bool
+	// Paced, with NoWait, says that the caller's permit was a turn of
+	// Limiter.Admit, which spaces the turns of a subject whose upstream
+	// taught a slower rate than the rules' at that learned rate (the
+	// worker middleware's turns): a request then leaves at once, without a
+	// departure of its own, and only what its answer teaches is recorded
+	// (a 429, a new policy, a window running out). A process's first
+	// request to a subject, and one every PacedRecheck, still departs (the
+	// first of the fleet probes, the others wait for its answer). When the
+	// probe's answer teaches the fleet's first rate, the subject is paused
+	// for PacedHorizon, so that the turns booked before, at the rules'
+	// pace, are taken again at the learned one (a booked turn inside a
+	// pause is not redeemed).
+	Paced bool
+	// PacedHorizon, with Paced, is how far ahead the caller's admissions
+	// book turns (AdmitRequest.Horizon). If zero, DefaultPacedHorizon.
+	PacedHorizon time.Duration
 	// MaxLearnedWait bounds how long a request waits for its departure on
 	// the upstream schedule: a request whose departure is further away
 	// fails at once with a *throttle.DelayError (Deadline false), nothing
@@ -201,8 +219,14 @@ func New(lim *throttle.Limiter, opts Options) (*Transport, error) {
 	if opts.MaxPause < 0 || opts.MaxPause > MaxPause {
 		return nil, &throttle.ConfigError{Field: "max_pause", Reason: "must be between 0 (the default, " + DefaultMaxPause.String() + ") and " + MaxPause.String()}
 	}
+	if opts.Paced && !opts.NoWait {
+		return nil, &throttle.ConfigError{Field: "paced", Reason: "needs NoWait: only a caller that holds an admitted turn is paced by it"}
+	}
 	t := &Transport{lim: lim, up: lim.Upstream(), subject: opts.Subject, maxPause: opts.MaxPause, maxWait: opts.MaxLearnedWait,
 		base: opts.Base, onPause: opts.OnPause, onLearn: opts.OnLearn, noWait: opts.NoWait, log: opts.Logger}
+	if opts.Paced {
+		t.paced = &pacedSubjects{horizon: cmp.Or(opts.PacedHorizon, DefaultPacedHorizon), seen: map[string]pacedSubject{}}
+	}
 	if t.subject == nil {
 		t.subject = hostSubject
 	}
@@ -245,7 +269,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return fail(err)
 		}
 	}
-	d, err := t.up.Depart(ctx, subject, t.maxWait)
+	d, err := t.depart(ctx, subject)
 	if err != nil {
 		return fail(err)
 	}
@@ -293,6 +317,22 @@ func (t *Transport) listen(ctx context.Context, subject string, d *throttle.Depa
 	}
 }
 
+// depart returns req's departure: booked on the upstream schedule, or,
+// for a paced request (Options.Paced) whose subject this process has seen
+// lately, one that leaves now and carries what was learned.
+func (t *Transport) depart(ctx context.Context, subject string) (*throttle.Departure, error) {
+	if t.paced != nil {
+		if d, ok := t.paced.now(subject); ok {
+			return d, nil
+		}
+	}
+	d, err := t.up.Depart(ctx, subject, t.maxWait)
+	if err == nil && t.paced != nil {
+		t.paced.saw(subject, d.Learned)
+	}
+	return d, err
+}
+
 // serverNow is the time to read a response's dates against: the local
 // clock, unless the response's Date is more than a couple of seconds off
 // it (the clocks disagree): then the Date, so that only the server's own
@@ -319,6 +359,11 @@ func (t *Transport) learn(ctx context.Context, subject string, d *throttle.Depar
 		t.log.Warn("httpthrottle: the upstream answered 429 Too Many Requests; the learned rate is lowered for every process",
 			"subject", subject, "from_per_second", round3(l.From), "to_per_second", round3(l.Rate), "policy", policyText(l.Learned))
 	}
+	if t.paced != nil && d.Probe && d.Learned.Rate == 0 && l.Rate > 0 {
+		// The fleet's first rate: the turns admitted until now were
+		// spaced at the rules' pace; paused, they are taken again.
+		t.pauseFor(ctx, subject, t.paced.horizon)
+	}
 	if l.Changed && t.onLearn != nil {
 		t.onLearn(subject, info)
 	}
@@ -329,6 +374,9 @@ func (t *Transport) record(ctx context.Context, subject string, d *throttle.Depa
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pauseTimeout)
 	defer cancel()
 	l, err := t.up.Learn(lctx, subject, d, a)
+	if err == nil && t.paced != nil {
+		t.paced.learned(subject, l.Learned)
+	}
 	if err != nil {
 		t.log.Error("httpthrottle: what the upstream answered could not be recorded in Redis", "subject", subject, "error", err)
 		return l, false
