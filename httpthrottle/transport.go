@@ -43,7 +43,6 @@
 package httpthrottle
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -135,21 +134,17 @@ type Options struct {
 	// The request still waits for its departure on the upstream schedule.
 	NoWait bool
 	// Paced, with NoWait, says that the caller's permit was a turn of
-	// Limiter.Admit, which spaces the turns of a subject whose upstream
-	// taught a slower rate than the rules' at that learned rate (the
-	// worker middleware's turns): a request then leaves at once, without a
-	// departure of its own, and only what its answer teaches is recorded
-	// (a 429, a new policy, a window running out). A process's first
-	// request to a subject, and one every PacedRecheck, still departs (the
-	// first of the fleet probes, the others wait for its answer). When the
-	// probe's answer teaches the fleet's first rate, the subject is paused
-	// for PacedHorizon, so that the turns booked before, at the rules'
-	// pace, are taken again at the learned one (a booked turn inside a
-	// pause is not redeemed).
+	// Limiter.Admit, which spaces the turns of a subject at its learned
+	// upstream rate when that is slower than the rules' (the worker
+	// middleware's turns). While the upstream has taught no rate, a
+	// departure on the upstream schedule would only repeat those turns at
+	// the rules' pace, and could push a request the rule admitted past
+	// MaxLearnedWait: a paced request then leaves at once, without one
+	// (the first to a subject, and one every PacedRecheck, still departs,
+	// to learn what the fleet knows). Once a rate is learned, requests
+	// depart as without Paced, which keeps each one within the tolerance
+	// of its slot at the upstream.
 	Paced bool
-	// PacedHorizon, with Paced, is how far ahead the caller's admissions
-	// book turns (AdmitRequest.Horizon). If zero, DefaultPacedHorizon.
-	PacedHorizon time.Duration
 	// MaxLearnedWait bounds how long a request waits for its departure on
 	// the upstream schedule: a request whose departure is further away
 	// fails at once with a *throttle.DelayError (Deadline false), nothing
@@ -225,7 +220,7 @@ func New(lim *throttle.Limiter, opts Options) (*Transport, error) {
 	t := &Transport{lim: lim, up: lim.Upstream(), subject: opts.Subject, maxPause: opts.MaxPause, maxWait: opts.MaxLearnedWait,
 		base: opts.Base, onPause: opts.OnPause, onLearn: opts.OnLearn, noWait: opts.NoWait, log: opts.Logger}
 	if opts.Paced {
-		t.paced = &pacedSubjects{horizon: cmp.Or(opts.PacedHorizon, DefaultPacedHorizon), seen: map[string]pacedSubject{}}
+		t.paced = &pacedSubjects{seen: map[string]pacedSubject{}}
 	}
 	if t.subject == nil {
 		t.subject = hostSubject
@@ -318,8 +313,8 @@ func (t *Transport) listen(ctx context.Context, subject string, d *throttle.Depa
 }
 
 // depart returns req's departure: booked on the upstream schedule, or,
-// for a paced request (Options.Paced) whose subject this process has seen
-// lately, one that leaves now and carries what was learned.
+// for a paced request (Options.Paced) of a subject whose upstream taught
+// no rate, one that leaves now.
 func (t *Transport) depart(ctx context.Context, subject string) (*throttle.Departure, error) {
 	if t.paced != nil {
 		if d, ok := t.paced.now(subject); ok {
@@ -328,7 +323,7 @@ func (t *Transport) depart(ctx context.Context, subject string) (*throttle.Depar
 	}
 	d, err := t.up.Depart(ctx, subject, t.maxWait)
 	if err == nil && t.paced != nil {
-		t.paced.saw(subject, d.Learned)
+		t.paced.saw(subject, d)
 	}
 	return d, err
 }
@@ -358,11 +353,6 @@ func (t *Transport) learn(ctx context.Context, subject string, d *throttle.Depar
 		t.stats.lowered.Add(1)
 		t.log.Warn("httpthrottle: the upstream answered 429 Too Many Requests; the learned rate is lowered for every process",
 			"subject", subject, "from_per_second", round3(l.From), "to_per_second", round3(l.Rate), "policy", policyText(l.Learned))
-	}
-	if t.paced != nil && d.Probe && d.Learned.Rate == 0 && l.Rate > 0 {
-		// The fleet's first rate: the turns admitted until now were
-		// spaced at the rules' pace; paused, they are taken again.
-		t.pauseFor(ctx, subject, t.paced.horizon)
 	}
 	if l.Changed && t.onLearn != nil {
 		t.onLearn(subject, info)

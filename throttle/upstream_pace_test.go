@@ -14,9 +14,9 @@ import (
 
 // A subject whose upstream taught a rate slower than its rule is admitted
 // at the learned rate: a backlog of tasks parks once each, on turns spaced
-// at the learned interval with no burst, so that a request sent on each
-// turn needs no departure of its own; the rule's own pace comes back for a
-// subject with nothing learned.
+// at the learned interval with no burst, from the next departure's slot
+// on, so that a request sent on each turn departs at once; the rule's own
+// pace comes back for a subject with nothing learned.
 func TestAdmitPacedByLearnedRate(t *testing.T) {
 	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
 		ctx := context.Background()
@@ -41,12 +41,13 @@ func TestAdmitPacedByLearnedRate(t *testing.T) {
 			return got
 		}
 		for i, d := range slots("s") {
-			if want := time.Duration(i) * iv; d < want-2*time.Microsecond || d > want+2*time.Microsecond {
+			// The probe left at 0: the next departure's slot is iv.
+			if want := time.Duration(i+1) * iv; d < want-2*time.Microsecond || d > want+2*time.Microsecond {
 				t.Errorf("task %d's turn is %v away; want %v (one learned interval, 1/(95 %% of 20/s), apart, no burst)", i, d, want)
 			}
 		}
 		// Coming back at its turn, a task redeems it: one park, two calls.
-		time.Sleep(iv)
+		time.Sleep(2 * iv)
 		a, err := lim.Admit(ctx, AdmitRequest{Subject: "s", N: 1, ID: "s-1"})
 		if err != nil || a.Status != Redeemed {
 			t.Fatalf("task 1 back at its turn: %+v, %v; want redeemed", a, err)

@@ -2,8 +2,8 @@
 -- upstream's learned rate (throttle/upstream.go) is slower than a bucket
 -- rule's is decided at the learned rate instead, with a burst of 1: so
 -- bookings, lines and parked tasks keep the pace the upstream accepts, and
--- a request sent on such a turn needs no departure of its own
--- (httpthrottle's Options.Paced).
+-- a request sent on such a turn departs at once (upstream_depart.lua),
+-- with no second wait that could send its task back.
 --
 -- ukey -> <prefix>{<subject>}:!upstream(<rules>), the subject's upstream
 --         hash (upstream_state.lua); read only. A missing hash, or one with
@@ -14,12 +14,16 @@
 --         (period / count) is shorter than the learned one: count 1, period
 --         the learned interval (µs, rounded up), burst 1. The bucket state
 --         is a time (bucket.lua), which stays meaningful at another
---         interval; the windows and a concurrency rule are left alone.
+--         interval; the windows and a concurrency rule are left alone. Such
+--         a rule's state is also moved (pause[algo], as PauseFor moves it)
+--         so that its next turn is no sooner than the next departure's
+--         slot on the upstream schedule: the two schedules stay aligned.
+-- ukey's ls (the latest departure's slot) is read for that.
 -- Returns the learned interval applied (µs), or 0 if none was.
 local function upstream_pace(ukey, nrules)
-  local v = redis.call('HMGET', ukey, 'r', 'u', 'hi', 'q', 'w', 'l', 'lw')
+  local v = redis.call('HMGET', ukey, 'r', 'u', 'hi', 'q', 'w', 'l', 'lw', 'ls')
   local s = {r = tonumber(v[1]), u = tonumber(v[2]), hi = tonumber(v[3]), q = tonumber(v[4]),
-    w = tonumber(v[5]), l = tonumber(v[6]), lw = tonumber(v[7])}
+    w = tonumber(v[5]), l = tonumber(v[6]), lw = tonumber(v[7]), ls = tonumber(v[8])}
   if not s.r then return 0 end
   -- The ceiling, as Limiter.Upstream computes it: the slowest rule that
   -- sets a rate.
@@ -43,6 +47,10 @@ local function upstream_pace(ukey, nrules)
     if (algo == 'gcra' or algo == 'token_bucket') and tonumber(ARGV[b + 2]) / tonumber(ARGV[b + 1]) < iv then
       ARGV[b + 1], ARGV[b + 2], ARGV[b + 3] = '1', string.format('%d', iv), '1'
       applied = iv
+      -- No turn before the next departure's slot (one interval after the
+      -- latest, upstream_depart.lua): a request sent on the turn then
+      -- departs at it, without waiting (and asking again).
+      if s.ls and s.ls + iv > now then pause[algo](KEYS[i], 1, iv, 1, s.ls + iv) end
     end
   end
   return applied
