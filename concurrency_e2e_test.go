@@ -24,7 +24,7 @@ import (
 )
 
 // opCounter counts a limiter client's script calls by operation: the
-// driver's ARGV[1] (admit) or lease.lua's (renew, release).
+// scripts' ARGV[1] (admit) or lease.lua's (renew, release).
 type opCounter struct {
 	mu sync.Mutex
 	n  map[string]int

@@ -61,3 +61,55 @@ func ExampleGate() {
 	// job-2: park (held), turn in 1m0s
 	// served: 0 booked, serve again in 1m15s
 }
+
+// Two jobs of one account under 5 per second, with parking: the first
+// runs, the second parks on its turn 200ms ahead and the gate records its
+// wake-up in the ledger; Run takes it shortly before its turn and hands it
+// to the queue's wake function, which here only prints it (a queue would
+// move the job back to pending). The queue supplies that function and
+// nothing else: Run serves lines and sweeps places itself.
+func ExampleParking() {
+	m, err := miniredis.Run()
+	if err != nil {
+		panic(err)
+	}
+	defer m.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer rdb.Close()
+	lim, err := throttle.New(rdb, throttle.Options{}, throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(5).WithBurst(1)})
+	if err != nil {
+		panic(err)
+	}
+	ledger, err := admission.NewWakeups(rdb, admission.WakeupsKey)
+	if err != nil {
+		panic(err)
+	}
+	parking, err := admission.NewParking(ledger, admission.ParkingOptions{})
+	if err != nil {
+		panic(err)
+	}
+	gate, err := admission.New(lim, admission.Options{Parking: parking, Name: "api", WaitSlots: 1, MaxWait: time.Millisecond})
+	if err != nil {
+		panic(err)
+	}
+	parking.Serve(map[string]*admission.Gate{"api": gate})
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	for _, id := range []string{"job-1", "job-2"} {
+		job := admission.JobEntry{Queue: "default", ID: id}
+		d, err := gate.Admit(ctx, admission.Request{Subject: "acct-42", ID: id, Waiter: job.Member()})
+		if err != nil {
+			panic(err)
+		}
+		fmt.Printf("%s: %v, woken by the ledger: %v\n", id, d.Outcome, d.Woken)
+	}
+	_ = parking.Run(ctx, admission.RunOptions{}, func(_ context.Context, job admission.JobEntry) error {
+		fmt.Printf("wake %s in queue %s\n", job.ID, job.Queue)
+		stop() // one job to wake: done
+		return nil
+	})
+	// Output:
+	// job-1: run, woken by the ledger: false
+	// job-2: park, woken by the ledger: true
+	// wake job-2 in queue default
+}

@@ -2,8 +2,15 @@
 // queued task), whether it runs now, waits a short while where it is, or
 // parks until a turn booked for it in the shared ledger. It knows nothing
 // of any queue: the asynq adapter (package worker) maps a task to a subject,
-// a cost, an ID and a deadline, and maps a Park decision back to asynq's
-// retry set and the wake-up ledger (Wakeups).
+// a cost, an ID and a deadline, and a decision back to asynq (run the
+// handler, or its retry set until the turn).
+//
+// It also owns parking and waking: a gate given a Parking (Options.Parking)
+// records the wake-ups of the jobs it parks in the shared ledger
+// (Wakeups), and Parking.Run takes each due entry (ledger.go: a JobEntry or
+// a LineEntry): it serves a subject's line, or sweeps its places, itself,
+// and hands a parked job to the adapter's wake function, the one thing a
+// queue must supply (for asynq, move the task to pending).
 //
 // It also owns what producers, workers and handlers must agree on, so
 // that none of them needs another's package: the task headers and the
@@ -45,9 +52,11 @@
 package admission
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -107,7 +116,8 @@ type Options struct {
 	// whose turn would be later, or that comes while others of its
 	// subject wait, waits in the subject's line in Redis instead, charged
 	// nothing (Decision.InLine), and is booked when the horizon reaches it
-	// (Gate.Serve, which the caller runs when Decision.Serve says). So a
+	// (Gate.Serve, which Parking runs, or the caller when Decision.Serve
+	// says). So a
 	// backlog of any depth holds at most a horizon of booked turns: a
 	// limit that changes is in force within about a horizon, and a
 	// subject's Shares are served in turn. If zero, DefaultHorizon (1s).
@@ -121,6 +131,18 @@ type Options struct {
 	// per-tenant limit inside an API key's, decided in the same script. It
 	// needs the line (a Horizon not negative) and jobs with an ID.
 	ShareLimit throttle.Limit
+	// Parking, if set, is where the gate records the wake-ups of the jobs
+	// it parks (the job at its slot, its subject's line at Decision.Serve,
+	// the sweep of its places within a lease), and which serves its line
+	// once Parking.Serve is given the gate. If nil, a parked job comes back
+	// by its queue's own schedule, and nobody serves a line: give a
+	// negative Horizon.
+	Parking *Parking
+	// Name names the gate in the ledger's line entries (LineEntry.Rule):
+	// every process must give the same name to the gates of the same
+	// limiter, and Parking.Serve routes a line's serving by it. Required
+	// with Parking.
+	Name string
 }
 
 // Gate admits jobs under one throttle.Limiter. It is safe for concurrent
@@ -128,6 +150,10 @@ type Options struct {
 type Gate struct {
 	lim  *throttle.Limiter
 	opts Options
+
+	// leased: the limiter has a Concurrency rule, so a job that runs holds
+	// a place, and the gate has places to sweep instead of a line.
+	leased bool
 
 	mu      sync.Mutex
 	waiting map[string]int // jobs holding a waiting slot, by subject
@@ -154,6 +180,9 @@ func New(lim *throttle.Limiter, opts Options) (*Gate, error) {
 	if opts.ShareLimit != (throttle.Limit{}) && opts.Horizon < 0 {
 		return nil, errors.New("admission: a share limit needs the subject's line: horizon must not be negative")
 	}
+	if opts.Parking != nil && opts.Name == "" {
+		return nil, errors.New("admission: a gate with a parking needs a name, the same in every process, for its line's servings")
+	}
 	if opts.Horizon == 0 {
 		opts.Horizon = DefaultHorizon
 	}
@@ -166,7 +195,27 @@ func New(lim *throttle.Limiter, opts Options) (*Gate, error) {
 	if opts.EarlyWait == 0 {
 		opts.EarlyWait = DefaultEarlyWait
 	}
-	return &Gate{lim: lim, opts: opts, waiting: map[string]int{}}, nil
+	leased := slices.ContainsFunc(lim.Rules(), func(r throttle.Rule) bool { return r.Algorithm == throttle.Concurrency })
+	return &Gate{lim: lim, opts: opts, leased: leased, waiting: map[string]int{}}, nil
+}
+
+// Leased reports whether the gate's limiter has a Concurrency rule: a job
+// it lets run holds a place until Release.
+func (g *Gate) Leased() bool { return g.leased }
+
+// WaitN waits for n permits of subject as the limiter's WaitN does, until
+// ctx ends, whatever the gate's options: for a job that cannot park (it
+// could not come back), which waits where it is as long as ctx allows.
+func (g *Gate) WaitN(ctx context.Context, subject string, n int) error {
+	return g.lim.WaitN(ctx, subject, n)
+}
+
+// Release gives back the place of the limiter's Concurrency rule that a
+// job of subject ran under (Decision.Lease), whatever the job did. It
+// returns an error matching throttle.ErrRedis if Redis fails: the place
+// then frees when its lease expires.
+func (g *Gate) Release(ctx context.Context, subject string) error {
+	return g.lim.Release(ctx, subject)
 }
 
 // Options returns the gate's options, defaults filled in.
@@ -200,7 +249,9 @@ type Request struct {
 	// Waiter (a task requeued as a copy): it takes over Waiter's place.
 	// In the subject's line (Options.Horizon), the job is named by WaitAs,
 	// Waiter, BookAs or ID, the first set: Gate.Serve hands that name its
-	// turn.
+	// turn. With Options.Parking, that name is also the job's wake-up in
+	// the ledger, and a Waiter is woken by Parking.Run when a place is
+	// handed to it (WakeOnHandoff): give each a JobEntry's Member.
 	WaitAs string
 	// Share is the job's share of its subject's line (a tenant of one API
 	// key): the shares with jobs in line are served in turn, each by its
@@ -250,8 +301,8 @@ type Decision struct {
 	// At is, for Run, when the job was admitted, and for Park, when its
 	// turn comes (local clock).
 	At time.Time
-	// Slot is the turn on the Redis clock (for Park: schedule the wake-up
-	// by it, as Wakeups.Add does).
+	// Slot is the turn on the Redis clock (for Park: the job's wake-up is
+	// scheduled by it, by Admit with Options.Parking, else by the caller).
 	Slot time.Time
 	// Waited is how long Admit kept the job.
 	Waited time.Duration
@@ -262,7 +313,7 @@ type Decision struct {
 	Reservation *throttle.Reservation
 	// Lease is throttle.Admission.Lease: for Run, non-zero when the job
 	// holds a place of the limiter's Concurrency rule, which the caller
-	// gives back with Limiter().Release when the job ends, succeeded or
+	// gives back with Release when the job ends, succeeded or
 	// not; for Park, non-zero when the job is queued for such a place (Rule
 	// names the rule). It is that rule's lease.
 	Lease time.Duration
@@ -273,8 +324,17 @@ type Decision struct {
 	// Serve, if not zero, is when the job's caller must make sure the
 	// subject's line is served (Gate.Serve), on the Redis clock: the job
 	// started the line, or came back still in it and nobody has served the
-	// line lately.
+	// line lately. With Options.Parking, Admit has recorded it.
 	Serve time.Time
+	// Woken, for Park, is true when the job will be woken for its turn
+	// through Options.Parking: its wake-up is in the ledger, or (InLine)
+	// the serving that books its turn will record it. False without a
+	// Parking, or if the ledger could not be written (ParkErr): the job
+	// then comes back by its queue's own schedule, for At.
+	Woken bool
+	// ParkErr, for Park, says which wake-ups Admit could not record in
+	// Options.Parking (Redis failed); the decision stands. Nil otherwise.
+	ParkErr error
 }
 
 // Admit decides for req: run (now, after waiting in one of the subject's
@@ -291,10 +351,6 @@ func (g *Gate) Admit(ctx context.Context, req Request) (Decision, error) {
 	start := time.Now()
 	if err := ctx.Err(); err != nil {
 		return Decision{}, err
-	}
-	cost := req.Cost
-	if cost == 0 {
-		cost = 1
 	}
 	// A new turn is waited for only in one of the subject's waiting slots:
 	// without one, a job whose turn is not now parks, however close the
@@ -318,16 +374,7 @@ func (g *Gate) Admit(ctx context.Context, req Request) (Decision, error) {
 		}
 		early = min(early, left)
 	}
-	horizon := max(g.opts.Horizon, 0)
-	if req.BookAhead && g.opts.ShareLimit == (throttle.Limit{}) {
-		// (A share limit is kept in the line: such a gate always uses it.)
-		horizon = 0
-	}
-	a, err := g.lim.Admit(ctx, throttle.AdmitRequest{
-		Subject: req.Subject, N: cost, ID: req.ID, Receipt: req.Receipt, BookAs: req.BookAs, Waiter: req.Waiter, WaitAs: req.WaitAs,
-		Wait: wait, EarlyWait: max(early, time.Microsecond), Tolerance: g.opts.Tolerance,
-		Horizon: horizon, Share: req.Share, Weight: req.Weight, ShareLimit: g.opts.ShareLimit,
-	})
+	a, err := g.lim.Admit(ctx, g.limiterRequest(req, wait, early))
 	if err != nil {
 		return Decision{}, err
 	}
@@ -351,9 +398,36 @@ func (g *Gate) Admit(ctx context.Context, req Request) (Decision, error) {
 	default: // throttle.Denied: no ID to book under
 		return Decision{}, &throttle.DelayError{Rule: a.Rule, RetryAfter: a.Delay, Deadline: byDeadline}
 	}
+	if d.Outcome == Park && g.opts.Parking != nil {
+		d.Woken, d.ParkErr = g.opts.Parking.park(ctx, g.opts.Name, req, d)
+	}
 	d.Waited = time.Since(start)
 	return d, nil
 }
+
+// limiterRequest is req as the limiter takes it, under the gate's
+// options: the one place a Request becomes a throttle.AdmitRequest. wait
+// is how long the job may wait for a new turn, early for a booked one.
+func (g *Gate) limiterRequest(req Request, wait, early time.Duration) throttle.AdmitRequest {
+	horizon := max(g.opts.Horizon, 0)
+	if req.BookAhead && g.opts.ShareLimit == (throttle.Limit{}) {
+		// (A share limit is kept in the line: such a gate always uses it.)
+		horizon = 0
+	}
+	n := req.Cost
+	if n == 0 {
+		n = 1
+	}
+	return throttle.AdmitRequest{
+		Subject: req.Subject, N: n, Caller: throttle.Caller{ID: req.ID, Receipt: req.Receipt, BookAs: req.BookAs, Waiter: req.Waiter, WaitAs: req.WaitAs, Share: req.Share, Weight: req.Weight},
+		Wait: wait, EarlyWait: max(early, time.Microsecond), Tolerance: g.opts.Tolerance,
+		Horizon: horizon, ShareLimit: g.opts.ShareLimit,
+	}
+}
+
+// name is the job's name in its subject's line and under a Concurrency
+// rule (Request.WaitAs): the first of WaitAs, Waiter, BookAs and ID set.
+func (r Request) name() string { return cmp.Or(r.WaitAs, r.Waiter, r.BookAs, r.ID) }
 
 // maxHorizon bounds Options.Horizon: bookings a day ahead are no line.
 const maxHorizon = 24 * time.Hour
@@ -382,15 +456,26 @@ func (g *Gate) Serve(ctx context.Context, subject string) (Served, error) {
 	if g.opts.Horizon < 0 {
 		return Served{}, nil
 	}
-	a, err := g.lim.Admit(ctx, throttle.AdmitRequest{Subject: subject, Horizon: g.opts.Horizon, ShareLimit: g.opts.ShareLimit})
+	ls, err := g.lim.ServeLine(ctx, subject, g.opts.Horizon, g.opts.ShareLimit)
 	if err != nil {
 		return Served{}, err
 	}
-	s := Served{Handed: a.Handed}
-	if a.Status == throttle.Booked && a.Lease == 0 {
-		s.Next = a.Serve
+	return Served{Handed: ls.Handed, Next: ls.Next}, nil
+}
+
+// sweep brings subject's places of the limiter's Concurrency rule up to
+// date (expired leases' places handed to their waiters through the
+// limiter's OnHandoff), and returns when the earliest lease expires if jobs
+// still wait for a place (Redis clock), else the zero time.
+func (g *Gate) sweep(ctx context.Context, subject string) (time.Time, error) {
+	a, err := g.lim.Admit(ctx, throttle.AdmitRequest{Subject: subject, N: 0, Caller: throttle.Caller{Waiter: "sweep"}, Tolerance: time.Second})
+	if err != nil {
+		return time.Time{}, err
 	}
-	return s, nil
+	if a.Status != throttle.Booked || a.Lease == 0 {
+		return time.Time{}, nil // nobody waits (or the limiter has no Concurrency rule now)
+	}
+	return a.Slot, nil
 }
 
 // refundTimeout bounds the refund of a turn whose wait ended with its

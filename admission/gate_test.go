@@ -266,7 +266,7 @@ func TestGateCancelRefunds(t *testing.T) {
 		if _, err := g.Admit(cctx, Request{Subject: "s", ID: "c"}); !errors.Is(err, context.Canceled) {
 			t.Fatalf("cancelled wait: %v, want context.Canceled", err)
 		}
-		a, err := g.Limiter().Admit(context.Background(), throttle.AdmitRequest{Subject: "s", N: 1, ID: "d", Wait: -1, Tolerance: ms})
+		a, err := g.Limiter().Admit(context.Background(), throttle.AdmitRequest{Subject: "s", N: 1, Caller: throttle.Caller{ID: "d"}, Wait: -1, Tolerance: ms})
 		if err != nil || a.Delay != 350*ms {
 			t.Errorf("after the refund, the next turn is in %v (%v); want 350ms (400ms - 50ms): b's booked turn, then c's refunded one", a.Delay, err)
 		}

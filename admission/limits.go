@@ -35,12 +35,12 @@ const limitsTTL = 7 * 24 * time.Hour
 // decide alike have the same description.
 func DescribeLimit(r throttle.Rule) string {
 	l := r.Limit
-	switch r.Algorithm {
-	case throttle.Concurrency:
+	switch {
+	case r.Algorithm == throttle.Concurrency:
 		return fmt.Sprintf("concurrency %d at once (lease %v)", l.Count, l.Period)
-	case throttle.GCRA, throttle.TokenBucket:
+	case r.Algorithm.Bucket():
 		return fmt.Sprintf("%s %d per %v (burst %d)", r.Algorithm, l.Count, l.Period, l.Burst)
-	case throttle.SlidingWindow:
+	case r.Algorithm == throttle.SlidingWindow:
 		p := r.Precision
 		if p == 0 {
 			p = max(l.Period/20, time.Microsecond)

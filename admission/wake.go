@@ -297,30 +297,3 @@ func (w *Wakeups) pop(ctx context.Context, lead time.Duration) ([]string, time.D
 	now, _ := v[2].(int64)
 	return members, next, time.UnixMicro(now), nil
 }
-
-// Member joins parts into one ledger member that Split takes apart: each
-// part is length-prefixed, so parts may contain any byte.
-func Member(parts ...string) string {
-	var b strings.Builder
-	for _, p := range parts {
-		fmt.Fprintf(&b, "%d:%s", len(p), p)
-	}
-	return b.String()
-}
-
-// Split takes apart a member made by Member; ok is false if it is not one.
-func Split(member string) (parts []string, ok bool) {
-	for member != "" {
-		i := strings.IndexByte(member, ':')
-		if i < 1 {
-			return nil, false
-		}
-		var n int
-		if _, err := fmt.Sscanf(member[:i], "%d", &n); err != nil || n < 0 || i+1+n > len(member) {
-			return nil, false
-		}
-		parts = append(parts, member[i+1:i+1+n])
-		member = member[i+1+n:]
-	}
-	return parts, true
-}

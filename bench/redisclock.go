@@ -70,9 +70,9 @@ func (c *redisClock) sorted() []int64 {
 }
 
 // driverAdmission reads one command that may be a decision of
-// jobthrottle's driver script (throttle/lua/driver.lua): EVALSHA or EVAL
+// jobthrottle's allow script (throttle/lua/allow.lua): EVALSHA or EVAL
 // with ARGV[1] 'allow' or 'reserve' and ARGV[2] = n. If Redis admitted it,
-// it returns the admission's Redis time in µs and n. Only what driver.lua
+// it returns the admission's Redis time in µs and n. Only what allow.lua
 // documents is read: the reply {ok, rule, remaining, delay µs, reset µs,
 // Redis now µs, tickets…}. A reservation's permits come at now + delay,
 // its slot; allow's come at now (the library ignores an admitted allow's

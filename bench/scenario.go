@@ -67,7 +67,7 @@ type scenarioResult struct {
 	Bound100ms   int `json:"bound_100ms"`
 	MaxAligned1s int `json:"max_aligned_1s"`
 	// The same counts on Redis's clock, over the admission times the
-	// library's driver script returned (redisclock.go), if RedisClock:
+	// library's scripts returned (redisclock.go), if RedisClock:
 	// jobthrottle only, and only when every permit admitted has one. The
 	// window limits are promises about these times; the figures above add
 	// the client's return latency, which can carry a permit across a

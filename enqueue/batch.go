@@ -140,7 +140,7 @@ func (p *Pacer) enqueue(ctx context.Context, c Enqueuer, task *asynq.Task, opts 
 	if err == nil && p.Wakeups != nil {
 		// If this fails, the task is still enqueued and its fallback
 		// schedule stands (see Wakeups).
-		_ = p.Wakeups.Add(ctx, admission.Member(info.Queue, info.ID), slot)
+		_ = p.Wakeups.Add(ctx, admission.JobEntry{Queue: info.Queue, ID: info.ID}.Member(), slot)
 	}
 	if err != nil {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)

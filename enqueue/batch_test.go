@@ -106,7 +106,7 @@ func TestBatchPaced(t *testing.T) {
 				t.Errorf("OnEnqueued %d: %+v", i, seen[i])
 			}
 			receipt := e.task.Headers()[admission.ReceiptHeader]
-			a, err := w.Admit(ctx, throttle.AdmitRequest{Subject: "acme", N: 1, Receipt: receipt, Wait: -1, Tolerance: time.Hour})
+			a, err := w.Admit(ctx, throttle.AdmitRequest{Subject: "acme", N: 1, Caller: throttle.Caller{Receipt: receipt}, Wait: -1, Tolerance: time.Hour})
 			d, ok := a.Delay, a.Status == throttle.Redeemed
 			if err != nil || !ok || d != want.Sub(start) {
 				t.Errorf("task %d: Redeem = %v, %v, %v; want %v, true", i, d, ok, err, want.Sub(start))

@@ -121,10 +121,8 @@ const MaxRetention = 90 * 24 * time.Hour
 
 // The fields each mapping may have.
 var (
-	fileFields     = []string{"rules", "prefix", "schedules"}
-	scheduleFields = []string{"name", "cron", "timezone", "type", "count", "payload", "payloads", "queue", "max_retry", "timeout", "retention", "overlap", "pace"}
-	paceFields     = []string{"rule", "rate", "burst", "algorithm", "subject", "keep", "lead"}
-	inlineOnly     = []string{"burst", "algorithm", "subject"}
+	// inlineOnly are the pace fields of an inline rule only.
+	inlineOnly = []string{"burst", "algorithm", "subject"}
 )
 
 // cronParser reads standard five-field specs, six fields with seconds
@@ -235,25 +233,20 @@ func (p *parser) parse(root *yaml.Node) (*Schedules, error) {
 		// "---" alone: a document with nothing in it.
 		return nil, p.Failf(nil, "", emptyFile)
 	}
-	fields, err := p.Mapping(root, "", "the file", fileFields)
+	s := &Schedules{File: p.file, Prefix: throttle.DefaultPrefix}
+	fields, err := p.Fields(root, "", "the file", []yamlfile.Field{
+		{Key: "rules", Read: yamlfile.Into(&s.Rules, func(n *yaml.Node, field string) (string, error) {
+			return p.nonEmpty(n, field, "the path of the workers' rules file")
+		})},
+		{Key: "prefix", Read: yamlfile.Into(&s.Prefix, func(n *yaml.Node, field string) (string, error) {
+			return p.Prefix(n, field, throttle.DefaultPrefix)
+		})},
+		{Key: "schedules", Missing: "list at least one schedule"},
+	})
 	if err != nil {
 		return nil, err
 	}
-	s := &Schedules{File: p.file, Prefix: throttle.DefaultPrefix}
-	if n := fields["rules"]; n != nil {
-		if s.Rules, err = p.nonEmpty(n, "rules", "the path of the workers' rules file"); err != nil {
-			return nil, err
-		}
-	}
-	if n := fields["prefix"]; n != nil {
-		if s.Prefix, err = p.Prefix(n, "prefix", throttle.DefaultPrefix); err != nil {
-			return nil, err
-		}
-	}
 	list := fields["schedules"]
-	if list == nil {
-		return nil, p.Failf(root, "schedules", "missing; list at least one schedule")
-	}
 	if list.Kind != yaml.SequenceNode || len(list.Content) == 0 {
 		return nil, p.Failf(list, "schedules", "%s must be a list of at least one schedule", yamlfile.Describe(list))
 	}
@@ -273,121 +266,117 @@ func (p *parser) scheduleAt(n *yaml.Node, i int, names map[string]int, file *Sch
 	if name := peekName(n); yamlfile.ValidName(name) {
 		p.schedule = name // errors before the name is read still name it
 	}
-	fields, err := p.Mapping(n, "", "a schedule", scheduleFields)
-	if err != nil {
-		return Schedule{}, err
-	}
 	sc := Schedule{Line: n.Line, MaxRetry: -1}
+	_, err := p.Fields(n, "", "a schedule", p.scheduleFields(n, &sc, names, file))
+	return sc, err
+}
 
-	if sc.Name, err = p.Name(n, fields["name"], "name", "the schedule", "schedule", "", names); err != nil {
-		return sc, err
+// scheduleFields declares the fields of the schedule at n, read into sc:
+// names holds the names of the schedules before it, file the file's own
+// fields (for pace).
+func (p *parser) scheduleFields(n *yaml.Node, sc *Schedule, names map[string]int, file *Schedules) []yamlfile.Field {
+	nonEmpty := func(dst *string, what string) yamlfile.ReadFunc {
+		return yamlfile.Into(dst, func(v *yaml.Node, field string) (string, error) { return p.nonEmpty(v, field, what) })
 	}
-	p.schedule = sc.Name
+	var cronNode, payloadNode *yaml.Node // for the checks that tie them to later fields
+	return []yamlfile.Field{
+		{Key: "name", Missing: "give the schedule a name (" + yamlfile.NameRule + ")", Read: func(v *yaml.Node, field string) (err error) {
+			sc.Name, err = p.Name(n, v, field, "the schedule", "schedule", "", names)
+			p.schedule = sc.Name
+			return err
+		}},
+		{Key: "cron", Missing: `give a cron spec such as "*/5 * * * *" (minute hour day month weekday), "*/10 * * * * *" (seconds first) or "@every 30s"`,
+			Read: func(v *yaml.Node, field string) (err error) {
+				cronNode = v
+				sc.Cron, err = p.nonEmpty(v, field, `a cron spec such as "*/5 * * * *" or "@every 30s"`)
+				return err
+			}},
+		{Key: "timezone", Read: yamlfile.Into(&sc.Timezone, p.timezone), Check: func() error { return p.cron(sc, cronNode) }},
+		{Key: "type", Missing: "give the asynq task type, such as email:send", Read: nonEmpty(&sc.Type, "the asynq task type, such as email:send")},
+		{Key: "count", Read: p.IntTo(&sc.Count, 1, MaxCount)},
+		{Key: "payload", Read: func(v *yaml.Node, field string) (err error) {
+			payloadNode = v
+			sc.Payload, err = p.payload(v, field)
+			return err
+		}},
+		{Key: "payloads", Read: nonEmpty(&sc.Payloads, "the path of a file with one JSON payload per line"), Check: func() error {
+			switch {
+			case payloadNode != nil && sc.Payloads != "":
+				return p.Failf(payloadNode, "payload", "cannot be combined with payloads; give one payload for every task, or a file of them")
+			case sc.Count == 0 && sc.Payloads == "":
+				return p.Failf(n, "count", "missing; give the number of tasks per firing (1 to %d), or a payloads file with one line per task", MaxCount)
+			}
+			return nil
+		}},
+		{Key: "queue", Read: nonEmpty(&sc.Queue, "an asynq queue name")},
+		{Key: "max_retry", Read: p.IntTo(&sc.MaxRetry, 0, 1000)},
+		{Key: "timeout", Read: p.DurationTo(&sc.Timeout, time.Second, 7*24*time.Hour)},
+		{Key: "retention", Read: p.DurationTo(&sc.Retention, time.Second, MaxRetention)},
+		{Key: "overlap", Read: yamlfile.Into(&sc.Overlap, p.overlap)},
+		{Key: "pace", Read: yamlfile.Into(&sc.Pace, func(v *yaml.Node, _ string) (*PaceSpec, error) { return p.pace(v, file) })},
+	}
+}
 
-	if v := fields["timezone"]; v != nil {
-		if sc.Timezone, err = p.nonEmpty(v, "timezone", "an IANA time zone such as UTC or Europe/Berlin"); err != nil {
-			return sc, err
-		}
-		if _, err := time.LoadLocation(sc.Timezone); err != nil || strings.ContainsAny(sc.Timezone, " \t\n") {
-			return sc, p.Failf(v, "timezone", "%q is not a known time zone; use an IANA name such as UTC or Europe/Berlin", sc.Timezone)
-		}
+// timezone reads an IANA time zone.
+func (p *parser) timezone(n *yaml.Node, field string) (string, error) {
+	tz, err := p.nonEmpty(n, field, "an IANA time zone such as UTC or Europe/Berlin")
+	if err != nil {
+		return "", err
 	}
-	cn := fields["cron"]
-	if cn == nil {
-		return sc, p.Failf(n, "cron", `missing; give a cron spec such as "*/5 * * * *" (minute hour day month weekday), "*/10 * * * * *" (seconds first) or "@every 30s"`)
+	if _, err := time.LoadLocation(tz); err != nil || strings.ContainsAny(tz, " \t\n") {
+		return "", p.Failf(n, field, "%q is not a known time zone; use an IANA name such as UTC or Europe/Berlin", tz)
 	}
-	if sc.Cron, err = p.nonEmpty(cn, "cron", `a cron spec such as "*/5 * * * *" or "@every 30s"`); err != nil {
-		return sc, err
-	}
+	return tz, nil
+}
+
+// cron parses sc's cron spec, read at cn, in its time zone.
+func (p *parser) cron(sc *Schedule, cn *yaml.Node) error {
 	spec := sc.Cron
 	if sc.Timezone != "" {
 		if strings.HasPrefix(spec, "TZ=") || strings.HasPrefix(spec, "CRON_TZ=") {
-			return sc, p.Failf(cn, "cron", "%q names a time zone and so does timezone; give it once", sc.Cron)
+			return p.Failf(cn, "cron", "%q names a time zone and so does timezone; give it once", sc.Cron)
 		}
 		spec = "CRON_TZ=" + sc.Timezone + " " + spec
 	}
+	var err error
 	if sc.schedule, err = parseCron(spec); err != nil {
-		return sc, p.Failf(cn, "cron", "%q: %v; use five fields (minute hour day month weekday), six with seconds first, or a descriptor such as @hourly or @every 30s", sc.Cron, err)
+		return p.Failf(cn, "cron", "%q: %v; use five fields (minute hour day month weekday), six with seconds first, or a descriptor such as @hourly or @every 30s", sc.Cron, err)
 	}
 	if every, ok := strings.CutPrefix(strings.TrimSpace(sc.Cron), "@every "); ok {
 		// robfig/cron turns anything under a second into one second.
 		if d, err := time.ParseDuration(strings.TrimSpace(every)); err == nil && d < time.Second {
-			return sc, p.Failf(cn, "cron", "%q: the interval must be at least 1s", sc.Cron)
+			return p.Failf(cn, "cron", "%q: the interval must be at least 1s", sc.Cron)
 		}
 	}
+	return nil
+}
 
-	tn := fields["type"]
-	if tn == nil {
-		return sc, p.Failf(n, "type", "missing; give the asynq task type, such as email:send")
+// payload reads a payload written in YAML as its JSON.
+func (p *parser) payload(n *yaml.Node, field string) ([]byte, error) {
+	var x any
+	if err := n.Decode(&x); err != nil {
+		return nil, p.Failf(n, field, "%v", err)
 	}
-	if sc.Type, err = p.nonEmpty(tn, "type", "the asynq task type, such as email:send"); err != nil {
-		return sc, err
+	b, err := json.Marshal(x)
+	if err != nil {
+		return nil, p.Failf(n, field, "cannot be written as JSON (%v); use a mapping with string keys, a list or a scalar", err)
 	}
+	return b, nil
+}
 
-	if v := fields["payload"]; v != nil {
-		if fields["payloads"] != nil {
-			return sc, p.Failf(v, "payload", "cannot be combined with payloads; give one payload for every task, or a file of them")
-		}
-		var x any
-		if err := v.Decode(&x); err != nil {
-			return sc, p.Failf(v, "payload", "%v", err)
-		}
-		if sc.Payload, err = json.Marshal(x); err != nil {
-			return sc, p.Failf(v, "payload", "cannot be written as JSON (%v); use a mapping with string keys, a list or a scalar", err)
-		}
+// overlap reads skip or delay.
+func (p *parser) overlap(n *yaml.Node, field string) (Overlap, error) {
+	o, err := p.Str(n, field)
+	if err != nil {
+		return 0, err
 	}
-	if v := fields["payloads"]; v != nil {
-		if sc.Payloads, err = p.nonEmpty(v, "payloads", "the path of a file with one JSON payload per line"); err != nil {
-			return sc, err
-		}
+	switch o {
+	case "skip":
+		return OverlapSkip, nil
+	case "delay":
+		return OverlapDelay, nil
 	}
-	if v := fields["count"]; v != nil {
-		if sc.Count, err = p.Int(v, "count", 1, MaxCount); err != nil {
-			return sc, err
-		}
-	} else if sc.Payloads == "" {
-		return sc, p.Failf(n, "count", "missing; give the number of tasks per firing (1 to %d), or a payloads file with one line per task", MaxCount)
-	}
-	if v := fields["queue"]; v != nil {
-		if sc.Queue, err = p.nonEmpty(v, "queue", "an asynq queue name"); err != nil {
-			return sc, err
-		}
-	}
-	if v := fields["max_retry"]; v != nil {
-		if sc.MaxRetry, err = p.Int(v, "max_retry", 0, 1000); err != nil {
-			return sc, err
-		}
-	}
-	if v := fields["timeout"]; v != nil {
-		if sc.Timeout, err = p.Duration(v, "timeout", time.Second, 7*24*time.Hour); err != nil {
-			return sc, err
-		}
-	}
-	if v := fields["retention"]; v != nil {
-		if sc.Retention, err = p.Duration(v, "retention", time.Second, MaxRetention); err != nil {
-			return sc, err
-		}
-	}
-	if v := fields["overlap"]; v != nil {
-		o, err := p.Str(v, "overlap")
-		if err != nil {
-			return sc, err
-		}
-		switch o {
-		case "skip":
-			sc.Overlap = OverlapSkip
-		case "delay":
-			sc.Overlap = OverlapDelay
-		default:
-			return sc, p.Failf(v, "overlap", "%q: use skip (drop a firing while the previous batch runs) or delay (run it after)", o)
-		}
-	}
-	if v := fields["pace"]; v != nil {
-		if sc.Pace, err = p.pace(v, file); err != nil {
-			return sc, err
-		}
-	}
-	return sc, nil
+	return 0, p.Failf(n, field, "%q: use skip (drop a firing while the previous batch runs) or delay (run it after)", o)
 }
 
 // pace reads a schedule's pace mapping: {} or {rule: name} for a rule of
@@ -396,81 +385,80 @@ func (p *parser) pace(n *yaml.Node, file *Schedules) (*PaceSpec, error) {
 	if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" {
 		return nil, p.Failf(n, "pace", "is empty; write pace: {} to pace under the workers' rule for the type, or give its fields")
 	}
-	fields, err := p.Mapping(n, "pace", "pace", paceFields)
+	ps := &PaceSpec{Prefix: file.Prefix}
+	fields, err := p.Fields(n, "pace", "pace", []yamlfile.Field{
+		{Key: "rule", Read: yamlfile.Into(&ps.Rule, p.ruleName)},
+		{Key: "rate"}, {Key: "burst"}, {Key: "algorithm"}, {Key: "subject"}, // inlinePace
+		{Key: "keep", Read: p.DurationTo(&ps.Keep, time.Second, 10*365*24*time.Hour)},
+		{Key: "lead", Read: p.DurationTo(&ps.Lead, 0, time.Minute)},
+	})
 	if err != nil {
 		return nil, err
 	}
-	ps := &PaceSpec{Prefix: file.Prefix}
-	if v := fields["rule"]; v != nil {
-		if ps.Rule, err = p.Str(v, "pace.rule"); err != nil {
-			return nil, err
-		}
-		if !yamlfile.ValidName(ps.Rule) {
-			return nil, p.Failf(v, "pace.rule", "%q: use the name of the workers' rule (%s)", ps.Rule, yamlfile.NameRule)
+	if fields["rate"] != nil {
+		return ps, p.inlinePace(n, fields, ps)
+	}
+	for _, f := range inlineOnly {
+		if v := fields[f]; v != nil {
+			return nil, p.Failf(v, "pace."+f, "comes from the workers' rules file; remove it, or give rate (and rule, subject) for an inline rule")
 		}
 	}
-	if v := fields["keep"]; v != nil {
-		if ps.Keep, err = p.Duration(v, "pace.keep", time.Second, (10 * 365 * 24 * time.Hour)); err != nil {
-			return nil, err
-		}
+	if file.Rules == "" {
+		return nil, p.Failf(n, "pace", "needs the workers' rules file: set rules: at the top of the file, or give rate, rule and subject for an inline rule")
 	}
-	if v := fields["lead"]; v != nil {
-		if ps.Lead, err = p.Duration(v, "pace.lead", 0, time.Minute); err != nil {
-			return nil, err
-		}
+	return ps, nil
+}
+
+// ruleName reads the name of a workers' rule.
+func (p *parser) ruleName(n *yaml.Node, field string) (string, error) {
+	name, err := p.Str(n, field)
+	if err == nil && !yamlfile.ValidName(name) {
+		err = p.Failf(n, field, "%q: use the name of the workers' rule (%s)", name, yamlfile.NameRule)
 	}
-	rate := fields["rate"]
-	if rate == nil {
-		for _, f := range inlineOnly {
-			if v := fields[f]; v != nil {
-				return nil, p.Failf(v, "pace."+f, "comes from the workers' rules file; remove it, or give rate (and rule, subject) for an inline rule")
-			}
-		}
-		if file.Rules == "" {
-			return nil, p.Failf(n, "pace", "needs the workers' rules file: set rules: at the top of the file, or give rate, rule and subject for an inline rule")
-		}
-		return ps, nil
-	}
-	// Inline: the workers' rule spelled out.
+	return name, err
+}
+
+// inlinePace reads the inline rule of the pace mapping n (fields by key)
+// into ps: the workers' rule spelled out.
+func (p *parser) inlinePace(n *yaml.Node, fields map[string]*yaml.Node, ps *PaceSpec) error {
 	if fields["rule"] == nil {
-		return nil, p.Failf(n, "pace.rule", "missing; an inline rule needs the name the workers' rules file gives it (the last part of its Redis key)")
+		return p.Failf(n, "pace.rule", "missing; an inline rule needs the name the workers' rules file gives it (the last part of its Redis key)")
 	}
-	burst := 1
+	burst, rate := 1, fields["rate"]
 	if v := fields["burst"]; v != nil {
+		var err error
 		if burst, err = p.Int(v, "pace.burst", 1, math.MaxInt64); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	rs, err := p.Str(rate, "pace.rate")
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if ps.Limit, err = ParseRate(rs, burst); err != nil {
-		return nil, p.Failf(rate, "pace.rate", "%v", err)
+		return p.Failf(rate, "pace.rate", "%v", err)
 	}
 	ps.Algorithm = throttle.GCRA
 	if v := fields["algorithm"]; v != nil {
 		as, err := p.Str(v, "pace.algorithm")
 		if err != nil {
-			return nil, err
+			return err
 		}
-		a, err := rules.ParseAlgorithm(as)
-		if err != nil {
-			return nil, p.Failf(v, "pace.algorithm", "%q: use gcra (leaky_bucket), token_bucket, fixed_window, sliding_log or sliding_window", as)
+		if ps.Algorithm, err = rules.ParseAlgorithm(as); err != nil {
+			return p.Failf(v, "pace.algorithm", "%q: use %s", as, rules.AlgorithmNames(rules.PaceAlgorithms()))
 		}
-		ps.Algorithm = a
 	}
 	sn := fields["subject"]
 	if sn == nil {
-		return nil, p.Failf(n, "pace.subject", "missing; %s, as the workers' rule does", yamlfile.SubjectHelp)
+		return p.Failf(n, "pace.subject", "missing; %s, as the workers' rule does", yamlfile.SubjectHelp)
 	}
 	if ps.Subject.Fixed, ps.Subject.PayloadField, err = p.Subject(sn, "pace.subject"); err != nil {
-		return nil, err
+		return err
 	}
 	if err := (throttle.Rule{Name: ps.Rule, Algorithm: ps.Algorithm, Limit: ps.Limit}).Validate(); err != nil {
-		return nil, p.Failf(rate, "pace.rate", "%v", strings.TrimPrefix(err.Error(), "throttle: "))
+		return p.Failf(rate, "pace.rate", "%v", strings.TrimPrefix(err.Error(), "throttle: "))
 	}
-	return ps, nil
+	return nil
 }
 
 // peekName returns the value of a mapping's name field, or "".

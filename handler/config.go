@@ -144,8 +144,35 @@ func LoadConfig(path string) (*Config, error) {
 // file is rules.Parse's); name is used in messages. It returns a
 // *rules.Error naming the line and the field for the first
 // problem found. A file without a handlers section gives an empty Config.
+// A worker that parses the file with rules.Parse reads the section it
+// holds with FromRules instead.
 func ParseConfig(name string, data []byte) (*Config, error) {
-	p := &parser{}
+	p := newParser(name)
+	root, err := p.Root(data, "rules", "the file is empty")
+	if err != nil {
+		return nil, err
+	}
+	var list *yaml.Node
+	if root = yamlfile.Resolve(root); root.Kind == yaml.MappingNode { // else rules.Parse reports it
+		for i := 0; i+1 < len(root.Content); i += 2 {
+			if root.Content[i].Value == "handlers" {
+				list = root.Content[i+1]
+			}
+		}
+	}
+	return p.config(list)
+}
+
+// FromRules reads the handlers section of the rules file cfg was parsed
+// from (rules.Config.HandlersSection), as ParseConfig reads it from the
+// file.
+func FromRules(cfg *rules.Config) (*Config, error) {
+	return newParser(cfg.File).config(cfg.HandlersSection())
+}
+
+// newParser reads the handlers section of the file name.
+func newParser(name string) *parser {
+	p := &parser{file: name}
 	p.Reader = yamlfile.Reader{
 		Fail: func(line int, field, reason string) error {
 			return &rules.Error{File: name, Line: line, Field: field, Reason: reason}
@@ -153,25 +180,16 @@ func ParseConfig(name string, data []byte) (*Config, error) {
 		DurationExamples: "10s, 500ms or 2m",
 		DurationSyntax:   "(ms, s, m, h), such as 10s or 2m",
 	}
-	root, err := p.Root(data, "rules", "the file is empty")
-	if err != nil {
-		return nil, err
-	}
-	c := &Config{File: name}
-	root = yamlfile.Resolve(root)
-	if root.Kind != yaml.MappingNode {
-		return c, nil // rules.Parse reports it
-	}
-	var list *yaml.Node
-	for i := 0; i+1 < len(root.Content); i += 2 {
-		if root.Content[i].Value == "handlers" {
-			list = yamlfile.Resolve(root.Content[i+1])
-		}
-	}
+	return p
+}
+
+// config reads the handlers section list (nil: none).
+func (p *parser) config(list *yaml.Node) (*Config, error) {
+	c := &Config{File: p.file}
 	if list == nil {
 		return c, nil
 	}
-	if list.Kind != yaml.SequenceNode {
+	if list = yamlfile.Resolve(list); list.Kind != yaml.SequenceNode {
 		return nil, p.Failf(list, "handlers", "%s must be a list of handlers, each with task and http or command", yamlfile.Describe(list))
 	}
 	seen := map[string]int{}
@@ -195,13 +213,6 @@ func (c *Config) Handler(task string) (Spec, bool) {
 	return Spec{}, false
 }
 
-// The fields each mapping of the handlers section may have.
-var (
-	specFields    = []string{"task", "http", "command", "result_limit"}
-	httpFields    = []string{"method", "url", "headers", "timeout", "idempotency_header"}
-	commandFields = []string{"argv", "env", "timeout", "stop_grace", "no_retry_exit_codes"}
-)
-
 var (
 	// placeholderRE is a {field} placeholder.
 	placeholderRE = regexp.MustCompile(`\{([A-Za-z0-9_-]+)\}`)
@@ -214,99 +225,109 @@ var (
 
 type parser struct {
 	yamlfile.Reader
+	file string
 }
 
+// spec reads the handler at n, at path: seen holds the task types of the
+// handlers before it (task type → line).
 func (p *parser) spec(n *yaml.Node, path string, seen map[string]int) (Spec, error) {
-	f := func(field string) string { return yamlfile.Join(path, field) }
-	fields, err := p.Mapping(n, path, "a handler", specFields)
-	if err != nil {
-		return Spec{}, err
-	}
 	s := Spec{Line: n.Line, ResultLimit: DefaultResultLimit}
-	tn := fields["task"]
-	if tn == nil {
-		return s, p.Failf(n, f("task"), "missing; give the task type this handler runs, such as partner:sync")
-	}
-	if s.Task, err = p.Str(tn, f("task")); err != nil {
-		return s, err
-	}
-	if s.Task == "" || strings.ContainsAny(s.Task, "* \t\n") {
-		return s, p.Failf(tn, f("task"), "%q: give one exact task type, such as partner:sync (no patterns, no spaces)", s.Task)
-	}
-	if line, dup := seen[s.Task]; dup {
-		return s, p.Failf(tn, f("task"), "%q also has the handler on line %d; a task type takes one handler", s.Task, line)
-	}
-	seen[s.Task] = tn.Line
-	if v := fields["result_limit"]; v != nil {
-		if s.ResultLimit, err = p.Int(v, f("result_limit"), 0, MaxResultLimit); err != nil {
-			return s, err
-		}
-	}
-	hn, cn := fields["http"], fields["command"]
-	switch {
-	case hn != nil && cn != nil:
-		return s, p.Failf(cn, f("command"), "cannot be combined with http; a handler runs one of them")
-	case hn != nil:
-		s.HTTP, err = p.http(hn, f("http"))
-	case cn != nil:
-		s.Command, err = p.command(cn, f("command"))
-	default:
-		return s, p.Failf(n, path, "needs http (call an API) or command (run a program)")
-	}
+	_, err := p.Fields(n, path, "a handler", []yamlfile.Field{
+		{Key: "task", Missing: "give the task type this handler runs, such as partner:sync", Read: yamlfile.Into(&s.Task, func(v *yaml.Node, field string) (string, error) {
+			return p.task(v, field, seen)
+		})},
+		{Key: "http", Read: yamlfile.Into(&s.HTTP, p.http)},
+		{Key: "command", Read: func(v *yaml.Node, field string) (err error) {
+			if s.HTTP != nil {
+				return p.Failf(v, field, "cannot be combined with http; a handler runs one of them")
+			}
+			s.Command, err = p.command(v, field)
+			return err
+		}, Check: func() error {
+			if s.HTTP == nil && s.Command == nil {
+				return p.Failf(n, path, "needs http (call an API) or command (run a program)")
+			}
+			return nil
+		}},
+		{Key: "result_limit", Read: p.IntTo(&s.ResultLimit, 0, MaxResultLimit)},
+	})
 	return s, err
 }
 
+// task reads a handler's task type: one exact type, not in seen (task
+// type → line), which it is added to.
+func (p *parser) task(n *yaml.Node, field string, seen map[string]int) (string, error) {
+	task, err := p.Str(n, field)
+	if err != nil {
+		return "", err
+	}
+	if task == "" || strings.ContainsAny(task, "* \t\n") {
+		return "", p.Failf(n, field, "%q: give one exact task type, such as partner:sync (no patterns, no spaces)", task)
+	}
+	if line, dup := seen[task]; dup {
+		return "", p.Failf(n, field, "%q also has the handler on line %d; a task type takes one handler", task, line)
+	}
+	seen[task] = n.Line
+	return task, nil
+}
+
+// http reads an http handler, the mapping n at path.
 func (p *parser) http(n *yaml.Node, path string) (*HTTPSpec, error) {
-	f := func(field string) string { return yamlfile.Join(path, field) }
-	fields, err := p.Mapping(n, path, "http", httpFields)
+	h := &HTTPSpec{Method: http.MethodPost, Timeout: DefaultHTTPTimeout}
+	fields, err := p.Fields(n, path, "http", []yamlfile.Field{
+		{Key: "method", Read: yamlfile.Into(&h.Method, p.method)},
+		{Key: "url", Missing: `give the URL, such as "https://api.example.com/v1/accounts/{account_id}"`, Read: func(v *yaml.Node, field string) (err error) {
+			if h.URL, err = p.Str(v, field); err != nil {
+				return err
+			}
+			if h.url, err = parseURLTemplate(h.URL); err != nil {
+				return p.Failf(v, field, "%q: %v", h.URL, err)
+			}
+			return nil
+		}},
+		{Key: "headers", Read: yamlfile.Into(&h.Headers, p.headers)},
+		{Key: "timeout", Read: p.DurationTo(&h.Timeout, time.Millisecond, MaxTimeout)},
+		{Key: "idempotency_header"}, // idempotencyHeader
+	})
 	if err != nil {
 		return nil, err
-	}
-	h := &HTTPSpec{Method: http.MethodPost, Timeout: DefaultHTTPTimeout}
-	if v := fields["method"]; v != nil {
-		if h.Method, err = p.Str(v, f("method")); err != nil {
-			return nil, err
-		}
-		switch h.Method {
-		case http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete:
-		default:
-			return nil, p.Failf(v, f("method"), "%q: use GET, POST, PUT, PATCH or DELETE (upper case)", h.Method)
-		}
-	}
-	un := fields["url"]
-	if un == nil {
-		return nil, p.Failf(n, f("url"), `missing; give the URL, such as "https://api.example.com/v1/accounts/{account_id}"`)
-	}
-	if h.URL, err = p.Str(un, f("url")); err != nil {
-		return nil, err
-	}
-	if h.url, err = parseURLTemplate(h.URL); err != nil {
-		return nil, p.Failf(un, f("url"), "%q: %v", h.URL, err)
-	}
-	if v := fields["headers"]; v != nil {
-		m, err := p.stringMap(v, f("headers"), "a mapping of header names to values, such as {Authorization: \"Bearer ${TOKEN}\"}")
-		if err != nil {
-			return nil, err
-		}
-		for _, kv := range m {
-			if !headerNameRE.MatchString(kv.name) {
-				return nil, p.Failf(kv.node, f("headers"), "%q is not a valid header name", kv.name)
-			}
-			if strings.ContainsAny(kv.value, "\r\n") {
-				return nil, p.Failf(kv.node, yamlfile.Join(f("headers"), kv.name), "must be one line")
-			}
-			h.Headers = append(h.Headers, Header{Name: http.CanonicalHeaderKey(kv.name), Value: kv.value})
-		}
-	}
-	if v := fields["timeout"]; v != nil {
-		if h.Timeout, err = p.Duration(v, f("timeout"), time.Millisecond, MaxTimeout); err != nil {
-			return nil, err
-		}
 	}
 	if h.IdempotencyHeader, err = p.idempotencyHeader(fields, path, h.Headers); err != nil {
 		return nil, err
 	}
 	return h, nil
+}
+
+// method reads an http method.
+func (p *parser) method(n *yaml.Node, field string) (string, error) {
+	m, err := p.Str(n, field)
+	if err != nil {
+		return "", err
+	}
+	switch m {
+	case http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete:
+		return m, nil
+	}
+	return "", p.Failf(n, field, "%q: use GET, POST, PUT, PATCH or DELETE (upper case)", m)
+}
+
+// headers reads an http handler's headers, in file order.
+func (p *parser) headers(n *yaml.Node, field string) ([]Header, error) {
+	m, err := p.stringMap(n, field, "a mapping of header names to values, such as {Authorization: \"Bearer ${TOKEN}\"}")
+	if err != nil {
+		return nil, err
+	}
+	var hs []Header
+	for _, kv := range m {
+		if !headerNameRE.MatchString(kv.name) {
+			return nil, p.Failf(kv.node, field, "%q is not a valid header name", kv.name)
+		}
+		if strings.ContainsAny(kv.value, "\r\n") {
+			return nil, p.Failf(kv.node, yamlfile.Join(field, kv.name), "must be one line")
+		}
+		hs = append(hs, Header{Name: http.CanonicalHeaderKey(kv.name), Value: kv.value})
+	}
+	return hs, nil
 }
 
 // idempotencyHeader reads idempotency_header of the http mapping whose
@@ -347,63 +368,60 @@ func (p *parser) headerName(n *yaml.Node, field string) (string, error) {
 	return http.CanonicalHeaderKey(name), nil
 }
 
+// command reads a command handler, the mapping n at path.
 func (p *parser) command(n *yaml.Node, path string) (*CommandSpec, error) {
-	f := func(field string) string { return yamlfile.Join(path, field) }
-	fields, err := p.Mapping(n, path, "command", commandFields)
+	c := &CommandSpec{Timeout: DefaultCommandTimeout, StopGrace: DefaultStopGrace, NoRetryExitCodes: []int{DefaultNoRetryExitCode}}
+	_, err := p.Fields(n, path, "command", []yamlfile.Field{
+		{Key: "argv", Missing: `give the program and its arguments as a list, such as ["/usr/local/bin/render", "--tenant", "{tenant}"]`, Read: yamlfile.Into(&c.Argv, p.argv)},
+		{Key: "env", Read: yamlfile.Into(&c.Env, p.env)},
+		{Key: "timeout", Read: p.DurationTo(&c.Timeout, time.Millisecond, MaxTimeout)},
+		{Key: "stop_grace", Read: p.DurationTo(&c.StopGrace, 0, MaxStopGrace)},
+		{Key: "no_retry_exit_codes", Read: yamlfile.Into(&c.NoRetryExitCodes, p.exitCodes)},
+	})
 	if err != nil {
 		return nil, err
-	}
-	c := &CommandSpec{Timeout: DefaultCommandTimeout, StopGrace: DefaultStopGrace, NoRetryExitCodes: []int{DefaultNoRetryExitCode}}
-	if c.Argv, err = p.argv(n, fields["argv"], f("argv")); err != nil {
-		return nil, err
-	}
-	if v := fields["env"]; v != nil {
-		m, err := p.stringMap(v, f("env"), "a mapping of variable names to values, such as {API_TOKEN: \"${API_TOKEN}\"}")
-		if err != nil {
-			return nil, err
-		}
-		for _, kv := range m {
-			if !envNameRE.MatchString(kv.name) {
-				return nil, p.Failf(kv.node, f("env"), "%q is not a variable name; use letters, digits and '_'", kv.name)
-			}
-			c.Env = append(c.Env, EnvVar{Name: kv.name, Value: kv.value})
-		}
-	}
-	if v := fields["timeout"]; v != nil {
-		if c.Timeout, err = p.Duration(v, f("timeout"), time.Millisecond, MaxTimeout); err != nil {
-			return nil, err
-		}
-	}
-	if v := fields["stop_grace"]; v != nil {
-		if c.StopGrace, err = p.Duration(v, f("stop_grace"), 0, MaxStopGrace); err != nil {
-			return nil, err
-		}
-	}
-	if v := fields["no_retry_exit_codes"]; v != nil {
-		if v.Kind != yaml.SequenceNode {
-			return nil, p.Failf(v, f("no_retry_exit_codes"), "%s must be a list of exit codes from 1 to 255, such as [65]; [] for none", yamlfile.Describe(v))
-		}
-		c.NoRetryExitCodes = []int{}
-		for _, cn := range v.Content {
-			code, err := p.Int(yamlfile.Resolve(cn), f("no_retry_exit_codes"), 1, 255)
-			if err != nil {
-				return nil, err
-			}
-			if !slices.Contains(c.NoRetryExitCodes, code) {
-				c.NoRetryExitCodes = append(c.NoRetryExitCodes, code)
-			}
-		}
 	}
 	return c, nil
 }
 
-// argv reads a command's argv, the node an of the command n: the
-// program (literal) and its arguments, each a literal or a whole
-// {field}.
-func (p *parser) argv(n, an *yaml.Node, field string) ([]string, error) {
-	if an == nil {
-		return nil, p.Failf(n, field, `missing; give the program and its arguments as a list, such as ["/usr/local/bin/render", "--tenant", "{tenant}"]`)
+// env reads a command's environment, in file order.
+func (p *parser) env(n *yaml.Node, field string) ([]EnvVar, error) {
+	m, err := p.stringMap(n, field, "a mapping of variable names to values, such as {API_TOKEN: \"${API_TOKEN}\"}")
+	if err != nil {
+		return nil, err
 	}
+	var env []EnvVar
+	for _, kv := range m {
+		if !envNameRE.MatchString(kv.name) {
+			return nil, p.Failf(kv.node, field, "%q is not a variable name; use letters, digits and '_'", kv.name)
+		}
+		env = append(env, EnvVar{Name: kv.name, Value: kv.value})
+	}
+	return env, nil
+}
+
+// exitCodes reads no_retry_exit_codes: a list of codes from 1 to 255,
+// each kept once; [] for none.
+func (p *parser) exitCodes(n *yaml.Node, field string) ([]int, error) {
+	if n.Kind != yaml.SequenceNode {
+		return nil, p.Failf(n, field, "%s must be a list of exit codes from 1 to 255, such as [65]; [] for none", yamlfile.Describe(n))
+	}
+	codes := []int{}
+	for _, cn := range n.Content {
+		code, err := p.Int(yamlfile.Resolve(cn), field, 1, 255)
+		if err != nil {
+			return nil, err
+		}
+		if !slices.Contains(codes, code) {
+			codes = append(codes, code)
+		}
+	}
+	return codes, nil
+}
+
+// argv reads a command's argv, the node an: the program (literal) and
+// its arguments, each a literal or a whole {field}.
+func (p *parser) argv(an *yaml.Node, field string) ([]string, error) {
 	an = yamlfile.Resolve(an)
 	if an.Kind != yaml.SequenceNode || len(an.Content) == 0 {
 		return nil, p.Failf(an, field, `%s must be a list of at least the program, such as ["/usr/local/bin/render", "{tenant}"]`, yamlfile.Describe(an))

@@ -2,6 +2,7 @@ package handler
 
 import (
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -47,13 +48,17 @@ func TestParseConfigErrors(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			data := []byte(rulesHead + c.handlers + "\n")
-			if _, err := rules.Parse("rules.yaml", data); err != nil {
+			cfg, err := rules.Parse("rules.yaml", data)
+			if err != nil {
 				t.Fatalf("rules.Parse refuses the handlers section: %v", err)
 			}
-			_, err := ParseConfig("rules.yaml", data)
+			_, err = ParseConfig("rules.yaml", data)
 			var ce *rules.Error
 			if !errors.As(err, &ce) || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("got %v; want a *rules.Error containing %q", err, c.want)
+			}
+			if _, fromRules := FromRules(cfg); fromRules == nil || fromRules.Error() != err.Error() {
+				t.Errorf("FromRules: %v; want ParseConfig's %v", fromRules, err)
 			}
 		})
 	}
@@ -75,6 +80,15 @@ func TestParseConfigDefaultsAndDescribe(t *testing.T) {
 	c, err := ParseConfig("rules.yaml", data)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// A worker parses the file once (rules.Parse) and reads the handlers
+	// from what it read: the same Config.
+	cfg, err := rules.Parse("rules.yaml", data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fromRules, err := FromRules(cfg); err != nil || !reflect.DeepEqual(fromRules, c) {
+		t.Errorf("FromRules = %+v, %v; want ParseConfig's %+v", fromRules, err, c)
 	}
 	h, ok := c.Handler("partner:sync")
 	if !ok || h.HTTP.Method != "POST" || h.HTTP.Timeout != DefaultHTTPTimeout || h.ResultLimit != DefaultResultLimit {

@@ -4,7 +4,7 @@
 // program with the payload on its stdin.
 //
 //	cfg, err := rules.Load("rules.yaml")             // the limits
-//	hs, err := handler.LoadConfig("rules.yaml")      // what runs each task type
+//	hs, err := handler.FromRules(cfg)                // what runs each task type, from the same read
 //	mux := asynq.NewServeMux()
 //	mux.Use(mw.Wrap)                                 // worker.FromRules(cfg, rdb, ...)
 //	err = hs.Register(mux, handler.Options{Rules: cfg, Redis: rdb})

@@ -85,7 +85,7 @@ func pacedBacklog(t *testing.T, trs []*Transport, tasks int) (admits, refused in
 // reports whether the API accepted it.
 func runPaced(t *testing.T, lim *throttle.Limiter, c *http.Client, id string, admits *atomic.Int64) bool {
 	for {
-		a, err := lim.Admit(context.Background(), throttle.AdmitRequest{Subject: "api.example", N: 1, ID: id})
+		a, err := lim.Admit(context.Background(), throttle.AdmitRequest{Subject: "api.example", N: 1, Caller: throttle.Caller{ID: id}})
 		admits.Add(1)
 		if err != nil {
 			t.Error(err)

@@ -247,7 +247,7 @@ func smallStorm(t *testing.T, lim *throttle.Limiter, subject string, n int) {
 	wg.Wait()
 }
 
-// countOps counts the driver script calls with operation op (ARGV[1])
+// countOps counts the limiter script calls with operation op (ARGV[1])
 // that Redis answered without error.
 func countOps(rdb redis.UniversalClient, op string) *atomic.Int64 {
 	var n atomic.Int64

@@ -129,7 +129,7 @@ func TestNoClientClockInScripts(t *testing.T) {
 				switch op {
 				case "allow", "reserve", "prepay", "pause", "refund", "undo", "atmost", "settle":
 				default:
-					op = "redeem" // redeem.lua: ARGV[1] is the receipt
+					op = "redeem" // admit.lua and the rest: a booking or a redeem
 				}
 				ops[op]++
 				for i, a := range c.argv {

@@ -111,11 +111,11 @@ func exerciseErr(rdb redis.UniversalClient, prefix string) (err error) {
 		// Admit: turns granted, then booked ahead under task IDs; one
 		// booking redeemed, one held (early), the rest left to lapse.
 		for i := range 6 {
-			_, err := l.Admit(ctx, throttle.AdmitRequest{Subject: "admit", N: 1, ID: fmt.Sprint("task-", i), Wait: 0, Tolerance: 100 * time.Millisecond})
+			_, err := l.Admit(ctx, throttle.AdmitRequest{Subject: "admit", N: 1, Caller: throttle.Caller{ID: fmt.Sprint("task-", i)}, Wait: 0, Tolerance: 100 * time.Millisecond})
 			must(err, rule.Name, " Admit")
 		}
 		for _, wait := range []time.Duration{0, -1} {
-			a, err := l.Admit(ctx, throttle.AdmitRequest{Subject: "admit", N: 1, ID: "task-5", Wait: wait, Tolerance: 100 * time.Millisecond})
+			a, err := l.Admit(ctx, throttle.AdmitRequest{Subject: "admit", N: 1, Caller: throttle.Caller{ID: "task-5"}, Wait: wait, Tolerance: 100 * time.Millisecond})
 			must(err, rule.Name, " Admit again")
 			if want := map[time.Duration]throttle.AdmitStatus{0: throttle.Held, -1: throttle.Redeemed}[wait]; a.Status != want {
 				must(fmt.Errorf("status %v, want %v", a.Status, want), rule.Name, " Admit a booked task")
@@ -141,7 +141,7 @@ func exerciseErr(rdb redis.UniversalClient, prefix string) (err error) {
 		p, err := l.PrepayN(ctx, "prepaid", 1, 500*time.Millisecond)
 		must(err, rule.Name, " PrepayN")
 		receipt, _ := p.Receipt()
-		_, err = l.Admit(ctx, throttle.AdmitRequest{Subject: "prepaid", N: 1, Receipt: receipt, Wait: -1})
+		_, err = l.Admit(ctx, throttle.AdmitRequest{Subject: "prepaid", N: 1, Caller: throttle.Caller{Receipt: receipt}, Wait: -1})
 		must(err, rule.Name, " Admit on a receipt")
 		p2, err := l.PrepayN(ctx, "prepaid", 1, 500*time.Millisecond)
 		must(err, rule.Name, " PrepayN")

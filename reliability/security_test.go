@@ -352,7 +352,7 @@ func TestSecretsStayOut(t *testing.T) {
 					_, err4 := bucket.PauseFor(ctx, "s", time.Second)
 					_, err5 := bucket.PauseFor(ctx, "s", 0)
 					_, err6 := bucket.PrepayN(ctx, "s", 1, 0)
-					_, err7 := bucket.Admit(ctx, throttle.AdmitRequest{Subject: "s", N: 1, Receipt: "0123", Wait: -1})
+					_, err7 := bucket.Admit(ctx, throttle.AdmitRequest{Subject: "s", N: 1, Caller: throttle.Caller{Receipt: "0123"}, Wait: -1})
 					cancel()
 					errs := []error{err1, err2, err3, err4, err5, err6, err7}
 					if !failOpen && !errors.Is(err1, throttle.ErrRedis) {

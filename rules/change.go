@@ -94,7 +94,7 @@ func (c *Config) CheckChange(next *Config) error {
 					Reason: reason + "; give the limit a new name to change it (its keys then start empty)"}
 			}
 			switch {
-			case prev.Algorithm != l.Algorithm && !(isBucket(prev.Algorithm) && isBucket(l.Algorithm)):
+			case prev.Algorithm != l.Algorithm && !(prev.Algorithm.Bucket() && l.Algorithm.Bucket()):
 				return fail("algorithm", fmt.Sprintf("%s was %s: the state of the old algorithm in Redis cannot be read by the new one", l.Algorithm, prev.Algorithm))
 			case l.Algorithm == throttle.FixedWindow && prev.Limit.Period != l.Limit.Period:
 				return fail("period", fmt.Sprintf("%v was %v: a fixed window's state in Redis counts windows of its period", l.Limit.Period, prev.Limit.Period))
@@ -103,7 +103,3 @@ func (c *Config) CheckChange(next *Config) error {
 	}
 	return nil
 }
-
-// isBucket reports whether a keeps the bucket's state (bucket.lua), which
-// token_bucket and gcra share.
-func isBucket(a throttle.Algorithm) bool { return a == throttle.TokenBucket || a == throttle.GCRA }

@@ -2,11 +2,12 @@ package rules
 
 import (
 	"errors"
-	"go.yaml.in/yaml/v3"
 	"math"
 	"slices"
 	"strconv"
 	"time"
+
+	"go.yaml.in/yaml/v3"
 
 	"github.com/jobthrottle/jobthrottle/internal/taskroute"
 	"github.com/jobthrottle/jobthrottle/internal/yamlfile"
@@ -19,8 +20,6 @@ const maxWaitSlots = 10000
 
 // The fields each mapping of a rules file may have.
 var (
-	fileFields  = []string{"prefix", "fail_open", "budgets", "rules", handlersField}
-	ruleFields  = []string{"name", "tasks", "subject", "algorithm", "limit", "period", "burst", "precision", "lease", "max_wait", "wait_slots", "cost", "budget", "limits", "horizon", "fair_by", "weights", "share_limit"}
 	limitFields = []string{"name", "algorithm", "limit", "period", "burst", "precision", "lease", "budget"}
 	// limitOnly are the rule fields that describe a single limit, which a
 	// policy (limits) puts in each of its limits instead.
@@ -37,12 +36,12 @@ type parser struct {
 	budgetsByName map[string]throttle.Rule
 }
 
-// duration reads a duration as Reader.Duration does, in whole
-// microseconds: the resolution of throttle's scripts.
 // maxDuration bounds the durations of a rules file before throttle checks
 // them (a limit's period: ten years).
 const maxDuration = time.Duration(math.MaxInt64)
 
+// duration reads a duration as Reader.Duration does, in whole
+// microseconds: the resolution of throttle's scripts.
 func (p *parser) duration(n *yaml.Node, field string, lo, hi time.Duration) (time.Duration, error) {
 	d, err := p.Duration(n, field, lo, hi)
 	if err == nil && d%time.Microsecond != 0 {
@@ -51,35 +50,29 @@ func (p *parser) duration(n *yaml.Node, field string, lo, hi time.Duration) (tim
 	return d, err
 }
 
+// config reads the file whose top node is root.
 func (p *parser) config(root *yaml.Node) (*Config, error) {
-	fields, err := p.Mapping(root, "", "the file", fileFields)
+	c := &Config{File: p.file, Prefix: throttle.DefaultPrefix}
+	fields, err := p.Fields(root, "", "the file", []yamlfile.Field{
+		{Key: "prefix", Read: yamlfile.Into(&c.Prefix, func(n *yaml.Node, field string) (string, error) {
+			return p.Prefix(n, field, throttle.DefaultPrefix)
+		})},
+		{Key: "fail_open", Read: p.BoolTo(&c.FailOpen)},
+		{Key: "budgets", Read: yamlfile.Into(&c.Budgets, p.budgets), Check: func() error {
+			p.budgetsByName = map[string]throttle.Rule{}
+			for _, b := range c.Budgets {
+				p.budgetsByName[b.Name] = b
+			}
+			return nil
+		}},
+		{Key: "rules", Missing: "list at least one rule"},
+		{Key: handlersField}, // package handler's (HandlersSection)
+	})
 	if err != nil {
 		return nil, err
 	}
-	c := &Config{File: p.file, Prefix: throttle.DefaultPrefix}
-	if n := fields["prefix"]; n != nil {
-		if c.Prefix, err = p.Prefix(n, "prefix", throttle.DefaultPrefix); err != nil {
-			return nil, err
-		}
-	}
-	if n := fields["fail_open"]; n != nil {
-		if c.FailOpen, err = p.Bool(n, "fail_open"); err != nil {
-			return nil, err
-		}
-	}
-	if n := fields["budgets"]; n != nil {
-		if c.Budgets, err = p.budgets(n); err != nil {
-			return nil, err
-		}
-	}
-	p.budgetsByName = map[string]throttle.Rule{}
-	for _, b := range c.Budgets {
-		p.budgetsByName[b.Name] = b
-	}
+	c.handlers = fields[handlersField]
 	rules := fields["rules"]
-	if rules == nil {
-		return nil, p.Failf(root, "rules", "missing; list at least one rule")
-	}
 	if rules.Kind != yaml.SequenceNode || len(rules.Content) == 0 {
 		return nil, p.Failf(rules, "rules", "%s must be a list of at least one rule", yamlfile.Describe(rules))
 	}
@@ -95,143 +88,151 @@ func (p *parser) config(root *yaml.Node) (*Config, error) {
 	return c, nil
 }
 
+// ruleConfig reads the rule at n, the i-th of the file: names and owner
+// hold the names and the task patterns of the rules before it.
 func (p *parser) ruleConfig(n *yaml.Node, i int, names map[string]int, owner map[string]string) (RuleConfig, error) {
 	p.rule = "#" + strconv.Itoa(i+1)
-	fields, err := p.Mapping(n, "", "a rule", ruleFields)
-	if err != nil {
-		return RuleConfig{}, err
-	}
 	r := RuleConfig{Line: n.Line}
-
-	nn := fields["name"]
-	if r.Name, err = p.Name(n, nn, "name", "the rule", "rule", "", names); err != nil {
+	fields, err := p.Fields(n, "", "a rule", p.ruleFields(n, &r, names, owner))
+	if err != nil {
 		return r, err
+	}
+	if r.Limits, err = p.ruleLimits(n, fields, r.Name); err != nil {
+		return r, err
+	}
+	return r, p.checkCost(fields["cost"], fields["share_limit"], r)
+}
+
+// ruleFields declares the fields of the rule at n, read into r; those of
+// its limits (limitOnly, budget, limits) are read by ruleLimits.
+func (p *parser) ruleFields(n *yaml.Node, r *RuleConfig, names map[string]int, owner map[string]string) []yamlfile.Field {
+	duration := func(dst *time.Duration, lo, hi time.Duration) yamlfile.ReadFunc {
+		return yamlfile.Into(dst, func(v *yaml.Node, field string) (time.Duration, error) { return p.duration(v, field, lo, hi) })
+	}
+	subject := func(dst *SubjectConfig) yamlfile.ReadFunc {
+		return func(v *yaml.Node, field string) (err error) {
+			dst.Fixed, dst.PayloadField, err = p.Subject(v, field)
+			return err
+		}
+	}
+	fair := func() bool { return r.FairBy != (SubjectConfig{}) }
+	decl := []yamlfile.Field{
+		{Key: "name", Missing: "give the rule a name (" + yamlfile.NameRule + ")", Read: func(v *yaml.Node, field string) error {
+			return p.ruleName(n, v, field, r, names)
+		}},
+		{Key: "tasks", Missing: `list the task types the rule applies to, such as ["email:send", "stripe:*"]`, Read: yamlfile.Into(&r.Tasks, func(v *yaml.Node, field string) ([]string, error) {
+			return p.tasks(v, owner)
+		})},
+		{Key: "subject", Missing: yamlfile.SubjectHelp, Read: subject(&r.Subject)},
+	}
+	for _, f := range limitOnly {
+		decl = append(decl, yamlfile.Field{Key: f})
+	}
+	return append(decl, []yamlfile.Field{
+		{Key: "max_wait", Read: duration(&r.MaxWait, 0, maxDuration)},
+		{Key: "wait_slots", Read: p.IntTo(&r.WaitSlots, 0, maxWaitSlots)},
+		{Key: "cost", Read: yamlfile.Into(&r.Cost, p.cost)},
+		{Key: "budget"},
+		{Key: "limits"},
+		{Key: "horizon", Read: duration(&r.Horizon, time.Millisecond, 24*time.Hour)},
+		{Key: "fair_by", Read: subject(&r.FairBy)},
+		{Key: "weights", Read: yamlfile.Into(&r.Weights, func(v *yaml.Node, _ string) (map[string]int, error) { return p.weights(v, fair()) })},
+		{Key: "share_limit", Read: yamlfile.Into(&r.ShareLimit, func(v *yaml.Node, _ string) (throttle.Limit, error) { return p.shareLimit(v, fair()) })},
+	}...)
+}
+
+// ruleName reads the name (at nn) of the rule at n into r: unique among
+// names, and not the name of a budget.
+func (p *parser) ruleName(n, nn *yaml.Node, field string, r *RuleConfig, names map[string]int) (err error) {
+	if r.Name, err = p.Name(n, nn, field, "the rule", "rule", "", names); err != nil {
+		return err
 	}
 	if _, clash := p.budgetsByName[r.Name]; clash {
-		return r, p.Failf(nn, "name", "%q is also the name of a budget; a rule of that name would share the budget's keys, so rename one", r.Name)
+		return p.Failf(nn, field, "%q is also the name of a budget; a rule of that name would share the budget's keys, so rename one", r.Name)
 	}
 	p.rule = r.Name
+	return nil
+}
 
-	if r.Tasks, err = p.tasks(n, fields["tasks"], owner); err != nil {
-		return r, err
-	}
-	if r.Subject, err = p.subject(n, fields["subject"]); err != nil {
-		return r, err
-	}
-	if mw := fields["max_wait"]; mw != nil {
-		if r.MaxWait, err = p.duration(mw, "max_wait", 0, maxDuration); err != nil {
-			return r, err
-		}
-	}
-	if ws := fields["wait_slots"]; ws != nil {
-		if r.WaitSlots, err = p.Int(ws, "wait_slots", 0, maxWaitSlots); err != nil {
-			return r, err
-		}
-	}
-	costNode := fields["cost"]
-	if r.Cost, err = p.cost(costNode); err != nil {
-		return r, err
-	}
-	if hn := fields["horizon"]; hn != nil {
-		if r.Horizon, err = p.duration(hn, "horizon", time.Millisecond, 24*time.Hour); err != nil {
-			return r, err
-		}
-	}
-	if fb := fields["fair_by"]; fb != nil {
-		if r.FairBy.Fixed, r.FairBy.PayloadField, err = p.Subject(fb, "fair_by"); err != nil {
-			return r, err
-		}
-	}
-	if wn := fields["weights"]; wn != nil {
-		if r.Weights, err = p.weights(wn, fields["fair_by"] != nil); err != nil {
-			return r, err
-		}
-	}
-	if sn := fields["share_limit"]; sn != nil {
-		if r.ShareLimit, err = p.shareLimit(sn, fields["fair_by"] != nil); err != nil {
-			return r, err
-		}
-	}
-
+// ruleLimits reads the limits of the rule named name at n, whose fields
+// are given: a budget, a single limit (limitOnly) or a policy (limits).
+func (p *parser) ruleLimits(n *yaml.Node, fields map[string]*yaml.Node, name string) ([]throttle.Rule, error) {
 	limits := fields["limits"]
 	if bn := fields["budget"]; bn != nil {
 		for _, f := range append([]string{"limits"}, limitOnly...) {
 			if v := fields[f]; v != nil {
-				return r, p.Failf(v, f, "cannot be combined with budget; the budget defines the limit")
+				return nil, p.Failf(v, f, "cannot be combined with budget; the budget defines the limit")
 			}
 		}
 		b, err := p.budget(bn, "budget")
-		if err != nil {
-			return r, err
-		}
-		r.Limits = []throttle.Rule{b}
-		return r, p.checkCost(costNode, fields["share_limit"], r)
+		return []throttle.Rule{b}, err
 	}
 	if limits == nil {
-		l, err := p.limit(n, fields, "", r.Name)
-		if err != nil {
-			return r, err
-		}
-		r.Limits = []throttle.Rule{l}
-		return r, p.checkCost(costNode, fields["share_limit"], r)
+		l, err := p.limit(n, fields, "", name)
+		return []throttle.Rule{l}, err
 	}
 	for _, f := range limitOnly {
 		if v := fields[f]; v != nil {
-			return r, p.Failf(v, f, "cannot be combined with limits; set it in each of the limits")
+			return nil, p.Failf(v, f, "cannot be combined with limits; set it in each of the limits")
 		}
 	}
-	if limits.Kind != yaml.SequenceNode || len(limits.Content) == 0 {
-		return r, p.Failf(limits, "limits", "%s must be a list of at least one limit", yamlfile.Describe(limits))
+	return p.policy(limits, name)
+}
+
+// policy reads the limits of a policy, the list n, of the rule named
+// rule.
+func (p *parser) policy(n *yaml.Node, rule string) ([]throttle.Rule, error) {
+	if n.Kind != yaml.SequenceNode || len(n.Content) == 0 {
+		return nil, p.Failf(n, "limits", "%s must be a list of at least one limit", yamlfile.Describe(n))
 	}
+	var out []throttle.Rule
 	seen := map[string]int{}
-	for j, ln := range limits.Content {
-		ln = yamlfile.Resolve(ln)
-		path := "limits[" + strconv.Itoa(j+1) + "]"
-		if sn := mappingValue(ln, "subject"); sn != nil {
-			return r, p.Failf(sn, yamlfile.Join(path, "subject"), "a limit cannot have a subject of its own in a rules file: tasks over several subjects could not park without polling. For each tenant's limit inside one API key's, make the key the rule's subject, the tenant its fair_by, and add share_limit; for one budget drawn on by several rules, use budgets (worker/README.md)")
-		}
-		lf, err := p.Mapping(ln, path, "a limit", limitFields)
+	for j, ln := range n.Content {
+		l, err := p.policyLimit(yamlfile.Resolve(ln), "limits["+strconv.Itoa(j+1)+"]", rule, seen, out)
 		if err != nil {
-			return r, err
+			return nil, err
 		}
-		if bn := lf["budget"]; bn != nil {
-			if len(lf) != 1 {
-				return r, p.Failf(ln, path, "a budget entry has only the field budget; the budget defines the limit")
-			}
-			b, err := p.budget(bn, yamlfile.Join(path, "budget"))
-			if err != nil {
-				return r, err
-			}
-			for _, l := range r.Limits {
-				if l.Name == b.Name {
-					return r, p.Failf(bn, yamlfile.Join(path, "budget"), "%q is listed twice", b.Name)
-				}
-			}
-			r.Limits = append(r.Limits, b)
-			continue
-		}
-		name, err := p.Name(ln, lf["name"], yamlfile.Join(path, "name"), "each limit of a policy", "limit", " within a rule", seen)
-		if err != nil {
-			return r, err
-		}
-		l, err := p.limit(ln, lf, path, r.Name+"."+name)
-		if err != nil {
-			return r, err
-		}
-		r.Limits = append(r.Limits, l)
+		out = append(out, l)
 	}
-	if conc := slices.IndexFunc(r.Limits, isConcurrency); conc >= 0 && slices.ContainsFunc(r.Limits[conc+1:], isConcurrency) {
-		return r, p.Failf(limits, "limits", "a policy has at most one concurrency limit")
+	if conc := slices.IndexFunc(out, isConcurrency); conc >= 0 && slices.ContainsFunc(out[conc+1:], isConcurrency) {
+		return nil, p.Failf(n, "limits", "a policy has at most one concurrency limit")
 	}
-	return r, p.checkCost(costNode, fields["share_limit"], r)
+	return out, nil
+}
+
+// policyLimit reads the limit ln of a policy of the rule named rule, at
+// path: a budget, or a limit named within the rule (seen: the names
+// before it). before are the policy's limits before it.
+func (p *parser) policyLimit(ln *yaml.Node, path, rule string, seen map[string]int, before []throttle.Rule) (throttle.Rule, error) {
+	if sn := mappingValue(ln, "subject"); sn != nil {
+		return throttle.Rule{}, p.Failf(sn, yamlfile.Join(path, "subject"), "a limit cannot have a subject of its own in a rules file: tasks over several subjects could not park without polling. For each tenant's limit inside one API key's, make the key the rule's subject, the tenant its fair_by, and add share_limit; for one budget drawn on by several rules, use budgets (worker/README.md)")
+	}
+	lf, err := p.Mapping(ln, path, "a limit", limitFields)
+	if err != nil {
+		return throttle.Rule{}, err
+	}
+	if bn := lf["budget"]; bn != nil {
+		if len(lf) != 1 {
+			return throttle.Rule{}, p.Failf(ln, path, "a budget entry has only the field budget; the budget defines the limit")
+		}
+		b, err := p.budget(bn, yamlfile.Join(path, "budget"))
+		if err == nil && slices.ContainsFunc(before, func(l throttle.Rule) bool { return l.Name == b.Name }) {
+			err = p.Failf(bn, yamlfile.Join(path, "budget"), "%q is listed twice", b.Name)
+		}
+		return b, err
+	}
+	name, err := p.Name(ln, lf["name"], yamlfile.Join(path, "name"), "each limit of a policy", "limit", " within a rule", seen)
+	if err != nil {
+		return throttle.Rule{}, err
+	}
+	return p.limit(ln, lf, path, rule+"."+name)
 }
 
 func isConcurrency(r throttle.Rule) bool { return r.Algorithm == throttle.Concurrency }
 
-func (p *parser) tasks(rule, n *yaml.Node, owner map[string]string) ([]string, error) {
-	if n == nil {
-		return nil, p.Failf(rule, "tasks", `missing; list the task types the rule applies to, such as ["email:send", "stripe:*"]`)
-	}
+// tasks reads a rule's tasks, each a pattern no rule before it has
+// (owner: pattern → rule).
+func (p *parser) tasks(n *yaml.Node, owner map[string]string) ([]string, error) {
 	if n.Kind != yaml.SequenceNode || len(n.Content) == 0 {
 		return nil, p.Failf(n, "tasks", `%s must be a list of at least one task type or pattern, such as ["email:send", "stripe:*"]`, yamlfile.Describe(n))
 	}
@@ -264,30 +265,20 @@ func (p *parser) shareLimit(n *yaml.Node, fair bool) (throttle.Limit, error) {
 	if !fair {
 		return l, p.Failf(n, "share_limit", "limits each share of fair_by; set fair_by too")
 	}
-	fields, err := p.Mapping(n, "share_limit", "a share limit", []string{"limit", "period", "burst"})
+	rate := "share_limit is a rate, such as {limit: 10, period: 1s}"
+	fields, err := p.Fields(n, "share_limit", "a share limit", []yamlfile.Field{
+		{Key: "limit", Missing: rate, Read: p.IntTo(&l.Count, 1, throttle.MaxPermits)},
+		{Key: "period", Missing: rate, Read: yamlfile.Into(&l.Period, func(v *yaml.Node, field string) (time.Duration, error) {
+			return p.duration(v, field, time.Microsecond, maxDuration)
+		})},
+		{Key: "burst", Read: p.IntTo(&l.Burst, 1, throttle.MaxPermits)}, // 0 (unset): the limit
+	})
 	if err != nil {
 		return l, err
 	}
-	for _, f := range []string{"limit", "period"} {
-		if fields[f] == nil {
-			return l, p.Failf(n, "share_limit."+f, "missing; share_limit is a rate, such as {limit: 10, period: 1s}")
-		}
-	}
-	if l.Count, err = p.Int(fields["limit"], "share_limit.limit", 1, throttle.MaxPermits); err != nil {
-		return l, err
-	}
-	if l.Period, err = p.duration(fields["period"], "share_limit.period", time.Microsecond, maxDuration); err != nil {
-		return l, err
-	}
-	l.Burst = l.Count
-	if bn := fields["burst"]; bn != nil {
-		if l.Burst, err = p.Int(bn, "share_limit.burst", 1, throttle.MaxPermits); err != nil {
-			return l, err
-		}
-	}
 	// throttle's bounds (burst × period / count, say), as for a gcra limit.
-	r, err := p.validate(n, fields, "share_limit", throttle.Rule{Name: "share_limit", Algorithm: throttle.GCRA, Limit: l})
-	return r.Limit, err
+	l, err = throttle.CheckShareLimit(l)
+	return l, p.throttleError(n, fields, "share_limit", throttle.GCRA, err)
 }
 
 // weights reads a rule's weights: share -> 1 to 1000.
@@ -310,18 +301,8 @@ func (p *parser) weights(n *yaml.Node, fair bool) (map[string]int, error) {
 	return w, nil
 }
 
-func (p *parser) subject(rule, n *yaml.Node) (SubjectConfig, error) {
-	if n == nil {
-		return SubjectConfig{}, p.Failf(rule, "subject", "missing; %s", yamlfile.SubjectHelp)
-	}
-	var s SubjectConfig
-	var err error
-	s.Fixed, s.PayloadField, err = p.Subject(n, "subject")
-	return s, err
-}
-
 // budgets reads the file's named limits.
-func (p *parser) budgets(n *yaml.Node) ([]throttle.Rule, error) {
+func (p *parser) budgets(n *yaml.Node, _ string) ([]throttle.Rule, error) {
 	if n.Kind != yaml.SequenceNode || len(n.Content) == 0 {
 		return nil, p.Failf(n, "budgets", "%s must be a list of at least one named limit", yamlfile.Describe(n))
 	}
@@ -361,12 +342,9 @@ func (p *parser) budget(n *yaml.Node, field string) (throttle.Rule, error) {
 }
 
 // cost reads a rule's cost: a whole number of permits, or
-// {payload_field: <field>}; nil is the default, one permit.
-func (p *parser) cost(n *yaml.Node) (CostConfig, error) {
+// {payload_field: <field>}.
+func (p *parser) cost(n *yaml.Node, _ string) (CostConfig, error) {
 	var c CostConfig
-	if n == nil {
-		return c, nil
-	}
 	if n = yamlfile.Resolve(n); n.Kind != yaml.MappingNode {
 		v, err := p.Int(n, "cost", 1, MaxCost)
 		c.Permits = v
@@ -420,28 +398,27 @@ func (p *parser) concurrency(n *yaml.Node, fields map[string]*yaml.Node, path st
 	return p.validate(n, fields, path, r)
 }
 
-// checkCost refuses a fixed cost that a limit of r (or its share limit,
-// set at sn) can never admit at once (its burst, or a window's limit), and
-// a share limit beside a concurrency limit.
+// checkCost refuses a share limit (set at sn) that r's limits cannot keep
+// (throttle.CheckShareLimit), and a fixed cost that a limit of r or its
+// share limit can never admit at once (its capacity).
 func (p *parser) checkCost(n, sn *yaml.Node, r RuleConfig) error {
 	if sl := r.ShareLimit; sl.Count > 0 && r.Cost.Permits > sl.Burst {
 		return p.Failf(n, "cost", "%d permits per task, but share_limit admits at most %d at once; raise its burst or lower the cost", r.Cost.Permits, sl.Burst)
 	}
-	for _, l := range r.Limits {
-		if l.Algorithm == throttle.Concurrency {
-			if sn != nil {
-				return p.Failf(sn, "share_limit", "cannot limit the shares of concurrency limit %q: it has no line to keep them in", l.Name)
+	if sn != nil {
+		if _, err := throttle.CheckShareLimit(r.ShareLimit, r.Limits...); err != nil {
+			// sl itself passed shareLimit: a limit of r cannot keep shares.
+			var ce *throttle.ConfigError
+			if errors.As(err, &ce) && slices.ContainsFunc(r.Limits, func(l throttle.Rule) bool { return l.Name == ce.Rule && isConcurrency(l) }) {
+				return p.Failf(sn, "share_limit", "cannot limit the shares of concurrency limit %q: it has no line to keep them in", ce.Rule)
+			} else if ce != nil {
+				err = errors.New(ce.Reason)
 			}
-			continue // a task takes one place, whatever its cost
+			return p.Failf(sn, "share_limit", "%v", err)
 		}
-		if sn != nil && l.Algorithm != throttle.GCRA && l.Algorithm != throttle.TokenBucket {
-			return p.Failf(sn, "share_limit", "needs limits of gcra or token_bucket, which can book a turn for any moment; limit %q is %s", l.Name, l.Algorithm)
-		}
-		capacity := l.Limit.Count
-		if l.Algorithm == throttle.TokenBucket || l.Algorithm == throttle.GCRA {
-			capacity = l.Limit.Burst
-		}
-		if r.Cost.Permits > capacity {
+	}
+	for _, l := range r.Limits {
+		if capacity := l.Capacity(); r.Cost.Permits > capacity {
 			return p.Failf(n, "cost", "%d permits per task, but limit %q admits at most %d at once; raise its burst or lower the cost", r.Cost.Permits, l.Name, capacity)
 		}
 	}
@@ -461,7 +438,7 @@ func (p *parser) limit(n *yaml.Node, fields map[string]*yaml.Node, path, name st
 		return nil, p.Failf(n, f(field), "missing; %s", help)
 	}
 
-	an, err := need("algorithm", "one of fixed_window, sliding_log, sliding_window, token_bucket, gcra, concurrency")
+	an, err := need("algorithm", "one of "+listAlgorithms(throttle.Algorithms(), "", ", "))
 	if err != nil {
 		return r, err
 	}
@@ -470,7 +447,7 @@ func (p *parser) limit(n *yaml.Node, fields map[string]*yaml.Node, path, name st
 		return r, err
 	}
 	if r.Algorithm, err = ParseAlgorithm(as); err != nil {
-		return r, p.Failf(an, f("algorithm"), "%q is not one of fixed_window, sliding_log, sliding_window, token_bucket, gcra (or leaky_bucket), concurrency", as)
+		return r, p.Failf(an, f("algorithm"), "%q is not one of %s", as, listAlgorithms(throttle.Algorithms(), " (or %s)", ", "))
 	}
 	if r.Algorithm == throttle.Concurrency {
 		return p.concurrency(n, fields, path, r)
@@ -496,10 +473,9 @@ func (p *parser) limit(n *yaml.Node, fields map[string]*yaml.Node, path, name st
 		return r, err
 	}
 
-	bucket := r.Algorithm == throttle.TokenBucket || r.Algorithm == throttle.GCRA
 	r.Limit.Burst = r.Limit.Count
 	if bn := fields["burst"]; bn != nil {
-		if !bucket {
+		if !r.Algorithm.Bucket() {
 			return r, p.Failf(bn, f("burst"), "applies only to token_bucket and gcra; %v admits limit per period", r.Algorithm)
 		}
 		if r.Limit.Burst, err = p.AtLeast(bn, f("burst"), 1, throttle.MaxPermits); err != nil {
@@ -521,30 +497,36 @@ func (p *parser) limit(n *yaml.Node, fields map[string]*yaml.Node, path, name st
 }
 
 // validate reports what the checks of limit and concurrency leave to
-// throttle (upper bounds, bucket horizons, bucket counts) at the field
-// throttle names: count is the file's limit, and a concurrency rule's
-// period its lease.
+// throttle (upper bounds, bucket horizons, bucket counts), as
+// throttleError does.
 func (p *parser) validate(n *yaml.Node, fields map[string]*yaml.Node, path string, r throttle.Rule) (throttle.Rule, error) {
-	f := func(field string) string { return yamlfile.Join(path, field) }
-	if err := r.Validate(); err != nil {
-		var ce *throttle.ConfigError
-		field, line := "", n
-		if errors.As(err, &ce) {
-			field = ce.Field
-			switch {
-			case field == "count":
-				field = "limit"
-			case field == "period" && r.Algorithm == throttle.Concurrency:
-				field = "lease"
-			}
-			if v := fields[field]; v != nil {
-				line = v
-			}
-			return r, p.Failf(line, f(field), "%s", ce.Reason)
-		}
-		return r, p.Failf(line, path, "%v", err)
+	return r, p.throttleError(n, fields, path, r.Algorithm, r.Validate())
+}
+
+// throttleError reports err, throttle's verdict on a limit of algorithm a
+// read from fields (of the mapping at n; path prefixes field names), at
+// the field throttle names: count is the file's limit, and a concurrency
+// rule's period its lease. A *throttle.ConfigError's Reason is given at
+// that field; other errors at path. nil is nil.
+func (p *parser) throttleError(n *yaml.Node, fields map[string]*yaml.Node, path string, a throttle.Algorithm, err error) error {
+	if err == nil {
+		return nil
 	}
-	return r, nil
+	var ce *throttle.ConfigError
+	if !errors.As(err, &ce) {
+		return p.Failf(n, path, "%v", err)
+	}
+	field, line := ce.Field, n
+	switch {
+	case field == "count":
+		field = "limit"
+	case field == "period" && a == throttle.Concurrency:
+		field = "lease"
+	}
+	if v := fields[field]; v != nil {
+		line = v
+	}
+	return p.Failf(line, yamlfile.Join(path, field), "%s", ce.Reason)
 }
 
 // mappingValue returns the value of key in the mapping n, or nil (also if n

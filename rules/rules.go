@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/jobthrottle/jobthrottle/internal/jsonpayload"
 	"github.com/jobthrottle/jobthrottle/internal/taskroute"
@@ -67,7 +68,14 @@ type Config struct {
 	Budgets []throttle.Rule
 	// Rules in file order.
 	Rules []RuleConfig
+
+	handlers *yaml.Node // the handlers section as read; nil if none
 }
+
+// HandlersSection returns the file's handlers section as read, which
+// package handler parses (handler.FromRules), or nil if the file has
+// none: a worker reads its rules file once for both.
+func (c *Config) HandlersSection() *yaml.Node { return c.handlers }
 
 // RuleConfig is one rule of a rules file.
 type RuleConfig struct {

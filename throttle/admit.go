@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 )
@@ -16,6 +15,47 @@ import (
 // new turn: granted if the slot is within Wait, booked under ID for later
 // otherwise. Every algorithm can book, the windows included: their state
 // holds future admissions (each algorithm's Lua file says how).
+
+// Caller is an Admit caller's identities across its arrivals (a queued
+// task's): who books a turn and redeems it (ID, Receipt, BookAs), who
+// holds or waits for a place of a Concurrency rule (Waiter, WaitAs), and
+// which share of the subject's line it is in (Share, Weight). Each empty
+// field has its default from the others, applied in one place: the zero
+// Caller books nothing, holds no place and is the empty share.
+type Caller struct {
+	// ID identifies the caller across arrivals (a task ID): a slot too
+	// late for Wait is booked under it, and redeemed when the caller
+	// comes back with the same ID. If empty, nothing is booked: a slot
+	// later than Wait is Denied.
+	ID string
+	// Receipt, if not empty, is a receipt from PrepayN that the caller
+	// carries; it is redeemed like a booking.
+	Receipt string
+	// BookAs, if not empty, is the ID a new turn is booked under instead
+	// of ID: for a caller that will come back under another identity (a
+	// task requeued as a copy). ID is still redeemed.
+	BookAs string
+	// Waiter identifies the caller under the limiter's Concurrency rule,
+	// as the holder of a place or in the queue for one, across its
+	// arrivals: Options.OnHandoff receives it when a freed place is handed
+	// to the caller while it is parked. If empty, ID; one of them is
+	// required with a Concurrency rule.
+	Waiter string
+	// WaitAs, if not empty, is the Waiter the caller comes back as, if not
+	// Waiter (a task requeued as a copy): it takes over Waiter's place in
+	// the queue, or the place it holds.
+	WaitAs string
+	// Share, with a Horizon, is the caller's share of the subject's line
+	// (a tenant of one API key): the shares with callers in line are
+	// served in turn, each in proportion to its Weight, so a share with
+	// ten callers waiting is not served after one with ten thousand that
+	// came first. Callers of one share are served in order. Empty is a
+	// share like any other.
+	Share string
+	// Weight is the Share's weight in the line, from 1 (the default, if
+	// zero) to 1000.
+	Weight int
+}
 
 // AdmitRequest is what Admit decides on.
 type AdmitRequest struct {
@@ -29,18 +69,10 @@ type AdmitRequest struct {
 	// expiry, while some wait (look again then: that is how a fleet whose
 	// holders all died goes on), else Denied.
 	N int
-	// ID identifies the caller across arrivals (a task ID): a slot too
-	// late for Wait is booked under it, and redeemed when the caller
-	// comes back with the same ID. If empty, nothing is booked: a slot
-	// later than Wait is Denied.
-	ID string
-	// Receipt, if not empty, is a receipt from PrepayN that the caller
-	// carries; it is redeemed like a booking.
-	Receipt string
-	// BookAs, if not empty, is the ID a new turn is booked under instead
-	// of ID: for a caller that will come back under another identity (a
-	// task requeued as a copy). ID is still redeemed.
-	BookAs string
+	// Caller names the caller across its arrivals: under which ID its
+	// turns are booked and redeemed, under which name it holds or waits
+	// for a place of a Concurrency rule, and its share of the line.
+	Caller
 	// Wait is how long the caller can wait where it is for a new turn. A
 	// negative Wait means without bound (nothing is booked).
 	Wait time.Duration
@@ -53,7 +85,7 @@ type AdmitRequest struct {
 	// ID whose turn would be later, or who comes while others wait in the
 	// subject's line, joins that line instead (Admission.InLine) and is
 	// charged nothing: turns are booked for the line's members, in order,
-	// only as they come within the horizon, by Admit with N = 0. So the
+	// only as they come within the horizon, by ServeLine. So the
 	// bookings of a long backlog never reach further ahead than the
 	// horizon, and a rule whose limit changes (a new Limiter over the same
 	// rule names) is in force within a horizon, whatever the backlog. A
@@ -61,16 +93,6 @@ type AdmitRequest struct {
 	// no bound and no line. A limiter with a Concurrency rule ignores it:
 	// its queue for places is its line.
 	Horizon time.Duration
-	// Share, with a Horizon, is the caller's share of the subject's line
-	// (a tenant of one API key): the shares with callers in line are
-	// served in turn, each in proportion to its Weight, so a share with
-	// ten callers waiting is not served after one with ten thousand that
-	// came first. Callers of one share are served in order. Empty is a
-	// share like any other.
-	Share string
-	// Weight is the Share's weight in the line, from 1 (the default, if
-	// zero) to 1000.
-	Weight int
 	// ShareLimit, if set (not the zero Limit), is a limit on each Share of
 	// the line of its own, a leaky bucket (GCRA) kept under the subject's
 	// hash tag: a per-tenant limit inside one API key's. A caller is
@@ -85,16 +107,6 @@ type AdmitRequest struct {
 	// algorithms (GCRA, TokenBucket), and N at most its Burst (zero Burst
 	// is Count).
 	ShareLimit Limit
-	// Waiter identifies the caller under the limiter's Concurrency rule,
-	// as the holder of a place or in the queue for one, across its
-	// arrivals: Options.OnHandoff receives it when a freed place is handed
-	// to the caller while it is parked. If empty, ID; one of them is
-	// required with a Concurrency rule.
-	Waiter string
-	// WaitAs, if not empty, is the Waiter the caller comes back as, if not
-	// Waiter (a task requeued as a copy): it takes over Waiter's place in
-	// the queue, or the place it holds.
-	WaitAs string
 	// Tolerance is how late a caller may come back for its booking or
 	// receipt: one that comes later takes a new turn, and its old slot
 	// (long past) is not redeemed, so a fleet that was down does not run
@@ -104,30 +116,6 @@ type AdmitRequest struct {
 	// at most 1s; negative is an error.
 	Tolerance time.Duration
 }
-
-// AdmitStatus is what an Admit caller does next; its value is its name.
-type AdmitStatus string
-
-const (
-	// Denied: the slot would be past the Horizon (or past Wait with no ID);
-	// nothing was charged. Admission.Delay says when it would be.
-	Denied AdmitStatus = "denied"
-	// Granted: a new turn within Wait. Act at Admission.At; if the caller
-	// will not act, Admission.Reservation.Cancel refunds it.
-	Granted AdmitStatus = "granted"
-	// Booked: a new turn later than Wait, booked under the request's ID
-	// for Admission.At. Leave, and come back then. With a Concurrency
-	// rule (Admission.Rule names it) whose places are all taken: the
-	// caller is in the queue for one; leave, and come back when
-	// Options.OnHandoff names it, or at Admission.At at the latest.
-	Booked AdmitStatus = "booked"
-	// Redeemed: the caller's booking or receipt is due within Wait, and is
-	// used up. Act at Admission.At.
-	Redeemed AdmitStatus = "redeemed"
-	// Held: the caller's booking or receipt is for Admission.At, later
-	// than Wait. It is kept: leave, and come back then.
-	Held AdmitStatus = "held"
-)
 
 // Admission is Admit's answer.
 type Admission struct {
@@ -161,29 +149,19 @@ type Admission struct {
 	// keeps its place.
 	InLine bool
 	// Serve, if not zero, is when the line should next be served (Admit
-	// with N = 0), on the Redis clock: set for the caller that starts the
+	// ServeLine), on the Redis clock: set for the caller that starts the
 	// line, and for one that comes back still in it when nobody has served
 	// the line for two horizons (serve at once: whoever served it may have
 	// stopped). Other callers in line leave it zero.
 	Serve time.Time
-	// Handed is, for Admit with N = 0 and a Horizon (serving the line),
-	// the members of the line just booked: each one's Waiter (or WaitAs,
-	// BookAs, ID, the first set) with its slot on the Redis clock. Status
-	// is Booked while callers remain in line, with Serve when to serve it
-	// next; Denied once the line is empty.
+	// Handed is, for Admit with N = 0 and a Horizon (serving the line, as
+	// ServeLine does), the members of the line just booked: each one's
+	// name (Caller.WaitAs, or Waiter, BookAs, ID: the first set) with its
+	// slot on the Redis clock. Status is Booked while callers remain in
+	// line, with Serve when to serve it next; Denied once the line is
+	// empty.
 	Handed map[string]time.Time
 }
-
-// Reply statuses of the driver's admit operation (lua/driver.lua).
-const (
-	admitDenied   = 0
-	admitGranted  = 1
-	admitBooked   = 2
-	admitRedeemed = 3
-	admitHeld     = 4
-	admitQueued   = 5 // waiting for a place of the Concurrency rule
-	admitInLine   = 6 // waiting in the subject's line (AdmitRequest.Horizon)
-)
 
 // maxWeight bounds AdmitRequest.Weight.
 const maxWeight = 1000
@@ -203,122 +181,25 @@ func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error
 	if l.parts != nil {
 		return l.admitParts(ctx, req)
 	}
-	if len(req.ID) > maxReceiptLen || len(req.Receipt) > maxReceiptLen || len(req.BookAs) > maxReceiptLen || len(req.Waiter) > maxReceiptLen || len(req.WaitAs) > maxReceiptLen || len(req.Share) > maxReceiptLen {
-		return Admission{}, fmt.Errorf("throttle: admit: an ID, receipt, waiter or share is at most %d bytes; hash longer ones", maxReceiptLen)
-	}
-	if req.Weight < 0 || req.Weight > maxWeight {
-		return Admission{}, fmt.Errorf("throttle: admit: weight %d: must be between 1 and %d (0 is 1)", req.Weight, maxWeight)
-	}
-	serving := req.N == 0 && l.leases == nil
-	if serving && req.Horizon <= 0 {
-		return Admission{}, errors.New("throttle: admit: n = 0 serves the subject's line, which needs a Horizon")
-	}
-	if req.Horizon < 0 || req.Horizon > maxPeriod {
-		return Admission{}, fmt.Errorf("throttle: admit: horizon %v: must be between 0 (no bound) and %v", req.Horizon, maxPeriod)
-	}
-	wait, horizon := micros(req.Wait), unbounded
-	if req.Horizon > 0 && l.leases == nil {
-		horizon = req.Horizon.Microseconds()
-	}
-	capped := req.ShareLimit != Limit{}
-	if capped {
-		if err := l.checkShareLimit(&req, horizon); err != nil {
-			return Admission{}, err
-		}
-	}
-	keys, args, err := l.request(opAdmit, req.Subject, req.N, wait, nil)
+	call, err := l.admitCall(&req)
 	if err != nil {
 		return Admission{}, err
 	}
-	keys = append(keys, l.receiptsKey(req.Subject), l.pauseKey(req.Subject), l.ticketsKey(req.Subject))
-	keys = append(keys, l.lineKeys(req.Subject)...)
-	keys = append(keys, l.upstreamKey(req.Subject)) // lua/upstream_pace.lua
-	booking := ""
-	switch {
-	case req.BookAs != "":
-		booking = l.member(req.BookAs)
-	case req.ID != "":
-		booking = l.member(req.ID)
-	}
-	early := wait
-	if req.EarlyWait > 0 {
-		early = req.EarlyWait.Microseconds()
-	}
-	// The caller under the Concurrency rule, if any, or in the line.
-	waiter, waitAs := "", cmp.Or(req.WaitAs, req.Waiter, req.BookAs, req.ID)
-	if l.leases != nil {
-		if waiter = cmp.Or(req.Waiter, req.ID); waiter == "" {
-			return Admission{}, errors.New("throttle: admit: a limiter with a concurrency rule needs an ID or a Waiter")
-		}
-		waitAs = cmp.Or(req.WaitAs, waiter)
-	}
-	args = append(args, booking, max(req.Tolerance.Microseconds(), 1), horizon, early, waiter, waitAs, req.Share, max(req.Weight, 1))
-	if capped && horizon != unbounded {
-		args = append(args, req.ShareLimit.Count, req.ShareLimit.Period.Microseconds(), req.ShareLimit.Burst)
-	} else {
-		args = append(args, 0, 0, 0)
-	}
-	for _, id := range [...]string{req.ID, req.Receipt} {
-		if id != "" {
-			args = append(args, l.member(id))
-		}
-	}
-	rep, recv, err := l.call(ctx, opAdmit, keys, args)
+	rep, recv, err := l.call(ctx, opAdmit, call.keys, call.args)
 	woken := l.leases.woken(rep.raw, len(l.rules))
-	if re, ok := err.(*redisError); ok && serving {
-		return Admission{}, re
-	} else if ok {
-		r, err := l.failOpenOr(ctx, opAdmit, req.Subject, req.N, re.err)
-		if err != nil {
-			return Admission{}, err
-		}
-		return Admission{Status: Granted, Rule: l.rules[0].Name, At: r.at, Reservation: r}, nil
+	if re, ok := err.(*redisError); ok {
+		return l.admitFailed(ctx, req, re, call.serving)
 	}
 	if err != nil {
 		return Admission{}, err
 	}
-	res := rep.Result
-	a := Admission{
-		Delay: res.RetryAfter,
-		Slot:  time.UnixMicro(rep.redisNow).Add(res.RetryAfter),
-	}
-	a.At = l.clock.wake(recv, rep.redisNow, a.Delay)
-	switch rep.status {
-	case admitDenied:
-		a.Status, a.Rule = Denied, res.Rule
-	case admitGranted:
-		a.Status, a.Rule = Granted, res.Rule
-		a.Reservation = &Reservation{lim: l, subject: req.Subject, n: req.N, tickets: rep.tickets(len(l.rules)), delay: a.Delay, at: a.At, booked: rep.redisNow}
-	case admitBooked:
-		a.Status, a.Rule = Booked, res.Rule
-	case admitRedeemed:
-		a.Status = Redeemed
-		if t, booked := redeemedTickets(rep.raw, len(l.rules)); t != nil {
-			// To settle (Reservation.Settle); the turn is spent, so
-			// Cancel gives nothing back.
-			a.Reservation = &Reservation{lim: l, subject: req.Subject, n: req.N, tickets: t, delay: a.Delay, at: a.At, spent: true, booked: booked}
-		}
-	case admitHeld:
-		a.Status = Held
-	case admitQueued:
-		a.Status, a.Rule = Booked, res.Rule
-	case admitInLine:
-		a.Status, a.Rule, a.InLine = Booked, res.Rule, true
-		if serve, _ := rep.raw[4].(int64); serve >= 0 {
-			a.Serve = time.UnixMicro(rep.redisNow + serve)
-		}
-	default:
-		return Admission{}, badReply(rep.raw)
-	}
-	if serving {
-		a.Handed = handed(rep.raw, len(l.rules))
-		if a.Status == Booked {
-			a.Serve, a.Rule = a.Slot, ""
-		}
+	a, err := l.decodeAdmit(req, rep, recv, call.serving)
+	if err != nil {
+		return Admission{}, err
 	}
 	if l.leases != nil {
 		if req.N > 0 && (a.Status == Granted || a.Status == Redeemed) {
-			l.leases.hold(req.Subject, waitAs)
+			l.leases.hold(req.Subject, call.who.waitAs)
 			a.Lease = l.leases.lease
 		}
 		if rep.status == admitQueued {
@@ -329,27 +210,102 @@ func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error
 	return a, nil
 }
 
-// handed reads the members a serving of the line booked: the waiter and
-// slot pairs after the reply's 6 + nrules values.
-func handed(raw []any, nrules int) map[string]time.Time {
-	if len(raw) <= 6+nrules {
-		return nil
+// admitFailed answers an Admit that Redis failed: a serving of the line
+// fails; a decision is granted without Redis if the limiter fails open.
+func (l *Limiter) admitFailed(ctx context.Context, req AdmitRequest, re *redisError, serving bool) (Admission, error) {
+	if serving {
+		return Admission{}, re
 	}
-	h := make(map[string]time.Time, (len(raw)-6-nrules)/2)
-	for i := 6 + nrules; i+1 < len(raw); i += 2 {
-		w, _ := raw[i].(string)
-		us, err := strconv.ParseInt(fmt.Sprint(raw[i+1]), 10, 64)
-		if err == nil {
-			h[w] = time.UnixMicro(us)
+	r, err := l.failOpenOr(ctx, opAdmit, req.Subject, req.N, re.err)
+	if err != nil {
+		return Admission{}, err
+	}
+	return Admission{Status: Granted, Rule: l.rules[0].Name, At: r.at, Reservation: r}, nil
+}
+
+// who is a Caller as lua/admit.lua takes it, its defaults applied
+// (Caller.resolve).
+type who struct {
+	booking string   // a new turn is booked under it (ARGV[b]): BookAs, else ID, as a member; '' if neither
+	waiter  string   // the holder or waiter under a Concurrency rule: Waiter, else ID; '' without one
+	waitAs  string   // the id held or waited under from now on, and the name a serving of the line hands back
+	redeem  []string // the members to redeem, in order: ID's booking, the Receipt
+}
+
+// resolve applies c's defaults, here and only here, for limiter l; a
+// limiter with a Concurrency rule needs a Waiter or an ID.
+func (c Caller) resolve(l *Limiter) (who, error) {
+	w := who{waitAs: cmp.Or(c.WaitAs, c.Waiter, c.BookAs, c.ID)}
+	if id := cmp.Or(c.BookAs, c.ID); id != "" {
+		w.booking = l.member(id)
+	}
+	if l.leases != nil {
+		if w.waiter = cmp.Or(c.Waiter, c.ID); w.waiter == "" {
+			return who{}, errors.New("throttle: admit: a limiter with a concurrency rule needs an ID or a Waiter")
+		}
+		w.waitAs = cmp.Or(c.WaitAs, w.waiter)
+	}
+	for _, id := range [...]string{c.ID, c.Receipt} {
+		if id != "" {
+			w.redeem = append(w.redeem, l.member(id))
 		}
 	}
-	return h
+	return w, nil
+}
+
+// check checks c's bounds: each name at most maxReceiptLen bytes, the
+// Weight at most maxWeight.
+func (c Caller) check() error {
+	for _, id := range [...]string{c.ID, c.Receipt, c.BookAs, c.Waiter, c.WaitAs, c.Share} {
+		if len(id) > maxReceiptLen {
+			return fmt.Errorf("throttle: admit: an ID, receipt, waiter or share is at most %d bytes; hash longer ones", maxReceiptLen)
+		}
+	}
+	if c.Weight < 0 || c.Weight > maxWeight {
+		return fmt.Errorf("throttle: admit: weight %d: must be between 1 and %d (0 is 1)", c.Weight, maxWeight)
+	}
+	return nil
+}
+
+// LineServing is what one serving of a subject's line did (ServeLine).
+type LineServing struct {
+	// Handed are the members of the line just booked, each by its name
+	// (Caller.WaitAs, or Waiter, BookAs, ID: the first set) with its slot
+	// on the Redis clock: wake each shortly before its slot.
+	Handed map[string]time.Time
+	// Next, if not zero, is when to serve the line again, on the Redis
+	// clock: members still wait in it.
+	Next time.Time
+}
+
+// ServeLine serves subject's line (AdmitRequest.Horizon): it books the
+// turns of the members at its head that fall within horizon, in order (a
+// share at a time, by weight), at most 256 in its one script call, and
+// says when to serve it next. shareLimit is the line's
+// AdmitRequest.ShareLimit, the zero Limit for none: every caller and every
+// serving of one line should pass the same. One process should serve a
+// subject's line at a time, when the last serving (or an Admission.Serve)
+// said; serving it more often is harmless and books nothing new. Admit
+// with N = 0 and this Horizon serves it the same way. horizon must be
+// above zero. A limiter with a Concurrency rule has no line (its queue for
+// places is its line) and fails: Admit with N = 0 and a Waiter brings its
+// places up to date. Other errors are Admit's.
+func (l *Limiter) ServeLine(ctx context.Context, subject string, horizon time.Duration, shareLimit Limit) (LineServing, error) {
+	a, err := l.Admit(ctx, AdmitRequest{Subject: subject, Horizon: horizon, ShareLimit: shareLimit})
+	if err != nil {
+		return LineServing{}, err
+	}
+	s := LineServing{Handed: a.Handed}
+	if a.Status == Booked && a.Lease == 0 {
+		s.Next = a.Serve
+	}
+	return s, nil
 }
 
 // lineKeys returns the keys of subject's line (AdmitRequest.Horizon)
 // under this limiter's rules: <prefix>{<subject>}:!line(<rule>,...), its
 // :e and :f hashes, and the sorted sets of its shares' limits, :h, :q, :s
-// and :c (driver.lua). The rules are in the name because a serving books
+// and :c (lua/line.lua). The rules are in the name because a serving books
 // its members' turns under the serving limiter's rules: two limiters over
 // one subject (two rules drawing on one budget, each with a limit of its
 // own) have a line each, and neither books the other's members.
@@ -360,21 +316,15 @@ func (p *policy) lineKeys(subject string) []string {
 
 // checkShareLimit checks req.ShareLimit (not the zero Limit), giving a zero Burst the
 // Count. Every rule must be a bucket: a turn of a share its own limit
-// holds back is booked ahead for when that limit admits it (driver.lua,
+// holds back is booked ahead for when that limit admits it (line_serve.lua,
 // take), which a bucket's state, a time, can record for any moment.
 func (l *Limiter) checkShareLimit(req *AdmitRequest, horizon int64) error {
-	for _, r := range l.rules {
-		if !r.Algorithm.bucket() {
-			return fmt.Errorf("throttle: admit: a share limit needs rules of the bucket algorithms (gcra, token_bucket), which can book a turn for any moment; rule %q is %s", r.Name, r.Algorithm)
-		}
+	checked, err := CheckShareLimit(req.ShareLimit, l.rules...)
+	if err != nil {
+		return fmt.Errorf("throttle: admit: a share limit: %w", err)
 	}
+	req.ShareLimit = checked
 	sl := &req.ShareLimit
-	if sl.Burst == 0 {
-		sl.Burst = sl.Count
-	}
-	if err := (Rule{Name: "share limit", Algorithm: GCRA, Limit: *sl}).Validate(); err != nil {
-		return fmt.Errorf("throttle: admit: %w", err)
-	}
 	if horizon == unbounded {
 		return errors.New("throttle: admit: a share limit needs a Horizon (and no concurrency rule): the shares' limits are kept in the subject's line")
 	}

@@ -58,7 +58,7 @@ func TestAdmitBacklog(t *testing.T) {
 				var order []string
 				for i := range n {
 					id := fmt.Sprintf("task-%03d", i)
-					a, err := l.Admit(ctx, AdmitRequest{Subject: "acct", N: 1, ID: id, Wait: 0, Tolerance: 50 * ms})
+					a, err := l.Admit(ctx, AdmitRequest{Subject: "acct", N: 1, Caller: Caller{ID: id}, Wait: 0, Tolerance: 50 * ms})
 					if err != nil {
 						t.Fatalf("Admit %s: %v", id, err)
 					}
@@ -88,7 +88,7 @@ func TestAdmitBacklog(t *testing.T) {
 				calls.Store(0)
 				for _, id := range order {
 					time.Sleep(time.Until(start.Add(slots[id])))
-					a, err := l.Admit(ctx, AdmitRequest{Subject: "acct", N: 1, ID: id, Wait: 0, Tolerance: 50 * ms})
+					a, err := l.Admit(ctx, AdmitRequest{Subject: "acct", N: 1, Caller: Caller{ID: id}, Wait: 0, Tolerance: 50 * ms})
 					if err != nil || a.Status != Redeemed || a.Delay != 0 {
 						t.Fatalf("return of %s at its slot %v: %v, %+v; want redeemed now", id, slots[id], err, a)
 					}
@@ -105,7 +105,7 @@ func TestAdmitBacklog(t *testing.T) {
 					t.Errorf("the 100th of 10/s booked for %v, want within [%v, %v]", last, min, max)
 				}
 				// Redeemed once: the same ID again takes a new turn.
-				a, err := l.Admit(ctx, AdmitRequest{Subject: "acct", N: 1, ID: order[0], Wait: -1, Tolerance: 50 * ms})
+				a, err := l.Admit(ctx, AdmitRequest{Subject: "acct", N: 1, Caller: Caller{ID: order[0]}, Wait: -1, Tolerance: 50 * ms})
 				if err != nil || a.Status != Granted {
 					t.Errorf("second return of %s: %v, %v; want a new turn (granted)", order[0], a.Status, err)
 				}
@@ -124,7 +124,7 @@ func TestAdmitEarlyLate(t *testing.T) {
 				ctx := context.Background()
 				l := mustNew(t, rdb, Options{}, rule)
 				req := func(id string, wait time.Duration) AdmitRequest {
-					return AdmitRequest{Subject: "s", N: 1, ID: id, Wait: wait, Tolerance: 20 * ms}
+					return AdmitRequest{Subject: "s", N: 1, Caller: Caller{ID: id}, Wait: wait, Tolerance: 20 * ms}
 				}
 				// Fill the rule, then book one more.
 				for i := range windowBound(rule) - rule.Limit.Burst {
@@ -180,7 +180,7 @@ func TestAdmitReceiptAndHorizon(t *testing.T) {
 		if err != nil || r2.Delay() != 100*ms {
 			t.Fatalf("second PrepayN: %v, %v", r2, err)
 		}
-		a, err := l.Admit(ctx, AdmitRequest{Subject: "s", N: 1, ID: "job", Receipt: receiptOf(r2), Wait: time.Second, Tolerance: 10 * ms})
+		a, err := l.Admit(ctx, AdmitRequest{Subject: "s", N: 1, Caller: Caller{ID: "job", Receipt: receiptOf(r2)}, Wait: time.Second, Tolerance: 10 * ms})
 		if err != nil || a.Status != Redeemed || a.Delay != 100*ms {
 			t.Fatalf("Admit with a receipt: %+v, %v; want redeemed in 100ms", a, err)
 		}
@@ -193,7 +193,7 @@ func TestAdmitReceiptAndHorizon(t *testing.T) {
 		if err != nil || a.Status != Denied || a.Delay != 200*ms {
 			t.Fatalf("past the horizon, no ID: %+v, %v; want denied, 200ms", a, err)
 		}
-		a, err = l.Admit(ctx, AdmitRequest{Subject: "s", N: 1, ID: "far", Wait: 0, Horizon: 150 * ms, Tolerance: 10 * ms})
+		a, err = l.Admit(ctx, AdmitRequest{Subject: "s", N: 1, Caller: Caller{ID: "far"}, Wait: 0, Horizon: 150 * ms, Tolerance: 10 * ms})
 		if err != nil || a.Status != Booked || !a.InLine || time.Until(a.Serve) != 125*ms {
 			t.Fatalf("past the horizon: %+v, %v; want in line, served in 125ms", a, err)
 		}
@@ -204,10 +204,10 @@ func TestAdmitReceiptAndHorizon(t *testing.T) {
 		if res := allow(t, l, "s", 1); res.Allowed || res.RetryAfter != 200*ms {
 			t.Errorf("after denials: %+v; want denied for 200ms (nothing charged)", res)
 		}
-		if _, err := l.Admit(ctx, AdmitRequest{Subject: "s", N: 1, ID: "x", Tolerance: -ms}); err == nil {
+		if _, err := l.Admit(ctx, AdmitRequest{Subject: "s", N: 1, Caller: Caller{ID: "x"}, Tolerance: -ms}); err == nil {
 			t.Error("Admit with a negative tolerance: no error")
 		}
-		if _, err := l.Admit(ctx, AdmitRequest{Subject: "s", N: 2, ID: "x", Tolerance: ms}); !errors.Is(err, ErrExceedsCapacity) {
+		if _, err := l.Admit(ctx, AdmitRequest{Subject: "s", N: 2, Caller: Caller{ID: "x"}, Tolerance: ms}); !errors.Is(err, ErrExceedsCapacity) {
 			t.Errorf("Admit of 2 under burst 1: %v, want ErrExceedsCapacity", err)
 		}
 	})
@@ -223,7 +223,7 @@ func TestAdmitCancelRefunds(t *testing.T) {
 				l := mustNew(t, rdb, Options{}, rule)
 				var last Admission
 				for i := range windowBound(rule) - rule.Limit.Burst + 1 {
-					a, err := l.Admit(ctx, AdmitRequest{Subject: "s", N: 1, ID: fmt.Sprint(i), Wait: -1, Tolerance: ms})
+					a, err := l.Admit(ctx, AdmitRequest{Subject: "s", N: 1, Caller: Caller{ID: fmt.Sprint(i)}, Wait: -1, Tolerance: ms})
 					if err != nil || a.Status != Granted {
 						t.Fatalf("admit %d: %+v %v", i, a, err)
 					}
@@ -239,7 +239,7 @@ func TestAdmitCancelRefunds(t *testing.T) {
 				if err := last.Reservation.Cancel(ctx); err != nil {
 					t.Fatal(err)
 				}
-				after, err := l.Admit(ctx, AdmitRequest{Subject: "s", N: 1, ID: "again", Wait: -1, Tolerance: ms})
+				after, err := l.Admit(ctx, AdmitRequest{Subject: "s", N: 1, Caller: Caller{ID: "again"}, Wait: -1, Tolerance: ms})
 				if err != nil || after.Delay > last.Delay {
 					t.Errorf("after cancelling the turn at %v, the next is at %v; want no later", last.Delay, after.Delay)
 				}
@@ -257,7 +257,7 @@ func TestAdmitPauseDropsBookings(t *testing.T) {
 		ctx := context.Background()
 		l := mustNew(t, rdb, Options{}, Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(10).WithBurst(1)})
 		req := func(id string, wait time.Duration) AdmitRequest {
-			return AdmitRequest{Subject: "s", N: 1, ID: id, Wait: wait, Tolerance: 50 * ms}
+			return AdmitRequest{Subject: "s", N: 1, Caller: Caller{ID: id}, Wait: wait, Tolerance: 50 * ms}
 		}
 		slots := map[string]time.Duration{}
 		for i := range 10 {
@@ -300,19 +300,19 @@ func TestAdmitDefaultTolerance(t *testing.T) {
 			Rule{Name: "slow", Algorithm: FixedWindow, Limit: Limit{Count: 100, Period: time.Minute}})
 		for i, id := range []string{"first", "a", "b"} {
 			want := []AdmitStatus{Granted, Booked, Booked}[i]
-			if a, err := l.Admit(ctx, AdmitRequest{Subject: "s", N: 1, ID: id}); err != nil || a.Status != want || a.Delay != time.Duration(i)*200*ms {
+			if a, err := l.Admit(ctx, AdmitRequest{Subject: "s", N: 1, Caller: Caller{ID: id}}); err != nil || a.Status != want || a.Delay != time.Duration(i)*200*ms {
 				t.Fatalf("Admit %s: %+v, %v; want status %s in %v", id, a, err, want, time.Duration(i)*200*ms)
 			}
 		}
 		time.Sleep(400 * ms) // a is 200ms late: one interval
-		if a, err := l.Admit(ctx, AdmitRequest{Subject: "s", N: 1, ID: "a"}); err != nil || a.Status != Redeemed {
+		if a, err := l.Admit(ctx, AdmitRequest{Subject: "s", N: 1, Caller: Caller{ID: "a"}}); err != nil || a.Status != Redeemed {
 			t.Fatalf("a, 200ms late: %+v, %v; want redeemed", a, err)
 		}
 		time.Sleep(201 * ms) // b is 201ms late
-		if a, err := l.Admit(ctx, AdmitRequest{Subject: "s", N: 1, ID: "b"}); err != nil || a.Status == Redeemed {
+		if a, err := l.Admit(ctx, AdmitRequest{Subject: "s", N: 1, Caller: Caller{ID: "b"}}); err != nil || a.Status == Redeemed {
 			t.Fatalf("b, 201ms late: %+v, %v; want a new turn", a, err)
 		}
-		if _, err := l.Admit(ctx, AdmitRequest{Subject: "s", N: 1, ID: "c", Tolerance: -1}); err == nil {
+		if _, err := l.Admit(ctx, AdmitRequest{Subject: "s", N: 1, Caller: Caller{ID: "c"}, Tolerance: -1}); err == nil {
 			t.Fatal("a negative tolerance: no error")
 		}
 	})

@@ -15,7 +15,7 @@ import (
 type algorithm struct {
 	rank int // the order of algorithm lists, in messages and docs
 	// files are the Lua files that define check_<name> and commit_<name>,
-	// in order; use_<name>.lua hands them to the driver (scripts.go).
+	// in order; use_<name>.lua hands them to the operations' scripts (scripts.go).
 	files []string
 	// bucket: a burst applies (Limit.Burst), Wait reserves a future slot,
 	// and count and period reach the script in lowest terms (bucket.lua's
@@ -79,4 +79,40 @@ func algorithmList() string {
 func (a Algorithm) bucket() bool {
 	s := a.spec()
 	return s != nil && s.bucket
+}
+
+// Algorithms returns every algorithm, in the order messages and docs list
+// them: fixed_window, sliding_log, sliding_window, token_bucket, gcra,
+// concurrency. Rules files and command lines list these names rather than
+// their own copy.
+func Algorithms() []Algorithm { return registered() }
+
+// Bucket reports whether a is a bucket algorithm (TokenBucket, GCRA): a
+// rule's Limit.Burst applies (its capacity), a turn can be booked for any
+// moment, so that a share limit can be kept beside it, and the two keep
+// one state in Redis, so a rule may change from one to the other while its
+// keys live.
+func (a Algorithm) Bucket() bool { return a.bucket() }
+
+// CheckShareLimit checks sl as the limit of each share of a subject's line
+// kept under rules (AdmitRequest.ShareLimit), and returns it with a zero
+// Burst made Count. rules, workers and Admit check a share limit with it.
+// An error is a *ConfigError: of Rule "share_limit" for a field of sl
+// (count, period, burst: a share limit is a GCRA limit), or of the rule of
+// rules that cannot keep shares, Field "algorithm": every rule must be a
+// Bucket algorithm, which can book a share's turn for any moment.
+func CheckShareLimit(sl Limit, rules ...Rule) (Limit, error) {
+	if sl.Burst == 0 {
+		sl.Burst = sl.Count
+	}
+	if err := (Rule{Name: "share_limit", Algorithm: GCRA, Limit: sl}).Validate(); err != nil {
+		return sl, err
+	}
+	for _, r := range rules {
+		if !r.Algorithm.bucket() {
+			return sl, &ConfigError{Rule: r.Name, Field: "algorithm", Reason: fmt.Sprintf(
+				"needs limits of gcra or token_bucket, which can book a turn for any moment; %q is %s", r.Name, r.Algorithm)}
+		}
+	}
+	return sl, nil
 }

@@ -299,7 +299,7 @@ func TestTokenBucketState(t *testing.T) {
 	})
 }
 
-// use_all.lua hands every algorithm to the driver of the script for mixed
+// use_all.lua hands every algorithm to the scripts for mixed
 // policies; one left out would fail only for policies that mix it in.
 func TestUseAllListsEveryAlgorithm(t *testing.T) {
 	src, err := luaFiles.ReadFile("lua/use_all.lua")

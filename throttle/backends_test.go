@@ -309,7 +309,7 @@ func TestBackendsAdmit(t *testing.T) {
 						t.Fatal(err)
 					}
 					req := func(id string, wait time.Duration) throttle.AdmitRequest {
-						return throttle.AdmitRequest{Subject: "s", N: 1, ID: id, Wait: wait, Tolerance: time.Second}
+						return throttle.AdmitRequest{Subject: "s", N: 1, Caller: throttle.Caller{ID: id}, Wait: wait, Tolerance: time.Second}
 					}
 					for i := range 3 {
 						if a, err := l.Admit(ctx, req(fmt.Sprint("t", i), 0)); err != nil || a.Status != throttle.Granted {

@@ -51,7 +51,7 @@ type batchedCall struct {
 // first.
 func (l *Limiter) runAllow(ctx context.Context, line []any) ([]any, error) {
 	if l.opts.NoBatching {
-		return l.run(ctx, l.script, line).Slice()
+		return l.run(ctx, l.scripts.allow, line).Slice()
 	}
 	b := &l.batch
 	b.mu.Lock()
@@ -60,7 +60,7 @@ func (l *Limiter) runAllow(ctx context.Context, line []any) ([]any, error) {
 		// batching, then hand calls queued meanwhile to a sender.
 		b.senders++
 		b.mu.Unlock()
-		reply, err := l.run(ctx, l.script, line).Slice()
+		reply, err := l.run(ctx, l.scripts.allow, line).Slice()
 		b.mu.Lock()
 		if len(b.pending) == 0 {
 			b.senders--
@@ -131,12 +131,12 @@ func (l *Limiter) sendBatch(calls []*batchedCall) {
 		return
 	case 1:
 		c := live[0]
-		c.finish(l.run(c.ctx, l.script, c.line).Slice())
+		c.finish(l.run(c.ctx, l.scripts.allow, c.line).Slice())
 		return
 	}
 	ctx, cancel := batchContext(live)
 	defer cancel()
-	for i, cmd := range l.runPipelined(ctx, l.script, live) {
+	for i, cmd := range l.runPipelined(ctx, l.scripts.allow, live) {
 		live[i].finish(cmd.Slice())
 	}
 }

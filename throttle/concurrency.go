@@ -10,7 +10,7 @@ import (
 
 // Concurrency: lua/concurrency.lua keeps, per subject, one sorted set of
 // the holders of a place (scored by their lease's expiry) and of the
-// waiters for one (by arrival). driver.lua's admit takes a place or queues
+// waiters for one (by arrival). admit.lua takes a place or queues
 // for one; lua/lease.lua renews and releases. A Limiter with a Concurrency
 // rule keeps the places its process holds (leases, below) and renews them
 // while they are held.
@@ -299,7 +299,7 @@ func (s *leases) wait(ctx context.Context, subject string, n int) error {
 		if err := ctx.Err(); err != nil {
 			return giveUp(err)
 		}
-		a, err := l.Admit(ctx, AdmitRequest{Subject: subject, N: n, ID: id, Wait: -1, Tolerance: waitTolerance})
+		a, err := l.Admit(ctx, AdmitRequest{Subject: subject, N: n, Caller: Caller{ID: id}, Wait: -1, Tolerance: waitTolerance})
 		if err != nil {
 			return giveUp(err)
 		}

@@ -46,7 +46,7 @@ func (h *handoffs) take() []string {
 // admitID admits the caller id and fails the test on error.
 func admitID(t *testing.T, l *Limiter, id string) Admission {
 	t.Helper()
-	a, err := l.Admit(context.Background(), AdmitRequest{Subject: "s", N: 1, ID: id, Wait: 0, Tolerance: time.Second})
+	a, err := l.Admit(context.Background(), AdmitRequest{Subject: "s", N: 1, Caller: Caller{ID: id}, Wait: 0, Tolerance: time.Second})
 	if err != nil {
 		t.Fatalf("Admit(%s): %v", id, err)
 	}
@@ -313,7 +313,7 @@ func TestConcurrencyWaitAs(t *testing.T) {
 			admitID(t, l, id)
 			time.Sleep(time.Millisecond) // arrivals at one µs are ordered by id
 		}
-		a, err := l.Admit(ctx, AdmitRequest{Subject: "s", N: 1, ID: "x", WaitAs: "x~1", Tolerance: time.Second})
+		a, err := l.Admit(ctx, AdmitRequest{Subject: "s", N: 1, Caller: Caller{ID: "x", WaitAs: "x~1"}, Tolerance: time.Second})
 		if err != nil || a.Status != Booked {
 			t.Fatalf("x as x~1: %v, %v; want queued", a.Status, err)
 		}
@@ -342,7 +342,7 @@ func TestConcurrencySweep(t *testing.T) {
 		one := Rule{Name: "one", Algorithm: Concurrency, Limit: Limit{Count: 1, Period: 3 * time.Second}}
 		l := mustNew(t, rdb, Options{OnHandoff: h.add}, one)
 		sweep := func() Admission {
-			a, err := l.Admit(ctx, AdmitRequest{Subject: "s", N: 0, Waiter: "sweep", Tolerance: time.Second})
+			a, err := l.Admit(ctx, AdmitRequest{Subject: "s", N: 0, Caller: Caller{Waiter: "sweep"}, Tolerance: time.Second})
 			if err != nil {
 				t.Fatal(err)
 			}

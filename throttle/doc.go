@@ -26,12 +26,12 @@
 //
 // With AdmitRequest.Horizon, Admit books no turn further ahead than the
 // horizon: a later caller joins the subject's line in Redis, charged
-// nothing (Admission.InLine), and Admit with N = 0 serves the line, booking
-// its head callers' turns as they come within the horizon and naming them
-// in Admission.Handed. So a deep backlog holds at most a horizon of booked
+// nothing (Admission.InLine), and ServeLine serves the line, booking its
+// head callers' turns as they come within the horizon and naming them in
+// LineServing.Handed. So a deep backlog holds at most a horizon of booked
 // turns: a rule whose limit changes (a new Limiter over the same rule
 // names) is in force within a horizon, and callers of different
-// AdmitRequest.Shares (tenants of one key) take turns by Weight instead of
+// shares (Caller.Share: tenants of one key) take turns by Weight instead of
 // waiting behind whoever came first; AdmitRequest.ShareLimit also limits
 // each share on its own (each tenant's 10/s inside the key's 100/s), in the
 // same script. Allow, Wait and ReserveN do not queue in the line; they take
@@ -48,6 +48,33 @@
 //		return err // ctx ended, or the wait would pass its deadline
 //	}
 //	callTheAPI()
+//
+// # Words
+//
+// Each of these words has one meaning in this package's API and docs:
+//
+//   - turn: a time booked for a caller to act, its slot on the Redis clock:
+//     granted now or soon (Allow, Wait, ReserveN), or booked under the
+//     caller's ID for later and redeemed when it comes back (Admit; a
+//     receipt from PrepayN is a turn booked for a job not yet queued).
+//     AdmitStatus says what became of a turn; it is not a turn itself.
+//   - wait: to stay where one is until one's turn (Wait, AdmitRequest.Wait
+//     and EarlyWait: how long a caller can). A caller that cannot wait
+//     leaves and comes back for its booked turn.
+//   - place: one of a Concurrency rule's Count places, held by one caller
+//     while it runs and handed on when it frees. A caller queued for a
+//     place is a waiter (Caller.Waiter).
+//   - lease: how long a place is held without renewal (a Concurrency
+//     rule's Period), after which a holder that died loses it; nothing
+//     else. (Options.LocalLease, named before this list, hands out runs of
+//     a bucket's turns in one process: see "One hot key"; it holds no
+//     place.)
+//   - line: a subject's queue in Redis of callers whose turn would be past
+//     AdmitRequest.Horizon, charged nothing until ServeLine books their
+//     turns. A Concurrency rule's queue of waiters is not a line.
+//   - share: a part of a subject's line (Caller.Share, a tenant of one API
+//     key), served in turn with the others by its Weight, and limited on
+//     its own by AdmitRequest.ShareLimit if set.
 //
 // # Concurrency
 //
@@ -167,7 +194,7 @@
 // at most 5009 in any second on a real server. A client's own clock can
 // count a few more, from the jitter of waking up, not from admissions.
 //
-// # One hot key: leased permits
+// # One hot key: local runs of turns
 //
 // Every permit of one key is decided by one Redis shard, so one key admits
 // at most that shard's script rate (tens of thousands a second), however
@@ -180,7 +207,7 @@
 // clock, and no later than δ = LocalLease after it; a slot not handed out
 // by then is dropped, never handed out later.
 //
-// The bound on over-admission: a lease of k permits is exactly k
+// The bound on over-admission: a run of k permits is exactly k
 // successive reservations, so a permit handed out at its slot keeps the
 // exact bound; one handed out up to δ late moves by at most δ, so the
 // permits admitted in any window of length W were all slotted in a window
@@ -189,35 +216,35 @@
 //	admitted in any W ≤ Burst + Rate × (W + δ)
 //
 // that is, at most Rate × δ beyond the exact path's Burst + Rate × W,
-// however many processes lease, and whether they join, leave or die. With
+// however many processes take runs, and whether they join, leave or die. With
 // δ = 5ms that is 0.5 % of a per-second limit. The slots are placed on
-// the local clock from each lease call's own round trip: Redis read its
+// the local clock from each run's call's own round trip: Redis read its
 // TIME after the call was sent and before the reply came, which brackets
 // the local moment of every slot from both sides, so "not earlier" and
 // "at most δ later" hold on the Redis clock, not only on this process's.
-// A process that dies loses the slots it holds, at most two leases (4δ of
+// A process that dies loses the slots it holds, at most two runs (4δ of
 // the rate): an under-admission, never an over-admission.
 //
-// A lease is sized from the process's demand r (permits asked for over
+// A run is sized from the process's demand r (permits asked for over
 // the last 100ms) and the rate R: the least of 2δ·R, δ·r/(1 − r/R) (what
 // arrivals at r can take before a slot is δ late) and δ·√(r·R)/4 (which
 // keeps processes that share the key even: their shares converge), or
-// what arrives during one lease call's round trip if that is more. A lease
+// what arrives during one run's call's round trip if that is more. A run
 // of fewer than 4 permits is not taken: at a few permits a second, every
 // call is one exact decision in Redis, as without LocalLease. A process
-// asks for its next lease when it holds less than one (or than two round
-// trips of its demand), and gives back the unused tail of its leases once
+// asks for its next run when it holds less than one (or than two round
+// trips of its demand), and gives back the unused tail of its runs once
 // its requests stop; the bucket takes back what no later reservation has
 // followed, as for a cancelled reservation, so under contention a refund
 // may give back nothing.
 //
-// Under a lease, Result.Remaining counts the leased permits this process
+// With runs, Result.Remaining counts the permits of its runs this process
 // could hand out now, and a denied Allow's RetryAfter is when its next
-// leased permit is due (successive denials are told successive slots).
-// ReserveN, Admit, PrepayN and AllowAtMost never lease; a limiter with
-// rules over several subjects cannot lease.
+// such permit is due (successive denials are told successive slots).
+// ReserveN, Admit, PrepayN and AllowAtMost never take runs; a limiter
+// with rules over several subjects cannot.
 // PauseFor drops the slots this process holds; other processes hand out
-// the ones they hold (at most two leases each) before they see the pause.
+// the ones they hold (at most two runs each) before they see the pause.
 // Processes on the same key without LocalLease are served after the
 // slots the leasing ones hold.
 //

@@ -14,7 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// bucket_fast.lua against the general script (driver.lua over
+// bucket_fast.lua against the general script (allow.lua over
 // bucket.lua): the same random calls, at the same Redis times, on two keys
 // that start alike, must get the same replies and leave the same state and
 // TTL, byte for byte. A ticket differs in form (the fast script replies
@@ -54,12 +54,12 @@ func TestFastBucketScriptAgreesWithDriver(t *testing.T) {
 				continue
 			}
 			line := evalLine([]string{kf}, []any{op, n, maxWait, T, burst})
-			if fastScript(scripts[algo], line) != fastBucketScript {
+			if fastScript(scripts[algo].allow, line) != fastBucketScript {
 				t.Fatalf("fastScript(%v) did not choose the fast script", line)
 			}
-			// The driver's form of the same call, as run sends it when
+			// allow.lua's form of the same call, as run sends it when
 			// handed back.
-			_, args := lineCall(driverLine(scripts[algo], line))
+			_, args := lineCall(allowLine(scripts[algo].allow, line))
 			fast, err := fastBucketScript.Run(ctx, rdb, []string{kf}, line[lineHead+1:]...).Slice()
 			if err != nil {
 				t.Fatalf("fast %v: %v", args, err)
@@ -69,11 +69,11 @@ func TestFastBucketScriptAgreesWithDriver(t *testing.T) {
 					t.Fatalf("%v: the %s state %q was handed back", args, stateForm(v), v)
 				}
 				handedBack++
-				if fast, err = scripts[algo].Run(ctx, rdb, []string{kf}, args...).Slice(); err != nil {
+				if fast, err = scripts[algo].allow.Run(ctx, rdb, []string{kf}, args...).Slice(); err != nil {
 					t.Fatal(err)
 				}
 			}
-			gen, err := scripts[algo].Run(ctx, rdb, []string{kg}, args...).Slice()
+			gen, err := scripts[algo].allow.Run(ctx, rdb, []string{kg}, args...).Slice()
 			if err != nil {
 				t.Fatalf("general %v: %v", args, err)
 			}
@@ -90,10 +90,10 @@ func TestFastBucketScriptAgreesWithDriver(t *testing.T) {
 					refund := []any{[]string{"refund", "undo"}[rng.IntN(2)], n, int64(-1), string(algo), int64(1), T, burst}
 					keysF := []string{kf, "pause-f", kf + "!cancelled", kf + "!reset"}
 					keysG := []string{kg, "pause-g", kg + "!cancelled", kg + "!reset"}
-					if err := scripts[algo].Run(ctx, rdb, keysF, append(refund, tf)...).Err(); err != nil {
+					if err := scripts[algo].allow.Run(ctx, rdb, keysF, append(refund, tf)...).Err(); err != nil {
 						t.Fatal(err)
 					}
-					if err := scripts[algo].Run(ctx, rdb, keysG, append(refund, tg)...).Err(); err != nil {
+					if err := scripts[algo].allow.Run(ctx, rdb, keysG, append(refund, tg)...).Err(); err != nil {
 						t.Fatal(err)
 					}
 				}
@@ -148,7 +148,7 @@ func TestFastBucketScriptHandsBackOtherStates(t *testing.T) {
 		if res := allow(t, l, "s", 2); !res.Allowed || res.Remaining != 0 {
 			t.Fatalf("allow 2 over a decimal state: %+v, want allowed with 0 left", res)
 		}
-		if got := shas; len(got) != 2 || got[0] != fastBucketScript.Hash() || got[1] != l.script.Hash() {
+		if got := shas; len(got) != 2 || got[0] != fastBucketScript.Hash() || got[1] != l.scripts.allow.Hash() {
 			t.Fatalf("EVALSHAs %v: want the fast script, handing back, then the limiter's", got)
 		}
 		if v, _ := m.Get(k); len(v) != 12 {
@@ -198,11 +198,11 @@ func TestBucketRefundReadsPreviousTickets(t *testing.T) {
 		for i, tk := range []string{compactState(us+2*T, 2*T), fmt.Sprintf("%d 0", us)} {
 			k := fmt.Sprintf("%s-%d", algo, i)
 			for range 2 {
-				if err := scripts[algo].Run(ctx, rdb, []string{k}, "allow", 1, -1, string(algo), 1, T, burst, "").Err(); err != nil {
+				if err := scripts[algo].allow.Run(ctx, rdb, []string{k}, "allow", 1, -1, string(algo), 1, T, burst, "").Err(); err != nil {
 					t.Fatal(err)
 				}
 			}
-			if err := scripts[algo].Run(ctx, rdb, []string{k, "pause", k + "!cancelled", k + "!reset"}, "refund", 1, -1, string(algo), 1, T, burst, tk).Err(); err != nil {
+			if err := scripts[algo].refund.Run(ctx, rdb, []string{k, "pause", k + "!cancelled", k + "!reset"}, "refund", 1, -1, string(algo), 1, T, burst, tk).Err(); err != nil {
 				t.Fatal(err)
 			}
 			states = append(states, mustGet(m, k))
@@ -220,7 +220,7 @@ func compactState(tat, d int64) string {
 }
 
 // A batch (runPipelined) sends each call the fast script hands back again,
-// in the driver's form, to the limiter's script: every call is decided,
+// in allow.lua's form, to the limiter's script: every call is decided,
 // and the states it leaves are the short forms.
 func TestFastBucketScriptHandsBackInABatch(t *testing.T) {
 	virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
@@ -239,7 +239,7 @@ func TestFastBucketScriptHandsBackInABatch(t *testing.T) {
 			}
 			calls = append(calls, &batchedCall{ctx: context.Background(), line: line})
 		}
-		for i, cmd := range l.runPipelined(context.Background(), l.script, calls) {
+		for i, cmd := range l.runPipelined(context.Background(), l.scripts.allow, calls) {
 			raw, err := cmd.Slice()
 			if err != nil || len(raw) != 7 {
 				t.Fatalf("call %d: %v, %v; want an admitted reply", i, raw, err)

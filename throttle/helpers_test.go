@@ -99,7 +99,7 @@ func redeem(ctx context.Context, l *Limiter, subject, receipt string) (time.Dura
 	} else if err != nil {
 		return 0, false, err
 	}
-	a, err := l.Admit(ctx, AdmitRequest{Subject: subject, N: 1, Receipt: receipt, Wait: -1, Tolerance: 24 * time.Hour})
+	a, err := l.Admit(ctx, AdmitRequest{Subject: subject, N: 1, Caller: Caller{Receipt: receipt}, Wait: -1, Tolerance: 24 * time.Hour})
 	return a.Delay, a.Status == Redeemed, err
 }
 

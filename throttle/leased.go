@@ -668,7 +668,7 @@ func (q *leaser) call(ctx context.Context, subject string, k *leasedKey, n int) 
 		var cmd *redis.Cmd
 		// opReserve may fail open: exec leaves reporting a failure to the
 		// caller, here the requests that then go to Redis on their own.
-		cmd, err = l.exec(ctx, opReserve, l.script, keys, args)
+		cmd, err = l.exec(ctx, opReserve, l.scripts.allow, keys, args)
 		recv := time.Now()
 		q.rtt.Store((7*q.rtt.Load() + int64(recv.Sub(send))) / 8)
 		var raw []any
@@ -866,7 +866,7 @@ func (q *leaser) giveBackLease(ctx context.Context, subject string, n int, ticke
 	}
 	args[1] = n // the tail of a lease, which may exceed the burst
 	keys = append(keys, l.givebackKeys(subject, cancelledSuffix)...)
-	_, err = l.exec(ctx, opRefund, l.script, keys, args) // which reports a failure
+	_, err = l.exec(ctx, opRefund, l.scripts.refund, keys, args) // which reports a failure
 	return err == nil
 }
 

@@ -44,7 +44,7 @@ func newProc(t *testing.T, m *miniredis.Miniredis, rule Rule) *proc {
 	return &proc{rdb: rdb, lim: mustNew(t, rdb, Options{LocalLease: leaseSlack}, rule), calls: c}
 }
 
-// opCount counts script calls by the driver's op (ARGV[1]).
+// opCount counts script calls by the scripts' op (ARGV[1]).
 type opCount struct {
 	mu  sync.Mutex
 	ops map[string]int

@@ -54,7 +54,7 @@ type Options struct {
 	// Redis shard can decide (tens of thousands of script calls a
 	// second): where this process's own demand for a subject is high,
 	// Allow and Wait hand out permits from runs of the bucket's slots
-	// leased from Redis in one call, in arrival order, each no earlier
+	// taken from Redis in one call, in arrival order, each no earlier
 	// than its slot on the Redis clock and at most LocalLease after it. In
 	// any window, admissions then exceed the exact bound (Burst + Rate ×
 	// window) by at most Rate × LocalLease: 5ms is at most 0.5 % of a
@@ -62,8 +62,9 @@ type Options struct {
 	// goes to Redis as without it, exactly. It needs exactly one
 	// TokenBucket or GCRA rule over the caller's subject, and at most a
 	// tenth of its Period (else a *ConfigError). ReserveN, Admit, PrepayN
-	// and AllowAtMost do not lease. See the package doc, "One hot key". If
-	// zero (the default), nothing is leased.
+	// and AllowAtMost take no runs. See the package doc, "One hot key". If
+	// zero (the default), no run is taken. (Its name is older than the
+	// package's words: it holds no place's lease.)
 	LocalLease time.Duration
 	// PrepayAfter is the soonest a slot booked by PrepayN may be, from the
 	// call: the time a job needs to reach whoever redeems its receipt (a
@@ -140,7 +141,7 @@ func New(rdb redis.UniversalClient, opts Options, rules ...Rule) (*Limiter, erro
 		}
 		return l, nil
 	}
-	l.script = scriptFor(l.rules)
+	l.scripts = scriptsFor(l.rules)
 	if l.local, err = newLeaser(l, opts); err != nil {
 		return nil, err
 	}
@@ -332,7 +333,7 @@ func (l *Limiter) call(ctx context.Context, o op, keys []string, args []any) (re
 
 // callLine is call of a script call's line (run.go).
 func (l *Limiter) callLine(ctx context.Context, o op, line []any) (reply, time.Time, error) {
-	cmd := l.run(ctx, l.script, line)
+	cmd := l.run(ctx, l.scripts.of(o), line)
 	err := l.result(ctx, o, cmd.Err())
 	recv := time.Now()
 	if err != nil {

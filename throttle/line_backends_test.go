@@ -31,7 +31,7 @@ func TestBackendsLine(t *testing.T) {
 					}
 					admit := func(id string, horizon time.Duration) throttle.Admission {
 						t.Helper()
-						a, err := l.Admit(ctx, throttle.AdmitRequest{Subject: "acct", N: 1, ID: id, Horizon: horizon, Tolerance: time.Minute})
+						a, err := l.Admit(ctx, throttle.AdmitRequest{Subject: "acct", N: 1, Caller: throttle.Caller{ID: id}, Horizon: horizon, Tolerance: time.Minute})
 						if err != nil {
 							t.Fatalf("Admit %s: %v", id, err)
 						}
@@ -111,7 +111,7 @@ func TestBackendsShareLimit(t *testing.T) {
 			perShare := throttle.Limit{Count: 1, Period: time.Hour, Burst: 1}
 			admit := func(id, share string, horizon time.Duration) throttle.Admission {
 				t.Helper()
-				a, err := l.Admit(ctx, throttle.AdmitRequest{Subject: "key", N: 1, ID: id, Horizon: horizon, Share: share, ShareLimit: perShare, Tolerance: time.Minute})
+				a, err := l.Admit(ctx, throttle.AdmitRequest{Subject: "key", N: 1, Caller: throttle.Caller{ID: id, Share: share}, Horizon: horizon, ShareLimit: perShare, Tolerance: time.Minute})
 				if err != nil {
 					t.Fatalf("Admit %s: %v", id, err)
 				}

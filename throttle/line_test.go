@@ -46,7 +46,7 @@ func newLineSim(t *testing.T, rdb *redis.Client, lim *Limiter, horizon time.Dura
 
 func (s *lineSim) admit(id string) {
 	s.t.Helper()
-	a, err := s.lim.Admit(context.Background(), AdmitRequest{Subject: "acct", N: 1, ID: id, Horizon: s.horizon, Share: s.share(id), Weight: s.weight(id), ShareLimit: s.cap, Tolerance: 50 * ms})
+	a, err := s.lim.Admit(context.Background(), AdmitRequest{Subject: "acct", N: 1, Caller: Caller{ID: id, Share: s.share(id), Weight: s.weight(id)}, Horizon: s.horizon, ShareLimit: s.cap, Tolerance: 50 * ms})
 	if err != nil {
 		s.t.Fatalf("Admit %s: %v", id, err)
 	}
@@ -399,7 +399,7 @@ func TestShareLimitErrors(t *testing.T) {
 	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
 		l := mustNew(t, rdb, Options{}, Rule{Name: "key", Algorithm: GCRA, Limit: PerSecond(50)})
 		ctx := context.Background()
-		req := AdmitRequest{Subject: "acct", N: 1, ID: "t1", Horizon: time.Second, Share: "a", ShareLimit: PerSecond(10).WithBurst(2)}
+		req := AdmitRequest{Subject: "acct", N: 1, Caller: Caller{ID: "t1", Share: "a"}, Horizon: time.Second, ShareLimit: PerSecond(10).WithBurst(2)}
 		if _, err := l.Admit(ctx, req); err != nil {
 			t.Fatalf("a valid share limit: %v", err)
 		}
@@ -419,7 +419,7 @@ func TestShareLimitErrors(t *testing.T) {
 			t.Errorf("a share limit without a horizon: %v", err)
 		}
 		window := mustNew(t, rdb, Options{}, Rule{Name: "win", Algorithm: SlidingWindow, Limit: PerSecond(50)})
-		if _, err := window.Admit(ctx, req); err == nil || !strings.Contains(err.Error(), "bucket algorithms") {
+		if _, err := window.Admit(ctx, req); err == nil || !strings.Contains(err.Error(), "needs limits of gcra or token_bucket") {
 			t.Errorf("a share limit over a sliding window: %v", err)
 		}
 		bad = req
@@ -441,7 +441,7 @@ func TestLinePerRules(t *testing.T) {
 		slow := mustNew(t, rdb, Options{}, Rule{Name: "slow", Algorithm: GCRA, Limit: Limit{Count: 1, Period: time.Hour, Burst: 1}})
 		admit := func(l *Limiter, id string) Admission {
 			t.Helper()
-			a, err := l.Admit(ctx, AdmitRequest{Subject: "acct", N: 1, ID: id, Horizon: time.Second})
+			a, err := l.Admit(ctx, AdmitRequest{Subject: "acct", N: 1, Caller: Caller{ID: id}, Horizon: time.Second})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -466,6 +466,70 @@ func TestLinePerRules(t *testing.T) {
 		}
 		if d := s.Handed["s2"].Sub(time.Now()); d < 59*time.Minute {
 			t.Errorf("s2 handed a turn in %v, want an hour: its own rule's", d)
+		}
+	})
+}
+
+// TestServeLine serves a line of 30 callers of a 10/s GCRA subject with a
+// 1s horizon through ServeLine alone: each serving hands only turns within
+// the horizon, in arrival order, says when to serve next while callers
+// remain, and the line is empty, Next zero, once every caller is handed a
+// turn. A horizon of zero is an error, and a limiter with a Concurrency
+// rule has no line.
+func TestServeLine(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := context.Background()
+		l := mustNew(t, rdb, Options{}, Rule{Name: "gcra", Algorithm: GCRA, Limit: PerSecond(10).WithBurst(1)})
+		warm(t, l)
+		const n = 30
+		for i := range n {
+			a, err := l.Admit(ctx, AdmitRequest{Subject: "acct", N: 1, Caller: Caller{ID: fmt.Sprintf("task-%02d", i)}, Horizon: time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if i > 10 && !a.InLine {
+				t.Fatalf("caller %d: %+v, want in line past the horizon", i, a)
+			}
+		}
+		handed := map[string]time.Time{}
+		for servings := 0; ; servings++ {
+			if servings > 2*n {
+				t.Fatalf("%d servings and the line is not empty: %d of %d handed", servings, len(handed), n)
+			}
+			ls, err := l.ServeLine(ctx, "acct", time.Second, Limit{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			now := time.Now()
+			for id, slot := range ls.Handed {
+				if lead := slot.Sub(now); lead > time.Second+ms {
+					t.Fatalf("%s handed a turn %v ahead, past the 1s horizon", id, lead)
+				}
+				if _, dup := handed[id]; dup {
+					t.Fatalf("%s handed twice", id)
+				}
+				handed[id] = slot
+			}
+			if ls.Next.IsZero() {
+				break
+			}
+			time.Sleep(max(ls.Next.Sub(time.Now()), ms))
+		}
+		inLine := n - 11 // the first 11 took turns within the horizon
+		if len(handed) < inLine {
+			t.Fatalf("%d handed, want at least the %d that waited in line", len(handed), inLine)
+		}
+		ids := slices.Collect(maps.Keys(handed))
+		slices.SortFunc(ids, func(x, y string) int { return handed[x].Compare(handed[y]) })
+		if !slices.IsSortedFunc(ids, compareIDs) {
+			t.Errorf("handed out of arrival order: %v", ids)
+		}
+		if _, err := l.ServeLine(ctx, "acct", 0, Limit{}); err == nil {
+			t.Error("ServeLine with no horizon: nil error, want one")
+		}
+		c := mustNew(t, rdb, Options{}, Rule{Name: "c", Algorithm: Concurrency, Limit: Limit{Count: 1, Period: time.Minute}})
+		if _, err := c.ServeLine(ctx, "acct", time.Second, Limit{}); err == nil {
+			t.Error("ServeLine of a concurrency limiter: nil error, want one")
 		}
 	})
 }

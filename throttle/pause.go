@@ -74,11 +74,11 @@ func (l *Limiter) PauseFor(ctx context.Context, subject string, d time.Duration)
 		cmd, err = l.exec(ctx, opPaused, pausedScript, []string{l.pauseKey(subject)}, nil)
 	} else {
 		us := (d + time.Microsecond - 1) / time.Microsecond
-		keys, args, rerr := l.request(opPause, subject, 1, int64(us), nil)
+		keys, args, rerr := pauseArgs{subject: subject, us: int64(us)}.build(&l.policy)
 		if rerr != nil {
 			return 0, rerr
 		}
-		cmd, err = l.exec(ctx, opPause, l.script, append(keys, l.pauseKey(subject)), args)
+		cmd, err = l.exec(ctx, opPause, l.scripts.pause, keys, args)
 	}
 	if err != nil {
 		return 0, err

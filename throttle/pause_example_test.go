@@ -52,7 +52,7 @@ func ExampleLimiter_PrepayN() {
 	}
 
 	consumer, _ := throttle.New(rdb, throttle.Options{Prefix: "myapp:"}, rule)
-	job := throttle.AdmitRequest{Subject: "tenant-7", N: 1, Receipt: receipts[2], Wait: time.Second, Tolerance: time.Second}
+	job := throttle.AdmitRequest{Subject: "tenant-7", N: 1, Caller: throttle.Caller{Receipt: receipts[2]}, Wait: time.Second, Tolerance: time.Second}
 	a, _ := consumer.Admit(ctx, job)
 	fmt.Printf("redeemed=%v, wait %v for the slot\n", a.Status == throttle.Redeemed, a.Delay.Round(10*time.Millisecond))
 	a, _ = consumer.Admit(ctx, job)

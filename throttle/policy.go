@@ -2,21 +2,18 @@ package throttle
 
 import (
 	"fmt"
-	"strconv"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
-// A policy is a limiter's rules as the driver script sees them: each
+// A policy is a limiter's rules as the policy scripts see them: each
 // rule's key name and arguments, and the script that decides them all
-// (lua/driver.lua documents KEYS, ARGV and the reply).
+// (each lua/<operation>.lua documents its KEYS, ARGV and reply).
 type policy struct {
 	rules     []Rule
 	prefix    string
-	keyRules  []string // escaped rule names, the last part of each key
-	ruleArgs  []any    // per rule: algorithm, count, period µs, extra; a ticket follows each
-	script    *redis.Script
+	keyRules  []string      // escaped rule names, the last part of each key
+	ruleArgs  []any         // per rule: algorithm, count, period µs, extra; a ticket follows each
+	scripts   *scriptSet    // one per operation (scripts.go)
 	tolerance time.Duration // Admit's default: the tightest rate rule's interval, in [1ms, 1s]
 	buckets   bool          // every rule is a bucket: WaitN reserves; else window waits queue (window.go)
 	fast      bool          // allow and reserve go to the fast bucket script (fastRule, scripts.go)
@@ -62,7 +59,7 @@ func newPolicy(prefix string, rules []Rule) (policy, error) {
 	return p, nil
 }
 
-// op is an operation of the driver script (ARGV[1]), or another call the
+// op is an operation of a policy script (ARGV[1], scripts.go), or another call the
 // limiter makes; it names the call in errors.
 type op string
 
@@ -87,7 +84,7 @@ const (
 // (Options.FailOpen): its caller decides, and reports the error then.
 func (o op) failsOpen() bool { return o == opAllow || o == opReserve || o == opAdmit || o == opAtMost }
 
-// unbounded is the bound (ARGV[3]) the driver reads as none: a reserve
+// unbounded is the bound (ARGV[3]) the scripts read as none: a reserve
 // may book any slot.
 const unbounded int64 = -1
 
@@ -118,7 +115,7 @@ func (p *policy) line(o op, subject string, n int, bound int64) ([]any, error) {
 
 // build builds a call's line: for the fast bucket script if the policy
 // and the operation allow it and fast is set (fastScript, scripts.go),
-// else the driver's, its tickets empty.
+// else allow.lua's, its tickets empty.
 func (p *policy) build(o op, subject string, n int, bound int64, fast bool) ([]any, error) {
 	enc, err := p.check(subject, n)
 	if err != nil {
@@ -175,71 +172,4 @@ func (o op) arg() any {
 		return "reserve"
 	}
 	return string(o)
-}
-
-// reply is the driver's answer to allow, reserve, prepay, admit and
-// atmost: {status, deciding rule (1-based), remaining, delay µs, reset
-// µs, Redis now µs, tickets…}; atmost adds the permits it took.
-type reply struct {
-	Result
-	status   int64 // ok (1/0), or admit's status (admit.go)
-	redisNow int64 // µs of Redis TIME when the script ran
-	raw      []any
-}
-
-// tickets returns the refund tickets of an admitted reply, one per rule;
-// nil if it has none (n = 0 charged nothing). Built on demand: Allow drops
-// them, and its hot path allocates only what go-redis needs. The fast
-// bucket script replies its one ticket as an integer, the time to act in
-// whole µs, which is the driver's "<w> 0" (lua/bucket_fast.lua).
-func (r reply) tickets(rules int) []string {
-	if len(r.raw) < 6+rules {
-		return nil
-	}
-	t := make([]string, rules)
-	for i := range t {
-		switch v := r.raw[6+i].(type) {
-		case string:
-			t[i] = v
-		case int64:
-			t[i] = strconv.FormatInt(v, 10) + " 0"
-		}
-	}
-	return t
-}
-
-// parse reads a reply; it fails only for one the driver cannot have sent.
-func (p *policy) parse(raw []any) (reply, error) {
-	if len(raw) < 6 {
-		return reply{}, badReply(raw)
-	}
-	var ints [6]int64
-	for i := range ints {
-		v, ok := raw[i].(int64)
-		if !ok {
-			return reply{}, badReply(raw)
-		}
-		ints[i] = v
-	}
-	decider := int(ints[1]) - 1
-	if decider < 0 || decider >= len(p.rules) {
-		return reply{}, badReply(raw)
-	}
-	return reply{
-		Result: Result{
-			Allowed:    ints[0] == 1,
-			Rule:       p.rules[decider].Name,
-			Limit:      p.rules[decider].Limit,
-			Remaining:  int(ints[2]),
-			RetryAfter: time.Duration(ints[3]) * time.Microsecond,
-			ResetAfter: time.Duration(ints[4]) * time.Microsecond,
-		},
-		status: ints[0], redisNow: ints[5], raw: raw,
-	}, nil
-}
-
-// badReply is the error for a reply the driver cannot have sent (built only
-// then: formatting a reply costs more than the rest of parsing it).
-func badReply(raw []any) error {
-	return fmt.Errorf("throttle: unexpected script reply %v", raw)
 }

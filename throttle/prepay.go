@@ -56,13 +56,11 @@ func (l *Limiter) PrepayN(ctx context.Context, subject string, n int, keep time.
 		return nil, fmt.Errorf("throttle: receipt keep %v: must be at most %v", keep, maxPeriod)
 	}
 	bound, byDeadline := l.waitBound(ctx, time.Now())
-	keys, args, err := l.request(opPrepay, subject, n, micros(bound), nil)
+	id := newReceiptID()
+	keys, args, err := prepayArgs{subject: subject, n: n, bound: micros(bound), receipt: id, keep: keep, after: l.opts.PrepayAfter}.build(&l.policy)
 	if err != nil {
 		return nil, err
 	}
-	id := newReceiptID()
-	keys = append(keys, l.receiptsKey(subject), l.ticketsKey(subject))
-	args = append(args, l.member(id), keep.Microseconds(), l.opts.PrepayAfter.Microseconds())
 	// No fail-open here (opPrepay): a receipt that Redis never recorded
 	// would only make the consumer charge again.
 	rep, recv, err := l.call(ctx, opPrepay, keys, args)

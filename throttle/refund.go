@@ -104,28 +104,15 @@ func (l *Limiter) flushRefunds(batchKey, subject string, b *refundBatch) {
 // refundNow gives back every reservation of batch in one script call,
 // bounded by refundTimeout.
 func (l *Limiter) refundNow(subject string, batch []*refundEntry, undo bool) error {
-	first := batch[0]
-	o := opRefund
-	if undo {
-		o = opUndo
-	}
-	keys, args, err := l.request(o, subject, first.n, first.booked, first.tickets)
+	call := refundArgs{subject: subject, undo: undo, batch: batch}
+	o := call.op()
+	keys, args, err := call.build(&l.policy)
 	if err != nil {
 		return err
 	}
-	// Each rule's record of cancelled reservations, so that refunds
-	// arriving in any order give back everything (prelude.lua); the other
-	// reservations follow the rules in ARGV (driver.lua).
-	keys = append(keys, l.givebackKeys(subject, cancelledSuffix)...)
-	for _, e := range batch[1:] {
-		args = append(args, e.n, e.booked)
-		for _, t := range e.tickets {
-			args = append(args, t)
-		}
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(first.ctx), refundTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(batch[0].ctx), refundTimeout)
 	defer cancel()
-	_, err = l.exec(ctx, o, l.script, keys, args)
+	_, err = l.exec(ctx, o, l.scripts.of(o), keys, args)
 	if err != nil && l.opts.OnRedisError != nil {
 		// A cancelled Wait drops this error (it returns ctx.Err()), so the
 		// hook is where a refund lost to Redis shows: once per refund
@@ -138,7 +125,7 @@ func (l *Limiter) refundNow(subject string, batch []*refundEntry, undo bool) err
 }
 
 // givebackKeys returns the keys a refund or settle of subject has after
-// its rules' (lua/driver.lua): the pause key, so that the script can hold
+// its rules' (lua/refund.lua): the pause key, so that the script can hold
 // a running pause (pause.go); each rule's record named by suffix
 // (cancelledSuffix, settledSuffix); and each rule's record of its latest
 // Reset, so that a reservation made before it gives nothing back into the

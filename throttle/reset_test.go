@@ -57,7 +57,7 @@ var refundPaths = []refundPath{
 		if err != nil {
 			t.Fatal(err)
 		}
-		a, err := l.Admit(context.Background(), AdmitRequest{Subject: "s", N: 2, Receipt: receiptOf(p), Wait: -1, Tolerance: time.Hour})
+		a, err := l.Admit(context.Background(), AdmitRequest{Subject: "s", N: 2, Caller: Caller{Receipt: receiptOf(p)}, Wait: -1, Tolerance: time.Hour})
 		if err != nil || a.Status != Redeemed || a.Reservation == nil {
 			t.Fatalf("Admit on the receipt = %+v, %v; want redeemed", a, err)
 		}

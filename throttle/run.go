@@ -140,14 +140,14 @@ type scriptCache struct {
 // run runs the call of line with one EVALSHA of script, loading it first
 // if this limiter has not, and again if Redis has lost it. A call built
 // for the fast bucket script goes to it instead (fastScript, scripts.go),
-// and in the driver's form to script only if it hands the call back.
+// and in allow.lua's form to script only if it hands the call back.
 func (l *runner) run(ctx context.Context, script *redis.Script, line []any) *redis.Cmd {
 	if fast := fastScript(script, line); fast != nil {
 		cmd := l.send(ctx, fast, line)
 		if !handedBack(cmd) {
 			return cmd
 		}
-		line = driverLine(script, line)
+		line = allowLine(script, line)
 	}
 	return l.send(ctx, script, line)
 }
@@ -216,7 +216,7 @@ func (l *runner) load(ctx context.Context, script *redis.Script) {
 
 // runPipelined runs script once per call, all in one go-redis pipeline,
 // loading it first as run does, each call going to the fast bucket script
-// where run would send it (in the driver's form to script if handed back). Calls that meet NOSCRIPT (they did not run) are
+// where run would send it (in allow.lua's form to script if handed back). Calls that meet NOSCRIPT (they did not run) are
 // sent again after a reload, and calls the fast script hands back are sent
 // again to script, in at most two more pipelines. It returns the commands
 // in the order of calls; a pipeline error is each command's error.
@@ -245,7 +245,7 @@ func (l *runner) runPipelined(ctx context.Context, script *redis.Script, calls [
 				again = append(again, i)
 			case handedBack(cmd):
 				uses[i] = script
-				calls[i].line = driverLine(script, calls[i].line)
+				calls[i].line = allowLine(script, calls[i].line)
 				again = append(again, i)
 			}
 		}

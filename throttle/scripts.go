@@ -8,47 +8,85 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The Lua sources. Each algorithm's file documents its state, its TTL and
-// its refund ticket; driver.lua documents KEYS, ARGV and the reply shared
-// by all scripts.
+// The Lua sources. Each script's file starts with its KEYS, ARGV and
+// reply; each algorithm's file documents its state, its TTL and its refund
+// ticket; prelude.lua holds what every script shares.
 //
 //go:embed lua/*.lua
 var luaFiles embed.FS
 
-// scripts holds one script per algorithm (prelude + that algorithm +
-// driver), used by single-algorithm limiters, and one with every algorithm
-// for policies that mix them. All are the same driver over the same
-// algorithm code, so a policy's rules are decided in one atomic call
-// whatever their algorithms.
+// A scriptSet is a policy's scripts, one per operation, each built over
+// the same algorithm files, so that a policy's rules are decided in one
+// atomic call whatever the operation. allow, reserve and atmost share one
+// script (lua/allow.lua): their KEYS and ARGV have one layout; refund and
+// undo share lua/refund.lua. Every script's ARGV[1] is its operation,
+// which prelude.lua reads (rare) and the tests count calls by.
+type scriptSet struct {
+	allow, prepay, admit, refund, settle, pause *redis.Script
+}
+
+// scripts holds the scripts of each algorithm alone, used by
+// single-algorithm limiters, and allScripts those with every algorithm,
+// for policies that mix them.
 var (
-	scripts   = map[Algorithm]*redis.Script{}
-	allScript *redis.Script
+	scripts    = map[Algorithm]*scriptSet{}
+	allScripts *scriptSet
 )
 
 func init() {
-	all := []string{"prelude.lua"}
+	var all []string
 	for _, a := range registered() {
 		files := a.spec().files
-		scripts[a] = buildScript(append(append([]string{"prelude.lua"}, files...), "use_"+string(a)+".lua", "upstream_rate.lua", "upstream_pace.lua", "driver.lua")...)
+		scripts[a] = newScriptSet(files, "use_"+string(a)+".lua")
 		for _, f := range files {
 			if !slices.Contains(all, f) {
 				all = append(all, f)
 			}
 		}
 	}
-	allScript = buildScript(append(all, "use_all.lua", "upstream_rate.lua", "upstream_pace.lua", "driver.lua")...)
+	allScripts = newScriptSet(all, "use_all.lua")
+}
+
+// newScriptSet builds each operation's script as time.lua, prelude.lua,
+// the algorithm files, use (a use_*.lua file), rules.lua and the
+// operation's files. Each algorithm file defines check_<name> and
+// commit_<name>; the use_*.lua file hands them to the scripts: directly in
+// a script of one algorithm (use_<name>.lua), by name in a table in the
+// script for policies mixing algorithms (use_all.lua).
+func newScriptSet(algorithms []string, use string) *scriptSet {
+	head := append(append([]string{"prelude.lua"}, algorithms...), use, "rules.lua")
+	build := func(files ...string) *redis.Script { return buildScript(append(slices.Clip(head), files...)...) }
+	return &scriptSet{
+		allow:  build("decide.lua", "allow.lua"),
+		prepay: build("decide.lua", "prepay.lua"),
+		admit:  build("upstream_rate.lua", "upstream_pace.lua", "decide.lua", "status.lua", "line.lua", "line_serve.lua", "admit.lua"),
+		refund: build("refund.lua"),
+		settle: build("settle.lua"),
+		pause:  build("pause.lua"),
+	}
+}
+
+// of returns the script of operation o.
+func (s *scriptSet) of(o op) *redis.Script {
+	switch o {
+	case opPrepay:
+		return s.prepay
+	case opAdmit:
+		return s.admit
+	case opRefund, opUndo:
+		return s.refund
+	case opSettle:
+		return s.settle
+	case opPause:
+		return s.pause
+	}
+	return s.allow // allow, reserve, atmost
 }
 
 // buildScript concatenates time.lua (Redis's clock, read first by every
 // script) and embedded Lua files, in order, into one script. Script text
 // is only ever these constant files: user data reaches Redis as KEYS and
 // ARGV.
-//
-// A driver script is prelude.lua, the algorithm files, a use_*.lua file
-// and driver.lua. Each algorithm file defines check_<name> and
-// commit_<name>; the use_*.lua file hands them to the driver: directly in
-// a script of one algorithm (use_<name>.lua), by name in a table in the
-// script for policies mixing algorithms (use_all.lua).
 func buildScript(files ...string) *redis.Script {
 	var b strings.Builder
 	for _, f := range append([]string{"time.lua"}, files...) {
@@ -62,11 +100,11 @@ func buildScript(files ...string) *redis.Script {
 	return redis.NewScript(b.String())
 }
 
-// scriptFor returns the smallest script that covers every rule.
-func scriptFor(rules []Rule) *redis.Script {
+// scriptsFor returns the smallest scripts that cover every rule.
+func scriptsFor(rules []Rule) *scriptSet {
 	for _, r := range rules[1:] {
 		if r.Algorithm != rules[0].Algorithm {
-			return allScript
+			return allScripts
 		}
 	}
 	return scripts[rules[0].Algorithm]
@@ -75,14 +113,14 @@ func scriptFor(rules []Rule) *redis.Script {
 // fastBucketScript decides the commonest bucket call on its own
 // (lua/bucket_fast.lua): an allow or reserve under one token bucket or
 // GCRA rule whose interval is a whole number of µs and whose burst lasts
-// under 2^40 − 1 µs (fastRule), with the driver's reply. It is a small
+// under 2^40 − 1 µs (fastRule), with allow.lua's reply. It is a small
 // script, which is most of why it costs Redis less per call: the Lua
 // collector walks every loaded script about every 50 calls (BENCHMARKS.md,
 // server cost). Its ARGV are the five it reads (op, n, max wait, period
-// in µs, burst), not the driver's eight: each argument costs Redis an
+// in µs, burst), not allow.lua's eight: each argument costs Redis an
 // object and a Lua string per call. A call whose state it cannot read it
-// hands back (handedBack), unchanged, and the runner sends the driver's
-// form of it (driverLine) to the limiter's own script.
+// hands back (handedBack), unchanged, and the runner sends allow.lua's
+// form of it (allowLine) to the limiter's own script.
 var fastBucketScript = buildScript("bucket_fast.lua")
 
 // fastBurstLimit bounds the burst, in µs, that bucket_fast.lua's compact
@@ -91,7 +129,7 @@ var fastBucketScript = buildScript("bucket_fast.lua")
 const fastBurstLimit = 1<<40 - 1
 
 // fastArgs is how many arguments a call of fastBucketScript has; a
-// driver call has 3 + 5 per rule, never 5.
+// call of allow.lua has 3 + 5 per rule, never 5.
 const fastArgs = 5
 
 // fastRule reports whether allow and reserve calls of a policy of one rule
@@ -107,18 +145,18 @@ func fastRule(a Algorithm, count, period, extra int64) bool {
 // nil otherwise.
 func fastScript(script *redis.Script, line []any) *redis.Script {
 	nkeys, args := lineArgs(line)
-	if nkeys != 1 || len(args) != fastArgs || (script != scripts[TokenBucket] && script != scripts[GCRA]) {
+	if nkeys != 1 || len(args) != fastArgs || (script != scripts[TokenBucket].allow && script != scripts[GCRA].allow) {
 		return nil
 	}
 	return fastBucketScript
 }
 
-// driverLine returns the driver's form of line, a call of fastBucketScript
-// that script (fastScript) must decide instead: the driver's ARGV (op, n,
+// allowLine returns allow.lua's form of line, a call of fastBucketScript
+// that script (fastScript) must decide instead: allow.lua's ARGV (op, n,
 // max wait, algorithm, count 1, period, extra, no ticket).
-func driverLine(script *redis.Script, line []any) []any {
+func allowLine(script *redis.Script, line []any) []any {
 	a := GCRA
-	if script == scripts[TokenBucket] {
+	if script == scripts[TokenBucket].allow {
 		a = TokenBucket
 	}
 	_, args := lineArgs(line)
@@ -129,7 +167,7 @@ func driverLine(script *redis.Script, line []any) []any {
 }
 
 // handedBack reports whether cmd is fastBucketScript's answer that it
-// cannot decide the call (an empty array: the driver never replies one).
+// cannot decide the call (an empty array: allow.lua never replies one).
 func handedBack(cmd *redis.Cmd) bool {
 	reply, ok := cmd.Val().([]any)
 	return ok && len(reply) == 0 && cmd.Err() == nil

@@ -4,15 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
 )
 
 // Reserve, then settle: for a budget whose real cost is known only after
 // the work (the tokens an LLM call used), the caller reserves an estimate
 // and, once it knows, settles the reservation to the actual cost in one
-// script call on the Redis clock (lua/driver.lua, op 'settle'): the
+// script call on the Redis clock (lua/settle.lua): the
 // difference is given back, or charged, into debt if need be.
 
 // settledSuffix follows a rule's name: <rule>!settled records the
@@ -24,7 +22,7 @@ const settledSuffix = "!settled"
 // redeems one (Admit) gets a Reservation it can settle.
 const ticketsSuffix = "!tickets"
 
-// opSettle is the driver's operation that corrects a reservation.
+// opSettle is the operation (lua/settle.lua) that corrects a reservation.
 const opSettle op = "settle"
 
 // errSettled is Settle's error for a reservation already settled or
@@ -104,15 +102,11 @@ func (r *Reservation) settle(ctx context.Context, actual int) error {
 	if r.tickets == nil || actual == r.n {
 		return err
 	}
-	keys, args, rerr := r.lim.request(opSettle, r.subject, r.n, int64(actual), r.tickets)
+	keys, args, rerr := settleArgs{subject: r.subject, n: r.n, actual: actual, tickets: r.tickets, booked: r.booked}.build(&r.lim.policy)
 	if rerr != nil {
 		return errors.Join(err, rerr)
 	}
-	// Each rule's record of give-backs (bucket.lua); after the rules,
-	// when the reservation was made.
-	keys = append(keys, r.lim.givebackKeys(r.subject, settledSuffix)...)
-	args = append(args, r.booked)
-	_, rerr = r.lim.exec(ctx, opSettle, r.lim.script, keys, args)
+	_, rerr = r.lim.exec(ctx, opSettle, r.lim.scripts.settle, keys, args)
 	return errors.Join(err, rerr)
 }
 
@@ -136,27 +130,4 @@ func (l *Limiter) checkDebt(n, actual int) error {
 		}
 	}
 	return nil
-}
-
-// redeemedTickets returns the tickets admit's reply carries for a redeemed
-// booking or receipt (one string: a line per rule, then the Redis time of
-// the booking), and that time; nil if it has none (recorded before tickets
-// were kept, or under other rules).
-func redeemedTickets(raw []any, rules int) ([]string, int64) {
-	if len(raw) < 7 {
-		return nil, 0
-	}
-	s, ok := raw[6].(string)
-	if !ok {
-		return nil, 0
-	}
-	t := strings.Split(s, "\n")
-	if len(t) != rules+1 {
-		return nil, 0
-	}
-	booked, err := strconv.ParseInt(t[rules], 10, 64)
-	if err != nil {
-		return nil, 0
-	}
-	return t[:rules], booked
 }

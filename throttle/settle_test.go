@@ -191,12 +191,12 @@ func TestSettleRedeemed(t *testing.T) {
 			Rule{Name: "g", Algorithm: GCRA, Limit: PerSecond(10)},
 			Rule{Name: "w", Algorithm: SlidingWindow, Limit: Limit{Count: 10, Period: time.Second}, Precision: 100 * ms})
 		reserve(t, l, "s", 10)
-		a, err := l.Admit(ctx, AdmitRequest{Subject: "s", N: 6, ID: "job", Wait: 0})
+		a, err := l.Admit(ctx, AdmitRequest{Subject: "s", N: 6, Caller: Caller{ID: "job"}, Wait: 0})
 		if err != nil || a.Status != Booked {
 			t.Fatalf("Admit = %v, %v; want booked", a.Status, err)
 		}
 		time.Sleep(time.Until(a.At))
-		a, err = l.Admit(ctx, AdmitRequest{Subject: "s", N: 6, ID: "job", Wait: 0})
+		a, err = l.Admit(ctx, AdmitRequest{Subject: "s", N: 6, Caller: Caller{ID: "job"}, Wait: 0})
 		if err != nil || a.Status != Redeemed || a.Reservation == nil {
 			t.Fatalf("Admit = %v, %v; want redeemed with a reservation", a.Status, err)
 		}
@@ -219,7 +219,7 @@ func TestSettleRedeemed(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		a, err = l.Admit(ctx, AdmitRequest{Subject: "p", N: 5, Receipt: receiptOf(p), Wait: time.Second})
+		a, err = l.Admit(ctx, AdmitRequest{Subject: "p", N: 5, Caller: Caller{Receipt: receiptOf(p)}, Wait: time.Second})
 		if err != nil || a.Status != Redeemed || a.Reservation == nil {
 			t.Fatalf("Admit with a receipt = %v, %v; want redeemed with a reservation", a.Status, err)
 		}
@@ -345,12 +345,12 @@ func TestSettleRedeemedWithConcurrency(t *testing.T) {
 		l := mustNew(t, rdb, Options{}, rate, one)
 		state := mustNew(t, rdb, Options{}, rate) // reads the rate rule's key
 		reserve(t, state, "s", 10)
-		a, err := l.Admit(ctx, AdmitRequest{Subject: "s", N: 6, ID: "job"})
+		a, err := l.Admit(ctx, AdmitRequest{Subject: "s", N: 6, Caller: Caller{ID: "job"}})
 		if err != nil || a.Status != Booked || a.Rule != "rate" {
 			t.Fatalf("Admit = %v by %q, %v; want booked by rate", a.Status, a.Rule, err)
 		}
 		time.Sleep(time.Until(a.At))
-		a, err = l.Admit(ctx, AdmitRequest{Subject: "s", N: 6, ID: "job"})
+		a, err = l.Admit(ctx, AdmitRequest{Subject: "s", N: 6, Caller: Caller{ID: "job"}})
 		if err != nil || a.Status != Redeemed || a.Reservation == nil || a.Lease == 0 {
 			t.Fatalf("Admit = %+v, %v; want redeemed with a reservation and a place", a, err)
 		}

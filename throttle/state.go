@@ -112,7 +112,7 @@ func (l *Limiter) Reset(ctx context.Context, subject string) error {
 
 // resetSuffix follows a rule's name: <rule>!reset holds the Redis time
 // (µs) of the rule's latest Reset, which refunds and settles of
-// reservations made before it read (lua/reset.lua, lua/driver.lua).
+// reservations made before it read (lua/reset.lua, lua/refund.lua, lua/settle.lua).
 const resetSuffix = "!reset"
 
 // resetScript is prelude.lua + reset.lua; see reset.lua for KEYS and

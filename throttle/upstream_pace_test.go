@@ -29,7 +29,7 @@ func TestAdmitPacedByLearnedRate(t *testing.T) {
 		slots := func(subject string) []time.Duration {
 			var got []time.Duration
 			for i := range 6 {
-				a, err := lim.Admit(ctx, AdmitRequest{Subject: subject, N: 1, ID: fmt.Sprintf("%s-%d", subject, i)})
+				a, err := lim.Admit(ctx, AdmitRequest{Subject: subject, N: 1, Caller: Caller{ID: fmt.Sprintf("%s-%d", subject, i)}})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -48,7 +48,7 @@ func TestAdmitPacedByLearnedRate(t *testing.T) {
 		}
 		// Coming back at its turn, a task redeems it: one park, two calls.
 		time.Sleep(2 * iv)
-		a, err := lim.Admit(ctx, AdmitRequest{Subject: "s", N: 1, ID: "s-1"})
+		a, err := lim.Admit(ctx, AdmitRequest{Subject: "s", N: 1, Caller: Caller{ID: "s-1"}})
 		if err != nil || a.Status != Redeemed {
 			t.Fatalf("task 1 back at its turn: %+v, %v; want redeemed", a, err)
 		}

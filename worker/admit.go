@@ -41,36 +41,27 @@ const (
 // handler must return (a *admission.ThrottledError to park or defer it,
 // ctx.Err() if asynq ended it, an error wrapping asynq.SkipRetry if it can
 // never run).
-func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (_ turn, err error) {
-	t := m.newTaskRun(ctx, r, task)
-	subject, err := r.Subject(task)
-	if err == nil && subject == "" {
-		err = errors.New("the subject is empty")
-	}
+func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (turn, error) {
+	t, err := m.newTaskRun(ctx, r, task)
 	if err != nil {
 		m.metrics.decided(r.Name, OutcomeError)
-		return turn{}, t.archive(ctx, "worker: task archived: no subject", true, err)
+		return turn{}, err
 	}
-	t.subject, t.log = subject, t.log.With("subject", subject)
-	if t.cost, err = r.cost(task); err != nil {
-		m.metrics.decided(r.Name, OutcomeError)
-		return turn{}, t.archive(ctx, "worker: task archived: no cost", false, fmt.Errorf("cannot derive the cost: %w", err))
-	}
-	if t.cost == 0 {
-		// Free: nothing to charge, nothing to wait for.
-		w := admission.Wait{Rule: r.Name, Subject: subject}
+	if t.Cost == 0 {
+		// Free: nothing to charge, nothing to wait for. (The gate would
+		// take a zero Cost as 1: it never sees this task.)
+		w := admission.Wait{Rule: r.Name, Subject: t.Subject}
 		m.admitted(t, w)
 		return turn{Wait: w}, nil
 	}
-
-	retried, _ := asynq.GetRetryCount(ctx)
-	maxRetry, known := asynq.GetMaxRetry(ctx)
-	t.lastAttempt = known && retried >= maxRetry
 	if r.gate == nil || (t.lastAttempt && m.requeue == nil) {
 		w, err := m.waitInPlace(ctx, t)
 		return turn{Wait: w, held: err == nil && r.leased}, err
 	}
-
+	if err := m.gateRequest(ctx, t); err != nil {
+		m.metrics.decided(r.Name, OutcomeError)
+		return turn{}, err
+	}
 	wctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	stop := context.AfterFunc(m.drainCtx, func() { cancel(ErrDraining) })
@@ -80,17 +71,36 @@ func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (
 		wctx, cancelEnd = context.WithDeadline(wctx, end)
 		defer cancelEnd()
 	}
+	m.metrics.waiting(r.Name, 1)
+	d, err := r.gate.Admit(wctx, t.Request)
+	m.metrics.waiting(r.Name, -1)
+	switch {
+	case err != nil:
+		return turn{}, m.notAdmitted(ctx, wctx, t, err)
+	case d.Outcome == admission.Run:
+		w := admission.Wait{Rule: r.Name, Subject: t.Subject, Duration: d.Waited, Redeemed: d.Turn == throttle.Redeemed, Turn: d.Slot}
+		m.admitted(t, w)
+		return turn{Wait: w, held: d.Lease > 0, res: d.Reservation, cost: t.Cost}, nil
+	}
+	return turn{}, m.park(ctx, t, d)
+}
+
+// gateRequest completes t's request for its rule's gate: who it books
+// and waits as, its producer's receipt, its share. It returns the error
+// that archives the task if its share cannot be derived.
+func (m *Middleware) gateRequest(ctx context.Context, t *taskRun) error {
 	// A task with no retry left parks as a copy (requeue.go): book the
 	// turn under the copy's ID, which is the one that comes back.
-	bookID := t.id
+	t.BookAs = t.ID
 	if t.lastAttempt {
-		bookID = nextCopyID(t.id)
+		t.BookAs = nextCopyID(t.ID)
 	}
-	// Under a concurrency rule, the task waits for a place as the wake-up
-	// member that brings it back (WakeOnHandoff).
+	// Under a concurrency rule, and in its subject's line, the task is
+	// named by the wake-up ledger entry that brings it back.
 	queue, _ := asynq.GetQueueName(ctx)
-	req := admission.Request{Subject: subject, Cost: t.cost, ID: t.id, BookAs: bookID, Receipt: task.Headers()[admission.ReceiptHeader],
-		Waiter: admission.Member(queue, t.id), WaitAs: admission.Member(queue, bookID)}
+	t.Waiter = admission.JobEntry{Queue: queue, ID: t.ID}.Member()
+	t.WaitAs = admission.JobEntry{Queue: queue, ID: t.BookAs}.Member()
+	t.Receipt = t.task.Headers()[admission.ReceiptHeader]
 	// Stacked rules (mux.Use(a.Wrap, b.Wrap) over the same task): a task
 	// that one rule admits and another parks gives the first rule's turn
 	// back, and comes back for the second rule's turn needing a turn of
@@ -99,48 +109,38 @@ func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (
 	// another (the outer admitted the task: WaitedFrom) or with one inside
 	// it that has throttled a task books turns however far ahead, as
 	// without a horizon. Each rule's own limit still holds.
-	if _, nested := admission.WaitedFrom(ctx); nested || r.stacked.Load() {
-		req.BookAhead = true
+	_, nested := admission.WaitedFrom(ctx)
+	t.BookAhead = nested || t.rule.stacked.Load()
+	if t.rule.FairBy == nil {
+		return nil
 	}
-	if r.FairBy != nil {
-		if req.Share, err = r.FairBy(task); err != nil {
-			m.metrics.decided(r.Name, OutcomeError)
-			return turn{}, t.archive(ctx, "worker: task archived: no share", false, fmt.Errorf("cannot derive its fair_by share: %w", err))
-		}
-		req.Weight = r.Weights[req.Share]
+	var err error
+	if t.Share, err = t.rule.FairBy(t.task); err != nil {
+		return t.archive(ctx, "worker: task archived: no share", false, fmt.Errorf("cannot derive its fair_by share: %w", err))
 	}
-	m.metrics.waiting(r.Name, 1)
-	d, err := r.gate.Admit(wctx, req)
-	m.metrics.waiting(r.Name, -1)
-	if err != nil {
-		return turn{}, m.notAdmitted(ctx, wctx, t, err)
+	t.Weight = t.rule.Weights[t.Share]
+	return nil
+}
+
+// park returns the error that parks a task d parked: until its turn, or,
+// in its subject's line, until the serving that books it (d.At is a
+// fallback). The gate has recorded its wake-ups (d.Woken); without them
+// asynq brings it back by its own schedule.
+func (m *Middleware) park(ctx context.Context, t *taskRun, d admission.Decision) error {
+	if d.ParkErr != nil {
+		t.log.WarnContext(ctx, "worker: parked, but its wake-ups are not all recorded", "error", d.ParkErr)
 	}
-	if d.Outcome == admission.Run {
-		w := admission.Wait{Rule: r.Name, Subject: subject, Duration: d.Waited, Redeemed: d.Turn == throttle.Redeemed, Turn: d.Slot}
-		m.admitted(t, w)
-		return turn{Wait: w, held: d.Lease > 0, res: d.Reservation, cost: t.cost}, nil
+	retryAt := d.At
+	if !d.Woken {
+		// Whole seconds, early: the task waits out the rest (earlyWaitUnwoken).
+		retryAt = d.At.Add(-unwokenLead).Truncate(time.Second)
 	}
-	if d.Lease > 0 {
-		// Queued for a place of the concurrency rule d.Rule.
-		m.sweepLater(ctx, t, d)
-	}
-	if !d.Serve.IsZero() && m.wakeups != nil {
-		// The task started its subject's line, or came back still in it:
-		// a serving is due then (the loop takes a member Lead before its
-		// time). Moved, not added if absent: a serving's guard (serveLine)
-		// may still be in the ledger from a line that emptied, later than
-		// this one needs.
-		if err := m.wakeups.Add(ctx, sweepMember(r.Name, subject), d.Serve.Add(admission.DefaultLead)); err != nil {
-			t.log.WarnContext(ctx, "worker: cannot schedule the serving of the subject's line; its tasks come back at their fallbacks", "error", err)
-		}
-	}
-	retryAt := m.parkAt(ctx, t, bookID, d)
 	if d.InLine {
-		return turn{}, m.deferTask(ctx, t, retryAt, ErrParked, OutcomeParked, "turn", "in line")
+		return m.deferTask(ctx, t, retryAt, ErrParked, OutcomeParked, "turn", "in line")
 	}
 	t.booked, t.ahead = d.Slot, time.Until(d.At)
-	m.metrics.parkedOn(r.Name, d, t.ahead)
-	return turn{}, m.deferTask(ctx, t, retryAt, ErrParked, OutcomeParked,
+	m.metrics.parkedOn(t.rule.Name, d, t.ahead)
+	return m.deferTask(ctx, t, retryAt, ErrParked, OutcomeParked,
 		"turn", d.Turn, "booked_for", d.Slot.UTC(), "booked_ahead", t.ahead.Round(time.Millisecond))
 }
 
@@ -154,13 +154,13 @@ type turn struct {
 	cost int                   // the permits it took: the rule's Cost, an estimate
 }
 
-// taskRun is what admit knows of the task it decides for.
+// taskRun is what admit knows of the task it decides for: the request
+// its rule's gate decides on (Subject, Cost and ID, then, for the gate,
+// gateRequest's), and what the adapter keeps beside it.
 type taskRun struct {
+	admission.Request
 	rule        *ruleGate
 	task        *asynq.Task
-	id          string
-	subject     string
-	cost        int
 	lastAttempt bool
 	byMaxWait   bool          // the wait in place was bounded by the rule's MaxWait, not the deadline
 	booked      time.Time     // a parked task's turn (Redis clock); zero if it parked in its subject's line
@@ -169,16 +169,35 @@ type taskRun struct {
 	log         *slog.Logger
 }
 
-func (m *Middleware) newTaskRun(ctx context.Context, r *ruleGate, task *asynq.Task) *taskRun {
+// newTaskRun maps task to its subject, cost and ID under rule r, and tells
+// whether it is on its last attempt. It returns the error that archives a
+// task whose subject or cost cannot be derived.
+func (m *Middleware) newTaskRun(ctx context.Context, r *ruleGate, task *asynq.Task) (*taskRun, error) {
 	id, _ := asynq.GetTaskID(ctx)
-	return &taskRun{rule: r, task: task, id: id, start: time.Now(),
+	t := &taskRun{rule: r, task: task, start: time.Now(),
 		log: m.log.With("rule", r.Name, "task_id", id, "task_type", task.Type())}
+	t.ID = id
+	subject, err := r.Subject(task)
+	if err == nil && subject == "" {
+		err = errors.New("the subject is empty")
+	}
+	if err != nil {
+		return nil, t.archive(ctx, "worker: task archived: no subject", true, err)
+	}
+	t.Subject, t.log = subject, t.log.With("subject", subject)
+	if t.Cost, err = r.cost(task); err != nil {
+		return nil, t.archive(ctx, "worker: task archived: no cost", false, fmt.Errorf("cannot derive the cost: %w", err))
+	}
+	retried, _ := asynq.GetRetryCount(ctx)
+	maxRetry, known := asynq.GetMaxRetry(ctx)
+	t.lastAttempt = known && retried >= maxRetry
+	return t, nil
 }
 
 // archive returns the error that archives a task that can never run;
 // noSubject says its subject was the reason.
 func (t *taskRun) archive(ctx context.Context, msg string, noSubject bool, err error) error {
-	err = &archivedError{rule: t.rule.Name, taskID: t.id, taskType: t.task.Type(), noSubject: noSubject, err: err}
+	err = &archivedError{rule: t.rule.Name, taskID: t.ID, taskType: t.task.Type(), noSubject: noSubject, err: err}
 	t.log.WarnContext(ctx, msg, "error", err)
 	return err
 }
@@ -191,19 +210,8 @@ func (t *taskRun) archive(ctx context.Context, msg string, noSubject bool, err e
 // on limiters of your own that have a throttle.Concurrency rule.
 func WakeOnHandoff(rdb redis.UniversalClient) func(waiters []string) {
 	wakeups, _ := admission.NewWakeups(rdb, admission.WakeupsKey)
-	return func(waiters []string) {
-		ctx, cancel := context.WithTimeout(context.Background(), handoffTimeout)
-		defer cancel()
-		for _, w := range waiters {
-			if err := wakeups.Add(ctx, w, time.UnixMicro(0)); err != nil {
-				slog.Warn("worker: cannot wake a task handed a place of a concurrency rule; it comes back at its fallback", "member", w, "error", err)
-			}
-		}
-	}
+	return admission.WakeOnHandoff(wakeups)
 }
-
-// handoffTimeout bounds WakeOnHandoff's writes.
-const handoffTimeout = 5 * time.Second
 
 // releaseTimeout bounds the release of a task's place.
 const releaseTimeout = 5 * time.Second
@@ -213,173 +221,9 @@ const releaseTimeout = 5 * time.Second
 func (m *Middleware) release(r *ruleGate, w admission.Wait) {
 	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 	defer cancel()
-	if err := r.gate.Limiter().Release(ctx, w.Subject); err != nil {
+	if err := r.gate.Release(ctx, w.Subject); err != nil {
 		m.log.Warn("worker: cannot release the task's place of a concurrency rule; it frees when its lease expires", "rule", w.Rule, "subject", w.Subject, "error", err)
 	}
-}
-
-// parkAt records the task's wake-up and returns the RetryAt that parks it.
-func (m *Middleware) parkAt(ctx context.Context, t *taskRun, bookID string, d admission.Decision) time.Time {
-	if d.InLine {
-		// Woken by the serving that books its turn; d.At is a fallback.
-		return d.At
-	}
-	if m.wakeups != nil {
-		queue, _ := asynq.GetQueueName(ctx)
-		err := m.wakeups.Add(ctx, admission.Member(queue, bookID), d.Slot)
-		if err == nil {
-			// The wake-up loop brings it back just before its turn;
-			// asynq's own schedule, the next whole second, is the fallback.
-			return d.At
-		}
-		t.log.WarnContext(ctx, "worker: cannot record the wake-up; asynq's own schedule brings the task back", "error", err)
-	}
-	// Whole seconds, early: the task waits out the rest (earlyWaitUnwoken).
-	return d.At.Add(-unwokenLead).Truncate(time.Second)
-}
-
-// sweepMember is the wake-up ledger's member for the sweep of a subject
-// of a rule with a concurrency limit: an empty queue name, which no asynq
-// task has.
-func sweepMember(rule, subject string) string { return admission.Member("", rule, subject) }
-
-// sweepLater makes sure a sweep of the subject of a task that parked
-// waiting for a place of its rule's concurrency limit is due within a
-// lease (d.Lease, the concurrency rule's). A place is handed to the next waiter when it is released, or
-// when any call (a renewal of a live holder, a task's arrival) finds its
-// lease expired; if every holder's worker died, nothing else would look.
-// The sweep looks, once a lease while tasks wait, whatever their number.
-func (m *Middleware) sweepLater(ctx context.Context, t *taskRun, d admission.Decision) {
-	if m.wakeups == nil {
-		return
-	}
-	redisNow := d.Slot.Add(-time.Until(d.At))
-	if err := m.wakeups.AddIfAbsent(ctx, sweepMember(t.rule.Name, t.subject), redisNow.Add(d.Lease+admission.DefaultLead)); err != nil {
-		t.log.WarnContext(ctx, "worker: cannot schedule the sweep of a concurrency limit; waiting tasks come back at their fallbacks", "error", err)
-	}
-}
-
-// sweep brings the places of a rule's concurrency limit for subject up to
-// date (expired leases handed to their waiters, who are woken through
-// OnHandoff), and comes back when the earliest lease expires while tasks
-// still wait.
-func (m *Middleware) sweep(ctx context.Context, rule, subject string, passed int) error {
-	member := sweepMember(rule, subject)
-	r := m.ruleNamed(rule)
-	if r == nil {
-		// Another middleware's rule: one stacked in the same process
-		// (mux.Use(a.Wrap, b.Wrap)), which shares the ledger, serves it;
-		// failing that, it goes back to the ledger for another process
-		// (a fleet with other rules on the same asynq Redis), counting
-		// how often, so that the serving of a rule no process has any
-		// more (removed, then the fleet restarted) is dropped after
-		// maxPassed tries instead of going round for ever. A rule a
-		// reload of this middleware removed is dropped at once.
-		if other := sweepers.owner(m, rule); other != nil {
-			return other.sweep(ctx, rule, subject, passed)
-		}
-		if _, gone := m.retired.Load(rule); gone || passed >= maxPassed {
-			m.log.Debug("worker: dropped the serving of a rule no worker here has", "rule", rule, "passed", passed)
-			return nil
-		}
-		return m.wakeups.Add(ctx, admission.Member("", rule, subject, strconv.Itoa(passed+1)), time.Now().Add(admission.DefaultLead+passAfter))
-	}
-	if r.gate == nil {
-		return nil // a limiter that cannot book has no line nor places
-	}
-	if !r.leased {
-		return m.serveLine(ctx, r, member, subject)
-	}
-	a, err := r.gate.Limiter().Admit(ctx, throttle.AdmitRequest{Subject: subject, N: 0, Waiter: "sweep", Tolerance: time.Second})
-	if err != nil {
-		return fmt.Errorf("worker: sweep of rule %q: %w", rule, err)
-	}
-	if a.Status != throttle.Booked || a.Lease == 0 {
-		return nil // nobody waits (or the rule has no concurrency limit now)
-	}
-	// The loop takes a member DefaultLead before its slot: after the
-	// expiry, then, not just before it.
-	return m.wakeups.Add(ctx, member, a.Slot.Add(admission.DefaultLead+sweepMargin))
-}
-
-// serveLine serves the line of subject under rule r: the tasks whose
-// turns it books are woken just before their slots, and the serving comes
-// back when the line needs it again.
-func (m *Middleware) serveLine(ctx context.Context, r *ruleGate, member, subject string) error {
-	// The loop took the serving out of the ledger; if this process dies
-	// before putting it back, another serves the line serveGuard later
-	// instead of leaving it to the fallbacks of the tasks in it.
-	if err := m.wakeups.Add(ctx, member, time.Now().Add(serveGuard)); err != nil {
-		return fmt.Errorf("worker: serving the line of rule %q: %w: %w", r.Name, err, admission.ErrWakeLater)
-	}
-	s, err := r.gate.Serve(ctx, subject)
-	if err != nil {
-		if errors.Is(err, throttle.ErrRedis) {
-			// Try again a tick later; the tasks in line have fallbacks.
-			return fmt.Errorf("worker: serving the line of rule %q: %w: %w", r.Name, err, admission.ErrWakeLater)
-		}
-		return fmt.Errorf("worker: serving the line of rule %q: %w", r.Name, err)
-	}
-	m.metrics.lineServed(r.Name, s.Handed)
-	wakes := s.Handed
-	if !s.Next.IsZero() {
-		if wakes == nil {
-			wakes = map[string]time.Time{}
-		}
-		wakes[member] = s.Next.Add(admission.DefaultLead)
-	}
-	return m.wakeups.AddAll(ctx, wakes)
-}
-
-// A serving or sweep that a process without its rule takes goes back to
-// the ledger passAfter later, at most maxPassed times (about 15s of tries,
-// which a fleet sharing the ledger with others takes its own from long
-// before).
-const (
-	passAfter = 300 * time.Millisecond
-	maxPassed = 50
-)
-
-// serveGuard is how long after a serving of a line began another process
-// serves it, if the first died before scheduling the next.
-const serveGuard = 5 * time.Second
-
-// sweepMargin puts a sweep after the lease it waits for has expired on the
-// Redis clock.
-const sweepMargin = 10 * time.Millisecond
-
-// sweepers are the middlewares of this process that run a wake-up loop:
-// a serving or sweep that one takes from the ledger for a rule it does not
-// have is passed to the one that has it.
-var sweepers = &sweeperSet{live: map[*Middleware]bool{}}
-
-type sweeperSet struct {
-	mu   sync.Mutex
-	live map[*Middleware]bool
-}
-
-func (s *sweeperSet) add(m *Middleware) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.live[m] = true
-}
-
-func (s *sweeperSet) remove(m *Middleware) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	delete(s.live, m)
-}
-
-// owner returns another live middleware that has rule, or nil.
-func (s *sweeperSet) owner(self *Middleware, rule string) *Middleware {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for m := range s.live {
-		if m != self && m.ruleNamed(rule) != nil {
-			return m
-		}
-	}
-	return nil
 }
 
 // wakeLoop runs the wake-up ledger until Drain. Its errors are logged at
@@ -387,11 +231,10 @@ func (s *sweeperSet) owner(self *Middleware, rule string) *Middleware {
 // outage does not log one line per tick.
 func (m *Middleware) wakeLoop() {
 	defer close(m.stopped)
-	defer sweepers.remove(m)
 	var mu sync.Mutex // OnError is called from concurrent wakes
 	var last time.Time
 	var since int
-	_ = m.wakeups.Run(m.drainCtx, admission.RunOptions{
+	_ = m.parking.Run(m.drainCtx, admission.RunOptions{
 		OnError: func(err error) {
 			m.metrics.OnRedisError(err, false)
 			mu.Lock()
@@ -411,19 +254,8 @@ const wakeErrorEvery = 10 * time.Second
 // gone (done, deleted) or already pending is left alone; one that is
 // still running (its handler has not returned yet) is tried again later;
 // an archived one is not revived.
-func (m *Middleware) wake(ctx context.Context, member string) error {
-	parts, ok := admission.Split(member)
-	if ok && (len(parts) == 3 || len(parts) == 4) && parts[0] == "" {
-		passed := 0 // times passed on by processes without the rule (sweep)
-		if len(parts) == 4 {
-			passed, _ = strconv.Atoi(parts[3])
-		}
-		return m.sweep(ctx, parts[1], parts[2], passed)
-	}
-	if !ok || len(parts) != 2 {
-		return fmt.Errorf("worker: wake-up %q is not a queue and task ID", member)
-	}
-	queue, id := parts[0], parts[1]
+func (m *Middleware) wake(_ context.Context, job admission.JobEntry) error {
+	queue, id := job.Queue, job.ID
 	info, err := m.requeue.insp.GetTaskInfo(queue, id)
 	switch {
 	case errors.Is(err, asynq.ErrTaskNotFound), errors.Is(err, asynq.ErrQueueNotFound):
@@ -467,12 +299,16 @@ func (m *Middleware) waitInPlace(ctx context.Context, t *taskRun) (admission.Wai
 		t.byMaxWait = canDefer && r.MaxWait > 0 && (!hasDeadline || end.Before(dl.Add(-min(deadlineMargin, max(dl.Sub(t.start), 0)/4))))
 	}
 	m.metrics.waiting(r.Name, 1)
-	err := r.Limiter.WaitN(wctx, t.subject, t.cost)
+	var waiter Waiter = r.Limiter
+	if r.gate != nil {
+		waiter = r.gate // the same limiter, through its gate
+	}
+	err := waiter.WaitN(wctx, t.Subject, t.Cost)
 	m.metrics.waiting(r.Name, -1)
 	if err != nil {
 		return admission.Wait{}, m.notAdmitted(ctx, wctx, t, err)
 	}
-	w := admission.Wait{Rule: r.Name, Subject: t.subject, Duration: time.Since(t.start)}
+	w := admission.Wait{Rule: r.Name, Subject: t.Subject, Duration: time.Since(t.start)}
 	m.admitted(t, w)
 	return w, nil
 }
@@ -564,14 +400,14 @@ func (m *Middleware) admitted(t *taskRun, w admission.Wait) {
 // to its log line.
 func (m *Middleware) deferTask(ctx context.Context, t *taskRun, retryAt time.Time, cause error, outcome string, attrs ...any) error {
 	rule := t.rule.Name
-	te := &admission.ThrottledError{Rule: rule, Subject: t.subject, RetryAt: retryAt, Err: cause}
+	te := &admission.ThrottledError{Rule: rule, Subject: t.Subject, RetryAt: retryAt, Err: cause}
 	if t.lastAttempt {
 		if m.requeue == nil {
 			m.metrics.decided(rule, OutcomeError)
 			t.log.ErrorContext(ctx, "worker: task archived: throttled past its deadline on its last attempt; set worker.Options.Asynq to defer such tasks", "error", te)
 			return te
 		}
-		copyID, err := m.requeue.copy(ctx, t.task, t.id, retryAt)
+		copyID, err := m.requeue.copy(ctx, t.task, t.ID, retryAt)
 		if err != nil {
 			m.metrics.decided(rule, OutcomeError)
 			te.Err = errors.Join(cause, err)

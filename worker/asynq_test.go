@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -757,49 +756,4 @@ func TestAsynqStackedLines(t *testing.T) {
 		t.Errorf("%d limiter calls for %d tasks; want at most %d: servings were lost", got, 2*n, most)
 	}
 	b.noFailures()
-}
-
-// TestSweepOfAnotherRule puts in the ledger the servings of a rule this
-// process does not have: a fresh one goes back to the ledger, counted
-// (another fleet on the same asynq Redis may have the rule), and one
-// passed on maxPassed times is dropped, so that a rule no fleet has any
-// more does not go round for ever.
-func TestSweepOfAnotherRule(t *testing.T) {
-	t.Parallel()
-	b := newBed(t)
-	lim := b.limiter(throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(10)})
-	middleware(t, []TaskRule{{Name: "api", Tasks: []string{"api:*"}, Limiter: lim, Subject: Fixed("s")}}, Options{Asynq: b.rdb})
-	ctx := context.Background()
-	now := time.Now()
-	fresh, last := admission.Member("", "ghost", "s"), admission.Member("", "ghost", "t", strconv.Itoa(maxPassed))
-	for _, m := range []string{fresh, last} {
-		if err := b.rdb.ZAdd(ctx, admission.WakeupsKey, redis.Z{Score: float64(now.UnixMicro()), Member: m}).Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// Taken, the fresh one back in the ledger with a count, the last one
-	// gone. (Between the take and the putting back the ledger holds
-	// neither: wait for the count.)
-	var left []string
-	eventually(t, 5*time.Second, "the ghost rule's servings taken and passed on", func() bool {
-		var err error
-		if left, err = b.rdb.ZRange(ctx, admission.WakeupsKey, 0, -1).Result(); err != nil {
-			t.Fatal(err)
-		}
-		passedOn := false
-		for _, m := range left {
-			if m == fresh || m == last {
-				return false
-			}
-			if parts, _ := admission.Split(m); len(parts) == 4 && parts[2] == "s" {
-				passedOn = true
-			}
-		}
-		return passedOn
-	})
-	for _, m := range left {
-		if parts, _ := admission.Split(m); len(parts) >= 3 && parts[2] == "t" {
-			t.Errorf("ledger after the ghost servings: %q; want t's, passed on %d times, dropped", left, maxPassed)
-		}
-	}
 }

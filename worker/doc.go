@@ -5,9 +5,12 @@
 // *admission.ThrottledError that Configure reschedules without counting a
 // failure or using up a retry, plus a wake-up in the ledger).
 //
-// It owns the asynq side only: the rules file is package rules, the
-// run/wait/park decision and the wake-up ledger are package admission,
-// the limits are package throttle. It must not be imported by admission,
+// It owns the asynq side only: how a task maps to a request, how a parked
+// task is put back in its queue (Inspector.RunTask, or a copy for a task
+// with no retry left), and how a decision maps to asynq. The rules file is
+// package rules; the run/wait/park decision, the wake-up ledger, the
+// serving of lines and the sweeping of places are package admission
+// (admission.Parking); the limits are package throttle. It must not be imported by admission,
 // rules, enqueue or handler; only binaries and programs (cmd/worker,
 // examples) put it together with them.
 //

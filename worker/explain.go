@@ -238,7 +238,7 @@ func Explain(ctx context.Context, rdb redis.UniversalClient, id string, opts Exp
 			return nil, err
 		}
 	}
-	if e.Wakeup, err = zscoreTime(ctx, rdb, admission.WakeupsKey, admission.Member(info.Queue, info.ID)); err != nil {
+	if e.Wakeup, err = zscoreTime(ctx, rdb, admission.WakeupsKey, admission.JobEntry{Queue: info.Queue, ID: info.ID}.Member()); err != nil {
 		return nil, fmt.Errorf("worker: explain: reading the wake-up ledger: %w", err)
 	}
 	if opts.Rules != nil {

@@ -18,7 +18,7 @@ import (
 
 // This file reads what a rule's limiter keeps in Redis about one task, for
 // Explain. The key layout is throttle's (throttle/keys.go, prepay.go,
-// admit.go's lineKeys, lua/driver.lua's header); throttle has no call that
+// admit.go's lineKeys, lua/admit.lua's header); throttle has no call that
 // reads one task's booking or place without deciding for it, so it is
 // written out again here, and TestExplainKeys pins it to the keys a real
 // limiter writes.
@@ -121,7 +121,7 @@ func readRule(ctx context.Context, rdb redis.UniversalClient, prefix string, rc 
 		}
 	}
 	if rs.Concurrency != "" {
-		if err := readPlace(ctx, rdb, k.limit(rs.Concurrency), admission.Member(info.Queue, info.ID), rs); err != nil {
+		if err := readPlace(ctx, rdb, k.limit(rs.Concurrency), admission.JobEntry{Queue: info.Queue, ID: info.ID}.Member(), rs); err != nil {
 			return nil, fail("the queue for a place", err)
 		}
 		return rs, nil
@@ -162,7 +162,7 @@ func readLine(ctx context.Context, rdb redis.UniversalClient, k limiterKeys, id 
 		return err
 	}
 	rs.InLine, rs.Place, rs.LineLength = true, int(rank)+1, int(n)
-	rs.LineServing, err = zscoreTime(ctx, rdb, admission.WakeupsKey, sweepMember(rs.Name, rs.Subject))
+	rs.LineServing, err = zscoreTime(ctx, rdb, admission.WakeupsKey, admission.LineEntry{Rule: rs.Name, Subject: rs.Subject}.Member())
 	return err
 }
 

@@ -341,7 +341,7 @@ func TestExplainKeys(t *testing.T) {
 			t.Fatal(err)
 		}
 		admit := func(id string, horizon time.Duration) throttle.Admission {
-			a, err := lim.Admit(ctx, throttle.AdmitRequest{Subject: keysSubject, N: 1, ID: id, Horizon: horizon})
+			a, err := lim.Admit(ctx, throttle.AdmitRequest{Subject: keysSubject, N: 1, Caller: throttle.Caller{ID: id}, Horizon: horizon})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -400,7 +400,7 @@ func TestExplainKeysConcurrency(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, id := range []string{"h", "w"} {
-			if _, err := lim.Admit(ctx, throttle.AdmitRequest{Subject: keysSubject, N: 1, ID: id, Waiter: admission.Member("q", id)}); err != nil {
+			if _, err := lim.Admit(ctx, throttle.AdmitRequest{Subject: keysSubject, N: 1, Caller: throttle.Caller{ID: id, Waiter: admission.Member("q", id)}}); err != nil {
 				t.Fatal(err)
 			}
 		}

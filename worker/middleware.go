@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -121,13 +119,12 @@ const DefaultRedisRetryDelay = 5 * time.Second
 // A Middleware is safe for concurrent use.
 type Middleware struct {
 	table      atomic.Pointer[ruleTable] // swapped whole by Reload (reload.go)
-	retired    sync.Map                  // names of rules a Reload removed (string → true)
 	shared     *admission.Slots          // Options.MaxWaiting, kept across reloads; nil if unbounded
 	source     *ruleSource               // what FromRules built the rules from; nil for NewMiddleware
 	log        *slog.Logger
 	metrics    *Metrics
 	requeue    *requeuer
-	wakeups    *admission.Wakeups // nil without Options.Asynq
+	parking    *admission.Parking // the wake-up ledger's parking and waking; nil without Options.Asynq
 	redisRetry time.Duration
 	drainCtx   context.Context
 	drain      context.CancelFunc
@@ -140,7 +137,7 @@ type Middleware struct {
 // *ruleGate it was admitted by until its handler returns.
 type ruleTable struct {
 	route  taskroute.Router[*ruleGate]
-	byName map[string]*ruleGate // for the sweeps of concurrency rules (admit.go)
+	byName map[string]*ruleGate // for the wake-up loop (swap) and Explain
 }
 
 // ruleGate is a TaskRule with its admission gate (nil for a Limiter that is not a
@@ -223,8 +220,13 @@ func NewMiddleware(rules []TaskRule, opts Options) (*Middleware, error) {
 	m.parks = &parkTally{log: m.log, every: ParkSummaryEvery}
 	if opts.Asynq != nil {
 		m.requeue = &requeuer{client: asynq.NewClientFromRedisClient(opts.Asynq), insp: asynq.NewInspectorFromRedisClient(opts.Asynq)}
-		var err error
-		if m.wakeups, err = admission.NewWakeups(opts.Asynq, admission.WakeupsKey); err != nil {
+		ledger, err := admission.NewWakeups(opts.Asynq, admission.WakeupsKey)
+		if err == nil {
+			m.parking, err = admission.NewParking(ledger, admission.ParkingOptions{Logger: m.log, OnServe: func(rule string, s admission.Served) {
+				m.metrics.lineServed(rule, s.Handed)
+			}})
+		}
+		if err != nil {
 			return nil, fmt.Errorf("worker: %w", err)
 		}
 	}
@@ -235,11 +237,10 @@ func NewMiddleware(rules []TaskRule, opts Options) (*Middleware, error) {
 	if err != nil {
 		return nil, err
 	}
-	m.table.Store(t)
+	m.swap(t)
 	m.drainCtx, m.drain = context.WithCancel(context.Background())
-	if m.wakeups != nil {
+	if m.parking != nil {
 		m.stopped = make(chan struct{})
-		sweepers.add(m)
 		go m.wakeLoop()
 	}
 	return m, nil
@@ -250,82 +251,29 @@ func NewMiddleware(rules []TaskRule, opts Options) (*Middleware, error) {
 // nothing in m.
 func (m *Middleware) newTable(rules []TaskRule) (*ruleTable, error) {
 	t := &ruleTable{byName: map[string]*ruleGate{}}
-	owner := map[string]string{}
+	owner := map[string]string{} // pattern → rule
 	for i := range rules {
 		r := &rules[i]
-		bad := func(field, reason string) error {
-			return fmt.Errorf("worker: rule %q: %s: %s", r.Name, field, reason)
-		}
-		switch {
-		case r.Name == "":
+		if r.Name == "" {
 			return nil, fmt.Errorf("worker: rule %d: name: must not be empty", i)
-		case t.byName[r.Name] != nil:
-			return nil, bad("name", "is used by two rules; names must be unique")
-		case len(r.Tasks) == 0:
-			return nil, bad("tasks", "must list at least one task type or pattern")
-		case r.Limiter == nil:
-			return nil, bad("limiter", "must not be nil; use a *throttle.Limiter")
-		case r.Subject == nil:
-			return nil, bad("subject", "must not be nil; use Fixed, PayloadField or a func")
-		case r.MaxWait < 0:
-			return nil, bad("max_wait", fmt.Sprintf("%v must not be negative", r.MaxWait))
-		case r.WaitSlots < 0:
-			return nil, bad("wait_slots", fmt.Sprintf("%d must not be negative", r.WaitSlots))
-		case r.FairBy != nil && m.wakeups == nil:
-			return nil, bad("fair_by", "needs Options.Asynq: the wake-up loop serves the subject's line")
-		case r.ShareLimit != (throttle.Limit{}) && r.FairBy == nil:
-			return nil, bad("share_limit", "limits each share of fair_by; set fair_by too")
-		case r.ShareLimit != (throttle.Limit{}):
-			// Checked as throttle checks it at each Admit: a GCRA limit,
-			// a zero Burst being Count.
-			sl := r.ShareLimit
-			if sl.Burst == 0 {
-				sl.Burst = sl.Count
-			}
-			if err := (throttle.Rule{Name: "share_limit", Algorithm: throttle.GCRA, Limit: sl}).Validate(); err != nil {
-				return nil, bad("share_limit", err.Error())
-			}
 		}
-		for share, w := range r.Weights {
-			if w < 1 || w > 1000 {
-				return nil, bad("weights", fmt.Sprintf("share %q: weight %d must be between 1 and 1000", share, w))
-			}
+		if t.byName[r.Name] != nil {
+			return nil, ruleError(r.Name, "name", "is used by two rules; names must be unique")
 		}
-		rule := &ruleGate{TaskRule: *r}
+		if err := m.checkRule(r); err != nil {
+			return nil, err
+		}
+		rule, err := m.newRuleGate(r)
+		if err != nil {
+			return nil, err
+		}
 		t.byName[r.Name] = rule
-		rule.Tasks = append([]string(nil), r.Tasks...)
-		if lim, ok := r.Limiter.(*throttle.Limiter); ok {
-			gateOpts := admission.Options{MaxWait: r.MaxWait, WaitSlots: r.WaitSlots, Shared: m.shared, Horizon: r.Horizon, ShareLimit: r.ShareLimit}
-			if m.wakeups == nil {
-				// Parked tasks come back in whole seconds, up to a second
-				// early (see parkAt): let them wait that out in place.
-				// Nobody serves a line: every turn is booked at once.
-				gateOpts.EarlyWait, gateOpts.Horizon = earlyWaitUnwoken, -1
-			}
-			var err error
-			if rule.gate, err = admission.New(lim, gateOpts); err != nil {
-				return nil, bad("limiter", err.Error())
-			}
-			rule.leased = hasConcurrency(lim)
-			if r.ShareLimit != (throttle.Limit{}) {
-				for _, lr := range lim.Rules() {
-					if lr.Algorithm != throttle.GCRA && lr.Algorithm != throttle.TokenBucket {
-						return nil, bad("share_limit", fmt.Sprintf("needs limits of gcra or token_bucket, which can book a turn for any moment; %q is %s", lr.Name, lr.Algorithm))
-					}
-				}
-			}
-			if rule.leased && r.FairBy != nil {
-				return nil, bad("fair_by", "cannot share a concurrency limit: its queue for places is first come, first served")
-			}
-		} else if r.ShareLimit != (throttle.Limit{}) {
-			return nil, bad("share_limit", "needs a *throttle.Limiter: it is kept in the subject's line")
-		}
 		for _, p := range rule.Tasks {
 			if err := taskroute.CheckPattern(p); err != nil {
-				return nil, bad("tasks", err.Error())
+				return nil, ruleError(r.Name, "tasks", err.Error())
 			}
 			if other, dup := owner[p]; dup {
-				return nil, bad("tasks", fmt.Sprintf("pattern %q is also in rule %q; a task type takes one rule", p, other))
+				return nil, ruleError(r.Name, "tasks", fmt.Sprintf("pattern %q is also in rule %q; a task type takes one rule", p, other))
 			}
 			owner[p] = r.Name
 			t.route.Add(p, rule)
@@ -334,9 +282,93 @@ func (m *Middleware) newTable(rules []TaskRule) (*ruleTable, error) {
 	return t, nil
 }
 
-// hasConcurrency reports whether lim has a concurrency rule.
-func hasConcurrency(lim *throttle.Limiter) bool {
-	return slices.ContainsFunc(lim.Rules(), func(r throttle.Rule) bool { return r.Algorithm == throttle.Concurrency })
+// ruleError is the error of a TaskRule's field.
+func ruleError(rule, field, reason string) error {
+	return fmt.Errorf("worker: rule %q: %s: %s", rule, field, reason)
+}
+
+// checkRule checks the fields of r that need no limiter.
+func (m *Middleware) checkRule(r *TaskRule) error {
+	bad := func(field, reason string) error { return ruleError(r.Name, field, reason) }
+	switch {
+	case len(r.Tasks) == 0:
+		return bad("tasks", "must list at least one task type or pattern")
+	case r.Limiter == nil:
+		return bad("limiter", "must not be nil; use a *throttle.Limiter")
+	case r.Subject == nil:
+		return bad("subject", "must not be nil; use Fixed, PayloadField or a func")
+	case r.MaxWait < 0:
+		return bad("max_wait", fmt.Sprintf("%v must not be negative", r.MaxWait))
+	case r.WaitSlots < 0:
+		return bad("wait_slots", fmt.Sprintf("%d must not be negative", r.WaitSlots))
+	case r.FairBy != nil && m.parking == nil:
+		return bad("fair_by", "needs Options.Asynq: the wake-up loop serves the subject's line")
+	case r.ShareLimit != (throttle.Limit{}) && r.FairBy == nil:
+		return bad("share_limit", "limits each share of fair_by; set fair_by too")
+	case r.ShareLimit != (throttle.Limit{}):
+		// Checked as throttle checks it at each Admit.
+		if _, err := throttle.CheckShareLimit(r.ShareLimit); err != nil {
+			return bad("share_limit", err.Error())
+		}
+	}
+	for share, w := range r.Weights {
+		if w < 1 || w > 1000 {
+			return bad("weights", fmt.Sprintf("share %q: weight %d must be between 1 and 1000", share, w))
+		}
+	}
+	return nil
+}
+
+// newRuleGate returns r with its admission gate, if its Limiter is a
+// *throttle.Limiter, recording its parked tasks' wake-ups in m's parking.
+func (m *Middleware) newRuleGate(r *TaskRule) (*ruleGate, error) {
+	rule := &ruleGate{TaskRule: *r}
+	rule.Tasks = append([]string(nil), r.Tasks...)
+	lim, ok := r.Limiter.(*throttle.Limiter)
+	if !ok {
+		if r.ShareLimit != (throttle.Limit{}) {
+			return nil, ruleError(r.Name, "share_limit", "needs a *throttle.Limiter: it is kept in the subject's line")
+		}
+		return rule, nil
+	}
+	gateOpts := admission.Options{MaxWait: r.MaxWait, WaitSlots: r.WaitSlots, Shared: m.shared, Horizon: r.Horizon, ShareLimit: r.ShareLimit,
+		Parking: m.parking, Name: r.Name}
+	if m.parking == nil {
+		// Parked tasks come back in whole seconds, up to a second
+		// early (see park): let them wait that out in place.
+		// Nobody serves a line: every turn is booked at once.
+		gateOpts.EarlyWait, gateOpts.Horizon = earlyWaitUnwoken, -1
+	}
+	var err error
+	if rule.gate, err = admission.New(lim, gateOpts); err != nil {
+		return nil, ruleError(r.Name, "limiter", err.Error())
+	}
+	rule.leased = rule.gate.Leased()
+	if r.ShareLimit != (throttle.Limit{}) {
+		var ce *throttle.ConfigError
+		if _, err := throttle.CheckShareLimit(r.ShareLimit, lim.Rules()...); errors.As(err, &ce) {
+			return nil, ruleError(r.Name, "share_limit", ce.Reason)
+		}
+	}
+	if rule.leased && r.FairBy != nil {
+		return nil, ruleError(r.Name, "fair_by", "cannot share a concurrency limit: its queue for places is first come, first served")
+	}
+	return rule, nil
+}
+
+// swap puts t in force: tasks that arrive take its rules, and the wake-up
+// loop serves its gates' lines (a rule t no longer has is retired: its
+// servings are dropped).
+func (m *Middleware) swap(t *ruleTable) {
+	m.table.Store(t)
+	if m.parking == nil {
+		return
+	}
+	gates := make(map[string]*admission.Gate, len(t.byName))
+	for name, r := range t.byName {
+		gates[name] = r.gate
+	}
+	m.parking.Serve(gates)
 }
 
 // rule returns the rule for a task type, or nil.
@@ -345,15 +377,18 @@ func (m *Middleware) rule(taskType string) *ruleGate {
 	return r
 }
 
-// ruleNamed returns the rule named name in the current rules, or nil: a
-// sweep scheduled before a Reload runs on the rule's new limiter, whose
-// keys are the old one's.
+// ruleNamed returns the rule named name in the current rules, or nil.
 func (m *Middleware) ruleNamed(name string) *ruleGate { return m.table.Load().byName[name] }
 
 // Wrap returns next throttled by the middleware's rules: an
 // asynq.MiddlewareFunc for ServeMux.Use.
 func (m *Middleware) Wrap(next asynq.Handler) asynq.Handler {
 	return asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+		if m.parking != nil {
+			// Stacked middlewares over one ledger pass each other the
+			// servings of their lines (admission.Parking.Join).
+			ctx = m.parking.Join(ctx)
+		}
 		r := m.rule(task.Type())
 		if r == nil {
 			return next.ProcessTask(ctx, task)

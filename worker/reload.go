@@ -63,17 +63,10 @@ func (m *Middleware) Reload(cfg *rules.Config) error {
 			r.stacked.Store(true)
 		}
 	}
-	m.table.Store(t)
-	for name := range old.byName {
-		if t.byName[name] == nil {
-			// Its servings and sweeps are dropped, unless another
-			// middleware in this process has a rule of that name (admit.go).
-			m.retired.Store(name, true)
-		}
-	}
-	for name := range t.byName {
-		m.retired.Delete(name)
-	}
+	// A sweep or serving scheduled before now runs on the rule's new
+	// gate, whose keys are the old one's; a removed rule's are dropped,
+	// unless a middleware stacked with this one has a rule of that name.
+	m.swap(t)
 	src.cfg = cfg
 	src.publish(m.log, trs)
 	return nil

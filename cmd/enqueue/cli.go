@@ -164,7 +164,7 @@ func (f *batchFlags) flagSet(stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&f.rate, "rate", "", "inline rule instead of --rule-config: count/period such as 20/s, 100/m, 3/500ms; must match the workers' rule")
 	f.burst = 1
 	fs.Var(&intFlag{p: &f.burst, min: 1, max: throttle.MaxPermits}, "burst", "inline rule: burst, the most tasks the rule admits at one instant (default 1)")
-	fs.StringVar(&f.algorithm, "algorithm", "gcra", "inline rule: gcra, token_bucket, fixed_window, sliding_log or sliding_window")
+	fs.StringVar(&f.algorithm, "algorithm", "gcra", "inline rule: "+rules.AlgorithmNames(rules.PaceAlgorithms()))
 	fs.StringVar(&f.prefix, "prefix", throttle.DefaultPrefix, "inline rule: the workers' key prefix")
 	fs.StringVar(&f.subject, "subject", "", "inline rule: the workers' fixed subject")
 	fs.StringVar(&f.subjectField, "subject-field", "", "inline rule: the payload field the workers take the subject from")

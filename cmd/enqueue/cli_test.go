@@ -148,7 +148,7 @@ func TestBatchPacedEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, ti := range append(pending, scheduled...) {
-		a, err := lim.Admit(context.Background(), throttle.AdmitRequest{Subject: "acme", N: 1, Receipt: ti.Headers[admission.ReceiptHeader], Wait: -1, Tolerance: time.Hour})
+		a, err := lim.Admit(context.Background(), throttle.AdmitRequest{Subject: "acme", N: 1, Caller: throttle.Caller{Receipt: ti.Headers[admission.ReceiptHeader]}, Wait: -1, Tolerance: time.Hour})
 		d, ok := a.Delay, a.Status == throttle.Redeemed
 		// The first slot is enqueue.Reach after the batch began, the last
 		// three intervals later (20/s).

@@ -70,10 +70,10 @@ func describeLimit(l throttle.Rule) string {
 		return fmt.Sprintf("%s: concurrency, at most %d at once, lease %v", l.Name, l.Limit.Count, l.Limit.Period)
 	}
 	s := fmt.Sprintf("%s: %v, %d per %v", l.Name, l.Algorithm, l.Limit.Count, l.Limit.Period)
-	switch l.Algorithm {
-	case throttle.GCRA, throttle.TokenBucket:
+	switch {
+	case l.Algorithm.Bucket():
 		s += fmt.Sprintf(", burst %d", l.Limit.Burst)
-	case throttle.SlidingWindow:
+	case l.Algorithm == throttle.SlidingWindow:
 		if l.Precision > 0 {
 			s += fmt.Sprintf(", precision %v", l.Precision)
 		} else {

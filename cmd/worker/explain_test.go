@@ -85,7 +85,7 @@ func bookTurn(t *testing.T, rdb *redis.Client, path, rule, subject, id string) t
 	}
 	var a throttle.Admission
 	for _, id := range []string{"first", id} {
-		if a, err = lim.Admit(context.Background(), throttle.AdmitRequest{Subject: subject, N: 1, ID: id, Horizon: time.Hour}); err != nil {
+		if a, err = lim.Admit(context.Background(), throttle.AdmitRequest{Subject: subject, N: 1, Caller: throttle.Caller{ID: id}, Horizon: time.Hour}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -99,16 +99,24 @@ func bookTurn(t *testing.T, rdb *redis.Client, path, rule, subject, id string) t
 // field that worker.Explanation lacks.
 func decodeExplanation(t *testing.T, code int, stdout string) worker.Explanation {
 	t.Helper()
+	e := decodeExplanationOnly(t, code, stdout)
+	for _, key := range []string{`"task_id"`, `"status": "pending"`, `"rule": {`, `"turn": "`, `"rules_known": true`} {
+		if !strings.Contains(stdout, key) {
+			t.Errorf("--json lacks %s:\n%s", key, stdout)
+		}
+	}
+	return e
+}
+
+// decodeExplanationOnly decodes explain --json's output, which must hold
+// no field that worker.Explanation lacks, and exit 0.
+func decodeExplanationOnly(t *testing.T, code int, stdout string) worker.Explanation {
+	t.Helper()
 	var e worker.Explanation
 	dec := json.NewDecoder(strings.NewReader(stdout))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&e); err != nil || code != exitOK {
 		t.Fatalf("--json: exit %d, %v:\n%s", code, err, stdout)
-	}
-	for _, key := range []string{`"task_id"`, `"status": "pending"`, `"rule": {`, `"turn": "`, `"rules_known": true`} {
-		if !strings.Contains(stdout, key) {
-			t.Errorf("--json lacks %s:\n%s", key, stdout)
-		}
 	}
 	return e
 }

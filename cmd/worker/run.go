@@ -149,7 +149,7 @@ func loadRules(path string) (*rules.Config, *handler.Config, error) {
 	if err != nil {
 		return nil, nil, usageError{err}
 	}
-	handlers, err := handler.ParseConfig(name, data)
+	handlers, err := handler.FromRules(cfg)
 	if err != nil {
 		return nil, nil, usageError{err}
 	}

@@ -69,7 +69,7 @@ func TestStatusPageInChromium(t *testing.T) {
 	if got := metrics["partner"]; got["admitted"]+got["waited"]+got["redeemed"] != 6 || got["parked"] == 0 {
 		t.Errorf("partner's decisions on /metrics %v; want 6 tasks admitted, some after parking", got)
 	}
-	page := loadStatusPage(t, browser, base+"/status")
+	page := loadStatusPage(t, browser, base+"/status", "status-page.png")
 
 	if page.File != rulesFile || len(page.Rules) != 2 || page.Rules[0].Name != "partner" || page.Rules[1].Name != "reports" {
 		t.Fatalf("the page shows rules %+v from %q; want partner and reports from %s", page.Rules, page.File, rulesFile)
@@ -231,8 +231,10 @@ const readStatusPage = `(() => {
 })()`
 
 // loadStatusPage loads the page at url in a headless browser (the
-// chromium at path), reads it, and saves a screenshot of it.
-func loadStatusPage(t *testing.T, path, url string) statusPage {
+// chromium at path), reads it, and saves a screenshot of it as shot (a
+// PNG file's name) in $JOBTHROTTLE_ARTIFACTS, or else the test's
+// temporary directory.
+func loadStatusPage(t *testing.T, path, url, shot string) statusPage {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -256,7 +258,7 @@ func loadStatusPage(t *testing.T, path, url string) statusPage {
 	if dir == "" {
 		dir = t.TempDir()
 	}
-	file := filepath.Join(dir, "status-page.png")
+	file := filepath.Join(dir, shot)
 	if err := os.WriteFile(file, png, 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -135,41 +135,9 @@ func (c *ClusterProcs) waitReady(replicas int) error {
 // ready returns nil if every node sees the cluster whole and every replica is
 // in sync, or else the first reason it is not.
 func (c *ClusterProcs) ready(ctx context.Context, clients []*redis.Client, replicas int) error {
-	want := []string{
-		"cluster_state:ok",
-		"cluster_slots_ok:16384",
-		"cluster_known_nodes:" + strconv.Itoa(len(c.Nodes)),
-	}
 	for _, cl := range clients {
-		addr := cl.Options().Addr
-		info, err := cl.ClusterInfo(ctx).Result()
-		if err != nil {
-			return fmt.Errorf("%s: CLUSTER INFO: %v", addr, err)
-		}
-		for _, w := range want {
-			if !hasLine(info, w) {
-				return fmt.Errorf("%s: CLUSTER INFO lacks %s", addr, w)
-			}
-		}
-		nodes, err := cl.ClusterNodes(ctx).Result()
-		if err != nil {
-			return fmt.Errorf("%s: CLUSTER NODES: %v", addr, err)
-		}
-		if got := strings.Count(nodes, "slave"); got != replicas {
-			return fmt.Errorf("%s: sees %d replicas, want %d", addr, got, replicas)
-		}
-		for _, bad := range []string{"fail", "handshake", "noaddr", "disconnected"} {
-			if strings.Contains(nodes, bad) {
-				return fmt.Errorf("%s: a node is %s:\n%s", addr, bad, nodes)
-			}
-		}
-		repl, err := cl.Info(ctx, "replication").Result()
-		if err != nil {
-			return fmt.Errorf("%s: INFO replication: %v", addr, err)
-		}
-		if hasLine(repl, "role:slave") &&
-			(!hasLine(repl, "master_link_status:up") || !hasLine(repl, "master_sync_in_progress:0")) {
-			return fmt.Errorf("%s: replica not in sync:\n%s", addr, repl)
+		if err := c.nodeReady(ctx, cl, replicas); err != nil {
+			return err
 		}
 	}
 
@@ -197,6 +165,43 @@ func (c *ClusterProcs) ready(ctx context.Context, clients []*redis.Client, repli
 		if listed != replicas {
 			return fmt.Errorf("%s: CLUSTER SLOTS lists %d replicas, want %d", addr, listed, replicas)
 		}
+	}
+	return nil
+}
+
+// nodeReady returns nil if the node cl sees the cluster whole, with
+// replicas replicas and no node failing, and is in sync if it is a
+// replica; or else the first reason it is not.
+func (c *ClusterProcs) nodeReady(ctx context.Context, cl *redis.Client, replicas int) error {
+	addr := cl.Options().Addr
+	info, err := cl.ClusterInfo(ctx).Result()
+	if err != nil {
+		return fmt.Errorf("%s: CLUSTER INFO: %v", addr, err)
+	}
+	for _, w := range []string{"cluster_state:ok", "cluster_slots_ok:16384", "cluster_known_nodes:" + strconv.Itoa(len(c.Nodes))} {
+		if !hasLine(info, w) {
+			return fmt.Errorf("%s: CLUSTER INFO lacks %s", addr, w)
+		}
+	}
+	nodes, err := cl.ClusterNodes(ctx).Result()
+	if err != nil {
+		return fmt.Errorf("%s: CLUSTER NODES: %v", addr, err)
+	}
+	if got := strings.Count(nodes, "slave"); got != replicas {
+		return fmt.Errorf("%s: sees %d replicas, want %d", addr, got, replicas)
+	}
+	for _, bad := range []string{"fail", "handshake", "noaddr", "disconnected"} {
+		if strings.Contains(nodes, bad) {
+			return fmt.Errorf("%s: a node is %s:\n%s", addr, bad, nodes)
+		}
+	}
+	repl, err := cl.Info(ctx, "replication").Result()
+	if err != nil {
+		return fmt.Errorf("%s: INFO replication: %v", addr, err)
+	}
+	if hasLine(repl, "role:slave") &&
+		(!hasLine(repl, "master_link_status:up") || !hasLine(repl, "master_sync_in_progress:0")) {
+		return fmt.Errorf("%s: replica not in sync:\n%s", addr, repl)
 	}
 	return nil
 }

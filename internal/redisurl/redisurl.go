@@ -55,45 +55,60 @@ func Open(rawURL string) (redis.UniversalClient, error) {
 		return nil, fail(err)
 	}
 	hosts := strings.Split(u.Host, ",")
-	scheme := u.Scheme
-	switch {
+	var rdb redis.UniversalClient
+	switch scheme := u.Scheme; {
 	case scheme == "redis-sentinel" || scheme == "rediss-sentinel":
-		parts := strings.FieldsFunc(u.Path, func(r rune) bool { return r == '/' })
-		if len(parts) == 0 || len(parts) > 2 {
-			return nil, fail(errors.New("the path must be /<master name>[/<db>]"))
-		}
-		q := u.Query()
-		q.Set("master_name", parts[0])
-		for _, h := range hosts[1:] {
-			q.Add("addr", h)
-		}
-		u.Scheme, u.Host, u.Path, u.RawQuery = strings.TrimSuffix(scheme, "-sentinel"), hosts[0], "/"+strings.Join(parts[1:], "/"), q.Encode()
-		opts, err := redis.ParseFailoverURL(u.String())
-		if err != nil {
-			return nil, fail(err)
-		}
-		return redis.NewFailoverClient(opts), nil
+		rdb, err = openSentinel(u, hosts)
 	case scheme == "redis-cluster" || scheme == "rediss-cluster" || (scheme == "redis" || scheme == "rediss") && len(hosts) > 1:
-		if u.Path != "" && u.Path != "/" && u.Path != "/0" {
-			return nil, fail(errors.New("Redis Cluster has only database 0"))
-		}
-		q := u.Query()
-		for _, h := range hosts[1:] {
-			q.Add("addr", h)
-		}
-		u.Scheme, u.Host, u.Path, u.RawQuery = strings.TrimSuffix(scheme, "-cluster"), hosts[0], "", q.Encode()
-		opts, err := redis.ParseClusterURL(u.String())
-		if err != nil {
-			return nil, fail(err)
-		}
-		return redis.NewClusterClient(opts), nil
+		rdb, err = openCluster(u, hosts)
 	default:
-		opts, err := redis.ParseURL(rawURL)
-		if err != nil {
-			return nil, fail(err)
+		var opts *redis.Options
+		if opts, err = redis.ParseURL(rawURL); err == nil {
+			rdb = redis.NewClient(opts)
 		}
-		return redis.NewClient(opts), nil
 	}
+	if err != nil {
+		return nil, fail(err)
+	}
+	return rdb, nil
+}
+
+// openSentinel opens the Sentinel-managed master that u names
+// (redis-sentinel://host:port,host:port/master[/db]; hosts are u's).
+func openSentinel(u *url.URL, hosts []string) (redis.UniversalClient, error) {
+	parts := strings.FieldsFunc(u.Path, func(r rune) bool { return r == '/' })
+	if len(parts) == 0 || len(parts) > 2 {
+		return nil, errors.New("the path must be /<master name>[/<db>]")
+	}
+	q := u.Query()
+	q.Set("master_name", parts[0])
+	for _, h := range hosts[1:] {
+		q.Add("addr", h)
+	}
+	u.Scheme, u.Host, u.Path, u.RawQuery = strings.TrimSuffix(u.Scheme, "-sentinel"), hosts[0], "/"+strings.Join(parts[1:], "/"), q.Encode()
+	opts, err := redis.ParseFailoverURL(u.String())
+	if err != nil {
+		return nil, err
+	}
+	return redis.NewFailoverClient(opts), nil
+}
+
+// openCluster opens the Redis Cluster whose seeds u names
+// (redis-cluster://host:port,host:port; hosts are u's).
+func openCluster(u *url.URL, hosts []string) (redis.UniversalClient, error) {
+	if u.Path != "" && u.Path != "/" && u.Path != "/0" {
+		return nil, errors.New("Redis Cluster has only database 0")
+	}
+	q := u.Query()
+	for _, h := range hosts[1:] {
+		q.Add("addr", h)
+	}
+	u.Scheme, u.Host, u.Path, u.RawQuery = strings.TrimSuffix(u.Scheme, "-cluster"), hosts[0], "", q.Encode()
+	opts, err := redis.ParseClusterURL(u.String())
+	if err != nil {
+		return nil, err
+	}
+	return redis.NewClusterClient(opts), nil
 }
 
 // Ping checks that the Redis rdb, opened from rawURL, answers within ctx.

@@ -11,8 +11,10 @@
 //	fields, err := r.Mapping(root, "", "the file", []string{"prefix", "rules"})
 //	prefix, err := r.Prefix(fields["prefix"], "prefix", throttle.DefaultPrefix)
 //
-// It also reads the fields those files share (fields.go): names, the key
-// prefix, a subject.
+// Each mapping's fields are declared once, with how each is read
+// (Reader.Fields, decl.go), so that the list of allowed fields, the
+// required ones and their readers cannot drift apart. It also reads the
+// fields those files share (fields.go): names, the key prefix, a subject.
 //
 // Imports: the YAML parser and throttle (subjects); it must not import
 // rules, worker, enqueue or handler.

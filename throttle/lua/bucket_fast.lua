@@ -10,12 +10,12 @@
 -- ARGV[3] -> max wait of a reserve, µs; -1 for none
 -- ARGV[4] -> T, the rule's interval (its period, count being 1), µs
 -- ARGV[5] -> burst
--- (driver.lua's ARGV less the algorithm, the count and the ticket: each
+-- (allow.lua's ARGV less the algorithm, the count and the ticket: each
 -- argument costs Redis an object and a Lua string per call.) The reply is
--- driver.lua's but for the ticket (below).
+-- allow.lua's but for the ticket (below).
 --
 -- Its decisions, state, TTL and reply are those the general script
--- (bk_check, bk_commit and bk_store in bucket.lua, and driver.lua) gives
+-- (bk_check, bk_commit and bk_store in bucket.lua, decide.lua and allow.lua) gives
 -- the same call, to the µs. Only the work is less, in redis-server
 -- instructions per call (bench/, server cost):
 --   - it is small: Redis's Lua collector walks every loaded script's code
@@ -28,11 +28,11 @@
 --     string.format, or in its 12-byte form by string.char, the TTL's
 --     digits by string.char too when it is under 100 ms;
 --   - the refund ticket is the time to act as an integer reply, not the
---     driver's "<w> <r>" string: the caller (policy.go, reply.tickets)
+--     general script's "<w> <r>" string: the caller (policy.go, reply.tickets)
 --     makes it "<w> 0" only when it keeps the ticket, which Allow does not.
 -- A state in any other form (a decimal "<TAT> <ev>", or one that does not
 -- fit the short forms) is handed back: the reply is an empty array, and
--- the caller (run.go) sends the same call, in the driver's form, to the
+-- the caller (run.go) sends the same call, in allow.lua's form, to the
 -- general script. Nothing has been written then.
 local A = ARGV
 local n = A[2]

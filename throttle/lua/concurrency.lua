@@ -19,7 +19,7 @@
 --
 -- The algorithm takes no permits: a request's n charges the policy's rate
 -- rules, and a holder takes one place whatever its n. check and commit
--- only let the driver's rate code pass over the rule; driver.lua's admit
+-- only let the rate code (decide.lua) pass over the rule; admit.lua
 -- asks cc (below) for the place. Defined only for rare operations
 -- (prelude.lua): allow and reserve never reach a concurrency rule
 -- (throttle/concurrency.go refuses them).
@@ -122,7 +122,7 @@ function cc.ttl(c)
   redis.call('PEXPIRE', c.key, ttl_ms(c.lease * (2 + math.ceil(waiting / c.count))))
 end
 
--- cc.reply appends what the driver's admit reply carries for a policy with
+-- cc.reply appends what admit.lua's reply carries for a policy with
 -- a concurrency rule: the refund tickets ('' where none, for nrules rules)
 -- and then the ids woken by this call.
 function cc.reply(c, t, nrules)

@@ -1,4 +1,4 @@
--- How long the subject's pause (driver.lua, op 'pause') still runs, read
+-- How long the subject's pause (pause.lua) still runs, read
 -- from the Redis time the pause key holds rather than from its TTL: the
 -- value is exact to the microsecond, and servers that do not expire keys
 -- on their own clock (miniredis) answer the same.

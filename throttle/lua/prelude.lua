@@ -1,6 +1,7 @@
 -- Shared by every jobthrottle script. The Go side (scripts.go) builds each
 -- script as: time.lua, prelude.lua, the algorithm files it needs,
--- driver.lua (a bucket script has bucket_fast.lua before prelude.lua).
+-- a use_*.lua file, rules.lua and the operation's files (bucket_fast.lua
+-- stands alone).
 --
 -- Units: every time and duration is in microseconds of Redis TIME, every TTL
 -- given to Redis is in milliseconds. No client clock reaches a script.
@@ -17,7 +18,7 @@
 -- t (Redis TIME) and now (its µs) come from time.lua, before this file.
 
 -- rare is true for the operations other than allow and reserve (see
--- driver.lua): they define and use the helpers below.
+-- allow.lua): they define and use the helpers below.
 local rare = ARGV[1] ~= 'allow' and ARGV[1] ~= 'reserve'
 
 -- Integers are formatted with string.format('%d', x): exact, where
@@ -55,7 +56,7 @@ end
 
 -- Each algorithm file defines check_<name> and commit_<name> as local
 -- functions, and registers refund and pause functions in the tables below
--- (only when rare). A use_*.lua file hands check and commit to the driver
+-- (only when rare). A use_*.lua file hands check and commit to the operation's script
 -- (throttle/scripts.go).
 --
 -- check(key, count, period, extra, n, reserve, max_wait) returns a
@@ -74,8 +75,7 @@ end
 -- a Reservation.Cancel, which the bucket algorithms honour only before the
 -- time to act (bucket.lua). The windows give back in both cases.
 --
--- Each algorithm also registers a settle function (driver.lua, op
--- 'settle'): settle(key, count, period, extra, n, actual, ticket, booked,
+-- Each algorithm also registers a settle function (settle.lua): settle(key, count, period, extra, n, actual, ticket, booked,
 -- skey) corrects
 -- a request of n permits that commit charged (ticket: its refund ticket)
 -- to actual permits, after the caller acted: actual > n charges the
@@ -85,12 +85,11 @@ end
 -- call that made the reservation (-1 if unknown); skey the rule's record
 -- of give-backs (bucket.lua).
 --
--- Each algorithm also registers a pause function (see driver.lua, op
--- 'pause'): pause(key, count, period, extra, untl) moves the rule's state so
+-- Each algorithm also registers a pause function (pause.lua): pause(key, count, period, extra, untl) moves the rule's state so
 -- that no request is admitted before the Redis time untl (microseconds),
 -- and requests after it are admitted as the algorithm's own state allows.
 -- It only ever holds a key back longer, never releases it earlier, so it
--- may be applied again (the driver does so after a refund).
+-- may be applied again (refund.lua and settle.lua do so).
 --
 -- Cost per call. Redis runs the whole script body on every EVALSHA, so
 -- each function or table it defines is allocated (and later collected) on

@@ -1,7 +1,7 @@
 -- Forgets a subject's state under the rules of a limiter (Limiter.Reset,
 -- throttle/state.go), and records, per rule, the Redis time of the Reset,
 -- so that a reservation made before it gives nothing back into the state
--- after it (driver.lua: refund, undo and settle read the record). Built as
+-- after it (refund.lua and settle.lua read the record). Built as
 -- prelude.lua, reset.lua.
 --
 -- KEYS[1]  -> the subject's pause key, <prefix>{<subject>}:!pause

@@ -1,4 +1,4 @@
--- upstream_pace (admit only, driver.lua): a turn of a subject whose
+-- upstream_pace (admit only, admit.lua): a turn of a subject whose
 -- upstream's learned rate (throttle/upstream.go) is slower than a bucket
 -- rule's is decided at the learned rate instead, with a burst of 1: so
 -- bookings, lines and parked tasks keep the pace the upstream accepts, and
@@ -8,7 +8,7 @@
 -- ukey -> <prefix>{<subject>}:!upstream(<rules>), the subject's upstream
 --         hash (upstream_state.lua); read only. A missing hash, or one with
 --         no learned rate, changes nothing.
--- nrules -> the rules of the policy, whose arguments (driver.lua: algorithm,
+-- nrules -> the rules of the policy, whose arguments (rules.lua: algorithm,
 --         count, period µs, burst at ARGV[4 + 5 * (i - 1)]) are rewritten in
 --         place for every gcra and token_bucket rule whose interval
 --         (period / count) is shorter than the learned one: count 1, period

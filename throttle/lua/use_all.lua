@@ -1,5 +1,5 @@
--- Joins every algorithm's functions to driver.lua in the script for
--- policies that mix algorithms (throttle/scripts.go): the driver looks
+-- Joins every algorithm's functions to the operations' scripts in the script for
+-- policies that mix algorithms (throttle/scripts.go): decide.lua looks
 -- them up by each rule's algorithm name.
 local one_check, one_commit = nil, nil
 local checks = {

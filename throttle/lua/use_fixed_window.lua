@@ -1,4 +1,4 @@
--- Joins fixed_window's functions to driver.lua in a script of that algorithm alone
--- (throttle/scripts.go): the driver calls one_check and one_commit, and no
+-- Joins fixed_window's functions to the operations' scripts in a script of that algorithm alone
+-- (throttle/scripts.go): decide.lua calls one_check and one_commit, and no
 -- table is made for them (prelude.lua: cost per call).
 local one_check, one_commit, checks, commits = check_fixed_window, commit_fixed_window, nil, nil

@@ -1,4 +1,4 @@
--- Joins sliding_log's functions to driver.lua in a script of that algorithm alone
--- (throttle/scripts.go): the driver calls one_check and one_commit, and no
+-- Joins sliding_log's functions to the operations' scripts in a script of that algorithm alone
+-- (throttle/scripts.go): decide.lua calls one_check and one_commit, and no
 -- table is made for them (prelude.lua: cost per call).
 local one_check, one_commit, checks, commits = check_sliding_log, commit_sliding_log, nil, nil

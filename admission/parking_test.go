@@ -1,0 +1,216 @@
+package admission
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/jobthrottle/jobthrottle/throttle"
+)
+
+func newParking(t *testing.T, rdb redis.UniversalClient, opts ParkingOptions) *Parking {
+	t.Helper()
+	w, err := NewWakeups(rdb, WakeupsKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := NewParking(w, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// runParking runs p until the test's bubble ends it, waking no job.
+func runParking(t *testing.T, p *Parking) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = p.Run(ctx, RunOptions{}, func(context.Context, JobEntry) error { return nil })
+	}()
+	return func() { cancel(); <-done }
+}
+
+func TestParseEntry(t *testing.T) {
+	for _, e := range []Entry{
+		JobEntry{Queue: "default", ID: "id"},
+		JobEntry{Queue: "q:1", ID: "a:b:c"},
+		LineEntry{Rule: "api", Subject: "acct"},
+		LineEntry{Rule: "", Subject: ""},
+		LineEntry{Rule: "api", Subject: "acct", Passed: 7},
+	} {
+		got, err := ParseEntry(e.Member())
+		if err != nil || got != e {
+			t.Errorf("ParseEntry(%q) = %#v, %v; want %#v", e.Member(), got, err, e)
+		}
+	}
+	// The members producers and workers wrote before the types: one ledger.
+	if got := (JobEntry{Queue: "q", ID: "id"}).Member(); got != Member("q", "id") {
+		t.Errorf("JobEntry member %q, want %q", got, Member("q", "id"))
+	}
+	if got := (LineEntry{Rule: "r", Subject: "s", Passed: 2}).Member(); got != Member("", "r", "s", "2") {
+		t.Errorf("LineEntry member %q, want %q", got, Member("", "r", "s", "2"))
+	}
+	for _, bad := range []string{"x", Member("", "id"), Member("q", "id", "x"), Member("", "r", "s", "-1"), Member("", "r", "s", "n")} {
+		if e, err := ParseEntry(bad); err == nil {
+			t.Errorf("ParseEntry(%q) = %#v, want an error", bad, e)
+		}
+	}
+}
+
+// TestParkingPassesOtherLines puts in the ledger the servings of a rule
+// this process does not have: a fresh one goes back to the ledger, counted
+// (another fleet on the same Redis may have the rule), and one passed on
+// maxPassed times is dropped, so that a rule no fleet has any more does
+// not go round for ever.
+func TestParkingPassesOtherLines(t *testing.T) {
+	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		p := newParking(t, rdb, ParkingOptions{})
+		p.Serve(map[string]*Gate{"api": newGate(t, rdb, Options{}, gcra5)})
+		ctx := context.Background()
+		now := time.Now()
+		fresh, last := LineEntry{Rule: "ghost", Subject: "s"}.Member(), LineEntry{Rule: "ghost", Subject: "t", Passed: maxPassed}.Member()
+		for _, m := range []string{fresh, last} {
+			if err := rdb.ZAdd(ctx, WakeupsKey, redis.Z{Score: float64(now.UnixMicro()), Member: m}).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		stop := runParking(t, p)
+		time.Sleep(100 * ms) // taken, the fresh one back with a count
+		stop()
+		left, err := rdb.ZRange(ctx, WakeupsKey, 0, -1).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := LineEntry{Rule: "ghost", Subject: "s", Passed: 1}.Member()
+		if len(left) != 1 || left[0] != want {
+			t.Errorf("ledger after the ghost servings: %q; want only s's, passed on once (%q), and t's, passed on %d times, dropped", left, want, maxPassed)
+		}
+	})
+}
+
+// TestParkingRetired: a rule Serve no longer has is retired: its servings
+// are dropped at once, not passed on; one given again is served again.
+func TestParkingRetired(t *testing.T) {
+	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		p := newParking(t, rdb, ParkingOptions{})
+		g := newGate(t, rdb, Options{}, gcra5)
+		p.Serve(map[string]*Gate{"old": g})
+		p.Serve(map[string]*Gate{"new": g})
+		if _, known, retired := p.gate("old"); known || !retired {
+			t.Errorf("old: known %v, retired %v; want retired", known, retired)
+		}
+		if err := p.line(context.Background(), LineEntry{Rule: "old", Subject: "s"}); err != nil {
+			t.Fatal(err)
+		}
+		if n, _ := p.Ledger().Len(context.Background()); n != 0 {
+			t.Errorf("%d entries after a retired rule's serving; want it dropped", n)
+		}
+		p.Serve(map[string]*Gate{"old": g})
+		if _, known, retired := p.gate("old"); !known || retired {
+			t.Errorf("old given again: known %v, retired %v; want known", known, retired)
+		}
+	})
+}
+
+// TestParkingJoin: two parkings joined over one job's context (stacked
+// middlewares) pass each other the servings of their lines at once: a
+// serving of b's line that a takes is served by b's gate, never put back
+// for another process.
+func TestParkingJoin(t *testing.T) {
+	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		var mu sync.Mutex
+		served := map[string]int{}
+		onServe := func(name string, s Served) { mu.Lock(); served[name] += len(s.Handed); mu.Unlock() }
+		a, b := newParking(t, rdb, ParkingOptions{OnServe: onServe}), newParking(t, rdb, ParkingOptions{OnServe: onServe})
+		two := throttle.Rule{Name: "two", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(2).WithBurst(1)}
+		gb, err := New(newGate(t, rdb, Options{}, two).Limiter(), Options{Parking: b, Name: "b", MaxWait: ms, Horizon: 700 * ms})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.Serve(map[string]*Gate{})
+		b.Serve(map[string]*Gate{"b": gb})
+		ctx := b.Join(a.Join(context.Background()))
+		if got := b.Join(ctx); got != ctx {
+			t.Error("joining a context that carries the parking already made a new one")
+		}
+		// Three jobs of b: one runs, one parks on a turn, one waits in line.
+		var ds []Decision
+		for _, id := range []string{"1", "2", "3"} {
+			d, err := gb.Admit(ctx, Request{Subject: "s", ID: id, Waiter: JobEntry{Queue: "q", ID: id}.Member()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ds = append(ds, d)
+		}
+		if ds[1].Outcome != Park || !ds[1].Woken || ds[2].Outcome != Park || !ds[2].InLine || !ds[2].Woken {
+			t.Fatalf("decisions %+v; want run, park woken, park in line", ds)
+		}
+		slot, err := rdb.ZScore(ctx, WakeupsKey, JobEntry{Queue: "q", ID: "2"}.Member()).Result()
+		if err != nil || int64(slot) != ds[1].Slot.UnixMicro() {
+			t.Errorf("job 2's wake-up at %v (%v); want its slot %v", slot, err, ds[1].Slot.UnixMicro())
+		}
+		b.running.Store(true) // b's Run would run in its own process; only a looks here
+		stop := runParking(t, a)
+		time.Sleep(2 * time.Second)
+		stop()
+		mu.Lock()
+		defer mu.Unlock()
+		if served["b"] != 1 {
+			t.Errorf("turns handed by the servings of b's line: %d; want job 3's", served["b"])
+		}
+		left, _ := rdb.ZRange(ctx, WakeupsKey, 0, -1).Result()
+		for _, m := range left {
+			if e, _ := ParseEntry(m); e == (LineEntry{Rule: "b", Subject: "s", Passed: 1}) {
+				t.Errorf("b's serving put back for another process: %q", left)
+			}
+		}
+	})
+}
+
+// TestGateParksIntoLedger: a gate with a Parking records a parked job's
+// wake-up at its slot (Decision.Woken); one whose ledger fails still parks,
+// saying why (Decision.ParkErr), not woken.
+func TestGateParksIntoLedger(t *testing.T) {
+	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
+		p := newParking(t, rdb, ParkingOptions{})
+		lim, err := throttle.New(rdb, throttle.Options{}, gcra5)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := New(lim, Options{Parking: p}); err == nil {
+			t.Error("a gate with a parking and no name: no error")
+		}
+		g, err := New(lim, Options{Parking: p, Name: "api", Horizon: -1, WaitSlots: 1, MaxWait: ms})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		job := func(id string) Request {
+			return Request{Subject: "s", ID: id, Waiter: JobEntry{Queue: "q", ID: id}.Member()}
+		}
+		if d, err := g.Admit(ctx, job("1")); err != nil || d.Outcome != Run {
+			t.Fatalf("first job: %+v, %v; want run", d, err)
+		}
+		d, err := g.Admit(ctx, job("2"))
+		if err != nil || d.Outcome != Park || !d.Woken || d.ParkErr != nil {
+			t.Fatalf("second job: %+v, %v; want parked, woken", d, err)
+		}
+		if at, err := rdb.ZScore(ctx, WakeupsKey, JobEntry{Queue: "q", ID: "2"}.Member()).Result(); err != nil || int64(at) != d.Slot.UnixMicro() {
+			t.Errorf("wake-up at %v (%v), want the slot %v", at, err, d.Slot.UnixMicro())
+		}
+		// The ledger's key of another type: the write fails, the park stands.
+		m.Del(WakeupsKey)
+		m.Set(WakeupsKey, "not a sorted set")
+		d, err = g.Admit(ctx, job("3"))
+		if err != nil || d.Outcome != Park || d.Woken || d.ParkErr == nil {
+			t.Errorf("third job with the ledger broken: %+v, %v; want parked, not woken, with ParkErr", d, err)
+		}
+	})
+}

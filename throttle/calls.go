@@ -1,0 +1,178 @@
+package throttle
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// The scripts' arguments: one type per script, each building the KEYS and
+// ARGV its lua/<operation>.lua header documents, in the order it reads
+// them; replies.go decodes what they answer. allow.lua's (allow, reserve,
+// atmost) are policy.build's line (policy.go), built in one allocation
+// because Allow is the hot path, in bucket_fast.lua's shorter form where
+// that script decides the call (scripts.go). Each type's build starts from
+// policy.request, the rules' part every policy script shares
+// (lua/rules.lua).
+
+// prepayArgs is one call of lua/prepay.lua: a reserve of n permits for
+// subject within bound µs (unbounded: none) that records receipt (an id,
+// made a member of the receipt set), kept keep after its slot and no
+// sooner than after from now.
+type prepayArgs struct {
+	subject     string
+	n           int
+	bound       int64
+	receipt     string
+	keep, after time.Duration
+}
+
+func (a prepayArgs) build(p *policy) ([]string, []any, error) {
+	keys, args, err := p.request(opPrepay, a.subject, a.n, a.bound, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	keys = append(keys, p.receiptsKey(a.subject), p.ticketsKey(a.subject))
+	args = append(args, p.member(a.receipt), a.keep.Microseconds(), a.after.Microseconds())
+	return keys, args, nil
+}
+
+// refundArgs is one call of lua/refund.lua: the reservations of batch
+// (at least one) given back for subject; undo gives back even after
+// their time to act.
+type refundArgs struct {
+	subject string
+	undo    bool
+	batch   []*refundEntry
+}
+
+func (a refundArgs) op() op {
+	if a.undo {
+		return opUndo
+	}
+	return opRefund
+}
+
+func (a refundArgs) build(p *policy) ([]string, []any, error) {
+	first := a.batch[0]
+	keys, args, err := p.request(a.op(), a.subject, first.n, first.booked, first.tickets)
+	if err != nil {
+		return nil, nil, err
+	}
+	// Each rule's record of cancelled reservations, so that refunds
+	// arriving in any order give back everything (prelude.lua); the other
+	// reservations follow the rules in ARGV.
+	keys = append(keys, p.givebackKeys(a.subject, cancelledSuffix)...)
+	for _, e := range a.batch[1:] {
+		args = append(args, e.n, e.booked)
+		for _, t := range e.tickets {
+			args = append(args, t)
+		}
+	}
+	return keys, args, nil
+}
+
+// settleArgs is one call of lua/settle.lua: the reservation of n permits
+// for subject, made at the Redis time booked (µs) with tickets, settled
+// to actual permits.
+type settleArgs struct {
+	subject   string
+	n, actual int
+	tickets   []string
+	booked    int64
+}
+
+func (a settleArgs) build(p *policy) ([]string, []any, error) {
+	keys, args, err := p.request(opSettle, a.subject, a.n, int64(a.actual), a.tickets)
+	if err != nil {
+		return nil, nil, err
+	}
+	// Each rule's record of give-backs (bucket_rare.lua); after the rules,
+	// when the reservation was made.
+	keys = append(keys, p.givebackKeys(a.subject, settledSuffix)...)
+	args = append(args, a.booked)
+	return keys, args, nil
+}
+
+// pauseArgs is one call of lua/pause.lua: subject paused for us µs.
+type pauseArgs struct {
+	subject string
+	us      int64
+}
+
+func (a pauseArgs) build(p *policy) ([]string, []any, error) {
+	keys, args, err := p.request(opPause, a.subject, 1, a.us, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	return append(keys, p.pauseKey(a.subject)), args, nil
+}
+
+// admitArgs is one call of lua/admit.lua, whose header documents its
+// KEYS and ARGV: keys and args, and what the decoder needs of the request.
+type admitArgs struct {
+	keys    []string
+	args    []any
+	who     who
+	serving bool // N = 0 without a Concurrency rule: a serving of the line
+}
+
+// admitCall checks req and builds its call of lua/admit.lua; it may give
+// req.ShareLimit a zero Burst's default.
+func (l *Limiter) admitCall(req *AdmitRequest) (admitArgs, error) {
+	serving, horizon, err := l.checkAdmit(req)
+	if err != nil {
+		return admitArgs{}, err
+	}
+	wait := micros(req.Wait)
+	keys, args, err := l.request(opAdmit, req.Subject, req.N, wait, nil)
+	if err != nil {
+		return admitArgs{}, err
+	}
+	w, err := req.Caller.resolve(l)
+	if err != nil {
+		return admitArgs{}, err
+	}
+	keys = append(keys, l.receiptsKey(req.Subject), l.pauseKey(req.Subject), l.ticketsKey(req.Subject))
+	keys = append(keys, l.lineKeys(req.Subject)...)
+	keys = append(keys, l.upstreamKey(req.Subject)) // lua/upstream_pace.lua
+	early := wait
+	if req.EarlyWait > 0 {
+		early = req.EarlyWait.Microseconds()
+	}
+	args = append(args, w.booking, max(req.Tolerance.Microseconds(), 1), horizon, early, w.waiter, w.waitAs, req.Share, max(req.Weight, 1))
+	if sl := req.ShareLimit; sl != (Limit{}) && horizon != unbounded {
+		args = append(args, sl.Count, sl.Period.Microseconds(), sl.Burst)
+	} else {
+		args = append(args, 0, 0, 0)
+	}
+	for _, m := range w.redeem {
+		args = append(args, m)
+	}
+	return admitArgs{keys: keys, args: args, who: w, serving: serving}, nil
+}
+
+// checkAdmit checks req's bounds and share limit, and returns whether it
+// serves the line and the horizon in µs (unbounded: none).
+func (l *Limiter) checkAdmit(req *AdmitRequest) (serving bool, horizon int64, err error) {
+	if err := req.Caller.check(); err != nil {
+		return false, 0, err
+	}
+	serving = req.N == 0 && l.leases == nil
+	if serving && req.Horizon <= 0 {
+		return false, 0, errors.New("throttle: admit: n = 0 serves the subject's line, which needs a Horizon")
+	}
+	if req.Horizon < 0 || req.Horizon > maxPeriod {
+		return false, 0, fmt.Errorf("throttle: admit: horizon %v: must be between 0 (no bound) and %v", req.Horizon, maxPeriod)
+	}
+	horizon = unbounded
+	if req.Horizon > 0 && l.leases == nil {
+		horizon = req.Horizon.Microseconds()
+	}
+	if req.ShareLimit != (Limit{}) {
+		if err := l.checkShareLimit(req, horizon); err != nil {
+			return false, 0, err
+		}
+	}
+	return serving, horizon, nil
+}

@@ -1,0 +1,159 @@
+-- The subject's line, part 1 of 2 (not a script: part of admit's,
+-- throttle/scripts.go): its keys, the shares' caps, and joining or staying
+-- in it. line_serve.lua adds the servings. admit.lua documents the line's
+-- KEYS and ARGV; a line's state:
+--
+--   KEYS[r+4] <prefix>{<subject>}:!line(<rules>): a sorted set of the
+--             waiting members by their place (one line per limiter's rules,
+--             which its servings charge)
+--   KEYS[r+5] :!line:e, a hash: member -> its n and waiter, one a line
+--   KEYS[r+6] :!line:f, a hash: 's' .. share -> the place of the share's
+--             last member; 'v' -> the place of the last member served;
+--             't' -> the Redis time (µs) of the last serving
+--   with share caps (ARGV[b + 8] > 0), KEYS[r+7] ... KEYS[r+10]:
+--             :!line:h (a sorted set: the shares served, by the place of
+--             their first member), :!line:q (the members by share, ordered
+--             by name: share, place, member), :!line:s (the shares asleep,
+--             by the Redis time their cap admits them) and :!line:c (each
+--             share's cap state, the theoretical arrival time of its GCRA,
+--             µs of Redis time)
+--
+-- A caller joins at max(the place of the last member served, the place of
+-- its share's last member) + n / weight, so that the shares with members
+-- waiting are served in turn, each by its weight, and a share that has
+-- waited for nothing starts level with the head. Nothing is charged.
+
+-- line_base returns the line of an admit of n permits under nrules rules,
+-- whose arguments after the rules' start at ARGV[b] (admit.lua), booking
+-- into the receipt set rkey and the tickets tkey with tolerance tol (µs):
+-- the table l with join and stay, and h, the helpers line_serve.lua uses.
+local function line_base(n, nrules, b, rkey, tkey, tol)
+  local l = {key = KEYS[nrules + 4], ekey = KEYS[nrules + 5], fkey = KEYS[nrules + 6],
+    horizon = tonumber(ARGV[b + 2])}
+  local function fmt(x) return string.format('%.17g', x) end
+  -- The shares' caps (ARGV[b + 8] > 0, see above): cap interval ci (µs a
+  -- permit) and burst cb; hkey, qkey, skey and ckey hold the awake shares,
+  -- the members by share, the sleeping shares and the caps' states.
+  local ccount = tonumber(ARGV[b + 8])
+  if ccount > 0 then
+    l.hkey, l.qkey, l.skey, l.ckey = KEYS[nrules + 7], KEYS[nrules + 8], KEYS[nrules + 9], KEYS[nrules + 10]
+    l.ci, l.cb = tonumber(ARGV[b + 9]) / ccount, tonumber(ARGV[b + 10])
+  end
+  -- keep makes the line's keys outlive the caller's fallback.
+  local function keep(us)
+    keep_ttl(l.key, us)
+    keep_ttl(l.ekey, us)
+    keep_ttl(l.fkey, us)
+    if l.ci then
+      keep_ttl(l.hkey, us)
+      keep_ttl(l.qkey, us)
+      keep_ttl(l.skey, us)
+    end
+  end
+  -- qpre is the prefix of share sh's entries in qkey (its length first, so
+  -- that no share's prefix starts another's); qentry is member's entry
+  -- there, ordered by its place.
+  local function qpre(sh) return string.format('%d:', #sh) .. sh .. '\0' end
+  local function qentry(sh, place, member) return qpre(sh) .. string.format('%024.6f', place) .. '\0' .. member end
+  -- qhead returns share sh's first member in line, its entry and place.
+  local function qhead(sh)
+    local p = qpre(sh)
+    local e = redis.call('ZRANGEBYLEX', l.qkey, '[' .. p, '(' .. p .. '\255', 'LIMIT', 0, 1)[1]
+    if not e then return nil end
+    return string.sub(e, #p + 26), e, tonumber(string.sub(e, #p + 1, #p + 24))
+  end
+  -- cap_delay is when share sh's cap admits m permits (µs from now).
+  local function cap_delay(sh, m)
+    if m > l.cb then return max_us end
+    local tat = tonumber(redis.call('ZSCORE', l.ckey, sh)) or 0
+    return math.max(0, tat + (m - l.cb) * l.ci - now)
+  end
+  -- cap_take charges share sh's cap m permits at the slot now + d.
+  local function cap_take(sh, m, d)
+    local tat = math.max(tonumber(redis.call('ZSCORE', l.ckey, sh)) or 0, now + d) + m * l.ci
+    redis.call('ZADD', l.ckey, fmt(tat), sh)
+    keep_ttl(l.ckey, tat - now)
+  end
+  -- sleep takes share sh off the served shares until the Redis time t.
+  local function sleep(sh, t)
+    redis.call('ZREM', l.hkey, sh)
+    redis.call('ZADD', l.skey, fmt(t), sh)
+  end
+  -- fallback is how long a caller with ahead members before it may wait
+  -- for its turn: twice its share of the line at the slowest rule's rate
+  -- (or with caps, twice the members of its share ahead at the cap's
+  -- rate, if longer), plus the horizon.
+  local function fallback(ahead, m, sh)
+    local slowest = 0
+    for i = 1, nrules do
+      local _, count, period = rule(i)
+      if period / count > slowest then slowest = period / count end
+    end
+    local w = 2 * (ahead + 1) * m * slowest
+    if l.ci and sh then
+      local p = qpre(sh)
+      local mine = redis.call('ZLEXCOUNT', l.qkey, '[' .. p, '(' .. p .. '\255')
+      w = math.max(w, 2 * mine * m * l.ci)
+    end
+    return math.ceil(math.min(l.horizon + w, max_us / 4))
+  end
+  -- enqueue puts member, at place, in share sh's queue, and the share among
+  -- the served ones if it is neither served nor asleep; it returns true if
+  -- that share is the only one served (every other asleep, or none).
+  local function enqueue(sh, place, member)
+    redis.call('ZADD', l.qkey, 0, qentry(sh, place, member))
+    if not redis.call('ZSCORE', l.hkey, sh) and not redis.call('ZSCORE', l.skey, sh) then
+      local alone = redis.call('EXISTS', l.hkey) == 0
+      redis.call('ZADD', l.hkey, fmt(place), sh)
+      return alone
+    end
+    return false
+  end
+  -- join puts the caller, booking as ARGV[b], at the end of its share.
+  -- serve is when the line should be served (µs from now), nil if another
+  -- caller has seen to it. asleep, if set, is when the caller's share's
+  -- cap admits it (µs from now): the share sleeps until then.
+  function l.join(serve, asleep)
+    local sh = ARGV[b + 6]
+    local share, weight = 's' .. sh, tonumber(ARGV[b + 7])
+    local f = redis.call('HMGET', l.fkey, 'v', share)
+    local place = math.max(tonumber(f[1]) or 0, tonumber(f[2]) or 0) + n / weight
+    local ahead = redis.call('ZCARD', l.key)
+    redis.call('ZADD', l.key, fmt(place), ARGV[b])
+    redis.call('HSET', l.ekey, ARGV[b], string.format('%d', n) .. '\n' .. ARGV[b + 5])
+    redis.call('HSET', l.fkey, share, fmt(place))
+    if l.ci then
+      -- A share that wakes a line whose shares all sleep (served only when
+      -- the first wakes) has it served now.
+      if enqueue(sh, place, ARGV[b]) and not serve then serve = 0 end
+      if asleep then sleep(sh, now + asleep) end
+    end
+    local back = fallback(ahead, n, l.ci and sh)
+    keep(back + l.horizon + tol)
+    if not serve then serve = -1 elseif serve < 0 then serve = 0 end
+    return {IN_LINE, 1, ahead + 1, back, serve, now}
+  end
+  -- stay keeps a caller that came back still in line (as member, at
+  -- place) there, as the booking id; if nobody has served the line for two
+  -- horizons, whoever served it may have stopped: it is served at once.
+  function l.stay(member, place)
+    local e = redis.call('HGET', l.ekey, member) or ''
+    local m = tonumber(string.match(e, '^(%d+)')) or n
+    local sh = ARGV[b + 6]
+    if member ~= ARGV[b] then
+      redis.call('ZREM', l.key, member)
+      redis.call('HDEL', l.ekey, member)
+      redis.call('ZADD', l.key, place, ARGV[b])
+      if l.ci then redis.call('ZREM', l.qkey, qentry(sh, tonumber(place), member)) end
+    end
+    if l.ci then enqueue(sh, tonumber(place), ARGV[b]) end
+    redis.call('HSET', l.ekey, ARGV[b], string.format('%d', m) .. '\n' .. ARGV[b + 5])
+    local ahead = redis.call('ZCOUNT', l.key, '-inf', '(' .. place)
+    local back = fallback(ahead, m, l.ci and sh)
+    keep(back + l.horizon + tol)
+    local serve = -1
+    if now - (tonumber(redis.call('HGET', l.fkey, 't')) or 0) > 2 * l.horizon then serve = 0 end
+    return {IN_LINE, 1, redis.call('ZCARD', l.key), back, serve, now}
+  end
+  return l, {fmt = fmt, qhead = qhead, cap_delay = cap_delay, cap_take = cap_take, sleep = sleep}
+end

@@ -1,0 +1,261 @@
+-- The subject's line, part 2 of 2 (not a script: part of admit's,
+-- throttle/scripts.go, after line.lua): taking members' turns and serving
+-- the line.
+--
+-- A serving (admit with n = 0 and a horizon) books, from the line's head,
+-- each member's turn (as admit's BOOKED books) while the turn is within
+-- the horizon, at most 256 a call; with share caps, a share whose cap admits
+-- its next member later than the rules would sleeps until then, and the
+-- other shares are served meanwhile (a per-tenant limit inside an API
+-- key's). When nobody else waits (every share asleep, or no line), a
+-- capped caller's turn is booked ahead, for when its cap admits it, if that
+-- is within the horizon (take, with at; the rules are buckets); else the
+-- caller starts the line, its share asleep.
+
+-- line_open returns the line of an admit (line_base's arguments, line.lua):
+-- l with join, stay, serve and direct.
+local function line_open(n, nrules, b, rkey, tkey, tol)
+  local l, h = line_base(n, nrules, b, rkey, tkey, tol)
+  local fmt, qhead, cap_delay, cap_take, sleep = h.fmt, h.qhead, h.cap_delay, h.cap_take, h.sleep
+  -- take books m permits under every rule (and share sh's cap, if given)
+  -- if the turn is within the horizon, and returns true, its delay and the
+  -- tickets; else false and the delay until the rules would admit it, and
+  -- with a cap that admits later than the rules, the cap's delay. With by,
+  -- a turn at or after the Redis time by is not taken: false, its delay,
+  -- nil, true.
+  local function take_now(m, sh, by)
+    local delays, s1s, s2s, late = {}, {}, {}, -1
+    for i = 1, nrules do
+      local algo, count, period, extra = rule(i)
+      local ok, d, _, _, s1, s2 = (one_check or checks[algo])(KEYS[i], count, period, extra, m, true, l.horizon)
+      if not ok then
+        if d > late then late = d end
+      end
+      delays[i], s1s[i], s2s[i] = d, s1, s2
+    end
+    if late >= 0 then return false, late end
+    local tks, delay = {}, 0
+    for i = 1, nrules do
+      if delays[i] > delay then delay = delays[i] end
+    end
+    if by and now + delay >= by then return false, delay, nil, true end
+    if sh then
+      local dc = cap_delay(sh, m)
+      if dc > delay then return false, delay, dc end
+      cap_take(sh, m, delay)
+    end
+    for i = 1, nrules do
+      local algo, count, period, extra = rule(i)
+      tks[i] = (one_commit or commits[algo])(KEYS[i], count, period, extra, m, delays[i], s1s[i], s2s[i])
+    end
+    return true, math.ceil(delay), tks
+  end
+  -- take is take_now, or with at (µs), take_now as if called at now + at:
+  -- a turn booked ahead at that moment, which may leave the rules' turns
+  -- before it unused. It is asked only where no one waits for those turns
+  -- (nobody in line, or every share asleep), for a share whose own limit
+  -- admits it at now + at, and only of the bucket algorithms (every rule
+  -- of a limiter with share limits is one, throttle/admit.go), whose state
+  -- is a time and books any moment. Delays are from the real now.
+  local function take(m, sh, by, at)
+    if not at or at <= 0 then return take_now(m, sh, by) end
+    local real = now
+    now = now + at
+    local ok, delay, x, first = take_now(m, sh, by)
+    now = real
+    delay = delay + at
+    if ok then
+      -- bucket.lua set the keys' TTLs from the shifted now: at too short.
+      for i = 1, nrules do
+        local pt = redis.call('PTTL', KEYS[i])
+        if pt > 0 then redis.call('PEXPIRE', KEYS[i], pt + math.ceil(at / 1000)) end
+      end
+      keep_ttl(l.ckey, (tonumber(redis.call('ZSCORE', l.ckey, sh)) or now) - now)
+    elseif type(x) == 'number' then
+      x = x + at
+    end
+    return ok, delay, x, first
+  end
+  -- book records member's turn, taken with delay and tickets tks.
+  local function book(member, delay, tks)
+    local slot = now + delay
+    redis.call('ZADD', rkey, string.format('%d', slot), member)
+    keep_ttl(rkey, delay + tol)
+    keep_tickets(tkey, rkey, member, table.concat(tks, '\n') .. '\n' .. string.format('%d', now), delay + tol)
+    return slot
+  end
+  -- hand takes member out of the line, books the turn taken for it (ok,
+  -- delay, tks) and adds its waiter and slot to reply. A member that can
+  -- never be admitted now (the rules changed under it) is woken with
+  -- nothing booked: it asks again, and is told why.
+  local function hand(reply, member, waiter, ok, delay, tks)
+    redis.call('ZREM', l.key, member)
+    redis.call('HDEL', l.ekey, member)
+    local slot = now
+    if ok then slot = book(member, delay, tks) end
+    if waiter then
+      reply[#reply + 1] = waiter
+      reply[#reply + 1] = string.format('%d', slot)
+    end
+  end
+  -- serve books the turns of the line's head members that fall within the
+  -- horizon, in order.
+  local function serve_plain(reply)
+    local next_us = -1
+    for _ = 1, 256 do
+      local head = redis.call('ZRANGE', l.key, 0, 0, 'WITHSCORES')
+      if not head[1] then break end
+      local member = head[1]
+      local e = redis.call('HGET', l.ekey, member) or ''
+      local m, waiter = string.match(e, '^(%d+)\n(.*)$')
+      m = tonumber(m)
+      local ok, delay, tks = false, max_us, nil
+      if m then ok, delay, tks = take(m) end
+      if not ok and m and delay < max_us / 2 then
+        next_us = math.max(delay - l.horizon / 2, 0)
+        break
+      end
+      redis.call('HSET', l.fkey, 'v', head[2])
+      hand(reply, member, waiter, ok, delay, tks)
+    end
+    return next_us
+  end
+  -- serve_capped is serve_plain with the shares' caps: the head of the
+  -- line is the first member of the awake share (hkey) that came first; a
+  -- share whose cap admits its first member later than the rules would
+  -- sleeps (skey) until then, and the others are served meanwhile; shares
+  -- whose sleep ends by the slot at hand wake first.
+  local function serve_capped(reply)
+    local next_us = -1
+    redis.call('ZREMRANGEBYSCORE', l.ckey, '-inf', fmt(now))
+    local function first_asleep()
+      local s = redis.call('ZRANGE', l.skey, 0, 0, 'WITHSCORES')
+      return tonumber(s[2]) or max_us * 4
+    end
+    local function wake(upto)
+      for _, sh in ipairs(redis.call('ZRANGEBYSCORE', l.skey, '-inf', fmt(upto))) do
+        redis.call('ZREM', l.skey, sh)
+        local _, _, place = qhead(sh)
+        if place then redis.call('ZADD', l.hkey, fmt(place), sh) end
+      end
+      return first_asleep()
+    end
+    local asleep = wake(now)
+    local v = tonumber(redis.call('HGET', l.fkey, 'v')) or 0
+    -- ahead: the share woken ahead of its sleep's end (every share was
+    -- asleep) and when it ends, µs from now.
+    local ahead, ahead_at
+    for _ = 1, 256 do
+      local sh = redis.call('ZRANGE', l.hkey, 0, 0)[1]
+      if not sh and asleep - now <= l.horizon then
+        -- Every share asleep, the first within the horizon: nobody waits
+        -- for the rules' turns before its sleep ends, so its turn is
+        -- booked ahead, for when its own limit admits it.
+        ahead, ahead_at = redis.call('ZRANGE', l.skey, 0, 0)[1], asleep - now
+        redis.call('ZREM', l.skey, ahead)
+        local _, _, p = qhead(ahead)
+        if p then redis.call('ZADD', l.hkey, fmt(p), ahead) end
+        asleep = first_asleep()
+        sh = p and ahead
+      end
+      if not sh then break end
+      local member, entry, place = qhead(sh)
+      local e = member and redis.call('HGET', l.ekey, member)
+      local m, waiter
+      if e then m, waiter = string.match(e, '^(%d+)\n(.*)$') end
+      m = tonumber(m)
+      if not member then
+        redis.call('ZREM', l.hkey, sh)
+      elseif not e then
+        -- Left the line another way (served while the caps were off).
+        redis.call('ZREM', l.qkey, entry)
+        local _, _, p = qhead(sh)
+        if p then redis.call('ZADD', l.hkey, fmt(p), sh) else redis.call('ZREM', l.hkey, sh) end
+      else
+        local ok, delay, tks, first = false, max_us, nil, nil
+        local dc
+        -- The share woken ahead is the first asleep: nobody goes first.
+        local at, by = nil, asleep
+        if sh == ahead then at, by, ahead = ahead_at, nil, nil end
+        if m then ok, delay, dc, first = take(m, sh, by, at) end
+        if ok then tks, dc = dc, nil end
+        if not ok and m and delay < max_us / 2 and not dc and not first then
+          next_us = math.max(delay - l.horizon / 2, 0)
+          break
+        end
+        if first then
+          -- The shares asleep until this slot wake, and may go first.
+          asleep = wake(now + delay)
+        elseif dc and dc < max_us / 2 then
+          sleep(sh, now + dc)
+          if now + dc < asleep then asleep = now + dc end
+        else
+          redis.call('ZREM', l.qkey, entry)
+          if place > v then v = place end
+          hand(reply, member, waiter, ok, delay, tks)
+          local _, _, p = qhead(sh)
+          if p then redis.call('ZADD', l.hkey, fmt(p), sh) else redis.call('ZREM', l.hkey, sh) end
+        end
+      end
+    end
+    redis.call('HSET', l.fkey, 'v', fmt(v))
+    if next_us < 0 and redis.call('EXISTS', l.hkey) == 0 and asleep < max_us * 4 then
+      -- Every share asleep past the horizon: served when the first comes
+      -- within half of it.
+      next_us = math.max(asleep - now - l.horizon / 2, 0)
+    end
+    return next_us
+  end
+  function l.serve()
+    local reply = {DENIED, 1, 0, 0, 0, now}
+    for i = 1, nrules do reply[6 + i] = '' end
+    redis.call('HSET', l.fkey, 't', string.format('%d', now))
+    local next_us
+    if l.ci and (redis.call('EXISTS', l.hkey) == 1 or redis.call('EXISTS', l.skey) == 1) then
+      next_us = serve_capped(reply)
+    else
+      -- Without caps, or members who joined while there were none.
+      next_us = serve_plain(reply)
+    end
+    local left = redis.call('ZCARD', l.key)
+    if left == 0 then
+      redis.call('DEL', l.ekey, l.fkey)
+      if l.ci then redis.call('DEL', l.hkey, l.qkey, l.skey) end
+    else
+      if next_us < 0 then next_us = 0 end
+      reply[1], reply[3], reply[4] = BOOKED, left, math.ceil(next_us)
+    end
+    return reply
+  end
+  -- direct takes a new turn for a caller with a cap when nobody waits in
+  -- line: granted within the caller's wait, booked within the horizon,
+  -- else the caller starts the line, its share asleep if its cap is what
+  -- holds it back.
+  function l.direct()
+    local sh = ARGV[b + 6]
+    -- Spent states (a share's time passed) are a fresh share's.
+    redis.call('ZREMRANGEBYSCORE', l.ckey, '-inf', fmt(now))
+    local ok, delay, x = take(n, sh)
+    if not ok then
+      if delay >= max_us / 2 or (x and x >= max_us / 2) then
+        return {DENIED, 1, 0, math.ceil(math.min(x or delay, max_us)), 0, now}
+      end
+      if not x then return l.join(delay - l.horizon / 2) end
+      -- Its own share's limit holds it back: with nobody in line, its
+      -- turn is booked ahead, for when that limit admits it, if within the
+      -- horizon; else it starts the line, its share asleep.
+      if x > l.horizon then return l.join(x - l.horizon / 2, x) end
+      ok, delay, x = take(n, sh, nil, x)
+      if not ok then return l.join(math.max(delay, x or 0) - l.horizon / 2, x) end
+    end
+    local wait = tonumber(ARGV[3])
+    if wait >= 0 and delay > wait then
+      book(ARGV[b], delay, x)
+      return {BOOKED, 1, 0, delay, 0, now}
+    end
+    local reply = {GRANTED, 1, 0, delay, 0, now}
+    for i = 1, nrules do reply[6 + i] = x[i] end
+    return reply
+  end
+  return l
+end

@@ -1,0 +1,201 @@
+package throttle
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// The scripts' replies, decoded in one place: every status a script
+// decides, and what it becomes for the caller, is in this file. decide.lua
+// (allow.lua, prepay.lua and admit.lua's new turns) replies ok or not;
+// admit.lua replies one of the admit statuses below; refund.lua,
+// settle.lua and pause.lua reply a number their callers read themselves.
+
+// reply is the answer of lua/decide.lua to allow, reserve, prepay, admit and
+// atmost: {status, deciding rule (1-based), remaining, delay µs, reset
+// µs, Redis now µs, tickets…}; atmost adds the permits it took.
+type reply struct {
+	Result
+	status   int64 // ok (1/0), or admit's status (admit.go)
+	redisNow int64 // µs of Redis TIME when the script ran
+	raw      []any
+}
+
+// tickets returns the refund tickets of an admitted reply, one per rule;
+// nil if it has none (n = 0 charged nothing). Built on demand: Allow drops
+// them, and its hot path allocates only what go-redis needs. The fast
+// bucket script replies its one ticket as an integer, the time to act in
+// whole µs, which is the general script's "<w> 0" (lua/bucket_fast.lua).
+func (r reply) tickets(rules int) []string {
+	if len(r.raw) < 6+rules {
+		return nil
+	}
+	t := make([]string, rules)
+	for i := range t {
+		switch v := r.raw[6+i].(type) {
+		case string:
+			t[i] = v
+		case int64:
+			t[i] = strconv.FormatInt(v, 10) + " 0"
+		}
+	}
+	return t
+}
+
+// parse reads a reply; it fails only for one the scripts cannot have sent.
+func (p *policy) parse(raw []any) (reply, error) {
+	if len(raw) < 6 {
+		return reply{}, badReply(raw)
+	}
+	var ints [6]int64
+	for i := range ints {
+		v, ok := raw[i].(int64)
+		if !ok {
+			return reply{}, badReply(raw)
+		}
+		ints[i] = v
+	}
+	decider := int(ints[1]) - 1
+	if decider < 0 || decider >= len(p.rules) {
+		return reply{}, badReply(raw)
+	}
+	return reply{
+		Result: Result{
+			Allowed:    ints[0] == 1,
+			Rule:       p.rules[decider].Name,
+			Limit:      p.rules[decider].Limit,
+			Remaining:  int(ints[2]),
+			RetryAfter: time.Duration(ints[3]) * time.Microsecond,
+			ResetAfter: time.Duration(ints[4]) * time.Microsecond,
+		},
+		status: ints[0], redisNow: ints[5], raw: raw,
+	}, nil
+}
+
+// badReply is the error for a reply the scripts cannot have sent (built only
+// then: formatting a reply costs more than the rest of parsing it).
+func badReply(raw []any) error {
+	return fmt.Errorf("throttle: unexpected script reply %v", raw)
+}
+
+// AdmitStatus is what an Admit caller does next; its value is its name.
+type AdmitStatus string
+
+const (
+	// Denied: the slot would be past the Horizon (or past Wait with no ID);
+	// nothing was charged. Admission.Delay says when it would be.
+	Denied AdmitStatus = "denied"
+	// Granted: a new turn within Wait. Act at Admission.At; if the caller
+	// will not act, Admission.Reservation.Cancel refunds it.
+	Granted AdmitStatus = "granted"
+	// Booked: a new turn later than Wait, booked under the request's ID
+	// for Admission.At. Leave, and come back then. With a Concurrency
+	// rule (Admission.Rule names it) whose places are all taken: the
+	// caller is in the queue for one; leave, and come back when
+	// Options.OnHandoff names it, or at Admission.At at the latest.
+	Booked AdmitStatus = "booked"
+	// Redeemed: the caller's booking or receipt is due within Wait, and is
+	// used up. Act at Admission.At.
+	Redeemed AdmitStatus = "redeemed"
+	// Held: the caller's booking or receipt is for Admission.At, later
+	// than Wait. It is kept: leave, and come back then.
+	Held AdmitStatus = "held"
+)
+
+// Reply statuses of lua/admit.lua, named as lua/status.lua names them
+// (admit.lua's header says when each is sent).
+const (
+	admitDenied   = 0
+	admitGranted  = 1
+	admitBooked   = 2
+	admitRedeemed = 3
+	admitHeld     = 4
+	admitQueued   = 5 // waiting for a place of the Concurrency rule
+	admitInLine   = 6 // waiting in the subject's line (AdmitRequest.Horizon)
+)
+
+// decodeAdmit reads lua/admit.lua's reply rep, received at recv, to req:
+// each status becomes the caller's AdmitStatus here. A serving of the line
+// also reads the members it booked.
+func (l *Limiter) decodeAdmit(req AdmitRequest, rep reply, recv time.Time, serving bool) (Admission, error) {
+	res := rep.Result
+	a := Admission{
+		Delay: res.RetryAfter,
+		Slot:  time.UnixMicro(rep.redisNow).Add(res.RetryAfter),
+	}
+	a.At = l.clock.wake(recv, rep.redisNow, a.Delay)
+	switch rep.status {
+	case admitDenied:
+		a.Status, a.Rule = Denied, res.Rule
+	case admitGranted:
+		a.Status, a.Rule = Granted, res.Rule
+		a.Reservation = &Reservation{lim: l, subject: req.Subject, n: req.N, tickets: rep.tickets(len(l.rules)), delay: a.Delay, at: a.At, booked: rep.redisNow}
+	case admitBooked, admitQueued:
+		a.Status, a.Rule = Booked, res.Rule
+	case admitRedeemed:
+		a.Status = Redeemed
+		if t, booked := redeemedTickets(rep.raw, len(l.rules)); t != nil {
+			// To settle (Reservation.Settle); the turn is spent, so
+			// Cancel gives nothing back.
+			a.Reservation = &Reservation{lim: l, subject: req.Subject, n: req.N, tickets: t, delay: a.Delay, at: a.At, spent: true, booked: booked}
+		}
+	case admitHeld:
+		a.Status = Held
+	case admitInLine:
+		a.Status, a.Rule, a.InLine = Booked, res.Rule, true
+		if serve, _ := rep.raw[4].(int64); serve >= 0 {
+			a.Serve = time.UnixMicro(rep.redisNow + serve)
+		}
+	default:
+		return Admission{}, badReply(rep.raw)
+	}
+	if serving {
+		a.Handed = handed(rep.raw, len(l.rules))
+		if a.Status == Booked {
+			a.Serve, a.Rule = a.Slot, ""
+		}
+	}
+	return a, nil
+}
+
+// handed reads the members a serving of the line booked: the waiter and
+// slot pairs after the reply's 6 + nrules values.
+func handed(raw []any, nrules int) map[string]time.Time {
+	if len(raw) <= 6+nrules {
+		return nil
+	}
+	h := make(map[string]time.Time, (len(raw)-6-nrules)/2)
+	for i := 6 + nrules; i+1 < len(raw); i += 2 {
+		w, _ := raw[i].(string)
+		us, err := strconv.ParseInt(fmt.Sprint(raw[i+1]), 10, 64)
+		if err == nil {
+			h[w] = time.UnixMicro(us)
+		}
+	}
+	return h
+}
+
+// redeemedTickets returns the tickets admit's reply carries for a redeemed
+// booking or receipt (one string: a line per rule, then the Redis time of
+// the booking), and that time; nil if it has none (recorded before tickets
+// were kept, or under other rules).
+func redeemedTickets(raw []any, rules int) ([]string, int64) {
+	if len(raw) < 7 {
+		return nil, 0
+	}
+	s, ok := raw[6].(string)
+	if !ok {
+		return nil, 0
+	}
+	t := strings.Split(s, "\n")
+	if len(t) != rules+1 {
+		return nil, 0
+	}
+	booked, err := strconv.ParseInt(t[rules], 10, 64)
+	if err != nil {
+		return nil, 0
+	}
+	return t[:rules], booked
+}
