@@ -65,6 +65,16 @@ import (
 // policy (never above it, nor above the slowest rule), so that a steady
 // fleet settles where the 429s stop.
 //
+// # Admissions
+//
+// Limiter.Admit reads the same state in its call (lua/upstream_pace.lua):
+// while the learned rate is slower than a gcra or token_bucket rule's,
+// that rule's turns are decided at the learned rate with a burst of 1,
+// and no sooner than the next departure's slot. So a backlog parks on
+// turns the resource accepts, and a request sent on its turn departs at
+// once instead of being sent back to wait again. Other callers of the rule
+// (Allow, Reserve, Wait) keep its own rate.
+//
 // The first departure after nothing is known of the resource (a new
 // subject, or its state expired) probes: the others wait for its answer,
 // at most ProbeWait, so that they do not all learn the limit by being
