@@ -39,7 +39,7 @@ func ExampleGate() {
 	}
 	ctx := context.Background()
 	for _, id := range []string{"job-1", "job-2", "job-3", "job-2"} {
-		d, err := gate.Admit(ctx, admission.Request{Subject: "acct-42", ID: id})
+		d, err := gate.Admit(ctx, admission.Request{Subject: "acct-42", Caller: throttle.Caller{ID: id}})
 		if err != nil {
 			panic(err)
 		}
@@ -97,7 +97,7 @@ func ExampleParking() {
 	defer stop()
 	for _, id := range []string{"job-1", "job-2"} {
 		job := admission.JobEntry{Queue: "default", ID: id}
-		d, err := gate.Admit(ctx, admission.Request{Subject: "acct-42", ID: id, Waiter: job.Member()})
+		d, err := gate.Admit(ctx, admission.Request{Subject: "acct-42", Caller: throttle.Caller{ID: id, Waiter: job.Member()}})
 		if err != nil {
 			panic(err)
 		}

@@ -22,7 +22,7 @@
 // worker, enqueue or handler.
 //
 //	gate, err := admission.New(lim, admission.Options{MaxWait: time.Second})
-//	d, err := gate.Admit(ctx, admission.Request{Subject: "acct-42", ID: taskID})
+//	d, err := gate.Admit(ctx, admission.Request{Subject: "acct-42", Caller: throttle.Caller{ID: taskID}})
 //	switch {
 //	case err != nil:
 //		return err // Redis failed, ctx ended, or the turn is past ctx's deadline
@@ -200,22 +200,16 @@ func New(lim *throttle.Limiter, opts Options) (*Gate, error) {
 }
 
 // Leased reports whether the gate's limiter has a Concurrency rule: a job
-// it lets run holds a place until Release.
+// it lets run holds a place (Decision.Place) until it releases it.
 func (g *Gate) Leased() bool { return g.leased }
 
-// WaitN waits for n permits of subject as the limiter's WaitN does, until
-// ctx ends, whatever the gate's options: for a job that cannot park (it
-// could not come back), which waits where it is as long as ctx allows.
-func (g *Gate) WaitN(ctx context.Context, subject string, n int) error {
-	return g.lim.WaitN(ctx, subject, n)
-}
-
-// Release gives back the place of the limiter's Concurrency rule that a
-// job of subject ran under (Decision.Lease), whatever the job did. It
-// returns an error matching throttle.ErrRedis if Redis fails: the place
-// then frees when its lease expires.
-func (g *Gate) Release(ctx context.Context, subject string) error {
-	return g.lim.Release(ctx, subject)
+// Acquire waits for n permits of subject as the limiter's Acquire does,
+// until ctx ends, whatever the gate's options: for a job that cannot park
+// (it could not come back), which waits where it is as long as ctx
+// allows. With a Concurrency rule the job then holds the place it returns
+// (nil without one): give it back with its Release when the job ends.
+func (g *Gate) Acquire(ctx context.Context, subject string, n int) (*throttle.Place, error) {
+	return g.lim.Acquire(ctx, subject, n)
 }
 
 // Options returns the gate's options, defaults filled in.
@@ -230,35 +224,32 @@ type Request struct {
 	Subject string
 	// Cost is the number of permits the job takes; if zero, 1.
 	Cost int
-	// ID is the job's identity across its arrivals (a task ID): its
-	// booked turn is kept under it. If empty, the job cannot park, and a
-	// turn later than it can wait fails with a *throttle.DelayError.
-	ID string
-	// Receipt is a receipt from throttle.Limiter.PrepayN that the job
-	// carries (booked by its producer), or empty.
-	Receipt string
-	// BookAs, if not empty, is the ID the job will come back under, if not
-	// ID (a task requeued as a copy): a new turn is booked under it.
-	BookAs string
-	// Waiter is the job under the limiter's Concurrency rule, if it has
-	// one (throttle.AdmitRequest.Waiter): what the limiter's OnHandoff is
-	// given to wake the job when a place is handed to it. If empty, ID.
-	// A job that runs holds a place until it ends (Decision.Lease).
-	Waiter string
-	// WaitAs, if not empty, is the Waiter the job comes back as, if not
-	// Waiter (a task requeued as a copy): it takes over Waiter's place.
-	// In the subject's line (Options.Horizon), the job is named by WaitAs,
-	// Waiter, BookAs or ID, the first set: Gate.Serve hands that name its
-	// turn. With Options.Parking, that name is also the job's wake-up in
-	// the ledger, and a Waiter is woken by Parking.Run when a place is
-	// handed to it (WakeOnHandoff): give each a JobEntry's Member.
-	WaitAs string
-	// Share is the job's share of its subject's line (a tenant of one API
-	// key): the shares with jobs in line are served in turn, each by its
-	// Weight (throttle.AdmitRequest.Share). Empty is a share like any other.
-	Share string
-	// Weight is Share's weight, from 1 (the default, if zero) to 1000.
-	Weight int
+	// Caller is who the job is to the limiter (throttle.Caller), as Admit
+	// passes it on:
+	//   - ID is the job's identity across its arrivals (a task ID): its
+	//     booked turn is kept under it. If empty, the job cannot park, and
+	//     a turn later than it can wait fails with a *throttle.DelayError.
+	//   - Receipt is a receipt from throttle.Limiter.PrepayN that the job
+	//     carries (booked by its producer), or empty.
+	//   - BookAs, if not empty, is the ID the job will come back under, if
+	//     not ID (a task requeued as a copy): a new turn is booked under it.
+	//   - Waiter is the job under the limiter's Concurrency rule, if it has
+	//     one: what the limiter's OnHandoff is given to wake the job when a
+	//     place is handed to it. If empty, ID. A job that runs holds a
+	//     place until it ends (Decision.Place).
+	//   - WaitAs, if not empty, is the Waiter the job comes back as, if not
+	//     Waiter (a task requeued as a copy): it takes over Waiter's place.
+	//     In the subject's line (Options.Horizon), the job is named by
+	//     WaitAs, Waiter, BookAs or ID, the first set: Gate.Serve hands that
+	//     name its turn. With Options.Parking, that name is also the job's
+	//     wake-up in the ledger, and a Waiter is woken by Parking.Run when a
+	//     place is handed to it (WakeOnHandoff): give each a JobEntry's
+	//     Member.
+	//   - Share is the job's share of its subject's line (a tenant of one
+	//     API key): the shares with jobs in line are served in turn, each by
+	//     its Weight, from 1 (the default, if zero) to 1000. Empty is a
+	//     share like any other.
+	throttle.Caller
 	// BookAhead books a new turn however far ahead, past Options.Horizon,
 	// and never puts the job in the line: for a job that must hold turns
 	// of several gates in turn, which the back of one gate's line would
@@ -311,11 +302,14 @@ type Decision struct {
 	// (throttle.Reservation.Settle). Nil for Park, and for a turn booked
 	// before the limiter kept tickets.
 	Reservation *throttle.Reservation
+	// Place is throttle.Admission.Place: for Run, the place of the
+	// limiter's Concurrency rule that the job holds, which the caller gives
+	// back with its Release when the job ends, succeeded or not. Nil
+	// otherwise.
+	Place *throttle.Place
 	// Lease is throttle.Admission.Lease: for Run, non-zero when the job
-	// holds a place of the limiter's Concurrency rule, which the caller
-	// gives back with Release when the job ends, succeeded or
-	// not; for Park, non-zero when the job is queued for such a place (Rule
-	// names the rule). It is that rule's lease.
+	// holds a Place; for Park, non-zero when the job is queued for such a
+	// place (Rule names the rule). It is that rule's lease.
 	Lease time.Duration
 	// InLine, for Park, is true when the job waits in its subject's line
 	// (Options.Horizon) with no turn yet: At is only a fallback, and the
@@ -378,7 +372,7 @@ func (g *Gate) Admit(ctx context.Context, req Request) (Decision, error) {
 	if err != nil {
 		return Decision{}, err
 	}
-	d := Decision{Turn: a.Status, Rule: a.Rule, At: a.At, Slot: a.Slot, Reservation: a.Reservation, Lease: a.Lease, InLine: a.InLine, Serve: a.Serve}
+	d := Decision{Turn: a.Status, Rule: a.Rule, At: a.At, Slot: a.Slot, Reservation: a.Reservation, Place: a.Place, Lease: a.Lease, InLine: a.InLine, Serve: a.Serve}
 	switch a.Status {
 	case throttle.Booked, throttle.Held:
 		d.Outcome, d.Reservation = Park, nil
@@ -388,9 +382,7 @@ func (g *Gate) Admit(ctx context.Context, req Request) (Decision, error) {
 			if a.Reservation != nil {
 				_ = a.Reservation.Cancel(rctx)
 			}
-			if a.Lease > 0 {
-				_ = g.lim.Release(rctx, req.Subject)
-			}
+			_ = a.Place.Release(rctx) // nil without a place: nothing
 			cancel()
 			return Decision{}, err
 		}
@@ -419,7 +411,7 @@ func (g *Gate) limiterRequest(req Request, wait, early time.Duration) throttle.A
 		n = 1
 	}
 	return throttle.AdmitRequest{
-		Subject: req.Subject, N: n, Caller: throttle.Caller{ID: req.ID, Receipt: req.Receipt, BookAs: req.BookAs, Waiter: req.Waiter, WaitAs: req.WaitAs, Share: req.Share, Weight: req.Weight},
+		Subject: req.Subject, N: n, Caller: req.Caller,
 		Wait: wait, EarlyWait: max(early, time.Microsecond), Tolerance: g.opts.Tolerance,
 		Horizon: horizon, ShareLimit: g.opts.ShareLimit,
 	}

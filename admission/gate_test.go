@@ -38,7 +38,7 @@ var gcra5 = throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle
 // and reports whether it ran at once on its booking (else the test fails).
 func comeBack(ctx context.Context, t *testing.T, g *Gate, id string, at time.Time) bool {
 	time.Sleep(time.Until(at))
-	d, err := g.Admit(ctx, Request{Subject: "acct", ID: id})
+	d, err := g.Admit(ctx, Request{Subject: "acct", Caller: throttle.Caller{ID: id}})
 	if err != nil || d.Outcome != Run || d.Turn != throttle.Redeemed || d.Waited != 0 {
 		t.Errorf("%s back at its turn: %+v, %v; want run on its booking at once", id, d, err)
 		return false
@@ -77,7 +77,7 @@ func TestGateParksABacklog(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				d, err := g.Admit(ctx, Request{Subject: "acct", ID: id})
+				d, err := g.Admit(ctx, Request{Subject: "acct", Caller: throttle.Caller{ID: id}})
 				if err != nil {
 					t.Errorf("Admit %s: %v", id, err)
 					return
@@ -138,7 +138,7 @@ func TestGateLine(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				d, err := g.Admit(ctx, Request{Subject: "acct", ID: id})
+				d, err := g.Admit(ctx, Request{Subject: "acct", Caller: throttle.Caller{ID: id}})
 				if err != nil {
 					t.Errorf("Admit %s: %v", id, err)
 					return
@@ -207,7 +207,7 @@ func TestGateWaitSlots(t *testing.T) {
 	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
 		g := newGate(t, rdb, Options{MaxWait: 10 * time.Second, WaitSlots: 2, EarlyWait: 50 * ms}, gcra5)
 		ctx := context.Background()
-		if d, err := g.Admit(ctx, Request{Subject: "hot", ID: "first"}); err != nil || d.Outcome != Run {
+		if d, err := g.Admit(ctx, Request{Subject: "hot", Caller: throttle.Caller{ID: "first"}}); err != nil || d.Outcome != Run {
 			t.Fatalf("first: %+v %v", d, err)
 		}
 		var wg sync.WaitGroup
@@ -215,7 +215,7 @@ func TestGateWaitSlots(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				d, err := g.Admit(ctx, Request{Subject: "hot", ID: fmt.Sprint("waiter", i)})
+				d, err := g.Admit(ctx, Request{Subject: "hot", Caller: throttle.Caller{ID: fmt.Sprint("waiter", i)}})
 				if err != nil || d.Outcome != Run || d.Waited < 200*ms {
 					t.Errorf("waiter %d: %+v %v; want run after waiting", i, d, err)
 				}
@@ -223,14 +223,14 @@ func TestGateWaitSlots(t *testing.T) {
 		}
 		time.Sleep(ms) // both waiters are asleep on their turns
 		synctest.Wait()
-		d, err := g.Admit(ctx, Request{Subject: "hot", ID: "third"})
+		d, err := g.Admit(ctx, Request{Subject: "hot", Caller: throttle.Caller{ID: "third"}})
 		if err != nil || d.Outcome != Park || d.Turn != throttle.Booked {
 			t.Errorf("third with both slots taken: %+v %v; want parked", d, err)
 		}
 		if d.Waited != 0 {
 			t.Errorf("the parked job waited %v", d.Waited)
 		}
-		cold, err := g.Admit(ctx, Request{Subject: "cold", ID: "c"})
+		cold, err := g.Admit(ctx, Request{Subject: "cold", Caller: throttle.Caller{ID: "c"}})
 		if err != nil || cold.Outcome != Run || cold.Waited != 0 {
 			t.Errorf("cold subject: %+v %v; want run at once", cold, err)
 		}
@@ -243,14 +243,14 @@ func TestGateWaitSlots(t *testing.T) {
 func TestGateCancelRefunds(t *testing.T) {
 	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
 		g := newGate(t, rdb, Options{}, gcra5)
-		if _, err := g.Admit(context.Background(), Request{Subject: "s", ID: "a"}); err != nil {
+		if _, err := g.Admit(context.Background(), Request{Subject: "s", Caller: throttle.Caller{ID: "a"}}); err != nil {
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 100*ms)
 		defer cancel()
 		// The turn is 200ms away, past the context's deadline: with an ID
 		// the job parks rather than wait in vain.
-		d, err := g.Admit(ctx, Request{Subject: "s", ID: "b"})
+		d, err := g.Admit(ctx, Request{Subject: "s", Caller: throttle.Caller{ID: "b"}})
 		if err != nil || d.Outcome != Park {
 			t.Fatalf("turn past the deadline: %+v, %v; want parked", d, err)
 		}
@@ -263,7 +263,7 @@ func TestGateCancelRefunds(t *testing.T) {
 		// A wait cut short by cancel refunds its turn.
 		cctx, ccancel := context.WithCancel(context.Background())
 		go func() { time.Sleep(50 * ms); ccancel() }()
-		if _, err := g.Admit(cctx, Request{Subject: "s", ID: "c"}); !errors.Is(err, context.Canceled) {
+		if _, err := g.Admit(cctx, Request{Subject: "s", Caller: throttle.Caller{ID: "c"}}); !errors.Is(err, context.Canceled) {
 			t.Fatalf("cancelled wait: %v, want context.Canceled", err)
 		}
 		a, err := g.Limiter().Admit(context.Background(), throttle.AdmitRequest{Subject: "s", N: 1, Caller: throttle.Caller{ID: "d"}, Wait: -1, Tolerance: ms})
@@ -309,7 +309,7 @@ func TestGateShareLimit(t *testing.T) {
 		start := time.Now()
 		admit := func(id, share string) Decision {
 			t.Helper()
-			d, err := g.Admit(ctx, Request{Subject: "acct", ID: id, Share: share})
+			d, err := g.Admit(ctx, Request{Subject: "acct", Caller: throttle.Caller{ID: id, Share: share}})
 			if err != nil {
 				t.Fatalf("Admit %s: %v", id, err)
 			}
@@ -351,10 +351,10 @@ func TestGateShareLimit(t *testing.T) {
 
 		// A job of stacked rules (BookAhead) still goes through the
 		// line, where the share limit is kept.
-		if d, err := g.Admit(ctx, Request{Subject: "other", ID: "c1", Share: "c", BookAhead: true}); err != nil || d.Outcome != Run {
+		if d, err := g.Admit(ctx, Request{Subject: "other", BookAhead: true, Caller: throttle.Caller{ID: "c1", Share: "c"}}); err != nil || d.Outcome != Run {
 			t.Fatalf("c1 (book ahead): %+v, %v; want run", d, err)
 		}
-		if d, err := g.Admit(ctx, Request{Subject: "other", ID: "c2", Share: "c", BookAhead: true}); err != nil || d.Outcome != Park || !d.InLine {
+		if d, err := g.Admit(ctx, Request{Subject: "other", BookAhead: true, Caller: throttle.Caller{ID: "c2", Share: "c"}}); err != nil || d.Outcome != Park || !d.InLine {
 			t.Errorf("c2 (book ahead): %+v, %v; want parked in line by its share's limit", d, err)
 		}
 	})
@@ -372,7 +372,7 @@ func TestGateSharedSlots(t *testing.T) {
 		ctx := context.Background()
 		for _, g := range []*Gate{a, b} {
 			for _, s := range []string{"x", "y", "z"} {
-				if d, err := g.Admit(ctx, Request{Subject: s, ID: "first-" + s}); err != nil || d.Outcome != Run {
+				if d, err := g.Admit(ctx, Request{Subject: s, Caller: throttle.Caller{ID: "first-" + s}}); err != nil || d.Outcome != Run {
 					t.Fatalf("first of %s: %+v %v", s, d, err)
 				}
 			}
@@ -385,20 +385,20 @@ func TestGateSharedSlots(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if d, err := w.g.Admit(ctx, Request{Subject: w.s, ID: "wait-" + w.s}); err != nil || d.Outcome != Run || d.Waited != 200*ms {
+				if d, err := w.g.Admit(ctx, Request{Subject: w.s, Caller: throttle.Caller{ID: "wait-" + w.s}}); err != nil || d.Outcome != Run || d.Waited != 200*ms {
 					t.Errorf("waiter on %s: %+v %v; want run after 200ms", w.s, d, err)
 				}
 			}()
 		}
 		time.Sleep(ms)
 		synctest.Wait()
-		d, err := a.Admit(ctx, Request{Subject: "z", ID: "third"})
+		d, err := a.Admit(ctx, Request{Subject: "z", Caller: throttle.Caller{ID: "third"}})
 		if err != nil || d.Outcome != Park {
 			t.Errorf("a third subject with the shared slots taken: %+v %v; want parked", d, err)
 		}
 		wg.Wait()
 		// Both waiters are done: the shared slots are free again.
-		if d, err := b.Admit(ctx, Request{Subject: "z", ID: "later"}); err != nil || d.Outcome != Run {
+		if d, err := b.Admit(ctx, Request{Subject: "z", Caller: throttle.Caller{ID: "later"}}); err != nil || d.Outcome != Run {
 			t.Errorf("after the waiters: %+v %v; want run after waiting", d, err)
 		}
 	})
@@ -421,7 +421,7 @@ func TestGateNoWaitWithoutSlot(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				d, err := g.Admit(ctx, Request{Subject: "hot", ID: fmt.Sprint("job-", i)})
+				d, err := g.Admit(ctx, Request{Subject: "hot", Caller: throttle.Caller{ID: fmt.Sprint("job-", i)}})
 				if err != nil {
 					t.Error(err)
 				}

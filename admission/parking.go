@@ -117,7 +117,7 @@ func (p *Parking) Join(ctx context.Context) context.Context {
 		}
 	}
 	for _, q := range outer {
-		if q.ledger.key == p.ledger.key {
+		if q.ledger.keys[0] == p.ledger.keys[0] {
 			p.link(q)
 			q.link(p)
 		}

@@ -143,7 +143,7 @@ func TestParkingJoin(t *testing.T) {
 		// Three jobs of b: one runs, one parks on a turn, one waits in line.
 		var ds []Decision
 		for _, id := range []string{"1", "2", "3"} {
-			d, err := gb.Admit(ctx, Request{Subject: "s", ID: id, Waiter: JobEntry{Queue: "q", ID: id}.Member()})
+			d, err := gb.Admit(ctx, Request{Subject: "s", Caller: throttle.Caller{ID: id, Waiter: JobEntry{Queue: "q", ID: id}.Member()}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -193,7 +193,7 @@ func TestGateParksIntoLedger(t *testing.T) {
 		}
 		ctx := context.Background()
 		job := func(id string) Request {
-			return Request{Subject: "s", ID: id, Waiter: JobEntry{Queue: "q", ID: id}.Member()}
+			return Request{Subject: "s", Caller: throttle.Caller{ID: id, Waiter: JobEntry{Queue: "q", ID: id}.Member()}}
 		}
 		if d, err := g.Admit(ctx, job("1")); err != nil || d.Outcome != Run {
 			t.Fatalf("first job: %+v, %v; want run", d, err)

@@ -18,8 +18,9 @@ const (
 	// jobthrottle_start_delay_seconds, the time from enqueue to start.
 	EnqueuedHeader = "jobthrottle-enqueued"
 	// WakeupsKey is the key, in the queue's Redis, of the ledger of parked
-	// tasks to wake at their turns (Wakeups). Every worker of a fleet and
-	// every producer that paces tasks uses it, whatever their rules'
-	// prefix.
+	// tasks to wake at their turns (Wakeups): of its first shard, from
+	// which the other shards' keys derive (NewShardedWakeups). Every
+	// worker of a fleet and every producer that paces tasks uses it,
+	// whatever their rules' prefix.
 	WakeupsKey = "jobthrottle:{wakeups}"
 )

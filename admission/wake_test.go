@@ -103,10 +103,17 @@ func TestMemberSplit(t *testing.T) {
 }
 
 // TestWakeupsIdle: two wakers over an empty ledger look at it once a
-// second each (Idle), not once a Tick; a wake-up added while they sleep is
-// published, so it is still woken on time, within a tick of its slot less
-// the lead, whether it is due before their next look or after it.
+// second each (Idle), not once a Tick, with one shard or three (past the
+// look at every shard when they start); a wake-up added while they sleep
+// is published, so it is still woken on time, within a tick of its slot
+// less the lead, whether it is due before their next look or after it.
 func TestWakeupsIdle(t *testing.T) {
+	for _, shards := range []int{1, 3} {
+		t.Run(fmt.Sprintf("shards=%d", shards), func(t *testing.T) { testWakeupsIdle(t, shards) })
+	}
+}
+
+func testWakeupsIdle(t *testing.T, shards int) {
 	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
@@ -114,7 +121,7 @@ func TestWakeupsIdle(t *testing.T) {
 		defer other.Close()
 		// The script loaded first: a first EVALSHA answered NOSCRIPT is
 		// sent again as EVAL, two calls for one look.
-		if _, _, _, err := (&Wakeups{rdb: rdb, key: "test:{wakeups}"}).pop(ctx, 0); err != nil {
+		if _, _, _, err := (&Wakeups{rdb: rdb, keys: []string{"test:{wakeups}"}}).pop(ctx, "test:{wakeups}", 0); err != nil {
 			t.Fatal(err)
 		}
 		looks := redistest.CountScripts(rdb)
@@ -130,16 +137,19 @@ func TestWakeupsIdle(t *testing.T) {
 		}
 		var wg sync.WaitGroup
 		for _, c := range []*redis.Client{rdb, other} {
-			w, _ := NewWakeups(c, "test:{wakeups}")
+			w, _ := NewShardedWakeups(c, "test:{wakeups}", shards)
 			wg.Add(1)
 			go func() { defer wg.Done(); _ = w.Run(ctx, cfg, wake) }()
 		}
-		time.Sleep(10*time.Second + 500*ms)
+		time.Sleep(500 * ms) // both have looked at every shard once
+		looks.Store(0)
+		time.Sleep(10 * time.Second)
 		if n := looks.Load(); n > 2*11 {
-			t.Errorf("%d looks in 10.5s by two idle wakers, want at most 22 (one a second each)", n)
+			t.Errorf("%d looks in 10s by two idle wakers over %d shards, want at most 22 (one a second each)", n, shards)
 		}
+		t.Logf("two idle wakers over %d shards: %d looks in 10s", shards, looks.Load())
 
-		adder, _ := NewWakeups(redistest.PipeClient(m), "test:{wakeups}")
+		adder, _ := NewShardedWakeups(redistest.PipeClient(m), "test:{wakeups}", shards)
 		start := time.Now()
 		slots := map[string]time.Time{"soon": start.Add(300 * ms), "later": start.Add(2500 * ms)}
 		for member, at := range slots {

@@ -67,7 +67,8 @@ type Pacer struct {
 	// are scheduled for their slot. Ignored with Wakeups.
 	Lead time.Duration
 	// Wakeups, if set, is the workers' wake-up ledger (on the asynq
-	// Redis, at admission.WakeupsKey): each task is recorded there for its
+	// Redis, at admission.WakeupsKey, with the workers' number of shards:
+	// admission.NewShardedWakeups): each task is recorded there for its
 	// slot, so that a worker with worker.Options.Asynq moves it to pending just
 	// before the slot, and asynq's own schedule (the whole second after the
 	// slot) is only a fallback. Tasks then start on their slots, spread over

@@ -47,6 +47,10 @@ type PaceSpec struct {
 	// Pacer.Wakeups) instead, which workers with worker.Options.Asynq (as
 	// cmd/worker runs) use to start it on its slot.
 	Lead time.Duration
+	// WakeupShards is the number of keys of the workers' wake-up ledger
+	// (worker.Options.WakeupShards): the same as the workers', or fewer.
+	// If zero, admission.DefaultWakeupShards.
+	WakeupShards int
 }
 
 // Reach is how far ahead of its booking a paced task's slot is, at the
@@ -66,7 +70,7 @@ func (s *PaceSpec) wakeups(rdb redis.UniversalClient) (*admission.Wakeups, error
 	if s.Lead > 0 {
 		return nil, nil
 	}
-	return admission.NewWakeups(rdb, admission.WakeupsKey)
+	return admission.NewShardedWakeups(rdb, admission.WakeupsKey, s.WakeupShards)
 }
 
 // Pacer builds the Pacer for batches of taskType on rdb. base supplies the

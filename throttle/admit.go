@@ -136,9 +136,14 @@ type Admission struct {
 	// is there to Settle (its Cancel gives nothing back: the turn is
 	// spent); nil otherwise.
 	Reservation *Reservation
+	// Place is the place of the limiter's Concurrency rule that a Granted
+	// or Redeemed caller now holds: give it back with Place.Release when
+	// the work ends. Nil otherwise, and always for a limiter without a
+	// Concurrency rule.
+	Place *Place
 	// Lease is the lease of the limiter's Concurrency rule when the answer
-	// is about a place under it: Granted or Redeemed (the caller holds a
-	// place until Release) or Booked by that rule (the caller is queued
+	// is about a place under it: Granted or Redeemed (the caller holds
+	// Place until it releases it) or Booked by that rule (the caller is queued
 	// for a place, and Rule names the rule). Zero otherwise, and always
 	// for a limiter without a Concurrency rule.
 	Lease time.Duration
@@ -172,42 +177,44 @@ const maxWeight = 1000
 // and an error matching ErrRedis if Redis fails (a FailOpen limiter
 // grants instead).
 func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error) {
+	if err := l.open(); err != nil {
+		return Admission{}, err
+	}
 	if req.Tolerance < 0 {
 		return Admission{}, fmt.Errorf("throttle: admit: tolerance %v: must not be negative", req.Tolerance)
 	}
 	if req.Tolerance == 0 {
 		req.Tolerance = l.tolerance
 	}
-	if l.parts != nil {
-		return l.admitParts(ctx, req)
-	}
+	return l.mode.admit(ctx, req)
+}
+
+// admitSaid is what an Admit's one script call said, for a mode that acts
+// on it (*leases): the reply, and who the caller is.
+type admitSaid struct {
+	rep reply
+	who who
+}
+
+// admitOne is Admit's one script call over the limiter's rules.
+func (l *Limiter) admitOne(ctx context.Context, req AdmitRequest) (Admission, admitSaid, error) {
 	call, err := l.admitCall(&req)
 	if err != nil {
-		return Admission{}, err
+		return Admission{}, admitSaid{}, err
 	}
 	rep, recv, err := l.call(ctx, opAdmit, call.keys, call.args)
-	woken := l.leases.woken(rep.raw, len(l.rules))
 	if re, ok := err.(*redisError); ok {
-		return l.admitFailed(ctx, req, re, call.serving)
+		a, err := l.admitFailed(ctx, req, re, call.serving)
+		return a, admitSaid{}, err
 	}
 	if err != nil {
-		return Admission{}, err
+		return Admission{}, admitSaid{}, err
 	}
 	a, err := l.decodeAdmit(req, rep, recv, call.serving)
 	if err != nil {
-		return Admission{}, err
+		return Admission{}, admitSaid{}, err
 	}
-	if l.leases != nil {
-		if req.N > 0 && (a.Status == Granted || a.Status == Redeemed) {
-			l.leases.hold(req.Subject, call.who.waitAs)
-			a.Lease = l.leases.lease
-		}
-		if rep.status == admitQueued {
-			a.Lease = l.leases.lease
-		}
-		l.leases.deliver(woken)
-	}
-	return a, nil
+	return a, admitSaid{rep: rep, who: call.who}, nil
 }
 
 // admitFailed answers an Admit that Redis failed: a serving of the line
@@ -239,7 +246,7 @@ func (c Caller) resolve(l *Limiter) (who, error) {
 	if id := cmp.Or(c.BookAs, c.ID); id != "" {
 		w.booking = l.member(id)
 	}
-	if l.leases != nil {
+	if l.holders {
 		if w.waiter = cmp.Or(c.Waiter, c.ID); w.waiter == "" {
 			return who{}, errors.New("throttle: admit: a limiter with a concurrency rule needs an ID or a Waiter")
 		}

@@ -67,7 +67,7 @@ func (l *Limiter) runAllow(ctx context.Context, line []any) ([]any, error) {
 			b.mu.Unlock()
 		} else {
 			b.mu.Unlock()
-			go l.drain() // keeps the place this call held
+			l.bg.run(l.drain) // keeps the place this call held
 		}
 		return reply, err
 	}
@@ -79,7 +79,7 @@ func (l *Limiter) runAllow(ctx context.Context, line []any) ([]any, error) {
 	}
 	b.mu.Unlock()
 	if start {
-		go l.drain()
+		l.bg.run(l.drain)
 	}
 	select {
 	case <-c.done:

@@ -158,7 +158,7 @@ func (l *Limiter) checkAdmit(req *AdmitRequest) (serving bool, horizon int64, er
 	if err := req.Caller.check(); err != nil {
 		return false, 0, err
 	}
-	serving = req.N == 0 && l.leases == nil
+	serving = req.N == 0 && !l.holders
 	if serving && req.Horizon <= 0 {
 		return false, 0, errors.New("throttle: admit: n = 0 serves the subject's line, which needs a Horizon")
 	}
@@ -166,7 +166,7 @@ func (l *Limiter) checkAdmit(req *AdmitRequest) (serving bool, horizon int64, er
 		return false, 0, fmt.Errorf("throttle: admit: horizon %v: must be between 0 (no bound) and %v", req.Horizon, maxPeriod)
 	}
 	horizon = unbounded
-	if req.Horizon > 0 && l.leases == nil {
+	if req.Horizon > 0 && !l.holders {
 		horizon = req.Horizon.Microseconds()
 	}
 	if req.ShareLimit != (Limit{}) {

@@ -8,12 +8,8 @@ package throttle
 // requests ahead (a batch) checks them all first, so that it books none
 // of a batch that would fail part way.
 func (l *Limiter) CheckN(subject string, n int) error {
-	if l.parts == nil {
-		_, err := l.check(subject, n)
-		return err
-	}
-	for _, p := range l.parts {
-		if err := p.lim.CheckN(p.of(subject), n); err != nil {
+	for _, p := range l.mode.parts() {
+		if _, err := p.lim.check(p.of(subject), n); err != nil {
 			return err
 		}
 	}

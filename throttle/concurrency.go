@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -36,6 +37,7 @@ const minLease = 100 * time.Millisecond
 // holds, which it renews every third of the lease until they are released,
 // and the callers waiting in Wait for one.
 type leases struct {
+	exact // what the places do not decide: ReserveN
 	lim   *Limiter
 	rule  int // the Concurrency rule's index
 	count int
@@ -47,9 +49,10 @@ type leases struct {
 	idle    chan struct{}            // closed when no place is held: the renewal goroutine, if any, ends
 }
 
-// newLeases returns the leases of l's Concurrency rule; nil without one, an
-// error if l has two.
-func newLeases(l *Limiter) (*leases, error) {
+// newLeases returns the leases of a Concurrency rule of ex's limiter; nil
+// without one, an error if it has two.
+func newLeases(ex exact) (*leases, error) {
+	l := ex.l
 	var s *leases
 	for i, r := range l.rules {
 		if r.Algorithm != Concurrency {
@@ -58,11 +61,37 @@ func newLeases(l *Limiter) (*leases, error) {
 		if s != nil {
 			return nil, &ConfigError{Rule: r.Name, Field: "algorithm", Reason: fmt.Sprintf("a limiter has at most one concurrency rule, and %q is one", l.rules[s.rule].Name)}
 		}
-		s = &leases{lim: l, rule: i, count: r.Limit.Count, lease: r.Limit.Period,
+		s = &leases{exact: ex, lim: l, rule: i, count: r.Limit.Count, lease: r.Limit.Period,
 			held: map[string][]string{}, waiting: map[string]chan struct{}{}}
 	}
 	return s, nil
 }
+
+func (s *leases) allow(context.Context, string, int) (Result, error) {
+	return Result{}, s.only("AllowN")
+}
+
+// admit is Admit under a Concurrency rule: a place granted is held (and
+// renewed) from now on, and the waiters the call handed places to are
+// woken.
+func (s *leases) admit(ctx context.Context, req AdmitRequest) (Admission, error) {
+	a, did, err := s.lim.admitOne(ctx, req)
+	if err != nil || did.rep.raw == nil { // failed, or granted without Redis
+		return a, err
+	}
+	woken := s.woken(did.rep.raw, len(s.lim.rules))
+	if req.N > 0 && (a.Status == Granted || a.Status == Redeemed) {
+		a.Place = s.hold(req.Subject, did.who.waitAs)
+		a.Lease = s.lease
+	}
+	if did.rep.status == admitQueued {
+		a.Lease = s.lease
+	}
+	s.deliver(woken)
+	return a, nil
+}
+
+func (s *leases) close() {}
 
 // only is the error of an operation that a limiter with a Concurrency
 // rule does not offer.
@@ -73,9 +102,9 @@ func (s *leases) only(op string) error {
 }
 
 // woken returns the ids that an admit reply says were handed a place: its
-// last value, when s is not nil and the reply has one; nil otherwise.
+// last value, when the reply has one; nil otherwise.
 func (s *leases) woken(reply []any, nrules int) []any {
-	if s == nil || len(reply) != 7+nrules {
+	if len(reply) != 7+nrules {
 		return nil
 	}
 	w, ok := reply[len(reply)-1].([]any)
@@ -86,19 +115,23 @@ func (s *leases) woken(reply []any, nrules int) []any {
 }
 
 // hold records a place id holds for subject, and renews it from now on.
-func (s *leases) hold(subject, id string) {
+func (s *leases) hold(subject, id string) *Place {
+	p := &Place{s: s, subject: subject, id: id}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, h := range s.held[subject] {
 		if h == id {
-			return
+			return p
 		}
 	}
 	s.held[subject] = append(s.held[subject], id)
 	if s.idle == nil {
-		s.idle = make(chan struct{})
-		go s.renew(s.idle)
+		idle := make(chan struct{})
+		if s.lim.bg.start(func() { s.renew(idle) }) { // not after Close
+			s.idle = idle
+		}
 	}
+	return p
 }
 
 // deliver wakes the ids handed a place: a Wait of this process directly,
@@ -127,15 +160,18 @@ func (s *leases) deliver(woken []any) {
 const renewTimeout = 5 * time.Second
 
 // renew renews every held place once per third of the lease, one call per
-// subject, until none is held. A place found lost (this process stalled
-// past its lease, and the place was handed on) is dropped and logged: its
-// holder runs on without it.
+// subject, until none is held or the limiter is closed. A place found lost
+// (this process stalled past its lease, and the place was handed on) is
+// dropped and logged: its holder runs on without it.
 func (s *leases) renew(idle chan struct{}) {
+	ctx := s.lim.bg.context()
 	t := time.NewTicker(s.lease / 3)
 	defer t.Stop()
 	for {
 		select {
 		case <-idle:
+			return
+		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
@@ -146,7 +182,7 @@ func (s *leases) renew(idle chan struct{}) {
 		}
 		s.mu.Unlock()
 		for subj, ids := range held {
-			woken, lost, err := s.call(opRenew, subj, ids)
+			woken, lost, err := s.call(ctx, opRenew, subj, ids)
 			if err != nil {
 				s.lim.opts.Logger.Warn("throttle: cannot renew concurrency leases; they expire unless a later renewal gets through", "rule", s.lim.rules[s.rule].Name, "subject", subj, "error", err)
 				continue
@@ -202,8 +238,9 @@ func (s *leases) drop(subject, id string) bool {
 	return false
 }
 
-// call runs lease.lua's o (opRenew or opRelease) for ids.
-func (s *leases) call(o op, subject string, ids []string) (woken []any, lost []string, err error) {
+// call runs lease.lua's o (opRenew or opRelease) for ids, within ctx and
+// at most renewTimeout.
+func (s *leases) call(ctx context.Context, o op, subject string, ids []string) (woken []any, lost []string, err error) {
 	enc, err := encodeSubject(subject)
 	if err != nil {
 		return nil, nil, err
@@ -214,7 +251,7 @@ func (s *leases) call(o op, subject string, ids []string) (woken []any, lost []s
 	for _, id := range ids {
 		args = append(args, id)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), renewTimeout)
+	ctx, cancel := context.WithTimeout(ctx, renewTimeout)
 	defer cancel()
 	cmd, err := l.exec(ctx, o, leaseScript, []string{key(l.prefix, enc, l.keyRules[s.rule])}, args)
 	if err != nil {
@@ -236,24 +273,67 @@ func (s *leases) call(o op, subject string, ids []string) (woken []any, lost []s
 	return woken, lost, nil
 }
 
+// A Place is one of the Count places of a Concurrency rule, held by the
+// caller that took it (Acquire, or Admit: Admission.Place) while its work
+// runs, and renewed by the limiter in the background until Release. A nil
+// *Place holds nothing; its Release does nothing.
+type Place struct {
+	s        *leases
+	subject  string
+	id       string // its holder's id in Redis
+	released atomic.Bool
+}
+
+// Release gives the place back and hands it to the subject's next waiter.
+// Call it when the work ends, whether it succeeded or not; ctx bounds the
+// call (context.WithoutCancel of the work's context gives it back even if
+// the work was cancelled). A place not released (the process died, or
+// Redis failed) frees when its lease expires. It works after the
+// limiter's Close. It returns an error if the place was released already
+// or lost (this process stalled past its lease and the place went to
+// another), and one matching ErrRedis if Redis fails or ctx ends first.
+func (p *Place) Release(ctx context.Context) error {
+	if p == nil {
+		return nil
+	}
+	if p.released.Swap(true) {
+		return errors.New("throttle: release: the place was released already")
+	}
+	s := p.s
+	if !s.drop(p.subject, p.id) {
+		return fmt.Errorf("throttle: release: this process no longer holds its place of rule %q for subject %q: it was lost when its lease expired, or given back by Limiter.Release", s.lim.rules[s.rule].Name, p.subject)
+	}
+	return s.release(ctx, p.subject, p.id)
+}
+
 // Release gives back a place of the limiter's Concurrency rule that this
 // process holds for subject (taken by Wait, or by an Admit that was Granted
-// or Redeemed), and hands it to the subject's next waiter. Call it when the
-// work ends, whether it succeeded or not. A place not released (the process
-// died) frees when its lease expires. It returns an error if the limiter
-// has no Concurrency rule or this process holds no place for subject, and
-// an error matching ErrRedis if Redis fails (the place then frees when its
-// lease expires).
+// or Redeemed), the latest it took, and hands it to the subject's next
+// waiter. It returns an error if the limiter has no Concurrency rule or
+// this process holds no place for subject, and an error matching ErrRedis
+// if Redis fails or ctx ends first (the place then frees when its lease
+// expires).
+//
+// Deprecated: Release gives back whichever place of subject this process
+// took last, which need not be the caller's. Hold the place itself: take
+// it with Acquire (or find it in Admission.Place) and give it back with
+// Place.Release.
 func (l *Limiter) Release(ctx context.Context, subject string) error {
-	s := l.leases
-	if s == nil {
+	s, ok := l.mode.(*leases)
+	if !ok {
 		return errors.New("throttle: release: the limiter has no concurrency rule")
 	}
 	id, ok := s.takeLast(subject)
 	if !ok {
 		return fmt.Errorf("throttle: release: this process holds no place of rule %q for subject %q", l.rules[s.rule].Name, subject)
 	}
-	woken, _, err := s.call(opRelease, subject, []string{id})
+	return s.release(ctx, subject, id)
+}
+
+// release gives back id's place of subject in Redis, no longer held here,
+// and wakes whoever it was handed to.
+func (s *leases) release(ctx context.Context, subject, id string) error {
+	woken, _, err := s.call(ctx, opRelease, subject, []string{id})
 	if err != nil {
 		return err
 	}
@@ -272,9 +352,9 @@ const waitTolerance = time.Second
 // with a *DelayError if the turn of a rate rule is past the context's
 // deadline or MaxWait. If the context ends, its place (or its place in the
 // queue) is given up and ctx.Err() returned.
-func (s *leases) wait(ctx context.Context, subject string, n int) error {
+func (s *leases) wait(ctx context.Context, subject string, n int) (*Place, error) {
 	if err := ctx.Err(); err != nil {
-		return err // nothing taken, nothing to give up
+		return nil, err // nothing taken, nothing to give up
 	}
 	l := s.lim
 	id := "wait:" + newReceiptID()
@@ -290,18 +370,18 @@ func (s *leases) wait(ctx context.Context, subject string, n int) error {
 	// giveUp leaves the queue or gives back a place the caller was handed.
 	giveUp := func(err error) error {
 		s.drop(subject, id)
-		if woken, _, rerr := s.call(opRelease, subject, []string{id}); rerr == nil {
+		if woken, _, rerr := s.call(context.WithoutCancel(ctx), opRelease, subject, []string{id}); rerr == nil {
 			s.deliver(woken)
 		}
 		return err
 	}
 	for {
 		if err := ctx.Err(); err != nil {
-			return giveUp(err)
+			return nil, giveUp(err)
 		}
 		a, err := l.Admit(ctx, AdmitRequest{Subject: subject, N: n, Caller: Caller{ID: id}, Wait: -1, Tolerance: waitTolerance})
 		if err != nil {
-			return giveUp(err)
+			return nil, giveUp(err)
 		}
 		switch a.Status {
 		case Granted, Redeemed:
@@ -310,15 +390,15 @@ func (s *leases) wait(ctx context.Context, subject string, n int) error {
 				if a.Reservation != nil {
 					_ = a.Reservation.Cancel(context.WithoutCancel(ctx))
 				}
-				return giveUp(&DelayError{Rule: a.Rule, RetryAfter: a.Delay, Deadline: byDeadline})
+				return nil, giveUp(&DelayError{Rule: a.Rule, RetryAfter: a.Delay, Deadline: byDeadline})
 			}
 			if err := sleep(ctx, time.Until(a.At)); err != nil {
 				if a.Reservation != nil {
 					_ = a.Reservation.Cancel(context.WithoutCancel(ctx))
 				}
-				return giveUp(err)
+				return nil, giveUp(err)
 			}
-			return nil
+			return a.Place, nil
 		case Booked, Held:
 			// Queued for a place (or, for a turn booked earlier, held):
 			// back when handed one, or at the fallback.
@@ -327,10 +407,11 @@ func (s *leases) wait(ctx context.Context, subject string, n int) error {
 			case <-woken:
 			case <-t.C:
 			case <-ctx.Done():
+			case <-l.bg.context().Done(): // Close: Admit says so
 			}
 			t.Stop()
 		default:
-			return giveUp(&DelayError{Rule: a.Rule, RetryAfter: a.Delay})
+			return nil, giveUp(&DelayError{Rule: a.Rule, RetryAfter: a.Delay})
 		}
 	}
 }

@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -133,7 +134,7 @@ func TestConcurrencyDeadHolder(t *testing.T) {
 			t.Fatalf("dead: %v", a.Status)
 		}
 		// The dead process stops renewing: it forgets its place.
-		dead.leases.drop("s", "dead")
+		placesOf(dead).drop("s", "dead")
 		start := time.Now()
 		if a := admitID(t, live, "waiter"); a.Status != Booked {
 			t.Fatalf("waiter: %v", a.Status)
@@ -352,7 +353,7 @@ func TestConcurrencySweep(t *testing.T) {
 			t.Fatalf("sweep of an idle subject: %v, want denied (nobody waits)", a.Status)
 		}
 		admitID(t, l, "dead")
-		l.leases.drop("s", "dead") // its process dies
+		placesOf(l).drop("s", "dead") // its process dies
 		admitID(t, l, "w")
 		a := sweep()
 		if a.Status != Booked || a.Delay != 3*time.Second {
@@ -398,6 +399,76 @@ func TestConcurrencyReleaseRace(t *testing.T) {
 		}
 		if n := rdb.ZCard(ctx, "jobthrottle:{s}:many").Val(); n != 0 {
 			t.Fatalf("%d places still held, want 0", n)
+		}
+	})
+}
+
+// A Place gives back the place of its own holder, not the latest this
+// process took; a second Release of it fails and gives back nothing; the
+// ctx of Release is honoured.
+func TestPlaceRelease(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
+		h := &handoffs{}
+		l := mustNew(t, rdb, Options{OnHandoff: h.add}, concRule)
+		defer l.Close()
+		ctx := context.Background()
+		a, b := admitID(t, l, "a"), admitID(t, l, "b")
+		if a.Place == nil || b.Place == nil {
+			t.Fatalf("places %v, %v: want both held", a.Place, b.Place)
+		}
+		if c := admitID(t, l, "c"); c.Status != Booked || c.Place != nil {
+			t.Fatalf("c: %v, place %v; want queued, no place", c.Status, c.Place)
+		}
+		if err := a.Place.Release(ctx); err != nil {
+			t.Fatalf("a's Release: %v", err)
+		}
+		key := "jobthrottle:{s}:conc"
+		if got, _ := m.ZMembers(key); !slices.Equal(got, []string{"b", "c"}) {
+			t.Errorf("holders %q, want [b c]: a gave its own place to c", got)
+		}
+		if got := h.take(); !slices.Equal(got, []string{"c"}) {
+			t.Fatalf("handed off to %v, want [c]", got)
+		}
+		if err := a.Place.Release(ctx); err == nil {
+			t.Error("a second Release of a's place: nil error")
+		}
+		if got, _ := m.ZMembers(key); !slices.Equal(got, []string{"b", "c"}) {
+			t.Errorf("holders %q after a second Release of a's place, want [b c]", got)
+		}
+		cancelled, cancel := context.WithCancel(ctx)
+		cancel()
+		if err := b.Place.Release(cancelled); !errors.Is(err, context.Canceled) || !errors.Is(err, ErrRedis) {
+			t.Errorf("Release with an ended ctx: %v, want ErrRedis and context.Canceled", err)
+		}
+		if err := (*Place)(nil).Release(ctx); err != nil {
+			t.Errorf("a nil Place's Release: %v", err)
+		}
+	})
+}
+
+// Acquire hands back the place it took, and a nil Place without a
+// Concurrency rule.
+func TestAcquire(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
+		ctx := context.Background()
+		l := mustNew(t, rdb, Options{}, concRule)
+		defer l.Close()
+		p, err := l.Acquire(ctx, "s", 1)
+		if err != nil || p == nil {
+			t.Fatalf("Acquire: %v, %v; want a place", p, err)
+		}
+		if n, _ := rdb.ZCard(ctx, "jobthrottle:{s}:conc").Result(); n != 1 {
+			t.Fatalf("%d places held, want 1", n)
+		}
+		if err := p.Release(ctx); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+		if n, _ := rdb.ZCard(ctx, "jobthrottle:{s}:conc").Result(); n != 0 {
+			t.Fatalf("%d places held after Release, want 0", n)
+		}
+		rate := mustNew(t, rdb, Options{}, Rule{Name: "r", Algorithm: GCRA, Limit: PerSecond(10)})
+		if p, err := rate.Acquire(ctx, "s", 1); err != nil || p != nil {
+			t.Fatalf("Acquire without a Concurrency rule: %v, %v; want no place", p, err)
 		}
 	})
 }

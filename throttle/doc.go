@@ -44,6 +44,7 @@
 //	if err != nil {
 //		return err
 //	}
+//	defer lim.Close() // ends its goroutines
 //	if err := lim.Wait(ctx, "account-42"); err != nil {
 //		return err // ctx ended, or the wait would pass its deadline
 //	}
@@ -80,18 +81,20 @@
 //
 // A Concurrency rule limits how many holders of a subject run at once,
 // across every process: Limit.Count places, each held under a lease of
-// Limit.Period (30s is a good value; it must be at least 100ms). Wait
-// takes a place and Release gives it back; while a place is held, the
-// limiter renews its lease every third of the lease in the background, so
-// a process killed with SIGKILL loses its places within the lease:
+// Limit.Period (30s is a good value; it must be at least 100ms). Acquire
+// takes a place and hands it back as a *Place, whose Release gives it
+// back; while a place is held, the limiter renews its lease every third of
+// the lease in the background (until Close), so a process killed with
+// SIGKILL loses its places within the lease:
 //
 //	lim, err := throttle.New(rdb, throttle.Options{},
 //		throttle.Rule{Name: "exports", Algorithm: throttle.Concurrency, Limit: throttle.Limit{Count: 5, Period: 30 * time.Second}},
 //	)
-//	if err := lim.Wait(ctx, "tenant-7"); err != nil {
+//	place, err := lim.Acquire(ctx, "tenant-7", 1)
+//	if err != nil {
 //		return err
 //	}
-//	defer lim.Release(context.WithoutCancel(ctx), "tenant-7")
+//	defer place.Release(context.WithoutCancel(ctx))
 //	export()
 //
 // A caller that finds every place taken joins a first-come, first-served
@@ -113,9 +116,9 @@
 // one lease later, and so on. A claim whose waiter never comes back
 // expires like any lease. Admit with an ID (or a Waiter) is the same for
 // queued jobs: Booked, with the Concurrency rule as Admission.Rule, means
-// queued for a place; Granted or Redeemed means the caller holds one until
-// Release. Admission.Lease is then the rule's lease (zero for answers that
-// are not about a place).
+// queued for a place; Granted or Redeemed means the caller holds one,
+// Admission.Place, until it releases it. Admission.Lease is then the
+// rule's lease (zero for answers that are not about a place).
 //
 // A Concurrency rule counts holders, not permits: n (a task's cost)
 // charges the policy's rate rules only, and a holder takes one place. A
@@ -132,7 +135,7 @@
 // its start can come after its turn (and a few such starts can come
 // together when places free together). AllowN and ReserveN do not take
 // places (AllowN and AllowAtMost refuse a limiter with a Concurrency rule):
-// use Wait and Release, or Admit. A Concurrency rule and the rules beside
+// use Acquire or Admit, and Place.Release. A Concurrency rule and the rules beside
 // it are over the caller's subject: New refuses one in a limiter with
 // Rule.Subject.
 //

@@ -143,12 +143,12 @@ func ExampleRule_subject() {
 	// c: allowed=false (global)
 }
 
-// At most two exports of a tenant run at once, across every process: Wait
-// takes one of the two places (queueing, first come first served, while
-// both are taken) and Release gives it back. The limiter renews the
-// leases of the places it holds; a process that dies loses them within
-// the lease.
-func ExampleLimiter_Release() {
+// At most two exports of a tenant run at once, across every process:
+// Acquire takes one of the two places (queueing, first come first served,
+// while both are taken) and hands it back; its Release gives it back. The
+// limiter renews the leases of the places it holds; a process that dies
+// loses them within the lease.
+func ExamplePlace_Release() {
 	rdb, stop := exampleRedis()
 	defer stop()
 	ctx := context.Background()
@@ -159,28 +159,31 @@ func ExampleLimiter_Release() {
 	if err != nil {
 		panic(err)
 	}
+	defer lim.Close()
+	places := make([]*throttle.Place, 3)
 	for i := range 2 {
-		if err := lim.Wait(ctx, "tenant-7"); err != nil {
+		if places[i], err = lim.Acquire(ctx, "tenant-7", 1); err != nil {
 			panic(err)
 		}
 		fmt.Println("export", i, "holds a place")
 	}
 	third := make(chan struct{})
 	go func() {
-		if err := lim.Wait(ctx, "tenant-7"); err != nil {
+		var err error
+		if places[2], err = lim.Acquire(ctx, "tenant-7", 1); err != nil {
 			panic(err)
 		}
 		close(third)
 	}()
 	time.Sleep(50 * time.Millisecond)
 	fmt.Println("export 2 waits; export 0 ends")
-	if err := lim.Release(ctx, "tenant-7"); err != nil {
+	if err := places[0].Release(ctx); err != nil {
 		panic(err)
 	}
 	<-third
 	fmt.Println("export 2 holds a place")
-	for range 2 {
-		_ = lim.Release(ctx, "tenant-7")
+	for _, p := range places[1:] {
+		_ = p.Release(ctx)
 	}
 	// Output:
 	// export 0 holds a place

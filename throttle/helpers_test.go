@@ -121,3 +121,23 @@ func rateAlgorithms() []Algorithm {
 	}
 	return as
 }
+
+// placesOf returns the places of l's Concurrency rule (its mode).
+func placesOf(l *Limiter) *leases { return l.mode.(*leases) }
+
+// leaserOf returns l's leaser (its mode, Options.LocalLease).
+func leaserOf(l *Limiter) *leaser { return l.mode.(*leaser) }
+
+// takeLease makes q take one lease of n turns of subject, and returns it.
+func takeLease(t *testing.T, q *leaser, subject string, n int) *lease {
+	t.Helper()
+	k := q.lock(subject)
+	k.mu.Unlock()
+	q.call(context.Background(), subject, k, n)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if len(k.leases) != 1 || k.leases[0].k != n {
+		t.Fatalf("leases %+v, want one of %d turns", k.leases, n)
+	}
+	return k.leases[0]
+}

@@ -68,6 +68,7 @@ const (
 
 // leaser hands out leased permits of a limiter whose one rule is a bucket.
 type leaser struct {
+	exact    // what a lease does not serve
 	lim      *Limiter
 	slack    time.Duration // δ, Options.LocalLease
 	count    uint64        // the rule's count and period in ns, reduced:
@@ -80,11 +81,14 @@ type leaser struct {
 
 	keys     sync.Map // subject → *leasedKey
 	sweeping atomic.Bool
+	sweeper  atomic.Pointer[time.Timer] // the next sweep, stopped by close
 }
 
-// newLeaser returns the leaser for l, or nil if opts do not lease. It
-// returns a *ConfigError if LocalLease is set on rules that cannot lease.
-func newLeaser(l *Limiter, opts Options) (*leaser, error) {
+// newLeaser returns the leaser for ex's limiter, or nil if opts do not
+// lease. It returns a *ConfigError if LocalLease is set on rules that
+// cannot lease.
+func newLeaser(ex exact, opts Options) (*leaser, error) {
+	l := ex.l
 	d := opts.LocalLease
 	if d == 0 {
 		return nil, nil
@@ -104,6 +108,7 @@ func newLeaser(l *Limiter, opts Options) (*leaser, error) {
 	}
 	count, period := lowestTerms(int64(r.Limit.Count), r.Limit.Period.Microseconds())
 	q := &leaser{
+		exact:    ex,
 		lim:      l,
 		slack:    d,
 		count:    uint64(count),
@@ -360,7 +365,7 @@ func (q *leaser) lock(subject string) *leasedKey {
 		if !ok {
 			v, ok = q.keys.LoadOrStore(subject, &leasedKey{win: time.Now()})
 			if !ok && !q.sweeping.Swap(true) {
-				time.AfterFunc(leaseForget, q.sweep)
+				q.sweeper.Store(time.AfterFunc(leaseForget, q.sweep))
 			}
 		}
 		k := v.(*leasedKey)
@@ -375,6 +380,9 @@ func (q *leaser) lock(subject string) *leasedKey {
 // sweep forgets subjects without slots, requests or calls for leaseForget,
 // and runs again while any subject is left.
 func (q *leaser) sweep() {
+	if q.lim.closed.Load() {
+		return
+	}
 	t := time.Now()
 	left := false
 	q.keys.Range(func(s, v any) bool {
@@ -397,7 +405,7 @@ func (q *leaser) sweep() {
 			return
 		}
 	}
-	time.AfterFunc(leaseForget, q.sweep)
+	q.sweeper.Store(time.AfterFunc(leaseForget, q.sweep))
 }
 
 // drop forgets subject's slots in this process (a pause, a reset): they
@@ -429,9 +437,47 @@ func (q *leaser) leasable(n int) bool {
 	return n >= 1 && n <= q.lim.rules[0].Limit.Burst && q.offset(n-1) <= q.slack/2
 }
 
-// allow answers AllowN from subject's leases. handled is false if the
+func (q *leaser) allow(ctx context.Context, subject string, n int) (Result, error) {
+	if res, ok, err := q.allowLocal(ctx, subject, n); ok {
+		return res, err
+	}
+	return q.exact.allow(ctx, subject, n)
+}
+
+func (q *leaser) wait(ctx context.Context, subject string, n int) (*Place, error) {
+	if ok, err := q.waitLocal(ctx, subject, n); ok {
+		return nil, err
+	}
+	return q.exact.wait(ctx, subject, n)
+}
+
+func (q *leaser) forget(subject string) { q.drop(subject) }
+
+// close stops the sweep and the idle checks, waits for the lease calls
+// under way, and gives back the unused tails of every subject's leases.
+func (q *leaser) close() {
+	if t := q.sweeper.Load(); t != nil {
+		t.Stop()
+	}
+	q.lim.bg.close()
+	t := time.Now()
+	q.keys.Range(func(subject, v any) bool {
+		k := v.(*leasedKey)
+		k.mu.Lock()
+		if k.idle != nil {
+			k.idle.Stop()
+			k.idle = nil
+		}
+		back := q.tails(k, t)
+		k.mu.Unlock()
+		q.giveBackTails(subject.(string), back)
+		return true
+	})
+}
+
+// allowLocal answers AllowN from subject's leases. handled is false if the
 // exact path must answer instead (the caller then asks Redis).
-func (q *leaser) allow(ctx context.Context, subject string, n int) (res Result, handled bool, err error) {
+func (q *leaser) allowLocal(ctx context.Context, subject string, n int) (res Result, handled bool, err error) {
 	if !q.leasable(n) {
 		return Result{}, false, nil
 	}
@@ -517,10 +563,10 @@ func (q *leaser) due(k *leasedKey, t time.Time) int {
 	return n
 }
 
-// wait serves WaitN from subject's leases: it takes the next n free slots
-// in arrival order and sleeps until the last. handled is false if the
-// exact path must serve it instead.
-func (q *leaser) wait(ctx context.Context, subject string, n int) (handled bool, err error) {
+// waitLocal serves WaitN from subject's leases: it takes the next n free
+// slots in arrival order and sleeps until the last. handled is false if
+// the exact path must serve it instead.
+func (q *leaser) waitLocal(ctx context.Context, subject string, n int) (handled bool, err error) {
 	if !q.leasable(n) {
 		return false, nil
 	}
@@ -649,9 +695,9 @@ func (q *leaser) renew(ctx context.Context, subject string, k *leasedKey, t time
 	if n == 0 || t.Before(k.backoff) {
 		return false
 	}
-	k.renewing = true
-	go q.call(context.WithoutCancel(ctx), subject, k, n)
-	return true
+	ctx = context.WithoutCancel(ctx)
+	k.renewing = q.lim.bg.start(func() { q.call(ctx, subject, k, n) }) // not after Close
+	return k.renewing
 }
 
 // call leases n slots of subject: a reservation of n permits whose last
@@ -679,7 +725,8 @@ func (q *leaser) call(ctx context.Context, subject string, k *leasedKey, n int) 
 			var rep reply
 			rep, ls, err = q.grant(raw, n, send, recv)
 			if errors.Is(err, errUncertainClock) {
-				go q.giveBackLease(context.WithoutCancel(ctx), subject, n, rep.tickets(1)[0], rep.redisNow)
+				ticket, booked := rep.tickets(1)[0], rep.redisNow
+				q.lim.bg.run(func() { q.giveBackLease(context.WithoutCancel(ctx), subject, n, ticket, booked) })
 			}
 		}
 	}
@@ -775,7 +822,9 @@ func (q *leaser) serve(ctx context.Context, subject string, k *leasedKey, t time
 // armIdle starts k's idle check unless it runs.
 func (q *leaser) armIdle(subject string, k *leasedKey) {
 	if k.idle == nil {
-		k.idle = time.AfterFunc(q.idleGap(k, time.Now()), func() { q.checkIdle(subject, k) })
+		k.idle = time.AfterFunc(q.idleGap(k, time.Now()), func() {
+			q.lim.bg.start(func() { q.checkIdle(subject, k) }) // not after Close
+		})
 	}
 }
 
@@ -804,33 +853,11 @@ func (q *leaser) idleSince(k *leasedKey, t time.Time) time.Time {
 // request, no wait holding a slot), and runs again while k holds slots.
 func (q *leaser) checkIdle(subject string, k *leasedKey) {
 	t := time.Now()
-	type refund struct {
-		n      int
-		ticket string
-		booked int64
-	}
-	var back []refund
+	var back []tail
 	k.mu.Lock()
 	q.expire(k, t)
 	if !t.Before(q.idleSince(k, t)) && len(k.pending) == 0 && k.sleeping == 0 {
-		// The latest lease first: the bucket takes back only a tail that
-		// no later reservation follows (else it records it, bucket.lua),
-		// and each refund moves that tail to the lease before. Slots
-		// already past are given back too: the bucket counts them as
-		// unused, as if never taken, which they were not (below a full
-		// bucket, bk_refund clamps).
-		for i := len(k.leases) - 1; i >= 0; i-- {
-			ls := k.leases[i]
-			if ls.returned || ls.end != ls.k || ls.next == ls.end || !ls.last.lo.After(t) {
-				break
-			}
-			back = append(back, refund{ls.end - ls.next, ls.ticket, ls.booked})
-			ls.end, ls.returned = ls.next, true
-			if ls.next > 0 {
-				break // its head was handed out: earlier leases are no tail
-			}
-		}
-		q.expire(k, t)
+		back = q.tails(k, t)
 	}
 	if free(k) > 0 {
 		k.idle.Reset(max(q.idleSince(k, t).Sub(t), leaseIdleMin/4))
@@ -838,9 +865,43 @@ func (q *leaser) checkIdle(subject string, k *leasedKey) {
 		k.idle = nil
 	}
 	k.mu.Unlock()
-	if len(back) == 0 {
-		return
+	q.giveBackTails(subject, back)
+}
+
+// tail is the unused end of a lease, to give back.
+type tail struct {
+	n      int
+	ticket string
+	booked int64
+}
+
+// tails takes the unused tails of k's leases that Redis can take back at
+// t. k.mu is held.
+func (q *leaser) tails(k *leasedKey, t time.Time) []tail {
+	var back []tail
+	// The latest lease first: the bucket takes back only a tail that no
+	// later reservation follows (else it records it, bucket.lua), and each
+	// refund moves that tail to the lease before. Slots already past are
+	// given back too: the bucket counts them as unused, as if never taken,
+	// which they were not (below a full bucket, bk_refund clamps).
+	for i := len(k.leases) - 1; i >= 0; i-- {
+		ls := k.leases[i]
+		if ls.returned || ls.end != ls.k || ls.next == ls.end || !ls.last.lo.After(t) {
+			break
+		}
+		back = append(back, tail{ls.end - ls.next, ls.ticket, ls.booked})
+		ls.end, ls.returned = ls.next, true
+		if ls.next > 0 {
+			break // its head was handed out: earlier leases are no tail
+		}
 	}
+	q.expire(k, t)
+	return back
+}
+
+// giveBackTails gives back tails of subject's leases, in order, until
+// Redis fails.
+func (q *leaser) giveBackTails(subject string, back []tail) {
 	for _, b := range back {
 		if !q.giveBackLease(context.Background(), subject, b.n, b.ticket, b.booked) {
 			return

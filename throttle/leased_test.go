@@ -288,7 +288,7 @@ func TestLeasedBoundWithChurn(t *testing.T) {
 			time.Sleep(1200*ms - at())
 			// Dying: its goroutines stop (their next call fails) and its
 			// slots are neither handed out nor given back.
-			v, _ := ps[3].lim.local.keys.Load("hot")
+			v, _ := leaserOf(ps[3].lim).keys.Load("hot")
 			k := v.(*leasedKey)
 			k.mu.Lock()
 			heldAtDeath = free(k)
@@ -302,7 +302,7 @@ func TestLeasedBoundWithChurn(t *testing.T) {
 				t.Errorf("%d admitted in a %v window, want at most %d", got, w, lim)
 			}
 		}
-		if lim := 2 * ps[3].lim.local.maxLease; heldAtDeath > lim {
+		if lim := 2 * leaserOf(ps[3].lim).maxLease; heldAtDeath > lim {
 			t.Errorf("the dead process held %d slots, want at most two leases (%d)", heldAtDeath, lim)
 		}
 		// The demand (40 goroutines, each about one call per 300µs) is far
@@ -356,7 +356,7 @@ func TestLeasedRefundsWhenIdle(t *testing.T) {
 		var wg sync.WaitGroup
 		waitLoop(t, &wg, p, 0, 16, 300*ms, &adm)
 		time.Sleep(300*ms - at())
-		v, _ := p.lim.local.keys.Load("hot")
+		v, _ := leaserOf(p.lim).keys.Load("hot")
 		k := v.(*leasedKey)
 		k.mu.Lock()
 		held := free(k)
@@ -577,7 +577,7 @@ func TestWithDropsLocalLease(t *testing.T) {
 		if err != nil {
 			t.Fatalf("With: %v", err)
 		}
-		if l.local != nil {
+		if _, leased := l.mode.(*leaser); leased {
 			t.Fatal("With carried LocalLease over")
 		}
 		if res := allow(t, l, "s", 1); !res.Allowed {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -92,9 +93,9 @@ type Limiter struct {
 	batch   allowBatcher // concurrent AllowN calls sent together (batch.go)
 	queues  windowQueues // window waits, by encoded subject (window.go)
 	refunds refunder     // refunds waiting for a call, by escaped subject (refund.go)
-	parts   []part       // rules over several subjects (subjects.go); then only policy, runner and opts are used
-	leases  *leases      // the places of a Concurrency rule (concurrency.go); nil without one
-	local   *leaser      // Options.LocalLease (leased.go); nil if off
+	mode    mode         // how it decides, chosen by New (modes.go)
+	closed  atomic.Bool  // Close was called (close.go)
+	bg      goroutines   // its own goroutines, which Close ends (close.go)
 }
 
 // New returns a Limiter that applies every rule to each subject. It returns
@@ -126,26 +127,7 @@ func New(rdb redis.UniversalClient, opts Options, rules ...Rule) (*Limiter, erro
 	run := opts
 	run.Prefix = p.prefix // for log lines
 	l := &Limiter{policy: p, runner: runner{rdb: rdb, opts: run}, opts: opts}
-	parts, err := splitParts(l)
-	if err != nil {
-		return nil, err
-	}
-	if l.parts = parts; parts != nil {
-		if opts.LocalLease != 0 {
-			return nil, &ConfigError{Field: "local_lease", Reason: "needs one rule over the caller's subject: rules over several subjects cannot lease"}
-		}
-		for _, r := range l.rules {
-			if r.Algorithm == Concurrency {
-				return nil, &ConfigError{Rule: r.Name, Field: "subject", Reason: "a concurrency rule needs every rule of its limiter over the caller's subject (no Rule.Subject): its places are decided in one call with the rate rules"}
-			}
-		}
-		return l, nil
-	}
-	l.scripts = scriptsFor(l.rules)
-	if l.local, err = newLeaser(l, opts); err != nil {
-		return nil, err
-	}
-	if l.leases, err = newLeases(l); err != nil {
+	if l.mode, err = chooseMode(l); err != nil {
 		return nil, err
 	}
 	return l, nil
@@ -206,19 +188,10 @@ func (l *Limiter) Allow(ctx context.Context, subject string) (Result, error) {
 // rule refuses AllowN with a *ConfigError naming the rule: take a place
 // with Wait or Admit.
 func (l *Limiter) AllowN(ctx context.Context, subject string, n int) (Result, error) {
-	if l.parts != nil {
-		return l.allowParts(ctx, subject, n)
+	if err := l.open(); err != nil {
+		return Result{}, err
 	}
-	if l.leases != nil {
-		return Result{}, l.leases.only("AllowN")
-	}
-	if l.local != nil {
-		if res, ok, err := l.local.allow(ctx, subject, n); ok {
-			return res, err
-		}
-	}
-	res, _, err := l.decide(ctx, opAllow, subject, n, unbounded, false)
-	return res, err
+	return l.mode.allow(ctx, subject, n)
 }
 
 // ReserveN books n permits for subject at the earliest time every rule
@@ -234,9 +207,14 @@ func (l *Limiter) AllowN(ctx context.Context, subject string, n int) (Result, er
 // it is granted at once, or, while reservations hold a bucket in debt,
 // when the debt is repaid.
 func (l *Limiter) ReserveN(ctx context.Context, subject string, n int) (*Reservation, error) {
-	if l.parts != nil {
-		return l.acquireParts(ctx, subject, n, true)
+	if err := l.open(); err != nil {
+		return nil, err
 	}
+	return l.mode.acquire(ctx, subject, n, true)
+}
+
+// reserve is ReserveN's one script call.
+func (l *Limiter) reserve(ctx context.Context, subject string, n int) (*Reservation, error) {
 	bound, byDeadline := l.waitBound(ctx, time.Now())
 	res, r, err := l.decide(ctx, opReserve, subject, n, micros(bound), true)
 	if err != nil {
@@ -269,20 +247,25 @@ func (l *Limiter) Wait(ctx context.Context, subject string) error {
 // returned. n larger than a rule's capacity is an error matching ErrExceedsCapacity. n = 0
 // charges nothing: it returns at once unless a request of 0 would wait
 // (see AllowN), and then waits as x/time/rate's WaitN(ctx, 0) does.
+//
+// With a Concurrency rule, WaitN takes a place, which the caller gives
+// back: Acquire is WaitN that hands it back as a value to release.
 func (l *Limiter) WaitN(ctx context.Context, subject string, n int) error {
-	if l.leases != nil {
-		return l.leases.wait(ctx, subject, n)
+	_, err := l.Acquire(ctx, subject, n)
+	return err
+}
+
+// Acquire is WaitN that returns the place it took of the limiter's
+// Concurrency rule: hold it while the work runs and give it back with
+// Place.Release when the work ends, whether it succeeded or not. Without
+// a Concurrency rule (or when a FailOpen limiter admitted without Redis)
+// it takes no place and returns a nil *Place, whose Release does
+// nothing. Errors are WaitN's.
+func (l *Limiter) Acquire(ctx context.Context, subject string, n int) (*Place, error) {
+	if err := l.open(); err != nil {
+		return nil, err
 	}
-	if l.local != nil {
-		if ok, err := l.local.wait(ctx, subject, n); ok {
-			return err
-		}
-	}
-	r, err := l.acquire(ctx, subject, n)
-	if err != nil {
-		return err
-	}
-	return r.wait(ctx)
+	return l.mode.wait(ctx, subject, n)
 }
 
 // acquire books n permits: a reservation for bucket limiters, or, for
@@ -292,13 +275,16 @@ func (l *Limiter) acquire(ctx context.Context, subject string, n int) (*Reservat
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if l.parts != nil {
-		return l.acquireParts(ctx, subject, n, false)
+	return l.mode.acquire(ctx, subject, n, false)
+}
+
+// acquireAndWait books n permits and sleeps until their time to act.
+func (l *Limiter) acquireAndWait(ctx context.Context, subject string, n int) error {
+	r, err := l.acquire(ctx, subject, n)
+	if err != nil {
+		return err
 	}
-	if l.buckets {
-		return l.ReserveN(ctx, subject, n)
-	}
-	return l.waitWindow(ctx, subject, n)
+	return r.wait(ctx)
 }
 
 // micros converts a wait bound (negative: none) for the script.

@@ -50,21 +50,26 @@ func (p *policy) pauseKey(subject string) string {
 // (ErrInvalidSubject) and Redis failures (ErrRedis; FailOpen does not
 // apply). Each call is one script call.
 func (l *Limiter) PauseFor(ctx context.Context, subject string, d time.Duration) (time.Duration, error) {
+	if err := l.open(); err != nil {
+		return 0, err
+	}
 	if d > maxPause {
 		return 0, fmt.Errorf("throttle: pause of %v: must be at most %v", d, maxPause)
 	}
-	if l.parts != nil {
-		// Every part's subject: the caller's and the fixed ones.
-		var longest time.Duration
-		for _, p := range l.parts {
-			left, err := p.lim.PauseFor(ctx, p.of(subject), d)
-			if err != nil {
-				return longest, err
-			}
-			longest = max(longest, left)
+	// Every part's subject: the caller's and the fixed ones.
+	var longest time.Duration
+	for _, p := range l.mode.parts() {
+		left, err := p.lim.pause(ctx, p.of(subject), d)
+		if err != nil {
+			return longest, err
 		}
-		return longest, nil
+		longest = max(longest, left)
 	}
+	return longest, nil
+}
+
+// pause is PauseFor's one script call on a limiter over one subject.
+func (l *Limiter) pause(ctx context.Context, subject string, d time.Duration) (time.Duration, error) {
 	var cmd *redis.Cmd
 	var err error
 	if d <= 0 {
@@ -83,8 +88,8 @@ func (l *Limiter) PauseFor(ctx context.Context, subject string, d time.Duration)
 	if err != nil {
 		return 0, err
 	}
-	if d > 0 && l.local != nil {
-		l.local.drop(subject) // slots leased here before the pause
+	if d > 0 {
+		l.mode.forget(subject) // turns leased here before the pause
 	}
 	us, err := cmd.Int64()
 	if err != nil {

@@ -16,6 +16,7 @@ type policy struct {
 	scripts   *scriptSet    // one per operation (scripts.go)
 	tolerance time.Duration // Admit's default: the tightest rate rule's interval, in [1ms, 1s]
 	buckets   bool          // every rule is a bucket: WaitN reserves; else window waits queue (window.go)
+	holders   bool          // a rule has places (Concurrency): callers need a Waiter, and there is no line
 	fast      bool          // allow and reserve go to the fast bucket script (fastRule, scripts.go)
 }
 
@@ -47,6 +48,7 @@ func newPolicy(prefix string, rules []Rule) (policy, error) {
 		p.keyRules = append(p.keyRules, escape(r.Name))
 		p.ruleArgs = append(p.ruleArgs, string(r.Algorithm), count, period, extra)
 		p.buckets = p.buckets && spec.bucket
+		p.holders = p.holders || spec.holders
 		if !spec.holders { // a Concurrency rule's Period is a lease, not a rate
 			p.tolerance = min(p.tolerance, r.Limit.interval())
 		}

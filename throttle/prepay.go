@@ -46,7 +46,10 @@ func (p *policy) member(id string) string {
 // To book far ahead (a large batch), use a limiter whose MaxWait is zero
 // or large enough, and a context without a deadline.
 func (l *Limiter) PrepayN(ctx context.Context, subject string, n int, keep time.Duration) (*Reservation, error) {
-	if l.parts != nil {
+	if err := l.open(); err != nil {
+		return nil, err
+	}
+	if !l.oneSubject() {
 		return nil, errOneSubject
 	}
 	if keep <= 0 {

@@ -49,7 +49,7 @@ func (l *Limiter) refund(ctx context.Context, subject string, n int, booked int6
 	b.pending = append(b.pending, e)
 	rf.mu.Unlock()
 	if !flushing {
-		go l.flushRefunds(batchKey, subject, b)
+		l.bg.run(func() { l.flushRefunds(batchKey, subject, b) })
 	}
 	select {
 	case <-e.done:

@@ -225,16 +225,8 @@ func TestResetLeaseGivesNothingBack(t *testing.T) {
 				p := newProc(t, m, rule)
 				plain := mustNew(t, rdb, Options{}, rule)
 				allow(t, plain, "hot", 10) // the lease's slots lie ahead
-				q := p.lim.local
-				k := q.lock("hot")
-				k.mu.Unlock()
-				q.call(ctx, "hot", k, 8)
-				k.mu.Lock()
-				if len(k.leases) != 1 || k.leases[0].k != 8 {
-					t.Fatalf("leases %+v, want one of 8 slots", k.leases)
-				}
-				ls := k.leases[0]
-				k.mu.Unlock()
+				q := leaserOf(p.lim)
+				ls := takeLease(t, q, "hot", 8)
 				time.Sleep(time.Microsecond)
 				if err := plain.Reset(ctx, "hot"); err != nil {
 					t.Fatal(err)

@@ -124,10 +124,5 @@ func (l *Limiter) checkDebt(n, actual int) error {
 			return fmt.Errorf("throttle: settle: actual = %d permits: rule %q would be %v in debt; at most %v", actual, r.Name, time.Duration(d).Round(time.Hour), maxPeriod)
 		}
 	}
-	for _, p := range l.parts {
-		if err := p.lim.checkDebt(n, actual); err != nil {
-			return err
-		}
-	}
 	return nil
 }

@@ -237,10 +237,10 @@ func TestSettleSubjects(t *testing.T) {
 			Rule{Name: "tenant", Algorithm: GCRA, Limit: PerSecond(10)},
 			Rule{Name: "global", Algorithm: SlidingLog, Limit: Limit{Count: 20, Period: time.Second}, Subject: "all"})
 		settle(t, reserve(t, l, "acme", 6), 1)
-		if got := allow(t, l.parts[0].lim, "acme", 0).Remaining; got != 9 {
+		if got := allow(t, l.mode.parts()[0].lim, "acme", 0).Remaining; got != 9 {
 			t.Errorf("tenant: remaining %d, want 9", got)
 		}
-		if got := allow(t, l.parts[1].lim, "all", 0).Remaining; got != 19 {
+		if got := allow(t, l.mode.parts()[1].lim, "all", 0).Remaining; got != 19 {
 			t.Errorf("global: remaining %d, want 19", got)
 		}
 	})

@@ -22,10 +22,13 @@ import (
 // with a Concurrency rule is refused first, with a *ConfigError naming it
 // (field "algorithm"), whatever n.
 func (l *Limiter) AllowAtMost(ctx context.Context, subject string, n int) (granted int, res Result, err error) {
-	if l.leases != nil {
-		return 0, Result{}, l.leases.only("AllowAtMost")
+	if err := l.open(); err != nil {
+		return 0, Result{}, err
 	}
-	if l.parts != nil {
+	if s, ok := l.mode.(*leases); ok {
+		return 0, Result{}, s.only("AllowAtMost")
+	}
+	if !l.oneSubject() {
 		return 0, Result{}, errOneSubject
 	}
 	if n == 0 {
@@ -84,13 +87,18 @@ func (l *Limiter) AllowAtMost(ctx context.Context, subject string, n int) (grant
 // Errors: ErrInvalidSubject, or an error matching ErrRedis (FailOpen does
 // not apply).
 func (l *Limiter) Reset(ctx context.Context, subject string) error {
-	if l.parts != nil {
-		var errs []error
-		for _, p := range l.parts {
-			errs = append(errs, p.lim.Reset(ctx, p.of(subject)))
-		}
-		return errors.Join(errs...)
+	if err := l.open(); err != nil {
+		return err
 	}
+	var errs []error
+	for _, p := range l.mode.parts() {
+		errs = append(errs, p.lim.reset(ctx, p.of(subject)))
+	}
+	return errors.Join(errs...)
+}
+
+// reset is Reset's one script call on a limiter over one subject.
+func (l *Limiter) reset(ctx context.Context, subject string) error {
 	enc, err := encodeSubject(subject)
 	if err != nil {
 		return err
@@ -103,9 +111,7 @@ func (l *Limiter) Reset(ctx context.Context, subject string) error {
 			key(l.prefix, enc, r+settledSuffix), key(l.prefix, enc, r+resetSuffix))
 		args[i] = afterlife(l.rules[i])
 	}
-	if l.local != nil {
-		l.local.drop(subject)
-	}
+	l.mode.forget(subject)
 	_, err = l.exec(ctx, opReset, resetScript, keys, args)
 	return err
 }

@@ -32,6 +32,44 @@ func (p part) of(subject string) string {
 // rules are over several subjects.
 var errOneSubject = errors.New("throttle: PrepayN and AllowAtMost need every rule over one subject (no Rule.Subject apart from the caller's)")
 
+// severalSubjects is the mode of a limiter whose rules are over several
+// subjects: its parts, each a Limiter over one subject's rules.
+type severalSubjects struct {
+	l  *Limiter
+	ps []part
+}
+
+func (m severalSubjects) allow(ctx context.Context, subject string, n int) (Result, error) {
+	return m.allowParts(ctx, subject, n)
+}
+
+func (m severalSubjects) acquire(ctx context.Context, subject string, n int, reserve bool) (*Reservation, error) {
+	return m.acquireParts(ctx, subject, n, reserve)
+}
+
+func (m severalSubjects) wait(ctx context.Context, subject string, n int) (*Place, error) {
+	return nil, m.l.acquireAndWait(ctx, subject, n)
+}
+
+func (m severalSubjects) admit(ctx context.Context, req AdmitRequest) (Admission, error) {
+	return m.admitParts(ctx, req)
+}
+
+func (m severalSubjects) parts() []part { return m.ps }
+func (m severalSubjects) forget(string) {}
+
+func (m severalSubjects) close() {
+	for _, p := range m.ps {
+		_ = p.lim.Close()
+	}
+}
+
+// oneSubject reports whether every rule of l is over the caller's subject.
+func (l *Limiter) oneSubject() bool {
+	ps := l.mode.parts()
+	return len(ps) == 1 && ps[0].lim == l
+}
+
 // splitParts builds the parts of a limiter whose rules name subjects,
 // or returns nil if every rule is over the caller's subject.
 func splitParts(l *Limiter) ([]part, error) {
@@ -62,10 +100,10 @@ func splitParts(l *Limiter) ([]part, error) {
 // allowParts is AllowN over the parts: every part grants n now, or none
 // keeps anything. The Result is the first refusing part's, or, if all
 // allowed, that of the part with the fewest remaining.
-func (l *Limiter) allowParts(ctx context.Context, subject string, n int) (Result, error) {
-	held := make([]*Reservation, 0, len(l.parts))
+func (m severalSubjects) allowParts(ctx context.Context, subject string, n int) (Result, error) {
+	held := make([]*Reservation, 0, len(m.ps))
 	var best Result
-	for i, p := range l.parts {
+	for i, p := range m.ps {
 		res, r, err := p.lim.decide(ctx, opAllow, p.of(subject), n, unbounded, true)
 		if err != nil || !res.Allowed {
 			undoAll(ctx, held)
@@ -83,9 +121,9 @@ func (l *Limiter) allowParts(ctx context.Context, subject string, n int) (Result
 // parts reserve their slot; window parts wait their turn here) and
 // returns one reservation holding them all, to act at the latest slot.
 // If a part fails, the parts already held are given back.
-func (l *Limiter) acquireParts(ctx context.Context, subject string, n int, reserve bool) (*Reservation, error) {
-	held := make([]*Reservation, 0, len(l.parts))
-	for _, p := range l.parts {
+func (m severalSubjects) acquireParts(ctx context.Context, subject string, n int, reserve bool) (*Reservation, error) {
+	held := make([]*Reservation, 0, len(m.ps))
+	for _, p := range m.ps {
 		var r *Reservation
 		var err error
 		if reserve {
@@ -99,7 +137,7 @@ func (l *Limiter) acquireParts(ctx context.Context, subject string, n int, reser
 		}
 		held = append(held, r)
 	}
-	return joinParts(l, subject, n, held), nil
+	return joinParts(m.l, subject, n, held), nil
 }
 
 // joinParts returns one reservation holding every part's, to act at the
@@ -118,10 +156,10 @@ func joinParts(l *Limiter, subject string, n int, held []*Reservation) *Reservat
 // not booked: every part takes a new turn within req.Wait, or none keeps
 // anything and the request is Denied, with the delay of the part that
 // refused. A receipt or booking of the caller is not looked up.
-func (l *Limiter) admitParts(ctx context.Context, req AdmitRequest) (Admission, error) {
-	held := make([]*Reservation, 0, len(l.parts))
+func (m severalSubjects) admitParts(ctx context.Context, req AdmitRequest) (Admission, error) {
+	held := make([]*Reservation, 0, len(m.ps))
 	var last Admission
-	for _, p := range l.parts {
+	for _, p := range m.ps {
 		sub := req
 		sub.Subject, sub.ID, sub.Receipt, sub.BookAs = p.of(req.Subject), "", "", ""
 		a, err := p.lim.Admit(ctx, sub)
@@ -137,7 +175,7 @@ func (l *Limiter) admitParts(ctx context.Context, req AdmitRequest) (Admission, 
 			last = a
 		}
 	}
-	last.Reservation = joinParts(l, req.Subject, req.N, held)
+	last.Reservation = joinParts(m.l, req.Subject, req.N, held)
 	return last, nil
 }
 

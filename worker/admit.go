@@ -26,6 +26,19 @@ import (
 // that turn without asking the limiter again.
 var ErrParked = errors.New("worker: parked until its booked turn")
 
+// ErrParkedInLine is the cause for a task parked in its subject's line
+// (TaskRule.Horizon): no turn is booked yet; the line's serving books it
+// and wakes the task. It matches ErrParked (errors.Is): a park all the same.
+var ErrParkedInLine error = parkedInLine{}
+
+type parkedInLine struct{}
+
+func (parkedInLine) Error() string {
+	return "worker: parked in its subject's line; its turn is booked when the line reaches it"
+}
+
+func (parkedInLine) Is(target error) bool { return target == ErrParked }
+
 const (
 	// earlyWaitUnwoken is the gate's EarlyWait without wake-ups: a parked
 	// task then comes back by asynq's own schedule, in whole seconds, up to
@@ -55,8 +68,8 @@ func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (
 		return turn{Wait: w}, nil
 	}
 	if r.gate == nil || (t.lastAttempt && m.requeue == nil) {
-		w, err := m.waitInPlace(ctx, t)
-		return turn{Wait: w, held: err == nil && r.leased}, err
+		w, place, err := m.waitInPlace(ctx, t)
+		return turn{Wait: w, place: place}, err
 	}
 	if err := m.gateRequest(ctx, t); err != nil {
 		m.metrics.decided(r.Name, OutcomeError)
@@ -80,7 +93,7 @@ func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (
 	case d.Outcome == admission.Run:
 		w := admission.Wait{Rule: r.Name, Subject: t.Subject, Duration: d.Waited, Redeemed: d.Turn == throttle.Redeemed, Turn: d.Slot}
 		m.admitted(t, w)
-		return turn{Wait: w, held: d.Lease > 0, res: d.Reservation, cost: t.Cost}, nil
+		return turn{Wait: w, place: d.Place, res: d.Reservation, cost: t.Cost}, nil
 	}
 	return turn{}, m.park(ctx, t, d)
 }
@@ -136,7 +149,7 @@ func (m *Middleware) park(ctx context.Context, t *taskRun, d admission.Decision)
 		retryAt = d.At.Add(-unwokenLead).Truncate(time.Second)
 	}
 	if d.InLine {
-		return m.deferTask(ctx, t, retryAt, ErrParked, OutcomeParked, "turn", "in line")
+		return m.deferTask(ctx, t, retryAt, ErrParkedInLine, OutcomeParked, "turn", "in line")
 	}
 	t.booked, t.ahead = d.Slot, time.Until(d.At)
 	m.metrics.parkedOn(t.rule.Name, d, t.ahead)
@@ -149,9 +162,9 @@ func (m *Middleware) park(ctx context.Context, t *taskRun, d admission.Decision)
 // returns), and the permits it took, to settle (settle.go).
 type turn struct {
 	admission.Wait
-	held bool
-	res  *throttle.Reservation // the turn's permits; nil if none to settle
-	cost int                   // the permits it took: the rule's Cost, an estimate
+	place *throttle.Place       // the place of a concurrency rule it holds; nil if none
+	res   *throttle.Reservation // the turn's permits; nil if none to settle
+	cost  int                   // the permits it took: the rule's Cost, an estimate
 }
 
 // taskRun is what admit knows of the task it decides for: the request
@@ -208,20 +221,32 @@ func (t *taskRun) archive(ctx context.Context, msg string, noSubject bool, err e
 // wake-up loop of any middleware with Options.Asynq moves them to pending
 // at once. FromRules sets it on the limiters it builds (with Asynq); set it
 // on limiters of your own that have a throttle.Concurrency rule.
+// It writes to a ledger of admission.DefaultWakeupShards shards; a worker
+// with other Options.WakeupShards gets its own from FromRules.
 func WakeOnHandoff(rdb redis.UniversalClient) func(waiters []string) {
-	wakeups, _ := admission.NewWakeups(rdb, admission.WakeupsKey)
+	return wakeOnHandoff(rdb, 0)
+}
+
+// wakeOnHandoff is WakeOnHandoff over a ledger of shards shards (0: the
+// default); an invalid number falls back to the default, which
+// NewMiddleware refuses anyway.
+func wakeOnHandoff(rdb redis.UniversalClient, shards int) func(waiters []string) {
+	wakeups, err := admission.NewShardedWakeups(rdb, admission.WakeupsKey, shards)
+	if err != nil {
+		wakeups, _ = admission.NewShardedWakeups(rdb, admission.WakeupsKey, 0)
+	}
 	return admission.WakeOnHandoff(wakeups)
 }
 
 // releaseTimeout bounds the release of a task's place.
 const releaseTimeout = 5 * time.Second
 
-// release gives back the place of a concurrency rule that a task of r ran
+// release gives back the place of a concurrency rule that a task ran
 // under, whatever its handler returned.
-func (m *Middleware) release(r *ruleGate, w admission.Wait) {
+func (m *Middleware) release(place *throttle.Place, w admission.Wait) {
 	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 	defer cancel()
-	if err := r.gate.Release(ctx, w.Subject); err != nil {
+	if err := place.Release(ctx); err != nil {
 		m.log.Warn("worker: cannot release the task's place of a concurrency rule; it frees when its lease expires", "rule", w.Rule, "subject", w.Subject, "error", err)
 	}
 }
@@ -282,7 +307,7 @@ func (m *Middleware) wake(_ context.Context, job admission.JobEntry) error {
 // Options.Asynq): it waits in its handler, bounded by the rule's MaxWait
 // (unless it is on its last attempt) and its deadline, and is deferred to
 // the limiter's answer if that is later.
-func (m *Middleware) waitInPlace(ctx context.Context, t *taskRun) (admission.Wait, error) {
+func (m *Middleware) waitInPlace(ctx context.Context, t *taskRun) (admission.Wait, *throttle.Place, error) {
 	r := t.rule
 	canDefer := !t.lastAttempt || m.requeue != nil
 	wctx, cancel := context.WithCancelCause(ctx)
@@ -299,18 +324,20 @@ func (m *Middleware) waitInPlace(ctx context.Context, t *taskRun) (admission.Wai
 		t.byMaxWait = canDefer && r.MaxWait > 0 && (!hasDeadline || end.Before(dl.Add(-min(deadlineMargin, max(dl.Sub(t.start), 0)/4))))
 	}
 	m.metrics.waiting(r.Name, 1)
-	var waiter Waiter = r.Limiter
+	var place *throttle.Place
+	var err error
 	if r.gate != nil {
-		waiter = r.gate // the same limiter, through its gate
+		place, err = r.gate.Acquire(wctx, t.Subject, t.Cost) // the same limiter, through its gate
+	} else {
+		err = r.Limiter.WaitN(wctx, t.Subject, t.Cost)
 	}
-	err := waiter.WaitN(wctx, t.Subject, t.Cost)
 	m.metrics.waiting(r.Name, -1)
 	if err != nil {
-		return admission.Wait{}, m.notAdmitted(ctx, wctx, t, err)
+		return admission.Wait{}, nil, m.notAdmitted(ctx, wctx, t, err)
 	}
 	w := admission.Wait{Rule: r.Name, Subject: t.Subject, Duration: time.Since(t.start)}
 	m.admitted(t, w)
-	return w, nil
+	return w, place, nil
 }
 
 // notAdmitted returns what the handler returns when the wait for a turn

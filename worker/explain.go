@@ -173,6 +173,9 @@ type ExplainOptions struct {
 	// concurrency limit; without them (nil), the rule is known only from
 	// the task's last error.
 	Rules *rules.Config
+	// WakeupShards is the number of keys of the workers' wake-up ledger
+	// (Options.WakeupShards); if zero, admission.DefaultWakeupShards.
+	WakeupShards int
 }
 
 // Errors of Explain, besides Redis's.
@@ -220,6 +223,10 @@ func Explain(ctx context.Context, rdb redis.UniversalClient, id string, opts Exp
 	if id == "" {
 		return nil, errors.New("worker: explain: empty task ID")
 	}
+	ledger, err := admission.NewShardedWakeups(rdb, admission.WakeupsKey, opts.WakeupShards)
+	if err != nil {
+		return nil, fmt.Errorf("worker: explain: %w", err)
+	}
 	insp := asynq.NewInspectorFromRedisClient(rdb)
 	info, err := findTask(insp, id, opts.Queue)
 	if err != nil {
@@ -238,13 +245,13 @@ func Explain(ctx context.Context, rdb redis.UniversalClient, id string, opts Exp
 			return nil, err
 		}
 	}
-	if e.Wakeup, err = zscoreTime(ctx, rdb, admission.WakeupsKey, admission.JobEntry{Queue: info.Queue, ID: info.ID}.Member()); err != nil {
+	if e.Wakeup, err = wakeupTime(ctx, ledger, admission.JobEntry{Queue: info.Queue, ID: info.ID}.Member()); err != nil {
 		return nil, fmt.Errorf("worker: explain: reading the wake-up ledger: %w", err)
 	}
 	if opts.Rules != nil {
 		e.RulesKnown = true
 		if rc, ok := opts.Rules.RuleFor(info.Type); ok {
-			if e.Rule, err = readRule(ctx, rdb, opts.Rules.Prefix, rc, info); err != nil {
+			if e.Rule, err = readRule(ctx, rdb, ledger, opts.Rules.Prefix, rc, info); err != nil {
 				return nil, err
 			}
 		}

@@ -79,7 +79,7 @@ const severalSubjects = "its limits are over several subjects: a task waits in i
 // readRule reads what rule rc's limiter keeps about the task: its booking,
 // its producer's receipt, and its place in its subject's line or in the
 // queue for a place of the rule's concurrency limit.
-func readRule(ctx context.Context, rdb redis.UniversalClient, prefix string, rc rules.RuleConfig, info *asynq.TaskInfo) (*RuleState, error) {
+func readRule(ctx context.Context, rdb redis.UniversalClient, ledger *admission.Wakeups, prefix string, rc rules.RuleConfig, info *asynq.TaskInfo) (*RuleState, error) {
 	rs := &RuleState{Name: rc.Name, Limits: []string{}}
 	several := false
 	for _, l := range rc.Limits {
@@ -126,7 +126,7 @@ func readRule(ctx context.Context, rdb redis.UniversalClient, prefix string, rc 
 		}
 		return rs, nil
 	}
-	if err := readLine(ctx, rdb, k, info.ID, rs); err != nil {
+	if err := readLine(ctx, rdb, ledger, k, info.ID, rs); err != nil {
 		return nil, fail("the subject's line", err)
 	}
 	return rs, nil
@@ -148,8 +148,8 @@ func readSlot(ctx context.Context, rdb redis.UniversalClient, key, member string
 }
 
 // readLine reads the task's place in its subject's line, the line's length
-// and when it is next served.
-func readLine(ctx context.Context, rdb redis.UniversalClient, k limiterKeys, id string, rs *RuleState) error {
+// and when it is next served (its entry in ledger).
+func readLine(ctx context.Context, rdb redis.UniversalClient, ledger *admission.Wakeups, k limiterKeys, id string, rs *RuleState) error {
 	rank, err := rdb.ZRank(ctx, k.line(), k.member(id)).Result()
 	if errors.Is(err, redis.Nil) {
 		return nil
@@ -162,7 +162,7 @@ func readLine(ctx context.Context, rdb redis.UniversalClient, k limiterKeys, id 
 		return err
 	}
 	rs.InLine, rs.Place, rs.LineLength = true, int(rank)+1, int(n)
-	rs.LineServing, err = zscoreTime(ctx, rdb, admission.WakeupsKey, admission.LineEntry{Rule: rs.Name, Subject: rs.Subject}.Member())
+	rs.LineServing, err = wakeupTime(ctx, ledger, admission.LineEntry{Rule: rs.Name, Subject: rs.Subject}.Member())
 	return err
 }
 
@@ -201,13 +201,12 @@ func zscore(ctx context.Context, rdb redis.UniversalClient, key, member string) 
 	return &n, nil
 }
 
-// zscoreTime returns member's score in the sorted set key as a time (µs of
-// Redis time), or nil if it is not there.
-func zscoreTime(ctx context.Context, rdb redis.UniversalClient, key, member string) (*time.Time, error) {
-	us, err := zscore(ctx, rdb, key, member)
-	if err != nil || us == nil {
+// wakeupTime returns when member is to be woken (Redis time), or nil if
+// it is not in ledger.
+func wakeupTime(ctx context.Context, ledger *admission.Wakeups, member string) (*time.Time, error) {
+	at, ok, err := ledger.When(ctx, member)
+	if err != nil || !ok {
 		return nil, err
 	}
-	t := time.UnixMicro(*us).UTC()
-	return &t, nil
+	return &at, nil
 }

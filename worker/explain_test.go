@@ -159,7 +159,7 @@ func checkBooked(t *testing.T, parked []*Explanation) {
 		if e.Wakeup == nil || !e.Wakeup.Equal(*r.Turn) {
 			t.Errorf("wake-up %v, want at the turn %v", e.Wakeup, r.Turn)
 		}
-		checkLastWait(t, e, "booked", "a1")
+		checkLastWait(t, e, "booked", "a1", ErrParked)
 		checkText(t, e, `is parked in queue "default": waiting for its turn, not failed`, `rule "booked" (limits booked), subject "a1"`,
 			"turn booked for "+r.Turn.Format("2006-01-02T15:04:05.000Z")+" (in ", "the wake-up loop moves it to pending just before\n",
 			`last parked at `, "retried 0 of 25 (parks are not counted")
@@ -181,7 +181,7 @@ func checkLined(t *testing.T, parked []*Explanation) {
 		if r == nil || !r.InLine || r.Turn != nil || r.LineLength != 2 || r.LineServing == nil || e.Wakeup != nil {
 			t.Fatalf("lined task: rule %+v, wake-up %v: want in a line of 2 with a serving, no turn, no wake-up", r, e.Wakeup)
 		}
-		checkLastWait(t, e, "lined", "b1")
+		checkLastWait(t, e, "lined", "b1", ErrParkedInLine)
 		checkText(t, e, fmt.Sprintf("waiting in its subject's line, no turn booked yet: place %d of 2; the line is next served at ", r.Place),
 			"if its line's serving has not woken it")
 		places = append(places, r.Place)
@@ -223,11 +223,11 @@ func byStatus(t *testing.T, es []*Explanation, completed, parked int) []*Explana
 	return p
 }
 
-func checkLastWait(t *testing.T, e *Explanation, rule, subject string) {
+func checkLastWait(t *testing.T, e *Explanation, rule, subject string, cause error) {
 	t.Helper()
 	w := e.LastWait
-	if w == nil || w.Rule != rule || w.Subject != subject || w.Cause != ErrParked.Error() || e.LastErrorAt == nil || e.State != "retry" || e.Retried != 0 {
-		t.Errorf("last wait %+v (state %s, retried %d, at %v), want rule %q, subject %q, parked, in asynq's retry set, no retry used", w, e.State, e.Retried, e.LastErrorAt, rule, subject)
+	if w == nil || w.Rule != rule || w.Subject != subject || w.Cause != cause.Error() || e.LastErrorAt == nil || e.State != "retry" || e.Retried != 0 {
+		t.Errorf("last wait %+v (state %s, retried %d, at %v), want rule %q, subject %q, parked (%v), in asynq's retry set, no retry used", w, e.State, e.Retried, e.LastErrorAt, rule, subject, cause)
 	}
 }
 
@@ -379,7 +379,8 @@ func ruleReader(t *testing.T, rdb redis.UniversalClient, prefix string, limits [
 	rc := rules.RuleConfig{Name: "r", Subject: rules.SubjectConfig{Fixed: keysSubject}, Limits: limits}
 	return func(id string, headers map[string]string) *RuleState {
 		t.Helper()
-		rs, err := readRule(context.Background(), rdb, prefix, rc, &asynq.TaskInfo{ID: id, Queue: "q", Headers: headers})
+		ledger, _ := admission.NewShardedWakeups(rdb, admission.WakeupsKey, 0)
+		rs, err := readRule(context.Background(), rdb, ledger, prefix, rc, &asynq.TaskInfo{ID: id, Queue: "q", Headers: headers})
 		if err != nil {
 			t.Fatal(err)
 		}

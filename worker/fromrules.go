@@ -32,7 +32,7 @@ func FromRules(cfg *rules.Config, rdb redis.UniversalClient, opts Options) (*Mid
 		src.base.OnRedisError = opts.Metrics.OnRedisError
 	}
 	if opts.Asynq != nil {
-		src.base.OnHandoff = WakeOnHandoff(opts.Asynq)
+		src.base.OnHandoff = wakeOnHandoff(opts.Asynq, opts.WakeupShards)
 	}
 	trs, err := src.taskRules(cfg)
 	if err != nil {

@@ -147,7 +147,7 @@ type ruleGate struct {
 	gate *admission.Gate
 	// leased: the limiter has a concurrency rule, so a task that waits in
 	// place (waitInPlace) holds a place until its handler returns. Tasks
-	// admitted through the gate learn it from their Decision.Lease.
+	// admitted through the gate hold their Decision.Place.
 	leased bool
 	// stacked: a throttling middleware inside this one has throttled one
 	// of the rule's tasks (admit.go, stacked rules).
@@ -165,7 +165,8 @@ type Options struct {
 	// uses for two things:
 	//
 	//   - Wake-ups. A parked task is recorded in a ledger in Asynq
-	//     (admission.WakeupsKey), and every middleware with Asynq set runs a
+	//     (admission.WakeupsKey, spread over WakeupShards keys), and every
+	//     middleware with Asynq set runs a
 	//     loop that moves each parked task to its queue's pending list
 	//     (asynq's Inspector.RunTask) shortly before its turn, instead of
 	//     waiting for asynq's own schedule, which keeps whole seconds. So
@@ -188,6 +189,12 @@ type Options struct {
 	// If nil, neither. With it, call Drain (or Close) when the server
 	// stops, to end the wake-up loop.
 	Asynq redis.UniversalClient
+	// WakeupShards is how many keys the wake-up ledger is spread over
+	// (admission.NewShardedWakeups), each in its own hash slot. Give every
+	// worker and producer of a fleet the same number; a worker given more
+	// than a producer still wakes all its tasks, so raise it on the
+	// workers first. If zero, admission.DefaultWakeupShards (3).
+	WakeupShards int
 	// MaxWaiting bounds how many tasks, of every rule and subject
 	// together, wait in their handlers for a new turn (see
 	// TaskRule.WaitSlots) in this process: give about half the server's
@@ -220,7 +227,7 @@ func NewMiddleware(rules []TaskRule, opts Options) (*Middleware, error) {
 	m.parks = &parkTally{log: m.log, every: ParkSummaryEvery}
 	if opts.Asynq != nil {
 		m.requeue = &requeuer{client: asynq.NewClientFromRedisClient(opts.Asynq), insp: asynq.NewInspectorFromRedisClient(opts.Asynq)}
-		ledger, err := admission.NewWakeups(opts.Asynq, admission.WakeupsKey)
+		ledger, err := admission.NewShardedWakeups(opts.Asynq, admission.WakeupsKey, opts.WakeupShards)
 		if err == nil {
 			m.parking, err = admission.NewParking(ledger, admission.ParkingOptions{Logger: m.log, OnServe: func(rule string, s admission.Served) {
 				m.metrics.lineServed(rule, s.Handed)
@@ -399,9 +406,9 @@ func (m *Middleware) Wrap(next asynq.Handler) asynq.Handler {
 			rep.notRun() // an outer rule's turn goes back (settle.go)
 			return err
 		}
-		if t.held {
+		if t.place != nil {
 			m.metrics.holding(r.Name, 1)
-			defer func() { m.release(r, t.Wait); m.metrics.holding(r.Name, -1) }()
+			defer func() { m.release(t.place, t.Wait); m.metrics.holding(r.Name, -1) }()
 		}
 		err = next.ProcessTask(admission.WithWait(ctx, t.Wait), task)
 		m.settle(ctx, r, task, t, rep)

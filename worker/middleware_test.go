@@ -138,6 +138,11 @@ func TestNewMiddlewareErrors(t *testing.T) {
 	if _, err := NewMiddleware(nil, Options{}); err != nil {
 		t.Errorf("no rules: %v; want a pass-through middleware", err)
 	}
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:0"}) // never called: the number is refused first
+	defer rdb.Close()
+	if _, err := NewMiddleware(nil, Options{Asynq: rdb, WakeupShards: 65}); err == nil || !strings.Contains(err.Error(), "65 shards; give 1 to 64") {
+		t.Errorf("WakeupShards 65: %v; want an error saying the range", err)
+	}
 }
 
 func TestNoSubject(t *testing.T) {

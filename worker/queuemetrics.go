@@ -36,9 +36,10 @@ var queueStates = [...]string{"pending", "active", "scheduled", "retry", "archiv
 // Parked tasks sit in asynq's retry set: retry counts them with the tasks
 // that failed and wait for a retry. These are the fleet's numbers, the
 // same from every worker of one Redis: aggregate them with max, not sum.
-// One scrape costs 1 + 3 × queues + 1 Redis calls (SMEMBERS of asynq's
-// queues; per queue that exists, a SISMEMBER and asynq's two statistics
-// scripts; a ZCARD of the ledger), whatever the number of tasks, and
+// One scrape costs 1 + 3 × queues + shards Redis calls (SMEMBERS of
+// asynq's queues; per queue that exists, a SISMEMBER and asynq's two
+// statistics scripts; a ZCARD per shard of the ledger), whatever the
+// number of tasks, and
 // reads at most once at a time: a scrape while a read is still under way
 // counts an error instead of starting another.
 type QueueCollector struct {
@@ -66,14 +67,21 @@ var (
 // wake-up ledger too. Register it once: reg.MustRegister(c). queues are the
 // queues the worker serves (asynq.Config.Queues); one that has never held
 // a task reports zeros.
-func NewQueueCollector(rdb redis.UniversalClient, queues []string) (*QueueCollector, error) {
+//
+// The ledger counted is one of admission.DefaultWakeupShards shards, unless
+// a LedgerShards option says otherwise (the workers' Options.WakeupShards).
+func NewQueueCollector(rdb redis.UniversalClient, queues []string, opts ...QueueOption) (*QueueCollector, error) {
 	if rdb == nil {
 		return nil, errors.New("worker: NewQueueCollector: nil Redis client; pass the asynq server's")
 	}
 	if len(queues) == 0 {
 		return nil, errors.New(`worker: NewQueueCollector: no queues; pass the asynq server's, such as "default"`)
 	}
-	wakeups, err := admission.NewWakeups(rdb, admission.WakeupsKey)
+	var cfg queueConfig
+	for _, o := range opts {
+		o.applyQueue(&cfg)
+	}
+	wakeups, err := admission.NewShardedWakeups(rdb, admission.WakeupsKey, cfg.shards)
 	if err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
@@ -90,6 +98,18 @@ func NewQueueCollector(rdb redis.UniversalClient, queues []string) (*QueueCollec
 		}),
 	}, nil
 }
+
+// A QueueOption tunes NewQueueCollector.
+type QueueOption interface{ applyQueue(*queueConfig) }
+
+type queueConfig struct{ shards int }
+
+// LedgerShards is the QueueOption that gives the number of keys of the
+// workers' wake-up ledger (Options.WakeupShards), all of which
+// jobthrottle_wakeup_ledger_members counts.
+type LedgerShards int
+
+func (n LedgerShards) applyQueue(c *queueConfig) { c.shards = int(n) }
 
 // Describe sends the descriptors of the collector's metrics.
 func (c *QueueCollector) Describe(ch chan<- *prometheus.Desc) {

@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"sync"
@@ -98,8 +99,13 @@ func queuesInEveryState(t *testing.T, b *bed) {
 			t.Fatal(err)
 		}
 	}
-	if err := b.rdb.ZAdd(ctx, admission.WakeupsKey, redis.Z{Score: 1, Member: "a"}, redis.Z{Score: 2, Member: "b"}).Err(); err != nil {
-		t.Fatal(err)
+	// One wake-up in each shard of the default ledger, which the
+	// collector counts over every shard.
+	ledger, _ := admission.NewShardedWakeups(b.rdb, admission.WakeupsKey, 0)
+	for i, k := range ledger.Keys() {
+		if err := b.rdb.ZAdd(ctx, k, redis.Z{Score: float64(i + 1), Member: fmt.Sprint("m", i)}).Err(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	eventually(t, 10*time.Second, "q1's tasks completed, retrying and running", func() bool {
 		info, err := b.insp.GetQueueInfo("q1")
@@ -110,7 +116,8 @@ func queuesInEveryState(t *testing.T, b *bed) {
 // The queue gauges agree with asynq's Inspector on a real Redis, for
 // tasks in every state, in a queue that a server runs and in one it does
 // not; a queue that never held a task reports zeros; the ledger's size is
-// the wake-up ledger's. A scrape costs 1 + 3 × queues + 1 Redis calls.
+// the wake-up ledger's, over its shards. A scrape costs 1 + 3 × queues +
+// shards Redis calls.
 func TestQueueCollectorAgreesWithInspector(t *testing.T) {
 	t.Parallel()
 	b := newBed(t)
@@ -150,17 +157,18 @@ func TestQueueCollectorAgreesWithInspector(t *testing.T) {
 	if got["queue=q2,state=pending"] != 3 || got["queue=q2,state=scheduled"] != 2 || got["queue=q2,state=archived"] != 1 {
 		t.Errorf("q2: %v; want 3 pending, 2 scheduled, 1 archived", got)
 	}
-	if n := scraped["jobthrottle_wakeup_ledger_members"][""]; n != 2 {
-		t.Errorf("jobthrottle_wakeup_ledger_members = %v, want 2", n)
+	if n := scraped["jobthrottle_wakeup_ledger_members"][""]; n != admission.DefaultWakeupShards {
+		t.Errorf("jobthrottle_wakeup_ledger_members = %v, want %d (one in each shard)", n, admission.DefaultWakeupShards)
 	}
 
 	// Scripts are loaded by now: one scrape is SMEMBERS, and per queue
-	// that exists (q1, q2) SISMEMBER and two EVALSHA, then ZCARD.
+	// that exists (q1, q2) SISMEMBER and two EVALSHA, then a ZCARD per
+	// shard.
 	calls.ByName(true)
 	if _, err := reg.Gather(); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := calls.ByName(false), map[string]int{"smembers": 1, "sismember": 2, "evalsha": 4, "zcard": 1}; !equalCounts(got, want) {
+	if got, want := calls.ByName(false), map[string]int{"smembers": 1, "sismember": 2, "evalsha": 4, "zcard": admission.DefaultWakeupShards}; !equalCounts(got, want) {
 		t.Errorf("one scrape sent %v; want %v", got, want)
 	}
 	if n, ok := scraped["jobthrottle_queue_read_errors_total"][""]; !ok || n != 0 {

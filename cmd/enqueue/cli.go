@@ -17,6 +17,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/enqueue"
 	"github.com/jobthrottle/jobthrottle/internal/redisurl"
 	"github.com/jobthrottle/jobthrottle/rules"
@@ -139,7 +140,7 @@ type batchFlags struct {
 	pace                          bool
 	ruleConfig, rule              string
 	rate, algorithm, prefix       string
-	burst                         int
+	burst, wakeupShards           int
 	subject, subjectField         string
 	keep, lead, retention         time.Duration
 	maxAhead                      time.Duration
@@ -169,6 +170,8 @@ func (f *batchFlags) flagSet(stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&f.subject, "subject", "", "inline rule: the workers' fixed subject")
 	fs.StringVar(&f.subjectField, "subject-field", "", "inline rule: the payload field the workers take the subject from")
 	fs.DurationVar(&f.lead, "lead", 0, "for workers without wake-ups only: schedule each task this long before its slot, in whole seconds, so that it\nreaches a worker early and waits there for the slot (default 0: the workers wake each task just before its slot)")
+	f.wakeupShards = admission.DefaultWakeupShards
+	fs.Var(&intFlag{p: &f.wakeupShards, min: 1, max: 64}, "wakeup-shards", "the workers' --wakeup-shards: the number of keys of their wake-up ledger (the same, or fewer)")
 	fs.DurationVar(&f.maxAhead, "max-ahead", defaultMaxAhead, "refuse a paced batch whose last slot would be booked further ahead than this; raise it to book further")
 	fs.DurationVar(&f.keep, "keep", 0, "how long a paced task's receipt outlives its slot (default 24h); a task run later is charged again")
 	fs.StringVar(&f.redis, "redis", "", redisHelp)
@@ -330,7 +333,7 @@ func (f *batchFlags) options(set map[string]bool) ([]asynq.Option, error) {
 func (f *batchFlags) paceSpec(set map[string]bool) (*enqueue.PaceSpec, error) {
 	inline := []string{"rate", "burst", "algorithm", "prefix", "subject", "subject-field"}
 	if !f.pace {
-		for _, name := range append(inline, "rule-config", "rule", "keep", "lead", "max-ahead") {
+		for _, name := range append(inline, "rule-config", "rule", "keep", "lead", "max-ahead", "wakeup-shards") {
 			if set[name] {
 				return nil, fmt.Errorf("--%s paces the batch: add --pace", name)
 			}
@@ -340,7 +343,7 @@ func (f *batchFlags) paceSpec(set map[string]bool) (*enqueue.PaceSpec, error) {
 	if f.lead < 0 || f.lead > time.Minute {
 		return nil, fmt.Errorf("--lead %v must be between 0 and 1m", f.lead)
 	}
-	spec := &enqueue.PaceSpec{Rule: f.rule, Keep: f.keep, Lead: f.lead}
+	spec := &enqueue.PaceSpec{Rule: f.rule, Keep: f.keep, Lead: f.lead, WakeupShards: f.wakeupShards}
 	switch {
 	case f.ruleConfig != "" && f.rate != "":
 		return nil, errors.New("--rule-config and --rate cannot be combined: pace under the workers' rules file, or spell the rule out")

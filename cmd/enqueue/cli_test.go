@@ -64,6 +64,8 @@ func TestBatchFlagErrors(t *testing.T) {
 		{[]string{"batch", "--type", "t", "--payload", "{}", "--payloads", bad}, "cannot be combined"},
 		{[]string{"batch", "--type", "t", "--payloads", bad}, bad + ":2: not a JSON value"},
 		{[]string{"batch", "--type", "t", "--count", "1", "--rate", "5/s"}, "--rate paces the batch: add --pace"},
+		{[]string{"batch", "--type", "t", "--count", "1", "--wakeup-shards", "5"}, "--wakeup-shards paces the batch: add --pace"},
+		{[]string{"batch", "--type", "t", "--count", "1", "--pace", "--rate", "5/s", "--rule", "r", "--subject", "s", "--wakeup-shards", "65"}, "is too large: at most 64"},
 		{[]string{"batch", "--type", "t", "--count", "1", "--pace"}, "--pace needs the workers' rule"},
 		{[]string{"batch", "--type", "t", "--count", "1", "--pace", "--rule-config", rules, "--rate", "5/s"}, "cannot be combined"},
 		{[]string{"batch", "--type", "t", "--count", "1", "--pace", "--rule-config", rules, "--burst", "3"}, "--burst comes from --rule-config"},

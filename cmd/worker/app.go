@@ -105,14 +105,14 @@ func build(o options, cfg *rules.Config, hs *handler.Config, rdb redis.Universal
 		return nil, err
 	}
 	// The queues' sizes are read from Redis when /metrics is scraped, never otherwise.
-	queues, err := worker.NewQueueCollector(rdb, slices.Sorted(maps.Keys(o.queues)))
+	queues, err := worker.NewQueueCollector(rdb, slices.Sorted(maps.Keys(o.queues)), worker.LedgerShards(o.wakeupShards))
 	if err != nil {
 		return nil, usageError{err}
 	}
 	a.reg.MustRegister(queues)
 	// Half the slots at most wait for turns, so the other half always
 	// serves tasks that can run, however many subjects are over their limits.
-	wopts := worker.Options{Logger: log, Metrics: metrics, Asynq: rdb, MaxWaiting: max(concurrency(o)/2, 1)}
+	wopts := worker.Options{Logger: log, Metrics: metrics, Asynq: rdb, MaxWaiting: max(concurrency(o)/2, 1), WakeupShards: o.wakeupShards}
 	if a.mw, err = worker.FromRules(cfg, rdb, wopts); err != nil {
 		return nil, usageError{err}
 	}

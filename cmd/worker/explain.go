@@ -9,6 +9,7 @@ import (
 	"io"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/internal/redisurl"
 	"github.com/jobthrottle/jobthrottle/rules"
 	"github.com/jobthrottle/jobthrottle/worker"
@@ -38,6 +39,7 @@ type explainOptions struct {
 	redisURL, config, queue string
 	json                    bool
 	id                      string
+	wakeupShards            int
 }
 
 // parseExplainFlags reads explain's flags, before or after the task ID,
@@ -54,6 +56,7 @@ func parseExplainFlags(args []string, getenv func(string) string, out io.Writer)
 	fs.StringVar(&o.redisURL, "redis", "", "Redis URL of the fleet (asynq and the limits), else $REDIS_URL (prefer it: a flag shows in ps)")
 	fs.StringVar(&o.config, "config", "", "the workers' rules file, else $JOBTHROTTLE_CONFIG: without it, the task's rule and its booking are unknown")
 	fs.StringVar(&o.queue, "queue", "", "the task's queue (default: look in every queue)")
+	fs.IntVar(&o.wakeupShards, "wakeup-shards", admission.DefaultWakeupShards, "the workers' --wakeup-shards, to find the task's wake-up")
 	fs.BoolVar(&o.json, "json", false, "print the explanation as JSON (worker.Explanation; see worker/README.md)")
 	var ids []string
 	for {
@@ -110,7 +113,7 @@ func explain(ctx context.Context, args []string, getenv func(string) string, std
 	if err := rdb.Ping(ctx).Err(); err != nil {
 		return redisFailure("Redis at "+redisurl.Redact(o.redisURL), err)
 	}
-	e, err := worker.Explain(ctx, rdb, o.id, worker.ExplainOptions{Queue: o.queue, Rules: cfg})
+	e, err := worker.Explain(ctx, rdb, o.id, worker.ExplainOptions{Queue: o.queue, Rules: cfg, WakeupShards: o.wakeupShards})
 	switch {
 	case errors.Is(err, worker.ErrAmbiguousTask):
 		return usageError{fmt.Errorf("%w (--queue)", err)}

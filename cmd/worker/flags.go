@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/jobthrottle/jobthrottle/admission"
 )
 
 // options are the command line settings.
@@ -26,6 +28,7 @@ type options struct {
 	logLevel        slog.Level
 	logJSON         bool
 	check           bool
+	wakeupShards    int
 }
 
 // parseFlags reads the flags, falling back to the environment for the
@@ -46,6 +49,7 @@ func parseFlags(args []string, getenv func(string) string, out io.Writer) (optio
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM, how long running tasks may finish before they are put back in their queues;\na second SIGTERM or SIGINT stops at once")
 	fs.BoolVar(&o.demo, "demo", false, "also serve the demo task types demo:echo and demo:api, with a stand-in third-party API on loopback\n(always on without a rules file)")
 	fs.IntVar(&o.demoAPIRate, "demo-api-rate", 5, "with the demo: requests per second that demo:api tasks send to the demo third-party API, across all workers")
+	fs.IntVar(&o.wakeupShards, "wakeup-shards", admission.DefaultWakeupShards, "the number of keys, each in its own hash slot, the wake-up ledger of parked tasks is spread over (1 to 64);\nthe same in every worker and producer of the fleet (a worker given more still wakes the tasks of one given fewer)")
 	fs.StringVar(&level, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&format, "log-format", "text", "text or json")
 	fs.BoolVar(&o.check, "check", false, "check the rules file and the flags as start does, print the rules and handlers as understood, and exit (0 if valid, 2 if not); connects to nothing")
@@ -92,6 +96,8 @@ func (o options) validate(demoRateSet bool) error {
 		return fmt.Errorf("-concurrency %d: must be 0 (the number of CPUs) or more", o.concurrency)
 	case o.shutdownTimeout <= 0:
 		return fmt.Errorf("-shutdown-timeout %v: must be positive", o.shutdownTimeout)
+	case o.wakeupShards < 1 || o.wakeupShards > 64:
+		return fmt.Errorf("-wakeup-shards %d: must be between 1 and 64 (the fleet's number; default %d)", o.wakeupShards, admission.DefaultWakeupShards)
 	case o.demoAPIRate < 1:
 		return fmt.Errorf("-demo-api-rate %d: must be at least 1", o.demoAPIRate)
 	case demoRateSet && !o.demo:

@@ -282,7 +282,7 @@ func TestParseFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.redisURL != "redis://env:6379" || o.config != "flag.yaml" || o.metricsAddr != ":9999" || o.queues["default"] != 1 {
+	if o.redisURL != "redis://env:6379" || o.config != "flag.yaml" || o.metricsAddr != ":9999" || o.queues["default"] != 1 || o.wakeupShards != 3 {
 		t.Errorf("options %+v", o)
 	}
 	for _, tc := range []struct {
@@ -298,6 +298,8 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--concurrency", "-1"}, `-concurrency -1: must be 0`},
 		{[]string{"--shutdown-timeout", "0s"}, `-shutdown-timeout 0s: must be positive`},
 		{[]string{"extra"}, `unexpected argument "extra"`},
+		{[]string{"--wakeup-shards", "0"}, `-wakeup-shards 0: must be between 1 and 64`},
+		{[]string{"--wakeup-shards", "65"}, `-wakeup-shards 65: must be between 1 and 64`},
 	} {
 		if _, err := parseFlags(tc.args, func(string) string { return "" }, io.Discard); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: got %v, want %q", tc.args, err, tc.want)

@@ -96,6 +96,8 @@ func TestOperatorScenario(t *testing.T) {
 		e.LastWait.Subject != "acct_1" || !e.LastWait.RunsAgainAt.After(e.Now) || e.Rule == nil ||
 		!(e.Rule.Turn != nil && e.Rule.Turn.After(e.Now) || e.Rule.InLine && e.Rule.Place >= 1 && e.Rule.Place <= e.Rule.LineLength) {
 		t.Errorf("explain of a parked task: %+v, rule %+v, wait %+v; want parked by partner for acct_1, not retried, with a turn or a place in line ahead", e, e.Rule, e.LastWait)
+	} else if want := map[bool]string{true: worker.ErrParkedInLine.Error(), false: worker.ErrParked.Error()}[e.Rule.InLine]; e.LastWait.Cause != want {
+		t.Errorf("a parked task (in line: %v) says it waited for %q; want %q", e.Rule.InLine, e.LastWait.Cause, want)
 	}
 	if e := explain(pending, "--queue", "nobody-serves-this"); e.Status != worker.StatusPending || e.Rule == nil || e.Rule.Name != "reports" {
 		t.Errorf("explain of a pending task: %+v, rule %+v; want pending under rule reports", e, e.Rule)
