@@ -9,10 +9,13 @@
 //	cd bench && go run . -backlog    # parking against deferral (issue 9, about 15 minutes)
 //	cd bench && go run . -shares     # share_limit: one key shared by tenants, each limited (about 2.5 minutes)
 //	cd bench && go run . -leased     # one hot key past one shard: Options.LocalLease (issue 14, about 2 minutes)
+//	cd bench && go run . -learn      # limits learned from an API that does not tell the fleet (issue 19, about 30 minutes)
+//	cd bench && go run . -learn-workers  # the same through built cmd/worker processes (issue 19, about 25 minutes)
 //	cd bench && go run . -report results/2026-01-02.json   # redo the report only
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -129,6 +132,11 @@ func main() {
 	flag.IntVar(&rateOverride, "rate", 0, "override the Wait scenarios' rate R (permits per second; 0: 200), e.g. 5000 for the hot-key check of issue 11")
 	leased := flag.Bool("leased", false, "run the leased part (issue 14, about 2 minutes): one hot key in 4 processes, plain path, Options.LocalLease and redis_rate; results/<date>-leased.json, then the report")
 	leasedRate := flag.Int("leased-rate", 0, "the leased part's limit on the hot key, per second (0: 200000; burst: a thousandth)")
+	learn := flag.Bool("learn", false, "run the learn part (issue 19, about 30 minutes): a fleet of Transports against a fake API with an untold limit, every header style, with and without a Redis stall; results/<date>-learn.json")
+	learnWorkers := flag.Bool("learn-workers", false, "run the learn part through built cmd/worker processes (issue 19, about 25 minutes): 3 and 10 workers with an http handler against the fake API, 1,500 tasks via asynq; results/<date>-learn-workers.json")
+	learnOnly := flag.String("learn-only", "", "with -learn or -learn-workers: only the cases whose name (\"<style>, <n> workers[, stall]\") matches this regexp")
+	learnTasks := flag.Int("learn-tasks", 0, "with -learn or -learn-workers: tasks per case (0: 1500)")
+	learnOut := flag.String("learn-out", "", "with -learn or -learn-workers: the results file is results/<date>-<this>.json (default: learn, learn-workers)")
 	upstream := flag.Bool("upstream", false, "run the upstream part (about 1 minute): limits learned from a fake API's headers beside the plain Retry-After pause; results/<date>-upstream.json, then the report")
 	flag.Parse()
 
@@ -166,7 +174,7 @@ func main() {
 			}
 		}
 		err = runLeasedPart(cfg, *md, logf)
-	case *full || *quick || *lab || *backlog || *shares:
+	case *full || *quick || *lab || *backlog || *shares || *learn || *learnWorkers:
 		if *nice != 0 {
 			restore, rerr := renice(*nice)
 			defer restore()
@@ -182,6 +190,18 @@ func main() {
 		}
 		if *shares {
 			err = runSharesPart(logf, defaultSharesConfig())
+			break
+		}
+		if *learn || *learnWorkers {
+			cfg := defaultLearnConfig()
+			if *learnTasks > 0 {
+				cfg.Tasks = *learnTasks
+			}
+			if *learnWorkers {
+				err = runWorkerLearnPart(logf, cfg, *learnOnly, cmp.Or(*learnOut, "learn-workers"))
+				break
+			}
+			err = runLearnPart(logf, cfg, *learnOnly, cmp.Or(*learnOut, "learn"))
 			break
 		}
 		if *lab {

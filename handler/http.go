@@ -83,6 +83,10 @@ func newHTTPHandler(s Spec, opts Options, log *slog.Logger) (*httpHandler, error
 			}
 			tr, err := httpthrottle.New(lim, httpthrottle.Options{
 				NoWait: true, // the middleware admitted the task
+				// on a turn spaced at the upstream's learned rate
+				// (throttle's Admit reads it): no departure while
+				// nothing is learned.
+				Paced: true,
 				// A limit learned from the upstream may be slower than the
 				// rule: wait for it in the slot no longer than the rule
 				// lets a task wait (its default, if unset), else defer the

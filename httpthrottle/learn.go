@@ -1,13 +1,10 @@
 package httpthrottle
 
 import (
-	"context"
-	"errors"
 	"math"
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jobthrottle/jobthrottle/throttle"
@@ -17,91 +14,146 @@ import (
 // upstream's limit. The zero value says nothing.
 type RateLimitInfo struct {
 	// Quota requests per Window: the upstream's policy. Both zero if the
-	// response names no window (X-RateLimit-Limit alone does not).
+	// response names no window.
 	Quota  int
 	Window time.Duration
+	// Limit is a quota whose window the response does not name
+	// (X-RateLimit-Limit, RateLimit-Limit, the dictionary form's limit);
+	// zero if none. The Transport reads it as a policy over the longest
+	// reset it has seen.
+	Limit int
 	// Remaining requests until Reset, if HasRemaining.
 	Remaining    int
 	HasRemaining bool
 	// Reset is how long until Remaining is restored, if HasReset.
-	Reset    time.Duration
-	HasReset bool
+	// ResetWhole reports that it was given in whole seconds, so that the
+	// window really resets after Reset − 1s and by Reset; otherwise (a
+	// fraction, or a Unix time) it names the moment.
+	Reset      time.Duration
+	HasReset   bool
+	ResetWhole bool
 }
 
 // ParseRateLimitHeaders reads the rate-limit fields of a response:
 //
 //   - the IETF RateLimit and RateLimit-Policy fields
-//     (draft-ietf-httpapi-ratelimit-headers): the structured form
-//     `RateLimit-Policy: "default";q=100;w=10` with `RateLimit:
-//     "default";r=42;t=7`, the dictionary form `RateLimit: limit=100,
-//     remaining=42, reset=7` with `RateLimit-Policy: 100;w=10`, and the
-//     separate RateLimit-Limit, -Remaining and -Reset fields;
+//     (draft-ietf-httpapi-ratelimit-headers), in both forms the drafts
+//     used: the structured `RateLimit-Policy: "default";q=100;w=10` with
+//     `RateLimit: "default";r=42;t=7`, and the dictionary `RateLimit:
+//     limit=100, remaining=42, reset=7` with `RateLimit-Policy: 100;w=10`;
+//     and the separate RateLimit-Limit (a number, or quota policies such
+//     as `100, 100;w=60`), -Remaining and -Reset fields;
 //   - the common X-RateLimit-Limit, X-RateLimit-Remaining and
 //     X-RateLimit-Reset, whose reset is seconds from now or, when it is
-//     beyond a billion, a Unix time (read against now, the response's
-//     Date when it has one).
+//     beyond half of now's Unix time, a Unix time (read against now, the
+//     response's Date when it has one).
 //
 // Of several policies it keeps the slowest (least quota per second), of
-// several remaining counts the least. Values that do not parse are
-// ignored. It reports false if nothing was learned.
+// several limits the least, of several remaining counts the least (with
+// its reset). Values that do not parse are ignored. It reports false if
+// nothing was learned.
 func ParseRateLimitHeaders(h http.Header, now time.Time) (RateLimitInfo, bool) {
-	var info RateLimitInfo
-	remaining := func(n int, reset time.Duration, hasReset bool) {
-		if !info.HasRemaining || n < info.Remaining {
-			info.Remaining, info.HasRemaining = n, true
-			if hasReset {
-				info.Reset, info.HasReset = reset, true
-			}
-		} else if hasReset && !info.HasReset {
-			info.Reset, info.HasReset = reset, true
-		}
-	}
-	policy := func(q int, w time.Duration) {
-		if q <= 0 || w <= 0 {
-			return
-		}
-		if info.Window == 0 || float64(q)/w.Seconds() < float64(info.Quota)/info.Window.Seconds() {
-			info.Quota, info.Window = q, w
-		}
-	}
-
+	var p infoParser
 	for _, v := range h.Values("RateLimit-Policy") {
 		for _, it := range sfItems(v) {
 			w, okW := seconds(it.params["w"])
 			if q, ok := nonNegInt(it.params["q"]); ok && okW { // "name";q=100;w=10
-				policy(q, w)
+				p.policy(q, w)
 			} else if q, ok := nonNegInt(it.value); ok && okW { // 100;w=10
-				policy(q, w)
+				p.policy(q, w)
 			}
 		}
 	}
 	for _, v := range h.Values("RateLimit") {
-		dict := map[string]string{}
-		for _, it := range sfItems(v) {
-			if r, ok := nonNegInt(it.params["r"]); ok { // "name";r=42;t=7
-				t, okT := seconds(it.params["t"])
-				remaining(r, t, okT)
-				continue
-			}
-			if k, val, ok := strings.Cut(it.value, "="); ok { // limit=100, remaining=42, reset=7
-				dict[strings.ToLower(strings.TrimSpace(k))] = strings.TrimSpace(val)
-			}
-		}
-		if r, ok := nonNegInt(dict["remaining"]); ok {
-			t, okT := seconds(dict["reset"])
-			remaining(r, t, okT)
-		}
+		p.rateLimit(v)
 	}
 	for _, prefix := range []string{"RateLimit-", "X-RateLimit-"} {
+		p.limitField(h.Values(prefix + "Limit"))
 		r, okR := nonNegInt(firstItem(h.Get(prefix + "Remaining")))
 		if !okR {
 			continue
 		}
-		t, okT := resetIn(firstItem(h.Get(prefix+"Reset")), now)
-		remaining(r, t, okT)
+		t, whole, okT := resetIn(firstItem(h.Get(prefix+"Reset")), now)
+		p.remaining(r, t, whole, okT)
 	}
-	learned := info.Window > 0 || info.HasRemaining
-	return info, learned
+	info := p.info
+	return info, info.Window > 0 || info.Limit > 0 || info.HasRemaining
+}
+
+// infoParser gathers a RateLimitInfo from several fields.
+type infoParser struct{ info RateLimitInfo }
+
+// remaining keeps the least remaining count, with its reset.
+func (p *infoParser) remaining(n int, reset time.Duration, whole, hasReset bool) {
+	in := &p.info
+	if !in.HasRemaining || n < in.Remaining {
+		in.Remaining, in.HasRemaining = n, true
+		if hasReset {
+			in.Reset, in.ResetWhole, in.HasReset = reset, whole, true
+		}
+	} else if hasReset && !in.HasReset {
+		in.Reset, in.ResetWhole, in.HasReset = reset, whole, true
+	}
+}
+
+// policy keeps the slowest policy.
+func (p *infoParser) policy(q int, w time.Duration) {
+	in := &p.info
+	if q <= 0 || w <= 0 {
+		return
+	}
+	if in.Window == 0 || float64(q)/w.Seconds() < float64(in.Quota)/in.Window.Seconds() {
+		in.Quota, in.Window = q, w
+	}
+}
+
+// limit keeps the least limit.
+func (p *infoParser) limit(n int) {
+	if n > 0 && (p.info.Limit == 0 || n < p.info.Limit) {
+		p.info.Limit = n
+	}
+}
+
+// rateLimit reads one RateLimit field: structured items ("name";r=42;t=7)
+// or a dictionary (limit=100, remaining=42, reset=7).
+func (p *infoParser) rateLimit(v string) {
+	dict := map[string]string{}
+	for _, it := range sfItems(v) {
+		if r, ok := nonNegInt(it.params["r"]); ok {
+			t, okT := seconds(it.params["t"])
+			p.remaining(r, t, okT && wholeNumber(it.params["t"]), okT)
+			continue
+		}
+		if k, val, ok := strings.Cut(it.value, "="); ok {
+			dict[strings.ToLower(strings.TrimSpace(k))] = strings.TrimSpace(val)
+		}
+	}
+	if l, ok := nonNegInt(dict["limit"]); ok {
+		p.limit(l)
+	}
+	if r, ok := nonNegInt(dict["remaining"]); ok {
+		t, okT := seconds(dict["reset"])
+		p.remaining(r, t, okT && wholeNumber(dict["reset"]), okT)
+	}
+}
+
+// limitField reads RateLimit-Limit or X-RateLimit-Limit: a number, or a
+// list whose first member is one and whose others may be quota policies
+// (100, 100;w=60).
+func (p *infoParser) limitField(values []string) {
+	for _, v := range values {
+		for i, it := range sfItems(v) {
+			q, ok := nonNegInt(it.value)
+			if !ok {
+				continue
+			}
+			if w, okW := seconds(it.params["w"]); okW {
+				p.policy(q, w)
+			} else if i == 0 {
+				p.limit(q)
+			}
+		}
+	}
 }
 
 // sfItem is one member of a structured-field list: its value and its
@@ -140,6 +192,12 @@ func nonNegInt(s string) (int, bool) {
 	return n, err == nil && n >= 0
 }
 
+// wholeNumber reports whether s is a number of seconds without a
+// fraction, which stands for any time up to a second less.
+func wholeNumber(s string) bool {
+	return !strings.ContainsAny(s, ".eE")
+}
+
 // seconds reads a non-negative number of seconds, whole or decimal.
 func seconds(s string) (time.Duration, bool) {
 	f, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
@@ -149,242 +207,57 @@ func seconds(s string) (time.Duration, bool) {
 	return time.Duration(f * float64(time.Second)), true
 }
 
-// unixTimeFloor tells a Unix time from delta seconds in X-RateLimit-Reset.
-const unixTimeFloor = 1_000_000_000
-
-// resetIn reads a reset: delta seconds, or a Unix time.
-func resetIn(s string, now time.Time) (time.Duration, bool) {
+// resetIn reads a reset: delta seconds (whole reports that it had no
+// fraction), or a Unix time, which names the moment. A value beyond half
+// of now's Unix time is a Unix time: a delta that large would be decades.
+func resetIn(s string, now time.Time) (d time.Duration, whole, ok bool) {
 	f, err := strconv.ParseFloat(s, 64)
 	if err != nil || f < 0 || math.IsNaN(f) || math.IsInf(f, 0) {
-		return 0, false
+		return 0, false, false
 	}
-	if f >= unixTimeFloor {
+	if f > float64(now.Unix())/2 {
 		d := time.Unix(0, int64(f*1e9)).Sub(now)
-		return max(d, 0), d <= MaxPause
+		return max(d, 0), false, d <= MaxPause
 	}
-	return seconds(s)
+	d, ok = seconds(s)
+	return d, ok && wholeNumber(s), ok
 }
 
-// LearnedMargin is the share of a learned rate a Transport uses, so that
-// arrival jitter does not push requests over the upstream's limit.
-const LearnedMargin = 0.95
-
-// learnedTTL is how long a learned limit holds without a response
-// repeating it.
-const learnedTTL = time.Minute
-
-// maxLearned bounds the subjects a Transport remembers limits for.
-const maxLearned = 1024
-
-// learnedRule names the schedule learned for a subject at one interval:
-// its key is <prefix>{<subject>}:~learned-<interval in µs>. Rules files
-// cannot name a rule with '~'. A schedule per interval means that a new
-// limit starts from a fresh schedule rather than behind the bookings made
-// at the old rate; every process that learned the same limit shares it.
-func learnedRule(interval time.Duration) string {
-	return "~learned-" + strconv.FormatInt(interval.Microseconds(), 10)
+// answer is what a response tells the upstream schedule (throttle.Answer).
+func answer(info RateLimitInfo, tooMany bool) throttle.Answer {
+	a := throttle.Answer{TooMany: tooMany, Quota: info.Quota, Window: info.Window, Limit: info.Limit,
+		Remaining: info.Remaining, HasRemaining: info.HasRemaining, HasReset: info.HasReset,
+		ResetMin: info.Reset, ResetMax: info.Reset}
+	if info.ResetWhole {
+		a.ResetMin = max(info.Reset-time.Second, 0)
+	}
+	return a
 }
 
-// learned is the limit learned for one subject: a GCRA limiter in the
-// same Redis, so that every process that learned it shares one schedule.
-type learned struct {
-	lim      *throttle.Limiter
-	interval time.Duration
-	until    time.Time
-	replaced chan struct{} // closed when another schedule replaces this one
-}
-
-// learner holds a Transport's learned limits, by subject.
-type learner struct {
-	mu         sync.Mutex
-	bySubject  map[string]*learned
-	configured time.Duration // the configured limit's interval per request, once known (knowConfigured)
-	maxWait    time.Duration // Options.MaxLearnedWait
-}
-
-func newLearner(maxWait time.Duration) *learner {
-	return &learner{bySubject: map[string]*learned{}, maxWait: maxWait}
-}
-
-// knowConfigured reads the configured limit's interval once, from the
-// state read the limiter answers for subject (AllowN of 0): the interval
-// of the rule it reports. With several rules that may be a faster one
-// than the slowest, which only keeps a learned limit that the slowest
-// rule would have made redundant: never one that loosens anything.
-func (l *learner) knowConfigured(ctx context.Context, lim *throttle.Limiter, subject string) {
-	l.mu.Lock()
-	known := l.configured > 0
-	l.mu.Unlock()
-	if known {
-		return
-	}
-	res, err := lim.AllowN(ctx, subject, 0)
-	if err != nil || res.Limit.Count < 1 { // a concurrency limiter refuses AllowN: it sets no rate
-		return
-	}
-	l.mu.Lock()
-	l.configured = res.Limit.Period / time.Duration(res.Limit.Count)
-	l.mu.Unlock()
-}
-
-// get returns what was learned for subject, or nil.
-func (l *learner) get(subject string, now time.Time) *learned {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	e := l.bySubject[subject]
-	if e == nil {
-		return nil
-	}
-	if now.After(e.until) {
-		l.drop(subject)
-		return nil
-	}
-	return e
-}
-
-// wait takes a slot of subject's learned schedule, if there is one. A
-// request waiting for its slot when an answer replaces the schedule
-// gives the slot back and books one on the new schedule: requests booked
-// at the old rate would otherwise go out at it, over a lower limit or
-// late for a higher one.
-func (l *learner) wait(ctx context.Context, subject string) error {
-	e := l.get(subject, time.Now())
-	for e != nil {
-		r, err := l.reserve(ctx, e.lim, subject)
-		if err != nil {
-			return err
-		}
-		timer := time.NewTimer(r.Delay())
-		select {
-		case <-timer.C:
-			return nil
-		case <-e.replaced:
-			timer.Stop()
-			l.cancel(ctx, r)
-			e = l.get(subject, time.Now())
-		case <-ctx.Done():
-			timer.Stop()
-			l.cancel(ctx, r)
-			return ctx.Err()
-		}
-	}
-	return nil
-}
-
-// reserve books a slot on a learned schedule, bounded by MaxLearnedWait
-// as well as by ctx: past it, a *throttle.DelayError whose Deadline is
-// false (the bound is the transport's, not the caller's deadline).
-func (l *learner) reserve(ctx context.Context, lim *throttle.Limiter, subject string) (*throttle.Reservation, error) {
-	rctx, byMax := ctx, false
-	if l.maxWait > 0 {
-		if dl, ok := ctx.Deadline(); !ok || time.Until(dl) > l.maxWait {
-			var cancel context.CancelFunc
-			rctx, cancel = context.WithTimeout(ctx, l.maxWait)
-			defer cancel()
-			byMax = true
-		}
-	}
-	r, err := lim.ReserveN(rctx, subject, 1)
-	var de *throttle.DelayError
-	if byMax && errors.As(err, &de) && de.Deadline {
-		return nil, &throttle.DelayError{Rule: de.Rule, RetryAfter: de.RetryAfter}
-	}
-	return r, err
-}
-
-// cancel gives a learned slot back, after ctx may have ended.
-func (l *learner) cancel(ctx context.Context, r *throttle.Reservation) {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pauseTimeout)
-	defer cancel()
-	_ = r.Cancel(cctx)
-}
-
-// drop forgets subject's entry, waking its waiters. l.mu is held.
-func (l *learner) drop(subject string) {
-	if e := l.bySubject[subject]; e != nil {
-		close(e.replaced)
-		delete(l.bySubject, subject)
-	}
-}
-
-// set records that subject allows one request per interval; an interval
-// no longer than the configured limit's forgets what was learned (the
-// configured limit is never loosened, so it is enough).
-func (l *learner) set(base *throttle.Limiter, subject string, interval time.Duration, now time.Time) (changed bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	e := l.bySubject[subject]
-	if interval <= l.configured {
-		if e != nil {
-			l.drop(subject)
-			return true
-		}
-		return false
-	}
-	interval = interval.Round(time.Microsecond)
-	if e != nil && e.interval == interval {
-		e.until = now.Add(learnedTTL)
-		return false
-	}
-	lim, err := base.With(throttle.Rule{Name: learnedRule(interval), Algorithm: throttle.GCRA, Limit: throttle.Limit{Count: 1, Period: interval, Burst: 1}})
-	if err != nil {
-		return false
-	}
-	if e == nil && len(l.bySubject) >= maxLearned {
-		for s, old := range l.bySubject {
-			if now.After(old.until) {
-				l.drop(s)
-			}
-		}
-		for s := range l.bySubject {
-			if len(l.bySubject) < maxLearned {
-				break
-			}
-			l.drop(s)
-		}
-	}
-	if e != nil {
-		close(e.replaced)
-	}
-	l.bySubject[subject] = &learned{lim: lim, interval: interval, until: now.Add(learnedTTL), replaced: make(chan struct{})}
-	return true
-}
-
-// learn applies what resp's headers say for subject: a policy, or the
-// remaining requests over the time to reset, becomes a learned limit if
-// it is tighter than the configured one; none remaining pauses the
-// subject until the reset, for every worker.
-func (t *Transport) learn(ctx context.Context, subject string, resp *http.Response) {
-	now := time.Now()
-	if date, err := http.ParseTime(resp.Header.Get("Date")); err == nil {
-		now = date
-	}
-	info, ok := ParseRateLimitHeaders(resp.Header, now)
-	if !ok {
-		return
-	}
-	if info.HasRemaining && info.Remaining == 0 && info.HasReset && info.Reset > 0 &&
-		resp.StatusCode != http.StatusTooManyRequests && resp.StatusCode != http.StatusServiceUnavailable {
-		t.pauseFor(ctx, subject, info.Reset)
-	}
-	var perSecond float64
+// informative reports whether an answer can change what the fleet knows
+// (learned when d was booked), so that Learn is worth a round trip: a new
+// policy or limit, a reset longer than the inferred window, or a window
+// with fewer requests left than the schedule would send before it
+// resets at the earliest (or none left). 429s and the first answer always go to Learn (RoundTrip).
+func informative(info RateLimitInfo, learned throttle.Learned) bool {
 	switch {
 	case info.Window > 0:
-		perSecond = float64(info.Quota) / info.Window.Seconds()
-	case info.HasRemaining && info.HasReset && info.Reset >= time.Second && info.Remaining > 0:
-		perSecond = float64(info.Remaining) / info.Reset.Seconds()
-	default:
-		return
+		return info.Quota != learned.Quota || info.Window != learned.Window
+	case info.Limit > 0:
+		if info.Limit != learned.Quota || (info.HasReset && info.Reset > learned.Window) {
+			return true
+		}
 	}
-	if perSecond <= 0 {
-		return
+	if !info.HasRemaining || !info.HasReset {
+		return false
 	}
-	interval := time.Duration(float64(time.Second) / (perSecond * LearnedMargin))
-	if interval > MaxPause {
-		interval = MaxPause
+	rate := learned.Rate
+	if rate == 0 && learned.Window > 0 {
+		rate = float64(learned.Quota) / learned.Window.Seconds()
 	}
-	t.learner.knowConfigured(ctx, t.lim, subject)
-	if t.learner.set(t.lim, subject, interval, time.Now()) && t.onLearn != nil {
-		t.onLearn(subject, info)
+	if rate == 0 {
+		return true // no rate: the window is all there is to go by
 	}
+	a := answer(info, false)
+	return float64(info.Remaining) < rate*a.ResetMin.Seconds() || info.Remaining == 0
 }

@@ -1,11 +1,12 @@
 package httpthrottle
 
 import (
-	"github.com/jobthrottle/jobthrottle/throttle"
-
-	"fmt"
+	"bytes"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
 func TestParseRateLimitHeaders(t *testing.T) {
@@ -28,31 +30,44 @@ func TestParseRateLimitHeaders(t *testing.T) {
 		{"ietf structured", map[string][]string{
 			"RateLimit-Policy": {`"default";q=100;w=10`},
 			"RateLimit":        {`"default";r=42;t=7`},
-		}, RateLimitInfo{Quota: 100, Window: 10 * time.Second, Remaining: 42, HasRemaining: true, Reset: 7 * time.Second, HasReset: true}, true},
+		}, RateLimitInfo{Quota: 100, Window: 10 * time.Second, Remaining: 42, HasRemaining: true, Reset: 7 * time.Second, HasReset: true, ResetWhole: true}, true},
+		{"ietf structured, fraction of a second to reset", map[string][]string{
+			"RateLimit": {`"default";r=1;t=0.25`},
+		}, RateLimitInfo{Remaining: 1, HasRemaining: true, Reset: 250 * time.Millisecond, HasReset: true}, true},
 		{"ietf several policies: the slowest", map[string][]string{
 			"RateLimit-Policy": {`"burst";q=100;w=1, "daily";q=1000;w=86400`},
 		}, RateLimitInfo{Quota: 1000, Window: 86400 * time.Second}, true},
 		{"ietf several remaining: the least", map[string][]string{
 			"RateLimit": {`"a";r=40;t=1, "b";r=3;t=60`},
-		}, RateLimitInfo{Remaining: 3, HasRemaining: true, Reset: time.Minute, HasReset: true}, true},
+		}, RateLimitInfo{Remaining: 3, HasRemaining: true, Reset: time.Minute, HasReset: true, ResetWhole: true}, true},
 		{"ietf dictionary draft", map[string][]string{
 			"RateLimit":        {`limit=100, remaining=0, reset=3`},
 			"RateLimit-Policy": {`100;w=60`},
-		}, RateLimitInfo{Quota: 100, Window: time.Minute, Remaining: 0, HasRemaining: true, Reset: 3 * time.Second, HasReset: true}, true},
+		}, RateLimitInfo{Quota: 100, Window: time.Minute, Limit: 100, Remaining: 0, HasRemaining: true, Reset: 3 * time.Second, HasReset: true, ResetWhole: true}, true},
 		{"ietf separate fields", map[string][]string{
 			"RateLimit-Limit": {"100"}, "RateLimit-Remaining": {"9"}, "RateLimit-Reset": {"2"},
-		}, RateLimitInfo{Remaining: 9, HasRemaining: true, Reset: 2 * time.Second, HasReset: true}, true},
-		{"x-ratelimit delta", map[string][]string{
+		}, RateLimitInfo{Limit: 100, Remaining: 9, HasRemaining: true, Reset: 2 * time.Second, HasReset: true, ResetWhole: true}, true},
+		{"ietf separate fields with quota policies", map[string][]string{
+			"RateLimit-Limit": {"100, 100;w=60, 1000;w=3600"},
+		}, RateLimitInfo{Quota: 1000, Window: time.Hour, Limit: 100}, true},
+		{"x-ratelimit seconds", map[string][]string{
+			"X-Ratelimit-Limit": {"60"}, "X-Ratelimit-Remaining": {"59"}, "X-Ratelimit-Reset": {"1"},
+		}, RateLimitInfo{Limit: 60, Remaining: 59, HasRemaining: true, Reset: time.Second, HasReset: true, ResetWhole: true}, true},
+		{"x-ratelimit fractional seconds", map[string][]string{
 			"X-Ratelimit-Limit": {"60"}, "X-Ratelimit-Remaining": {"59"}, "X-Ratelimit-Reset": {"1.5"},
-		}, RateLimitInfo{Remaining: 59, HasRemaining: true, Reset: 1500 * time.Millisecond, HasReset: true}, true},
+		}, RateLimitInfo{Limit: 60, Remaining: 59, HasRemaining: true, Reset: 1500 * time.Millisecond, HasReset: true}, true},
 		{"x-ratelimit unix time", map[string][]string{
-			"X-Ratelimit-Remaining": {"0"}, "X-Ratelimit-Reset": {"1700000030"},
-		}, RateLimitInfo{Remaining: 0, HasRemaining: true, Reset: 30 * time.Second, HasReset: true}, true},
+			"X-Ratelimit-Limit": {"5000"}, "X-Ratelimit-Remaining": {"0"}, "X-Ratelimit-Reset": {"1700000030"},
+		}, RateLimitInfo{Limit: 5000, Remaining: 0, HasRemaining: true, Reset: 30 * time.Second, HasReset: true}, true},
 		{"x-ratelimit past unix time", map[string][]string{
 			"X-Ratelimit-Remaining": {"0"}, "X-Ratelimit-Reset": {"1699999990"},
 		}, RateLimitInfo{Remaining: 0, HasRemaining: true, Reset: 0, HasReset: true}, true},
+		{"x-ratelimit limit alone", map[string][]string{
+			"X-Ratelimit-Limit": {"60"},
+		}, RateLimitInfo{Limit: 60}, true},
 		{"garbage ignored", map[string][]string{
 			"RateLimit-Policy": {`"x";q=-1;w=10, 5;w=abc`}, "X-Ratelimit-Remaining": {"lots"}, "RateLimit": {"remaining=NaN"},
+			"X-Ratelimit-Limit": {"-3"},
 		}, RateLimitInfo{}, false},
 	}
 	for _, c := range cases {
@@ -71,183 +86,412 @@ func TestParseRateLimitHeaders(t *testing.T) {
 	}
 }
 
-// policyUpstream is an in-memory API that announces a policy of quota
-// requests per second and records when requests arrive.
-type policyUpstream struct {
-	mu        sync.Mutex
-	quota     int
-	remaining string // RateLimit remaining to announce, "" for none
-	reset     string
-	calls     []time.Duration
+// Header styles a limitedUpstream answers in.
+const (
+	styleIETF       = "ietf"            // RateLimit-Policy and RateLimit, structured
+	styleIETFDict   = "ietf-dictionary" // RateLimit: limit=, remaining=, reset= and RateLimit-Policy: q;w=
+	styleXSeconds   = "x-ratelimit"     // X-RateLimit-*, reset in whole seconds
+	styleXUnix      = "x-unix"          // X-RateLimit-*, reset as a Unix time
+	styleRetryAfter = "retry-after"     // only Retry-After, on 429s
+	styleRetryDate  = "retry-date"      // only Retry-After as an HTTP-date, on 429s
+	styleBare       = "bare"            // 429s with no header at all
+)
+
+// limitedUpstream is an in-memory API (a network server would keep a
+// synctest bubble's clock from advancing) with a limit its callers are
+// not told: limit requests a second, burst 1 (a request less than
+// 1/limit after the last accepted one is refused with 429), Retry-After
+// in whole seconds past it. Its rate-limit headers describe the
+// calendar second a request falls in. It records every request.
+type limitedUpstream struct {
+	limit int
+	style string
+
+	mu    sync.Mutex
+	tat   time.Time
+	sec   int64
+	used  int
+	calls []time.Duration
+	ok    []bool
 }
 
-func (u *policyUpstream) RoundTrip(req *http.Request) (*http.Response, error) {
+func (u *limitedUpstream) RoundTrip(req *http.Request) (*http.Response, error) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	u.calls = append(u.calls, at())
-	rec := httptest.NewRecorder()
-	if u.quota > 0 {
-		rec.Header().Set("RateLimit-Policy", `"default";q=`+formatInt(u.quota)+`;w=1`)
+	now := time.Now()
+	interval := time.Second / time.Duration(u.limit)
+	accepted := !now.Before(u.tat)
+	if accepted {
+		u.tat = now.Add(interval)
 	}
-	if u.remaining != "" {
-		rec.Header().Set("X-RateLimit-Remaining", u.remaining)
-		rec.Header().Set("X-RateLimit-Reset", u.reset)
+	if s := now.Unix(); s != u.sec {
+		u.sec, u.used = s, 0
+	}
+	if accepted {
+		u.used++
+	}
+	u.calls = append(u.calls, at())
+	u.ok = append(u.ok, accepted)
+	rec := httptest.NewRecorder()
+	h := rec.Header()
+	h.Set("Date", now.UTC().Format(http.TimeFormat))
+	end := time.Unix(u.sec+1, 0)
+	u.headers(h, max(u.limit-u.used, 0), strconv.Itoa(int((end.Sub(now)+time.Second-1)/time.Second)), end)
+	if !accepted {
+		switch u.style {
+		case styleBare:
+		case styleRetryDate:
+			h.Set("Retry-After", now.Add(time.Second).UTC().Format(http.TimeFormat))
+		default:
+			h.Set("Retry-After", "1")
+		}
+		rec.WriteHeader(http.StatusTooManyRequests)
+		return rec.Result(), nil
 	}
 	rec.WriteHeader(http.StatusOK)
 	return rec.Result(), nil
 }
 
-func (u *policyUpstream) gaps() []time.Duration {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	var out []time.Duration
-	for i := 1; i < len(u.calls); i++ {
-		out = append(out, u.calls[i]-u.calls[i-1])
+func (u *limitedUpstream) headers(h http.Header, remaining int, secs string, end time.Time) {
+	l, r := strconv.Itoa(u.limit), strconv.Itoa(remaining)
+	switch u.style {
+	case styleIETF:
+		h.Set("RateLimit-Policy", `"default";q=`+l+`;w=1`)
+		h.Set("RateLimit", `"default";r=`+r+`;t=`+secs)
+	case styleIETFDict:
+		h.Set("RateLimit-Policy", l+`;w=1`)
+		h.Set("RateLimit", "limit="+l+", remaining="+r+", reset="+secs)
+	case styleXSeconds:
+		h.Set("X-RateLimit-Limit", l)
+		h.Set("X-RateLimit-Remaining", r)
+		h.Set("X-RateLimit-Reset", secs)
+	case styleXUnix:
+		h.Set("X-RateLimit-Limit", l)
+		h.Set("X-RateLimit-Remaining", r)
+		h.Set("X-RateLimit-Reset", strconv.FormatInt(end.Unix(), 10))
 	}
-	return out
 }
 
-// A policy tighter than the configured limit paces every worker that
-// learned it on one shared schedule in Redis, at LearnedMargin of the
-// policy; a looser one never loosens the configured limit.
-func TestTransportLearnsPolicy(t *testing.T) {
+// log returns the arrival times and whether each was accepted.
+func (u *limitedUpstream) log() ([]time.Duration, []bool) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]time.Duration(nil), u.calls...), append([]bool(nil), u.ok...)
+}
+
+// refusedAfter counts the 429s at or after d.
+func (u *limitedUpstream) refusedAfter(d time.Duration) int {
+	calls, ok := u.log()
+	n := 0
+	for i, c := range calls {
+		if c >= d && !ok[i] {
+			n++
+		}
+	}
+	return n
+}
+
+// acceptedIn counts the accepted requests in [from, to).
+func (u *limitedUpstream) acceptedIn(from, to time.Duration) int {
+	calls, ok := u.log()
+	n := 0
+	for i, c := range calls {
+		if c >= from && c < to && ok[i] {
+			n++
+		}
+	}
+	return n
+}
+
+// maxIn is the most requests (accepted or not) in any window of w.
+func maxIn(calls []time.Duration, w time.Duration) int {
+	best, lo := 0, 0
+	for hi := range calls {
+		for calls[hi]-calls[lo] >= w {
+			lo++
+		}
+		best = max(best, hi-lo+1)
+	}
+	return best
+}
+
+// fleet is n Transports, each with its own Redis client (a process), on
+// one miniredis, all with rule, sending to base.
+func fleet(t *testing.T, m *miniredis.Miniredis, base http.RoundTripper, n int, rule throttle.Rule, opts Options) []*Transport {
+	t.Helper()
+	var trs []*Transport
+	for range n {
+		rdb := redistest.PipeClient(m)
+		t.Cleanup(func() { _ = rdb.Close() })
+		o := opts
+		o.Base = base
+		tr, err := New(mustNew(t, rdb, throttle.Options{}, rule), o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		trs = append(trs, tr)
+	}
+	return trs
+}
+
+// backlog sends tasks requests through the transports, goroutines per
+// transport at once, each request again until it is accepted, and
+// returns when all are.
+func backlog(t *testing.T, trs []*Transport, goroutines, tasks int) {
+	t.Helper()
+	var mu sync.Mutex
+	left := tasks
+	take := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		left--
+		return left >= 0
+	}
+	var wg sync.WaitGroup
+	for _, tr := range trs {
+		c := &http.Client{Transport: tr}
+		for range goroutines {
+			wg.Go(func() {
+				for take() {
+					for get(t, c, "http://api.example/") != http.StatusOK {
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+}
+
+// The configured rule of the learning tests: well above the API's limit.
+var fast = throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(100).WithBurst(1)}
+
+// In every header style that announces a limit, the fleet learns it from
+// the first answer and runs just under it: no request refused after the
+// first answer, whatever the number of processes, and the window's
+// remaining count never slows the schedule down.
+func TestTransportLearnsEveryHeaderStyle(t *testing.T) {
+	for _, style := range []string{styleIETF, styleIETFDict, styleXSeconds, styleXUnix} {
+		for _, procs := range []int{1, 3} {
+			t.Run(style+"/"+strconv.Itoa(procs), func(t *testing.T) {
+				virtual(t, func(t *testing.T, _ *redis.Client, m *miniredis.Miniredis) {
+					up := &limitedUpstream{limit: 20, style: style}
+					backlog(t, fleet(t, m, up, procs, fast, Options{}), 4, 200)
+					calls, _ := up.log()
+					if n := up.refusedAfter(0); n != 0 {
+						t.Errorf("%d requests refused; want none: the first answer teaches every process", n)
+					}
+					// 199 more after the first at 95 % of 20/s: 10.47 s.
+					last := calls[len(calls)-1]
+					if want := secs(199 / (throttle.LearnedShare * 20)); last > want+100*ms {
+						t.Errorf("200 requests took %v; want about %v (95 %% of the API's 20/s): remaining/reset must not slow the schedule", last, want)
+					}
+					if got := maxIn(calls, time.Second); got > 21 {
+						t.Errorf("%d requests in one second at the API; want at most 21", got)
+					}
+				})
+			})
+		}
+	}
+}
+
+// Remaining and reset describe one window: read as a rate (remaining ÷
+// reset), the schedule fell to a few percent of the API's limit as
+// remaining fell within each second.
+func TestTransportRemainingResetIsAWindow(t *testing.T) {
 	virtual(t, func(t *testing.T, _ *redis.Client, m *miniredis.Miniredis) {
-		up := &policyUpstream{quota: 10}
-		rule := throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(100).WithBurst(1)}
-		a := newWorker(t, m, up, rule)
-		b := newWorker(t, m, up, rule)
-		// Each worker's first answer teaches it the policy.
-		get(t, a, "http://api.example/")
-		get(t, b, "http://api.example/")
+		up := &limitedUpstream{limit: 20, style: styleXSeconds}
+		trs := fleet(t, m, up, 3, fast, Options{})
+		backlog(t, trs, 4, 100)
+		if got := up.acceptedIn(time.Second, 5*time.Second); got < 76 {
+			t.Errorf("%d requests accepted from 1s to 5s; want at least 76 (95 %% of 20/s)", got)
+		}
+	})
+}
+
+// A 429 lowers the learned rate for every process, says so in one log
+// line and in Stats, and the rate recovers slowly: the schedule settles
+// just under the rate the 429s came at.
+func TestTransport429LowersAndRecovers(t *testing.T) {
+	virtual(t, func(t *testing.T, _ *redis.Client, m *miniredis.Miniredis) {
+		// The API announces 20/s but refuses past 18/s: 95 % of 20/s is
+		// over it. Lowered to 90 %, the rate recovers to 98 % of where the
+		// 429 came, and again, until that is under 18.
+		up := &limitedUpstream{limit: 18, style: styleBare}
+		var logs bytes.Buffer
+		trs := fleet(t, m, policyOf(up, 20), 2, fast, Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		backlog(t, trs, 4, 600)
+		calls, _ := up.log()
+		lowered := trs[0].Stats().Lowered + trs[1].Stats().Lowered
+		if lowered == 0 || lowered > 4 {
+			t.Errorf("the rate was lowered %d times; want 1 to 4", lowered)
+		}
+		if n := strings.Count(logs.String(), "learned rate is lowered"); int64(n) != lowered {
+			t.Errorf("%d log lines for %d lowerings; want one each:\n%s", n, lowered, logs.String())
+		}
+		end := calls[len(calls)-1]
+		if n := up.refusedAfter(end - 20*time.Second); n != 0 {
+			t.Errorf("%d requests refused in the last 20 s; want none once settled", n)
+		}
+		if got, want := up.acceptedIn(end-20*time.Second, end), int(0.95*18*20); got < want {
+			t.Errorf("%d requests accepted in the last 20 s; want at least %d (95 %% of the API's 18/s)", got, want)
+		}
+	})
+}
+
+// What one process learned paces the next request of another at once: a
+// second process never pays its own 429, also when both start together.
+func TestTransportSecondProcessUsesLearned(t *testing.T) {
+	virtual(t, func(t *testing.T, _ *redis.Client, m *miniredis.Miniredis) {
+		up := &limitedUpstream{limit: 10, style: styleIETF}
+		trs := fleet(t, m, up, 2, fast, Options{})
+		a, b := &http.Client{Transport: trs[0]}, &http.Client{Transport: trs[1]}
+		get(t, a, "http://api.example/") // learns 10/s
 		var wg sync.WaitGroup
 		for range 5 {
-			wg.Go(func() { get(t, a, "http://api.example/") })
 			wg.Go(func() { get(t, b, "http://api.example/") })
 		}
 		wg.Wait()
-		// 10 per second at 95%: one request per 105.263ms.
-		want := learnedInterval(10)
-		gaps := up.gaps()
-		if len(gaps) != 11 {
-			t.Fatalf("%d requests, want 12", len(gaps)+1)
+		if n := up.refusedAfter(0); n != 0 {
+			t.Errorf("%d requests refused; want none: b paces on what a learned", n)
 		}
-		// gaps[0] and [1] at the configured 10ms: the learned schedule
-		// starts with the first request after an answer taught it.
-		for i, g := range gaps[2:] {
-			if g < want {
-				t.Errorf("gap %d is %v; want at least %v (learned 10/s at %.0f%%)", i+3, g, want, LearnedMargin*100)
-			}
-		}
-		if total := up.calls[len(up.calls)-1] - up.calls[1]; total > 11*want {
-			t.Errorf("10 requests took %v; want about %v: the learned limit runs at its rate", total, 10*want)
+		if s := trs[1].Stats(); s.TooMany != 0 || s.Sent != 5 {
+			t.Errorf("b's stats %+v; want 5 sent, no 429", s)
 		}
 	})
 	virtual(t, func(t *testing.T, _ *redis.Client, m *miniredis.Miniredis) {
-		up := &policyUpstream{quota: 1000}
-		a := newWorker(t, m, up, throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(10).WithBurst(1)})
-		for range 5 {
-			get(t, a, "http://api.example/")
-		}
-		for i, g := range up.gaps() {
-			if g != 100*ms {
-				t.Errorf("gap %d is %v; want the configured 100ms: a looser policy never loosens the limit", i+1, g)
-			}
+		up := &limitedUpstream{limit: 10, style: styleIETF}
+		trs := fleet(t, m, up, 3, fast, Options{})
+		backlog(t, trs, 3, 30)
+		if n := up.refusedAfter(0); n != 0 {
+			t.Errorf("%d requests refused; want none: the first answer is awaited by every process", n)
 		}
 	})
+}
+
+// An upstream that says nothing but 429 is discovered: the rate falls on
+// 429s and recovers, never above the configured rule, and settles where
+// the 429s stop.
+func TestTransportDiscoversHeaderless(t *testing.T) {
+	for _, style := range []string{styleRetryAfter, styleRetryDate, styleBare} {
+		t.Run(style, func(t *testing.T) {
+			virtual(t, func(t *testing.T, _ *redis.Client, m *miniredis.Miniredis) {
+				up := &limitedUpstream{limit: 20, style: style}
+				rule := throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(50).WithBurst(1)}
+				backlog(t, fleet(t, m, up, 3, rule, Options{}), 4, 600)
+				calls, _ := up.log()
+				if got := maxIn(calls, time.Second); got > 51 {
+					t.Errorf("%d requests in one second; want at most 51: never above the configured 50/s", got)
+				}
+				end := calls[len(calls)-1]
+				if end > 40*time.Second {
+					t.Fatalf("600 requests took %v; want well under 40s", end)
+				}
+				if n := up.refusedAfter(end - 10*time.Second); n != 0 {
+					t.Errorf("%d requests refused in the last 10 s; want none once discovered", n)
+				}
+				if got := up.acceptedIn(end-10*time.Second, end); got < 170 {
+					t.Errorf("%d requests accepted in the last 10 s; want at least 170 (85 %% of 20/s)", got)
+				}
+			})
+		})
+	}
 }
 
 // A new, higher policy is followed as soon as an answer announces it, up
 // to the configured limit; a lower one as soon too.
 func TestTransportFollowsPolicyChange(t *testing.T) {
 	virtual(t, func(t *testing.T, _ *redis.Client, m *miniredis.Miniredis) {
-		up := &policyUpstream{quota: 5}
-		rdb := redistest.PipeClient(m)
-		t.Cleanup(func() { _ = rdb.Close() })
-		var learnedQuotas []int
-		tr, err := New(mustNew(t, rdb, throttle.Options{}, throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(50).WithBurst(1)}), Options{
-			Base:    up,
-			OnLearn: func(subject string, info RateLimitInfo) { learnedQuotas = append(learnedQuotas, info.Quota) },
+		quota := 5
+		var mu sync.Mutex
+		var calls []time.Duration
+		base := roundTripFunc(func(*http.Request) (*http.Response, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			calls = append(calls, at())
+			rec := httptest.NewRecorder()
+			rec.Header().Set("RateLimit-Policy", `"default";q=`+strconv.Itoa(quota)+`;w=1`)
+			return rec.Result(), nil
 		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		a := &http.Client{Transport: tr}
+		var quotas []int
+		trs := fleet(t, m, base, 1, throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(50).WithBurst(1)},
+			Options{OnLearn: func(_ string, info RateLimitInfo) { quotas = append(quotas, info.Quota) }})
+		c := &http.Client{Transport: trs[0]}
 		for range 3 {
-			get(t, a, "http://api.example/")
+			get(t, c, "http://api.example/")
 		}
-		up.mu.Lock()
-		up.quota = 20
-		up.mu.Unlock()
-		for range 4 {
-			get(t, a, "http://api.example/")
+		mu.Lock()
+		quota = 20
+		mu.Unlock()
+		for range 3 {
+			get(t, c, "http://api.example/")
 		}
-		slow := learnedInterval(5)
-		fast := learnedInterval(20)
-		gaps := up.gaps()
-		// gaps[0]: the configured 20ms (the learned schedule starts with
-		// the request after the first answer). Then 5/s. The answer to
-		// request 4 (sent at 5/s) announces 20/s: request 5 takes the
-		// first slot of the fresh 20/s schedule at once (its configured
-		// permit was free: request 4 took its own before it waited on the
-		// learned schedule), then 20/s.
-		want := []time.Duration{20 * ms, slow, slow, 0, fast, fast}
-		for i := range want {
-			if i < len(gaps) && (gaps[i]-want[i] > ms || want[i]-gaps[i] > ms) {
-				t.Errorf("gap %d is %v, want %v (all gaps %v)", i+1, gaps[i], want[i], gaps)
+		slow, quick := secs(1/(throttle.LearnedShare*5)), secs(1/(throttle.LearnedShare*20))
+		// The first answer teaches 5/s; the third's 20/s.
+		want := []time.Duration{slow, slow, slow, quick, quick}
+		for i, w := range want {
+			if g := calls[i+1] - calls[i]; g < w-ms || g > w+ms {
+				t.Errorf("gap %d is %v, want %v (calls at %v)", i+1, g, w, calls)
 			}
 		}
-		if fmt.Sprint(learnedQuotas) != "[5 20]" {
-			t.Errorf("OnLearn saw quotas %v; want [5 20]: called when the learned limit changes", learnedQuotas)
+		if len(quotas) != 2 || quotas[0] != 5 || quotas[1] != 20 {
+			t.Errorf("OnLearn saw quotas %v; want [5 20]: called when the policy changes", quotas)
 		}
 	})
 }
 
-// No request remaining until the reset pauses the subject for every
-// worker until then.
+// No request remaining for a second or more pauses the subject for every
+// worker until the window may reset; a whole-second reset is read as
+// "within a second less", so that a reset of 1 does not stop a fleet that
+// is on schedule.
 func TestTransportRemainingZeroPauses(t *testing.T) {
 	virtual(t, func(t *testing.T, _ *redis.Client, m *miniredis.Miniredis) {
-		up := &policyUpstream{remaining: "0", reset: "3"}
+		remaining := "0"
+		var calls []time.Duration
+		base := roundTripFunc(func(*http.Request) (*http.Response, error) {
+			calls = append(calls, at())
+			rec := httptest.NewRecorder()
+			rec.Header().Set("X-RateLimit-Remaining", remaining)
+			rec.Header().Set("X-RateLimit-Reset", "3")
+			remaining = "5"
+			return rec.Result(), nil
+		})
 		rule := throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(10).WithBurst(1)}
-		a := newWorker(t, m, up, rule)
-		b := newWorker(t, m, up, rule)
-		get(t, a, "http://api.example/")
-		up.mu.Lock()
-		up.remaining = "" // no more to learn
-		up.mu.Unlock()
-		get(t, b, "http://api.example/")
-		if len(up.calls) != 2 || up.calls[1] < 3*time.Second {
-			t.Errorf("requests at %v; want the second (another worker) at 3s or later", up.calls)
+		trs := fleet(t, m, base, 2, rule, Options{})
+		get(t, &http.Client{Transport: trs[0]}, "http://api.example/")
+		get(t, &http.Client{Transport: trs[1]}, "http://api.example/")
+		if len(calls) != 2 || calls[1] < 2*time.Second {
+			t.Errorf("requests at %v; want the second (another worker) at 2s or later", calls)
 		}
 	})
 }
 
-// learnedInterval is the spacing a learned policy of perSecond gives.
-func learnedInterval(perSecond float64) time.Duration {
-	margin := LearnedMargin
-	return time.Duration(float64(time.Second) / (perSecond * margin)).Round(time.Microsecond)
+// Requests waiting for their departures when a 429 lowers the rate are
+// booked again on the lower rate rather than leaving on the old one: each
+// lowering costs the requests already on their way, not every waiter's.
+func TestTransportWaitersFollowLowering(t *testing.T) {
+	virtual(t, func(t *testing.T, _ *redis.Client, m *miniredis.Miniredis) {
+		up := &limitedUpstream{limit: 10, style: styleBare}
+		trs := fleet(t, m, policyOf(up, 20), 2, fast, Options{})
+		backlog(t, trs, 8, 100)
+		lowered := trs[0].Stats().Lowered + trs[1].Stats().Lowered
+		if lowered == 0 {
+			t.Fatal("never lowered; the API refuses past 10/s, the policy says 20")
+		}
+		if n := up.refusedAfter(0); int64(n) > 2*lowered {
+			t.Errorf("%d requests refused for %d lowerings; want at most two each: the waiters rebook", n, lowered)
+		}
+	})
 }
 
-// Requests waiting on a learned schedule when an answer announces a
-// faster one give their slots back and book on the new schedule, rather
-// than going out at the old rate.
-func TestTransportWaitersFollowFasterPolicy(t *testing.T) {
-	virtual(t, func(t *testing.T, _ *redis.Client, m *miniredis.Miniredis) {
-		up := &policyUpstream{quota: 5}
-		a := newWorker(t, m, up, throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(100).WithBurst(1)})
-		get(t, a, "http://api.example/") // learns 5/s
-		up.mu.Lock()
-		up.quota = 20
-		up.mu.Unlock()
-		start := at()
-		var wg sync.WaitGroup
-		for range 6 {
-			wg.Go(func() { get(t, a, "http://api.example/") })
-		}
-		wg.Wait()
-		// The first of the six goes at once and learns 20/s; at 5/s the
-		// other five would take 5 × 210ms, at 20/s about 5 × 53ms.
-		if took := up.calls[len(up.calls)-1] - start; took > 600*ms {
-			t.Errorf("the six requests took %v (gaps %v); the waiters kept the old 5/s schedule", took, up.gaps())
-		}
+// secs converts seconds to a Duration.
+func secs(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
+// policyOf wraps up so that every answer announces a policy of quota per
+// second, whatever up enforces.
+func policyOf(up http.RoundTripper, quota int) http.RoundTripper {
+	return roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		resp, err := up.RoundTrip(req)
+		resp.Header.Set("RateLimit-Policy", `"default";q=`+strconv.Itoa(quota)+`;w=1`)
+		return resp, err
 	})
 }

@@ -1,7 +1,42 @@
-// Package httpthrottle paces outbound HTTP requests with a throttle.Limiter
-// and listens to what the upstream says about its limits: it pauses a
-// subject for every process on 429 and 503 with Retry-After, and learns a
-// slower limit from rate-limit headers.
+// Package httpthrottle paces outbound HTTP requests with a
+// throttle.Limiter, and listens to what the upstream says about its own
+// limit, for every process that shares the Limiter's Redis:
+//
+//	lim, _ := throttle.New(rdb, throttle.Options{}, throttle.Rule{
+//		Name: "partner-api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(10)})
+//	tr, _ := httpthrottle.New(lim, httpthrottle.Options{})
+//	client := &http.Client{Transport: tr}
+//
+// A request waits for a permit of the configured rules, then for its
+// departure on the subject's upstream schedule (throttle.Upstream), and
+// leaves. The schedule is what the upstream sees, and what the transport
+// promises at it: a request leaves within throttle.DepartureTolerance of
+// its slot (a fortieth of the interval, 2–5ms) or takes a new slot, also
+// after a Redis stall, a process pause or a busy machine, so that late
+// requests are spread instead of leaving together. In any window of
+// length W, at most burst + (W + tolerance) × rate requests leave: the
+// configured rule's rate and burst while nothing is learned (at most
+// limit + burst in any period of the rule), the learned rate with a burst
+// of 1 once learned. Two exceptions, both counted: a request booked again
+// three times for lateness leaves late (Stats.LeftLate), and the first
+// request after nothing is known of the upstream leaves however late its
+// slot came. What the upstream sees adds the variation of the path after
+// the departure (the HTTP client, the network), which the schedule's 5 %
+// room below a learned rate absorbs.
+//
+// What the upstream says is learned in Redis, for the whole fleet, from
+// the first answer: every departure reads it in the script call that
+// books it. An announced policy (RateLimit-Policy, or X-RateLimit-Limit
+// over the longest reset seen) is a rate, followed at 95 % of it; the
+// remaining requests and the reset describe one window (at most that many
+// more until it resets), never a new rate. A 429 lowers the learned rate,
+// says so in a log line (Options.Logger) and in Stats, and the rate
+// recovers slowly towards the announced one; an upstream that announces
+// nothing is discovered the same way, from 429s, never above the
+// configured rules. A Retry-After (and a window with nothing left for a
+// second or more) pauses the subject for every process. The first request
+// after nothing is known of an upstream goes alone; the others wait for
+// its answer.
 //
 // It is built only on throttle's public API. It imports throttle and the
 // standard library, and nothing else of jobthrottle.
@@ -10,49 +45,39 @@ package httpthrottle
 import (
 	"context"
 	"errors"
-	"fmt"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
 // Transport is an http.RoundTripper that paces outbound requests with a
-// Limiter shared by every process that uses the same Redis:
-//
-//	lim, _ := throttle.New(rdb, throttle.Options{}, throttle.Rule{
-//		Name: "partner-api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(10)})
-//	tr, _ := httpthrottle.New(lim, httpthrottle.Options{})
-//	client := &http.Client{Transport: tr}
+// Limiter shared by every process that uses the same Redis (see the
+// package doc).
 //
 // Before each request it waits for a permit of the request's subject (by
 // default its host), as Limiter.Wait does: bounded by the request's
-// context, refunded if that context ends first.
+// context, refunded if that context ends first. Then it waits for the
+// request's departure on the subject's upstream schedule
+// (throttle.Upstream.Depart): at the learned rate, or the configured
+// rules' while nothing is learned, after any pause, within the window the
+// last answers described.
 //
 // When the upstream answers 429 Too Many Requests or 503 Service
 // Unavailable with a Retry-After header (delta-seconds or an HTTP-date, RFC
 // 9110 §10.2.3), the transport pauses the subject in Redis (PauseFor) for
 // that long, capped at MaxPause: every worker on every machine then waits
 // until the upstream's time, not just the one that was told. A request
-// whose slot was booked before the pause (it was already waiting) checks
-// the pause once more before it is sent (one more round trip) and, if
-// paused, books a new slot after it.
+// that was already waiting for its departure when the pause came is
+// booked again, after it. A 429 also lowers the learned rate.
 //
-// Every response's rate-limit headers are read too (ParseRateLimitHeaders:
-// the IETF RateLimit and RateLimit-Policy fields, X-RateLimit-Limit,
-// -Remaining and -Reset). A policy (or, without one, the remaining
-// requests over the time to reset) slower than the configured limit
-// becomes a learned limit for the subject: a GCRA schedule at
-// LearnedMargin of that rate, kept in Redis under
-// <prefix>{<subject>}:~learned-<interval µs>, so that every process that
-// learned it shares one schedule (requests waiting when another limit is
-// learned give their slots back and book on the new schedule); requests then wait on it as well as on the
-// configured limit. A learned limit never loosens the configured one, is
-// replaced by each answer that announces another, and is forgotten a
-// minute after the last answer that repeated it. None remaining before
-// the reset pauses the subject until the reset, for every worker.
+// Every response's rate-limit headers are read too (ParseRateLimitHeaders)
+// and, when they can change what the fleet knows, recorded in Redis
+// (throttle.Upstream.Learn): one more round trip for that response only.
 //
 // The response is returned to the caller unchanged; the transport never
 // retries by itself, so a request body is sent at most once. Retry at the
@@ -61,13 +86,17 @@ import (
 // A Transport is safe for concurrent use.
 type Transport struct {
 	lim      *throttle.Limiter
+	up       *throttle.Upstream
 	subject  func(*http.Request) string
 	maxPause time.Duration
+	maxWait  time.Duration
 	base     http.RoundTripper
 	onPause  func(subject string, d time.Duration, err error)
 	onLearn  func(subject string, info RateLimitInfo)
 	noWait   bool
-	learner  *learner
+	paced    *pacedSubjects // nil unless Options.Paced
+	log      *slog.Logger
+	stats    counters
 }
 
 // MaxPause is the longest pause Options.MaxPause may allow.
@@ -79,8 +108,8 @@ const MaxPause = 10 * 365 * 24 * time.Hour
 // learns the rest.
 const DefaultMaxPause = 10 * time.Minute
 
-// pauseTimeout bounds the PauseFor call a transport makes after a 429,
-// which outlives the request's own context.
+// pauseTimeout bounds the PauseFor and Learn calls a transport makes
+// after an answer, which outlive the request's own context.
 const pauseTimeout = 5 * time.Second
 
 // Options configure a Transport. The zero value limits by host,
@@ -99,26 +128,72 @@ type Options struct {
 	// with the error from Redis if the pause could not be recorded. Use it
 	// for logs and metrics; it must not block.
 	OnPause func(subject string, d time.Duration, err error)
-	// NoWait sends each request at once, without taking a permit, and
-	// only listens to the responses (pauses on 429 and 503). Use it when
-	// the caller already holds the permit: the worker middleware admitted
-	// the task that sends the request, under the same limiter and subject.
+	// NoWait takes no permit of the configured rules: use it when the
+	// caller already holds the permit (the worker middleware admitted the
+	// task that sends the request, under the same limiter and subject).
+	// The request still waits for its departure on the upstream schedule.
 	NoWait bool
-	// MaxLearnedWait bounds how long a request waits for its slot on a
-	// learned limit: a request whose slot is further away fails at once
-	// with a *throttle.DelayError (Deadline false), nothing consumed and
-	// nothing sent, so that a caller such as a job handler can come back
-	// later instead of holding its worker. If zero, only the request's
-	// context bounds the wait.
+	// Paced, with NoWait, says that the caller's permit was a turn of
+	// Limiter.Admit, which spaces the turns of a subject at its learned
+	// upstream rate when that is slower than the rules' (the worker
+	// middleware's turns). While the upstream has taught no rate, a
+	// departure on the upstream schedule would only repeat those turns at
+	// the rules' pace, and could push a request the rule admitted past
+	// MaxLearnedWait: a paced request then leaves at once, without one
+	// (the first to a subject, and one every PacedRecheck, still departs,
+	// to learn what the fleet knows). Once a rate is learned, requests
+	// depart as without Paced, which keeps each one within the tolerance
+	// of its slot at the upstream.
+	Paced bool
+	// MaxLearnedWait bounds how long a request waits for its departure on
+	// the upstream schedule: a request whose departure is further away
+	// fails at once with a *throttle.DelayError (Deadline false), nothing
+	// consumed and nothing sent, so that a caller such as a job handler
+	// can come back later instead of holding its worker. If zero, only
+	// the request's context (and the limiter's MaxWait) bound the wait.
 	MaxLearnedWait time.Duration
 	// OnLearn, if set, is called when a response's rate-limit headers
-	// change the limit learned for a subject. It must not block.
+	// change the policy learned for a subject. It must not block.
 	OnLearn func(subject string, info RateLimitInfo)
+	// Logger receives a warning each time a 429 lowers the rate learned
+	// for a subject. If nil, slog.Default() is used.
+	Logger *slog.Logger
+}
+
+// Stats are a Transport's counts since New, for metrics.
+type Stats struct {
+	// Sent is the requests handed to the base transport.
+	Sent int64
+	// TooMany is the answers 429 Too Many Requests.
+	TooMany int64
+	// Lowered is how many times an answer of this transport's lowered the
+	// learned rate of a subject (each also logged).
+	Lowered int64
+	// Paused is the pauses this transport recorded (Retry-After, or a
+	// window with nothing left).
+	Paused int64
+	// Rebooked is the departures booked again before their requests left
+	// (throttle.Departure.Rebooked): a pause or a lowering voided them,
+	// or they would have left late.
+	Rebooked int64
+	// LeftLate is the requests that left later than
+	// throttle.DepartureTolerance after their slots, on a machine too busy
+	// to leave in time.
+	LeftLate int64
+}
+
+// counters are a Transport's Stats.
+type counters struct{ sent, tooMany, lowered, paused, rebooked, leftLate atomic.Int64 }
+
+// Stats returns the transport's counts so far.
+func (t *Transport) Stats() Stats {
+	return Stats{Sent: t.stats.sent.Load(), TooMany: t.stats.tooMany.Load(), Lowered: t.stats.lowered.Load(),
+		Paused: t.stats.paused.Load(), Rebooked: t.stats.rebooked.Load(), LeftLate: t.stats.leftLate.Load()}
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
 
-// NewTransport returns a Transport that waits on lim before each request.
+// New returns a Transport that waits on lim before each request.
 // It returns an error if lim is nil or MaxPause is negative or above
 // MaxPause, and a *throttle.ConfigError if lim has a concurrency rule and
 // NoWait is not set.
@@ -130,17 +205,23 @@ func New(lim *throttle.Limiter, opts Options) (*Transport, error) {
 		return nil, &throttle.ConfigError{Field: "max_learned_wait", Reason: "must not be negative"}
 	}
 	if !opts.NoWait {
-		// AllowAtMost refuses a limiter with a concurrency rule first, with
-		// a *throttle.ConfigError on its algorithm, before any Redis call.
-		var ce *throttle.ConfigError
-		if _, _, err := lim.AllowAtMost(context.Background(), "", 0); errors.As(err, &ce) && ce.Field == "algorithm" {
-			return nil, &throttle.ConfigError{Rule: ce.Rule, Field: "algorithm", Reason: "a concurrency rule's places are held until Release, which a Transport does not call; wait and release around the call yourself, and use NoWait"}
+		for _, r := range lim.Rules() {
+			if r.Algorithm == throttle.Concurrency {
+				return nil, &throttle.ConfigError{Rule: r.Name, Field: "algorithm", Reason: "a concurrency rule's places are held until Release, which a Transport does not call; wait and release around the call yourself, and use NoWait"}
+			}
 		}
 	}
 	if opts.MaxPause < 0 || opts.MaxPause > MaxPause {
 		return nil, &throttle.ConfigError{Field: "max_pause", Reason: "must be between 0 (the default, " + DefaultMaxPause.String() + ") and " + MaxPause.String()}
 	}
-	t := &Transport{lim: lim, subject: opts.Subject, maxPause: opts.MaxPause, base: opts.Base, onPause: opts.OnPause, onLearn: opts.OnLearn, noWait: opts.NoWait, learner: newLearner(opts.MaxLearnedWait)}
+	if opts.Paced && !opts.NoWait {
+		return nil, &throttle.ConfigError{Field: "paced", Reason: "needs NoWait: only a caller that holds an admitted turn is paced by it"}
+	}
+	t := &Transport{lim: lim, up: lim.Upstream(), subject: opts.Subject, maxPause: opts.MaxPause, maxWait: opts.MaxLearnedWait,
+		base: opts.Base, onPause: opts.OnPause, onLearn: opts.OnLearn, noWait: opts.NoWait, log: opts.Logger}
+	if opts.Paced {
+		t.paced = &pacedSubjects{seen: map[string]pacedSubject{}}
+	}
 	if t.subject == nil {
 		t.subject = hostSubject
 	}
@@ -149,6 +230,9 @@ func New(lim *throttle.Limiter, opts Options) (*Transport, error) {
 	}
 	if t.base == nil {
 		t.base = http.DefaultTransport
+	}
+	if t.log == nil {
+		t.log = slog.Default()
 	}
 	return t, nil
 }
@@ -161,92 +245,143 @@ func hostSubject(req *http.Request) string {
 	return req.Host
 }
 
-// RoundTrip waits for a permit, sends req through the base transport, and
-// pauses the subject if the response says so. It returns the limiter's
-// error (a *DelayError, ctx.Err(), an ErrRedis error…) without sending if
-// no permit could be had, and closes the request body then, as a
-// RoundTripper must.
+// RoundTrip waits for a permit and for the request's departure, sends req
+// through the base transport, and learns from the response. It returns
+// the limiter's error (a *DelayError, ctx.Err(), an ErrRedis error…)
+// without sending if the request could not leave, and closes the request
+// body then, as a RoundTripper must.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
 	subject := t.subject(req)
-	if t.noWait {
-		if err := checkSubject(subject); err != nil {
-			if req.Body != nil {
-				_ = req.Body.Close()
-			}
-			return nil, err
-		}
-	} else if err := t.wait(ctx, subject); err != nil {
+	fail := func(err error) (*http.Response, error) {
 		if req.Body != nil {
 			_ = req.Body.Close()
 		}
 		return nil, err
 	}
-	// The upstream may have said it allows less than the configured limit.
-	if err := t.learner.wait(ctx, subject); err != nil {
-		if req.Body != nil {
-			_ = req.Body.Close()
+	if !t.noWait {
+		if err := t.lim.Wait(ctx, subject); err != nil {
+			return fail(err)
 		}
-		return nil, err
+	}
+	d, err := t.depart(ctx, subject)
+	if err != nil {
+		return fail(err)
+	}
+	t.stats.sent.Add(1)
+	t.stats.rebooked.Add(int64(d.Rebooked))
+	if d.Late > throttle.DepartureTolerance(d.Interval()) {
+		t.stats.leftLate.Add(1)
 	}
 	resp, err := t.base.RoundTrip(req)
 	if err != nil {
+		if d.Probe {
+			// The fleet waits for the first answer: there is none.
+			t.record(ctx, subject, d, throttle.Answer{})
+		}
 		return nil, err
 	}
-	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
-		t.pause(ctx, subject, resp)
-	}
-	t.learn(ctx, subject, resp)
+	t.listen(ctx, subject, d, resp)
 	return resp, nil
 }
 
-// checkSubject fails a NoWait request whose subject the limiter would
-// refuse, before it is sent.
-func checkSubject(s string) error {
-	if s == "" {
-		return fmt.Errorf("%w: empty; the request names no host", throttle.ErrInvalidSubject)
+// listen applies what a response says: a pause for a Retry-After (or a
+// window with nothing left for a second or more), and what it teaches
+// the fleet about the upstream's limit.
+func (t *Transport) listen(ctx context.Context, subject string, d *throttle.Departure, resp *http.Response) {
+	now := serverNow(resp)
+	tooMany := resp.StatusCode == http.StatusTooManyRequests
+	if tooMany {
+		t.stats.tooMany.Add(1)
 	}
-	return nil
-}
-
-// waitedAlone is how long a Wait may take and still count as decided on
-// the spot (one round trip): a longer one slept for a slot booked ahead.
-const waitedAlone = 5 * time.Millisecond
-
-// wait takes one permit for subject. A slot booked ahead may have been
-// overtaken by a pause while this request slept: then the permit is spent
-// (its slot has passed) and a new one is booked, after the pause.
-func (t *Transport) wait(ctx context.Context, subject string) error {
-	for {
-		start := time.Now()
-		if err := t.lim.Wait(ctx, subject); err != nil {
-			return err
+	info, _ := ParseRateLimitHeaders(resp.Header, now)
+	pause := time.Duration(0)
+	if tooMany || resp.StatusCode == http.StatusServiceUnavailable {
+		if ra, ok := ParseRetryAfter(resp.Header.Get("Retry-After"), now); ok {
+			pause = ra
 		}
-		if time.Since(start) < waitedAlone {
-			return nil // decided just now, after any pause
-		}
-		left, err := t.lim.PauseFor(ctx, subject, 0)
-		if err != nil || left <= 0 {
-			// A permit is held; failing to learn of a pause must not
-			// cost the request.
-			return nil
-		}
+	}
+	if a := answer(info, false); info.HasRemaining && info.Remaining == 0 && info.HasReset && a.ResetMin >= time.Second {
+		pause = max(pause, a.ResetMin)
+	}
+	if pause > 0 {
+		t.pauseFor(ctx, subject, pause)
+	}
+	if tooMany || d.Probe || informative(info, d.Learned) {
+		t.learn(ctx, subject, d, info, tooMany)
 	}
 }
 
-// pause records the pause a 429 or 503 asks for, if its Retry-After
-// parses. An HTTP-date is read against the response's own Date when it
-// has one, so the local clock does not matter.
-func (t *Transport) pause(ctx context.Context, subject string, resp *http.Response) {
+// depart returns req's departure: booked on the upstream schedule, or,
+// for a paced request (Options.Paced) of a subject whose upstream taught
+// no rate, one that leaves now.
+func (t *Transport) depart(ctx context.Context, subject string) (*throttle.Departure, error) {
+	if t.paced != nil {
+		if d, ok := t.paced.now(subject); ok {
+			return d, nil
+		}
+	}
+	d, err := t.up.Depart(ctx, subject, t.maxWait)
+	if err == nil && t.paced != nil {
+		t.paced.saw(subject, d)
+	}
+	return d, err
+}
+
+// serverNow is the time to read a response's dates against: the local
+// clock, unless the response's Date is more than a couple of seconds off
+// it (the clocks disagree): then the Date, so that only the server's own
+// times are compared. The Date has whole seconds only, so it is not used
+// where the local clock agrees with it: a reset at a Unix time would be a
+// second off.
+func serverNow(resp *http.Response) time.Time {
 	now := time.Now()
-	if date, err := http.ParseTime(resp.Header.Get("Date")); err == nil {
-		now = date
+	if date, err := http.ParseTime(resp.Header.Get("Date")); err == nil && (now.Sub(date) > 2*time.Second || date.Sub(now) > 2*time.Second) {
+		return date
 	}
-	d, ok := ParseRetryAfter(resp.Header.Get("Retry-After"), now)
-	if !ok || d <= 0 {
+	return now
+}
+
+// learn records an answer in Redis for the fleet, and says what it
+// changed.
+func (t *Transport) learn(ctx context.Context, subject string, d *throttle.Departure, info RateLimitInfo, tooMany bool) {
+	l, ok := t.record(ctx, subject, d, answer(info, tooMany))
+	if !ok {
 		return
 	}
-	t.pauseFor(ctx, subject, d)
+	if l.Lowered {
+		t.stats.lowered.Add(1)
+		t.log.Warn("httpthrottle: the upstream answered 429 Too Many Requests; the learned rate is lowered for every process",
+			"subject", subject, "from_per_second", round3(l.From), "to_per_second", round3(l.Rate), "policy", policyText(l.Learned))
+	}
+	if l.Changed && t.onLearn != nil {
+		t.onLearn(subject, info)
+	}
+}
+
+// record is Learn on a context that outlives the request's.
+func (t *Transport) record(ctx context.Context, subject string, d *throttle.Departure, a throttle.Answer) (throttle.Lesson, bool) {
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pauseTimeout)
+	defer cancel()
+	l, err := t.up.Learn(lctx, subject, d, a)
+	if err == nil && t.paced != nil {
+		t.paced.learned(subject, l.Learned)
+	}
+	if err != nil {
+		t.log.Error("httpthrottle: what the upstream answered could not be recorded in Redis", "subject", subject, "error", err)
+		return l, false
+	}
+	return l, true
+}
+
+func round3(f float64) string { return strconv.FormatFloat(f, 'f', 3, 64) }
+
+// policyText describes a learned policy for logs: "20 per 1s", or "none".
+func policyText(l throttle.Learned) string {
+	if l.Window <= 0 {
+		return "none"
+	}
+	return strconv.Itoa(l.Quota) + " per " + l.Window.String()
 }
 
 // pauseFor pauses subject for d, capped at MaxPause, for every worker.
@@ -255,6 +390,9 @@ func (t *Transport) pauseFor(ctx context.Context, subject string, d time.Duratio
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pauseTimeout)
 	defer cancel()
 	_, err := t.lim.PauseFor(pctx, subject, d)
+	if err == nil {
+		t.stats.paused.Add(1)
+	}
 	if t.onPause != nil {
 		t.onPause(subject, d, err)
 	}

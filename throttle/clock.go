@@ -71,18 +71,27 @@ const (
 // Redis's now (µs of Redis TIME), and returns the local time at which a
 // slot delay after Redis's now falls.
 func (c *redisClock) wake(recv time.Time, redisNow int64, delay time.Duration) time.Time {
+	at, _ := c.slot(recv, redisNow, delay)
+	return at
+}
+
+// slot is wake, and also the local time of the slot through the fastest
+// recent reply without the clamp (est): how late a caller is for its slot
+// when its reply, or the caller itself, was held up longer than the clamp
+// allows for, which the wake time alone would hide.
+func (c *redisClock) slot(recv time.Time, redisNow int64, delay time.Duration) (at, est time.Time) {
 	plain := recv.Add(delay)
 	base := c.observe(recv, recv.Add(-time.Duration(redisNow)*time.Microsecond))
-	at := base.Add(time.Duration(redisNow)*time.Microsecond + delay)
-	if at.Before(plain.Add(-maxClockCorrection)) {
-		return plain.Add(-maxClockCorrection)
+	est = base.Add(time.Duration(redisNow)*time.Microsecond + delay)
+	if est.Before(plain.Add(-maxClockCorrection)) {
+		return plain.Add(-maxClockCorrection), est
 	}
-	if at.After(plain) {
+	if est.After(plain) {
 		// Not possible while this reply is in the window; kept so that
 		// the estimate can only ever make a wake earlier.
-		return plain
+		return plain, est
 	}
-	return at
+	return est, est
 }
 
 // observe adds a sample (received at recv, base b) and returns the

@@ -166,6 +166,15 @@
 // subject (a reservation made before it gives nothing back); PauseFor holds every rule of a subject back until a time an
 // upstream gave (package httpthrottle does this for HTTP responses).
 //
+// Upstream is where a limiter's requests meet the resource behind it:
+// Depart books each request's departure on the subject's schedule and
+// returns within DepartureTolerance of its slot (a departure held up by a
+// Redis stall, a paused process or a busy machine is booked again rather
+// than leaving with the next ones), and Learn records what the resource
+// answered (a policy, a window, a 429), in Redis, for every process: the
+// next departure anywhere reads it in the call that books it (package
+// httpthrottle does both for HTTP requests).
+//
 // The package owns the limiter, its algorithms and their Lua scripts. It
 // imports go-redis and the standard library, and nothing else of
 // jobthrottle: the admission, worker and httpthrottle packages build on its

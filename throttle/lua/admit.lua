@@ -7,6 +7,7 @@
 -- horizon is booked under ARGV[b], scored by the slot (BOOKED, 2), a slot
 -- past the horizon is denied, charging nothing (DENIED, 0). Built as
 -- time.lua, prelude.lua, the algorithm files, a use_*.lua file, rules.lua,
+-- upstream_rate.lua, upstream_pace.lua,
 -- decide.lua, status.lua, line.lua, line_serve.lua, admit.lua
 -- (throttle/scripts.go). status.lua names the statuses.
 --
@@ -44,7 +45,10 @@
 --                count (0: none), period (microseconds) and burst
 -- ARGV[b+11] ... -> members to redeem, in order: the caller's earlier
 --                booking, a receipt made by prepay
--- r is #KEYS - 10.
+-- KEYS[r+11]  -> the subject's upstream hash, <prefix>{<subject>}:!upstream(<rules>)
+--                (upstream_pace.lua): a learned rate slower than a bucket
+--                rule's paces that rule
+-- r is #KEYS - 11.
 --
 -- Returns {status, deciding rule index, remaining, delay µs, reset µs,
 -- Redis now µs, ticket 1, ..., ticket r}, the status one of those above or:
@@ -71,7 +75,8 @@
 -- waiter 2, ...}.
 local n = tonumber(ARGV[2])
 local wait_here = tonumber(ARGV[3])
-local nrules = #KEYS - 10
+local nrules = #KEYS - 11
+upstream_pace(KEYS[#KEYS], nrules)
 local rkey, b = KEYS[nrules + 1], 4 + 5 * nrules
 local booking, tol = ARGV[b], tonumber(ARGV[b + 1])
 -- c is the caller's place under the policy's concurrency rule, if it has

@@ -1,0 +1,470 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+)
+
+// The learn part through the built binaries (-learn-workers): issue 19 as
+// a user meets it. cmd/worker is built into a temporary directory; each
+// case starts 3 or 10 worker processes on one redis-server with a rules
+// file whose rule (GCRA, cfg.Configured a second, burst 1) is well above
+// the fake API's limit (learnapi.go, which the workers are not told) and
+// whose http handler calls that API; cfg.Tasks tasks are enqueued through
+// asynq, and half way through, in half the cases, Redis is stalled by
+// CLIENT PAUSE. Figures come from the API's own log (learnreport.go), the
+// workers' /metrics (parks, decisions) and Redis's MONITOR stream (the
+// limiter's script calls: EVALSHA/EVAL on jobthrottle's keys).
+
+// workerRun is one case's figures: the API's (learnRun) and the fleet's.
+type workerRun struct {
+	*learnRun
+	// Tasks enqueued; Completed, Archived and Retry are asynq's counts
+	// at the end (a task parked by a rule is neither failed nor retried).
+	Tasks     int `json:"tasks"`
+	Completed int `json:"completed"`
+	Archived  int `json:"archived"`
+	Retry     int `json:"retry"`
+	// AcceptedTwice is the tasks the API accepted more than once;
+	// NeverAccepted those it never accepted.
+	AcceptedTwice int `json:"accepted_twice"`
+	NeverAccepted int `json:"never_accepted"`
+	// Decisions are the workers' jobthrottle_decisions_total for the rule
+	// (one an admission), Attempts their jobthrottle_handler_attempts_total,
+	// by outcome, summed. ParksPerTask is the times a task left its worker
+	// to come back later (parked or deferred by the rule, throttled by the
+	// handler: a 429, a departure too far, a pause) ÷ Tasks.
+	Decisions        map[string]int `json:"decisions"`
+	Attempts         map[string]int `json:"handler_attempts"`
+	DecisionsPerTask float64        `json:"decisions_per_task"`
+	ParksPerTask     float64        `json:"parks_per_task"`
+	// LimiterCallsPerTask is the script calls on jobthrottle's keys (admit,
+	// departures, learning, pauses, wake-ups) ÷ Tasks; OtherCallsPerTask
+	// the other commands on them (the wake-up ledger, status).
+	LimiterCalls        int64            `json:"limiter_calls"`
+	LimiterCallKinds    map[string]int64 `json:"limiter_call_kinds"` // by SHA, key count, first key`
+	LimiterCallsPerTask float64          `json:"limiter_calls_per_task"`
+	OtherCallsPerTask   float64          `json:"other_calls_per_task"`
+	// DecisionCallsPerTask is the script calls of the decisions alone per
+	// task: on the rule's key (admit, one per decision) and on the
+	// upstream hash (departures, learning); PauseCallsPerTask the pause
+	// checks (a task that waited for its turn asks before it sends) and
+	// pauses. The rest of LimiterCalls is the worker's wake-up ledger.
+	DecisionCallsPerTask float64 `json:"decision_calls_per_task"`
+	PauseCallsPerTask    float64 `json:"pause_calls_per_task"`
+}
+
+// workerResult is the part's JSON: results/<date>-learn-workers.json.
+type workerResult struct {
+	Date     string       `json:"date"`
+	Command  string       `json:"command"`
+	Machine  machine      `json:"machine"`
+	Library  library      `json:"library"`
+	Config   learnConfig  `json:"config"`
+	Procs    int          `json:"concurrency_per_worker"`
+	RuntimeS float64      `json:"runtime_s"`
+	Runs     []*workerRun `json:"runs"`
+}
+
+// workerConcurrency is each worker process's --concurrency.
+const workerConcurrency = 4
+
+// runWorkerLearnPart builds cmd/worker and runs every case (only, if set,
+// picks them by name) on one throwaway redis-server.
+func runWorkerLearnPart(logf func(string, ...any), cfg learnConfig, only, name string) error {
+	t0 := time.Now()
+	filter, err := compileFilter(only)
+	if err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp("", "jobthrottle-bench-workers-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	bin := filepath.Join(dir, "worker")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/worker")
+	build.Dir, build.Stdout, build.Stderr = "..", os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		return fmt.Errorf("building cmd/worker: %w", err)
+	}
+	srv, err := startRedis(logf)
+	if err != nil {
+		return err
+	}
+	defer srv.Stop()
+	cfg.Nice = niceness
+	res := &workerResult{Date: t0.UTC().Format(time.RFC3339), Command: "cd bench && go run . " + strings.Join(os.Args[1:], " "),
+		Machine: readMachine(), Library: readLibrary(), Config: cfg, Procs: workerConcurrency}
+	res.Machine.RedisVersion = srv.version
+	for _, c := range learnCases(cfg, filter) {
+		logf("learn-workers: %s", c)
+		r, err := runWorkerCase(srv.Addr, bin, dir, cfg, c)
+		if err != nil {
+			return err
+		}
+		logf("learn-workers: %s; parks/task %.2f, decision calls/task %.2f (all limiter calls %.2f), completed %d/%d, archived %d",
+			r.summary(), r.ParksPerTask, r.DecisionCallsPerTask, r.LimiterCallsPerTask, r.Completed, r.Tasks, r.Archived)
+		res.Runs = append(res.Runs, r)
+	}
+	res.Machine.LoadEnd = loadavg()
+	res.RuntimeS = time.Since(t0).Seconds()
+	return writePart(logf, t0, name, res)
+}
+
+func compileFilter(only string) (*regexp.Regexp, error) {
+	if only == "" {
+		return nil, nil
+	}
+	return regexp.Compile(only)
+}
+
+// runWorkerCase runs one case on a flushed Redis: the API, the workers,
+// the backlog, the stall; then reads every count.
+func runWorkerCase(addr, bin, dir string, cfg learnConfig, c learnCase) (*workerRun, error) {
+	admin := redis.NewClient(&redis.Options{Addr: addr})
+	defer admin.Close()
+	ctx := context.Background()
+	if err := admin.FlushAll(ctx).Err(); err != nil {
+		return nil, err
+	}
+	api := &pathAPI{limitedAPI: newLimitedAPI(cfg.Limit, c.Style), accepted: map[string]int{}}
+	hs := httptest.NewServer(api)
+	defer hs.Close()
+	rules := filepath.Join(dir, "rules.yaml")
+	if err := os.WriteFile(rules, []byte(workerRules(cfg, c.Style, hs.URL)), 0o600); err != nil {
+		return nil, err
+	}
+	mon := startMonitor(ctx, addr)
+	defer mon.stop()
+	procs, err := startWorkers(bin, rules, addr, c.Workers)
+	defer stopWorkers(procs)
+	if err != nil {
+		return nil, err
+	}
+	cli := asynq.NewClientFromRedisClient(admin)
+	for i := range cfg.Tasks {
+		if _, err := cli.Enqueue(asynq.NewTask("learn:call", []byte(`{"n": `+strconv.Itoa(i)+`}`)), asynq.MaxRetry(3), asynq.Retention(time.Hour)); err != nil {
+			return nil, err
+		}
+	}
+	capD := time.Duration(cfg.CapFactor*float64(cfg.Tasks)/float64(cfg.Limit)*float64(time.Second)) + 20*time.Second
+	cctx, cancel := context.WithTimeout(ctx, capD)
+	defer cancel()
+	stallAt := time.Duration(-1)
+	if c.Stall {
+		stallAt = stallHalfWay(cctx, addr, api.limitedAPI, api.n.Load, cfg)
+	}
+	insp := asynq.NewInspectorFromRedisClient(admin)
+	info := waitCompleted(cctx, insp, cfg.Tasks)
+	r := &workerRun{learnRun: analyseLearn(api.log(), cfg, c, stallAt), Tasks: cfg.Tasks}
+	if info != nil {
+		r.Completed, r.Archived, r.Retry = info.Completed, info.Archived, info.Retry
+	}
+	r.Done = r.Completed
+	r.Decisions, r.Attempts = scrapeOutcomes(procs)
+	r.ParksPerTask = float64(r.Decisions["parked"]+r.Decisions["deferred"]+r.Attempts["throttled"]) / float64(cfg.Tasks)
+	for _, n := range r.Decisions {
+		r.DecisionsPerTask += float64(n) / float64(cfg.Tasks)
+	}
+	scripts, other := mon.counts()
+	r.LimiterCalls, r.LimiterCallKinds = scripts, mon.kinds
+	r.LimiterCallsPerTask = float64(scripts) / float64(cfg.Tasks)
+	r.split(mon.kinds)
+	r.OtherCallsPerTask = float64(other) / float64(cfg.Tasks)
+	r.AcceptedTwice, r.NeverAccepted = api.answeredOnce(cfg.Tasks)
+
+	return r, nil
+}
+
+// workerRules is the case's rules file: one rule well above the API's
+// limit (at it for rule-only), one http handler calling the API.
+func workerRules(cfg learnConfig, style, url string) string {
+	rate := cfg.Configured
+	if style == styleRuleOnly {
+		rate = cfg.Limit
+	}
+	return fmt.Sprintf(`rules:
+  - {name: partner, tasks: ["learn:*"], subject: {fixed: api}, algorithm: gcra, limit: %d, period: 1s, burst: 1}
+handlers:
+  - {task: "learn:call", http: {method: POST, url: "%s/v1/task/{n}", timeout: 10s}}
+`, rate, url)
+}
+
+// waitCompleted polls asynq until n tasks completed or ctx ends, and
+// returns the queue's last counts.
+func waitCompleted(ctx context.Context, insp *asynq.Inspector, n int) *asynq.QueueInfo {
+	var last *asynq.QueueInfo
+	for ctx.Err() == nil {
+		if info, err := insp.GetQueueInfo("default"); err == nil {
+			last = info
+			if info.Completed+info.Archived >= n {
+				return info
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return last
+}
+
+// workerProc is one running cmd/worker and its metrics URL.
+type workerProc struct {
+	cmd     *exec.Cmd
+	metrics string
+	done    chan struct{}
+}
+
+// startWorkers starts n workers and waits until each serves its metrics
+// and processes tasks.
+func startWorkers(bin, rules, addr string, n int) ([]*workerProc, error) {
+	var procs []*workerProc
+	for range n {
+		cmd := exec.Command(bin, "--config", rules, "--metrics-addr", "127.0.0.1:0",
+			"--concurrency", strconv.Itoa(workerConcurrency), "--shutdown-timeout", "5s")
+		cmd.Env = append(os.Environ(), "REDIS_URL=redis://"+addr+"/0")
+		stderr, err := cmd.StderrPipe()
+		if err != nil {
+			return procs, err
+		}
+		if err := cmd.Start(); err != nil {
+			return procs, err
+		}
+		p := &workerProc{cmd: cmd, done: make(chan struct{})}
+		procs = append(procs, p)
+		url, err := readUntilReady(stderr)
+		if err != nil {
+			return procs, err
+		}
+		p.metrics = url
+		go func() {
+			_ = cmd.Wait()
+			close(p.done)
+		}()
+	}
+	return procs, nil
+}
+
+var metricsURL = regexp.MustCompile(`url=(http://\S+/metrics)`)
+
+// readUntilReady reads a worker's log until it says it processes tasks,
+// returning its metrics URL, then drains the rest in the background.
+func readUntilReady(r io.Reader) (string, error) {
+	sc := bufio.NewScanner(r)
+	url := ""
+	for sc.Scan() {
+		line := sc.Text()
+		if m := metricsURL.FindStringSubmatch(line); m != nil {
+			url = m[1]
+		}
+		if strings.Contains(line, `msg="worker: processing"`) && url != "" {
+			go func() { _, _ = io.Copy(io.Discard, r) }()
+			return url, nil
+		}
+	}
+	return "", fmt.Errorf("a worker stopped before it was ready (%v)", sc.Err())
+}
+
+// stopWorkers sends SIGTERM to every worker and waits for them (SIGKILL
+// after 15 s).
+func stopWorkers(procs []*workerProc) {
+	for _, p := range procs {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	for _, p := range procs {
+		select {
+		case <-p.done:
+		case <-time.After(15 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+	}
+}
+
+var (
+	counterLine  = regexp.MustCompile(`^(jobthrottle_decisions_total|jobthrottle_handler_attempts_total)\{([^}]*)\} ([0-9.e+]+)$`)
+	outcomeLabel = regexp.MustCompile(`outcome="([^"]*)"`)
+)
+
+// scrapeOutcomes sums the workers' jobthrottle_decisions_total and
+// jobthrottle_handler_attempts_total by outcome.
+func scrapeOutcomes(procs []*workerProc) (decisions, attempts map[string]int) {
+	decisions, attempts = map[string]int{}, map[string]int{}
+	for _, p := range procs {
+		resp, err := http.Get(p.metrics)
+		if err != nil {
+			continue
+		}
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			m := counterLine.FindStringSubmatch(sc.Text())
+			if m == nil {
+				continue
+			}
+			o := outcomeLabel.FindStringSubmatch(m[2])
+			v, _ := strconv.ParseFloat(m[3], 64)
+			switch {
+			case o == nil:
+			case m[1] == "jobthrottle_decisions_total":
+				decisions[o[1]] += int(v)
+			default:
+				attempts[o[1]] += int(v)
+			}
+		}
+		_ = resp.Body.Close()
+	}
+	return decisions, attempts
+}
+
+// pathAPI is the limitedAPI that also counts, by path (one per task), the
+// requests it accepted.
+type pathAPI struct {
+	*limitedAPI
+	mu       sync.Mutex
+	accepted map[string]int
+	n        atomic.Int64
+}
+
+func (a *pathAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	sw := &statusWriter{ResponseWriter: w}
+	a.limitedAPI.ServeHTTP(sw, r)
+	if sw.status == http.StatusOK {
+		a.mu.Lock()
+		a.accepted[r.URL.Path]++
+		a.mu.Unlock()
+		a.n.Add(1)
+	}
+}
+
+// answeredOnce counts the tasks of 0..n-1 accepted more than once and
+// never.
+func (a *pathAPI) answeredOnce(n int) (twice, never int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for i := range n {
+		switch c := a.accepted["/v1/task/"+strconv.Itoa(i)]; {
+		case c == 0:
+			never++
+		case c > 1:
+			twice++
+		}
+	}
+	return twice, never
+}
+
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	w.status = code
+	w.ResponseWriter.WriteHeader(code)
+}
+
+// monitor counts, from Redis's MONITOR stream, the script calls whose
+// first key is one of jobthrottle's (the default prefix) and the other
+// commands on its keys.
+type monitor struct {
+	conn           net.Conn
+	scripts, other atomic.Int64
+	done           chan struct{}
+	mu             sync.Mutex
+	kinds          map[string]int64 // script calls by SHA, key count and first key
+}
+
+func startMonitor(ctx context.Context, addr string) *monitor {
+	m := &monitor{done: make(chan struct{}), kinds: map[string]int64{}}
+	conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+	if err != nil {
+		close(m.done)
+		return m
+	}
+	m.conn = conn
+	_, _ = conn.Write([]byte("MONITOR\r\n"))
+	go func() {
+		defer close(m.done)
+		rd := bufio.NewReaderSize(conn, 1<<20)
+		for {
+			line, err := rd.ReadString('\n')
+			if err != nil {
+				return
+			}
+			m.count(line)
+		}
+	}()
+	return m
+}
+
+// count classifies one MONITOR line: +<time> [<db> <client>] "cmd" "arg"...
+func (m *monitor) count(line string) {
+	i := strings.Index(line, `] "`)
+	if i < 0 || !strings.Contains(line, `"jobthrottle:`) {
+		return
+	}
+	rest := line[i+3:]
+	cmd, args, _ := strings.Cut(rest, `" `)
+	switch strings.ToLower(cmd) {
+	case "evalsha":
+		// "sha" "numkeys" "key1": the first key decides.
+		f := strings.SplitN(args, `" "`, 5)
+		if len(f) >= 3 && strings.HasPrefix(f[2], "jobthrottle:") {
+			m.scripts.Add(1)
+			m.note(f[0][1:min(9, len(f[0]))] + " " + f[1] + " " + hashTag.ReplaceAllString(f[2], "{}"))
+		}
+	case "eval":
+		m.scripts.Add(1) // after a NOSCRIPT: the script's text is in the line
+	default:
+		m.other.Add(1)
+	}
+}
+
+var hashTag = regexp.MustCompile(`\{[^}]*\}`)
+
+// note counts a script call by its SHA's start, key count and first key.
+func (m *monitor) note(kind string) {
+	m.mu.Lock()
+	m.kinds[kind]++
+	m.mu.Unlock()
+}
+
+func (m *monitor) counts() (scripts, other int64) {
+	return m.scripts.Load(), m.other.Load()
+}
+
+func (m *monitor) stop() {
+	if m.conn != nil {
+		_ = m.conn.Close()
+	}
+	<-m.done
+}
+
+// split sorts the script calls by kind (monitor.note) into decisions and
+// pause checks.
+func (r *workerRun) split(kinds map[string]int64) {
+	for k, n := range kinds {
+		switch {
+		case strings.HasSuffix(k, ":partner"), strings.Contains(k, ":!upstream("):
+			r.DecisionCallsPerTask += float64(n) / float64(r.Tasks)
+		case strings.Contains(k, ":!pause"):
+			r.PauseCallsPerTask += float64(n) / float64(r.Tasks)
+		}
+	}
+}

@@ -1,0 +1,115 @@
+package httpthrottle
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/jobthrottle/jobthrottle/throttle"
+)
+
+// A paced Transport (Options.Paced, as the worker's http handler has: its
+// requests go on turns that Limiter.Admit spaces at the learned rate)
+// books departures only once a rate is learned. From an upstream that
+// teaches none, the requests of three processes leave on their admitted
+// turns (one departure each, the first); from one that announces 20/s,
+// they depart on the learned schedule, and none is refused. Either way a
+// backlog parks about once per task: at most 2.2 admissions each.
+func TestTransportPacedByAdmission(t *testing.T) {
+	for _, c := range []struct {
+		name             string
+		limit            int
+		style            string
+		minDeps, maxDeps int
+	}{
+		{"nothing learned", 1000, styleBare, 1, 3},
+		{"a policy learned", 20, styleIETF, 250, 400},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			virtual(t, func(t *testing.T, _ *redis.Client, m *miniredis.Miniredis) {
+				up := &limitedUpstream{limit: c.limit, style: c.style}
+				trs := fleet(t, m, up, 3, fast, Options{NoWait: true, Paced: true})
+				const tasks = 300
+				admits, refused := pacedBacklog(t, trs, tasks)
+				if refused != 0 {
+					t.Errorf("%d requests refused; want none", refused)
+				}
+				if admits > tasks*22/10 {
+					t.Errorf("%d admissions for %d tasks; want at most 2.2 a task (one park, one redemption)", admits, tasks)
+				}
+				n, _ := strconv.Atoi(m.HGet(hashKey(m), "n"))
+				if n < c.minDeps || n > c.maxDeps {
+					t.Errorf("%d departures booked; want %d to %d", n, c.minDeps, c.maxDeps)
+				}
+				if calls, _ := up.log(); maxIn(calls, time.Second) > min(c.limit, 100)+1 {
+					t.Errorf("%d requests in one second at the API; want at most %d", maxIn(calls, time.Second), min(c.limit, 100)+1)
+				}
+			})
+		})
+	}
+}
+
+// pacedBacklog runs tasks through the transports, 4 at a time in each, as
+// the worker does (runPaced), and returns the admissions and the requests
+// refused.
+func pacedBacklog(t *testing.T, trs []*Transport, tasks int) (admits, refused int64) {
+	var next, a, r atomic.Int64
+	var wg sync.WaitGroup
+	for _, tr := range trs {
+		c := &http.Client{Transport: tr}
+		for range 4 {
+			wg.Go(func() {
+				for i := next.Add(1); i <= int64(tasks); i = next.Add(1) {
+					for !runPaced(t, tr.lim, c, fmt.Sprintf("task-%d", i), &a) {
+						r.Add(1)
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	return a.Load(), r.Load()
+}
+
+// runPaced admits task id as the worker middleware does (a turn later
+// than now parks: the task comes back at it), then sends its request; it
+// reports whether the API accepted it.
+func runPaced(t *testing.T, lim *throttle.Limiter, c *http.Client, id string, admits *atomic.Int64) bool {
+	for {
+		a, err := lim.Admit(context.Background(), throttle.AdmitRequest{Subject: "api.example", N: 1, Caller: throttle.Caller{ID: id}})
+		admits.Add(1)
+		if err != nil {
+			t.Error(err)
+			return true
+		}
+		time.Sleep(time.Until(a.At))
+		if a.Status != throttle.Granted && a.Status != throttle.Redeemed {
+			continue
+		}
+		// As the worker's http handler does: a task that waited for its
+		// turn does not send if a pause overtook it.
+		if left, err := lim.PauseFor(context.Background(), "api.example", 0); err != nil || left > 0 {
+			continue
+		}
+		return get(t, c, "http://api.example/") == http.StatusOK
+	}
+}
+
+// hashKey is the one upstream hash in m.
+func hashKey(m *miniredis.Miniredis) string {
+	for _, k := range m.Keys() {
+		if strings.Contains(k, "!upstream(") {
+			return k
+		}
+	}
+	return ""
+}

@@ -1,0 +1,16 @@
+-- depart (after upstream_rate.lua and upstream_state.lua, whose KEYS and
+-- ARGV[1..8] it takes): books the next departure of a request of the
+-- subject, on the learned rate, or the ceiling's while none is learned,
+-- after the pause and within the window an answer described.
+--
+-- ARGV[9]  -> the longest delay accepted, µs (-1: no bound)
+-- ARGV[10] -> how long the first departure's answer is waited for, µs
+--
+-- Reply {status, delay, slot, n, g, now, t before, t after, interval, rate,
+-- q, w, probe, ls before}: status 1 booked (delay µs from now, at slot; n
+-- its number; interval the spacing it was booked at, µs; rate the learned
+-- rate as text, '' for none; q and w the policy, 0 0 for none; probe 1 if
+-- it is the first departure, whose answer the others await), 0 too far
+-- (delay: when it would be; nothing booked), 2 come back in delay (the
+-- first departure's answer is awaited; nothing booked).
+return depart(tonumber(ARGV[9]), tonumber(ARGV[10]))

@@ -1,0 +1,57 @@
+-- upstream_pace (admit only, admit.lua): a turn of a subject whose
+-- upstream's learned rate (throttle/upstream.go) is slower than a bucket
+-- rule's is decided at the learned rate instead, with a burst of 1: so
+-- bookings, lines and parked tasks keep the pace the upstream accepts, and
+-- a request sent on such a turn departs at once (upstream_depart.lua),
+-- with no second wait that could send its task back.
+--
+-- ukey -> <prefix>{<subject>}:!upstream(<rules>), the subject's upstream
+--         hash (upstream_state.lua); read only. A missing hash, or one with
+--         no learned rate, changes nothing.
+-- nrules -> the rules of the policy, whose arguments (rules.lua: algorithm,
+--         count, period µs, burst at ARGV[4 + 5 * (i - 1)]) are rewritten in
+--         place for every gcra and token_bucket rule whose interval
+--         (period / count) is shorter than the learned one: count 1, period
+--         the learned interval (µs, rounded up), burst 1. The bucket state
+--         is a time (bucket.lua), which stays meaningful at another
+--         interval; the windows and a concurrency rule are left alone. Such
+--         a rule's state is also moved (pause[algo], as PauseFor moves it)
+--         so that its next turn is no sooner than the next departure's
+--         slot on the upstream schedule: the two schedules stay aligned.
+-- ukey's ls (the latest departure's slot) is read for that.
+-- Returns the learned interval applied (µs), or 0 if none was.
+local function upstream_pace(ukey, nrules)
+  local v = redis.call('HMGET', ukey, 'r', 'u', 'hi', 'q', 'w', 'l', 'lw', 'ls')
+  local s = {r = tonumber(v[1]), u = tonumber(v[2]), hi = tonumber(v[3]), q = tonumber(v[4]),
+    w = tonumber(v[5]), l = tonumber(v[6]), lw = tonumber(v[7]), ls = tonumber(v[8])}
+  if not s.r then return 0 end
+  -- The ceiling, as Limiter.Upstream computes it: the slowest rule that
+  -- sets a rate.
+  local ceil_iv = 0
+  for i = 1, nrules do
+    local b = 4 + 5 * (i - 1)
+    if ARGV[b] ~= 'concurrency' then
+      local iv = tonumber(ARGV[b + 2]) / tonumber(ARGV[b + 1])
+      if iv > ceil_iv then ceil_iv = iv end
+    end
+  end
+  local ceil_rate = nil
+  if ceil_iv > 0 then ceil_rate = 1e6 / ceil_iv end
+  local r = up_grown(s, now, ceil_rate)
+  if not r or r <= 0 then return 0 end
+  local iv = math.ceil(1e6 / r)
+  local applied = 0
+  for i = 1, nrules do
+    local b = 4 + 5 * (i - 1)
+    local algo = ARGV[b]
+    if (algo == 'gcra' or algo == 'token_bucket') and tonumber(ARGV[b + 2]) / tonumber(ARGV[b + 1]) < iv then
+      ARGV[b + 1], ARGV[b + 2], ARGV[b + 3] = '1', string.format('%d', iv), '1'
+      applied = iv
+      -- No turn before the next departure's slot (one interval after the
+      -- latest, upstream_depart.lua): a request sent on the turn then
+      -- departs at it, without waiting (and asking again).
+      if s.ls and s.ls + iv > now then pause[algo](KEYS[i], 1, iv, 1, s.ls + iv) end
+    end
+  end
+  return applied
+end

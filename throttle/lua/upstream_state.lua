@@ -1,0 +1,178 @@
+-- The state every upstream script (throttle/upstream.go) shares: the
+-- schedule on which a limiter's requests of one subject leave for the
+-- resource behind it, at the rate the fleet learned from that resource's
+-- answers (upstream_rate.lua), never faster than the limiter's slowest
+-- rule. Every process books its departures here, so what one of them
+-- learned paces the next departure of every other. One script per
+-- operation follows this file: upstream_depart.lua, upstream_confirm.lua,
+-- upstream_cancel.lua, upstream_learn.lua, each with its own ARGV and reply.
+--
+-- KEYS[1] -> <prefix>{<subject>}:!upstream(<rules>), a hash:
+--   t      the schedule's theoretical arrival time (GCRA): µs of Redis TIME
+--   n      departures booked so far; each departure carries its number
+--   ls     the latest slot booked (µs); gap the moving mean of the gaps
+--          between slots (µs): the rate the resource has been seeing
+--   r      the learned rate, requests per second (absent: none learned)
+--   u      when r last grew (µs)
+--   hi     the rate at which the last 429 came (absent: none yet)
+--   d      when the rate was last lowered (µs): a 429 to a departure booked
+--          before it is not counted again
+--   g      how many times the rate was lowered: a departure booked under
+--          another g is booked again before it leaves
+--   q, w   the announced policy: q requests per w µs
+--   l, lw  a limit without a window (X-RateLimit-Limit) and the longest
+--          reset seen (µs, in whole seconds): the policy l per lw inferred
+--   wl, wa, wb, wk  the window an answer described: at most wl more
+--          departures until it resets, between wa and wb (µs); wk the
+--          number of the departure whose answer said so
+--   p      while the first departure's answer is awaited: until when (µs)
+--   The TTL is ARGV[4] ms from the last call that wrote it. Admit reads r
+--   (upstream_pace.lua).
+-- KEYS[2] -> <prefix>{<subject>}:!pause (read only): the Redis time (µs)
+--   the subject's pause ends (pause.go)
+--
+-- ARGV[1]    -> the operation's name (for errors only)
+-- ARGV[2]    -> the ceiling: the limiter's slowest rule's interval, µs (0: none)
+-- ARGV[3]    -> the ceiling's burst
+-- ARGV[4]    -> the state's TTL, ms
+-- ARGV[5..8] -> the controller (upstream.go): the share of a policy to
+--               start at, and the lowering factors: gentle (a 429 near where
+--               the rate was meant to settle), lower (well under it) and
+--               discover
+-- The operation's own ARGV start at ARGV[9].
+
+local key, pkey = KEYS[1], KEYS[2]
+local ceil_iv, ceil_b, ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+local k_start, k_gentle, k_lower, k_discover = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+
+local names = {'t', 'n', 'ls', 'gap', 'r', 'u', 'hi', 'd', 'g', 'q', 'w', 'l', 'lw', 'wl', 'wa', 'wb', 'wk', 'p'}
+local raw = redis.call('HMGET', key, unpack(names))
+local s = {}
+for i, f in ipairs(names) do s[f] = tonumber(raw[i]) end
+local known = s.n ~= nil
+s.n, s.g = s.n or 0, s.g or 0
+local dirty = {}
+local function set(f, v) s[f] = v; dirty[f] = true end
+
+local function fmt(x)
+  if x % 1 == 0 then return string.format('%d', x) end
+  return string.format('%.17g', x)
+end
+
+local function policy() return up_policy(s) end
+local least = up_least
+local ceil_rate = nil
+if ceil_iv > 0 then ceil_rate = 1e6 / ceil_iv end
+local function cap() return least(ceil_rate, policy()) end
+
+-- grow raises the learned rate for the time since it last grew
+-- (upstream_rate.lua); never above the cap.
+local function grow()
+  local r, hi = up_grown(s, now, ceil_rate)
+  if not r then return end
+  if hi then set('hi', hi) end
+  set('r', r)
+  set('u', now)
+end
+
+-- lowered notes that the rate went down: departures booked before now
+-- are booked again before they leave, and their 429s are not counted.
+local function lowered()
+  set('d', now)
+  set('g', s.g + 1)
+end
+
+local function save()
+  local args = {}
+  for f in pairs(dirty) do
+    if s[f] ~= nil then
+      args[#args + 1] = f
+      args[#args + 1] = fmt(s[f])
+    end
+  end
+  if #args > 0 then redis.call('HSET', key, unpack(args)) end
+  for f in pairs(dirty) do
+    if s[f] == nil then redis.call('HDEL', key, f) end
+  end
+  redis.call('PEXPIRE', key, ttl)
+end
+
+local function rate_text()
+  if s.r then return fmt(s.r) end
+  return ''
+end
+
+-- depart books the next departure: on the learned rate, at least one
+-- interval after the latest departure booked (so a new rate holds from
+-- the next departure on, faster or slower); or without one on the
+-- ceiling (a GCRA with its burst); after the subject's pause; and within
+-- the window an answer described.
+local function depart(max_wait, probe_wait)
+  local probe = 0
+  if not known then
+    probe = 1
+    set('p', now + probe_wait)
+  elseif s.p and s.p > now and not s.r and not policy() then
+    return {2, math.ceil(math.min(s.p - now, 20000)), '', 0, 0, now, '', '', 0, '', 0, 0, 0, ''}
+  end
+  grow()
+  local pause = tonumber(redis.call('GET', pkey)) or 0
+  local before = s.t or now
+  local slot, after, iv = math.max(now, pause), before, 0
+  if s.r then
+    iv = 1e6 / least(s.r, cap())
+    if s.ls then slot = math.max(slot, s.ls + iv) end
+    after = slot + iv
+  elseif ceil_iv > 0 then
+    iv = ceil_iv
+    local tol, tat = (ceil_b - 1) * iv, before
+    if pause > now then tat = math.max(tat, pause + tol) end
+    slot = math.max(slot, tat - tol)
+    after = math.max(tat, slot) + iv
+  end
+  local wl = s.wl
+  if wl and s.wb and s.wb > now then
+    local wend = s.wb
+    if policy() then wend = s.wa end
+    if slot < wend then
+      if wl <= 0 then
+        slot = wend
+        if iv > 0 then after = math.max(after, slot + iv) end
+      else
+        wl = wl - 1
+      end
+    end
+  end
+  if max_wait >= 0 and slot - now > max_wait then
+    return {0, math.ceil(slot - now), '', 0, 0, now, '', '', 0, rate_text(), s.q or 0, s.w or 0, 0, ''}
+  end
+  local ls = s.ls
+  set('t', after)
+  set('n', s.n + 1)
+  if wl ~= s.wl then set('wl', wl) end
+  if ls and slot >= ls then
+    local g = slot - ls
+    if s.gap then g = 0.9 * s.gap + 0.1 * g end
+    set('gap', g)
+  end
+  set('ls', math.max(ls or slot, slot))
+  save()
+  local pq, pw = s.q or 0, s.w or 0
+  if pq == 0 and s.l and s.lw then pq, pw = s.l, s.lw end
+  local ls_text = ''
+  if ls then ls_text = fmt(ls) end
+  return {1, math.ceil(slot - now), fmt(slot), s.n, s.g, now, fmt(before), fmt(after), math.ceil(iv), rate_text(), pq, pw, probe, ls_text}
+end
+
+
+-- give_back moves the schedule back to before a departure that will not
+-- leave, if no later one was booked behind it: its end (before) and its
+-- latest slot (ls, '' for none).
+local function give_back(before, after, ls)
+  if s.t and math.abs(s.t - after) < 0.5 then
+    set('t', before)
+    set('ls', tonumber(ls))
+    return 1
+  end
+  return 0
+end

@@ -1,0 +1,551 @@
+package throttle
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// An Upstream is where a limiter's requests meet the resource behind it
+// (an HTTP API with a limit of its own, which it may announce, or only
+// enforce): the schedule on which the requests of each subject leave, and
+// what the fleet has learned of that resource's limit. Both are kept in
+// Redis, in one hash per subject and limiter,
+// <prefix>{<subject>}:!upstream(<rules>), for UpstreamTTL after its last
+// use, and read in the same script call that books a departure: what one
+// process learned paces the next departure of every process.
+//
+// Depart books a request's departure and returns when it may leave;
+// Learn records what the resource answered to it. Package httpthrottle
+// does both for HTTP requests.
+//
+// # The schedule
+//
+// Departures are spaced at the learned rate with no burst (a GCRA of one
+// request per 1/rate), or, while nothing is learned, at the limiter's
+// slowest rule (its interval and burst); they come after the subject's
+// pause (PauseFor), and within the last window an answer described (at
+// most Remaining more until its reset). A departure leaves within the
+// tolerance of its slot, on the Redis clock and on the local one, or not
+// at all: a departure whose slot passed while Redis was stalled, the
+// process was paused or the machine was busy is booked again instead of
+// leaving late beside the next one, and so is one that waited while the
+// subject was paused or the learned rate was lowered. So catching up
+// after a stall is spread at the schedule's rate, and in any window of
+// length W at most burst + (W + tolerance) × rate departures leave, the
+// tolerance being a fortieth of the interval, at least 2ms and at most
+// 5ms (see DepartureTolerance).
+//
+// # Learning
+//
+// An announced policy (Quota per Window) is a rate: the schedule starts at
+// LearnedShare (95 %) of it, or of the limiter's slowest rule if that is
+// slower. A limit without a window (X-RateLimit-Limit) is a policy over
+// the longest reset seen, rounded up to whole seconds. Remaining and the
+// reset describe one window, not a rate: at most Remaining more
+// departures until the window resets (before its earliest possible reset
+// when a policy is known, else its latest); they never change the rate.
+//
+// An answer that the resource is over its limit (TooMany, an HTTP 429)
+// lowers the learned rate, once per lowering: 429s to departures booked
+// before the last lowering are not counted again. It is lowered from the
+// rate the resource saw (the one the departure was booked at; without a
+// learned rate, the rate departures have been leaving at; never above
+// the slowest rule): to 90 % of it when the 429 came near the rate of
+// the last one (the usual see-saw of a fleet at its limit) or, with no
+// 429 before, under a policy; to 80 % when it came well under it (under
+// 95 %: the limit is lower than thought); to half when it came under 70 %
+// of it, or while a resource that announces nothing is being discovered.
+// It then recovers at 10 % a second of the rate the 429 came at, to 98 %
+// of it, and past that grows by 0.02 % a second: slowly towards the
+// policy (never above it, nor above the slowest rule), so that a steady
+// fleet settles where the 429s stop.
+//
+// # Admissions
+//
+// Limiter.Admit reads the same state in its call (lua/upstream_pace.lua):
+// while the learned rate is slower than a gcra or token_bucket rule's,
+// that rule's turns are decided at the learned rate with a burst of 1,
+// and no sooner than the next departure's slot. So a backlog parks on
+// turns the resource accepts, and a request sent on its turn departs at
+// once instead of being sent back to wait again. Other callers of the rule
+// (Allow, Reserve, Wait) keep its own rate.
+//
+// The first departure after nothing is known of the resource (a new
+// subject, or its state expired) probes: the others wait for its answer,
+// at most ProbeWait, so that they do not all learn the limit by being
+// refused.
+type Upstream struct {
+	lim      *Limiter
+	interval float64 // the slowest rule's interval, µs; 0 if no rule sets a rate
+	burst    int
+}
+
+// UpstreamTTL is how long an Upstream's state (the schedule and what was
+// learned) is kept after the last call that used it.
+const UpstreamTTL = 10 * time.Minute
+
+// ProbeWait bounds how long an Upstream's departures wait for the answer
+// to the first one, when nothing is known of the resource.
+const ProbeWait = 2 * time.Second
+
+// LearnedShare is the share of an announced policy an Upstream's
+// schedule starts at: the rest is room for the jitter of departures and
+// arrivals, which an upstream with no burst answers with 429s.
+const LearnedShare = 0.95
+
+// The learning controller (see Upstream): the first four are the
+// upstream scripts' ARGV (lua/upstream_state.lua); the growth, which admit
+// applies too (lua/upstream_pace.lua), is written in lua/upstream_rate.lua,
+// and a test checks that it says the same as learnBelow, learnRecover and
+// learnGrow.
+const (
+	learnStart    = LearnedShare
+	learnGentle   = 0.9    // lowering by a 429 near the rate meant to settle at
+	learnLower    = 0.8    // lowering by a 429 well under it
+	learnDiscover = 0.5    // lowering while discovering
+	learnBelow    = 0.98   // the share of the rate a 429 came at to recover to
+	learnRecover  = 0.1    // recovery per second, a share of that rate
+	learnGrow     = 0.0002 // growth per second past it
+)
+
+// confirmAfter is how long a departure may wait for its slot and still
+// leave without asking Redis again: a longer wait gives a pause or a
+// lowering time to come. Those that ask do so confirmLead before the
+// slot (a pause or a lowering in the last confirmLead is not seen).
+const (
+	confirmAfter = 5 * time.Millisecond
+	confirmLead  = 5 * time.Millisecond
+)
+
+// probePoll bounds how long a departure waiting for the first answer
+// sleeps before it asks again.
+const probePoll = 20 * time.Millisecond
+
+// operations of the upstream scripts (lua/upstream_<op>.lua), named in
+// errors
+const (
+	opDepart  op = "depart"
+	opConfirm op = "confirm"
+	opLearn   op = "learn"
+	opCancel  op = "cancel"
+)
+
+// upstreamScripts are one script per operation, lua/upstream_<op>.lua
+// after the state they share (lua/upstream_state.lua); each documents its
+// ARGV and reply.
+var upstreamScripts = map[op]*redis.Script{}
+
+func init() {
+	for _, o := range []op{opDepart, opConfirm, opLearn, opCancel} {
+		upstreamScripts[o] = buildScript("upstream_rate.lua", "upstream_state.lua", "upstream_"+string(o)+".lua")
+	}
+}
+
+const upstreamSuffix = "!upstream"
+
+// Upstream returns the schedule and learned state of l's requests to the
+// resource behind it. Its ceiling is l's slowest rate rule (a
+// Concurrency rule sets none): the learned rate never passes it, and
+// while nothing is learned departures are paced at it, with its burst (a
+// window rule's burst is its Count).
+func (l *Limiter) Upstream() *Upstream {
+	u := &Upstream{lim: l, burst: 1}
+	for _, r := range l.rules {
+		if r.Algorithm.spec().holders {
+			continue
+		}
+		iv := float64(r.Limit.Period.Microseconds()) / float64(r.Limit.Count)
+		if iv > u.interval {
+			u.interval, u.burst = iv, r.Limit.Burst
+			if !r.Algorithm.bucket() {
+				u.burst = r.Limit.Count
+			}
+		}
+	}
+	return u
+}
+
+// keys are the script's KEYS for subject, which has passed encodeSubject.
+func (u *Upstream) keys(subject string) []string {
+	p := u.lim.policy
+	return []string{p.upstreamKey(subject), p.pauseKey(subject)}
+}
+
+// upstreamKey is subject's upstream hash under this limiter's rules, which
+// Admit reads too (lua/upstream_pace.lua).
+func (p *policy) upstreamKey(subject string) string {
+	return key(p.prefix, escape(subject), upstreamSuffix+"("+strings.Join(p.keyRules, ",")+")")
+}
+
+// args are the script's ARGV for o, before the operation's own.
+func (u *Upstream) args(o op, extra ...any) []any {
+	a := []any{string(o), strconv.FormatFloat(u.interval, 'f', -1, 64), u.burst, UpstreamTTL.Milliseconds(),
+		learnStart, learnGentle, learnLower, learnDiscover}
+	return append(a, extra...)
+}
+
+// Learned is what the fleet has learned of a resource's limit.
+type Learned struct {
+	// Rate is the learned rate, requests per second; 0 while none is
+	// learned (departures then follow the limiter's slowest rule).
+	Rate float64
+	// Quota requests per Window: the policy the resource announced, or
+	// inferred from a limit and the longest reset seen. Both zero if none.
+	Quota  int
+	Window time.Duration
+}
+
+// A Departure is a request's slot on its subject's upstream schedule,
+// taken by Depart, which returns at it.
+type Departure struct {
+	// At is when the request may leave, on the local monotonic clock: the
+	// slot Redis booked.
+	At time.Time
+	// Probe reports that this is the first departure since nothing was
+	// known of the resource: the other departures wait for its answer, so
+	// give Learn one (an empty Answer if none came).
+	Probe bool
+	// Learned is what the fleet knew of the resource when the slot was
+	// booked.
+	Learned Learned
+	// Late is how long after its slot the departure left, as this
+	// process maps the Redis clock: at most DepartureTolerance, unless it
+	// was booked again maxLate times for being later (a machine too busy
+	// to leave in time).
+	Late time.Duration
+	// Rebooked counts the slots this departure was booked at before the
+	// one it left at: voided by a pause or a lowering, or passed.
+	Rebooked int
+
+	booked   int64         // Redis time (µs) of the call that booked it; -1 if unknown
+	seq      int64         // its number on the schedule; -1 if unknown
+	interval time.Duration // the spacing it was booked at; 0: none
+	slot     string        // the slot, µs of Redis time, as the script wrote it
+	gen      int64         // the lowerings before it was booked
+	tat      [2]string     // the schedule's end before and after it was booked
+	last     string        // the latest slot before it was booked ("" if none)
+	delay    time.Duration // from the booking to the slot
+	est      time.Time     // the slot's local time, unclamped (redisClock.slot)
+}
+
+// DepartNow returns a departure that leaves now without a slot on the
+// schedule: for a request sent on a turn that Limiter.Admit already spaced
+// at the learned rate (lua/upstream_pace.lua). Learned is what the caller
+// last knew of the resource. Learn takes it as a departure whose booking
+// is unknown.
+func DepartNow(l Learned) *Departure {
+	now := time.Now()
+	return &Departure{At: now, est: now, Learned: l, booked: -1, seq: -1}
+}
+
+// Interval is the spacing the departure was booked at: the learned
+// rate's, or the ceiling's while nothing is learned; 0 if nothing paced it.
+func (d *Departure) Interval() time.Duration { return d.interval }
+
+// DepartureTolerance is how late a departure booked at interval may
+// leave: a fortieth of the interval, at least 2ms and at most 5ms;
+// without an interval (nothing paces the departures) a second. A
+// fortieth is half the room a schedule at LearnedShare of an upstream's
+// rate keeps before the next departure (the other half is for what
+// follows: the HTTP client, the network, the upstream's own clock); 2ms
+// is about what a busy machine's timers and scheduler make a departure
+// late by (BENCHMARKS.md): tighter, its departures would be booked again
+// so often that the holes they leave in the schedule cost a tenth of the
+// rate.
+func DepartureTolerance(interval time.Duration) time.Duration {
+	if interval <= 0 {
+		return time.Second
+	}
+	return min(max(interval/40, 2*time.Millisecond), 5*time.Millisecond)
+}
+
+// Depart books the next departure of a request of subject and returns
+// when the request may leave: at its slot, within DepartureTolerance of
+// it. A departure that would leave later (its reply, or this goroutine,
+// was held up), or whose wait a pause or a lowering of the learned rate
+// overtook, is booked again; after maxLate such re-bookings in a row for
+// lateness on the local clock alone (a machine so loaded that no reply
+// comes back in time) it leaves late rather than never.
+//
+// The wait is bounded by ctx's deadline, by the limiter's MaxWait and by
+// maxWait if above zero: a slot past the tightest fails at once with a
+// *DelayError, nothing booked (matching context.DeadlineExceeded if the
+// deadline was the bound). If ctx ends while waiting, the slot is given
+// back as far as no later departure was booked behind it, and ctx.Err()
+// returned. A Redis failure is an error matching ErrRedis, unless the
+// limiter fails open: the request then leaves at once.
+func (u *Upstream) Depart(ctx context.Context, subject string, maxWait time.Duration) (*Departure, error) {
+	if _, err := encodeSubject(subject); err != nil {
+		return nil, err
+	}
+	keys := u.keys(subject)
+	var d *Departure
+	rebooked, late := 0, 0
+	for {
+		if d == nil {
+			var err error
+			if d, err = u.book(ctx, keys, maxWait); err != nil || d.seq < 0 {
+				return d, err
+			}
+		}
+		// Confirmed a little before the slot, so that the round trip
+		// does not make it late.
+		if err := sleep(ctx, time.Until(d.At.Add(-confirmLead))); err != nil {
+			u.giveBack(ctx, keys, d)
+			return nil, err
+		}
+		next, err := u.confirm(ctx, keys, d, maxWait)
+		if err != nil || next != d {
+			// Booked again by Redis (void), or failed.
+			d, rebooked = next, rebooked+1
+			if err != nil || d.seq < 0 {
+				return d, err
+			}
+			continue
+		}
+		if err := sleep(ctx, time.Until(d.At)); err != nil {
+			u.giveBack(ctx, keys, d)
+			return nil, err
+		}
+		// The probe leaves however late: nothing left before it, and the
+		// others wait for its answer.
+		d.Late = max(time.Since(d.est), 0)
+		if d.Late <= DepartureTolerance(d.interval) || late >= maxLate || d.Probe {
+			d.Rebooked = rebooked
+			return d, nil
+		}
+		late++
+		rebooked++
+		d = nil
+	}
+}
+
+// maxLate bounds the re-bookings of one Depart for lateness seen only on
+// the local clock.
+const maxLate = 3
+
+// book books a departure, waiting while the first departure's answer is
+// awaited.
+func (u *Upstream) book(ctx context.Context, keys []string, maxWait time.Duration) (*Departure, error) {
+	for {
+		bound, byDeadline := u.bound(ctx, maxWait)
+		raw, recv, err := u.call(ctx, keys, u.args(opDepart, micros(bound), ProbeWait.Microseconds()))
+		if err != nil {
+			return u.failed(ctx, opDepart, err)
+		}
+		d, wait, err := u.departure(raw, recv, byDeadline)
+		if err != nil || d != nil {
+			return d, err
+		}
+		if err := sleep(ctx, wait); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// confirm asks Redis whether a departure that waited for its slot still
+// stands: it returns d if it does (or if it did not wait long enough to
+// need asking), else the departure booked instead.
+func (u *Upstream) confirm(ctx context.Context, keys []string, d *Departure, maxWait time.Duration) (*Departure, error) {
+	if d.delay <= confirmAfter {
+		return d, nil
+	}
+	bound, byDeadline := u.bound(ctx, maxWait)
+	late := DepartureTolerance(d.interval)
+	raw, recv, err := u.call(ctx, keys, u.args(opConfirm, micros(bound), ProbeWait.Microseconds(),
+		d.slot, d.gen, late.Microseconds(), d.tat[0], d.tat[1], d.last))
+	if err != nil {
+		return u.failed(ctx, opConfirm, err)
+	}
+	if len(raw) == 1 {
+		return d, nil
+	}
+	next, wait, err := u.departure(raw, recv, byDeadline)
+	if err != nil || next != nil {
+		return next, err
+	}
+	// The first departure's answer is awaited again (the state expired
+	// while this one waited).
+	if err := sleep(ctx, wait); err != nil {
+		return nil, err
+	}
+	return u.book(ctx, keys, maxWait)
+}
+
+// giveBack cancels a departure that will not leave: the schedule's end
+// moves back if no later departure was booked behind it.
+func (u *Upstream) giveBack(ctx context.Context, keys []string, d *Departure) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
+	defer cancel()
+	_, _, _ = u.call(cctx, keys, u.args(opCancel, d.tat[0], d.tat[1], d.last))
+}
+
+// bound is how long a departure may wait: the tighter of maxWait (if
+// above zero) and the limiter's (Limiter.waitBound), and whether ctx's
+// deadline is the tightest.
+func (u *Upstream) bound(ctx context.Context, maxWait time.Duration) (time.Duration, bool) {
+	bound, byDeadline := u.lim.waitBound(ctx, time.Now())
+	if maxWait > 0 && (bound < 0 || maxWait < bound) {
+		return maxWait, false
+	}
+	return bound, byDeadline
+}
+
+// call runs one call of the script and returns its reply and when it came.
+func (u *Upstream) call(ctx context.Context, keys []string, args []any) ([]any, time.Time, error) {
+	cmd := u.lim.run(ctx, upstreamScripts[op(args[0].(string))], evalLine(keys, args))
+	recv := time.Now()
+	if err := cmd.Err(); err != nil {
+		return nil, recv, err
+	}
+	u.lim.redisOK()
+	if n, ok := cmd.Val().(int64); ok {
+		return []any{n}, recv, nil
+	}
+	raw, err := cmd.Slice()
+	return raw, recv, err
+}
+
+// failed answers a departure whose call to Redis failed: at once if the
+// limiter fails open, else an error matching ErrRedis.
+func (u *Upstream) failed(ctx context.Context, o op, err error) (*Departure, error) {
+	err = deadlineCause(ctx, err)
+	if u.lim.redisFailed(ctx, err) {
+		now := time.Now()
+		return &Departure{At: now, est: now, booked: -1, seq: -1}, nil
+	}
+	return nil, &redisError{op: o, err: err}
+}
+
+// departure decodes a depart or confirm reply (lua/upstream_*.lua): the
+// departure booked, or how long to wait for the first answer, or a
+// *DelayError if the slot is too far.
+func (u *Upstream) departure(raw []any, recv time.Time, byDeadline bool) (*Departure, time.Duration, error) {
+	if len(raw) != 14 {
+		return nil, 0, fmt.Errorf("throttle: upstream: unexpected reply %v", raw)
+	}
+	status, _ := raw[0].(int64)
+	delay := time.Duration(replyInt(raw[1])) * time.Microsecond
+	switch status {
+	case 2:
+		return nil, min(max(delay, time.Millisecond), probePoll), nil
+	case 0:
+		return nil, 0, &DelayError{Rule: "upstream", RetryAfter: delay, Deadline: byDeadline}
+	}
+	now := replyInt(raw[5])
+	at, est := u.lim.clock.slot(recv, now, delay)
+	d := &Departure{
+		At:       at,
+		est:      est,
+		Probe:    replyInt(raw[12]) == 1,
+		booked:   now,
+		seq:      replyInt(raw[3]),
+		gen:      replyInt(raw[4]),
+		slot:     replyText(raw[2]),
+		tat:      [2]string{replyText(raw[6]), replyText(raw[7])},
+		interval: time.Duration(replyInt(raw[8])) * time.Microsecond,
+		delay:    delay,
+		last:     replyText(raw[13]),
+	}
+	d.Learned = learned(raw[9], raw[10], raw[11])
+	return d, 0, nil
+}
+
+// learned decodes the rate (text, empty for none) and policy of a reply.
+func learned(rate, quota, window any) Learned {
+	l := Learned{Quota: int(replyInt(quota)), Window: time.Duration(replyInt(window)) * time.Microsecond}
+	l.Rate, _ = strconv.ParseFloat(replyText(rate), 64)
+	return l
+}
+
+func replyInt(v any) int64 {
+	n, _ := v.(int64)
+	return n
+}
+
+func replyText(v any) string {
+	s, _ := v.(string)
+	return s
+}
+
+// An Answer is what the resource said to a departure's request, as Learn
+// reads it. The zero value says nothing (but that an answer came).
+type Answer struct {
+	// TooMany reports that the resource refused the request as over its
+	// limit (HTTP 429).
+	TooMany bool
+	// Quota requests per Window: a policy the resource announced. Both
+	// zero if none.
+	Quota  int
+	Window time.Duration
+	// Limit is a quota whose window the resource does not name
+	// (X-RateLimit-Limit): Learn takes the window as the longest reset
+	// seen, rounded up to whole seconds. Zero if none.
+	Limit int
+	// Remaining more requests until the reset, if HasRemaining.
+	Remaining    int
+	HasRemaining bool
+	// The window resets between ResetMin and ResetMax from now, if
+	// HasReset: a reset in whole seconds n is [n−1s, n], a Unix time or a
+	// fraction names the moment (ResetMin = ResetMax).
+	ResetMin, ResetMax time.Duration
+	HasReset           bool
+}
+
+// A Lesson is what Learn made of an answer.
+type Lesson struct {
+	// Learned is the fleet's knowledge after the answer.
+	Learned
+	// Lowered reports that the answer (a 429) lowered the learned rate,
+	// from From requests per second to Learned.Rate.
+	Lowered bool
+	From    float64
+	// Changed reports that the answer changed the policy.
+	Changed bool
+}
+
+// Learn records what the resource answered to d's request (d may be nil
+// when the request left without a departure): a policy, a window, a 429
+// (see Upstream). It is one script call; it returns an error matching
+// ErrRedis if Redis fails.
+func (u *Upstream) Learn(ctx context.Context, subject string, d *Departure, a Answer) (Lesson, error) {
+	if _, err := encodeSubject(subject); err != nil {
+		return Lesson{}, err
+	}
+	booked, seq, iv := int64(-1), int64(-1), int64(0)
+	if d != nil {
+		booked, seq, iv = d.booked, d.seq, d.interval.Microseconds()
+	}
+	tooMany := 0
+	if a.TooMany {
+		tooMany = 1
+	}
+	remaining, rmin, rmax := int64(-1), int64(-1), int64(-1)
+	if a.HasRemaining {
+		remaining = int64(a.Remaining)
+	}
+	if a.HasReset {
+		rmin, rmax = max(a.ResetMin, 0).Microseconds(), max(a.ResetMax, a.ResetMin, 0).Microseconds()
+	}
+	quota, window := int64(a.Quota), a.Window.Microseconds()
+	if quota <= 0 || window <= 0 {
+		quota, window = 0, 0
+	}
+	raw, _, err := u.call(ctx, u.keys(subject), u.args(opLearn, tooMany, booked, seq, quota, window,
+		int64(max(a.Limit, 0)), remaining, rmin, rmax, iv))
+	if err != nil {
+		err = u.lim.result(ctx, opLearn, err)
+		return Lesson{}, err
+	}
+	if len(raw) != 6 {
+		return Lesson{}, fmt.Errorf("throttle: upstream: unexpected reply %v", raw)
+	}
+	l := Lesson{Learned: learned(raw[2], raw[4], raw[5]), Lowered: replyInt(raw[0]) == 1, Changed: replyInt(raw[3]) == 1}
+	l.From, _ = strconv.ParseFloat(replyText(raw[1]), 64)
+	return l, nil
+}

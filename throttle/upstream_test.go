@@ -1,0 +1,227 @@
+package throttle
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// depart runs Depart and returns when it returned, from the bubble's start.
+func depart(t *testing.T, u *Upstream, subject string, maxWait time.Duration) (*Departure, time.Duration) {
+	t.Helper()
+	d, err := u.Depart(context.Background(), subject, maxWait)
+	if err != nil {
+		t.Fatalf("Depart: %v", err)
+	}
+	return d, at()
+}
+
+// learn runs Learn and fails the test on error.
+func learn(t *testing.T, u *Upstream, subject string, d *Departure, a Answer) Lesson {
+	t.Helper()
+	l, err := u.Learn(context.Background(), subject, d, a)
+	if err != nil {
+		t.Fatalf("Learn: %v", err)
+	}
+	return l
+}
+
+var tenPerSecond = Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(10).WithBurst(1)}
+
+// The first departure probes; the others wait for its answer, then
+// follow the policy it taught at LearnedShare, and Learned says so.
+func TestUpstreamProbeThenPolicy(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		u := mustNew(t, rdb, Options{}, tenPerSecond).Upstream()
+		first, _ := depart(t, u, "s", 0)
+		if !first.Probe {
+			t.Fatal("the first departure is not the probe")
+		}
+		time.AfterFunc(300*time.Millisecond, func() {
+			learn(t, u, "s", first, Answer{Quota: 5, Window: time.Second})
+		})
+		second, when := depart(t, u, "s", 0)
+		if second.Probe || when < 300*time.Millisecond || when > 320*time.Millisecond {
+			t.Errorf("the second departure left at %v (probe %v); want right after the first answer, at 300ms", when, second.Probe)
+		}
+		if want := LearnedShare * 5; !near(second.Learned.Rate, want) || second.Learned.Quota != 5 || second.Learned.Window != time.Second {
+			t.Errorf("Learned = %+v; want rate %v, 5 per 1s", second.Learned, want)
+		}
+		_, third := depart(t, u, "s", 0)
+		rate := LearnedShare * 5
+		if want := when + time.Duration(float64(time.Second)/rate); third < want-time.Millisecond || third > want+time.Millisecond {
+			t.Errorf("the third departure left at %v; want %v (one interval of 95 %% of 5/s later)", third, want)
+		}
+	})
+}
+
+// A departure waiting for its slot when the subject is paused is booked
+// again after the pause; a slot past maxWait fails at once with nothing
+// booked; a cancelled wait gives its slot back.
+func TestUpstreamPauseMaxWaitCancel(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		lim := mustNew(t, rdb, Options{}, tenPerSecond)
+		u := lim.Upstream()
+		first, _ := depart(t, u, "s", 0)
+		learn(t, u, "s", first, Answer{})
+		time.AfterFunc(50*time.Millisecond, func() {
+			if _, err := lim.PauseFor(context.Background(), "s", 2*time.Second); err != nil {
+				t.Error(err)
+			}
+		})
+		if _, when := depart(t, u, "s", 0); when != 2050*time.Millisecond {
+			t.Errorf("the departure booked for 100ms and overtaken by a pause at 50ms left at %v; want 2.05s, the pause's end", when)
+		}
+		_, err := u.Depart(context.Background(), "s", 50*time.Millisecond)
+		var de *DelayError
+		if !errors.As(err, &de) || de.Deadline || de.RetryAfter != 100*time.Millisecond {
+			t.Errorf("Depart past maxWait: %v; want a *DelayError in 100ms, not the deadline's", err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+		defer cancel()
+		if _, err := u.Depart(ctx, "s", 0); !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Depart past the deadline: %v; want DeadlineExceeded", err)
+		}
+		// Neither took the slot at 2.15s.
+		if _, when := depart(t, u, "s", 0); when != 2150*time.Millisecond {
+			t.Errorf("the next departure left at %v; want 2.15s: the slot was not taken", when)
+		}
+		wctx, wcancel := context.WithCancel(context.Background())
+		time.AfterFunc(20*time.Millisecond, wcancel)
+		if _, err := u.Depart(wctx, "s", 0); !errors.Is(err, context.Canceled) {
+			t.Errorf("Depart cancelled while waiting: %v; want Canceled", err)
+		}
+		if _, when := depart(t, u, "s", 0); when != 2250*time.Millisecond {
+			t.Errorf("after a cancelled wait the next departure left at %v; want 2.25s, the slot given back", when)
+		}
+	})
+}
+
+// A window an answer described bounds the departures until it resets:
+// with nothing left, the next waits for the reset (a moment named
+// exactly); a reset in whole seconds only counts from its earliest
+// moment when a policy is known.
+func TestUpstreamWindow(t *testing.T) {
+	cases := []struct {
+		name string
+		a    Answer
+		want time.Duration
+	}{
+		{"exact reset, nothing left", Answer{Remaining: 0, HasRemaining: true, ResetMin: 400 * time.Millisecond, ResetMax: 400 * time.Millisecond, HasReset: true}, 400 * time.Millisecond},
+		{"whole seconds, no policy: its latest moment", Answer{Remaining: 0, HasRemaining: true, ResetMin: 0, ResetMax: time.Second, HasReset: true}, time.Second},
+		{"whole seconds, a policy: its earliest", Answer{Quota: 100, Window: time.Second, Remaining: 0, HasRemaining: true, ResetMin: 0, ResetMax: time.Second, HasReset: true}, time.Second / 95},
+		{"requests left", Answer{Remaining: 3, HasRemaining: true, ResetMin: time.Second, ResetMax: time.Second, HasReset: true}, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+				u := mustNew(t, rdb, Options{}, Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(1000)}).Upstream()
+				d, _ := depart(t, u, "s", 0)
+				learn(t, u, "s", d, c.a)
+				if _, when := depart(t, u, "s", 0); when < c.want || when > c.want+10*time.Millisecond {
+					t.Errorf("the next departure left at %v; want %v", when, c.want)
+				}
+			})
+		})
+	}
+}
+
+// 429s to departures booked before a lowering lower the rate once; the
+// rate recovers towards 98 % of the rate the 429 came at, never above the
+// policy.
+func TestUpstreamLowerOnceAndRecover(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		u := mustNew(t, rdb, Options{}, Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(100).WithBurst(1)}).Upstream()
+		first, _ := depart(t, u, "s", 0)
+		learn(t, u, "s", first, Answer{Quota: 20, Window: time.Second})
+		var ds []*Departure
+		for range 3 {
+			d, _ := depart(t, u, "s", 0)
+			ds = append(ds, d)
+		}
+		l := learn(t, u, "s", ds[0], Answer{TooMany: true})
+		if !l.Lowered || !near(l.From, LearnedShare*20) || !near(l.Rate, 0.9*l.From) {
+			t.Errorf("the first 429: %+v; want lowered from 19 to 90 %%", l)
+		}
+		for _, d := range ds[1:] {
+			if l := learn(t, u, "s", d, Answer{TooMany: true}); l.Lowered {
+				t.Errorf("a 429 to a departure booked before the lowering lowered again: %+v", l)
+			}
+		}
+		time.Sleep(time.Minute)
+		d, _ := depart(t, u, "s", 0)
+		if want := 0.98 * l.From; d.Learned.Rate < want || d.Learned.Rate > 20 {
+			t.Errorf("a minute later the rate is %v; want between %v (98 %% of where the 429 came) and the policy's 20", d.Learned.Rate, want)
+		}
+	})
+}
+
+// A limiter that fails open lets a request leave when Redis is gone; one
+// that fails closed returns an error matching ErrRedis.
+func TestUpstreamRedisDown(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	defer rdb.Close()
+	var mu sync.Mutex
+	var reported []bool
+	open := mustNew(t, rdb, Options{FailOpen: true, OnRedisError: func(_ error, o bool) { mu.Lock(); reported = append(reported, o); mu.Unlock() }}, tenPerSecond)
+	if d, err := open.Upstream().Depart(context.Background(), "s", 0); err != nil || time.Until(d.At) > 0 {
+		t.Errorf("fail open: %v, %v; want to leave at once", d, err)
+	}
+	closed := mustNew(t, rdb, Options{}, tenPerSecond)
+	if _, err := closed.Upstream().Depart(context.Background(), "s", 0); !errors.Is(err, ErrRedis) {
+		t.Errorf("fail closed: %v; want ErrRedis", err)
+	}
+	if len(reported) != 1 || !reported[0] {
+		t.Errorf("OnRedisError saw %v; want one failure, failed open", reported)
+	}
+}
+
+// near reports whether a learned rate is within 0.1 % of want: it grows
+// by the time a call reads it.
+func near(got, want float64) bool { return got >= want*0.999 && got <= want*1.001 }
+
+// slowConn holds every reply it reads for delay while slow is set.
+type slowConn struct {
+	net.Conn
+	slow  *atomic.Bool
+	delay time.Duration
+}
+
+func (c slowConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if c.slow.Load() {
+		time.Sleep(c.delay)
+	}
+	return n, err
+}
+
+// The probe leaves even when its reply came late (a fresh process loads
+// the script first): it is not booked again, which would leave it
+// waiting for its own answer until ProbeWait.
+func TestUpstreamLateProbeLeaves(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
+		var slow atomic.Bool
+		slowRDB := redis.NewClient(&redis.Options{Addr: "127.0.0.1:0", Dialer: func(context.Context, string, string) (net.Conn, error) {
+			c, err := m.Dial()
+			return slowConn{Conn: c, slow: &slow, delay: 20 * time.Millisecond}, err
+		}})
+		defer slowRDB.Close()
+		lim := mustNew(t, slowRDB, Options{}, tenPerSecond)
+		// A reservation's reply gives the clock a fast reply to go by.
+		if err := lim.Wait(context.Background(), "warm-up"); err != nil {
+			t.Fatal(err)
+		}
+		slow.Store(true)
+		d, when := depart(t, lim.Upstream(), "s", 0)
+		if !d.Probe || when > 100*time.Millisecond || d.Rebooked != 0 {
+			t.Errorf("the probe left at %v (probe %v, rebooked %d); want it at once, late as it is", when, d.Probe, d.Rebooked)
+		}
+	})
+}
