@@ -371,7 +371,7 @@ func runRestartCase(ctx context.Context, addr, mode string, cfg backlogConfig, l
 	if err != nil {
 		return nil, err
 	}
-	wakeups, err := admission.NewWakeups(f.admin, admission.WakeupsKey)
+	wakeups, err := admission.NewShardedWakeups(f.admin, admission.WakeupsKey, 0) // the workers' default shards
 	if err != nil {
 		return nil, err
 	}
