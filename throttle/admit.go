@@ -309,6 +309,9 @@ func (l *Limiter) ServeLine(ctx context.Context, subject string, horizon time.Du
 	return s, nil
 }
 
+// lineCapsKey is the index in lineKeys of the shares' caps (:c).
+const lineCapsKey = 6
+
 // lineKeys returns the keys of subject's line (AdmitRequest.Horizon)
 // under this limiter's rules: <prefix>{<subject>}:!line(<rule>,...), its
 // :e and :f hashes, and the sorted sets of its shares' limits, :h, :q, :s

@@ -132,6 +132,10 @@ func (l *Limiter) decodeAdmit(req AdmitRequest, rep reply, recv time.Time, servi
 	case admitGranted:
 		a.Status, a.Rule = Granted, res.Rule
 		a.Reservation = &Reservation{lim: l, subject: req.Subject, n: req.N, tickets: rep.tickets(len(l.rules)), delay: a.Delay, at: a.At, booked: rep.redisNow}
+		if req.ShareLimit != (Limit{}) && len(rep.raw) > 6+len(l.rules) {
+			// Its share's turn, given back with the rules' (lua/refund.lua).
+			a.Reservation.share, _ = rep.raw[6+len(l.rules)].(string)
+		}
 	case admitBooked, admitQueued:
 		a.Status, a.Rule = Booked, res.Rule
 	case admitRedeemed:

@@ -18,6 +18,7 @@ type Reservation struct {
 	subject string
 	n       int
 	tickets []string      // one refund ticket per rule; nil if admitted without Redis (fail open)
+	share   string        // a turn under AdmitRequest.ShareLimit: its share ticket (lua/refund.lua), else ""
 	receipt string        // the receipt id of a prepaid reservation (prepay.go), else ""
 	delay   time.Duration // the delay Redis granted, from its now (prepay.go)
 	at      time.Time     // local monotonic time to act (redisClock.wake)
@@ -48,7 +49,9 @@ func (r *Reservation) Delay() time.Duration { return max(0, time.Until(r.at)) }
 // already took. Later reservations keep their slots; permits they hold
 // come back when those are cancelled too (Redis remembers, whichever
 // process cancels, in whatever order; x/time/rate would keep them). A
-// prepaid reservation (PrepayN) also loses its receipt. A reservation made
+// prepaid reservation (PrepayN) also loses its receipt. A turn Admit
+// granted under a ShareLimit gives its share's turn back too, by the same
+// rules. A reservation made
 // before a Reset of its subject gives nothing back (see Reset). Calling it
 // again does nothing and returns the first call's error.
 func (r *Reservation) Cancel(ctx context.Context) error {
@@ -67,7 +70,7 @@ func (r *Reservation) cancel(ctx context.Context, undo bool) error {
 			r.cancelErr = r.lim.dropReceipt(ctx, r.subject, r.receipt)
 		}
 		if r.tickets != nil && !r.spent {
-			r.cancelErr = errors.Join(r.cancelErr, r.lim.refund(ctx, r.subject, r.n, r.booked, r.tickets, undo))
+			r.cancelErr = errors.Join(r.cancelErr, r.lim.refund(ctx, r.subject, refundEntry{n: r.n, booked: r.booked, tickets: r.tickets, share: r.share}, undo))
 		}
 	})
 	return r.cancelErr
