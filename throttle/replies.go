@@ -1,6 +1,7 @@
 package throttle
 
 import (
+	"cmp"
 	"fmt"
 	"strconv"
 	"strings"
@@ -143,7 +144,11 @@ func (l *Limiter) decodeAdmit(req AdmitRequest, rep reply, recv time.Time, servi
 		if t, booked := redeemedTickets(rep.raw, len(l.rules)); t != nil {
 			// To settle (Reservation.Settle); the turn is spent, so
 			// Cancel gives nothing back.
-			a.Reservation = &Reservation{lim: l, subject: req.Subject, n: req.N, tickets: t, delay: a.Delay, at: a.At, spent: true, booked: booked}
+			a.Reservation = &Reservation{lim: l, subject: req.Subject, n: req.N, tickets: t, delay: a.Delay, at: a.At, spent: true, booked: booked,
+				slot: a.Slot, tol: req.Tolerance.Microseconds()}
+			if id := cmp.Or(req.BookAs, req.ID); id != "" {
+				a.Reservation.rebookAs = l.member(id) // the booking it comes back for
+			}
 		}
 	case admitHeld:
 		a.Status = Held

@@ -23,10 +23,13 @@ type Reservation struct {
 	delay   time.Duration // the delay Redis granted, from its now (prepay.go)
 	at      time.Time     // local monotonic time to act (redisClock.wake)
 
-	slot time.Time // a prepaid reservation's slot on the Redis clock (prepay.go)
+	slot time.Time // a prepaid reservation's or a Redeemed turn's slot on the Redis clock (prepay.go, rebook.go)
 
 	spent  bool  // a redeemed booking or receipt (admit.go): Cancel gives nothing back, Settle corrects it
 	booked int64 // Redis time (µs) of the call that made it, for refunds and Settle; -1 if unknown
+
+	rebookAs string // a Redeemed turn: the member Rebook books it again under, "" if none
+	tol      int64  // and its request's Tolerance (µs)
 
 	parts []*Reservation // a limiter over several subjects: each part's (subjects.go)
 
