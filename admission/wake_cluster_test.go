@@ -23,7 +23,13 @@ func clusterClients(tb testing.TB, n int) []*redis.ClusterClient {
 	tb.Helper()
 	seeds := os.Getenv(redistest.EnvRedisCluster)
 	if seeds == "" {
-		tb.Fatalf("%s is not set: run bash scripts/test.sh", redistest.EnvRedisCluster)
+		// As redistest.Backends does: required in CI, left out with a
+		// reason elsewhere (go test without scripts/test.sh).
+		msg := redistest.EnvRedisCluster + " is not set: run bash scripts/test.sh, which starts a 3-master cluster"
+		if os.Getenv("CI") != "" {
+			tb.Fatal(msg)
+		}
+		tb.Skip(msg)
 	}
 	out := make([]*redis.ClusterClient, n)
 	for i := range out {
