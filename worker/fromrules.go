@@ -97,9 +97,9 @@ func (s *ruleSource) taskRules(cfg *rules.Config) ([]TaskRule, error) {
 			return nil, err
 		}
 		tr := TaskRule{Name: r.Name, Tasks: r.Tasks, Limiter: lim,
-			Subject: func(t *asynq.Task) (string, error) { return r.Subject.Of(t.Payload()) },
-			Cost:    func(t *asynq.Task) (int, error) { return r.Cost.Of(t.Payload()) },
-			MaxWait: r.MaxWait, WaitSlots: r.WaitSlots, Horizon: r.Horizon, Weights: r.Weights, ShareLimit: r.ShareLimit}
+			Subject:  func(t *asynq.Task) (string, error) { return r.Subject.Of(t.Payload()) },
+			Cost:     func(t *asynq.Task) (int, error) { return r.Cost.Of(t.Payload()) },
+			Settings: r.Settings}
 		if r.FairBy != (rules.SubjectConfig{}) {
 			tr.FairBy = func(t *asynq.Task) (string, error) { return r.FairBy.Of(t.Payload()) }
 		}
