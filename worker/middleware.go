@@ -135,6 +135,9 @@ type ruleGate struct {
 	// stacked: a throttling middleware inside this one has throttled one
 	// of the rule's tasks (admit.go, stacked rules).
 	stacked atomic.Bool
+	// ruleUse counts the tasks using the rule, and closes the limiter the
+	// worker built for it once retired and unused (owned.go).
+	ruleUse
 }
 
 // Options configure a Middleware. The zero value uses every default.
@@ -373,10 +376,16 @@ func (m *Middleware) Wrap(next asynq.Handler) asynq.Handler {
 			// servings of their lines (admission.Parking.Join).
 			ctx = m.parking.Join(ctx)
 		}
-		r := m.rule(task.Type())
-		if r == nil {
+		r, ok := m.use(task.Type())
+		switch {
+		case r == nil:
 			return next.ProcessTask(ctx, task)
+		case !ok:
+			// Drained, and the rule's limiter closed with it.
+			m.metrics.decided(r.Name, OutcomeDeferred)
+			return &admission.ThrottledError{Rule: r.Name, RetryAt: time.Now(), Err: ErrDraining}
 		}
+		defer r.done() // after the place is released, below
 		ctx, rep := withCostReport(ctx)
 		t, err := m.admit(ctx, r, task)
 		if err != nil {
@@ -408,13 +417,22 @@ func (m *Middleware) Wrap(next asynq.Handler) asynq.Handler {
 // attempt are not drained unless Options.Asynq is set (deferring would
 // archive them); asynq puts them back in their queue when ShutdownTimeout
 // passes. It logs the summary of the parks counted since the last one
-// (ParkSummaryEvery) at once. Drain cannot be undone.
+// (ParkSummaryEvery) at once. The limiters FromRules (or Reload) built are
+// closed (throttle.Limiter.Close), each once no task uses it; a task that
+// comes after Drain is deferred at once (cause ErrDraining). Limiters
+// given to NewMiddleware are the caller's: Drain never closes them. Drain
+// cannot be undone.
 func (m *Middleware) Drain() {
 	m.drain()
 	if m.stopped != nil {
 		<-m.stopped
 	}
 	m.parks.stop()
+	if m.source != nil {
+		m.source.mu.Lock() // no Reload between the table read and its retirement
+		defer m.source.mu.Unlock()
+	}
+	retireAll(m.table.Load())
 }
 
 // Close is Drain: it releases what the middleware runs in the background.
