@@ -77,7 +77,7 @@ func (f *parkFleet) server(concurrency int, rule throttle.Rule, maxWait time.Dur
 		f.t.Fatal(err)
 	}
 	mw, err := worker.NewMiddleware([]worker.TaskRule{{Name: rule.Name, Tasks: []string{"job:*"}, Limiter: lim,
-		Subject: worker.PayloadField("tenant"), MaxWait: maxWait}}, worker.Options{Asynq: rdb, Logger: slog.New(slog.DiscardHandler)})
+		Subject: worker.PayloadField("tenant"), Settings: admission.Settings{MaxWait: maxWait}}}, worker.Options{Asynq: rdb, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -448,7 +448,7 @@ func TestParkWithoutWakeups(t *testing.T) {
 			t.Fatal(err)
 		}
 		mw, err := worker.NewMiddleware([]worker.TaskRule{{Name: "api", Tasks: []string{"job:*"}, Limiter: lim,
-			Subject: worker.PayloadField("tenant"), MaxWait: 200 * time.Millisecond, WaitSlots: 2}}, worker.Options{Logger: slog.New(slog.DiscardHandler)})
+			Subject: worker.PayloadField("tenant"), Settings: admission.Settings{MaxWait: 200 * time.Millisecond, WaitSlots: 2}}}, worker.Options{Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -170,7 +170,7 @@ func TestFleetSharesOneLimit(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return worker.TaskRule{Name: "partner", Tasks: []string{"job:*"}, Limiter: slots{lim, &mu, granted}, Subject: worker.Fixed("partner"), MaxWait: 10 * time.Second}
+		return worker.TaskRule{Name: "partner", Tasks: []string{"job:*"}, Limiter: slots{lim, &mu, granted}, Subject: worker.Fixed("partner"), Settings: admission.Settings{MaxWait: 10 * time.Second}}
 	})
 	for range tasks {
 		if _, err := f.client.Enqueue(asynq.NewTask("job:call", nil), asynq.MaxRetry(3), asynq.Retention(time.Hour)); err != nil {

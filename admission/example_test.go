@@ -33,7 +33,7 @@ func ExampleGate() {
 	if err != nil {
 		panic(err)
 	}
-	gate, err := admission.New(lim, admission.Options{Horizon: 90 * time.Second})
+	gate, err := admission.New(lim, admission.Options{Settings: admission.Settings{Horizon: 90 * time.Second}})
 	if err != nil {
 		panic(err)
 	}
@@ -88,7 +88,7 @@ func ExampleParking() {
 	if err != nil {
 		panic(err)
 	}
-	gate, err := admission.New(lim, admission.Options{Parking: parking, Name: "api", WaitSlots: 1, MaxWait: time.Millisecond})
+	gate, err := admission.New(lim, admission.Options{Parking: parking, Name: "api", Settings: admission.Settings{WaitSlots: 1, MaxWait: time.Millisecond}})
 	if err != nil {
 		panic(err)
 	}

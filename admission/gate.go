@@ -21,7 +21,7 @@
 // Imports: throttle and go-redis only; it must not import asynq, rules,
 // worker, enqueue or handler.
 //
-//	gate, err := admission.New(lim, admission.Options{MaxWait: time.Second})
+//	gate, err := admission.New(lim, admission.Options{Settings: admission.Settings{MaxWait: time.Second}})
 //	d, err := gate.Admit(ctx, admission.Request{Subject: "acct-42", Caller: throttle.Caller{ID: taskID}})
 //	switch {
 //	case err != nil:
@@ -63,35 +63,28 @@ import (
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
-// Defaults of Options.
+// Defaults of Options (and of its Settings).
 const (
 	// DefaultMaxWait is how long a job waits where it is for a new turn
-	// when Options.MaxWait is zero.
+	// when Settings.MaxWait is zero.
 	DefaultMaxWait = time.Second
 	// DefaultWaitSlots is how many jobs of one subject may wait in one
-	// process for a new turn when Options.WaitSlots is zero.
+	// process for a new turn when Settings.WaitSlots is zero.
 	DefaultWaitSlots = 2
 	// DefaultEarlyWait is how long a job back early for its booked turn
 	// waits for it in place, whatever the waiting slots, when
 	// Options.EarlyWait is zero.
 	DefaultEarlyWait = 500 * time.Millisecond
 	// DefaultHorizon is how far ahead a parked job's turn may be booked
-	// when Options.Horizon is zero.
+	// when Settings.Horizon is zero.
 	DefaultHorizon = time.Second
 )
 
 // Options tune a Gate. The zero value uses every default.
 type Options struct {
-	// MaxWait is the longest a job waits where it is (holding, say, a
-	// worker slot) for a new turn; a later turn is booked and the job
-	// parks. If zero, DefaultMaxWait; it never exceeds the context's
-	// deadline.
-	MaxWait time.Duration
-	// WaitSlots bounds how many jobs of one subject wait in this process
-	// for a new turn, so that a subject over its limit cannot
-	// fill every worker slot with waiting jobs: the others park at once.
-	// If zero, DefaultWaitSlots.
-	WaitSlots int
+	// Settings are the rule's: MaxWait, WaitSlots, Horizon, Weights and
+	// ShareLimit (see Settings for each, and its defaults).
+	Settings
 	// EarlyWait is how long a job that comes back early for its booked
 	// turn waits for it in place (a queue that schedules in whole seconds,
 	// or a wake-up sent ahead of the slot), whatever the waiting slots. If
@@ -112,25 +105,6 @@ type Options struct {
 	// whose jobs come back late keep more of their turns, at the price of
 	// the turns of one tolerance more in a window.
 	Tolerance time.Duration
-	// Horizon bounds how far ahead a parked job's turn is booked. A job
-	// whose turn would be later, or that comes while others of its
-	// subject wait, waits in the subject's line in Redis instead, charged
-	// nothing (Decision.InLine), and is booked when the horizon reaches it
-	// (Gate.Serve, which Parking runs, or the caller when Decision.Serve
-	// says). So a
-	// backlog of any depth holds at most a horizon of booked turns: a
-	// limit that changes is in force within about a horizon, and a
-	// subject's Shares are served in turn. If zero, DefaultHorizon (1s).
-	// Negative: no bound and no line; every parked job books its turn at
-	// once, however far ahead (for a caller that cannot serve the line).
-	// A limiter with a Concurrency rule has no line; its queue for places
-	// serves the same end.
-	Horizon time.Duration
-	// ShareLimit, if set (not the zero Limit), limits each Share of a
-	// subject's line on its own (throttle.AdmitRequest.ShareLimit): a
-	// per-tenant limit inside an API key's, decided in the same script. It
-	// needs the line (a Horizon not negative) and jobs with an ID.
-	ShareLimit throttle.Limit
 	// Parking, if set, is where the gate records the wake-ups of the jobs
 	// it parks (the job at its slot, its subject's line at Decision.Serve,
 	// the sweep of its places within a lease), and which serves its line
@@ -160,22 +134,20 @@ type Gate struct {
 }
 
 // New returns a Gate over lim. It returns an error naming the field if a
-// field of opts is negative.
+// field of opts is negative, or out of range (Settings.Check: a
+// *SettingsError).
 func New(lim *throttle.Limiter, opts Options) (*Gate, error) {
 	if lim == nil {
 		return nil, errors.New("admission: nil limiter")
 	}
+	if err := opts.Check(lim.Rules()...); err != nil {
+		return nil, err
+	}
 	switch {
-	case opts.MaxWait < 0:
-		return nil, fmt.Errorf("admission: max_wait %v must not be negative", opts.MaxWait)
-	case opts.WaitSlots < 0:
-		return nil, fmt.Errorf("admission: wait_slots %d must not be negative", opts.WaitSlots)
 	case opts.EarlyWait < 0:
 		return nil, fmt.Errorf("admission: early_wait %v must not be negative", opts.EarlyWait)
 	case opts.Tolerance < 0:
 		return nil, fmt.Errorf("admission: tolerance %v must not be negative", opts.Tolerance)
-	case opts.Horizon > maxHorizon:
-		return nil, fmt.Errorf("admission: horizon %v must be at most %v", opts.Horizon, maxHorizon)
 	}
 	if opts.ShareLimit != (throttle.Limit{}) && opts.Horizon < 0 {
 		return nil, errors.New("admission: a share limit needs the subject's line: horizon must not be negative")
@@ -183,15 +155,7 @@ func New(lim *throttle.Limiter, opts Options) (*Gate, error) {
 	if opts.Parking != nil && opts.Name == "" {
 		return nil, errors.New("admission: a gate with a parking needs a name, the same in every process, for its line's servings")
 	}
-	if opts.Horizon == 0 {
-		opts.Horizon = DefaultHorizon
-	}
-	if opts.MaxWait == 0 {
-		opts.MaxWait = DefaultMaxWait
-	}
-	if opts.WaitSlots == 0 {
-		opts.WaitSlots = DefaultWaitSlots
-	}
+	opts.Settings = opts.withDefaults()
 	if opts.EarlyWait == 0 {
 		opts.EarlyWait = DefaultEarlyWait
 	}
@@ -247,8 +211,8 @@ type Request struct {
 	//     Member.
 	//   - Share is the job's share of its subject's line (a tenant of one
 	//     API key): the shares with jobs in line are served in turn, each by
-	//     its Weight, from 1 (the default, if zero) to 1000. Empty is a
-	//     share like any other.
+	//     its Weight, from 1 to MaxWeight; if zero, the share's weight in
+	//     Options.Weights (1 if absent). Empty is a share like any other.
 	throttle.Caller
 	// BookAhead books a new turn however far ahead, past Options.Horizon,
 	// and never puts the job in the line: for a job that must hold turns
@@ -428,6 +392,9 @@ func (g *Gate) limiterRequest(req Request, wait, early time.Duration) throttle.A
 	if n == 0 {
 		n = 1
 	}
+	if req.Weight == 0 {
+		req.Weight = g.opts.Weights[req.Share]
+	}
 	return throttle.AdmitRequest{
 		Subject: req.Subject, N: n, Caller: req.Caller,
 		Wait: wait, EarlyWait: max(early, time.Microsecond), Tolerance: g.opts.Tolerance,
@@ -438,9 +405,6 @@ func (g *Gate) limiterRequest(req Request, wait, early time.Duration) throttle.A
 // name is the job's name in its subject's line and under a Concurrency
 // rule (Request.WaitAs): the first of WaitAs, Waiter, BookAs and ID set.
 func (r Request) name() string { return cmp.Or(r.WaitAs, r.Waiter, r.BookAs, r.ID) }
-
-// maxHorizon bounds Options.Horizon: bookings a day ahead are no line.
-const maxHorizon = 24 * time.Hour
 
 // Served is what one serving of a subject's line did (Gate.Serve).
 type Served struct {

@@ -66,7 +66,7 @@ func recordStart(t *testing.T, mu *sync.Mutex, starts map[time.Duration]string, 
 // booking. (TestGateLine is the same backlog with the default horizon.)
 func TestGateParksABacklog(t *testing.T) {
 	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
-		g := newGate(t, rdb, Options{MaxWait: time.Second, WaitSlots: 2, EarlyWait: 100 * ms, Horizon: -1}, gcra5)
+		g := newGate(t, rdb, Options{EarlyWait: 100 * ms, Settings: Settings{MaxWait: time.Second, WaitSlots: 2, Horizon: -1}}, gcra5)
 		ctx := context.Background()
 		start := time.Now()
 		var mu sync.Mutex
@@ -122,7 +122,7 @@ func TestGateParksABacklog(t *testing.T) {
 // without the line.
 func TestGateLine(t *testing.T) {
 	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
-		g := newGate(t, rdb, Options{MaxWait: time.Second, WaitSlots: 2, EarlyWait: 100 * ms}, gcra5)
+		g := newGate(t, rdb, Options{EarlyWait: 100 * ms, Settings: Settings{MaxWait: time.Second, WaitSlots: 2}}, gcra5)
 		ctx := context.Background()
 		start := time.Now()
 		var mu sync.Mutex
@@ -205,7 +205,7 @@ func TestGateLine(t *testing.T) {
 // MaxWait parks, while a job of another subject runs at once.
 func TestGateWaitSlots(t *testing.T) {
 	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
-		g := newGate(t, rdb, Options{MaxWait: 10 * time.Second, WaitSlots: 2, EarlyWait: 50 * ms}, gcra5)
+		g := newGate(t, rdb, Options{EarlyWait: 50 * ms, Settings: Settings{MaxWait: 10 * time.Second, WaitSlots: 2}}, gcra5)
 		ctx := context.Background()
 		if d, err := g.Admit(ctx, Request{Subject: "hot", Caller: throttle.Caller{ID: "first"}}); err != nil || d.Outcome != Run {
 			t.Fatalf("first: %+v %v", d, err)
@@ -276,7 +276,7 @@ func TestGateCancelRefunds(t *testing.T) {
 func TestOptionsErrors(t *testing.T) {
 	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
 		lim, _ := throttle.New(rdb, throttle.Options{}, gcra5)
-		for _, cfg := range []Options{{MaxWait: -1}, {WaitSlots: -1}, {EarlyWait: -1}, {Tolerance: -1}} {
+		for _, cfg := range []Options{{Settings: Settings{MaxWait: -1}}, {Settings: Settings{WaitSlots: -1}}, {EarlyWait: -1}, {Tolerance: -1}} {
 			if _, err := New(lim, cfg); err == nil {
 				t.Errorf("New(%+v): no error", cfg)
 			}
@@ -286,10 +286,10 @@ func TestOptionsErrors(t *testing.T) {
 		}
 		// A share limit is kept in the line, which a negative horizon
 		// turns off.
-		if _, err := New(lim, Options{Horizon: -1, ShareLimit: throttle.PerSecond(10)}); err == nil || !strings.Contains(err.Error(), "share limit needs the subject's line") {
+		if _, err := New(lim, Options{Settings: Settings{Horizon: -1, ShareLimit: throttle.PerSecond(10)}}); err == nil || !strings.Contains(err.Error(), "share limit needs the subject's line") {
 			t.Errorf("New with a share limit and horizon -1: %v; want the share limit refused", err)
 		}
-		if _, err := New(lim, Options{Horizon: -1}); err != nil {
+		if _, err := New(lim, Options{Settings: Settings{Horizon: -1}}); err != nil {
 			t.Errorf("New with horizon -1 and no share limit: %v", err)
 		}
 	})
@@ -304,7 +304,7 @@ func TestOptionsErrors(t *testing.T) {
 func TestGateShareLimit(t *testing.T) {
 	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
 		key := throttle.Rule{Name: "key", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(100)}
-		g := newGate(t, rdb, Options{MaxWait: time.Second, Horizon: 500 * time.Millisecond, ShareLimit: throttle.Limit{Count: 1, Period: time.Second}}, key)
+		g := newGate(t, rdb, Options{Settings: Settings{MaxWait: time.Second, Horizon: 500 * time.Millisecond, ShareLimit: throttle.Limit{Count: 1, Period: time.Second}}}, key)
 		ctx := context.Background()
 		start := time.Now()
 		admit := func(id, share string) Decision {
@@ -366,7 +366,7 @@ func TestGateShareLimit(t *testing.T) {
 func TestGateSharedSlots(t *testing.T) {
 	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
 		shared := NewSlots(2)
-		cfg := Options{MaxWait: 10 * time.Second, WaitSlots: 2, EarlyWait: 50 * ms, Shared: shared}
+		cfg := Options{EarlyWait: 50 * ms, Shared: shared, Settings: Settings{MaxWait: 10 * time.Second, WaitSlots: 2}}
 		a := newGate(t, rdb, cfg, gcra5)
 		b := newGate(t, rdb, cfg, throttle.Rule{Name: "other", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(5).WithBurst(1)})
 		ctx := context.Background()
@@ -412,7 +412,7 @@ func TestGateSharedSlots(t *testing.T) {
 func TestGateNoWaitWithoutSlot(t *testing.T) {
 	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
 		rule := throttle.Rule{Name: "hot", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(50).WithBurst(1)}
-		g := newGate(t, rdb, Options{MaxWait: time.Second, WaitSlots: 2, EarlyWait: 500 * ms}, rule)
+		g := newGate(t, rdb, Options{EarlyWait: 500 * ms, Settings: Settings{MaxWait: time.Second, WaitSlots: 2}}, rule)
 		ctx := context.Background()
 		var mu sync.Mutex
 		outcomes := map[Outcome]int{}

@@ -130,7 +130,7 @@ func TestParkingJoin(t *testing.T) {
 		onServe := func(name string, s Served) { mu.Lock(); served[name] += len(s.Handed); mu.Unlock() }
 		a, b := newParking(t, rdb, ParkingOptions{OnServe: onServe}), newParking(t, rdb, ParkingOptions{OnServe: onServe})
 		two := throttle.Rule{Name: "two", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(2).WithBurst(1)}
-		gb, err := New(newGate(t, rdb, Options{}, two).Limiter(), Options{Parking: b, Name: "b", MaxWait: ms, Horizon: 700 * ms})
+		gb, err := New(newGate(t, rdb, Options{}, two).Limiter(), Options{Parking: b, Name: "b", Settings: Settings{MaxWait: ms, Horizon: 700 * ms}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -187,7 +187,7 @@ func TestGateParksIntoLedger(t *testing.T) {
 		if _, err := New(lim, Options{Parking: p}); err == nil {
 			t.Error("a gate with a parking and no name: no error")
 		}
-		g, err := New(lim, Options{Parking: p, Name: "api", Horizon: -1, WaitSlots: 1, MaxWait: ms})
+		g, err := New(lim, Options{Parking: p, Name: "api", Settings: Settings{Horizon: -1, WaitSlots: 1, MaxWait: ms}})
 		if err != nil {
 			t.Fatal(err)
 		}

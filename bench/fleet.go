@@ -192,7 +192,7 @@ func (f *fleet) startOne() error {
 		waiter = waitOnly{lim}
 	}
 	rule := worker.TaskRule{Name: f.spec.rule.Name, Tasks: []string{"job:*"}, Limiter: waiter,
-		Subject: worker.PayloadField("tenant"), MaxWait: f.spec.maxWait}
+		Subject: worker.PayloadField("tenant"), Settings: admission.Settings{MaxWait: f.spec.maxWait}}
 	if f.spec.fixed != "" {
 		rule.Subject = worker.Fixed(f.spec.fixed)
 	}

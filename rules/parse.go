@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"cmp"
 	"errors"
 	"math"
 	"slices"
@@ -9,6 +10,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/internal/taskroute"
 	"github.com/jobthrottle/jobthrottle/internal/yamlfile"
 	"github.com/jobthrottle/jobthrottle/throttle"
@@ -100,7 +102,27 @@ func (p *parser) ruleConfig(n *yaml.Node, i int, names map[string]int, owner map
 	if r.Limits, err = p.ruleLimits(n, fields, r.Name); err != nil {
 		return r, err
 	}
-	return r, p.checkCost(fields["cost"], fields["share_limit"], r)
+	if err := p.checkSettings(n, fields, r); err != nil {
+		return r, err
+	}
+	return r, p.checkCost(fields["cost"], r)
+}
+
+// checkSettings checks r's admission settings (at n, fields) as every
+// worker does (admission.Settings.Check), against r's limits: each field's
+// own bounds were read, so what is left to refuse is a share limit that
+// r's limits cannot keep (throttle.CheckShareLimit).
+func (p *parser) checkSettings(n *yaml.Node, fields map[string]*yaml.Node, r RuleConfig) error {
+	var se *admission.SettingsError
+	if err := r.Check(r.Limits...); !errors.As(err, &se) {
+		return err // nil
+	}
+	at := cmp.Or(fields[se.Field], n)
+	var ce *throttle.ConfigError
+	if errors.As(se, &ce) && slices.ContainsFunc(r.Limits, func(l throttle.Rule) bool { return l.Name == ce.Rule && isConcurrency(l) }) {
+		return p.Failf(at, se.Field, "cannot limit the shares of concurrency limit %q: it has no line to keep them in", ce.Rule)
+	}
+	return p.Failf(at, se.Field, "%s", se.Reason)
 }
 
 // ruleFields declares the fields of the rule at n, read into r; those of
@@ -134,7 +156,7 @@ func (p *parser) ruleFields(n *yaml.Node, r *RuleConfig, names map[string]int, o
 		{Key: "cost", Read: yamlfile.Into(&r.Cost, p.cost)},
 		{Key: "budget"},
 		{Key: "limits"},
-		{Key: "horizon", Read: duration(&r.Horizon, time.Millisecond, 24*time.Hour)},
+		{Key: "horizon", Read: duration(&r.Horizon, time.Millisecond, admission.MaxHorizon)},
 		{Key: "fair_by", Read: subject(&r.FairBy)},
 		{Key: "weights", Read: yamlfile.Into(&r.Weights, func(v *yaml.Node, _ string) (map[string]int, error) { return p.weights(v, fair()) })},
 		{Key: "share_limit", Read: yamlfile.Into(&r.ShareLimit, func(v *yaml.Node, _ string) (throttle.Limit, error) { return p.shareLimit(v, fair()) })},
@@ -292,7 +314,7 @@ func (p *parser) weights(n *yaml.Node, fair bool) (map[string]int, error) {
 	w := map[string]int{}
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		share := n.Content[i].Value
-		v, err := p.Int(yamlfile.Resolve(n.Content[i+1]), "weights."+share, 1, 1000)
+		v, err := p.Int(yamlfile.Resolve(n.Content[i+1]), "weights."+share, 1, admission.MaxWeight)
 		if err != nil {
 			return nil, err
 		}
@@ -398,24 +420,11 @@ func (p *parser) concurrency(n *yaml.Node, fields map[string]*yaml.Node, path st
 	return p.validate(n, fields, path, r)
 }
 
-// checkCost refuses a share limit (set at sn) that r's limits cannot keep
-// (throttle.CheckShareLimit), and a fixed cost that a limit of r or its
-// share limit can never admit at once (its capacity).
-func (p *parser) checkCost(n, sn *yaml.Node, r RuleConfig) error {
+// checkCost refuses a fixed cost (at n) that a limit of r or its share
+// limit can never admit at once (its capacity).
+func (p *parser) checkCost(n *yaml.Node, r RuleConfig) error {
 	if sl := r.ShareLimit; sl.Count > 0 && r.Cost.Permits > sl.Burst {
 		return p.Failf(n, "cost", "%d permits per task, but share_limit admits at most %d at once; raise its burst or lower the cost", r.Cost.Permits, sl.Burst)
-	}
-	if sn != nil {
-		if _, err := throttle.CheckShareLimit(r.ShareLimit, r.Limits...); err != nil {
-			// sl itself passed shareLimit: a limit of r cannot keep shares.
-			var ce *throttle.ConfigError
-			if errors.As(err, &ce) && slices.ContainsFunc(r.Limits, func(l throttle.Rule) bool { return l.Name == ce.Rule && isConcurrency(l) }) {
-				return p.Failf(sn, "share_limit", "cannot limit the shares of concurrency limit %q: it has no line to keep them in", ce.Rule)
-			} else if ce != nil {
-				err = errors.New(ce.Reason)
-			}
-			return p.Failf(sn, "share_limit", "%v", err)
-		}
 	}
 	for _, l := range r.Limits {
 		if capacity := l.Capacity(); r.Cost.Permits > capacity {

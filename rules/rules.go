@@ -17,18 +17,19 @@
 // Error is the one error type of jobthrottle's files: this one, its
 // handlers section and cmd/enqueue's schedules file.
 //
-// Imports: throttle, go-redis and the YAML parser; it must not import
-// asynq, admission, worker, enqueue or handler.
+// Imports: throttle, admission (for admission.Settings, a rule's admission
+// settings, declared there once), go-redis and the YAML parser; it must not
+// import asynq, worker, enqueue or handler.
 package rules
 
 import (
 	"fmt"
 	"os"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/internal/jsonpayload"
 	"github.com/jobthrottle/jobthrottle/internal/taskroute"
 	"github.com/jobthrottle/jobthrottle/internal/yamlfile"
@@ -86,23 +87,17 @@ type RuleConfig struct {
 	// atomic call (a policy). A rule with a single limit has one, named
 	// as the rule; a policy's limits are named "<rule>.<limit>". The names
 	// are the last part of the Redis keys: <prefix>{<subject>}:<name>.
-	Limits    []throttle.Rule
-	MaxWait   time.Duration // 0: admission.DefaultMaxWait (worker.TaskRule.MaxWait)
-	WaitSlots int           // 0: admission.DefaultWaitSlots (worker.TaskRule.WaitSlots)
-	Cost      CostConfig    // permits per task; the zero value is one
-	// Horizon bounds how far ahead a parked task's turn is booked
-	// (worker.TaskRule.Horizon); 0: admission.DefaultHorizon (1s).
-	Horizon time.Duration
+	Limits []throttle.Rule
+	Cost   CostConfig // permits per task; the zero value is one
 	// FairBy, if set (either field), divides the rule's limit among the
 	// shares of each subject with tasks waiting (worker.TaskRule.FairBy),
-	// weighed by Weights (share -> 1 to 1000; 1 if absent).
-	FairBy  SubjectConfig
-	Weights map[string]int
-	// ShareLimit, if set (not the zero Limit), limits each share of FairBy
-	// on its own, a leaky bucket (worker.TaskRule.ShareLimit): a
-	// per-tenant limit inside one API key's.
-	ShareLimit throttle.Limit
-	Line       int // where the rule starts in the file
+	// weighed by Settings.Weights and each limited by Settings.ShareLimit.
+	FairBy SubjectConfig
+	// Settings are how the rule's tasks are admitted, as the workers give
+	// them to admission: max_wait, wait_slots, horizon, weights and
+	// share_limit (admission.Settings, whose zero fields are defaults).
+	admission.Settings
+	Line int // where the rule starts in the file
 }
 
 // SubjectConfig says where a rule's subject comes from: exactly one field

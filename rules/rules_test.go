@@ -13,6 +13,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
@@ -56,8 +57,8 @@ func TestParse(t *testing.T) {
 		Rules: []RuleConfig{
 			{
 				Name: "stripe", Tasks: []string{"stripe:*", "invoice:send"}, Subject: SubjectConfig{PayloadField: "account_id"},
-				Limits:  []throttle.Rule{{Name: "stripe", Algorithm: throttle.GCRA, Limit: throttle.Limit{Count: 20, Period: time.Second, Burst: 5}}},
-				MaxWait: 30 * time.Second, Line: 5,
+				Limits:   []throttle.Rule{{Name: "stripe", Algorithm: throttle.GCRA, Limit: throttle.Limit{Count: 20, Period: time.Second, Burst: 5}}},
+				Settings: admission.Settings{MaxWait: 30 * time.Second}, Line: 5,
 			},
 			{
 				Name: "tenant-policy", Tasks: []string{"report:*"}, Subject: SubjectConfig{PayloadField: "tenant"},
@@ -65,12 +66,12 @@ func TestParse(t *testing.T) {
 					{Name: "tenant-policy.per10s", Algorithm: throttle.SlidingWindow, Limit: throttle.Limit{Count: 200, Period: 10 * time.Second, Burst: 200}, Precision: 500 * time.Millisecond},
 					{Name: "tenant-policy.hourly", Algorithm: throttle.FixedWindow, Limit: throttle.Limit{Count: 5000, Period: time.Hour, Burst: 5000}},
 				},
-				MaxWait: 2 * time.Second, Line: 13,
+				Settings: admission.Settings{MaxWait: 2 * time.Second}, Line: 13,
 			},
 			{
 				Name: "global", Tasks: []string{"*"}, Subject: SubjectConfig{Fixed: "global"},
-				Limits:    []throttle.Rule{{Name: "global", Algorithm: throttle.GCRA, Limit: throttle.Limit{Count: 1000, Period: time.Minute, Burst: 1000}}},
-				WaitSlots: 4, Cost: CostConfig{PayloadField: "recipients"}, Line: 20,
+				Limits:   []throttle.Rule{{Name: "global", Algorithm: throttle.GCRA, Limit: throttle.Limit{Count: 1000, Period: time.Minute, Burst: 1000}}},
+				Settings: admission.Settings{WaitSlots: 4}, Cost: CostConfig{PayloadField: "recipients"}, Line: 20,
 			},
 		},
 	}

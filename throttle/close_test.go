@@ -3,7 +3,6 @@ package throttle
 import (
 	"context"
 	"errors"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -12,22 +11,9 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
-)
 
-// limiterGoroutines lists the goroutines running a method of the
-// package's types (a renewal, a batch send, a lease call, an idle check):
-// the test's own goroutines run plain functions.
-func limiterGoroutines() []string {
-	buf := make([]byte, 1<<20)
-	buf = buf[:runtime.Stack(buf, true)]
-	var found []string
-	for g := range strings.SplitSeq(string(buf), "\n\n") {
-		if strings.Contains(g, "jobthrottle/throttle.(*") {
-			found = append(found, g)
-		}
-	}
-	return found
-}
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+)
 
 // Close ends every goroutine and timer of a limiter, in every mode, with
 // each mode's background work under way: after it, and after the time of
@@ -87,7 +73,7 @@ func TestCloseEndsGoroutines(t *testing.T) {
 				l := mustNew(t, rdb, mode.opts, mode.rules...)
 				mode.work(t, l)
 				synctest.Wait() // every goroutine started is running
-				if mode.name == "concurrency" && len(limiterGoroutines()) == 0 {
+				if mode.name == "concurrency" && len(redistest.LimiterGoroutines()) == 0 {
 					t.Fatal("no renewal goroutine found while a place is held: the check sees nothing")
 				}
 				if err := l.Close(); err != nil {
@@ -95,7 +81,7 @@ func TestCloseEndsGoroutines(t *testing.T) {
 				}
 				time.Sleep(10 * time.Second) // past every timer and lease
 				synctest.Wait()
-				if g := limiterGoroutines(); len(g) > 0 {
+				if g := redistest.LimiterGoroutines(); len(g) > 0 {
 					t.Fatalf("%d goroutines of the limiter after Close:\n%s", len(g), strings.Join(g, "\n\n"))
 				}
 				subject := "s"

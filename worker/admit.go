@@ -131,8 +131,7 @@ func (m *Middleware) gateRequest(ctx context.Context, t *taskRun) error {
 	if t.Share, err = t.rule.FairBy(t.task); err != nil {
 		return t.archive(ctx, "worker: task archived: no share", false, fmt.Errorf("cannot derive its fair_by share: %w", err))
 	}
-	t.Weight = t.rule.Weights[t.Share]
-	return nil
+	return nil // the gate weighs the share (admission.Settings.Weights)
 }
 
 // park returns the error that parks a task d parked: until its turn, or,

@@ -205,7 +205,7 @@ func TestAsynqWaitsForSlots(t *testing.T) {
 	// worker slot for a turn within MaxWait (with the default two, the
 	// others would park).
 	const n = 8
-	mw := middleware(t, []TaskRule{{Name: "api", Tasks: []string{"api:*"}, Limiter: lim, Subject: PayloadField("acct"), MaxWait: 10 * time.Second, WaitSlots: n}}, Options{Metrics: m})
+	mw := middleware(t, []TaskRule{{Name: "api", Tasks: []string{"api:*"}, Limiter: lim, Subject: PayloadField("acct"), Settings: admission.Settings{MaxWait: 10 * time.Second, WaitSlots: n}}}, Options{Metrics: m})
 	b.serve(mw, asynq.Config{Concurrency: 8})
 
 	for range n {
@@ -270,7 +270,7 @@ func TestAsynqDeferralKeepsRetries(t *testing.T) {
 	t.Parallel()
 	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
 		b := bedOn(t, rdb)
-		mw := middleware(t, []TaskRule{{Name: "busy", Tasks: []string{"busy"}, Limiter: &stubborn{n: deferrals}, Subject: Fixed("s"), MaxWait: time.Millisecond}})
+		mw := middleware(t, []TaskRule{{Name: "busy", Tasks: []string{"busy"}, Limiter: &stubborn{n: deferrals}, Subject: Fixed("s"), Settings: admission.Settings{MaxWait: time.Millisecond}}})
 		srv := b.serve(mw, asynq.Config{})
 		defer srv.Shutdown()
 		task := b.enqueue("busy", "", asynq.MaxRetry(2), asynq.Retention(time.Hour))
@@ -304,7 +304,7 @@ func TestAsynqDeferredUntilRetryAt(t *testing.T) {
 	if res, err := lim.Allow(context.Background(), "acct"); err != nil || !res.Allowed {
 		t.Fatalf("taking the only permit: %+v, %v", res, err)
 	}
-	mw := middleware(t, []TaskRule{{Name: "slow", Tasks: []string{"slow"}, Limiter: lim, Subject: Fixed("acct"), MaxWait: 100 * time.Millisecond}})
+	mw := middleware(t, []TaskRule{{Name: "slow", Tasks: []string{"slow"}, Limiter: lim, Subject: Fixed("acct"), Settings: admission.Settings{MaxWait: 100 * time.Millisecond}}})
 	b.serve(mw, asynq.Config{})
 	task := b.enqueue("slow", "", asynq.MaxRetry(1), asynq.Retention(time.Hour))
 
@@ -379,8 +379,8 @@ func TestAsynqWindowRules(t *testing.T) {
 		throttle.Rule{Name: "gcra", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(20)},
 	)
 	mw := middleware(t, []TaskRule{
-		{Name: "fixed", Tasks: []string{"fixed"}, Limiter: fixed, Subject: Fixed("t"), MaxWait: 300 * time.Millisecond},
-		{Name: "policy", Tasks: []string{"policy"}, Limiter: policy, Subject: Fixed("t"), MaxWait: 300 * time.Millisecond},
+		{Name: "fixed", Tasks: []string{"fixed"}, Limiter: fixed, Subject: Fixed("t"), Settings: admission.Settings{MaxWait: 300 * time.Millisecond}},
+		{Name: "policy", Tasks: []string{"policy"}, Limiter: policy, Subject: Fixed("t"), Settings: admission.Settings{MaxWait: 300 * time.Millisecond}},
 	})
 	b.serve(mw, asynq.Config{Concurrency: 10})
 	const each = 7
@@ -445,7 +445,7 @@ func TestAsynqShutdownWhileWaiting(t *testing.T) {
 	b := newBed(t)
 	m, _ := NewMetrics(prometheus.NewRegistry())
 	lim := b.slowLimiter(20*time.Second, "s")
-	mw := middleware(t, []TaskRule{{Name: "slow", Tasks: []string{"slow"}, Limiter: lim, Subject: Fixed("s"), MaxWait: time.Minute}}, Options{Metrics: m})
+	mw := middleware(t, []TaskRule{{Name: "slow", Tasks: []string{"slow"}, Limiter: lim, Subject: Fixed("s"), Settings: admission.Settings{MaxWait: time.Minute}}}, Options{Metrics: m})
 	srv := b.serve(mw, asynq.Config{ShutdownTimeout: 500 * time.Millisecond})
 	task := b.enqueue("slow", "", asynq.MaxRetry(3))
 	// The waiting task books the slot 20s ahead; the next is then 40s.
@@ -484,7 +484,7 @@ func TestAsynqDrain(t *testing.T) {
 	b := newBed(t)
 	m, _ := NewMetrics(prometheus.NewRegistry())
 	lim := b.slowLimiter(20*time.Second, "s")
-	mw := middleware(t, []TaskRule{{Name: "slow", Tasks: []string{"slow"}, Limiter: lim, Subject: Fixed("s"), MaxWait: time.Minute}}, Options{Metrics: m})
+	mw := middleware(t, []TaskRule{{Name: "slow", Tasks: []string{"slow"}, Limiter: lim, Subject: Fixed("s"), Settings: admission.Settings{MaxWait: time.Minute}}}, Options{Metrics: m})
 	srv := b.serve(mw, asynq.Config{ShutdownTimeout: 30 * time.Second})
 	task := b.enqueue("slow", "", asynq.MaxRetry(3))
 	eventually(t, 10*time.Second, "the task waiting", func() bool { return testutil.ToFloat64(m.waiters.WithLabelValues("slow")) == 1 })
@@ -514,7 +514,7 @@ func TestAsynqLastAttemptRequeued(t *testing.T) {
 	t.Parallel()
 	b := newBed(t)
 	lim := b.slowLimiter(2*time.Second, "s")
-	mw := middleware(t, []TaskRule{{Name: "slow", Tasks: []string{"slow"}, Limiter: lim, Subject: Fixed("s"), MaxWait: 50 * time.Millisecond}}, Options{Asynq: b.rdb})
+	mw := middleware(t, []TaskRule{{Name: "slow", Tasks: []string{"slow"}, Limiter: lim, Subject: Fixed("s"), Settings: admission.Settings{MaxWait: 50 * time.Millisecond}}}, Options{Asynq: b.rdb})
 	b.serve(mw, asynq.Config{})
 	task := b.enqueue("slow", `{"x": 1}`, asynq.MaxRetry(0), asynq.Timeout(time.Minute), asynq.Retention(time.Hour))
 
@@ -542,7 +542,7 @@ func TestAsynqLastAttemptWaits(t *testing.T) {
 	t.Parallel()
 	b := newBed(t)
 	lim := b.slowLimiter(1500*time.Millisecond, "s")
-	mw := middleware(t, []TaskRule{{Name: "slow", Tasks: []string{"slow"}, Limiter: lim, Subject: Fixed("s"), MaxWait: 50 * time.Millisecond}})
+	mw := middleware(t, []TaskRule{{Name: "slow", Tasks: []string{"slow"}, Limiter: lim, Subject: Fixed("s"), Settings: admission.Settings{MaxWait: 50 * time.Millisecond}}})
 	b.serve(mw, asynq.Config{})
 	task := b.enqueue("slow", "", asynq.MaxRetry(0), asynq.Timeout(time.Minute), asynq.Retention(time.Hour))
 

@@ -34,11 +34,11 @@ func ExampleNewMiddleware() {
 		log.Fatal(err)
 	}
 	mw, err := worker.NewMiddleware([]worker.TaskRule{{
-		Name:    "stripe",
-		Tasks:   []string{"stripe:*"},
-		Limiter: lim,
-		Subject: worker.PayloadField("account_id"),
-		MaxWait: 10 * time.Second,
+		Name:     "stripe",
+		Tasks:    []string{"stripe:*"},
+		Limiter:  lim,
+		Subject:  worker.PayloadField("account_id"),
+		Settings: admission.Settings{MaxWait: 10 * time.Second},
 	}}, worker.Options{})
 	if err != nil {
 		log.Fatal(err)

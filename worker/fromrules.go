@@ -16,7 +16,7 @@ import (
 )
 
 // FromRules builds a limiter for every rule of cfg on rdb and returns the
-// middleware applying them, each task's subject and cost derived from its
+// middleware applying them (its limiters, which Drain and Close close), each task's subject and cost derived from its
 // payload as the rule says. opts are those of NewMiddleware; its Logger
 // and its Metrics' OnRedisError also go to the limiters, and with Asynq,
 // WakeOnHandoff wakes the tasks handed a place of a concurrency rule.
@@ -40,8 +40,10 @@ func FromRules(cfg *rules.Config, rdb redis.UniversalClient, opts Options) (*Mid
 	}
 	m, err := NewMiddleware(trs, opts)
 	if err != nil {
+		closeLimiters(trs)
 		return nil, err
 	}
+	m.table.Load().own() // before any task: Drain closes them
 	m.source = src
 	src.publish(m.log, trs)
 	return m, nil
@@ -94,12 +96,13 @@ func (s *ruleSource) taskRules(cfg *rules.Config) ([]TaskRule, error) {
 	for _, r := range cfg.Rules {
 		lim, err := cfg.Limiter(s.rdb, r.Name, s.base)
 		if err != nil {
+			closeLimiters(trs)
 			return nil, err
 		}
 		tr := TaskRule{Name: r.Name, Tasks: r.Tasks, Limiter: lim,
-			Subject: func(t *asynq.Task) (string, error) { return r.Subject.Of(t.Payload()) },
-			Cost:    func(t *asynq.Task) (int, error) { return r.Cost.Of(t.Payload()) },
-			MaxWait: r.MaxWait, WaitSlots: r.WaitSlots, Horizon: r.Horizon, Weights: r.Weights, ShareLimit: r.ShareLimit}
+			Subject:  func(t *asynq.Task) (string, error) { return r.Subject.Of(t.Payload()) },
+			Cost:     func(t *asynq.Task) (int, error) { return r.Cost.Of(t.Payload()) },
+			Settings: r.Settings}
 		if r.FairBy != (rules.SubjectConfig{}) {
 			tr.FairBy = func(t *asynq.Task) (string, error) { return r.FairBy.Of(t.Payload()) }
 		}

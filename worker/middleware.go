@@ -53,30 +53,25 @@ type TaskRule struct {
 	// Limiter is charged the same cost; for limits of different costs
 	// (requests beside tokens), see SetCost.
 	Cost Cost
-	// MaxWait bounds how long a task may wait in its handler, holding a
-	// worker slot, for a new turn. A task whose turn would come later
-	// parks: the turn is booked under its task ID and the task is
-	// deferred with a *admission.ThrottledError until then. If zero,
-	// admission.DefaultMaxWait (1s); for a Limiter that cannot book (not a
-	// *throttle.Limiter, such as one whose rules are over several subjects), which defers the task
-	// to an estimate instead, zero means only the task's deadline bounds
-	// the wait. Never longer than the task's deadline allows.
-	MaxWait time.Duration
-	// WaitSlots bounds how many tasks of one subject wait in their
-	// handlers for a new turn in this process at once; the others park at
-	// once, however close their turns, so a subject over its limit cannot
-	// fill the worker slots that other subjects need. If zero,
-	// admission.DefaultWaitSlots (2).
-	WaitSlots int
-	// Horizon bounds how far ahead a parked task's turn is booked; a task
-	// whose turn would be later waits in its subject's line in Redis,
-	// charged nothing, and is booked and woken as the horizon reaches it
-	// (admission.Options.Horizon). So a backlog holds at most a horizon of
-	// booked turns: a changed limit is in force within about a horizon,
-	// and FairBy's shares take turns. If zero, admission.DefaultHorizon
-	// (1s); negative books every turn at once, however far ahead. Without
-	// Options.Asynq (no wake-up loop to serve the line), there is no line.
-	Horizon time.Duration
+	// Settings are how the rule's tasks are admitted (admission.Settings,
+	// the rules file's max_wait, wait_slots, horizon, weights and
+	// share_limit): MaxWait bounds how long a task may wait in its
+	// handler, holding a worker slot, for a new turn (a later turn is
+	// booked under its task ID and the task parks, deferred with a
+	// *admission.ThrottledError until then), never longer than the task's
+	// deadline allows; WaitSlots bounds how many tasks of one subject wait
+	// so in this process at once; Horizon bounds how far ahead a parked
+	// task's turn is booked (a task whose turn is later waits in its
+	// subject's line in Redis, charged nothing, and is woken as the horizon
+	// reaches it); Weights weigh FairBy's shares; ShareLimit also limits
+	// each of FairBy's shares on its own, and needs FairBy and a
+	// *throttle.Limiter without a concurrency rule. For a Limiter that
+	// cannot book (not a *throttle.Limiter, such as one whose rules are
+	// over several subjects), which defers the task to an estimate
+	// instead, a zero MaxWait means only the task's deadline bounds the
+	// wait. Without Options.Asynq (no wake-up loop to serve the line),
+	// there is no line: every turn is booked at once.
+	admission.Settings
 	// FairBy, if set, divides the rule's limit fairly among the shares
 	// (tenants) that have tasks waiting for one subject (one API key for
 	// every tenant): each share's tasks wait in their own place in the
@@ -86,18 +81,6 @@ type TaskRule struct {
 	// ones. An error archives the task, as for Subject. Needs
 	// Options.Asynq.
 	FairBy Subject
-	// Weights weigh FairBy's shares: a share of weight 3 gets three turns
-	// for one of a share of weight 1 (the default). From 1 to 1000.
-	Weights map[string]int
-	// ShareLimit, if set (not the zero Limit), also limits each of FairBy's
-	// shares on its own, as a leaky bucket (GCRA): an API key's 100/s
-	// and each tenant's 10/s of it, decided at once, in one script
-	// (throttle.AdmitRequest.ShareLimit). A tenant its own limit holds
-	// back waits in the line while the others are served. The limit is
-	// kept under the subject's hash tag: it counts the tasks of this
-	// rule's subject only. Needs FairBy and a *throttle.Limiter without a
-	// concurrency rule; a zero Burst is Count.
-	ShareLimit throttle.Limit
 }
 
 // DefaultRedisRetryDelay is how long a task is deferred when its limiter
@@ -152,6 +135,9 @@ type ruleGate struct {
 	// stacked: a throttling middleware inside this one has throttled one
 	// of the rule's tasks (admit.go, stacked rules).
 	stacked atomic.Bool
+	// ruleUse counts the tasks using the rule, and closes the limiter the
+	// worker built for it once retired and unused (owned.go).
+	ruleUse
 }
 
 // Options configure a Middleware. The zero value uses every default.
@@ -304,26 +290,26 @@ func (m *Middleware) checkRule(r *TaskRule) error {
 		return bad("limiter", "must not be nil; use a *throttle.Limiter")
 	case r.Subject == nil:
 		return bad("subject", "must not be nil; use Fixed, PayloadField or a func")
-	case r.MaxWait < 0:
-		return bad("max_wait", fmt.Sprintf("%v must not be negative", r.MaxWait))
-	case r.WaitSlots < 0:
-		return bad("wait_slots", fmt.Sprintf("%d must not be negative", r.WaitSlots))
 	case r.FairBy != nil && m.parking == nil:
 		return bad("fair_by", "needs Options.Asynq: the wake-up loop serves the subject's line")
 	case r.ShareLimit != (throttle.Limit{}) && r.FairBy == nil:
 		return bad("share_limit", "limits each share of fair_by; set fair_by too")
-	case r.ShareLimit != (throttle.Limit{}):
-		// Checked as throttle checks it at each Admit.
-		if _, err := throttle.CheckShareLimit(r.ShareLimit); err != nil {
-			return bad("share_limit", err.Error())
-		}
 	}
-	for share, w := range r.Weights {
-		if w < 1 || w > 1000 {
-			return bad("weights", fmt.Sprintf("share %q: weight %d must be between 1 and 1000", share, w))
-		}
+	return settingsError(r.Name, r.Settings.Check())
+}
+
+// settingsError is err, a field of a rule's Settings out of range (a
+// *admission.SettingsError), as the error of the rule named rule's
+// field; any other err as the error of its limiter; nil if err is.
+func settingsError(rule string, err error) error {
+	var se *admission.SettingsError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &se):
+		return ruleError(rule, se.Field, se.Reason)
 	}
-	return nil
+	return ruleError(rule, "limiter", err.Error())
 }
 
 // newRuleGate returns r with its admission gate, if its Limiter is a
@@ -338,8 +324,7 @@ func (m *Middleware) newRuleGate(r *TaskRule) (*ruleGate, error) {
 		}
 		return rule, nil
 	}
-	gateOpts := admission.Options{MaxWait: r.MaxWait, WaitSlots: r.WaitSlots, Shared: m.shared, Horizon: r.Horizon, ShareLimit: r.ShareLimit,
-		Parking: m.parking, Name: r.Name}
+	gateOpts := admission.Options{Settings: r.Settings, Shared: m.shared, Parking: m.parking, Name: r.Name}
 	if m.parking == nil {
 		// Parked tasks come back in whole seconds, up to a second
 		// early (see park): let them wait that out in place.
@@ -348,15 +333,10 @@ func (m *Middleware) newRuleGate(r *TaskRule) (*ruleGate, error) {
 	}
 	var err error
 	if rule.gate, err = admission.New(lim, gateOpts); err != nil {
-		return nil, ruleError(r.Name, "limiter", err.Error())
+		// The settings against the limiter's rules (a share limit).
+		return nil, settingsError(r.Name, err)
 	}
 	rule.leased = rule.gate.Leased()
-	if r.ShareLimit != (throttle.Limit{}) {
-		var ce *throttle.ConfigError
-		if _, err := throttle.CheckShareLimit(r.ShareLimit, lim.Rules()...); errors.As(err, &ce) {
-			return nil, ruleError(r.Name, "share_limit", ce.Reason)
-		}
-	}
 	if rule.leased && r.FairBy != nil {
 		return nil, ruleError(r.Name, "fair_by", "cannot share a concurrency limit: its queue for places is first come, first served")
 	}
@@ -396,10 +376,16 @@ func (m *Middleware) Wrap(next asynq.Handler) asynq.Handler {
 			// servings of their lines (admission.Parking.Join).
 			ctx = m.parking.Join(ctx)
 		}
-		r := m.rule(task.Type())
-		if r == nil {
+		r, ok := m.use(task.Type())
+		switch {
+		case r == nil:
 			return next.ProcessTask(ctx, task)
+		case !ok:
+			// Drained, and the rule's limiter closed with it.
+			m.metrics.decided(r.Name, OutcomeDeferred)
+			return &admission.ThrottledError{Rule: r.Name, RetryAt: time.Now(), Err: ErrDraining}
 		}
+		defer r.done() // after the place is released, below
 		ctx, rep := withCostReport(ctx)
 		t, err := m.admit(ctx, r, task)
 		if err != nil {
@@ -431,13 +417,22 @@ func (m *Middleware) Wrap(next asynq.Handler) asynq.Handler {
 // attempt are not drained unless Options.Asynq is set (deferring would
 // archive them); asynq puts them back in their queue when ShutdownTimeout
 // passes. It logs the summary of the parks counted since the last one
-// (ParkSummaryEvery) at once. Drain cannot be undone.
+// (ParkSummaryEvery) at once. The limiters FromRules (or Reload) built are
+// closed (throttle.Limiter.Close), each once no task uses it; a task that
+// comes after Drain is deferred at once (cause ErrDraining). Limiters
+// given to NewMiddleware are the caller's: Drain never closes them. Drain
+// cannot be undone.
 func (m *Middleware) Drain() {
 	m.drain()
 	if m.stopped != nil {
 		<-m.stopped
 	}
 	m.parks.stop()
+	if m.source != nil {
+		m.source.mu.Lock() // no Reload between the table read and its retirement
+		defer m.source.mu.Unlock()
+	}
+	retireAll(m.table.Load())
 }
 
 // Close is Drain: it releases what the middleware runs in the background.

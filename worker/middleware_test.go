@@ -217,7 +217,7 @@ func TestDeferral(t *testing.T) {
 				start := time.Now()
 				m, _ := NewMetrics(prometheus.NewRegistry())
 				f := &fakeWaiter{wait: func(context.Context, string) error { return tc.err }}
-				_, called, err := run(t, context.Background(), []TaskRule{{Name: "stripe", Tasks: []string{"stripe:*"}, Limiter: f, Subject: PayloadField("acct"), MaxWait: tc.maxWait}},
+				_, called, err := run(t, context.Background(), []TaskRule{{Name: "stripe", Tasks: []string{"stripe:*"}, Limiter: f, Subject: PayloadField("acct"), Settings: admission.Settings{MaxWait: tc.maxWait}}},
 					asynq.NewTask("stripe:charge", []byte(`{"acct": "acct_42"}`)), Options{Metrics: m, RedisRetryDelay: 7 * time.Second})
 				var te *admission.ThrottledError
 				if called || !errors.As(err, &te) {
@@ -267,7 +267,7 @@ func TestWaitBound(t *testing.T) {
 					}
 					return nil
 				}}
-				if _, _, err := run(t, ctx, []TaskRule{{Name: "r", Tasks: []string{"t"}, Limiter: f, Subject: Fixed("s"), MaxWait: tc.maxWait}}, asynq.NewTask("t", nil)); err != nil {
+				if _, _, err := run(t, ctx, []TaskRule{{Name: "r", Tasks: []string{"t"}, Limiter: f, Subject: Fixed("s"), Settings: admission.Settings{MaxWait: tc.maxWait}}}, asynq.NewTask("t", nil)); err != nil {
 					t.Fatal(err)
 				}
 				if got != tc.want {
@@ -308,7 +308,7 @@ func TestContextEndedWhileWaiting(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		time.AfterFunc(time.Second, cancel)
 		f := &fakeWaiter{wait: func(ctx context.Context, _ string) error { <-ctx.Done(); return ctx.Err() }}
-		_, called, err := run(t, ctx, []TaskRule{{Name: "r", Tasks: []string{"t"}, Limiter: f, Subject: Fixed("s"), MaxWait: time.Hour}}, asynq.NewTask("t", nil), Options{Metrics: m})
+		_, called, err := run(t, ctx, []TaskRule{{Name: "r", Tasks: []string{"t"}, Limiter: f, Subject: Fixed("s"), Settings: admission.Settings{MaxWait: time.Hour}}}, asynq.NewTask("t", nil), Options{Metrics: m})
 		var te *admission.ThrottledError
 		if called || !errors.Is(err, context.Canceled) || errors.As(err, &te) {
 			t.Errorf("got %v (handler ran: %v); want context.Canceled, not a deferral", err, called)
@@ -328,7 +328,7 @@ func TestQueuedPastBound(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		start := time.Now()
 		f := &fakeWaiter{wait: func(ctx context.Context, _ string) error { <-ctx.Done(); return ctx.Err() }}
-		_, _, err := run(t, context.Background(), []TaskRule{{Name: "r", Tasks: []string{"t"}, Limiter: f, Subject: Fixed("s"), MaxWait: 2 * time.Second}}, asynq.NewTask("t", nil))
+		_, _, err := run(t, context.Background(), []TaskRule{{Name: "r", Tasks: []string{"t"}, Limiter: f, Subject: Fixed("s"), Settings: admission.Settings{MaxWait: 2 * time.Second}}}, asynq.NewTask("t", nil))
 		var te *admission.ThrottledError
 		if !errors.As(err, &te) || !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("got %v; want a *admission.ThrottledError caused by the bound", err)
@@ -550,7 +550,7 @@ func TestShareLimitErrors(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ok := TaskRule{Name: "s", Tasks: []string{"a"}, Limiter: rate, Subject: Fixed("key"), FairBy: PayloadField("tenant"), ShareLimit: throttle.PerSecond(10)}
+		ok := TaskRule{Name: "s", Tasks: []string{"a"}, Limiter: rate, Subject: Fixed("key"), FairBy: PayloadField("tenant"), Settings: admission.Settings{ShareLimit: throttle.PerSecond(10)}}
 		with := func(f func(*TaskRule)) TaskRule { r := ok; f(&r); return r }
 		for _, tc := range []struct {
 			name string

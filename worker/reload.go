@@ -28,9 +28,10 @@ import (
 //     for any type no rule matches.
 //
 // A rule's wait_slots count afresh on its new gate; Options.MaxWaiting
-// keeps counting across reloads. The old limiters need no closing: a concurrency rule's renewals end
-// when its last place is given back, and nothing else runs in the
-// background. Options (Logger, Metrics, Asynq, MaxWaiting, RedisRetryDelay)
+// keeps counting across reloads. Each old limiter is closed
+// (throttle.Limiter.Close) once the last task admitted under it has
+// returned: one still running keeps its place renewed until then. A
+// drained middleware refuses to reload. Options (Logger, Metrics, Asynq, MaxWaiting, RedisRetryDelay)
 // stay as given. Reload needs a Middleware built by FromRules; calls are
 // serialized.
 func (m *Middleware) Reload(cfg *rules.Config) error {
@@ -53,8 +54,14 @@ func (m *Middleware) Reload(cfg *rules.Config) error {
 		t, err = m.newTable(trs)
 	}
 	if err != nil {
+		closeLimiters(trs)
 		return fmt.Errorf("worker: reload refused: %w", err)
 	}
+	if m.drainCtx.Err() != nil {
+		closeLimiters(trs)
+		return errors.New("worker: reload refused: the middleware is drained")
+	}
+	t.own()
 	old := m.table.Load()
 	for name, r := range t.byName {
 		if o := old.byName[name]; o != nil && o.stacked.Load() {
@@ -67,6 +74,8 @@ func (m *Middleware) Reload(cfg *rules.Config) error {
 	// gate, whose keys are the old one's; a removed rule's are dropped,
 	// unless a middleware stacked with this one has a rule of that name.
 	m.swap(t)
+	// Each old limiter is closed once no task admitted under it is left.
+	retireAll(old)
 	src.cfg = cfg
 	src.publish(m.log, trs)
 	return nil

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
@@ -88,7 +89,7 @@ func TestAsynqBookedTurnsGauges(t *testing.T) {
 			t.Fatal(err)
 		}
 		lim := b.limiter(throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(1).WithBurst(1)})
-		mw := middleware(t, []TaskRule{{Name: "api", Tasks: []string{"api"}, Limiter: lim, Subject: Fixed("s"), MaxWait: 100 * time.Millisecond, Horizon: -1}},
+		mw := middleware(t, []TaskRule{{Name: "api", Tasks: []string{"api"}, Limiter: lim, Subject: Fixed("s"), Settings: admission.Settings{MaxWait: 100 * time.Millisecond, Horizon: -1}}},
 			Options{Asynq: rdb, Metrics: m})
 		defer mw.Drain()
 		srv := b.serve(mw, asynq.Config{Concurrency: 8, BaseContext: func() context.Context { return context.WithValue(context.Background(), ctxKey{}, true) }})

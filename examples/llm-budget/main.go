@@ -30,6 +30,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/internal/devredis"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/jobthrottle/jobthrottle/worker"
@@ -150,7 +151,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (result, error) {
 		// a slot frees, on a ledger the calls before it have settled.
 		outer, err := worker.NewMiddleware([]worker.TaskRule{{
 			Name: "tpm", Tasks: []string{"llm:*"}, Limiter: tokens, Subject: worker.Fixed("llm-api"),
-			Cost: estimate, MaxWait: time.Minute, WaitSlots: cfg.Concurrency,
+			Cost: estimate, Settings: admission.Settings{MaxWait: time.Minute, WaitSlots: cfg.Concurrency},
 		}}, worker.Options{Logger: quietLogger(), Asynq: rdb})
 		if err != nil {
 			return result{}, err
@@ -158,7 +159,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (result, error) {
 		defer outer.Drain()
 		inner, err := worker.NewMiddleware([]worker.TaskRule{{
 			Name: "rpm", Tasks: []string{"llm:*"}, Limiter: requests, Subject: worker.Fixed("llm-api"),
-			MaxWait: time.Minute, WaitSlots: cfg.Concurrency,
+			Settings: admission.Settings{MaxWait: time.Minute, WaitSlots: cfg.Concurrency},
 		}}, worker.Options{Logger: quietLogger(), Asynq: rdb})
 		if err != nil {
 			return result{}, err

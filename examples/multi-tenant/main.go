@@ -23,6 +23,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/internal/devredis"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/jobthrottle/jobthrottle/worker"
@@ -75,7 +76,7 @@ func main() {
 		Subject: worker.PayloadField("tenant"),
 		// A task waits in its worker slot at most this long; a later
 		// admission is deferred, which frees the slot for other tenants.
-		MaxWait: 300 * time.Millisecond,
+		Settings: admission.Settings{MaxWait: 300 * time.Millisecond},
 	}}, worker.Options{Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		log.Fatal(err)

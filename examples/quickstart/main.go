@@ -21,6 +21,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/internal/devredis"
 	"github.com/jobthrottle/jobthrottle/throttle"
 	"github.com/jobthrottle/jobthrottle/worker"
@@ -70,7 +71,8 @@ func main() {
 			Tasks:   []string{"report:*"},
 			Limiter: lim,
 			Subject: worker.Fixed("partner-api"), // one limit shared by every task
-			MaxWait: time.Second,                 // wait in the worker up to 1s, else park until the booked turn
+			// Wait in the worker up to 1s, else park until the booked turn.
+			Settings: admission.Settings{MaxWait: time.Second},
 		}}, worker.Options{Logger: quietLogger(), Asynq: rdb}) // Asynq: parked tasks are woken on time
 		if err != nil {
 			log.Fatal(err)

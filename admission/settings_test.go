@@ -1,0 +1,114 @@
+package admission
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/jobthrottle/jobthrottle/throttle"
+)
+
+// TestSettingsCheck: every field out of range is refused with its name, as
+// the rules file spells it, and a share limit a limiter's rules cannot
+// keep unwraps to throttle's *ConfigError.
+func TestSettingsCheck(t *testing.T) {
+	window := throttle.Rule{Name: "w", Algorithm: throttle.SlidingWindow, Limit: throttle.PerSecond(100)}
+	gcra := throttle.Rule{Name: "g", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(100)}
+	for _, tc := range []struct {
+		name  string
+		s     Settings
+		rules []throttle.Rule
+		field string // "" if valid
+	}{
+		{"zero", Settings{}, nil, ""},
+		{"all set", Settings{MaxWait: time.Second, WaitSlots: 3, Horizon: MaxHorizon, Weights: map[string]int{"a": 1, "b": MaxWeight}, ShareLimit: throttle.PerSecond(10)}, []throttle.Rule{gcra}, ""},
+		{"no line", Settings{Horizon: -1}, nil, ""},
+		{"negative max wait", Settings{MaxWait: -1}, nil, "max_wait"},
+		{"negative wait slots", Settings{WaitSlots: -1}, nil, "wait_slots"},
+		{"horizon past a day", Settings{Horizon: MaxHorizon + 1}, nil, "horizon"},
+		{"weight zero", Settings{Weights: map[string]int{"a": 0}}, nil, "weights"},
+		{"weight too large", Settings{Weights: map[string]int{"a": MaxWeight + 1}}, nil, "weights"},
+		{"share limit without period", Settings{ShareLimit: throttle.Limit{Count: 1}}, nil, "share_limit"},
+		{"share limit over a window", Settings{ShareLimit: throttle.PerSecond(10)}, []throttle.Rule{window}, "share_limit"},
+	} {
+		err := tc.s.Check(tc.rules...)
+		var se *SettingsError
+		switch {
+		case tc.field == "" && err != nil:
+			t.Errorf("%s: got %v, want nil", tc.name, err)
+		case tc.field != "" && !errors.As(err, &se):
+			t.Errorf("%s: got %v, want a *SettingsError", tc.name, err)
+		case tc.field != "" && se.Field != tc.field:
+			t.Errorf("%s: got field %q, want %q (%v)", tc.name, se.Field, tc.field, err)
+		}
+	}
+	err := Settings{ShareLimit: throttle.PerSecond(10)}.Check(window)
+	if ce := (*throttle.ConfigError)(nil); !errors.As(err, &ce) || ce.Rule != "w" {
+		t.Errorf("got %v, want it to unwrap to throttle's error for rule %q", err, "w")
+	}
+}
+
+// TestGateWeighsShares: a gate gives each job in line its share's weight
+// from Settings.Weights, unless the request names one: with gold weighed
+// 3 and plain 1, the first eight turns the line hands out go 6 to gold, 2
+// to plain; a request's own weight of 1 puts gold back at 1 for 1.
+func TestGateWeighsShares(t *testing.T) {
+	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		key := throttle.Rule{Name: "key", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(10).WithBurst(1)}
+		for _, tc := range []struct {
+			subject    string
+			goldWeight int // the request's own; 0: Settings.Weights'
+			wantGold   int
+		}{{"weighed", 0, 6}, {"own weight", 1, 4}} {
+			g := newGate(t, rdb, Options{Settings: Settings{MaxWait: time.Microsecond, Horizon: 100 * time.Millisecond, Weights: map[string]int{"gold": 3}}}, key)
+			ctx := context.Background()
+			if d, err := g.Admit(ctx, Request{Subject: tc.subject, Caller: throttle.Caller{ID: "first"}}); err != nil || d.Outcome != Run {
+				t.Fatalf("%s: first job: %+v, %v; want run", tc.subject, d, err)
+			}
+			// No job waits in place; past the horizon's turn or two,
+			// they wait in line, and the servings order them.
+			for i := range 8 {
+				for _, share := range []string{"gold", "plain"} {
+					c := throttle.Caller{ID: fmt.Sprintf("%s%d", share, i), Share: share}
+					if share == "gold" {
+						c.Weight = tc.goldWeight
+					}
+					if _, err := g.Admit(ctx, Request{Subject: tc.subject, Caller: c}); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			handed := map[string]time.Time{}
+			for len(handed) < 8 {
+				s, err := g.Serve(ctx, tc.subject)
+				if err != nil {
+					t.Fatal(err)
+				}
+				maps.Copy(handed, s.Handed)
+				if s.Next.IsZero() {
+					break
+				}
+				time.Sleep(time.Until(s.Next))
+			}
+			names := slices.SortedFunc(maps.Keys(handed), func(a, b string) int { return handed[a].Compare(handed[b]) })
+			gold := 0
+			for _, n := range names[:min(8, len(names))] {
+				if strings.HasPrefix(n, "gold") {
+					gold++
+				}
+			}
+			if len(names) < 8 || gold != tc.wantGold {
+				t.Errorf("%s: the first 8 turns handed (%v): %d to gold; want %d", tc.subject, names, gold, tc.wantGold)
+			}
+		}
+	})
+}
