@@ -23,7 +23,7 @@ import (
 // behind the job (a refund would give the rules nothing back then).
 func TestGateDrainKeepsRedeemedTurn(t *testing.T) {
 	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
-		g := newGate(t, rdb, Options{MaxWait: ms, EarlyWait: 500 * ms, Horizon: -1}, gcra5)
+		g := newGate(t, rdb, Options{Settings: Settings{MaxWait: ms, Horizon: -1}, EarlyWait: 500 * ms}, gcra5)
 		ctx := context.Background()
 		start := time.Now()
 		admit := func(ctx context.Context, id string) (Decision, error) {

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 )
 
@@ -25,7 +26,7 @@ func TestAsynqDrainKeepsRedeemedTurn(t *testing.T) {
 	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
 		b := bedOn(t, rdb)
 		lim := b.slowLimiter(4*time.Second, "s") // the next turn is 4 s away
-		rules := []TaskRule{{Name: "slow", Tasks: []string{"slow"}, Limiter: lim, Subject: Fixed("s"), MaxWait: 50 * time.Millisecond}}
+		rules := []TaskRule{{Name: "slow", Tasks: []string{"slow"}, Limiter: lim, Subject: Fixed("s"), Settings: admission.Settings{MaxWait: 50 * time.Millisecond}}}
 		m, _ := NewMetrics(prometheus.NewRegistry())
 		mw := middleware(t, rules, Options{Metrics: m})
 		srv := b.serve(mw, asynq.Config{})
