@@ -337,7 +337,8 @@ type Decision struct {
 // booked turn. It waits no longer than ctx's deadline.
 //
 // It returns ctx.Err() if ctx ends while the job waits (a new turn's
-// permits are refunded; a redeemed booking is spent), an error matching
+// permits are refunded; a redeemed booking is booked again under the
+// job's ID, for when it comes back), an error matching
 // throttle.ErrRedis if Redis fails, a *throttle.DelayError if the job has
 // no ID and its turn is later than it can wait, and the limiter's error for
 // a bad subject or a cost beyond its capacity.
@@ -378,12 +379,7 @@ func (g *Gate) Admit(ctx context.Context, req Request) (Decision, error) {
 		d.Outcome, d.Reservation = Park, nil
 	case throttle.Granted, throttle.Redeemed:
 		if err := sleepUntil(ctx, a.At); err != nil {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
-			if a.Reservation != nil {
-				_ = a.Reservation.Cancel(rctx)
-			}
-			_ = a.Place.Release(rctx) // nil without a place: nothing
-			cancel()
+			g.leave(ctx, a)
 			return Decision{}, err
 		}
 		d.Outcome, d.At = Run, time.Now()
@@ -395,6 +391,28 @@ func (g *Gate) Admit(ctx context.Context, req Request) (Decision, error) {
 	}
 	d.Waited = time.Since(start)
 	return d, nil
+}
+
+// leave gives back what a job whose wait for its turn a ended (ctx) holds:
+// a new turn is refunded; a redeemed one, not yet due, is booked again
+// under the job's ID (throttle.Reservation.Rebook), so that the job, put
+// back in its queue (a worker draining for shutdown), runs on that same
+// turn when it comes back instead of taking a new one and leaving this
+// one unused. (A refund would not do: under a backlog, later turns hold
+// the refunded one's place, and the rules get it back only when they are
+// cancelled too.) A job that never comes back leaves it unused, as a
+// spent turn would be; its place, if any, is released.
+func (g *Gate) leave(ctx context.Context, a throttle.Admission) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
+	defer cancel()
+	switch {
+	case a.Reservation == nil:
+	case a.Status == throttle.Redeemed:
+		_, _ = a.Reservation.Rebook(rctx)
+	default:
+		_ = a.Reservation.Cancel(rctx)
+	}
+	_ = a.Place.Release(rctx) // nil without a place: nothing
 }
 
 // limiterRequest is req as the limiter takes it, under the gate's

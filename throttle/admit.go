@@ -134,7 +134,8 @@ type Admission struct {
 	// Reservation holds a Granted turn's permits, to Cancel if the
 	// caller will not act, or to Settle once it has. A Redeemed turn's
 	// is there to Settle (its Cancel gives nothing back: the turn is
-	// spent); nil otherwise.
+	// spent), or to Rebook if the caller leaves before its slot; nil
+	// otherwise.
 	Reservation *Reservation
 	// Place is the place of the limiter's Concurrency rule that a Granted
 	// or Redeemed caller now holds: give it back with Place.Release when
@@ -315,6 +316,9 @@ func (l *Limiter) ServeLine(ctx context.Context, subject string, horizon time.Du
 	}
 	return s, nil
 }
+
+// lineCapsKey is the index in lineKeys of the shares' caps (:c).
+const lineCapsKey = 6
 
 // lineKeys returns the keys of subject's line (AdmitRequest.Horizon)
 // under this limiter's rules: <prefix>{<subject>}:!line(<rule>,...), its

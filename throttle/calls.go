@@ -3,6 +3,7 @@ package throttle
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -63,8 +64,18 @@ func (a refundArgs) build(p *policy) ([]string, []any, error) {
 	// arriving in any order give back everything (prelude.lua); the other
 	// reservations follow the rules in ARGV.
 	keys = append(keys, p.givebackKeys(a.subject, cancelledSuffix)...)
+	// With a turn under a share limit in the batch, the shares' caps,
+	// and a share ticket for each reservation after its booking time.
+	shares := slices.ContainsFunc(a.batch, func(e *refundEntry) bool { return e.share != "" })
+	if shares {
+		keys = append(keys, p.lineKeys(a.subject)[lineCapsKey])
+		args = append(args, first.share)
+	}
 	for _, e := range a.batch[1:] {
 		args = append(args, e.n, e.booked)
+		if shares {
+			args = append(args, e.share)
+		}
 		for _, t := range e.tickets {
 			args = append(args, t)
 		}

@@ -80,6 +80,7 @@ const (
 	opPaused      op = "paused"       // read a pause (paused.lua)
 	opReset       op = "reset"        // forget a subject's state (state.go, reset.lua)
 	opDropReceipt op = "drop receipt" // ZREM a cancelled receipt (prepay.go)
+	opRebook      op = "rebook"       // book a redeemed turn again (rebook.go)
 )
 
 // failsOpen reports whether a failed call for o may be admitted anyway

@@ -83,7 +83,12 @@ func (l *Limiter) PrepayN(ctx context.Context, subject string, n int, keep time.
 // and its slot on the Redis clock, by which every process orders its work
 // (a wake-up ledger scores by it). Other reservations have none: "" and
 // the zero time.
-func (r *Reservation) Receipt() (id string, slot time.Time) { return r.receipt, r.slot }
+func (r *Reservation) Receipt() (id string, slot time.Time) {
+	if r.receipt == "" {
+		return "", time.Time{}
+	}
+	return r.receipt, r.slot
+}
 
 // dropReceipt forgets a receipt, so that it can no longer be redeemed.
 func (l *Limiter) dropReceipt(ctx context.Context, subject, receipt string) error {

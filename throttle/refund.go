@@ -21,14 +21,15 @@ type refunder struct {
 // refund is made, or when ctx ends; the refund is then still made if Redis
 // answers. undo (rolling back the part of one subject when another's
 // rules refuse: subjects.go) gives the permits back even
-// after their time to act, which a Cancel does not (bucket.lua). booked is
-// the Redis time (µs) of the call that made the reservation: a rule reset
-// since gives nothing back (lua/reset.lua).
-func (l *Limiter) refund(ctx context.Context, subject string, n int, booked int64, tickets []string, undo bool) error {
-	if _, _, err := l.request(opRefund, subject, n, unbounded, tickets); err != nil {
+// after their time to act, which a Cancel does not (bucket.lua). r holds
+// the reservation: its permits, tickets and share ticket, and the Redis
+// time (µs) of the call that made it: a rule reset since gives nothing
+// back (lua/reset.lua).
+func (l *Limiter) refund(ctx context.Context, subject string, r refundEntry, undo bool) error {
+	if _, _, err := l.request(opRefund, subject, r.n, unbounded, r.tickets); err != nil {
 		return err // bad input fails before it is queued
 	}
-	e := &refundEntry{ctx: ctx, n: n, booked: booked, tickets: tickets, done: make(chan struct{})}
+	e := &refundEntry{ctx: ctx, n: r.n, booked: r.booked, tickets: r.tickets, share: r.share, done: make(chan struct{})}
 	// Cancels and undos of one subject go in separate batches (one op per
 	// call). An escaped subject holds no NUL, so the undo key, with a NUL
 	// in front, is never another subject's.
@@ -75,6 +76,7 @@ type refundEntry struct {
 	n       int
 	booked  int64 // Redis time (µs) of the call that made it
 	tickets []string
+	share   string        // its share ticket (lua/refund.lua), "" for none
 	done    chan struct{} // closed once err is set
 	err     error
 }

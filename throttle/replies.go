@@ -1,6 +1,7 @@
 package throttle
 
 import (
+	"cmp"
 	"fmt"
 	"strconv"
 	"strings"
@@ -132,6 +133,10 @@ func (l *Limiter) decodeAdmit(req AdmitRequest, rep reply, recv time.Time, servi
 	case admitGranted:
 		a.Status, a.Rule = Granted, res.Rule
 		a.Reservation = &Reservation{lim: l, subject: req.Subject, n: req.N, tickets: rep.tickets(len(l.rules)), delay: a.Delay, at: a.At, booked: rep.redisNow}
+		if req.ShareLimit != (Limit{}) && len(rep.raw) > 6+len(l.rules) {
+			// Its share's turn, given back with the rules' (lua/refund.lua).
+			a.Reservation.share, _ = rep.raw[6+len(l.rules)].(string)
+		}
 	case admitBooked, admitQueued:
 		a.Status, a.Rule = Booked, res.Rule
 	case admitRedeemed:
@@ -139,7 +144,11 @@ func (l *Limiter) decodeAdmit(req AdmitRequest, rep reply, recv time.Time, servi
 		if t, booked := redeemedTickets(rep.raw, len(l.rules)); t != nil {
 			// To settle (Reservation.Settle); the turn is spent, so
 			// Cancel gives nothing back.
-			a.Reservation = &Reservation{lim: l, subject: req.Subject, n: req.N, tickets: t, delay: a.Delay, at: a.At, spent: true, booked: booked}
+			a.Reservation = &Reservation{lim: l, subject: req.Subject, n: req.N, tickets: t, delay: a.Delay, at: a.At, spent: true, booked: booked,
+				slot: a.Slot, tol: req.Tolerance.Microseconds()}
+			if id := cmp.Or(req.BookAs, req.ID); id != "" {
+				a.Reservation.rebookAs = l.member(id) // the booking it comes back for
+			}
 		}
 	case admitHeld:
 		a.Status = Held

@@ -18,14 +18,18 @@ type Reservation struct {
 	subject string
 	n       int
 	tickets []string      // one refund ticket per rule; nil if admitted without Redis (fail open)
+	share   string        // a turn under AdmitRequest.ShareLimit: its share ticket (lua/refund.lua), else ""
 	receipt string        // the receipt id of a prepaid reservation (prepay.go), else ""
 	delay   time.Duration // the delay Redis granted, from its now (prepay.go)
 	at      time.Time     // local monotonic time to act (redisClock.wake)
 
-	slot time.Time // a prepaid reservation's slot on the Redis clock (prepay.go)
+	slot time.Time // a prepaid reservation's or a Redeemed turn's slot on the Redis clock (prepay.go, rebook.go)
 
 	spent  bool  // a redeemed booking or receipt (admit.go): Cancel gives nothing back, Settle corrects it
 	booked int64 // Redis time (µs) of the call that made it, for refunds and Settle; -1 if unknown
+
+	rebookAs string // a Redeemed turn: the member Rebook books it again under, "" if none
+	tol      int64  // and its request's Tolerance (µs)
 
 	parts []*Reservation // a limiter over several subjects: each part's (subjects.go)
 
@@ -48,7 +52,9 @@ func (r *Reservation) Delay() time.Duration { return max(0, time.Until(r.at)) }
 // already took. Later reservations keep their slots; permits they hold
 // come back when those are cancelled too (Redis remembers, whichever
 // process cancels, in whatever order; x/time/rate would keep them). A
-// prepaid reservation (PrepayN) also loses its receipt. A reservation made
+// prepaid reservation (PrepayN) also loses its receipt. A turn Admit
+// granted under a ShareLimit gives its share's turn back too, by the same
+// rules. A reservation made
 // before a Reset of its subject gives nothing back (see Reset). Calling it
 // again does nothing and returns the first call's error.
 func (r *Reservation) Cancel(ctx context.Context) error {
@@ -67,7 +73,7 @@ func (r *Reservation) cancel(ctx context.Context, undo bool) error {
 			r.cancelErr = r.lim.dropReceipt(ctx, r.subject, r.receipt)
 		}
 		if r.tickets != nil && !r.spent {
-			r.cancelErr = errors.Join(r.cancelErr, r.lim.refund(ctx, r.subject, r.n, r.booked, r.tickets, undo))
+			r.cancelErr = errors.Join(r.cancelErr, r.lim.refund(ctx, r.subject, refundEntry{n: r.n, booked: r.booked, tickets: r.tickets, share: r.share}, undo))
 		}
 	})
 	return r.cancelErr

@@ -51,7 +51,8 @@
 -- r is #KEYS - 11.
 --
 -- Returns {status, deciding rule index, remaining, delay µs, reset µs,
--- Redis now µs, ticket 1, ..., ticket r}, the status one of those above or:
+-- Redis now µs, ticket 1, ..., ticket r}, the status one of those above
+-- (GRANTED under share caps adds the share ticket, line_serve.lua) or:
 --   QUEUED (5) with a concurrency rule, every place taken: the caller is queued for
 --     one (the concurrency rule deciding, delay = its fallback, see
 --     concurrency.lua). A new turn of the rate rules is taken only with a

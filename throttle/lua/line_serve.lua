@@ -228,7 +228,8 @@ local function line_open(n, nrules, b, rkey, tkey, tol)
     return reply
   end
   -- direct takes a new turn for a caller with a cap when nobody waits in
-  -- line: granted within the caller's wait, booked within the horizon,
+  -- line: granted within the caller's wait (its reply ends with the share
+  -- ticket, refund.lua), booked within the horizon,
   -- else the caller starts the line, its share asleep if its cap is what
   -- holds it back.
   function l.direct()
@@ -255,6 +256,10 @@ local function line_open(n, nrules, b, rkey, tkey, tol)
     end
     local reply = {GRANTED, 1, 0, delay, 0, now}
     for i = 1, nrules do reply[6 + i] = x[i] end
+    -- After the tickets, the share ticket, to give the share's turn back
+    -- with the rules' if the caller cancels (refund.lua).
+    reply[7 + nrules] = string.format('%d %s %s %s', now + delay,
+      fmt(tonumber(redis.call('ZSCORE', l.ckey, sh))), fmt(n * l.ci), sh)
     return reply
   end
   return l

@@ -1,0 +1,45 @@
+package throttle
+
+import (
+	"context"
+	"strconv"
+	"strings"
+)
+
+// Rebook books a Redeemed turn again, under the ID its caller comes back
+// with (AdmitRequest BookAs, else ID), when the caller stops before its
+// slot without acting (a worker draining for shutdown puts its task back
+// in the queue): the caller then redeems the same turn when it comes back
+// within the request's Tolerance of the slot, instead of taking a new one
+// and leaving this one unused. It reports whether the turn was booked
+// again: false for a reservation that is not a Redeemed turn with an ID
+// to book under, one whose slot has passed, or one whose ID already holds
+// a booking. Of Rebook and Cancel, only the first call acts (a Redeemed
+// turn's Cancel gives nothing back), and a second returns its error.
+// It returns an error matching ErrRedis if Redis fails.
+func (r *Reservation) Rebook(ctx context.Context) (bool, error) {
+	var ok bool
+	r.once.Do(func() { ok, r.cancelErr = r.rebook(ctx) })
+	return ok, r.cancelErr
+}
+
+// rebook is Rebook's one script call.
+func (r *Reservation) rebook(ctx context.Context) (bool, error) {
+	if r.rebookAs == "" || !r.spent || r.tickets == nil {
+		return false, nil
+	}
+	l := r.lim
+	keys := []string{l.receiptsKey(r.subject), l.ticketsKey(r.subject)}
+	tickets := strings.Join(r.tickets, "\n") + "\n" + strconv.FormatInt(r.booked, 10)
+	args := []any{opRebook.arg(), r.rebookAs, r.slot.UnixMicro(), r.tol, tickets}
+	cmd, err := l.exec(ctx, opRebook, rebookScript, keys, args)
+	if err != nil {
+		return false, err
+	}
+	n, _ := cmd.Int64()
+	return n == 1, nil
+}
+
+// rebookScript is prelude.lua + rebook.lua; see rebook.lua for KEYS and
+// ARGV.
+var rebookScript = buildScript("prelude.lua", "rebook.lua")
