@@ -9,9 +9,10 @@ import (
 
 // lineStale is how long past the next serving it announced a line's
 // length counts when this process serves it no more (another process took
-// the serving, or it stopped): about a few servings at the default
-// horizon of 1 s (one every half horizon), and the time a serving taken
-// over after a crash needs (admission's serveGuard is 5 s).
+// the serving): four servings at the default horizon of 1 s (one every
+// half horizon). The fleet's sum may count a line twice for that long,
+// or, when a process dies and another takes its lines over (admission
+// serves them again 5 s later), miss it until the new one serves it.
 const lineStale = 2 * time.Second
 
 // linePruneEvery is how often, at most, recording a serving drops the
