@@ -415,6 +415,9 @@ type Served struct {
 	// Next, if not zero, is when to serve the line again (Redis clock):
 	// jobs still wait in it.
 	Next time.Time
+	// Waiting is how many jobs still wait in the line after the serving:
+	// the line's length, 0 once it is empty (throttle.LineServing.Waiting).
+	Waiting int
 }
 
 // Serve books the turns of the jobs at the head of subject's line that
@@ -434,7 +437,7 @@ func (g *Gate) Serve(ctx context.Context, subject string) (Served, error) {
 	if err != nil {
 		return Served{}, err
 	}
-	return Served{Handed: ls.Handed, Next: ls.Next}, nil
+	return Served{Handed: ls.Handed, Next: ls.Next, Waiting: ls.Waiting}, nil
 }
 
 // sweep brings subject's places of the limiter's Concurrency rule up to

@@ -38,9 +38,12 @@ type ParkingOptions struct {
 	// Logger receives the debug line of a line dropped because no process
 	// has its gate. If nil, slog.Default().
 	Logger *slog.Logger
-	// OnServe, if set, is called after each serving of a line that
-	// booked turns, with the gate's name and what the serving did.
-	OnServe func(name string, s Served)
+	// OnServe, if set, is called after each serving of a line by this
+	// process, with the gate's name, the line's subject and what the
+	// serving did: the turns it booked, and how many jobs still wait in
+	// the line (0 once it is empty). The subject is for memory only: it
+	// may be personal data, never a metric's label.
+	OnServe func(name, subject string, s Served)
 }
 
 // A line entry that a process without its gate takes goes back to the
@@ -267,8 +270,8 @@ func (p *Parking) serve(ctx context.Context, g *Gate, subject string) error {
 		}
 		return fmt.Errorf("admission: serving the line of rule %q: %w", name, err)
 	}
-	if p.opts.OnServe != nil && len(s.Handed) > 0 {
-		p.opts.OnServe(name, s)
+	if p.opts.OnServe != nil {
+		p.opts.OnServe(name, subject, s)
 	}
 	wakes := s.Handed
 	if !s.Next.IsZero() {

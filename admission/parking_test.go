@@ -127,7 +127,13 @@ func TestParkingJoin(t *testing.T) {
 	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
 		var mu sync.Mutex
 		served := map[string]int{}
-		onServe := func(name string, s Served) { mu.Lock(); served[name] += len(s.Handed); mu.Unlock() }
+		waiting := map[string]int{}
+		onServe := func(name, subject string, s Served) {
+			mu.Lock()
+			defer mu.Unlock()
+			served[name] += len(s.Handed)
+			waiting[name+"/"+subject] = s.Waiting
+		}
 		a, b := newParking(t, rdb, ParkingOptions{OnServe: onServe}), newParking(t, rdb, ParkingOptions{OnServe: onServe})
 		two := throttle.Rule{Name: "two", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(2).WithBurst(1)}
 		gb, err := New(newGate(t, rdb, Options{}, two).Limiter(), Options{Parking: b, Name: "b", Settings: Settings{MaxWait: ms, Horizon: 700 * ms}})
@@ -164,6 +170,9 @@ func TestParkingJoin(t *testing.T) {
 		defer mu.Unlock()
 		if served["b"] != 1 {
 			t.Errorf("turns handed by the servings of b's line: %d; want job 3's", served["b"])
+		}
+		if w, ok := waiting["b/s"]; !ok || w != 0 {
+			t.Errorf("jobs waiting in b's line of s after its last serving: %d (reported %v); want 0", w, ok)
 		}
 		left, _ := rdb.ZRange(ctx, WakeupsKey, 0, -1).Result()
 		for _, m := range left {

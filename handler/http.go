@@ -108,6 +108,7 @@ func newHTTPHandler(s Spec, opts Options, log *slog.Logger) (*httpHandler, error
 			if err != nil {
 				return nil, err
 			}
+			opts.Metrics.learnsFrom(s.Task, rc.Name, tr.LearnedRate)
 			h.rule, h.subject, h.lim, rt = rc.Name, rc.Subject, lim, tr
 		}
 	}

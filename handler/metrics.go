@@ -13,6 +13,7 @@ import (
 //
 //	jobthrottle_handler_attempts_total{handler,kind,outcome}  attempts by outcome (see the Outcome constants)
 //	jobthrottle_handler_duration_seconds{handler,kind}        histogram of the time an attempt took, whatever its outcome
+//	jobthrottle_upstream_learned_rate{handler}                 requests/s learned for an http handler's upstream (limited by a rule), 0 if none
 //
 // kind is "http" or "command". A nil *Metrics records nothing. Pass one
 // to Register with Options.Metrics; one Metrics serves every Register of
@@ -20,6 +21,7 @@ import (
 type Metrics struct {
 	attempts *prometheus.CounterVec
 	duration *prometheus.HistogramVec
+	learned  *learnedRates
 }
 
 // NewMetrics creates the handlers' metrics and registers them on reg. It
@@ -41,7 +43,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Buckets:   []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900},
 		}, []string{"handler", "kind"}),
 	}
-	for _, c := range []prometheus.Collector{m.attempts, m.duration} {
+	m.learned = &learnedRates{by: map[string]learnedSource{}}
+	for _, c := range []prometheus.Collector{m.attempts, m.duration, m.learned} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("handler: registering metrics: %w", err)
 		}

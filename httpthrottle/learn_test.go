@@ -3,6 +3,7 @@ package httpthrottle
 import (
 	"bytes"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -364,6 +365,33 @@ func TestTransportSecondProcessUsesLearned(t *testing.T) {
 		backlog(t, trs, 3, 30)
 		if n := up.refusedAfter(0); n != 0 {
 			t.Errorf("%d requests refused; want none: the first answer is awaited by every process", n)
+		}
+	})
+}
+
+// LearnedRate is what the fleet learned for the upstreams a transport
+// sent to lately, read from memory: 0 before anything is learned, the
+// announced rate (at LearnedShare) once an answer taught it, in the
+// process that learned it and in one that only departed on it, and 0 again
+// once the transport sent nothing for RecentLearned.
+func TestTransportLearnedRate(t *testing.T) {
+	virtual(t, func(t *testing.T, _ *redis.Client, m *miniredis.Miniredis) {
+		up := &limitedUpstream{limit: 10, style: styleIETF}
+		trs := fleet(t, m, up, 2, fast, Options{})
+		if got := trs[0].LearnedRate(); got != 0 {
+			t.Errorf("before any request: LearnedRate %v; want 0", got)
+		}
+		get(t, &http.Client{Transport: trs[0]}, "http://api.example/")
+		get(t, &http.Client{Transport: trs[1]}, "http://api.example/")
+		want := throttle.LearnedShare * 10
+		for i, tr := range trs {
+			if got := tr.LearnedRate(); math.Abs(got-want) > 1e-3 { // Redis keeps the rate to a few µs of interval
+				t.Errorf("transport %d after the API announced 10/s: LearnedRate %v; want %v", i, got, want)
+			}
+		}
+		time.Sleep(RecentLearned + time.Second)
+		if got := trs[1].LearnedRate(); got != 0 {
+			t.Errorf("after %v without a request: LearnedRate %v; want 0", RecentLearned, got)
 		}
 	})
 }

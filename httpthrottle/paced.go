@@ -12,8 +12,10 @@ import (
 // then one departs again, which reads what the fleet learned meanwhile.
 const PacedRecheck = 30 * time.Second
 
-// pacedSubjects is what a paced Transport knows of each subject's
-// upstream, and when it last departed for it.
+// pacedSubjects is what a Transport knows of each subject's upstream,
+// and when it last departed for it or heard its answer: a paced one
+// (Options.Paced) sends by it, and every one reports the slowest rate
+// learned lately (Transport.LearnedRate).
 type pacedSubjects struct {
 	mu   sync.Mutex
 	seen map[string]pacedSubject
@@ -59,5 +61,23 @@ func (p *pacedSubjects) learned(subject string, l throttle.Learned) {
 	p.seen[subject] = pacedSubject{at: time.Now(), learned: l}
 }
 
-// maxPacedSubjects bounds the memory of a paced Transport.
+// maxPacedSubjects bounds the memory of a Transport's pacedSubjects.
 const maxPacedSubjects = 10000
+
+// RecentLearned is how lately a Transport must have sent for a subject
+// for its learned rate to count in Transport.LearnedRate.
+const RecentLearned = time.Minute
+
+// slowest returns the lowest learned rate (requests per second) of the
+// subjects seen within recent, 0 if none has one.
+func (p *pacedSubjects) slowest(recent time.Duration) float64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	rate := 0.0
+	for _, s := range p.seen {
+		if r := s.learned.Rate; r > 0 && time.Since(s.at) <= recent && (rate == 0 || r < rate) {
+			rate = r
+		}
+	}
+	return rate
+}

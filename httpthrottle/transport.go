@@ -94,7 +94,8 @@ type Transport struct {
 	onPause  func(subject string, d time.Duration, err error)
 	onLearn  func(subject string, info RateLimitInfo)
 	noWait   bool
-	paced    *pacedSubjects // nil unless Options.Paced
+	seen     *pacedSubjects // what each subject's upstream taught, lately
+	paced    bool           // Options.Paced
 	log      *slog.Logger
 	stats    counters
 }
@@ -191,6 +192,13 @@ func (t *Transport) Stats() Stats {
 		Paused: t.stats.paused.Load(), Rebooked: t.stats.rebooked.Load(), LeftLate: t.stats.leftLate.Load()}
 }
 
+// LearnedRate returns the rate, in requests per second, that the fleet
+// learned for the upstream of the subjects this transport sent requests
+// for within RecentLearned: the slowest of them, as their last departure
+// or answer here carried it. It is 0 while none of them taught a rate.
+// It reads memory only: no Redis call.
+func (t *Transport) LearnedRate() float64 { return t.seen.slowest(RecentLearned) }
+
 var _ http.RoundTripper = (*Transport)(nil)
 
 // New returns a Transport that waits on lim before each request.
@@ -219,9 +227,7 @@ func New(lim *throttle.Limiter, opts Options) (*Transport, error) {
 	}
 	t := &Transport{lim: lim, up: lim.Upstream(), subject: opts.Subject, maxPause: opts.MaxPause, maxWait: opts.MaxLearnedWait,
 		base: opts.Base, onPause: opts.OnPause, onLearn: opts.OnLearn, noWait: opts.NoWait, log: opts.Logger}
-	if opts.Paced {
-		t.paced = &pacedSubjects{seen: map[string]pacedSubject{}}
-	}
+	t.seen, t.paced = &pacedSubjects{seen: map[string]pacedSubject{}}, opts.Paced
 	if t.subject == nil {
 		t.subject = hostSubject
 	}
@@ -316,14 +322,14 @@ func (t *Transport) listen(ctx context.Context, subject string, d *throttle.Depa
 // for a paced request (Options.Paced) of a subject whose upstream taught
 // no rate, one that leaves now.
 func (t *Transport) depart(ctx context.Context, subject string) (*throttle.Departure, error) {
-	if t.paced != nil {
-		if d, ok := t.paced.now(subject); ok {
+	if t.paced {
+		if d, ok := t.seen.now(subject); ok {
 			return d, nil
 		}
 	}
 	d, err := t.up.Depart(ctx, subject, t.maxWait)
-	if err == nil && t.paced != nil {
-		t.paced.saw(subject, d)
+	if err == nil {
+		t.seen.saw(subject, d)
 	}
 	return d, err
 }
@@ -364,8 +370,8 @@ func (t *Transport) record(ctx context.Context, subject string, d *throttle.Depa
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pauseTimeout)
 	defer cancel()
 	l, err := t.up.Learn(lctx, subject, d, a)
-	if err == nil && t.paced != nil {
-		t.paced.learned(subject, l.Learned)
+	if err == nil {
+		t.seen.learned(subject, l.Learned)
 	}
 	if err != nil {
 		t.log.Error("httpthrottle: what the upstream answered could not be recorded in Redis", "subject", subject, "error", err)

@@ -167,6 +167,9 @@ type Admission struct {
 	// line, with Serve when to serve it next; Denied once the line is
 	// empty.
 	Handed map[string]time.Time
+	// Waiting is, for a serving of the line (as for Handed), how many
+	// callers still wait in the line after it; 0 otherwise.
+	Waiting int
 }
 
 // maxWeight bounds AdmitRequest.Weight.
@@ -284,6 +287,10 @@ type LineServing struct {
 	// Next, if not zero, is when to serve the line again, on the Redis
 	// clock: members still wait in it.
 	Next time.Time
+	// Waiting is how many members still wait in the line after this
+	// serving (the line's length): 0 once it is empty. The script knows
+	// it already; it costs nothing more.
+	Waiting int
 }
 
 // ServeLine serves subject's line (AdmitRequest.Horizon): it books the
@@ -303,7 +310,7 @@ func (l *Limiter) ServeLine(ctx context.Context, subject string, horizon time.Du
 	if err != nil {
 		return LineServing{}, err
 	}
-	s := LineServing{Handed: a.Handed}
+	s := LineServing{Handed: a.Handed, Waiting: a.Waiting}
 	if a.Status == Booked && a.Lease == 0 {
 		s.Next = a.Serve
 	}

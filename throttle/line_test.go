@@ -473,8 +473,8 @@ func TestLinePerRules(t *testing.T) {
 // TestServeLine serves a line of 30 callers of a 10/s GCRA subject with a
 // 1s horizon through ServeLine alone: each serving hands only turns within
 // the horizon, in arrival order, says when to serve next while callers
-// remain, and the line is empty, Next zero, once every caller is handed a
-// turn. A horizon of zero is an error, and a limiter with a Concurrency
+// remain with how many (Waiting), and the line is empty, Next zero and
+// Waiting 0, once every caller is handed a turn. A horizon of zero is an error, and a limiter with a Concurrency
 // rule has no line.
 func TestServeLine(t *testing.T) {
 	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
@@ -510,7 +510,13 @@ func TestServeLine(t *testing.T) {
 				}
 				handed[id] = slot
 			}
+			if left := n - 11 - len(handed); ls.Waiting != left {
+				t.Fatalf("serving %d: Waiting %d, want the %d still in line", servings, ls.Waiting, left)
+			}
 			if ls.Next.IsZero() {
+				if ls.Waiting != 0 {
+					t.Fatalf("line empty, Waiting %d, want 0", ls.Waiting)
+				}
 				break
 			}
 			time.Sleep(max(ls.Next.Sub(time.Now()), ms))

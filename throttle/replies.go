@@ -163,7 +163,9 @@ func (l *Limiter) decodeAdmit(req AdmitRequest, rep reply, recv time.Time, servi
 	if serving {
 		a.Handed = handed(rep.raw, len(l.rules))
 		if a.Status == Booked {
-			a.Serve, a.Rule = a.Slot, ""
+			// lua/line_serve.lua: the members left in line in place of
+			// the remaining permits.
+			a.Serve, a.Rule, a.Waiting = a.Slot, "", res.Remaining
 		}
 	}
 	return a, nil

@@ -24,6 +24,7 @@ const (
 // keeps a fixed ring of seconds per rule. Safe for concurrent use.
 type Activity struct {
 	turns *turnBook // the Metrics' turns ahead
+	lines *lineBook // the Metrics' lines' lengths
 
 	mu    sync.Mutex
 	rules map[string]*ruleActivity
@@ -68,6 +69,10 @@ type RuleActivity struct {
 	// NextTurn and LastTurn are the soonest and the furthest of those
 	// turns (local clock; the soonest to within 0.1 s); zero if none.
 	NextTurn, LastTurn time.Time
+	// LineWaiting counts the tasks waiting in the lines of the rule's
+	// subjects that this process serves, with no turn yet, as its last
+	// serving of each line counted them: jobthrottle_line_waiting.
+	LineWaiting int
 }
 
 // SecondActivity is one second of a rule's activity.
@@ -168,5 +173,6 @@ func (a *Activity) Rule(name string) RuleActivity {
 	if ra.TurnsAhead > 0 {
 		ra.LastTurn = furthest
 	}
+	ra.LineWaiting = a.lines.waiting(name)
 	return ra
 }

@@ -83,7 +83,7 @@ func TestActivityTurnsAhead(t *testing.T) {
 			m.parkedOn("r", admission.Decision{Turn: throttle.Booked, At: now.Add(ahead)}, ahead)
 		}
 		m.parkedOn("r", admission.Decision{Turn: throttle.Held, At: now.Add(time.Second)}, time.Second) // counted when booked
-		m.lineServed("r", map[string]time.Time{"a": now.Add(250 * time.Millisecond), "b": now.Add(2700 * time.Millisecond)})
+		m.lineServed("r", "s", admission.Served{Handed: map[string]time.Time{"a": now.Add(250 * time.Millisecond), "b": now.Add(2700 * time.Millisecond)}})
 		r := m.Activity().Rule("r")
 		next := now.Add(300*time.Millisecond - time.Nanosecond) // the end of 0.25 s's grain
 		if r.TurnsAhead != 4 || !r.NextTurn.Equal(next) || !r.LastTurn.Equal(now.Add(90*time.Second)) {

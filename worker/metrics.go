@@ -41,9 +41,10 @@ const WaitThreshold = 5 * time.Millisecond
 //	jobthrottle_line_turns_total{rule}        turns this process booked for tasks waiting in a subject's line
 //	jobthrottle_booked_turns{rule}            turns this process booked for parked tasks (or serving a line) that have not come yet
 //	jobthrottle_furthest_turn_seconds{rule}   how far ahead of now the furthest of those turns is
+//	jobthrottle_line_waiting{rule}            tasks waiting in the lines this process serves, as its last serving of each counted them
 //
-// The last two are kept in memory and computed when scraped: they cost
-// no Redis call.
+// The last three are kept in memory and computed when scraped: they cost
+// no Redis call (a serving's reply carries its line's length).
 //
 // A nil *Metrics records nothing. Pass one to the middleware with
 // Options.Metrics; FromRules also wires OnRedisError into the limiters
@@ -60,6 +61,7 @@ type Metrics struct {
 	places      *prometheus.GaugeVec
 	lineTurns   *prometheus.CounterVec
 	turns       *turnBook
+	lines       *lineBook
 }
 
 // NewMetrics creates the metrics and registers them on reg. It returns an
@@ -117,9 +119,9 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		Name:      "line_turns_total",
 		Help:      "Turns this process booked, serving a subject's line, for tasks that waited in it past the rule's horizon, by rule.",
 	}, []string{"rule"})
-	m.turns = &turnBook{}
-	m.activity = &Activity{turns: m.turns}
-	for _, c := range []prometheus.Collector{m.wait, m.delays, m.decisions, m.waiters, m.ahead, m.wakeups, m.redisErrors, m.places, m.lineTurns, m.turns} {
+	m.turns, m.lines = &turnBook{}, &lineBook{}
+	m.activity = &Activity{turns: m.turns, lines: m.lines}
+	for _, c := range []prometheus.Collector{m.wait, m.delays, m.decisions, m.waiters, m.ahead, m.wakeups, m.redisErrors, m.places, m.lineTurns, m.turns, m.lines} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("worker: registering metrics: %w", err)
 		}
@@ -185,15 +187,20 @@ func (m *Metrics) holding(rule string, delta float64) {
 	}
 }
 
-// lineServed records the turns a serving of rule's line booked, by task,
-// each with its slot on the Redis clock (taken as the local one, as the
-// wake-ups take it).
-func (m *Metrics) lineServed(rule string, handed map[string]time.Time) {
-	if m == nil || len(handed) == 0 {
+// lineServed records a serving of rule's line of subject: the turns it
+// booked, by task, each with its slot on the Redis clock (taken as the
+// local one, as the wake-ups take it), and how many tasks still wait in
+// the line.
+func (m *Metrics) lineServed(rule, subject string, s admission.Served) {
+	if m == nil {
 		return
 	}
-	m.lineTurns.WithLabelValues(rule).Add(float64(len(handed)))
-	for _, slot := range handed {
+	m.lines.served(rule, subject, s.Waiting, s.Next)
+	if len(s.Handed) == 0 {
+		return
+	}
+	m.lineTurns.WithLabelValues(rule).Add(float64(len(s.Handed)))
+	for _, slot := range s.Handed {
 		m.turns.add(rule, slot)
 	}
 }

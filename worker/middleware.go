@@ -215,8 +215,8 @@ func NewMiddleware(rules []TaskRule, opts Options) (*Middleware, error) {
 		m.requeue = &requeuer{client: asynq.NewClientFromRedisClient(opts.Asynq), insp: asynq.NewInspectorFromRedisClient(opts.Asynq)}
 		ledger, err := admission.NewShardedWakeups(opts.Asynq, admission.WakeupsKey, opts.WakeupShards)
 		if err == nil {
-			m.parking, err = admission.NewParking(ledger, admission.ParkingOptions{Logger: m.log, OnServe: func(rule string, s admission.Served) {
-				m.metrics.lineServed(rule, s.Handed)
+			m.parking, err = admission.NewParking(ledger, admission.ParkingOptions{Logger: m.log, OnServe: func(rule, subject string, s admission.Served) {
+				m.metrics.lineServed(rule, subject, s)
 			}})
 		}
 		if err != nil {

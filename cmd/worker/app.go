@@ -145,7 +145,7 @@ func build(o options, cfg *rules.Config, hs *handler.Config, rdb redis.Universal
 	if err != nil {
 		return nil, usageError{err}
 	}
-	a.status = newStatus(cfg, hs, metrics.Activity())
+	a.status = newStatus(cfg, hs, metrics.Activity(), hmetrics.LearnedRate)
 	a.reloader = &reloader{path: o.config, log: log, getenv: getenv, mw: a.mw, handlers: &handlerSwitch{}, build: handlers, cfg: cfg, status: a.status}
 	a.reloader.handlers.h.Store(mux)
 	return a, nil

@@ -35,7 +35,8 @@ var statusTemplate = template.Must(template.New("status").Funcs(template.FuncMap
 // in memory: serving the page costs no Redis call.
 type status struct {
 	started  time.Time
-	activity *worker.Activity // nil without metrics: every count zero
+	activity *worker.Activity          // nil without metrics: every count zero
+	learned  func(rule string) float64 // the upstream rate the rule's http handlers learned (handler.Metrics.LearnedRate); nil: none
 	failures failureLog
 
 	mu     sync.Mutex
@@ -52,10 +53,12 @@ type rulesSource struct {
 	refusal  string    // why
 }
 
-// newStatus returns the status of a worker started with cfg and hs.
-func newStatus(cfg *rules.Config, hs *handler.Config, activity *worker.Activity) *status {
+// newStatus returns the status of a worker started with cfg and hs;
+// learned, if not nil, gives the upstream rate a rule's http handlers
+// learned (handler.Metrics.LearnedRate).
+func newStatus(cfg *rules.Config, hs *handler.Config, activity *worker.Activity, learned func(rule string) float64) *status {
 	now := time.Now()
-	return &status{started: now, activity: activity, source: rulesSource{cfg: cfg, handlers: hs, loaded: now}}
+	return &status{started: now, activity: activity, learned: learned, source: rulesSource{cfg: cfg, handlers: hs, loaded: now}}
 }
 
 // reloaded records that a reload put cfg and hs in force.
@@ -133,6 +136,8 @@ type ruleView struct {
 	TurnsAhead int
 	NextTurn   string // "within 1s", "in 12s"; "" if no turn is ahead
 	LastTurn   string
+	InLine     int    // tasks waiting in the lines this process serves (jobthrottle_line_waiting)
+	Learned    string // "learned: 1.9/s" from the upstream of the rule's http handlers; "" if none
 	Plot       plot
 }
 
@@ -160,7 +165,11 @@ func (s *status) view(now time.Time) statusView {
 		File: src.cfg.File, Prefix: src.cfg.Prefix, FailOpen: src.cfg.FailOpen, Loaded: src.loaded, Reloads: src.reloads, Refused: src.refused, Refusal: src.refusal,
 		Span: worker.ActivitySpan.String(), Ahead: worker.ActivityAhead.String()}
 	for _, r := range src.cfg.Rules {
-		v.Rules = append(v.Rules, ruleOnPage(r, s.activity.Rule(r.Name), now))
+		rv := ruleOnPage(r, s.activity.Rule(r.Name), now)
+		if s.learned != nil {
+			rv.Learned = learnedWords(s.learned(r.Name))
+		}
+		v.Rules = append(v.Rules, rv)
 	}
 	for _, h := range src.handlers.Handlers {
 		hv := handlerView{Task: h.Task, Does: h.Describe(), Line: h.Line}
@@ -176,7 +185,7 @@ func (s *status) view(now time.Time) statusView {
 // ruleOnPage is rule r, with its activity a, as the page shows it at now.
 func ruleOnPage(r rules.RuleConfig, a worker.RuleActivity, now time.Time) ruleView {
 	v := ruleView{Name: r.Name, FileLine: r.Line, ruleWords: describeRule(r), Admitted: a.Admitted(),
-		TurnsAhead: a.TurnsAhead}
+		TurnsAhead: a.TurnsAhead, InLine: a.LineWaiting}
 	for _, o := range outcomes {
 		v.Decisions = append(v.Decisions, outcomeCount{o, a.Decisions[o]})
 	}
@@ -225,6 +234,15 @@ func limitUse(l throttle.Rule, seconds []worker.SecondActivity, cost rules.CostC
 		s += fmt.Sprintf(" (counting a permit a task: the real cost is each task's %q)", cost.PayloadField)
 	}
 	return s
+}
+
+// learnedWords is a learned upstream rate on the page: "learned: 1.9/s"
+// (to 3 significant digits), "" for none.
+func learnedWords(perSecond float64) string {
+	if perSecond <= 0 {
+		return ""
+	}
+	return "learned: " + strconv.FormatFloat(perSecond, 'g', 3, 64) + "/s"
 }
 
 // dueIn is when a turn due at at is, from now: "within 1s", else "in 12s".

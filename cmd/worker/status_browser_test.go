@@ -84,6 +84,9 @@ func TestStatusPageInChromium(t *testing.T) {
 			}
 		}
 		m := metrics[r.Name]
+		if r.LineWaiting != m["line"] {
+			t.Errorf("rule %s: the page says %d tasks in line, jobthrottle_line_waiting %d", r.Name, r.LineWaiting, m["line"])
+		}
 		if admitted := m["admitted"] + m["waited"] + m["redeemed"]; r.PlotAdmitted != admitted || r.PlotParked != m["parked"] || r.PlotWidth <= 0 {
 			t.Errorf("rule %s's plot: %d admitted, %d parked, %v px wide; /metrics says %d and %d", r.Name, r.PlotAdmitted, r.PlotParked, r.PlotWidth, admitted, m["parked"])
 		}
@@ -154,15 +157,18 @@ func runStatusTasks(t *testing.T, rdb redis.UniversalClient) []string {
 
 // decisionLine is a sample of jobthrottle_decisions_total in the text
 // format (labels in name order); attemptLine one of
-// jobthrottle_handler_attempts_total.
+// jobthrottle_handler_attempts_total; lineWaitingLine one of
+// jobthrottle_line_waiting.
 var (
-	decisionLine = regexp.MustCompile(`(?m)^jobthrottle_decisions_total\{outcome="(\w+)",rule="([^"]+)"\} (\d+)$`)
-	attemptLine  = regexp.MustCompile(`(?m)^jobthrottle_handler_attempts_total\{handler="[^"]+",kind="\w+",outcome="(\w+)"\} (\d+)$`)
+	decisionLine    = regexp.MustCompile(`(?m)^jobthrottle_decisions_total\{outcome="(\w+)",rule="([^"]+)"\} (\d+)$`)
+	lineWaitingLine = regexp.MustCompile(`(?m)^jobthrottle_line_waiting\{rule="([^"]+)"\} (\d+)$`)
+	attemptLine     = regexp.MustCompile(`(?m)^jobthrottle_handler_attempts_total\{handler="[^"]+",kind="\w+",outcome="(\w+)"\} (\d+)$`)
 )
 
 // scrapeMetrics returns the decisions on the worker's /metrics at url, by
-// rule and outcome, and the handlers' failed attempts: every outcome but
-// success and throttled (a deferral).
+// rule and outcome (and under "line", the rule's jobthrottle_line_waiting),
+// and the handlers' failed attempts: every outcome but success and
+// throttled (a deferral).
 func scrapeMetrics(t *testing.T, url string) (map[string]map[string]int64, int) {
 	t.Helper()
 	resp, err := http.Get(url)
@@ -180,6 +186,13 @@ func scrapeMetrics(t *testing.T, url string) (map[string]map[string]int64, int) 
 			decisions[m[2]] = map[string]int64{}
 		}
 		decisions[m[2]][m[1]], _ = strconv.ParseInt(m[3], 10, 64)
+	}
+	// The tasks in line, as the decision "line" of their rule.
+	for _, m := range lineWaitingLine.FindAllStringSubmatch(string(body), -1) {
+		if decisions[m[1]] == nil {
+			decisions[m[1]] = map[string]int64{}
+		}
+		decisions[m[1]]["line"], _ = strconv.ParseInt(m[2], 10, 64)
 	}
 	failed := 0
 	for _, m := range attemptLine.FindAllStringSubmatch(string(body), -1) {
@@ -200,6 +213,7 @@ type statusPage struct {
 		PlotAdmitted int64            `json:"plotAdmitted"`
 		PlotParked   int64            `json:"plotParked"`
 		PlotWidth    float64          `json:"plotWidth"`
+		LineWaiting  int64            `json:"lineWaiting"`
 	} `json:"rules"`
 	Failures    int      `json:"failures"`
 	FailedIDs   []string `json:"failedIDs"`
@@ -218,6 +232,7 @@ const readStatusPage = `(() => {
 			plotAdmitted: Number(svg.dataset.admitted),
 			plotParked: Number(svg.dataset.parked),
 			plotWidth: svg.getBoundingClientRect().width,
+			lineWaiting: Number(s.querySelector("td[data-line-waiting]").dataset.lineWaiting),
 		};
 	});
 	const failed = [...document.querySelectorAll("#failures tr[data-task-id]")];

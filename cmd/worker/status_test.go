@@ -45,7 +45,7 @@ func get(h http.Handler, method, path string) *httptest.ResponseRecorder {
 // in force after a reload, and a reload that was refused.
 func TestStatusPageRoutesAndReloads(t *testing.T) {
 	cfg, hs := parseBoth(t, "rules:\n  - {name: old, tasks: [x], subject: {fixed: s}, algorithm: gcra, limit: 1, period: 1s}\n")
-	st := newStatus(cfg, hs, nil)
+	st := newStatus(cfg, hs, nil, nil)
 	mux := healthMux(prometheus.NewRegistry(), func(context.Context) error { return nil }, st)
 	for _, path := range []string{"/", "/status", "/status?refresh=5"} {
 		rec := get(mux, http.MethodGet, path)
@@ -90,7 +90,7 @@ func TestStatusPageRoutesAndReloads(t *testing.T) {
 // failuresKept of them, and not its deferrals nor revoked tasks.
 func TestStatusFailures(t *testing.T) {
 	cfg, hs := parseBoth(t, "rules:\n  - {name: r, tasks: [\"t:*\"], subject: {fixed: s}, algorithm: gcra, limit: 1, period: 1s}\n")
-	st := newStatus(cfg, hs, nil)
+	st := newStatus(cfg, hs, nil, nil)
 	var next error
 	h := st.observe(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return next }))
 	for _, err := range []error{nil,
@@ -179,12 +179,40 @@ func BenchmarkStatusPage(b *testing.B) {
 		b.Fatal(err)
 	}
 	m, _ := worker.NewMetrics(prometheus.NewRegistry())
-	st := newStatus(cfg, &handler.Config{}, m.Activity())
+	st := newStatus(cfg, &handler.Config{}, m.Activity(), nil)
 	for range failuresKept {
 		st.failures.add(failure{At: time.Now(), Task: "t0", ID: "id", Error: strings.Repeat("x", maxFailureText)})
 	}
 	req := httptest.NewRequest(http.MethodGet, "/status", nil)
 	for b.Loop() {
 		st.ServeHTTP(httptest.NewRecorder(), req)
+	}
+}
+
+// A rule whose http handlers learned an upstream rate says so in its
+// source, "learned: N/s"; one that learned none does not; each rule shows
+// the tasks waiting in its lines, as worker.RuleActivity.LineWaiting
+// (jobthrottle_line_waiting) counts them.
+func TestStatusPageLearnedAndLine(t *testing.T) {
+	cfg, hs := parseBoth(t, `rules:
+  - {name: partner, tasks: [p], subject: {fixed: s}, algorithm: gcra, limit: 100, period: 1s}
+  - {name: other, tasks: [o], subject: {fixed: s}, algorithm: gcra, limit: 1, period: 1s}
+`)
+	learned := map[string]float64{"partner": 1.9000190001900019}
+	st := newStatus(cfg, hs, nil, func(rule string) float64 { return learned[rule] })
+	body := get(st, http.MethodGet, "/status").Body.String()
+	partner, other, _ := strings.Cut(body[strings.Index(body, `data-rule="partner"`):], `data-rule="other"`)
+	if !strings.Contains(partner, `<span class="learned">learned: 1.9/s</span>`) {
+		t.Errorf("rule partner's section does not say learned: 1.9/s:\n%s", partner)
+	}
+	if strings.Contains(other, "learned:") {
+		t.Errorf("rule other learned nothing, but its section says learned:\n%s", other)
+	}
+	if !strings.Contains(partner, `data-line-waiting="0">0 tasks waiting`) {
+		t.Errorf("rule partner's section does not say 0 tasks waiting in line:\n%s", partner)
+	}
+	a := worker.RuleActivity{Rule: "partner", Seconds: make([]worker.SecondActivity, 300), Ahead: make([]worker.SecondActivity, 60), LineWaiting: 7}
+	if v := ruleOnPage(cfg.Rules[0], a, time.Now()); v.InLine != 7 {
+		t.Errorf("a rule with 7 tasks in line: InLine %d; want 7", v.InLine)
 	}
 }
