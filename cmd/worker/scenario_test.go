@@ -1,9 +1,7 @@
 package main
 
 import (
-	"io"
 	"net/http"
-	"net/http/httptest"
 	"regexp"
 	"strconv"
 	"strings"
@@ -13,7 +11,6 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/jobthrottle/jobthrottle/internal/cmdtest"
-	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/worker"
 )
 
@@ -43,19 +40,10 @@ handlers:
 func TestOperatorScenario(t *testing.T) {
 	t.Parallel()
 	browser := chromium(t)
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/fail" {
-			http.Error(w, "upstream down", http.StatusBadGateway)
-		}
-	}))
-	t.Cleanup(upstream.Close)
-	rulesFile := writeRules(t, strings.ReplaceAll(scenarioRules, "UPSTREAM", upstream.URL))
-	proc := redistest.Server(t)
-	rdb := proc.Client(t)
-	env := []string{"REDIS_URL=" + proc.URL()}
-	_, log := startBinary(t, env, "--config", rulesFile, "--metrics-addr", "127.0.0.1:0", "--concurrency", "4", "--shutdown-timeout", "2s")
-	base := log.waitFor(`url=(http://\S+)/metrics`)[1]
-	log.waitFor(`msg="worker: processing"`)
+	w := startPageWorker(t, scenarioRules, http.StatusBadGateway)
+	rulesFile, base, log := w.rulesFile, w.base, w.log
+	rdb := w.proc.Client(t)
+	env := []string{"REDIS_URL=" + w.proc.URL()}
 
 	client := asynq.NewClientFromRedisClient(rdb)
 	insp := asynq.NewInspectorFromRedisClient(rdb)
@@ -161,17 +149,8 @@ func TestOperatorScenario(t *testing.T) {
 // /metrics at url by outcome.
 func attemptOutcomes(t *testing.T, url string) map[string]int64 {
 	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
 	sums := map[string]int64{}
-	for _, m := range attemptLine.FindAllStringSubmatch(string(body), -1) {
+	for _, m := range attemptLine.FindAllStringSubmatch(getBody(t, url), -1) {
 		n, _ := strconv.ParseInt(m[2], 10, 64)
 		sums[m[1]] += n
 	}

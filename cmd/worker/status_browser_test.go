@@ -48,18 +48,9 @@ handlers:
 func TestStatusPageInChromium(t *testing.T) {
 	t.Parallel()
 	browser := chromium(t)
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/fail" {
-			http.Error(w, "upstream down", http.StatusInternalServerError)
-		}
-	}))
-	t.Cleanup(upstream.Close)
-	rulesFile := writeRules(t, strings.ReplaceAll(statusRules, "UPSTREAM", upstream.URL))
-	proc := redistest.Server(t)
-	_, log := startBinary(t, []string{"REDIS_URL=" + proc.URL()}, "--config", rulesFile, "--metrics-addr", "127.0.0.1:0", "--concurrency", "4", "--shutdown-timeout", "2s")
-	base := log.waitFor(`url=(http://\S+)/metrics`)[1]
-	log.waitFor(`msg="worker: processing"`)
-	go log.rest() // keeps its stderr flowing
+	w := startPageWorker(t, statusRules, http.StatusInternalServerError)
+	rulesFile, proc, base := w.rulesFile, w.proc, w.base
+	go w.log.rest() // keeps its stderr flowing
 
 	failed := runStatusTasks(t, proc.Client(t))
 	metrics, failedAttempts := scrapeMetrics(t, base+"/metrics")
@@ -98,6 +89,50 @@ func TestStatusPageInChromium(t *testing.T) {
 	if !strings.Contains(page.FailureText, "answered 500 Internal Server Error") || !strings.Contains(page.FailureText, "exited with 3") {
 		t.Errorf("the failures' errors %q; want the upstream's 500 and the command's exit code 3", page.FailureText)
 	}
+}
+
+// pageWorker is a worker binary started for a test of what an operator
+// sees: its rules file, its Redis, the base URL of its /metrics and
+// /status, and its log.
+type pageWorker struct {
+	rulesFile string
+	proc      *redistest.Proc
+	base      string
+	log       *binaryLog
+}
+
+// startPageWorker starts the worker binary on a fresh Redis with the
+// rules file rules, whose UPSTREAM stands for a fake API on loopback
+// that answers its /fail with failStatus and everything else with 200,
+// and waits until it processes tasks.
+func startPageWorker(t *testing.T, rules string, failStatus int) pageWorker {
+	t.Helper()
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/fail" {
+			http.Error(w, "upstream down", failStatus)
+		}
+	}))
+	t.Cleanup(upstream.Close)
+	w := pageWorker{rulesFile: writeRules(t, strings.ReplaceAll(rules, "UPSTREAM", upstream.URL)), proc: redistest.Server(t)}
+	_, w.log = startBinary(t, []string{"REDIS_URL=" + w.proc.URL()}, "--config", w.rulesFile, "--metrics-addr", "127.0.0.1:0", "--concurrency", "4", "--shutdown-timeout", "2s")
+	w.base = w.log.waitFor(`url=(http://\S+)/metrics`)[1]
+	w.log.waitFor(`msg="worker: processing"`)
+	return w
+}
+
+// getBody returns the body of a GET of url.
+func getBody(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(body)
 }
 
 // chromium returns the path of Debian's chromium, or skips the test
@@ -171,17 +206,9 @@ var (
 // throttled (a deferral).
 func scrapeMetrics(t *testing.T, url string) (map[string]map[string]int64, int) {
 	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	body := getBody(t, url)
 	decisions := map[string]map[string]int64{}
-	for _, m := range decisionLine.FindAllStringSubmatch(string(body), -1) {
+	for _, m := range decisionLine.FindAllStringSubmatch(body, -1) {
 		if decisions[m[2]] == nil {
 			decisions[m[2]] = map[string]int64{}
 		}
@@ -195,7 +222,7 @@ func scrapeMetrics(t *testing.T, url string) (map[string]map[string]int64, int) 
 		decisions[m[1]]["line"], _ = strconv.ParseInt(m[2], 10, 64)
 	}
 	failed := 0
-	for _, m := range attemptLine.FindAllStringSubmatch(string(body), -1) {
+	for _, m := range attemptLine.FindAllStringSubmatch(body, -1) {
 		if n, _ := strconv.Atoi(m[2]); m[1] != "success" && m[1] != "throttled" {
 			failed += n
 		}
