@@ -33,10 +33,10 @@ handlers:
 
 // What an operator sees of one worker with a backlog, a failing upstream
 // and a command killed at its timeout, all at once (and a long command
-// still running at the end): a log line per failed
-// attempt, the attempts by outcome on /metrics, explain for a parked, a
-// pending and a running task, and the status page in Chromium (its
-// screenshot kept in $JOBTHROTTLE_ARTIFACTS when set).
+// still running at the end): a log line per failed attempt, the attempts
+// by outcome on /metrics, explain for a parked, a pending and a running
+// task, and the status page in Chromium (its screenshot kept in
+// $JOBTHROTTLE_ARTIFACTS when set).
 func TestOperatorScenario(t *testing.T) {
 	t.Parallel()
 	browser := chromium(t)
