@@ -251,7 +251,7 @@ func (s *leases) call(ctx context.Context, o op, subject string, ids []string) (
 	for _, id := range ids {
 		args = append(args, id)
 	}
-	ctx, cancel := context.WithTimeout(ctx, renewTimeout)
+	ctx, cancel := ownTimeout(ctx, renewTimeout)
 	defer cancel()
 	cmd, err := l.exec(ctx, o, leaseScript, []string{key(l.prefix, enc, l.keyRules[s.rule])}, args)
 	if err != nil {

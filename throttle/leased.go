@@ -703,7 +703,7 @@ func (q *leaser) renew(ctx context.Context, subject string, k *leasedKey, t time
 // call leases n slots of subject: a reservation of n permits whose last
 // slot is at most the horizon away, then serves the queued requests.
 func (q *leaser) call(ctx context.Context, subject string, k *leasedKey, n int) {
-	ctx, cancel := context.WithTimeout(ctx, leaseCallTimeout)
+	ctx, cancel := ownTimeout(ctx, leaseCallTimeout)
 	defer cancel()
 	l := q.lim
 	var ls *lease
@@ -918,7 +918,7 @@ var errUncertainClock = errors.New("throttle: lease round trips too slow to plac
 // takes back only what no later reservation follows; nothing if the rule
 // was reset since), and reports whether Redis answered.
 func (q *leaser) giveBackLease(ctx context.Context, subject string, n int, ticket string, booked int64) bool {
-	ctx, cancel := context.WithTimeout(ctx, leaseCallTimeout)
+	ctx, cancel := ownTimeout(ctx, leaseCallTimeout)
 	defer cancel()
 	l := q.lim
 	keys, args, err := l.request(opRefund, subject, 1, booked, []string{ticket})

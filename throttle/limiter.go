@@ -35,6 +35,9 @@ type Options struct {
 	// admitted anyway. Use it for metrics. It must not block. Window
 	// waiters queued in this process behind one whose call failed take
 	// that answer without asking Redis again; each reports it here too.
+	// A call its caller ended (a cancelled context, or one past its
+	// deadline) is no Redis error: the caller gets the context's error,
+	// and the hook is not called.
 	OnRedisError func(err error, failedOpen bool)
 	// NoBatching sends every AllowN as its own EVALSHA. By default,
 	// concurrent AllowN calls of one Limiter go out together in one

@@ -112,15 +112,15 @@ func (l *Limiter) refundNow(subject string, batch []*refundEntry, undo bool) err
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(batch[0].ctx), refundTimeout)
+	ctx, cancel := ownTimeout(context.WithoutCancel(batch[0].ctx), refundTimeout)
 	defer cancel()
 	_, err = l.exec(ctx, o, l.scripts.of(o), keys, args)
-	if err != nil && l.opts.OnRedisError != nil {
+	if err != nil {
 		// A cancelled Wait drops this error (it returns ctx.Err()), so the
 		// hook is where a refund lost to Redis shows: once per refund
 		// (exec reported the first).
 		for range batch[1:] {
-			l.opts.OnRedisError(err.(*redisError).err, false)
+			l.report(ctx, err.(*redisError).err, false)
 		}
 	}
 	return err

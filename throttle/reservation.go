@@ -92,7 +92,7 @@ func (r *Reservation) wait(ctx context.Context) error {
 // cancelDetached refunds after ctx has ended, on a context that keeps
 // ctx's values but not its cancellation; undo as for cancel.
 func (r *Reservation) cancelDetached(ctx context.Context, undo bool) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
+	rctx, cancel := ownTimeout(context.WithoutCancel(ctx), refundTimeout)
 	defer cancel()
 	_ = r.cancel(rctx, undo)
 }

@@ -85,10 +85,53 @@ func (r *runner) result(ctx context.Context, o op, err error) error {
 		return nil
 	}
 	err = deadlineCause(ctx, err)
-	if !o.failsOpen() && r.opts.OnRedisError != nil {
-		r.opts.OnRedisError(err, false)
+	if !o.failsOpen() {
+		r.report(ctx, err, false)
 	}
 	return &redisError{op: o, err: err}
+}
+
+// report passes a failed call's error to OnRedisError, unless the call's
+// caller ended it: a Wait cancelled, or past its deadline, is not a Redis
+// failure, and counting it as one would raise an operator's alarm every
+// time a task times out. A deadline the library set on its own call (a
+// refund's, a renewal's: ownTimeout) is one.
+func (r *runner) report(ctx context.Context, err error, open bool) {
+	if r.opts.OnRedisError != nil && !callerEnded(ctx) {
+		r.opts.OnRedisError(err, open)
+	}
+}
+
+// errOwnTimeout is the cause of a deadline ownTimeout set.
+var errOwnTimeout = errors.New("throttle: the call's time bound passed")
+
+// ownDeadline is the context key under which ownTimeout keeps its deadline.
+type ownDeadline struct{}
+
+// ownTimeout bounds a call the library makes on its own behalf (a refund,
+// a renewal, a lease) to d, marking the bound as the library's so that
+// report counts the call as failed when it passes.
+func ownTimeout(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	dl := time.Now().Add(d)
+	return context.WithDeadlineCause(context.WithValue(ctx, ownDeadline{}, dl), dl, errOwnTimeout)
+}
+
+// callerEnded reports whether ctx ended by its caller's doing: cancelled,
+// or past a deadline that is not ownTimeout's. A deadline counts from the
+// instant it passes, before ctx reports it, as in deadlineCause.
+func callerEnded(ctx context.Context) bool {
+	if errors.Is(context.Cause(ctx), errOwnTimeout) {
+		return false
+	}
+	if ctx.Err() != nil {
+		return true
+	}
+	dl, ok := ctx.Deadline()
+	if !ok || time.Now().Before(dl) {
+		return false
+	}
+	own, isOwn := ctx.Value(ownDeadline{}).(time.Time)
+	return !isOwn || !own.Equal(dl)
 }
 
 // deadlineCause marks err as the caller's deadline when that deadline has
@@ -112,9 +155,7 @@ func (r *runner) redisFailed(ctx context.Context, err error) bool {
 	if open && !r.failingOpen.Swap(true) {
 		r.opts.Logger.Warn("throttle: Redis unreachable, admitting requests (fail open)", "prefix", r.opts.Prefix, "error", err)
 	}
-	if r.opts.OnRedisError != nil {
-		r.opts.OnRedisError(err, open)
-	}
+	r.report(ctx, err, open)
 	return open
 }
 

@@ -380,7 +380,7 @@ func (u *Upstream) confirm(ctx context.Context, keys []string, d *Departure, max
 // giveBack cancels a departure that will not leave: the schedule's end
 // moves back if no later departure was booked behind it.
 func (u *Upstream) giveBack(ctx context.Context, keys []string, d *Departure) {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
+	cctx, cancel := ownTimeout(context.WithoutCancel(ctx), refundTimeout)
 	defer cancel()
 	_, _, _ = u.call(cctx, keys, u.args(opCancel, d.tat[0], d.tat[1], d.last))
 }
