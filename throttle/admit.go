@@ -69,6 +69,16 @@ type AdmitRequest struct {
 	// expiry, while some wait (look again then: that is how a fleet whose
 	// holders all died goes on), else Denied.
 	N int
+	// Costs, if not nil, is what the caller takes under each rule, in the
+	// order of Limiter.Rules, in place of N (which must then be 0): one
+	// LLM call's requests, input tokens and output tokens, decided in one
+	// call (see Costs). A rule whose cost is 0 does not delay the turn.
+	// A caller in the line keeps its costs: its turn is booked at them.
+	// At least one cost must be above 0; different costs need every rule
+	// over the caller's subject, no Concurrency rule and no ShareLimit.
+	// The Reservation of a Granted or Redeemed turn settles them
+	// (Reservation.SettleCosts).
+	Costs Costs
 	// Caller names the caller across its arrivals: under which ID its
 	// turns are booked and redeemed, under which name it holds or waits
 	// for a place of a Concurrency rule, and its share of the line.
@@ -189,6 +199,9 @@ func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error
 	}
 	if req.Tolerance == 0 {
 		req.Tolerance = l.tolerance
+	}
+	if err := l.admitCosts(&req); err != nil {
+		return Admission{}, err
 	}
 	return l.mode.admit(ctx, req)
 }

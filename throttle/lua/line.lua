@@ -6,7 +6,8 @@
 --   KEYS[r+4] <prefix>{<subject>}:!line(<rules>): a sorted set of the
 --             waiting members by their place (one line per limiter's rules,
 --             which its servings charge)
---   KEYS[r+5] :!line:e, a hash: member -> its n and waiter, one a line
+--   KEYS[r+5] :!line:e, a hash: member -> its n (ARGV[2]'s form, per_rule
+--             in rules.lua) and waiter, one a line
 --   KEYS[r+6] :!line:f, a hash: 's' .. share -> the place of the share's
 --             last member; 'v' -> the place of the last member served;
 --             't' -> the Redis time (µs) of the last serving
@@ -120,7 +121,7 @@ local function line_base(n, nrules, b, rkey, tkey, tol)
     local place = math.max(tonumber(f[1]) or 0, tonumber(f[2]) or 0) + n / weight
     local ahead = redis.call('ZCARD', l.key)
     redis.call('ZADD', l.key, fmt(place), ARGV[b])
-    redis.call('HSET', l.ekey, ARGV[b], string.format('%d', n) .. '\n' .. ARGV[b + 5])
+    redis.call('HSET', l.ekey, ARGV[b], ARGV[2] .. '\n' .. ARGV[b + 5])
     redis.call('HSET', l.fkey, share, fmt(place))
     if l.ci then
       -- A share that wakes a line whose shares all sleep (served only when
@@ -138,7 +139,7 @@ local function line_base(n, nrules, b, rkey, tkey, tol)
   -- horizons, whoever served it may have stopped: it is served at once.
   function l.stay(member, place)
     local e = redis.call('HGET', l.ekey, member) or ''
-    local m = tonumber(string.match(e, '^(%d+)')) or n
+    local m = string.match(e, '^([%d ]+)\n') or ARGV[2]
     local sh = ARGV[b + 6]
     if member ~= ARGV[b] then
       redis.call('ZREM', l.key, member)
@@ -147,9 +148,9 @@ local function line_base(n, nrules, b, rkey, tkey, tol)
       if l.ci then redis.call('ZREM', l.qkey, qentry(sh, tonumber(place), member)) end
     end
     if l.ci then enqueue(sh, tonumber(place), ARGV[b]) end
-    redis.call('HSET', l.ekey, ARGV[b], string.format('%d', m) .. '\n' .. ARGV[b + 5])
+    redis.call('HSET', l.ekey, ARGV[b], m .. '\n' .. ARGV[b + 5])
     local ahead = redis.call('ZCOUNT', l.key, '-inf', '(' .. place)
-    local back = fallback(ahead, m, l.ci and sh)
+    local back = fallback(ahead, (per_rule(m)), l.ci and sh)
     keep(back + l.horizon + tol)
     local serve = -1
     if now - (tonumber(redis.call('HGET', l.fkey, 't')) or 0) > 2 * l.horizon then serve = 0 end
