@@ -89,6 +89,11 @@ type RuleConfig struct {
 	// are the last part of the Redis keys: <prefix>{<subject>}:<name>.
 	Limits []throttle.Rule
 	Cost   CostConfig // permits per task; the zero value is one
+	// LimitCosts, if not nil, is the cost of each of Limits (a policy
+	// whose limits have a cost field of their own: an LLM call's
+	// requests, input tokens and output tokens), in their order; a limit
+	// without one takes one permit. Cost is then unset. Costs reads them.
+	LimitCosts []CostConfig
 	// FairBy, if set (either field), divides the rule's limit among the
 	// shares of each subject with tasks waiting (worker.TaskRule.FairBy),
 	// weighed by Settings.Weights and each limited by Settings.ShareLimit.
@@ -140,6 +145,34 @@ func (c CostConfig) Of(payload []byte) (int, error) {
 		return c.Permits, nil
 	}
 	return 1, nil
+}
+
+// LimitCost returns the cost of the rule's i-th limit: its own
+// (LimitCosts), or the rule's Cost.
+func (r RuleConfig) LimitCost(i int) CostConfig {
+	if r.LimitCosts != nil {
+		return r.LimitCosts[i]
+	}
+	return r.Cost
+}
+
+// Costs returns what a task whose payload is payload takes under each of
+// the rule's Limits, in their order (LimitCosts, each as CostConfig.Of
+// reads it), or nil if the rule has one Cost for every limit. An error
+// means the task can never be admitted.
+func (r RuleConfig) Costs(payload []byte) (throttle.Costs, error) {
+	if r.LimitCosts == nil {
+		return nil, nil
+	}
+	c := make(throttle.Costs, len(r.LimitCosts))
+	for i, lc := range r.LimitCosts {
+		n, err := lc.Of(payload)
+		if err != nil {
+			return nil, fmt.Errorf("limit %q: %w", r.Limits[i].Name, err)
+		}
+		c[i] = n
+	}
+	return c, nil
 }
 
 // Load reads and parses the rules file at path.

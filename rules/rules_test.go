@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -534,5 +535,51 @@ func TestShareLimitConfig(t *testing.T) {
 				t.Errorf("the rule's limits %+v; want one of %+v", r.Limits, want)
 			}
 		})
+	}
+}
+
+// TestLimitCosts reads a cost on each limit of a policy (an LLM call's
+// requests, input and output tokens), a limit without one taking 1, and
+// refuses what cannot work, at the line of the field.
+func TestLimitCosts(t *testing.T) {
+	head := "rules:\n  - name: llm\n    tasks: [llm:call]\n    subject: {fixed: openai}\n"
+	good := head + "    limits:\n" +
+		"      - {name: requests, algorithm: gcra, limit: 500, period: 1m}\n" +
+		"      - {name: input, algorithm: gcra, limit: 30000, period: 1m, cost: {payload_field: input_tokens}}\n" +
+		"      - {name: output, algorithm: gcra, limit: 10000, period: 1m, cost: {payload_field: max_tokens}}\n"
+	cfg, err := Parse("rules.yaml", []byte(good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := cfg.Rules[0]
+	got, err := r.Costs([]byte(`{"input_tokens": 1200, "max_tokens": 300}`))
+	if err != nil || !slices.Equal(got, throttle.Costs{1, 1200, 300}) {
+		t.Fatalf("Costs: %v, %v; want [1 1200 300]", got, err)
+	}
+	if _, err := r.Costs([]byte(`{"input_tokens": 1200}`)); err == nil || !strings.Contains(err.Error(), `limit "llm.output"`) {
+		t.Errorf("a missing field: %v; want an error naming the limit", err)
+	}
+	plain, err := Parse("rules.yaml", []byte(head+"    algorithm: gcra\n    limit: 1\n    period: 1s\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, err := plain.Rules[0].Costs([]byte(`{}`)); c != nil || err != nil {
+		t.Errorf("a rule without limit costs: %v, %v; want nil", c, err)
+	}
+	bad := []struct{ name, file, want string }{
+		{"over capacity", head + "    limits:\n      - {name: a, algorithm: gcra, limit: 10, period: 1s, cost: 11}\n",
+			`rules.yaml:6: rule "llm": limits[1].cost: 11 permits per task, but limit "llm.a" admits at most 10 at once`},
+		{"empty field", head + "    limits:\n      - {name: a, algorithm: gcra, limit: 10, period: 1s, cost: {payload_field: \"\"}}\n",
+			`limits[1].cost.payload_field: must name a top-level field`},
+		{"with the rule's cost", head + "    cost: 2\n    limits:\n      - {name: a, algorithm: gcra, limit: 10, period: 1s, cost: 1}\n",
+			`cost: cannot be combined with a cost on a limit`},
+		{"with concurrency", head + "    limits:\n      - {name: a, algorithm: gcra, limit: 10, period: 1s, cost: 1}\n      - {name: c, algorithm: concurrency, limit: 2}\n",
+			`costs on limits cannot be combined with concurrency limit "llm.c"`},
+	}
+	for _, c := range bad {
+		_, err := Parse("rules.yaml", []byte(c.file))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v; want %q", c.name, err, c.want)
+		}
 	}
 }

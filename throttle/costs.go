@@ -145,6 +145,31 @@ func (l *Limiter) ReserveCosts(ctx context.Context, subject string, c Costs) (*R
 	return l.reserveCosts(ctx, subject, n, per)
 }
 
+// WaitCosts is WaitN with a cost per rule (see Costs): it reserves the
+// earliest slot at which every rule can grant its cost, in one round
+// trip, and sleeps until it, cancelling the reservation if ctx ends first.
+// Errors are WaitN's and AllowCosts's.
+func (l *Limiter) WaitCosts(ctx context.Context, subject string, c Costs) error {
+	if err := l.open(); err != nil {
+		return err
+	}
+	n, per, err := l.costs(c)
+	if err != nil {
+		return err
+	}
+	if per == nil {
+		return l.WaitN(ctx, subject, n)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	r, err := l.reserveCosts(ctx, subject, n, per)
+	if err != nil {
+		return err
+	}
+	return r.wait(ctx)
+}
+
 // SettleCosts is Settle with the real cost under each rule, in the order
 // of Limiter.Rules (see Costs): each rule is given back, or charged, the
 // difference from what the reservation took under it, in one script call.

@@ -53,6 +53,14 @@ type TaskRule struct {
 	// Limiter is charged the same cost; for limits of different costs
 	// (requests beside tokens), see SetCost.
 	Cost Cost
+	// Costs, if set, derives what a task takes under each rule of the
+	// Limiter (a *throttle.Limiter), in the order of its rules, in place
+	// of Cost: an LLM call's requests, input tokens and output tokens,
+	// decided in one call (throttle.Costs). A rule of cost 0 is not
+	// charged and does not delay the task. They are estimates that the
+	// handler may correct with SetCosts; a task whose costs are all 0
+	// runs free.
+	Costs Costs
 	// Settings are how the rule's tasks are admitted (admission.Settings,
 	// the rules file's max_wait, wait_slots, horizon, weights and
 	// share_limit): MaxWait bounds how long a task may wait in its
