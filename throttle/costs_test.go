@@ -3,6 +3,7 @@ package throttle
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -257,3 +258,43 @@ func TestCostsErrors(t *testing.T) {
 
 // errOf returns the error of a call's two results.
 func errOf[T any](_ T, err error) error { return err }
+
+// TestTurnTolerance: Admit's default tolerance is the length of the
+// caller's own turn under the tightest rule it charges, so a task of 600
+// tokens under 4,000 tokens a second may come back up to 150ms late for
+// its booking; one permit's interval (0.25ms, 1ms at least) would make
+// nearly every parked task of a token rule late, its booking lost. With
+// a request of 10 a second charged too, the tighter 100ms holds.
+func TestTurnTolerance(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := context.Background()
+		l := mustNew(t, rdb, Options{},
+			Rule{Name: "requests", Algorithm: GCRA, Limit: Limit{Count: 10, Period: time.Second, Burst: 10}},
+			Rule{Name: "tokens", Algorithm: GCRA, Limit: Limit{Count: 4000, Period: time.Second, Burst: 4000}})
+		for _, c := range []struct {
+			costs    Costs
+			late     time.Duration
+			redeemed bool // else too late: a new turn
+		}{
+			{Costs{0, 600}, 140 * ms, true}, // 600 × 0.25ms = 150ms
+			{Costs{0, 600}, 160 * ms, false},
+			{Costs{1, 600}, 90 * ms, true}, // requests: 100ms
+			{Costs{1, 600}, 110 * ms, false},
+		} {
+			time.Sleep(2 * time.Second) // both full
+			if a, err := l.Admit(ctx, AdmitRequest{Subject: "k", Costs: Costs{10, 4000}}); err != nil || a.Status != Granted {
+				t.Fatalf("emptying the buckets: %+v, %v", a, err)
+			}
+			id := fmt.Sprint(c.costs, c.late)
+			a, err := l.Admit(ctx, AdmitRequest{Subject: "k", Costs: c.costs, Caller: Caller{ID: id}})
+			if err != nil || a.Status != Booked {
+				t.Fatalf("%s: %+v, %v; want booked", id, a, err)
+			}
+			time.Sleep(a.Delay + c.late)
+			b, err := l.Admit(ctx, AdmitRequest{Subject: "k", Costs: c.costs, Caller: Caller{ID: id}})
+			if err != nil || (b.Status == Redeemed) != c.redeemed {
+				t.Errorf("%s back %v late: %v, %v; want redeemed %v", id, c.late, b.Status, err, c.redeemed)
+			}
+		}
+	})
+}
