@@ -353,6 +353,12 @@ type costsWaiter interface {
 	WaitCosts(ctx context.Context, subject string, c throttle.Costs) error
 }
 
+// isCostsWaiter reports whether l can wait for a cost per rule.
+func isCostsWaiter(l Waiter) bool {
+	_, ok := l.(costsWaiter)
+	return ok
+}
+
 // notAdmitted returns what the handler returns when the wait for a turn
 // ended in err: ctx.Err() if asynq ended the task (its permits refunded),
 // a *admission.ThrottledError deferring it (Redis failed, Drain, or the turn is past

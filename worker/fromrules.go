@@ -104,7 +104,7 @@ func (s *ruleSource) taskRules(cfg *rules.Config) ([]TaskRule, error) {
 			Cost:     func(t *asynq.Task) (int, error) { return r.Cost.Of(t.Payload()) },
 			Settings: r.Settings}
 		if r.LimitCosts != nil {
-			tr.Costs = func(t *asynq.Task) (throttle.Costs, error) { return r.Costs(t.Payload()) }
+			tr.Cost, tr.Costs = nil, func(t *asynq.Task) (throttle.Costs, error) { return r.Costs(t.Payload()) }
 		}
 		if r.FairBy != (rules.SubjectConfig{}) {
 			tr.FairBy = func(t *asynq.Task) (string, error) { return r.FairBy.Of(t.Payload()) }

@@ -302,6 +302,10 @@ func (m *Middleware) checkRule(r *TaskRule) error {
 		return bad("fair_by", "needs Options.Asynq: the wake-up loop serves the subject's line")
 	case r.ShareLimit != (throttle.Limit{}) && r.FairBy == nil:
 		return bad("share_limit", "limits each share of fair_by; set fair_by too")
+	case r.Costs != nil && r.Cost != nil:
+		return bad("costs", "set Cost or Costs, not both")
+	case r.Costs != nil && !isCostsWaiter(r.Limiter):
+		return bad("costs", "need a *throttle.Limiter, which charges each of its rules its own cost")
 	}
 	return settingsError(r.Name, r.Settings.Check())
 }
