@@ -110,19 +110,20 @@ func (p *parser) ruleConfig(n *yaml.Node, i int, names map[string]int, owner map
 
 // checkSettings checks r's admission settings (at n, fields) as every
 // worker does (admission.Settings.Check), against r's limits: each field's
-// own bounds were read, so what is left to refuse is a share limit that
-// r's limits cannot keep (throttle.CheckShareLimit).
+// own bounds were read, so what is left to refuse is fair_by over a
+// concurrency limit, and a share limit that r's limits cannot keep
+// (throttle.CheckShareLimit).
 func (p *parser) checkSettings(n *yaml.Node, fields map[string]*yaml.Node, r RuleConfig) error {
+	if fn := fields["fair_by"]; fn != nil && slices.ContainsFunc(r.Limits, isConcurrency) {
+		// The worker refuses it too, but only once it builds the rule:
+		// here --check and a reload name the line.
+		return p.Failf(fn, "fair_by", "cannot share a concurrency limit: its queue for places is first come, first served; share a rate limit of the rule instead")
+	}
 	var se *admission.SettingsError
 	if err := r.Check(r.Limits...); !errors.As(err, &se) {
 		return err // nil
 	}
-	at := cmp.Or(fields[se.Field], n)
-	var ce *throttle.ConfigError
-	if errors.As(se, &ce) && slices.ContainsFunc(r.Limits, func(l throttle.Rule) bool { return l.Name == ce.Rule && isConcurrency(l) }) {
-		return p.Failf(at, se.Field, "cannot limit the shares of concurrency limit %q: it has no line to keep them in", ce.Rule)
-	}
-	return p.Failf(at, se.Field, "%s", se.Reason)
+	return p.Failf(cmp.Or(fields[se.Field], n), se.Field, "%s", se.Reason)
 }
 
 // ruleFields declares the fields of the rule at n, read into r; those of
