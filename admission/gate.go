@@ -307,6 +307,12 @@ type Decision struct {
 // no ID and its turn is later than it can wait, and the limiter's error for
 // a bad subject or a cost beyond its capacity.
 func (g *Gate) Admit(ctx context.Context, req Request) (Decision, error) {
+	return g.admit(ctx, req, -1)
+}
+
+// admit is Admit, with the wait for a turn (new or booked) at most bound,
+// if bound is not negative: a later turn parks the job (Stack).
+func (g *Gate) admit(ctx context.Context, req Request, bound time.Duration) (Decision, error) {
 	start := time.Now()
 	if err := ctx.Err(); err != nil {
 		return Decision{}, err
@@ -332,6 +338,9 @@ func (g *Gate) Admit(ctx context.Context, req Request) (Decision, error) {
 			wait, byDeadline = left, true
 		}
 		early = min(early, left)
+	}
+	if bound >= 0 {
+		wait, early = min(wait, bound), min(early, bound)
 	}
 	a, err := g.lim.Admit(ctx, g.limiterRequest(req, wait, early))
 	if err != nil {

@@ -87,7 +87,34 @@ func (p *parser) config(root *yaml.Node) (*Config, error) {
 		}
 		c.Rules = append(c.Rules, r)
 	}
-	return c, nil
+	return c, p.checkWithin(rules, c.Rules)
+}
+
+// checkWithin checks each rule's within (rs, read from the nodes of
+// rules): it names another rule, and following within from any rule never
+// comes back to it.
+func (p *parser) checkWithin(rules *yaml.Node, rs []RuleConfig) error {
+	byName := map[string]int{}
+	for i, r := range rs {
+		byName[r.Name] = i
+	}
+	for i, r := range rs {
+		seen := map[string]bool{r.Name: true}
+		for o := r; o.Within != ""; {
+			j, ok := byName[o.Within]
+			switch {
+			case !ok:
+				p.rule = o.Name
+				return p.Failf(yamlfile.Resolve(rules.Content[byName[o.Name]]), "within", "%q is not a rule of this file; name the rule whose limits also hold for this rule's tasks", o.Within)
+			case seen[o.Within]:
+				p.rule = r.Name
+				return p.Failf(yamlfile.Resolve(rules.Content[i]), "within", "following within from rule %q comes back to it; a rule cannot be within itself", r.Name)
+			}
+			seen[o.Within] = true
+			o = rs[j]
+		}
+	}
+	return nil
 }
 
 // ruleConfig reads the rule at n, the i-th of the file: names and owner
@@ -159,6 +186,7 @@ func (p *parser) ruleFields(n *yaml.Node, r *RuleConfig, names map[string]int, o
 		{Key: "limits"},
 		{Key: "horizon", Read: duration(&r.Horizon, time.Millisecond, admission.MaxHorizon)},
 		{Key: "fair_by", Read: subject(&r.FairBy)},
+		{Key: "within", Read: p.StrTo(&r.Within)},
 		{Key: "weights", Read: yamlfile.Into(&r.Weights, func(v *yaml.Node, _ string) (map[string]int, error) { return p.weights(v, fair()) })},
 		{Key: "share_limit", Read: yamlfile.Into(&r.ShareLimit, func(v *yaml.Node, _ string) (throttle.Limit, error) { return p.shareLimit(v, fair()) })},
 	}...)

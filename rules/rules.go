@@ -93,6 +93,10 @@ type RuleConfig struct {
 	// shares of each subject with tasks waiting (worker.TaskRule.FairBy),
 	// weighed by Settings.Weights and each limited by Settings.ShareLimit.
 	FairBy SubjectConfig
+	// Within, if set, names another rule of the file whose limits also
+	// hold for this rule's tasks, over that rule's own subject and cost (a
+	// per-key rule within a per-tenant one, worker.TaskRule.Within).
+	Within string
 	// Settings are how the rule's tasks are admitted, as the workers give
 	// them to admission: max_wait, wait_slots, horizon, weights and
 	// share_limit (admission.Settings, whose zero fields are defaults).

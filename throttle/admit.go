@@ -357,3 +357,11 @@ func (l *Limiter) checkShareLimit(req *AdmitRequest, horizon int64) error {
 
 // lineSuffix names a subject's line.
 const lineSuffix = "!line"
+
+// Tolerance is how late a caller may come back for its booking and still
+// take it, when AdmitRequest.Tolerance is zero: the interval of the
+// limiter's tightest rate rule (Period / Count), at least 1ms and at most
+// 1s. A turn used later than that after its slot is as a late caller's:
+// admission.Stack bounds the wait for the other turns of a stacked job by
+// it.
+func (l *Limiter) Tolerance() time.Duration { return l.tolerance }

@@ -102,7 +102,7 @@ func (s *ruleSource) taskRules(cfg *rules.Config) ([]TaskRule, error) {
 		tr := TaskRule{Name: r.Name, Tasks: r.Tasks, Limiter: lim,
 			Subject:  func(t *asynq.Task) (string, error) { return r.Subject.Of(t.Payload()) },
 			Cost:     func(t *asynq.Task) (int, error) { return r.Cost.Of(t.Payload()) },
-			Settings: r.Settings}
+			Settings: r.Settings, Within: r.Within}
 		if r.FairBy != (rules.SubjectConfig{}) {
 			tr.FairBy = func(t *asynq.Task) (string, error) { return r.FairBy.Of(t.Payload()) }
 		}

@@ -81,6 +81,15 @@ type TaskRule struct {
 	// ones. An error archives the task, as for Subject. Needs
 	// Options.Asynq.
 	FairBy Subject
+	// Within, if set, names another rule of the middleware whose limit
+	// also holds for this rule's tasks, over that rule's own subject and
+	// cost (a per-key rule within a per-tenant one): a task is admitted
+	// under both, holding a turn of each when it runs, and parks once, on
+	// the slower limit, whatever the backlog (admission.Stack). That rule
+	// may name another in turn; no rule may come back to itself. Both
+	// rules need a *throttle.Limiter. The other rule still applies alone to
+	// the task types it matches itself.
+	Within string
 }
 
 // DefaultRedisRetryDelay is how long a task is deferred when its limiter
@@ -138,6 +147,10 @@ type ruleGate struct {
 	// ruleUse counts the tasks using the rule, and closes the limiter the
 	// worker built for it once retired and unused (owned.go).
 	ruleUse
+	// within are the rules TaskRule.Within names, outward, and stack
+	// admits the rule's tasks under it and them (stack.go); nil without.
+	within []*ruleGate
+	stack  *admission.Stack
 }
 
 // Options configure a Middleware. The zero value uses every default.
@@ -272,6 +285,9 @@ func (m *Middleware) newTable(rules []TaskRule) (*ruleTable, error) {
 			t.route.Add(p, rule)
 		}
 	}
+	if err := t.stackRules(); err != nil {
+		return nil, err
+	}
 	return t, nil
 }
 
@@ -386,18 +402,28 @@ func (m *Middleware) Wrap(next asynq.Handler) asynq.Handler {
 			return &admission.ThrottledError{Rule: r.Name, RetryAt: time.Now(), Err: ErrDraining}
 		}
 		defer r.done() // after the place is released, below
+		if !r.useWithin() {
+			// Drained: a rule it is within is retired with it.
+			m.metrics.decided(r.Name, OutcomeDeferred)
+			return &admission.ThrottledError{Rule: r.Name, RetryAt: time.Now(), Err: ErrDraining}
+		}
+		defer r.doneWithin()
 		ctx, rep := withCostReport(ctx)
 		t, err := m.admit(ctx, r, task)
 		if err != nil {
 			rep.notRun() // an outer rule's turn goes back (settle.go)
 			return err
 		}
-		if t.place != nil {
-			m.metrics.holding(r.Name, 1)
-			defer func() { m.release(t.place, t.Wait); m.metrics.holding(r.Name, -1) }()
+		for _, h := range t.held(r) {
+			if h.place != nil {
+				m.metrics.holding(h.rule.Name, 1)
+				defer func() { m.release(h.place, h.Wait); m.metrics.holding(h.rule.Name, -1) }()
+			}
 		}
 		err = next.ProcessTask(admission.WithWait(ctx, t.Wait), task)
-		m.settle(ctx, r, task, t, rep)
+		for _, h := range t.held(r) {
+			m.settle(ctx, h.rule, task, h.turn, rep)
+		}
 		if te := (*admission.ThrottledError)(nil); !r.stacked.Load() && errors.As(err, &te) {
 			// A middleware inside this one throttled the task: from now
 			// on, this rule books its tasks' turns however far ahead
