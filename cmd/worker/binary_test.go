@@ -111,8 +111,8 @@ func TestBinaryCheckAsStart(t *testing.T) {
 			`:4: handler for "x": env KEY: environment variable UNSET_KEY is not set`},
 		{"command not on $PATH", rule + "handlers:\n  - task: x\n    command: {argv: [\"no-such-program-jobthrottle\"]}\n",
 			`:4: handler for "x": command: exec: "no-such-program-jobthrottle": executable file not found in $PATH`},
-		{"fair_by on a concurrency limit (the middleware's check)", "rules:\n  - {name: c, tasks: [a], subject: {fixed: s}, fair_by: {payload_field: tenant}, algorithm: concurrency, limit: 2, lease: 10s}\n",
-			`worker: rule "c": fair_by: cannot share a concurrency limit`},
+		{"fair_by on a concurrency limit", "rules:\n  - {name: c, tasks: [a], subject: {fixed: s}, fair_by: {payload_field: tenant}, algorithm: concurrency, limit: 2, lease: 10s}\n",
+			`rules.yaml:2: rule "c": fair_by: cannot share a concurrency limit`},
 	}
 	env := []string{"REDIS_URL=redis://" + closedAddr + "/0?dial_timeout=100ms"}
 	for _, c := range cases {
