@@ -162,6 +162,7 @@ rules:
     algorithm: gcra
     limit: 100
     period: 1s
+    within: partner
 handlers:
   - task: partner:sync
     http:
@@ -190,8 +191,9 @@ handlers:
 		`rule "crm" (line 17): tasks crm:*; subject: fixed "crm-key"; max_wait: 1s (the default)`,
 		`  limit crm: gcra, 100 per 1s, burst 100`,
 		`  line: horizon 2s; fair_by payload field "tenant", weights gold=3 silver=2; share_limit 10 per 1s, burst 10`,
-		`handler "partner:sync" (line 28): http POST https://api.partner.example/v1/accounts/{account_id}/sync, timeout 10s, task ID in Idempotency-Key, headers: Authorization from ${PARTNER_TOKEN}, result up to 65536 bytes; limited by rule "partner"`,
-		`handler "report:render" (line 33): command ["/bin/echo" "--tenant" "{tenant}"], timeout 1m0s, SIGKILL 5s after SIGTERM, no retry on exit codes [2 65], result up to 1024 bytes; limited by rule "reports"`,
+		`  within rule "partner": its tasks also take a turn of it, and park once, on the slower of the two`,
+		`handler "partner:sync" (line 29): http POST https://api.partner.example/v1/accounts/{account_id}/sync, timeout 10s, task ID in Idempotency-Key, headers: Authorization from ${PARTNER_TOKEN}, result up to 65536 bytes; limited by rule "partner"`,
+		`handler "report:render" (line 34): command ["/bin/echo" "--tenant" "{tenant}"], timeout 1m0s, SIGKILL 5s after SIGTERM, no retry on exit codes [2 65], result up to 1024 bytes; limited by rule "reports"`,
 	} {
 		if !strings.Contains(stdout, want+"\n") {
 			t.Errorf("stdout lacks the line\n%s\n---\n%s", want, stdout)

@@ -26,11 +26,17 @@ func check(w io.Writer, cfg *rules.Config, handlers *handler.Config) {
 		if d.Waiting != "" {
 			fmt.Fprintf(w, "  line: %s\n", d.Waiting)
 		}
+		if r.Within != "" {
+			fmt.Fprintf(w, "  within rule %q: its tasks also take a turn of it, and park once, on the slower of the two\n", r.Within)
+		}
 	}
 	for _, h := range handlers.Handlers {
 		rule := "no rule limits it"
 		if rc, ok := cfg.RuleFor(h.Task); ok {
 			rule = fmt.Sprintf("limited by rule %q", rc.Name)
+			if rc.Within != "" {
+				rule += fmt.Sprintf(" within rule %q", rc.Within)
+			}
 		}
 		fmt.Fprintf(w, "handler %q (line %d): %s; %s\n", h.Task, h.Line, h.Describe(), rule)
 	}
