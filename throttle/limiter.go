@@ -129,7 +129,7 @@ func New(rdb redis.UniversalClient, opts Options, rules ...Rule) (*Limiter, erro
 	}
 	run := opts
 	run.Prefix = p.prefix // for log lines
-	l := &Limiter{policy: p, runner: runner{rdb: rdb, opts: run}, opts: opts}
+	l := &Limiter{policy: p, runner: runner{rdb: rdb, opts: run, calendar: newCalendarStamp(p.rules)}, opts: opts}
 	if l.mode, err = chooseMode(l); err != nil {
 		return nil, err
 	}
