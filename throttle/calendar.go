@@ -2,6 +2,7 @@ package throttle
 
 import (
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -111,15 +112,7 @@ func (c Calendar) String() string {
 	return u + "@" + c.Location().String()
 }
 
-func lower(s string) string {
-	b := []byte(s)
-	for i, x := range b {
-		if 'A' <= x && x <= 'Z' {
-			b[i] = x + 'a' - 'A'
-		}
-	}
-	return string(b)
-}
+func lower(s string) string { return strings.ToLower(s) }
 
 // Window returns the start and end of the window that holds t.
 func (c Calendar) Window(t time.Time) (start, end time.Time) {
@@ -174,4 +167,42 @@ func validateCalendar(r Rule) error {
 		return &ConfigError{Rule: r.Name, Field: "period", Reason: fmt.Sprintf("%v: a calendar window's period is its Calendar's; leave Period zero", r.Limit.Period)}
 	}
 	return nil
+}
+
+// ParseCalendar reads a calendar as rules files write it: a unit, day,
+// week or month, then @ and an IANA time zone: "day@America/Los_Angeles",
+// "month@UTC". Weeks start on Monday (ISO 8601) unless the unit names
+// another first day: "week(sunday)@UTC". The zone is required (a quota's
+// midnight is somewhere), and Local is refused: the machines of a fleet
+// may not share it. Zones are read with time.LoadLocation, from the
+// system's zoneinfo or an embedded time/tzdata.
+func ParseCalendar(s string) (Calendar, error) {
+	unit, zone, ok := strings.Cut(strings.TrimSpace(s), "@")
+	if !ok || zone == "" {
+		return Calendar{}, fmt.Errorf("throttle: calendar %q names no time zone; write day@UTC, week@Europe/Berlin or month@America/Los_Angeles", s)
+	}
+	if zone == "Local" {
+		return Calendar{}, fmt.Errorf("throttle: calendar %q: Local is each machine's own zone; name the zone, such as UTC or America/Los_Angeles", s)
+	}
+	loc, err := time.LoadLocation(zone)
+	if err != nil {
+		return Calendar{}, fmt.Errorf("throttle: calendar %q: unknown time zone %q; use an IANA name such as UTC, Europe/Berlin or America/Los_Angeles", s, zone)
+	}
+	unit, first, hasFirst := strings.Cut(strings.ToLower(unit), "(")
+	switch {
+	case unit == "day" && !hasFirst:
+		return Daily(loc), nil
+	case unit == "month" && !hasFirst:
+		return Monthly(loc), nil
+	case unit == "week" && !hasFirst:
+		return Weekly(loc, time.Monday), nil
+	case unit == "week" && strings.HasSuffix(first, ")"):
+		for d := time.Sunday; d <= time.Saturday; d++ {
+			if lower(d.String()) == strings.TrimSuffix(first, ")") {
+				return Weekly(loc, d), nil
+			}
+		}
+		return Calendar{}, fmt.Errorf("throttle: calendar %q: %q is not a weekday; write week(sunday), week(monday), …", s, strings.TrimSuffix(first, ")"))
+	}
+	return Calendar{}, fmt.Errorf("throttle: calendar %q: unknown unit %q; use day, week, week(sunday) or month", s, strings.SplitN(s, "@", 2)[0])
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -322,5 +323,35 @@ func TestCalendarValidate(t *testing.T) {
 	ok := Rule{Name: "q", Algorithm: CalendarWindow, Limit: Limit{Count: 5}, Calendar: Weekly(nil, time.Monday)}
 	if err := ok.Validate(); err != nil {
 		t.Errorf("Validate(%v) = %v", ok, err)
+	}
+}
+
+// ParseCalendar reads what rules files write, and says what to write
+// instead of what it cannot read.
+func TestParseCalendar(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"day@America/Los_Angeles", "day@America/Los_Angeles"},
+		{"Month@UTC", "month@UTC"},
+		{"week@Europe/Berlin", "week@Europe/Berlin"},
+		{"week(sunday)@UTC", "week(sunday)@UTC"},
+		{"week(Monday)@UTC", "week@UTC"},
+	} {
+		cal, err := ParseCalendar(c.in)
+		if err != nil || cal.String() != c.want {
+			t.Errorf("ParseCalendar(%q) = %v, %v; want %s", c.in, cal, err, c.want)
+		}
+	}
+	for _, c := range []struct{ in, says string }{
+		{"day", "names no time zone"},
+		{"day@", "names no time zone"},
+		{"day@Mars/Olympus", `unknown time zone "Mars/Olympus"`},
+		{"day@Local", "Local is each machine's own zone"},
+		{"fortnight@UTC", `unknown unit "fortnight"`},
+		{"day(sunday)@UTC", `unknown unit "day(sunday)"`},
+		{"week(someday)@UTC", `"someday" is not a weekday`},
+	} {
+		if _, err := ParseCalendar(c.in); err == nil || !strings.Contains(err.Error(), c.says) || !strings.HasPrefix(err.Error(), "throttle: ") {
+			t.Errorf("ParseCalendar(%q) = %v; want an error saying %q", c.in, err, c.says)
+		}
 	}
 }
