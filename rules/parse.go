@@ -421,6 +421,15 @@ func (p *parser) concurrency(n *yaml.Node, fields map[string]*yaml.Node, path st
 	return p.validate(n, fields, path, r)
 }
 
+// ratePeriod reads the period of a rate limit, a duration; a calendar
+// (day@UTC) there is a calendar quota written with another algorithm.
+func (p *parser) ratePeriod(pn *yaml.Node, field string) (time.Duration, error) {
+	if strings.Contains(pn.Value, "@") {
+		return 0, p.Failf(pn, field, "%q is a calendar; a quota on the calendar needs algorithm %s", pn.Value, throttle.CalendarWindow)
+	}
+	return p.duration(pn, field, time.Microsecond, maxDuration)
+}
+
 // calendar reads a calendar quota: limit per period, a calendar such as
 // day@America/Los_Angeles (throttle.ParseCalendar).
 func (p *parser) calendar(n *yaml.Node, fields map[string]*yaml.Node, path string, r throttle.Rule) (throttle.Rule, error) {
@@ -495,9 +504,6 @@ func (p *parser) limit(n *yaml.Node, fields map[string]*yaml.Node, path, name st
 	case throttle.CalendarWindow:
 		return p.calendar(n, fields, path, r)
 	}
-	if pn := fields["period"]; pn != nil && strings.Contains(pn.Value, "@") {
-		return r, p.Failf(pn, f("period"), "%q is a calendar; a quota on the calendar needs algorithm %s", pn.Value, throttle.CalendarWindow)
-	}
 	if ln := fields["lease"]; ln != nil {
 		return r, p.Failf(ln, f("lease"), "applies only to concurrency")
 	}
@@ -515,7 +521,7 @@ func (p *parser) limit(n *yaml.Node, fields map[string]*yaml.Node, path, name st
 	if err != nil {
 		return r, err
 	}
-	if r.Limit.Period, err = p.duration(pn, f("period"), time.Microsecond, maxDuration); err != nil {
+	if r.Limit.Period, err = p.ratePeriod(pn, f("period")); err != nil {
 		return r, err
 	}
 
