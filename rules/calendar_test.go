@@ -75,3 +75,31 @@ func TestCalendarConfigErrors(t *testing.T) {
 		t.Errorf("PaceAlgorithms() = %v: a producer's inline rate cannot be a calendar quota", PaceAlgorithms())
 	}
 }
+
+// A reloaded file with the same calendar quota changes nothing; a quota
+// moved to another zone or unit is refused (its count would restart), and
+// one renamed is accepted.
+func TestCalendarChange(t *testing.T) {
+	file := func(name, period string) *Config {
+		c, err := Parse("rules.yaml", []byte("rules:\n  - {name: r, tasks: [r], subject: {fixed: s}, limits: [{name: "+name+", algorithm: calendar, limit: 5, period: "+period+"}]}\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	old := file("q", "day@America/Los_Angeles")
+	if d := old.Diff(file("q", "day@America/Los_Angeles")); d.Changed != nil {
+		t.Errorf("Diff of the same file = %+v; want nothing", d)
+	}
+	for _, tc := range []struct{ name, period, want string }{
+		{"zone", "day@UTC", `period: limit "r.q": day@UTC was day@America/Los_Angeles: a calendar quota's count in Redis is of the old calendar's window`},
+		{"unit", "month@America/Los_Angeles", `period: limit "r.q": month@America/Los_Angeles was day@America/Los_Angeles`},
+	} {
+		if err := old.CheckChange(file("q", tc.period)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: CheckChange = %v; want %q", tc.name, err, tc.want)
+		}
+	}
+	if err := old.CheckChange(file("q2", "day@UTC")); err != nil {
+		t.Errorf("renamed: CheckChange = %v; want accepted", err)
+	}
+}

@@ -3,6 +3,7 @@ package throttle
 import (
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -169,6 +170,24 @@ func validateCalendar(r Rule) error {
 	return nil
 }
 
+// zones holds the zones ParseCalendar loaded, by name, so that a calendar
+// read twice (a rules file reloaded) is == to itself: time.LoadLocation
+// returns a new *time.Location each time.
+var zones sync.Map
+
+// loadZone is time.LoadLocation, once per name.
+func loadZone(name string) (*time.Location, error) {
+	if loc, ok := zones.Load(name); ok {
+		return loc.(*time.Location), nil
+	}
+	loc, err := time.LoadLocation(name)
+	if err != nil {
+		return nil, err
+	}
+	actual, _ := zones.LoadOrStore(name, loc)
+	return actual.(*time.Location), nil
+}
+
 // ParseCalendar reads a calendar as rules files write it: a unit, day,
 // week or month, then @ and an IANA time zone: "day@America/Los_Angeles",
 // "month@UTC". Weeks start on Monday (ISO 8601) unless the unit names
@@ -184,7 +203,7 @@ func ParseCalendar(s string) (Calendar, error) {
 	if zone == "Local" {
 		return Calendar{}, fmt.Errorf("throttle: calendar %q: Local is each machine's own zone; name the zone, such as UTC or America/Los_Angeles", s)
 	}
-	loc, err := time.LoadLocation(zone)
+	loc, err := loadZone(zone)
 	if err != nil {
 		return Calendar{}, fmt.Errorf("throttle: calendar %q: unknown time zone %q; use an IANA name such as UTC, Europe/Berlin or America/Los_Angeles", s, zone)
 	}
