@@ -103,7 +103,7 @@
 // is sent once more with windows around it (Admit's is not: its "not now"
 // may have put the caller in the line, which is then served with the right
 // windows). The key holds the window's start beside its count and expires
-// at its end. Limits() reports the rule with Period the unit's nominal
+// at its end. Rules() reports the rule with Period the unit's nominal
 // length (24h, 168h, 744h) and Burst its Count.
 //
 // # Concurrency

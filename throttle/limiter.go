@@ -148,7 +148,8 @@ func (l *Limiter) With(rules ...Rule) (*Limiter, error) {
 }
 
 // Rules returns a copy of the rules l applies, as given to New (names,
-// algorithms, limits, subjects).
+// algorithms, limits, subjects); a CalendarWindow rule's zero Period and
+// Burst are filled in (its calendar unit's nominal length, its Count).
 func (l *Limiter) Rules() []Rule { return slices.Clone(l.rules) }
 
 // Result is the outcome of Allow.
