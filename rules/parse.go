@@ -457,6 +457,9 @@ func (p *parser) calendar(n *yaml.Node, fields map[string]*yaml.Node, path strin
 	if r.Calendar, err = throttle.ParseCalendar(s); err != nil {
 		return r, p.Failf(pn, f("period"), "%s", strings.TrimPrefix(err.Error(), "throttle: "))
 	}
+	// As a limiter reports the rule: the unit's nominal period (for the
+	// estimates other rules' periods give), a burst of its count.
+	r.Limit.Period, r.Limit.Burst = r.Calendar.Unit().Nominal(), r.Limit.Count
 	return p.validate(n, fields, path, r)
 }
 

@@ -49,11 +49,11 @@ func (u CalendarUnit) String() string {
 	return fmt.Sprintf("CalendarUnit(%d)", int(u))
 }
 
-// nominal is the period a calendar rule's Limit reports: the unit's usual
-// length (a month's longest). Only messages and the rough figures that
-// every rule has (a line's fallback wait) use it; windows follow the
-// calendar.
-func (u CalendarUnit) nominal() time.Duration {
+// Nominal is the period a CalendarWindow rule's Limit reports: the unit's
+// usual length, 24h, 168h, and a month's longest, 744h. Only messages and
+// the rough figures every rule has (a line's fallback wait, a batch's
+// estimated span) use it; windows follow the calendar.
+func (u CalendarUnit) Nominal() time.Duration {
 	switch u {
 	case Week:
 		return 7 * 24 * time.Hour
@@ -164,7 +164,7 @@ func validateCalendar(r Rule) error {
 		return &ConfigError{Rule: r.Name, Field: "calendar", Reason: "is not set; build it with throttle.Daily, Weekly or Monthly"}
 	case c.weekStart < time.Sunday || c.weekStart > time.Saturday:
 		return &ConfigError{Rule: r.Name, Field: "calendar", Reason: fmt.Sprintf("week start %d is not a weekday", int(c.weekStart))}
-	case r.Limit.Period != 0 && r.Limit.Period != c.unit.nominal():
+	case r.Limit.Period != 0 && r.Limit.Period != c.unit.Nominal():
 		return &ConfigError{Rule: r.Name, Field: "period", Reason: fmt.Sprintf("%v: a calendar window's period is its Calendar's; leave Period zero", r.Limit.Period)}
 	}
 	return nil
