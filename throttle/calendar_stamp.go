@@ -114,10 +114,10 @@ func (s *calendarStamp) learn(line []any, cmd *redis.Cmd) (stale bool) {
 	return false
 }
 
-// again reports whether a deciding call answered stale may be sent again:
+// resendable reports whether a deciding call answered stale may be sent again:
 // every operation but admit, whose "not now" may have put its caller in a
 // line (lua/admit.lua), which a second call must not repeat.
-func again(line []any) bool {
+func resendable(line []any) bool {
 	_, args := lineArgs(line)
 	return args[0] != string(opAdmit)
 }

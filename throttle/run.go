@@ -191,7 +191,7 @@ func (l *runner) run(ctx context.Context, script *redis.Script, line []any) *red
 	}
 	l.calendar.stamp(line, l.calendar.estimate())
 	cmd := l.runLine(ctx, script, line)
-	if l.calendar.learn(line, cmd) && again(line) {
+	if l.calendar.learn(line, cmd) && resendable(line) {
 		l.calendar.stamp(line, l.calendar.estimate())
 		cmd = l.runLine(ctx, script, line)
 		l.calendar.learn(line, cmd)
