@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -449,6 +450,48 @@ func (p *parser) concurrency(n *yaml.Node, fields map[string]*yaml.Node, path st
 	return p.validate(n, fields, path, r)
 }
 
+// ratePeriod reads the period of a rate limit, a duration; a calendar
+// (day@UTC) there is a calendar quota written with another algorithm.
+func (p *parser) ratePeriod(pn *yaml.Node, field string) (time.Duration, error) {
+	if strings.Contains(pn.Value, "@") {
+		return 0, p.Failf(pn, field, "%q is a calendar; a quota on the calendar needs algorithm %s", pn.Value, throttle.CalendarWindow)
+	}
+	return p.duration(pn, field, time.Microsecond, maxDuration)
+}
+
+// calendar reads a calendar quota: limit per period, a calendar such as
+// day@America/Los_Angeles (throttle.ParseCalendar).
+func (p *parser) calendar(n *yaml.Node, fields map[string]*yaml.Node, path string, r throttle.Rule) (throttle.Rule, error) {
+	f := func(field string) string { return yamlfile.Join(path, field) }
+	for _, field := range []string{"burst", "precision", "lease"} {
+		if v := fields[field]; v != nil {
+			return r, p.Failf(v, f(field), "does not apply to calendar, which admits limit per calendar period")
+		}
+	}
+	ln, pn := fields["limit"], fields["period"]
+	if ln == nil {
+		return r, p.Failf(n, f("limit"), "missing; how many tasks per calendar period, such as 1000")
+	}
+	if pn == nil {
+		return r, p.Failf(n, f("period"), "missing; a calendar such as day@UTC, week@Europe/Berlin or month@America/Los_Angeles")
+	}
+	var err error
+	if r.Limit.Count, err = p.AtLeast(ln, f("limit"), 1, throttle.MaxPermits); err != nil {
+		return r, err
+	}
+	s, err := p.Str(pn, f("period"))
+	if err != nil {
+		return r, err
+	}
+	if r.Calendar, err = throttle.ParseCalendar(s); err != nil {
+		return r, p.Failf(pn, f("period"), "%s", strings.TrimPrefix(err.Error(), "throttle: "))
+	}
+	// As a limiter reports the rule: the unit's nominal period (for the
+	// estimates other rules' periods give), a burst of its count.
+	r.Limit.Period, r.Limit.Burst = r.Calendar.Unit().Nominal(), r.Limit.Count
+	return p.validate(n, fields, path, r)
+}
+
 // checkCost refuses a fixed cost (at n) that a limit of r or its share
 // limit can never admit at once (its capacity).
 func (p *parser) checkCost(n *yaml.Node, r RuleConfig) error {
@@ -487,8 +530,11 @@ func (p *parser) limit(n *yaml.Node, fields map[string]*yaml.Node, path, name st
 	if r.Algorithm, err = ParseAlgorithm(as); err != nil {
 		return r, p.Failf(an, f("algorithm"), "%q is not one of %s", as, listAlgorithms(throttle.Algorithms(), " (or %s)", ", "))
 	}
-	if r.Algorithm == throttle.Concurrency {
+	switch r.Algorithm {
+	case throttle.Concurrency:
 		return p.concurrency(n, fields, path, r)
+	case throttle.CalendarWindow:
+		return p.calendar(n, fields, path, r)
 	}
 	if ln := fields["lease"]; ln != nil {
 		return r, p.Failf(ln, f("lease"), "applies only to concurrency")
@@ -507,7 +553,7 @@ func (p *parser) limit(n *yaml.Node, fields map[string]*yaml.Node, path, name st
 	if err != nil {
 		return r, err
 	}
-	if r.Limit.Period, err = p.duration(pn, f("period"), time.Microsecond, maxDuration); err != nil {
+	if r.Limit.Period, err = p.ratePeriod(pn, f("period")); err != nil {
 		return r, err
 	}
 
