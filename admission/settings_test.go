@@ -90,19 +90,7 @@ func TestGateWeighsShares(t *testing.T) {
 					}
 				}
 			}
-			handed := map[string]time.Time{}
-			for len(handed) < 8 {
-				s, err := g.Serve(ctx, tc.subject)
-				if err != nil {
-					t.Fatal(err)
-				}
-				maps.Copy(handed, s.Handed)
-				if s.Next.IsZero() {
-					break
-				}
-				time.Sleep(time.Until(s.Next))
-			}
-			names := slices.SortedFunc(maps.Keys(handed), func(a, b string) int { return handed[a].Compare(handed[b]) })
+			names := serveFor(t, g, tc.subject, 8)
 			gold := 0
 			for _, n := range names[:min(8, len(names))] {
 				if strings.HasPrefix(n, "gold") {
@@ -132,22 +120,7 @@ func TestGatePriority(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		serve := func(n int) []string {
-			t.Helper()
-			handed := map[string]time.Time{}
-			for len(handed) < n {
-				s, err := g.Serve(ctx, "acct")
-				if err != nil {
-					t.Fatal(err)
-				}
-				maps.Copy(handed, s.Handed)
-				if s.Next.IsZero() {
-					break
-				}
-				time.Sleep(time.Until(s.Next))
-			}
-			return slices.SortedFunc(maps.Keys(handed), func(a, b string) int { return handed[a].Compare(handed[b]) })[:n]
-		}
+		serve := func(n int) []string { return serveFor(t, g, "acct", n)[:n] }
 		admit("first", 0)
 		for _, id := range []string{"low0", "low1", "low2", "low3"} {
 			admit(id, 0)
@@ -165,4 +138,24 @@ func TestGatePriority(t *testing.T) {
 			t.Errorf("turns handed after the age bound: %v; want the aged lows first, then high2", got)
 		}
 	})
+}
+
+// serveFor serves subject's line through g, at the times each serving
+// says, until n jobs are handed or the line is empty; it returns the names
+// handed, in the order of their slots.
+func serveFor(t *testing.T, g *Gate, subject string, n int) []string {
+	t.Helper()
+	handed := map[string]time.Time{}
+	for len(handed) < n {
+		s, err := g.Serve(context.Background(), subject)
+		if err != nil {
+			t.Fatal(err)
+		}
+		maps.Copy(handed, s.Handed)
+		if s.Next.IsZero() {
+			break
+		}
+		time.Sleep(time.Until(s.Next))
+	}
+	return slices.SortedFunc(maps.Keys(handed), func(a, b string) int { return handed[a].Compare(handed[b]) })
 }
