@@ -213,6 +213,10 @@ type Request struct {
 	//     API key): the shares with jobs in line are served in turn, each by
 	//     its Weight, from 1 to MaxWeight; if zero, the share's weight in
 	//     Options.Weights (1 if absent). Empty is a share like any other.
+	//   - Priority is the job's level in its subject's line, 0 to
+	//     throttle.MaxPriority: higher levels are served first, within a
+	//     level the shares in turn; Settings.MaxAge bounds how long a job
+	//     waits for younger higher ones. A turn already booked is kept.
 	throttle.Caller
 	// BookAhead books a new turn however far ahead, past Options.Horizon,
 	// and never puts the job in the line: for a job that must hold turns
@@ -407,7 +411,7 @@ func (g *Gate) limiterRequest(req Request, wait, early time.Duration) throttle.A
 	return throttle.AdmitRequest{
 		Subject: req.Subject, N: n, Caller: req.Caller,
 		Wait: wait, EarlyWait: max(early, time.Microsecond), Tolerance: g.opts.Tolerance,
-		Horizon: horizon, ShareLimit: g.opts.ShareLimit,
+		Horizon: horizon, ShareLimit: g.opts.ShareLimit, MaxAge: g.opts.MaxAge,
 	}
 }
 

@@ -26,8 +26,9 @@ var (
 	limitFields = []string{"name", "algorithm", "limit", "period", "burst", "precision", "lease", "budget"}
 	// limitOnly are the rule fields that describe a single limit, which a
 	// policy (limits) puts in each of its limits instead.
-	limitOnly  = []string{"algorithm", "limit", "period", "burst", "precision", "lease"}
-	costFields = []string{"payload_field"}
+	limitOnly      = []string{"algorithm", "limit", "period", "burst", "precision", "lease"}
+	costFields     = []string{"payload_field"}
+	priorityFields = []string{"payload_field", "queues", "max_age"}
 )
 
 // parser walks a rules file's YAML nodes, keeping the file name and the
@@ -147,6 +148,12 @@ func (p *parser) checkSettings(n *yaml.Node, fields map[string]*yaml.Node, r Rul
 		// here --check and a reload name the line.
 		return p.Failf(fn, "fair_by", "cannot share a concurrency limit: its queue for places is first come, first served; share a rate limit of the rule instead")
 	}
+	if fn := fields["priority"]; fn != nil && slices.ContainsFunc(r.Limits, isConcurrency) {
+		return p.Failf(fn, "priority", "cannot order a concurrency limit's queue: its places are handed first come, first served; give the priority to a rule of rate limits")
+	}
+	if fn := fields["priority"]; fn != nil && r.ShareLimit != (throttle.Limit{}) {
+		return p.Failf(fn, "priority", "cannot be combined with share_limit: a share its own limit holds back is served in its share's order, not by level; drop one")
+	}
 	var se *admission.SettingsError
 	if err := r.Check(r.Limits...); !errors.As(err, &se) {
 		return err // nil
@@ -188,6 +195,7 @@ func (p *parser) ruleFields(n *yaml.Node, r *RuleConfig, names map[string]int, o
 		{Key: "horizon", Read: duration(&r.Horizon, time.Millisecond, admission.MaxHorizon)},
 		{Key: "fair_by", Read: subject(&r.FairBy)},
 		{Key: "within", Read: p.StrTo(&r.Within)},
+		{Key: "priority", Read: yamlfile.Into(&r.Priority, func(v *yaml.Node, _ string) (PriorityConfig, error) { return p.priority(v, &r.MaxAge) })},
 		{Key: "weights", Read: yamlfile.Into(&r.Weights, func(v *yaml.Node, _ string) (map[string]int, error) { return p.weights(v, fair()) })},
 		{Key: "share_limit", Read: yamlfile.Into(&r.ShareLimit, func(v *yaml.Node, _ string) (throttle.Limit, error) { return p.shareLimit(v, fair()) })},
 	}...)
@@ -331,6 +339,52 @@ func (p *parser) shareLimit(n *yaml.Node, fair bool) (throttle.Limit, error) {
 	// throttle's bounds (burst × period / count, say), as for a gcra limit.
 	l, err = throttle.CheckShareLimit(l)
 	return l, p.throttleError(n, fields, "share_limit", throttle.GCRA, err)
+}
+
+// priority reads a rule's priority: {payload_field: <field>} or
+// {queues: {<queue>: <level>, ...}}, and max_age (into maxAge) if given.
+func (p *parser) priority(n *yaml.Node, maxAge *time.Duration) (PriorityConfig, error) {
+	var c PriorityConfig
+	help := "give {payload_field: <JSON field>} or {queues: {critical: 2, default: 1}}, levels 0 to 9, and max_age if not 60 horizons"
+	fields, err := p.Mapping(n, "priority", "priority", priorityFields)
+	if err != nil {
+		return c, err
+	}
+	pf, qs := fields["payload_field"], fields["queues"]
+	if (pf == nil) == (qs == nil) {
+		return c, p.Failf(n, "priority", "%s; exactly one of payload_field and queues", help)
+	}
+	if pf != nil {
+		if c.PayloadField, err = p.Str(pf, "priority.payload_field"); err == nil && c.PayloadField == "" {
+			err = p.Failf(pf, "priority.payload_field", `must name a top-level field of the JSON payload, such as "prio"`)
+		}
+	} else {
+		c.Queues, err = p.priorityQueues(yamlfile.Resolve(qs))
+	}
+	if err != nil {
+		return c, err
+	}
+	if an := fields["max_age"]; an != nil {
+		*maxAge, err = p.duration(an, "priority.max_age", time.Millisecond, 10*365*24*time.Hour)
+	}
+	return c, err
+}
+
+// priorityQueues reads a priority's queues: queue -> level 0 to 9.
+func (p *parser) priorityQueues(n *yaml.Node) (map[string]int, error) {
+	if n.Kind != yaml.MappingNode || len(n.Content) == 0 {
+		return nil, p.Failf(n, "priority.queues", "%s must be a mapping of asynq queue to level (0 to %d), such as {critical: 2, default: 1}", yamlfile.Describe(n), throttle.MaxPriority)
+	}
+	q := map[string]int{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		name := n.Content[i].Value
+		v, err := p.Int(yamlfile.Resolve(n.Content[i+1]), "priority.queues."+name, 0, throttle.MaxPriority)
+		if err != nil {
+			return nil, err
+		}
+		q[name] = v
+	}
+	return q, nil
 }
 
 // weights reads a rule's weights: share -> 1 to 1000.

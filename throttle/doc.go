@@ -35,8 +35,12 @@
 // shares (Caller.Share: tenants of one key) take turns by Weight instead of
 // waiting behind whoever came first; AdmitRequest.ShareLimit also limits
 // each share on its own (each tenant's 10/s inside the key's 100/s), in the
-// same script. Allow, Wait and ReserveN do not queue in the line; they take
-// the turns the line leaves.
+// same script. Callers of a higher Caller.Priority (levels 0 to 9) are
+// served before lower ones, the shares within a level by Weight, and a
+// caller that has waited AdmitRequest.MaxAge is served before every caller
+// that joined after it, so that no level waits forever; a turn already
+// booked is kept. Allow, Wait and ReserveN do not queue in the line; they
+// take the turns the line leaves.
 //
 //	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
 //	lim, err := throttle.New(rdb, throttle.Options{Prefix: "myapp:"},

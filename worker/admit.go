@@ -133,6 +133,12 @@ func (m *Middleware) gateRequest(ctx context.Context, t *taskRun) error {
 	// without a horizon. Each rule's own limit still holds.
 	_, nested := admission.WaitedFrom(ctx)
 	t.BookAhead = nested || t.rule.stacked.Load()
+	if t.rule.Priority != nil {
+		var err error
+		if t.Priority, err = t.rule.Priority(ctx, t.task); err != nil {
+			return t.archive(ctx, "worker: task archived: no priority", false, fmt.Errorf("cannot derive its priority: %w", err))
+		}
+	}
 	if t.rule.FairBy == nil {
 		return nil
 	}

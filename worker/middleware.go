@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -81,6 +82,15 @@ type TaskRule struct {
 	// ones. An error archives the task, as for Subject. Needs
 	// Options.Asynq.
 	FairBy Subject
+	// Priority, if set, gives each task its level in its subject's line,
+	// 0 to throttle.MaxPriority: tasks of higher levels waiting for one
+	// subject take the next turns before lower ones (the turns already
+	// booked are kept), the shares of FairBy in turn within a level, and
+	// a task that has waited Settings.MaxAge (if zero,
+	// throttle.DefaultMaxAge horizons) goes before every task that joined
+	// after it. An error archives the task, as for Subject. Needs
+	// Options.Asynq; not with ShareLimit or a concurrency limit.
+	Priority Priority
 	// Within, if set, names another rule of the middleware whose limit
 	// also holds for this rule's tasks, over that rule's own subject and
 	// cost (a per-key rule within a per-tenant one): a task is admitted
@@ -310,6 +320,10 @@ func (m *Middleware) checkRule(r *TaskRule) error {
 		return bad("fair_by", "needs Options.Asynq: the wake-up loop serves the subject's line")
 	case r.ShareLimit != (throttle.Limit{}) && r.FairBy == nil:
 		return bad("share_limit", "limits each share of fair_by; set fair_by too")
+	case r.Priority != nil && m.parking == nil:
+		return bad("priority", "needs Options.Asynq: the wake-up loop serves the subject's line, which orders tasks by priority")
+	case r.Priority != nil && r.ShareLimit != (throttle.Limit{}):
+		return bad("priority", "cannot be combined with share_limit: a share its own limit holds back is served in its share's order, not by level; drop one")
 	}
 	return settingsError(r.Name, r.Settings.Check())
 }
@@ -341,6 +355,10 @@ func (m *Middleware) newRuleGate(r *TaskRule) (*ruleGate, error) {
 		return rule, nil
 	}
 	gateOpts := admission.Options{Settings: r.Settings, Shared: m.shared, Parking: m.parking, Name: r.Name}
+	if r.Priority != nil && gateOpts.MaxAge == 0 {
+		// Every task of the rule ages, those of level 0 too.
+		gateOpts.MaxAge = throttle.DefaultMaxAge * cmp.Or(max(r.Horizon, 0), admission.DefaultHorizon)
+	}
 	if m.parking == nil {
 		// Parked tasks come back in whole seconds, up to a second
 		// early (see park): let them wait that out in place.
@@ -355,6 +373,9 @@ func (m *Middleware) newRuleGate(r *TaskRule) (*ruleGate, error) {
 	rule.leased = rule.gate.Leased()
 	if rule.leased && r.FairBy != nil {
 		return nil, ruleError(r.Name, "fair_by", "cannot share a concurrency limit: its queue for places is first come, first served")
+	}
+	if rule.leased && r.Priority != nil {
+		return nil, ruleError(r.Name, "priority", "cannot order a concurrency limit's queue: its places are handed first come, first served")
 	}
 	return rule, nil
 }

@@ -40,7 +40,8 @@
 --                requeued as a copy), which takes over ARGV[b+4]'s place;
 --                the same id otherwise. In the line: the waiter to name.
 -- ARGV[b+6]   -> the caller's share of the line, '' for none
--- ARGV[b+7]   -> the share's weight, at least 1
+-- ARGV[b+7]   -> the share's weight, at least 1; with a priority,
+--                'weight level max_age' (line.lua)
 -- ARGV[b+8], ARGV[b+9], ARGV[b+10] -> the cap of each share of the line:
 --                count (0: none), period (microseconds) and burst
 -- ARGV[b+11] ... -> members to redeem, in order: the caller's earlier

@@ -22,6 +22,39 @@
 -- its share's last member) + n / weight, so that the shares with members
 -- waiting are served in turn, each by its weight, and a share that has
 -- waited for nothing starts level with the head. Nothing is charged.
+--
+-- Priorities: ARGV[b + 7] is the weight, or 'weight level max_age' (level
+-- 0 to 9, max_age in µs). A member of level L is scored by its place less
+-- L * band (place_band below), so the line's head is the first member of
+-- its highest level; places are counted per level (:f fields 'v' .. L and
+-- 'S' .. L .. ':' .. share for L > 0; level 0 keeps 'v' and 's' .. share).
+-- Such a member's entry in :e is 'n promote\nwaiter', promote the Redis
+-- time (µs) from which it is served before every younger member
+-- (line_serve.lua, pick); an entry 'n\nwaiter' is never promoted.
+
+-- place_band is the score between two levels of the line: a line's places
+-- (its permits, divided by weights, while it is not empty) stay below it.
+local place_band = 2 ^ 40
+
+-- line_entry splits an entry of :e into its n, promote time (nil if none)
+-- and waiter.
+local function line_entry(e)
+  local m, p, waiter = string.match(e or '', '^(%d+) ?(%d*)\n(.*)$')
+  return tonumber(m), tonumber(p), waiter
+end
+
+-- line_level returns the level of a member of the line scored score.
+local function line_level(score)
+  if score > 0 then return 0 end
+  return math.ceil(-score / place_band)
+end
+
+-- line_fields returns the :f fields of level lv: its last place served
+-- and share sh's last place.
+local function line_fields(lv, sh)
+  if lv == 0 then return 'v', 's' .. sh end
+  return 'v' .. lv, 'S' .. lv .. ':' .. sh
+end
 
 -- line_base returns the line of an admit of n permits under nrules rules,
 -- whose arguments after the rules' start at ARGV[b] (admit.lua), booking
@@ -30,6 +63,11 @@
 local function line_base(n, nrules, b, rkey, tkey, tol)
   local l = {key = KEYS[nrules + 4], ekey = KEYS[nrules + 5], fkey = KEYS[nrules + 6],
     horizon = tonumber(ARGV[b + 2])}
+  -- The caller's weight, level and age bound (µs; nil: never promoted).
+  do
+    local w, lv, age = string.match(ARGV[b + 7], '^(%d+) (%d) (%d+)$')
+    l.weight, l.level, l.max_age = tonumber(w or ARGV[b + 7]), tonumber(lv) or 0, tonumber(age)
+  end
   local function fmt(x) return string.format('%.17g', x) end
   -- The shares' caps (ARGV[b + 8] > 0, see above): cap interval ci (µs a
   -- permit) and burst cb; hkey, qkey, skey and ckey hold the awake shares,
@@ -95,7 +133,16 @@ local function line_base(n, nrules, b, rkey, tkey, tol)
       local mine = redis.call('ZLEXCOUNT', l.qkey, '[' .. p, '(' .. p .. '\255')
       w = math.max(w, 2 * mine * m * l.ci)
     end
+    -- Younger members of higher levels may pass it for its age bound.
+    if l.max_age then w = w + l.max_age end
     return math.ceil(math.min(l.horizon + w, max_us / 4))
+  end
+  -- entry is a member's :e entry: m permits, its waiter, and with an age
+  -- bound, when it is promoted (promote, or the age bound from now).
+  local function entry(m, waiter, promote)
+    if not promote and l.max_age then promote = now + l.max_age end
+    if not promote then return string.format('%d', m) .. '\n' .. waiter end
+    return string.format('%d %d', m, promote) .. '\n' .. waiter
   end
   -- enqueue puts member, at place, in share sh's queue, and the share among
   -- the served ones if it is neither served nor asleep; it returns true if
@@ -115,12 +162,12 @@ local function line_base(n, nrules, b, rkey, tkey, tol)
   -- cap admits it (µs from now): the share sleeps until then.
   function l.join(serve, asleep)
     local sh = ARGV[b + 6]
-    local share, weight = 's' .. sh, tonumber(ARGV[b + 7])
-    local f = redis.call('HMGET', l.fkey, 'v', share)
-    local place = math.max(tonumber(f[1]) or 0, tonumber(f[2]) or 0) + n / weight
+    local served, share = line_fields(l.level, sh)
+    local f = redis.call('HMGET', l.fkey, served, share)
+    local place = math.max(tonumber(f[1]) or 0, tonumber(f[2]) or 0) + n / l.weight
     local ahead = redis.call('ZCARD', l.key)
-    redis.call('ZADD', l.key, fmt(place), ARGV[b])
-    redis.call('HSET', l.ekey, ARGV[b], string.format('%d', n) .. '\n' .. ARGV[b + 5])
+    redis.call('ZADD', l.key, fmt(place - l.level * place_band), ARGV[b])
+    redis.call('HSET', l.ekey, ARGV[b], entry(n, ARGV[b + 5]))
     redis.call('HSET', l.fkey, share, fmt(place))
     if l.ci then
       -- A share that wakes a line whose shares all sleep (served only when
@@ -137,8 +184,8 @@ local function line_base(n, nrules, b, rkey, tkey, tol)
   -- place) there, as the booking id; if nobody has served the line for two
   -- horizons, whoever served it may have stopped: it is served at once.
   function l.stay(member, place)
-    local e = redis.call('HGET', l.ekey, member) or ''
-    local m = tonumber(string.match(e, '^(%d+)')) or n
+    local m, promote = line_entry(redis.call('HGET', l.ekey, member))
+    m = m or n
     local sh = ARGV[b + 6]
     if member ~= ARGV[b] then
       redis.call('ZREM', l.key, member)
@@ -147,7 +194,7 @@ local function line_base(n, nrules, b, rkey, tkey, tol)
       if l.ci then redis.call('ZREM', l.qkey, qentry(sh, tonumber(place), member)) end
     end
     if l.ci then enqueue(sh, tonumber(place), ARGV[b]) end
-    redis.call('HSET', l.ekey, ARGV[b], string.format('%d', m) .. '\n' .. ARGV[b + 5])
+    redis.call('HSET', l.ekey, ARGV[b], entry(m, ARGV[b + 5], promote))
     local ahead = redis.call('ZCOUNT', l.key, '-inf', '(' .. place)
     local back = fallback(ahead, m, l.ci and sh)
     keep(back + l.horizon + tol)

@@ -98,24 +98,56 @@ local function line_open(n, nrules, b, rkey, tkey, tol)
       reply[#reply + 1] = string.format('%d', slot)
     end
   end
-  -- serve books the turns of the line's head members that fall within the
-  -- horizon, in order.
+  -- pick returns the member to serve next, its score and level: the
+  -- line's head (the first of its highest level), unless the head of a
+  -- lower level is promoted (its age bound passed) and was promoted before
+  -- the line's head, if that is: then the earliest promoted of those heads.
+  -- heads caches each lower level's head ({} if none) for one serving.
+  local function pick(heads)
+    local top = redis.call('ZRANGE', l.key, 0, 0, 'WITHSCORES')
+    if not top[1] then return nil end
+    local score = tonumber(top[2])
+    if score > 0 then return top[1], score, 0 end -- one level: in order
+    local tl = line_level(score)
+    local best, bs, bl = top[1], score, tl
+    local _, bp = line_entry(redis.call('HGET', l.ekey, top[1]))
+    if bp and bp > now then bp = nil end
+    for lv = tl - 1, 0, -1 do
+      local h = heads[lv]
+      if not h then
+        local lo, hi = '(' .. fmt(-lv * place_band), '(' .. fmt(-(lv - 1) * place_band)
+        if lv == 0 then lo, hi = '(0', '+inf' end
+        local r = redis.call('ZRANGEBYSCORE', l.key, lo, hi, 'WITHSCORES', 'LIMIT', 0, 1)
+        h = {}
+        if r[1] then
+          local _, p = line_entry(redis.call('HGET', l.ekey, r[1]))
+          h = {member = r[1], score = tonumber(r[2]), promote = p}
+        end
+        heads[lv] = h
+      end
+      if h.promote and h.promote <= now and (not bp or h.promote < bp) then
+        best, bs, bl, bp = h.member, h.score, lv, h.promote
+      end
+    end
+    return best, bs, bl
+  end
+  -- serve books the turns of the line's members that fall within the
+  -- horizon, in the order pick gives.
   local function serve_plain(reply)
     local next_us = -1
+    local heads = {}
     for _ = 1, 256 do
-      local head = redis.call('ZRANGE', l.key, 0, 0, 'WITHSCORES')
-      if not head[1] then break end
-      local member = head[1]
-      local e = redis.call('HGET', l.ekey, member) or ''
-      local m, waiter = string.match(e, '^(%d+)\n(.*)$')
-      m = tonumber(m)
+      local member, score, lv = pick(heads)
+      if not member then break end
+      local m, _, waiter = line_entry(redis.call('HGET', l.ekey, member))
       local ok, delay, tks = false, max_us, nil
       if m then ok, delay, tks = take(m) end
       if not ok and m and delay < max_us / 2 then
         next_us = math.max(delay - l.horizon / 2, 0)
         break
       end
-      redis.call('HSET', l.fkey, 'v', head[2])
+      heads[lv] = nil
+      redis.call('HSET', l.fkey, (line_fields(lv, '')), fmt(score + lv * place_band))
       hand(reply, member, waiter, ok, delay, tks)
     end
     return next_us
@@ -161,9 +193,7 @@ local function line_open(n, nrules, b, rkey, tkey, tol)
       if not sh then break end
       local member, entry, place = qhead(sh)
       local e = member and redis.call('HGET', l.ekey, member)
-      local m, waiter
-      if e then m, waiter = string.match(e, '^(%d+)\n(.*)$') end
-      m = tonumber(m)
+      local m, _, waiter = line_entry(e)
       if not member then
         redis.call('ZREM', l.hkey, sh)
       elseif not e then
