@@ -479,8 +479,10 @@ func TestParkWithoutWakeups(t *testing.T) {
 // TestParkFairShares: one API key of 100/s shared by every tenant
 // (fair_by: tenant), three workers. Tenant A's 5,000 tasks are enqueued
 // first and all wait in the key's line; then B and C enqueue 100 each.
-// From 2s after they are enqueued, B and C each run at 30/s or more (a
-// third of the key each, A the rest), and the key never passes 100/s +
+// From 2s after they are enqueued until they are done, B and C each take
+// at least 28 % of the key's turns (a third each, less A's turns booked
+// ahead; A the rest), and the key
+// never passes 100/s +
 // burst in any second on the Redis clock. The test ends once B's and C's
 // tasks have run; A's backlog is left to the cleanup.
 func TestParkFairShares(t *testing.T) {
@@ -540,14 +542,27 @@ func TestParkFairShares(t *testing.T) {
 			last[who] = s.at
 		}
 	}
+	// Each share is counted against the key's turns in the same span, not
+	// against 100/s: a loaded machine takes the key's turns late for every
+	// tenant alike (at load 11 on 2 cores the key ran at 84/s), and what
+	// fair_by promises is the division.
+	end := last["B"]
+	if last["C"].After(end) {
+		end = last["C"]
+	}
+	inSpan := 0
+	for _, s := range starts {
+		if !s.at.Before(from) && !s.at.After(end) {
+			inSpan++
+		}
+	}
 	for _, who := range []string{"B", "C"} {
-		span := last[who].Sub(from)
-		if n[who] < 10 || span <= 0 {
+		if n[who] < 10 || inSpan == 0 {
 			t.Errorf("tenant %s: %d tasks from 2s after enqueue; want its share", who, n[who])
 			continue
 		}
-		if r := float64(n[who]) / span.Seconds(); r < 30 {
-			t.Errorf("tenant %s ran at %.1f/s from 2s after it was enqueued, want at least 30/s", who, r)
+		if share := float64(n[who]) / float64(inSpan); share < 0.28 {
+			t.Errorf("tenant %s took %.1f%% of the key's %d turns from 2s after it was enqueued until B and C were done, want at least 28%% (a third, less A's turns booked ahead)", who, 100*share, inSpan)
 		}
 	}
 	if most := redistest.MaxInWindow(all, time.Second); most > rate+1 {

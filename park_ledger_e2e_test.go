@@ -37,8 +37,12 @@ func TestParkBacklogLedgerLooks(t *testing.T) {
 	if parks == 0 || float64(writes) > 1.05*float64(parks) {
 		t.Errorf("%d ledger writes for %d parks, want at most one per park", writes, parks)
 	}
-	if per := float64(calls) / n; per > 2.15 {
-		t.Errorf("%.3f limiter calls per task, want at most 2.15", per)
+	// About two calls a task (2.05 on a quiet machine, BENCHMARKS.md); a
+	// loaded one hands parked tasks back after their turn's tolerance, and
+	// each of those parks again (2.23 at load 11 on 2 cores). A design
+	// whose calls grow with the backlog shows 3 and more.
+	if per := float64(calls) / n; per > 2.35 {
+		t.Errorf("%.3f limiter calls per task, want at most 2.35", per)
 	}
 	t.Logf("%d tasks at %d/s on 3 workers in %v (ideal %v), %d ledger shards: %d looks (%.3f per task), %d took nothing (%.3f per task); %d ledger writes for %d parks (%.3f per park); %.3f limiter calls per task",
 		n, rate, took.Round(time.Millisecond), time.Duration(n-1)*time.Second/rate, len(ledger.Keys()),

@@ -218,6 +218,10 @@ type Request struct {
 	//     API key): the shares with jobs in line are served in turn, each by
 	//     its Weight, from 1 to MaxWeight; if zero, the share's weight in
 	//     Options.Weights (1 if absent). Empty is a share like any other.
+	//   - Priority is the job's level in its subject's line, 0 to
+	//     throttle.MaxPriority: higher levels are served first, within a
+	//     level the shares in turn; Settings.MaxAge bounds how long a job
+	//     waits for younger higher ones. A turn already booked is kept.
 	throttle.Caller
 	// BookAhead books a new turn however far ahead, past Options.Horizon,
 	// and never puts the job in the line: for a job that must hold turns
@@ -312,6 +316,12 @@ type Decision struct {
 // no ID and its turn is later than it can wait, and the limiter's error for
 // a bad subject or a cost beyond its capacity.
 func (g *Gate) Admit(ctx context.Context, req Request) (Decision, error) {
+	return g.admit(ctx, req, -1)
+}
+
+// admit is Admit, with the wait for a turn (new or booked) at most bound,
+// if bound is not negative: a later turn parks the job (Stack).
+func (g *Gate) admit(ctx context.Context, req Request, bound time.Duration) (Decision, error) {
 	start := time.Now()
 	if err := ctx.Err(); err != nil {
 		return Decision{}, err
@@ -337,6 +347,9 @@ func (g *Gate) Admit(ctx context.Context, req Request) (Decision, error) {
 			wait, byDeadline = left, true
 		}
 		early = min(early, left)
+	}
+	if bound >= 0 {
+		wait, early = min(wait, bound), min(early, bound)
 	}
 	a, err := g.lim.Admit(ctx, g.limiterRequest(req, wait, early))
 	if err != nil {
@@ -406,7 +419,7 @@ func (g *Gate) limiterRequest(req Request, wait, early time.Duration) throttle.A
 	return throttle.AdmitRequest{
 		Subject: req.Subject, N: n, Costs: req.Costs, Caller: req.Caller,
 		Wait: wait, EarlyWait: max(early, time.Microsecond), Tolerance: g.opts.Tolerance,
-		Horizon: horizon, ShareLimit: g.opts.ShareLimit,
+		Horizon: horizon, ShareLimit: g.opts.ShareLimit, MaxAge: g.opts.MaxAge,
 	}
 }
 

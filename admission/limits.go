@@ -31,13 +31,16 @@ const limitsTTL = 7 * 24 * time.Hour
 
 // DescribeLimit writes a rule's limit as workers publish it and as errors
 // show it: "gcra 5 per 1s (burst 1)", "sliding_window 100 per 1m0s
-// (precision 3s)", "concurrency 5 at once (lease 30s)". Two rules that
-// decide alike have the same description.
+// (precision 3s)", "concurrency 5 at once (lease 30s)", "calendar 1000
+// per day@America/Los_Angeles". Two rules that decide alike have the same
+// description.
 func DescribeLimit(r throttle.Rule) string {
 	l := r.Limit
 	switch {
 	case r.Algorithm == throttle.Concurrency:
 		return fmt.Sprintf("concurrency %d at once (lease %v)", l.Count, l.Period)
+	case r.Algorithm == throttle.CalendarWindow:
+		return fmt.Sprintf("calendar %d per %v", l.Count, r.Calendar)
 	case r.Algorithm.Bucket():
 		return fmt.Sprintf("%s %d per %v (burst %d)", r.Algorithm, l.Count, l.Period, l.Burst)
 	case r.Algorithm == throttle.SlidingWindow:

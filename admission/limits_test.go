@@ -24,6 +24,9 @@ func TestDescribeLimit(t *testing.T) {
 		{throttle.Rule{Name: "a", Algorithm: throttle.SlidingWindow, Limit: throttle.Limit{Count: 100, Period: time.Minute}}, "sliding_window 100 per 1m0s (precision 3s)"},
 		{throttle.Rule{Name: "a", Algorithm: throttle.SlidingWindow, Limit: throttle.Limit{Count: 100, Period: time.Minute}, Precision: time.Second}, "sliding_window 100 per 1m0s (precision 1s)"},
 		{throttle.Rule{Name: "a", Algorithm: throttle.Concurrency, Limit: throttle.Limit{Count: 5, Period: 30 * time.Second}}, "concurrency 5 at once (lease 30s)"},
+		// A calendar quota: as a rules file gives it, and as a limiter's Rules report it (Period filled in).
+		{throttle.Rule{Name: "a", Algorithm: throttle.CalendarWindow, Limit: throttle.Limit{Count: 1000}, Calendar: throttle.Daily(time.UTC)}, "calendar 1000 per day@UTC"},
+		{throttle.Rule{Name: "a", Algorithm: throttle.CalendarWindow, Limit: throttle.Limit{Count: 1000, Period: 24 * time.Hour, Burst: 1000}, Calendar: throttle.Daily(time.UTC)}, "calendar 1000 per day@UTC"},
 	} {
 		if got := DescribeLimit(tc.rule); got != tc.want {
 			t.Errorf("DescribeLimit(%+v) = %q, want %q", tc.rule, got, tc.want)

@@ -52,6 +52,17 @@ type Settings struct {
 	// negative), jobs with an ID, and a limiter whose rules can keep
 	// shares (throttle.CheckShareLimit); a zero Burst is Count.
 	ShareLimit throttle.Limit
+	// MaxAge is the age bound of a subject's line whose jobs have
+	// priorities (Request.Priority, throttle.Caller.Priority: the line
+	// serves higher levels first): a job that has waited in line MaxAge is
+	// served before every job that joined after it, whatever their
+	// levels. Set, it is given to every job of the gate, those of level 0
+	// too, which then never wait behind younger higher jobs for longer.
+	// If zero, a job above level 0 has throttle's default
+	// (throttle.DefaultMaxAge horizons) and a job of level 0 is never
+	// promoted: the worker sets it for every rule with a priority. Not
+	// with ShareLimit. Must not be negative.
+	MaxAge time.Duration
 }
 
 // Bounds of Settings.
@@ -65,7 +76,7 @@ const (
 
 // SettingsError is a field of Settings out of range (Settings.Check).
 type SettingsError struct {
-	Field  string // max_wait, wait_slots, horizon, weights or share_limit, as in a rules file
+	Field  string // max_wait, wait_slots, horizon, weights, share_limit or priority, as in a rules file
 	Reason string // what is wrong and what is allowed
 	Err    error  // the cause, if throttle found it (a *throttle.ConfigError); else nil
 }
@@ -91,6 +102,10 @@ func (s Settings) Check(rules ...throttle.Rule) error {
 		return bad("wait_slots", "%d must not be negative", s.WaitSlots)
 	case s.Horizon > MaxHorizon:
 		return bad("horizon", "%v must be at most %v", s.Horizon, MaxHorizon)
+	case s.MaxAge < 0:
+		return bad("priority", "max_age %v must not be negative", s.MaxAge)
+	case s.MaxAge > 0 && s.ShareLimit != (throttle.Limit{}):
+		return bad("priority", "cannot be combined with share_limit: a share its own limit holds back is served in its share's order, not by level; drop one")
 	}
 	for share, w := range s.Weights {
 		if w < 1 || w > MaxWeight {

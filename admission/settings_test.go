@@ -39,6 +39,9 @@ func TestSettingsCheck(t *testing.T) {
 		{"weight too large", Settings{Weights: map[string]int{"a": MaxWeight + 1}}, nil, "weights"},
 		{"share limit without period", Settings{ShareLimit: throttle.Limit{Count: 1}}, nil, "share_limit"},
 		{"share limit over a window", Settings{ShareLimit: throttle.PerSecond(10)}, []throttle.Rule{window}, "share_limit"},
+		{"max age", Settings{MaxAge: time.Minute}, nil, ""},
+		{"negative max age", Settings{MaxAge: -1}, nil, "priority"},
+		{"max age with a share limit", Settings{MaxAge: time.Minute, ShareLimit: throttle.PerSecond(10)}, []throttle.Rule{gcra}, "priority"},
 	} {
 		err := tc.s.Check(tc.rules...)
 		var se *SettingsError
@@ -87,19 +90,7 @@ func TestGateWeighsShares(t *testing.T) {
 					}
 				}
 			}
-			handed := map[string]time.Time{}
-			for len(handed) < 8 {
-				s, err := g.Serve(ctx, tc.subject)
-				if err != nil {
-					t.Fatal(err)
-				}
-				maps.Copy(handed, s.Handed)
-				if s.Next.IsZero() {
-					break
-				}
-				time.Sleep(time.Until(s.Next))
-			}
-			names := slices.SortedFunc(maps.Keys(handed), func(a, b string) int { return handed[a].Compare(handed[b]) })
+			names := serveFor(t, g, tc.subject, 8)
 			gold := 0
 			for _, n := range names[:min(8, len(names))] {
 				if strings.HasPrefix(n, "gold") {
@@ -111,4 +102,60 @@ func TestGateWeighsShares(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestGatePriority: a gate passes a job's priority and Settings.MaxAge to
+// its subject's line: three low jobs wait in line, then two high ones join
+// and are handed the first turns; then, with a 1s MaxAge, a low job that
+// has waited past it is handed its turn before a high one that joined
+// after it.
+func TestGatePriority(t *testing.T) {
+	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		key := throttle.Rule{Name: "key", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(10).WithBurst(1)}
+		g := newGate(t, rdb, Options{Settings: Settings{MaxWait: time.Microsecond, Horizon: 100 * time.Millisecond, MaxAge: time.Second}}, key)
+		ctx := context.Background()
+		admit := func(id string, prio int) {
+			t.Helper()
+			if _, err := g.Admit(ctx, Request{Subject: "acct", Caller: throttle.Caller{ID: id, Priority: prio}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		serve := func(n int) []string { return serveFor(t, g, "acct", n)[:n] }
+		admit("first", 0)
+		for _, id := range []string{"low0", "low1", "low2", "low3"} {
+			admit(id, 0)
+		}
+		admit("high0", 3)
+		admit("high1", 3)
+		if got := serve(2); !slices.Equal(got, []string{"high0", "high1"}) {
+			t.Errorf("first turns handed: %v; want high0, high1", got)
+		}
+		// low1 .. low3 pass their age bound (low0's turn was booked at
+		// once, within the horizon: it never joined the line).
+		time.Sleep(time.Second)
+		admit("high2", 3)
+		if got := serve(4); !slices.Equal(got, []string{"low1", "low2", "low3", "high2"}) {
+			t.Errorf("turns handed after the age bound: %v; want the aged lows first, then high2", got)
+		}
+	})
+}
+
+// serveFor serves subject's line through g, at the times each serving
+// says, until n jobs are handed or the line is empty; it returns the names
+// handed, in the order of their slots.
+func serveFor(t *testing.T, g *Gate, subject string, n int) []string {
+	t.Helper()
+	handed := map[string]time.Time{}
+	for len(handed) < n {
+		s, err := g.Serve(context.Background(), subject)
+		if err != nil {
+			t.Fatal(err)
+		}
+		maps.Copy(handed, s.Handed)
+		if s.Next.IsZero() {
+			break
+		}
+		time.Sleep(time.Until(s.Next))
+	}
+	return slices.SortedFunc(maps.Keys(handed), func(a, b string) int { return handed[a].Compare(handed[b]) })
 }

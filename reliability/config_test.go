@@ -40,7 +40,7 @@ func TestInvalidConfig(t *testing.T) {
 	}{
 		{"empty name", throttle.Options{}, []throttle.Rule{rule("", throttle.GCRA, throttle.PerSecond(1))}, "", "name", "must not be empty"},
 		{"duplicate name", throttle.Options{}, []throttle.Rule{ok, ok}, "ok", "name", "must be unique"},
-		{"algorithm empty", throttle.Options{}, []throttle.Rule{rule("a0", "", throttle.PerSecond(1))}, "a0", "algorithm", "fixed_window, sliding_log, sliding_window, token_bucket, gcra or concurrency"},
+		{"algorithm empty", throttle.Options{}, []throttle.Rule{rule("a0", "", throttle.PerSecond(1))}, "a0", "algorithm", "fixed_window, sliding_log, sliding_window, token_bucket, gcra, concurrency or calendar"},
 		{"algorithm unknown", throttle.Options{}, []throttle.Rule{rule("a99", "leaky", throttle.PerSecond(1))}, "a99", "algorithm", "is not one of"},
 		{"subject too long", throttle.Options{}, []throttle.Rule{{Name: "subj", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(1), Subject: strings.Repeat("x", 1025)}}, "subj", "subject", "at most 1024"},
 		{"count zero", throttle.Options{}, []throttle.Rule{rule("c0", throttle.FixedWindow, throttle.Limit{Count: 0, Period: time.Second})}, "c0", "count", "at least 1"},

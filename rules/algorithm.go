@@ -39,12 +39,13 @@ func ParseAlgorithm(s string) (throttle.Algorithm, error) {
 // PaceAlgorithms are the algorithms a producer paces with (enqueue's
 // inline rule), as its messages list them: gcra, the default, first; the
 // other buckets; then the windows. Concurrency limits running tasks, not a
-// rate, and paces nothing.
+// rate, and paces nothing; a calendar quota needs a calendar, which an
+// inline rule (a rate) has no place for.
 func PaceAlgorithms() []throttle.Algorithm {
 	as := []throttle.Algorithm{throttle.GCRA}
 	for _, bucket := range []bool{true, false} {
 		for _, a := range throttle.Algorithms() {
-			if a.Bucket() == bucket && a != throttle.GCRA && a != throttle.Concurrency {
+			if a.Bucket() == bucket && a != throttle.GCRA && a != throttle.Concurrency && a != throttle.CalendarWindow {
 				as = append(as, a)
 			}
 		}

@@ -66,7 +66,10 @@ func sameRule(a, b RuleConfig) bool {
 //     where a string was, say);
 //   - a fixed_window limit whose period changes: its state counts
 //     windows of the old period, and a longer one would book turns
-//     centuries ahead.
+//     centuries ahead;
+//   - a calendar limit whose calendar changes (unit, first weekday or
+//     zone): a window that starts later than the counted one would start
+//     from zero, admitting the day's quota twice.
 //
 // Either limit change is made by giving the limit a new name: its keys
 // then start empty, and the old ones expire.
@@ -98,6 +101,8 @@ func (c *Config) CheckChange(next *Config) error {
 				return fail("algorithm", fmt.Sprintf("%s was %s: the state of the old algorithm in Redis cannot be read by the new one", l.Algorithm, prev.Algorithm))
 			case l.Algorithm == throttle.FixedWindow && prev.Limit.Period != l.Limit.Period:
 				return fail("period", fmt.Sprintf("%v was %v: a fixed window's state in Redis counts windows of its period", l.Limit.Period, prev.Limit.Period))
+			case l.Algorithm == throttle.CalendarWindow && prev.Calendar != l.Calendar:
+				return fail("period", fmt.Sprintf("%v was %v: a calendar quota's count in Redis is of the old calendar's window, and a new one would start from zero", l.Calendar, prev.Calendar))
 			}
 		}
 	}

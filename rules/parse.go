@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -25,8 +26,9 @@ var (
 	limitFields = []string{"name", "algorithm", "limit", "period", "burst", "precision", "lease", "budget"}
 	// limitOnly are the rule fields that describe a single limit, which a
 	// policy (limits) puts in each of its limits instead.
-	limitOnly  = []string{"algorithm", "limit", "period", "burst", "precision", "lease"}
-	costFields = []string{"payload_field"}
+	limitOnly      = []string{"algorithm", "limit", "period", "burst", "precision", "lease"}
+	costFields     = []string{"payload_field"}
+	priorityFields = []string{"payload_field", "queues", "max_age"}
 	// policyLimitFields are a policy limit's: a limit's, and its own cost.
 	policyLimitFields = append(slices.Clip(limitFields), "cost")
 )
@@ -89,7 +91,34 @@ func (p *parser) config(root *yaml.Node) (*Config, error) {
 		}
 		c.Rules = append(c.Rules, r)
 	}
-	return c, nil
+	return c, p.checkWithin(rules, c.Rules)
+}
+
+// checkWithin checks each rule's within (rs, read from the nodes of
+// rules): it names another rule, and following within from any rule never
+// comes back to it.
+func (p *parser) checkWithin(rules *yaml.Node, rs []RuleConfig) error {
+	byName := map[string]int{}
+	for i, r := range rs {
+		byName[r.Name] = i
+	}
+	for i, r := range rs {
+		seen := map[string]bool{r.Name: true}
+		for o := r; o.Within != ""; {
+			j, ok := byName[o.Within]
+			switch {
+			case !ok:
+				p.rule = o.Name
+				return p.Failf(yamlfile.Resolve(rules.Content[byName[o.Name]]), "within", "%q is not a rule of this file; name the rule whose limits also hold for this rule's tasks", o.Within)
+			case seen[o.Within]:
+				p.rule = r.Name
+				return p.Failf(yamlfile.Resolve(rules.Content[i]), "within", "following within from rule %q comes back to it; a rule cannot be within itself", r.Name)
+			}
+			seen[o.Within] = true
+			o = rs[j]
+		}
+	}
+	return nil
 }
 
 // ruleConfig reads the rule at n, the i-th of the file: names and owner
@@ -118,19 +147,26 @@ func (p *parser) ruleConfig(n *yaml.Node, i int, names map[string]int, owner map
 
 // checkSettings checks r's admission settings (at n, fields) as every
 // worker does (admission.Settings.Check), against r's limits: each field's
-// own bounds were read, so what is left to refuse is a share limit that
-// r's limits cannot keep (throttle.CheckShareLimit).
+// own bounds were read, so what is left to refuse is fair_by over a
+// concurrency limit, and a share limit that r's limits cannot keep
+// (throttle.CheckShareLimit).
 func (p *parser) checkSettings(n *yaml.Node, fields map[string]*yaml.Node, r RuleConfig) error {
+	if fn := fields["fair_by"]; fn != nil && slices.ContainsFunc(r.Limits, isConcurrency) {
+		// The worker refuses it too, but only once it builds the rule:
+		// here --check and a reload name the line.
+		return p.Failf(fn, "fair_by", "cannot share a concurrency limit: its queue for places is first come, first served; share a rate limit of the rule instead")
+	}
+	if fn := fields["priority"]; fn != nil && slices.ContainsFunc(r.Limits, isConcurrency) {
+		return p.Failf(fn, "priority", "cannot order a concurrency limit's queue: its places are handed first come, first served; give the priority to a rule of rate limits")
+	}
+	if fn := fields["priority"]; fn != nil && r.ShareLimit != (throttle.Limit{}) {
+		return p.Failf(fn, "priority", "cannot be combined with share_limit: a share its own limit holds back is served in its share's order, not by level; drop one")
+	}
 	var se *admission.SettingsError
 	if err := r.Check(r.Limits...); !errors.As(err, &se) {
 		return err // nil
 	}
-	at := cmp.Or(fields[se.Field], n)
-	var ce *throttle.ConfigError
-	if errors.As(se, &ce) && slices.ContainsFunc(r.Limits, func(l throttle.Rule) bool { return l.Name == ce.Rule && isConcurrency(l) }) {
-		return p.Failf(at, se.Field, "cannot limit the shares of concurrency limit %q: it has no line to keep them in", ce.Rule)
-	}
-	return p.Failf(at, se.Field, "%s", se.Reason)
+	return p.Failf(cmp.Or(fields[se.Field], n), se.Field, "%s", se.Reason)
 }
 
 // ruleFields declares the fields of the rule at n, read into r; those of
@@ -166,6 +202,8 @@ func (p *parser) ruleFields(n *yaml.Node, r *RuleConfig, names map[string]int, o
 		{Key: "limits"},
 		{Key: "horizon", Read: duration(&r.Horizon, time.Millisecond, admission.MaxHorizon)},
 		{Key: "fair_by", Read: subject(&r.FairBy)},
+		{Key: "within", Read: p.StrTo(&r.Within)},
+		{Key: "priority", Read: yamlfile.Into(&r.Priority, func(v *yaml.Node, _ string) (PriorityConfig, error) { return p.priority(v, &r.MaxAge) })},
 		{Key: "weights", Read: yamlfile.Into(&r.Weights, func(v *yaml.Node, _ string) (map[string]int, error) { return p.weights(v, fair()) })},
 		{Key: "share_limit", Read: yamlfile.Into(&r.ShareLimit, func(v *yaml.Node, _ string) (throttle.Limit, error) { return p.shareLimit(v, fair()) })},
 	}...)
@@ -337,6 +375,52 @@ func (p *parser) shareLimit(n *yaml.Node, fair bool) (throttle.Limit, error) {
 	return l, p.throttleError(n, fields, "share_limit", throttle.GCRA, err)
 }
 
+// priority reads a rule's priority: {payload_field: <field>} or
+// {queues: {<queue>: <level>, ...}}, and max_age (into maxAge) if given.
+func (p *parser) priority(n *yaml.Node, maxAge *time.Duration) (PriorityConfig, error) {
+	var c PriorityConfig
+	help := "give {payload_field: <JSON field>} or {queues: {critical: 2, default: 1}}, levels 0 to 9, and max_age if not 60 horizons"
+	fields, err := p.Mapping(n, "priority", "priority", priorityFields)
+	if err != nil {
+		return c, err
+	}
+	pf, qs := fields["payload_field"], fields["queues"]
+	if (pf == nil) == (qs == nil) {
+		return c, p.Failf(n, "priority", "%s; exactly one of payload_field and queues", help)
+	}
+	if pf != nil {
+		if c.PayloadField, err = p.Str(pf, "priority.payload_field"); err == nil && c.PayloadField == "" {
+			err = p.Failf(pf, "priority.payload_field", `must name a top-level field of the JSON payload, such as "prio"`)
+		}
+	} else {
+		c.Queues, err = p.priorityQueues(yamlfile.Resolve(qs))
+	}
+	if err != nil {
+		return c, err
+	}
+	if an := fields["max_age"]; an != nil {
+		*maxAge, err = p.duration(an, "priority.max_age", time.Millisecond, 10*365*24*time.Hour)
+	}
+	return c, err
+}
+
+// priorityQueues reads a priority's queues: queue -> level 0 to 9.
+func (p *parser) priorityQueues(n *yaml.Node) (map[string]int, error) {
+	if n.Kind != yaml.MappingNode || len(n.Content) == 0 {
+		return nil, p.Failf(n, "priority.queues", "%s must be a mapping of asynq queue to level (0 to %d), such as {critical: 2, default: 1}", yamlfile.Describe(n), throttle.MaxPriority)
+	}
+	q := map[string]int{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		name := n.Content[i].Value
+		v, err := p.Int(yamlfile.Resolve(n.Content[i+1]), "priority.queues."+name, 0, throttle.MaxPriority)
+		if err != nil {
+			return nil, err
+		}
+		q[name] = v
+	}
+	return q, nil
+}
+
 // weights reads a rule's weights: share -> 1 to 1000.
 func (p *parser) weights(n *yaml.Node, fair bool) (map[string]int, error) {
 	if !fair {
@@ -455,6 +539,48 @@ func (p *parser) concurrency(n *yaml.Node, fields map[string]*yaml.Node, path st
 	return p.validate(n, fields, path, r)
 }
 
+// ratePeriod reads the period of a rate limit, a duration; a calendar
+// (day@UTC) there is a calendar quota written with another algorithm.
+func (p *parser) ratePeriod(pn *yaml.Node, field string) (time.Duration, error) {
+	if strings.Contains(pn.Value, "@") {
+		return 0, p.Failf(pn, field, "%q is a calendar; a quota on the calendar needs algorithm %s", pn.Value, throttle.CalendarWindow)
+	}
+	return p.duration(pn, field, time.Microsecond, maxDuration)
+}
+
+// calendar reads a calendar quota: limit per period, a calendar such as
+// day@America/Los_Angeles (throttle.ParseCalendar).
+func (p *parser) calendar(n *yaml.Node, fields map[string]*yaml.Node, path string, r throttle.Rule) (throttle.Rule, error) {
+	f := func(field string) string { return yamlfile.Join(path, field) }
+	for _, field := range []string{"burst", "precision", "lease"} {
+		if v := fields[field]; v != nil {
+			return r, p.Failf(v, f(field), "does not apply to calendar, which admits limit per calendar period")
+		}
+	}
+	ln, pn := fields["limit"], fields["period"]
+	if ln == nil {
+		return r, p.Failf(n, f("limit"), "missing; how many tasks per calendar period, such as 1000")
+	}
+	if pn == nil {
+		return r, p.Failf(n, f("period"), "missing; a calendar such as day@UTC, week@Europe/Berlin or month@America/Los_Angeles")
+	}
+	var err error
+	if r.Limit.Count, err = p.AtLeast(ln, f("limit"), 1, throttle.MaxPermits); err != nil {
+		return r, err
+	}
+	s, err := p.Str(pn, f("period"))
+	if err != nil {
+		return r, err
+	}
+	if r.Calendar, err = throttle.ParseCalendar(s); err != nil {
+		return r, p.Failf(pn, f("period"), "%s", strings.TrimPrefix(err.Error(), "throttle: "))
+	}
+	// As a limiter reports the rule: the unit's nominal period (for the
+	// estimates other rules' periods give), a burst of its count.
+	r.Limit.Period, r.Limit.Burst = r.Calendar.Unit().Nominal(), r.Limit.Count
+	return p.validate(n, fields, path, r)
+}
+
 // checkCost refuses a fixed cost (at n) that a limit of r or its share
 // limit can never admit at once (its capacity).
 func (p *parser) checkCost(n *yaml.Node, r RuleConfig) error {
@@ -493,8 +619,11 @@ func (p *parser) limit(n *yaml.Node, fields map[string]*yaml.Node, path, name st
 	if r.Algorithm, err = ParseAlgorithm(as); err != nil {
 		return r, p.Failf(an, f("algorithm"), "%q is not one of %s", as, listAlgorithms(throttle.Algorithms(), " (or %s)", ", "))
 	}
-	if r.Algorithm == throttle.Concurrency {
+	switch r.Algorithm {
+	case throttle.Concurrency:
 		return p.concurrency(n, fields, path, r)
+	case throttle.CalendarWindow:
+		return p.calendar(n, fields, path, r)
 	}
 	if ln := fields["lease"]; ln != nil {
 		return r, p.Failf(ln, f("lease"), "applies only to concurrency")
@@ -513,7 +642,7 @@ func (p *parser) limit(n *yaml.Node, fields map[string]*yaml.Node, path, name st
 	if err != nil {
 		return r, err
 	}
-	if r.Limit.Period, err = p.duration(pn, f("period"), time.Microsecond, maxDuration); err != nil {
+	if r.Limit.Period, err = p.ratePeriod(pn, f("period")); err != nil {
 		return r, err
 	}
 

@@ -98,6 +98,14 @@ type RuleConfig struct {
 	// shares of each subject with tasks waiting (worker.TaskRule.FairBy),
 	// weighed by Settings.Weights and each limited by Settings.ShareLimit.
 	FairBy SubjectConfig
+	// Priority, if set (either field), orders the tasks waiting in each
+	// subject's line by level, 0 to throttle.MaxPriority, higher first
+	// (worker.TaskRule.Priority); its max_age is Settings.MaxAge.
+	Priority PriorityConfig
+	// Within, if set, names another rule of the file whose limits also
+	// hold for this rule's tasks, over that rule's own subject and cost (a
+	// per-key rule within a per-tenant one, worker.TaskRule.Within).
+	Within string
 	// Settings are how the rule's tasks are admitted, as the workers give
 	// them to admission: max_wait, wait_slots, horizon, weights and
 	// share_limit (admission.Settings, whose zero fields are defaults).
@@ -122,6 +130,25 @@ func (s SubjectConfig) Of(payload []byte) (string, error) {
 		return jsonpayload.Field(payload, s.PayloadField)
 	}
 	return s.Fixed, nil
+}
+
+// PriorityConfig says where a task's priority comes from: exactly one
+// field is set.
+type PriorityConfig struct {
+	PayloadField string         // a top-level field of the task's JSON payload: a whole number 0 to 9, 0 if absent
+	Queues       map[string]int // the asynq queue's name -> its level; a queue not listed is 0
+}
+
+// Of returns the level of a task whose payload is payload, taken from
+// queue: the PayloadField's value (0 if the payload has none), or the
+// queue's level in Queues (0 if not listed). An error (a payload that is
+// not a JSON object, a value that is not a whole number from 0 to 9)
+// means the task can never be admitted.
+func (c PriorityConfig) Of(payload []byte, queue string) (int, error) {
+	if c.PayloadField != "" {
+		return jsonpayload.Level(payload, c.PayloadField, throttle.MaxPriority)
+	}
+	return c.Queues[queue], nil
 }
 
 // CostConfig says how many permits each task of a rule takes: at most one

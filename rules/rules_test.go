@@ -229,10 +229,20 @@ func TestParseErrors(t *testing.T) {
 		{"share_limit zero", rule + fair + "    share_limit: {limit: 0, period: 1s}\n", `rules.yaml:9: rule "stripe": share_limit.limit: "0" must be a whole number from 1 to 1099511627776`},
 		{"share_limit period zero", rule + fair + "    share_limit:\n      limit: 10\n      period: 0s\n", `rules.yaml:11: rule "stripe": share_limit.period: "0s" must be at least 1µs`},
 		{"share_limit burst zero", rule + fair + "    share_limit: {limit: 10, period: 1s, burst: 0}\n", `rules.yaml:9: rule "stripe": share_limit.burst: "0" must be a whole number from 1 to`},
+		{"priority empty", rule + "    priority: {}\n", `rules.yaml:8: rule "stripe": priority: give {payload_field: <JSON field>} or {queues: {critical: 2, default: 1}}, levels 0 to 9, and max_age if not 60 horizons; exactly one of payload_field and queues`},
+		{"priority both", rule + "    priority: {payload_field: p, queues: {a: 1}}\n", `rules.yaml:8: rule "stripe": priority: give {payload_field`},
+		{"priority scalar", rule + "    priority: high\n", `rules.yaml:8: rule "stripe": priority: priority must be a mapping with the fields payload_field, queues, max_age`},
+		{"priority unknown field", rule + "    priority: {payload_field: p, levels: 3}\n", `rules.yaml:8: rule "stripe": priority: unknown field "levels"`},
+		{"priority level 10", rule + "    priority:\n      queues: {critical: 10}\n", `rules.yaml:9: rule "stripe": priority.queues.critical: "10" must be a whole number from 0 to 9`},
+		{"priority queues a list", rule + "    priority:\n      queues: [critical]\n", `rules.yaml:9: rule "stripe": priority.queues: a list must be a mapping of asynq queue to level (0 to 9)`},
+		{"priority field empty", rule + "    priority: {payload_field: \"\"}\n", `rules.yaml:8: rule "stripe": priority.payload_field: must name a top-level field`},
+		{"priority max_age zero", rule + "    priority:\n      payload_field: p\n      max_age: 0s\n", `rules.yaml:10: rule "stripe": priority.max_age: "0s" must be at least 1ms`},
+		{"priority with share_limit", rule + fair + "    share_limit: {limit: 10, period: 1s}\n    priority: {payload_field: p}\n", `rules.yaml:10: rule "stripe": priority: cannot be combined with share_limit`},
+		{"priority on concurrency", policy("      - {name: c, algorithm: concurrency, limit: 2, lease: 30s}\n") + "    priority: {payload_field: p}\n", `rules.yaml:7: rule "p": priority: cannot order a concurrency limit's queue`},
 		{"share_limit unknown field", rule + fair + "    share_limit: {limit: 10, period: 1s, rate: 3}\n", `rules.yaml:9: rule "stripe": share_limit: unknown field "rate" in a share limit; allowed: limit, period, burst`},
 		{"share_limit a number", rule + fair + "    share_limit: 10\n", `rules.yaml:9: rule "stripe": share_limit: a share limit must be a mapping with the fields limit, period, burst`},
-		{"share_limit on concurrency", strings.Replace(edit("    period: 1s\n", ""), "algorithm: gcra", "algorithm: concurrency", 1) + fair + "    share_limit: {limit: 10, period: 1s}\n", `rules.yaml:8: rule "stripe": share_limit: cannot limit the shares of concurrency limit "stripe": it has no line to keep them in`},
-		{"share_limit in a policy with concurrency", policy("      - {name: rate, algorithm: gcra, limit: 100, period: 1s}\n      - {name: running, algorithm: concurrency, limit: 5}\n") + fair + "    share_limit: {limit: 10, period: 1s}\n", `rules.yaml:9: rule "p": share_limit: cannot limit the shares of concurrency limit "p.running"`},
+		{"fair_by on concurrency", strings.Replace(edit("    period: 1s\n", ""), "algorithm: gcra", "algorithm: concurrency", 1) + fair, `rules.yaml:7: rule "stripe": fair_by: cannot share a concurrency limit: its queue for places is first come, first served`},
+		{"fair_by in a policy with concurrency", policy("      - {name: rate, algorithm: gcra, limit: 100, period: 1s}\n      - {name: running, algorithm: concurrency, limit: 5}\n") + fair + "    share_limit: {limit: 10, period: 1s}\n", `rules.yaml:8: rule "p": fair_by: cannot share a concurrency limit`},
 		{"cost over share burst", rule + fair + "    share_limit: {limit: 10, period: 1s, burst: 3}\n    cost: 5\n", `rules.yaml:10: rule "stripe": cost: 5 permits per task, but share_limit admits at most 3 at once; raise its burst or lower the cost`},
 		{"cost over share limit", rule + fair + "    share_limit: {limit: 3, period: 1s}\n    cost: 5\n", `rules.yaml:10: rule "stripe": cost: 5 permits per task, but share_limit admits at most 3 at once`},
 
@@ -535,6 +545,57 @@ func TestShareLimitConfig(t *testing.T) {
 				t.Errorf("the rule's limits %+v; want one of %+v", r.Limits, want)
 			}
 		})
+	}
+}
+
+// TestParsePriority reads a rule's priority from a payload field or from
+// the task's queue, with its max_age, and PriorityConfig.Of gives each
+// task its level: 0 where the payload or the queue says nothing.
+func TestParsePriority(t *testing.T) {
+	cfg, err := Parse("rules.yaml", []byte(`rules:
+  - name: api
+    tasks: ["api:*"]
+    subject: {fixed: key}
+    algorithm: gcra
+    limit: 10
+    period: 1s
+    priority:
+      queues: {critical: 9, default: 1}
+      max_age: 30s
+  - name: mail
+    tasks: ["mail:*"]
+    subject: {fixed: smtp}
+    algorithm: gcra
+    limit: 10
+    period: 1s
+    priority: {payload_field: prio}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	api, mail := cfg.Rules[0], cfg.Rules[1]
+	if api.MaxAge != 30*time.Second || mail.MaxAge != 0 {
+		t.Errorf("max_age: api %v, mail %v; want 30s and 0 (the worker's default)", api.MaxAge, mail.MaxAge)
+	}
+	for _, tc := range []struct {
+		c       PriorityConfig
+		payload string
+		queue   string
+		want    int
+		err     string
+	}{
+		{api.Priority, `{}`, "critical", 9, ""},
+		{api.Priority, `{}`, "low", 0, ""},
+		{mail.Priority, `{"prio": 3}`, "default", 3, ""},
+		{mail.Priority, `{"x": 1}`, "default", 0, ""},
+		{mail.Priority, `{"prio": 12}`, "default", 0, `payload priority field "prio" is 12; want a whole number from 0 to 9`},
+		{mail.Priority, `{"prio": "high"}`, "default", 0, `is a string`},
+		{mail.Priority, `[1]`, "default", 0, `not a JSON object`},
+	} {
+		got, err := tc.c.Of([]byte(tc.payload), tc.queue)
+		if got != tc.want || (err == nil) != (tc.err == "") || (err != nil && !strings.Contains(err.Error(), tc.err)) {
+			t.Errorf("Of(%s, %s) = %d, %v; want %d, %q", tc.payload, tc.queue, got, err, tc.want, tc.err)
+		}
 	}
 }
 

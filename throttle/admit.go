@@ -55,7 +55,21 @@ type Caller struct {
 	// Weight is the Share's weight in the line, from 1 (the default, if
 	// zero) to 1000.
 	Weight int
+	// Priority, with a Horizon, is the caller's level in the subject's
+	// line, from 0 (the default) to MaxPriority: the line serves its
+	// higher levels first, and the shares within a level by Weight. A
+	// caller in line longer than AdmitRequest.MaxAge is served before
+	// every caller that joined after it, whatever their levels, so no
+	// level waits forever. It orders the line only: a turn already booked
+	// is kept (a higher caller that comes later takes the turns after it),
+	// and a caller that finds nobody in line takes its turn as any other.
+	// Not with AdmitRequest.ShareLimit.
+	Priority int
 }
+
+// MaxPriority is the highest Caller.Priority: the line has ten levels, 0
+// to 9, and serves 9 first.
+const MaxPriority = 9
 
 // AdmitRequest is what Admit decides on.
 type AdmitRequest struct {
@@ -117,6 +131,18 @@ type AdmitRequest struct {
 	// algorithms (GCRA, TokenBucket), and N at most its Burst (zero Burst
 	// is Count).
 	ShareLimit Limit
+	// MaxAge bounds how long a caller waits in the subject's line while
+	// callers of a higher Priority that joined after it are served: once
+	// it has waited MaxAge (on the Redis clock, from when it joined), it is
+	// served before every caller that joined after it, whatever their
+	// levels, the earliest promoted first. So a line whose higher levels
+	// never empty still serves a lower caller about MaxAge after it
+	// joined, plus the time to serve those promoted before it. Give every
+	// caller of one line the same MaxAge. If zero: for a Priority above 0,
+	// DefaultMaxAge horizons; for Priority 0, the caller is never promoted
+	// (a line without priorities, as before they existed). At most
+	// the longest period (ten years). Ignored without a Horizon.
+	MaxAge time.Duration
 	// Tolerance is how late a caller may come back for its booking or
 	// receipt: one that comes later takes a new turn, and its old slot
 	// (long past) is not redeemed, so a fleet that was down does not run
@@ -184,6 +210,10 @@ type Admission struct {
 	// callers still wait in the line after it; 0 otherwise.
 	Waiting int
 }
+
+// DefaultMaxAge is AdmitRequest.MaxAge, in horizons, for a caller with a
+// Priority and no MaxAge: a minute at a horizon of one second.
+const DefaultMaxAge = 60
 
 // maxWeight bounds AdmitRequest.Weight.
 const maxWeight = 1000
@@ -312,7 +342,35 @@ func (c Caller) check() error {
 	if c.Weight < 0 || c.Weight > maxWeight {
 		return fmt.Errorf("throttle: admit: weight %d: must be between 1 and %d (0 is 1)", c.Weight, maxWeight)
 	}
+	if c.Priority < 0 || c.Priority > MaxPriority {
+		return fmt.Errorf("throttle: admit: priority %d: must be between 0 and %d", c.Priority, MaxPriority)
+	}
 	return nil
+}
+
+// lineArg is ARGV[b+7] of lua/admit.lua for a caller of c with age bound
+// maxAge (µs, 0: none): the weight alone, as before priorities, or
+// "weight level max_age" (lua/line.lua).
+func (c Caller) lineArg(maxAge int64) any {
+	w := max(c.Weight, 1)
+	if c.Priority == 0 && maxAge == 0 {
+		return w
+	}
+	return fmt.Sprintf("%d %d %d", w, c.Priority, maxAge)
+}
+
+// maxAge returns req's age bound in µs for its line (lineArg), horizon
+// µs: MaxAge, or DefaultMaxAge horizons for a Priority without one.
+func (req *AdmitRequest) maxAge(horizon int64) int64 {
+	switch {
+	case horizon == unbounded:
+		return 0
+	case req.MaxAge > 0:
+		return req.MaxAge.Microseconds()
+	case req.Priority > 0:
+		return min(DefaultMaxAge*horizon, maxPeriod.Microseconds())
+	}
+	return 0
 }
 
 // LineServing is what one serving of a subject's line did (ServeLine).
@@ -394,3 +452,11 @@ func (l *Limiter) checkShareLimit(req *AdmitRequest, horizon int64) error {
 
 // lineSuffix names a subject's line.
 const lineSuffix = "!line"
+
+// Tolerance is how late a caller may come back for its booking and still
+// take it, when AdmitRequest.Tolerance is zero: the interval of the
+// limiter's tightest rate rule (Period / Count), at least 1ms and at most
+// 1s. A turn used later than that after its slot is as a late caller's:
+// admission.Stack bounds the wait for the other turns of a stacked job by
+// it.
+func (l *Limiter) Tolerance() time.Duration { return l.tolerance }

@@ -69,7 +69,7 @@ func algorithmNames() []string {
 }
 
 // algorithmList names every algorithm for messages: "fixed_window,
-// sliding_log, …, gcra or concurrency".
+// sliding_log, …, concurrency or calendar".
 func algorithmList() string {
 	names := algorithmNames()
 	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
@@ -83,7 +83,7 @@ func (a Algorithm) bucket() bool {
 
 // Algorithms returns every algorithm, in the order messages and docs list
 // them: fixed_window, sliding_log, sliding_window, token_bucket, gcra,
-// concurrency. Rules files and command lines list these names rather than
+// concurrency, calendar. Rules files and command lines list these names rather than
 // their own copy.
 func Algorithms() []Algorithm { return registered() }
 

@@ -10,7 +10,7 @@ import (
 // TestAlgorithmFacts: Algorithms lists every algorithm in the documented
 // order, and Bucket names the two that keep bucket.lua's state.
 func TestAlgorithmFacts(t *testing.T) {
-	want := []Algorithm{FixedWindow, SlidingLog, SlidingWindow, TokenBucket, GCRA, Concurrency}
+	want := []Algorithm{FixedWindow, SlidingLog, SlidingWindow, TokenBucket, GCRA, Concurrency, CalendarWindow}
 	if got := Algorithms(); !slices.Equal(got, want) {
 		t.Errorf("Algorithms() = %v; want %v", got, want)
 	}

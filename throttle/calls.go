@@ -164,7 +164,7 @@ func (l *Limiter) admitCall(req *AdmitRequest) (admitArgs, error) {
 	if req.EarlyWait > 0 {
 		early = req.EarlyWait.Microseconds()
 	}
-	args = append(args, w.booking, max(req.Tolerance.Microseconds(), 1), horizon, early, w.waiter, w.waitAs, req.Share, max(req.Weight, 1))
+	args = append(args, w.booking, max(req.Tolerance.Microseconds(), 1), horizon, early, w.waiter, w.waitAs, req.Share, req.Caller.lineArg(req.maxAge(horizon)))
 	if sl := req.ShareLimit; sl != (Limit{}) && horizon != unbounded {
 		args = append(args, sl.Count, sl.Period.Microseconds(), sl.Burst)
 	} else {
@@ -193,7 +193,13 @@ func (l *Limiter) checkAdmit(req *AdmitRequest) (serving bool, horizon int64, er
 	if req.Horizon > 0 && !l.holders {
 		horizon = req.Horizon.Microseconds()
 	}
+	if req.MaxAge < 0 || req.MaxAge > maxPeriod || req.MaxAge%time.Microsecond != 0 {
+		return false, 0, fmt.Errorf("throttle: admit: max age %v: must be a whole number of microseconds from 0 (the default) to %v", req.MaxAge, maxPeriod)
+	}
 	if req.ShareLimit != (Limit{}) {
+		if req.Priority > 0 {
+			return false, 0, errors.New("throttle: admit: a share limit and a priority cannot be combined: a share its own limit holds back is served by its place in its share, not its level; drop one")
+		}
 		if err := l.checkShareLimit(req, horizon); err != nil {
 			return false, 0, err
 		}

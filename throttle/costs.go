@@ -26,12 +26,14 @@ import (
 // go the same way.
 type Costs []int
 
-// arg is c as ARGV[2] (lua/rules.lua: per_rule): "n1 n2 ... nr".
+// arg is c as ARGV[2] (lua/rules.lua: per_rule): "n1,n2,...,nr", commas
+// so that a line member's entry can hold it before its promote time
+// (lua/line.lua).
 func (c Costs) arg() string {
 	b := make([]byte, 0, 8*len(c))
 	for i, n := range c {
 		if i > 0 {
-			b = append(b, ' ')
+			b = append(b, ',')
 		}
 		b = strconv.AppendInt(b, int64(n), 10)
 	}

@@ -5,7 +5,8 @@
 // host). Each rule uses one of five rate algorithms, each an atomic Lua
 // script that reads the Redis clock, so machines whose clocks disagree still
 // share one limit: FixedWindow, SlidingLog, SlidingWindow (counter),
-// TokenBucket and GCRA (the leaky bucket); or Concurrency, at most Count
+// TokenBucket and GCRA (the leaky bucket); CalendarWindow, a quota reset at
+// midnight in a time zone (see below); or Concurrency, at most Count
 // holders at once (see below). All rules of a Limiter over one subject are
 // checked and charged in one round trip, all or nothing; a rule may name
 // its own subject (Rule.Subject: a global limit beside per-tenant ones),
@@ -34,8 +35,12 @@
 // shares (Caller.Share: tenants of one key) take turns by Weight instead of
 // waiting behind whoever came first; AdmitRequest.ShareLimit also limits
 // each share on its own (each tenant's 10/s inside the key's 100/s), in the
-// same script. Allow, Wait and ReserveN do not queue in the line; they take
-// the turns the line leaves.
+// same script. Callers of a higher Caller.Priority (levels 0 to 9) are
+// served before lower ones, the shares within a level by Weight, and a
+// caller that has waited AdmitRequest.MaxAge is served before every caller
+// that joined after it, so that no level waits forever; a turn already
+// booked is kept. Allow, Wait and ReserveN do not queue in the line; they
+// take the turns the line leaves.
 //
 //	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379"})
 //	lim, err := throttle.New(rdb, throttle.Options{Prefix: "myapp:"},
@@ -76,6 +81,34 @@
 //   - share: a part of a subject's line (Caller.Share, a tenant of one API
 //     key), served in turn with the others by its Weight, and limited on
 //     its own by AdmitRequest.ShareLimit if set.
+//
+// # Quotas on the calendar
+//
+// A CalendarWindow rule admits Limit.Count a day, a week or a month of a
+// time zone (Rule.Calendar: Daily, Weekly, Monthly, or ParseCalendar of
+// "day@America/Los_Angeles"), reset at midnight on the zone's wall clock:
+// 23 or 25 hours on the days daylight saving starts and ends, 28 to 31
+// days a month. It is decided with the policy's other rules in one call
+// (1000 a day beside 20/s):
+//
+//	la, _ := time.LoadLocation("America/Los_Angeles")
+//	lim, err := throttle.New(rdb, throttle.Options{},
+//		throttle.Rule{Name: "rate", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(20)},
+//		throttle.Rule{Name: "daily", Algorithm: throttle.CalendarWindow, Limit: throttle.Limit{Count: 1000}, Calendar: throttle.Daily(la)},
+//	)
+//
+// Redis TIME stays the clock. A script cannot compute a zone's midnights,
+// so each call carries them: the limiter computes the window around its
+// estimate of Redis TIME (the latest reply's, plus the monotonic time
+// since) and the next one's end, and the script picks between the two by
+// Redis TIME, so a call that crosses midnight counts in the new window,
+// and one that does not fit books into the next. A reply whose Redis TIME
+// lies outside both (Redis's clock stepped) charged nothing, and the call
+// is sent once more with windows around it (Admit's is not: its "not now"
+// may have put the caller in the line, which is then served with the right
+// windows). The key holds the window's start beside its count and expires
+// at its end. Rules() reports the rule with Period the unit's nominal
+// length (24h, 168h, 744h) and Burst its Count.
 //
 // # Concurrency
 //

@@ -110,12 +110,14 @@ func delayBy(err error, deadline bool) bool {
 	return errors.As(err, &de) && de.Deadline == deadline
 }
 
-// rateAlgorithms returns the registered algorithms that count permits: all
-// but Concurrency, which counts holders (concurrency_test.go tests it).
+// rateAlgorithms returns the registered algorithms that count permits per
+// period: all but Concurrency, which counts holders (concurrency_test.go
+// tests it), and CalendarWindow, whose windows are the calendar's
+// (calendar_test.go tests it).
 func rateAlgorithms() []Algorithm {
 	var as []Algorithm
 	for _, a := range registered() {
-		if !a.spec().holders {
+		if !a.spec().holders && a != CalendarWindow {
 			as = append(as, a)
 		}
 	}
@@ -140,4 +142,14 @@ func takeLease(t *testing.T, q *leaser, subject string, n int) *lease {
 		t.Fatalf("leases %+v, want one of %d turns", k.leases, n)
 	}
 	return k.leases[0]
+}
+
+// sampleRule is a rule named name of algorithm a under lim; a
+// CalendarWindow rule counts lim.Count a day (UTC) instead of per period.
+func sampleRule(name string, a Algorithm, lim Limit) Rule {
+	r := Rule{Name: name, Algorithm: a, Limit: lim}
+	if a == CalendarWindow {
+		r.Limit.Period, r.Calendar = 0, Daily(nil)
+	}
+	return r
 }

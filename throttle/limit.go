@@ -115,6 +115,23 @@ const (
 	// rate rules (20/s and at most 5 at once), decided in the same call,
 	// all over the caller's subject (no Rule.Subject).
 	Concurrency Algorithm = "concurrency"
+	// CalendarWindow is a fixed window aligned to the calendar of a time
+	// zone (Rule.Calendar): Limit.Count permits a day, a week or a month,
+	// reset at midnight on the zone's wall clock, however long daylight
+	// saving makes that day (23 or 25 hours) or month. A policy may hold
+	// it beside per-second rules, decided in the same call. Like
+	// FixedWindow it may admit up to 2 × Count across a boundary; it
+	// books ahead into the next window only.
+	//
+	// The boundaries are computed in Go with the zone's rules and sent
+	// with each call: the window around this process's estimate of Redis
+	// TIME (learnt from the replies) and the next one. The script picks
+	// between them by Redis TIME, so a call that crosses midnight, or a
+	// process clock off by a little, counts in the right window; a reply
+	// whose Redis TIME is outside both tells the process its estimate was
+	// wrong (a clock step), and Allow, Reserve, Wait and PrepayN ask again
+	// with windows around it, having charged nothing.
+	CalendarWindow Algorithm = "calendar"
 )
 
 // Rule is one named limit over a subject.
@@ -137,6 +154,10 @@ type Rule struct {
 	// PrepayN or AllowAtMost, and its Admit books nothing (a turn later
 	// than the request's Wait is Denied).
 	Subject string
+	// Calendar places the windows of a CalendarWindow rule on a time
+	// zone's calendar (Daily, Weekly, Monthly); such a rule's Limit needs
+	// only Count. Other algorithms must leave it zero.
+	Calendar Calendar
 }
 
 // describe describes the rule for messages, such as "api: gcra 20 per 1s
@@ -158,7 +179,15 @@ func (r Rule) Validate() error {
 	if spec == nil {
 		return &ConfigError{Rule: r.Name, Field: "algorithm", Reason: fmt.Sprintf("%q is not one of %s", r.Algorithm, algorithmList())}
 	}
-	if err := r.Limit.validate(); err != nil {
+	if r.Calendar != (Calendar{}) && r.Algorithm != CalendarWindow {
+		return &ConfigError{Rule: r.Name, Field: "calendar", Reason: fmt.Sprintf("applies only to %s; %s windows follow its period", CalendarWindow, r.Algorithm)}
+	}
+	if r.Algorithm == CalendarWindow {
+		if err := validateCalendar(r); err != nil {
+			return err // before the limit's checks: a zero Period is the calendar's
+		}
+	}
+	if err := r.normal().Limit.validate(); err != nil {
 		err.(*ConfigError).Rule = r.Name
 		return err
 	}
@@ -171,6 +200,19 @@ func (r Rule) Validate() error {
 		return spec.validate(r)
 	}
 	return nil
+}
+
+// normal returns r as a limiter keeps it: a CalendarWindow rule's Period
+// is its calendar unit's nominal length (CalendarUnit.Nominal), its Burst
+// its Count.
+func (r Rule) normal() Rule {
+	if r.Algorithm == CalendarWindow && r.Limit.Period == 0 && r.Calendar.unit != 0 {
+		r.Limit.Period = r.Calendar.unit.Nominal()
+	}
+	if r.Algorithm == CalendarWindow && r.Limit.Burst == 0 {
+		r.Limit.Burst = r.Limit.Count
+	}
+	return r
 }
 
 func fieldError(field string, v any, reason string) error {

@@ -106,18 +106,18 @@ func TestLimitDescribe(t *testing.T) {
 // An algorithm is its name: Validate refuses any other spelling, naming
 // the algorithms.
 func TestAlgorithmNames(t *testing.T) {
-	want := []Algorithm{FixedWindow, SlidingLog, SlidingWindow, TokenBucket, GCRA, Concurrency}
+	want := []Algorithm{FixedWindow, SlidingLog, SlidingWindow, TokenBucket, GCRA, Concurrency, CalendarWindow}
 	if got := registered(); !slices.Equal(got, want) {
 		t.Fatalf("registered() = %v, want %v", got, want)
 	}
 	for _, a := range want {
-		if err := (Rule{Name: "api", Algorithm: a, Limit: PerSecond(5)}).Validate(); err != nil {
+		if err := sampleRule("api", a, PerSecond(5)).Validate(); err != nil {
 			t.Errorf("Validate with %q: %v", a, err)
 		}
 	}
 	for _, bad := range []Algorithm{"leaky", "GCRA", "leaky_bucket", ""} {
 		err := Rule{Name: "api", Algorithm: bad, Limit: PerSecond(1)}.Validate()
-		if err == nil || !strings.Contains(err.Error(), "fixed_window, sliding_log, sliding_window, token_bucket, gcra or concurrency") {
+		if err == nil || !strings.Contains(err.Error(), "fixed_window, sliding_log, sliding_window, token_bucket, gcra, concurrency or calendar") {
 			t.Errorf("Validate with %q: %v, want an error listing the algorithms", bad, err)
 		}
 	}

@@ -129,7 +129,7 @@ func New(rdb redis.UniversalClient, opts Options, rules ...Rule) (*Limiter, erro
 	}
 	run := opts
 	run.Prefix = p.prefix // for log lines
-	l := &Limiter{policy: p, runner: runner{rdb: rdb, opts: run}, opts: opts}
+	l := &Limiter{policy: p, runner: runner{rdb: rdb, opts: run, calendar: newCalendarStamp(p.rules)}, opts: opts}
 	if l.mode, err = chooseMode(l); err != nil {
 		return nil, err
 	}
@@ -148,7 +148,8 @@ func (l *Limiter) With(rules ...Rule) (*Limiter, error) {
 }
 
 // Rules returns a copy of the rules l applies, as given to New (names,
-// algorithms, limits, subjects).
+// algorithms, limits, subjects); a CalendarWindow rule's zero Period and
+// Burst are filled in (its calendar unit's nominal length, its Count).
 func (l *Limiter) Rules() []Rule { return slices.Clone(l.rules) }
 
 // Result is the outcome of Allow.

@@ -167,3 +167,64 @@ func TestBackendsShareLimit(t *testing.T) {
 		})
 	}
 }
+
+// TestBackendsLinePriority runs a line with priorities on every backend,
+// with hour-long intervals so that nothing moves while it runs: l0 is
+// granted, l1 booked, l2 and l3 wait in line at priority 0; h1 joins at
+// priority 1 after them, and a serving hands h1 the first turn, then l2
+// and l3. A caller whose age bound has passed (a 1µs MaxAge) is served
+// before a younger caller of a higher priority. On a cluster, every key of
+// the line is in the subject's slot.
+func TestBackendsLinePriority(t *testing.T) {
+	for _, b := range redistest.Backends(t) {
+		t.Run(b.Name, func(t *testing.T) {
+			ctx := context.Background()
+			rule := throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.Limit{Count: 3, Period: time.Hour, Burst: 1}}
+			l, err := throttle.New(b.Client, throttle.Options{Prefix: redistest.Prefix(t)}, rule)
+			if err != nil {
+				t.Fatal(err)
+			}
+			admit := func(id string, prio int, maxAge time.Duration) throttle.Admission {
+				t.Helper()
+				a, err := l.Admit(ctx, throttle.AdmitRequest{Subject: "acct", N: 1, Caller: throttle.Caller{ID: id, Priority: prio}, Horizon: 30 * time.Minute, MaxAge: maxAge, Tolerance: time.Minute})
+				if err != nil {
+					t.Fatalf("Admit %s: %v", id, err)
+				}
+				return a
+			}
+			serve := func(want ...string) {
+				t.Helper()
+				s, err := l.ServeLine(ctx, "acct", 2*time.Hour, throttle.Limit{})
+				if err != nil || len(s.Handed) != len(want) {
+					t.Fatalf("serving: %+v, %v; want %v handed", s, err, want)
+				}
+				for i := 1; i < len(want); i++ {
+					if !s.Handed[want[i-1]].Before(s.Handed[want[i]]) {
+						t.Fatalf("handed %v; want in the order %v", s.Handed, want)
+					}
+				}
+			}
+			if a := admit("l0", 0, time.Hour); a.Status != throttle.Granted {
+				t.Fatalf("l0: %+v; want granted", a)
+			}
+			if a := admit("l1", 0, time.Hour); a.Status != throttle.Booked || a.InLine {
+				t.Fatalf("l1: %+v; want booked", a)
+			}
+			for _, id := range []string{"l2", "l3"} {
+				if a := admit(id, 0, time.Hour); !a.InLine {
+					t.Fatalf("%s: %+v; want in line", id, a)
+				}
+			}
+			if a := admit("h1", 1, time.Hour); !a.InLine || time.Until(a.At) < time.Hour {
+				t.Fatalf("h1: %+v; want in line, its fallback past its age bound", a)
+			}
+			serve("h1", "l2", "l3")
+			// An aged low (MaxAge 1µs, passed by the serving) before a
+			// younger high.
+			admit("l4", 0, time.Microsecond)
+			admit("h2", 1, time.Hour)
+			time.Sleep(time.Millisecond)
+			serve("l4", "h2")
+		})
+	}
+}

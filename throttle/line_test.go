@@ -26,8 +26,10 @@ type lineSim struct {
 	horizon time.Duration
 	share   func(id string) string
 	weight  func(id string) int
-	cap     Limit           // AdmitRequest.ShareLimit
-	inLine  map[string]bool // ids that joined the line
+	cap     Limit               // AdmitRequest.ShareLimit
+	prio    func(id string) int // Caller.Priority; nil: 0
+	maxAge  time.Duration       // AdmitRequest.MaxAge
+	inLine  map[string]bool     // ids that joined the line
 
 	returns map[string]time.Time // id -> when it comes back (Redis clock = local, virtual)
 	serve   time.Time            // when the line is next served; zero if no one asked
@@ -46,7 +48,11 @@ func newLineSim(t *testing.T, rdb *redis.Client, lim *Limiter, horizon time.Dura
 
 func (s *lineSim) admit(id string) {
 	s.t.Helper()
-	a, err := s.lim.Admit(context.Background(), AdmitRequest{Subject: "acct", N: 1, Caller: Caller{ID: id, Share: s.share(id), Weight: s.weight(id)}, Horizon: s.horizon, ShareLimit: s.cap, Tolerance: 50 * ms})
+	c := Caller{ID: id, Share: s.share(id), Weight: s.weight(id)}
+	if s.prio != nil {
+		c.Priority = s.prio(id)
+	}
+	a, err := s.lim.Admit(context.Background(), AdmitRequest{Subject: "acct", N: 1, Caller: c, Horizon: s.horizon, ShareLimit: s.cap, MaxAge: s.maxAge, Tolerance: 50 * ms})
 	if err != nil {
 		s.t.Fatalf("Admit %s: %v", id, err)
 	}
@@ -114,6 +120,28 @@ func compareIDs(x, y string) int {
 	return a - b
 }
 
+// next returns the next event: when, and the id that comes back then, or
+// "" for a serving of the line; a zero time if nothing is left.
+func (s *lineSim) next() (time.Time, string) {
+	next, id := s.serve, ""
+	for i, at := range s.returns {
+		if next.IsZero() || at.Before(next) || (at.Equal(next) && id != "" && compareIDs(i, id) < 0) {
+			next, id = at, i
+		}
+	}
+	return next, id
+}
+
+// step sleeps until the event at next and processes it.
+func (s *lineSim) step(next time.Time, id string) {
+	time.Sleep(time.Until(next))
+	if id == "" {
+		s.serveLine()
+		return
+	}
+	s.admit(id)
+}
+
 // run processes returns and servings in time order until nobody waits.
 func (s *lineSim) run(until func() bool) {
 	s.t.Helper()
@@ -121,18 +149,7 @@ func (s *lineSim) run(until func() bool) {
 		if until != nil && until() {
 			return
 		}
-		next, id := s.serve, ""
-		for i, at := range s.returns {
-			if next.IsZero() || at.Before(next) || (at.Equal(next) && id != "" && compareIDs(i, id) < 0) {
-				next, id = at, i
-			}
-		}
-		time.Sleep(time.Until(next))
-		if id == "" {
-			s.serveLine()
-			continue
-		}
-		s.admit(id)
+		s.step(s.next())
 	}
 }
 

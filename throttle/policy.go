@@ -28,10 +28,12 @@ func newPolicy(prefix string, rules []Rule) (policy, error) {
 		p.prefix = DefaultPrefix
 	}
 	seen := map[string]bool{}
-	for _, r := range p.rules {
+	for i, r := range p.rules {
 		if err := r.Validate(); err != nil {
 			return p, err
 		}
+		r = r.normal()
+		p.rules[i] = r
 		if seen[r.Name] {
 			return p, &ConfigError{Rule: r.Name, Field: "name", Reason: "is used by two rules of one limiter; rule names must be unique"}
 		}

@@ -21,6 +21,7 @@ type runner struct {
 	opts        Options
 	cache       scriptCache
 	failingOpen atomic.Bool
+	calendar    *calendarStamp // the windows of CalendarWindow rules; nil without (calendar_stamp.go)
 }
 
 // exec runs one call of script for operation o.
@@ -181,8 +182,25 @@ type scriptCache struct {
 // run runs the call of line with one EVALSHA of script, loading it first
 // if this limiter has not, and again if Redis has lost it. A call built
 // for the fast bucket script goes to it instead (fastScript, scripts.go),
-// and in allow.lua's form to script only if it hands the call back.
+// and in allow.lua's form to script only if it hands the call back. A
+// deciding call of CalendarWindow rules carries their windows, and is sent
+// once more if Redis's clock was outside them (calendar_stamp.go).
 func (l *runner) run(ctx context.Context, script *redis.Script, line []any) *redis.Cmd {
+	if !l.calendar.deciding(line) {
+		return l.runLine(ctx, script, line)
+	}
+	l.calendar.stamp(line, l.calendar.estimate())
+	cmd := l.runLine(ctx, script, line)
+	if l.calendar.learn(line, cmd) && resendable(line) {
+		l.calendar.stamp(line, l.calendar.estimate())
+		cmd = l.runLine(ctx, script, line)
+		l.calendar.learn(line, cmd)
+	}
+	return cmd
+}
+
+// runLine is run without the calendar's windows.
+func (l *runner) runLine(ctx context.Context, script *redis.Script, line []any) *redis.Cmd {
 	if fast := fastScript(script, line); fast != nil {
 		cmd := l.send(ctx, fast, line)
 		if !handedBack(cmd) {
@@ -271,6 +289,13 @@ func (l *runner) runPipelined(ctx context.Context, script *redis.Script, calls [
 		}
 	}
 	cmds := make([]*redis.Cmd, len(calls))
+	stamp := l.calendar.deciding(calls[0].line)
+	if stamp {
+		t := l.calendar.estimate()
+		for _, c := range calls {
+			l.calendar.stamp(c.line, t)
+		}
+	}
 	for pass := 0; pass < 3 && len(todo) > 0; pass++ {
 		var again []int
 		reloaded := map[*redis.Script]bool{}
@@ -287,6 +312,9 @@ func (l *runner) runPipelined(ctx context.Context, script *redis.Script, calls [
 			case handedBack(cmd):
 				uses[i] = script
 				calls[i].line = allowLine(script, calls[i].line)
+				again = append(again, i)
+			case stamp && pass == 0 && l.calendar.learn(calls[i].line, cmd):
+				l.calendar.stamp(calls[i].line, l.calendar.estimate())
 				again = append(again, i)
 			}
 		}

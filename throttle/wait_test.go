@@ -310,7 +310,7 @@ func TestWaitContextAlreadyDone(t *testing.T) {
 	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
 		calls := countScripts(rdb)
 		for _, algo := range registered() {
-			l := mustNew(t, rdb, Options{}, Rule{Name: "r", Algorithm: algo, Limit: PerSecond(1)})
+			l := mustNew(t, rdb, Options{}, sampleRule("r", algo, PerSecond(1)))
 			ctx, cancel := context.WithCancel(context.Background())
 			cancel()
 			if err := l.Wait(ctx, "s"); !errors.Is(err, context.Canceled) {

@@ -60,6 +60,9 @@ func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (
 		m.metrics.decided(r.Name, OutcomeError)
 		return turn{}, err
 	}
+	if r.stack != nil {
+		return m.admitStacked(ctx, t)
+	}
 	if t.Cost == 0 {
 		// Free: nothing to charge, nothing to wait for. (The gate would
 		// take a zero Cost as 1: it never sees this task.)
@@ -75,15 +78,8 @@ func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (
 		m.metrics.decided(r.Name, OutcomeError)
 		return turn{}, err
 	}
-	wctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	stop := context.AfterFunc(m.drainCtx, func() { cancel(ErrDraining) })
-	defer stop()
-	if end, ok := waitEnd(ctx, 0, t.start, false); ok {
-		var cancelEnd context.CancelFunc
-		wctx, cancelEnd = context.WithDeadline(wctx, end)
-		defer cancelEnd()
-	}
+	wctx, done := m.waitContext(ctx, t)
+	defer done()
 	m.metrics.waiting(r.Name, 1)
 	d, err := r.gate.Admit(wctx, t.Request)
 	m.metrics.waiting(r.Name, -1)
@@ -96,6 +92,19 @@ func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (
 		return turn{Wait: w, place: d.Place, res: d.Reservation, cost: t.Cost, costs: t.Costs}, nil
 	}
 	return turn{}, m.park(ctx, t, d)
+}
+
+// waitContext returns the context a task waits for its turn in: ended by
+// Drain (cause ErrDraining) and before the task's deadline; call done when
+// the wait is over.
+func (m *Middleware) waitContext(ctx context.Context, t *taskRun) (context.Context, func()) {
+	wctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(m.drainCtx, func() { cancel(ErrDraining) })
+	cancelEnd := context.CancelFunc(func() {})
+	if end, ok := waitEnd(ctx, 0, t.start, false); ok {
+		wctx, cancelEnd = context.WithDeadline(wctx, end)
+	}
+	return wctx, func() { cancelEnd(); stop(); cancel(nil) }
 }
 
 // gateRequest completes t's request for its rule's gate: who it books
@@ -124,6 +133,12 @@ func (m *Middleware) gateRequest(ctx context.Context, t *taskRun) error {
 	// without a horizon. Each rule's own limit still holds.
 	_, nested := admission.WaitedFrom(ctx)
 	t.BookAhead = nested || t.rule.stacked.Load()
+	if t.rule.Priority != nil {
+		var err error
+		if t.Priority, err = t.rule.Priority(ctx, t.task); err != nil {
+			return t.archive(ctx, "worker: task archived: no priority", false, fmt.Errorf("cannot derive its priority: %w", err))
+		}
+	}
 	if t.rule.FairBy == nil {
 		return nil
 	}
@@ -161,10 +176,17 @@ func (m *Middleware) park(ctx context.Context, t *taskRun, d admission.Decision)
 // returns), and the permits it took, to settle (settle.go).
 type turn struct {
 	admission.Wait
-	place *throttle.Place       // the place of a concurrency rule it holds; nil if none
-	res   *throttle.Reservation // the turn's permits; nil if none to settle
-	cost  int                   // the permits it took: the rule's Cost, an estimate
-	costs throttle.Costs        // or, with TaskRule.Costs, those under each rule of its limiter
+	place  *throttle.Place       // the place of a concurrency rule it holds; nil if none
+	res    *throttle.Reservation // the turn's permits; nil if none to settle
+	cost   int                   // the permits it took: the rule's Cost, an estimate
+	costs  throttle.Costs        // or, with TaskRule.Costs, those under each rule of its limiter
+	within []ruleTurn            // the turns of the rules it is within (TaskRule.Within)
+}
+
+// ruleTurn is a turn of a rule.
+type ruleTurn struct {
+	rule *ruleGate
+	turn
 }
 
 // taskRun is what admit knows of the task it decides for: the request

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -89,6 +90,24 @@ type TaskRule struct {
 	// ones. An error archives the task, as for Subject. Needs
 	// Options.Asynq.
 	FairBy Subject
+	// Priority, if set, gives each task its level in its subject's line,
+	// 0 to throttle.MaxPriority: tasks of higher levels waiting for one
+	// subject take the next turns before lower ones (the turns already
+	// booked are kept), the shares of FairBy in turn within a level, and
+	// a task that has waited Settings.MaxAge (if zero,
+	// throttle.DefaultMaxAge horizons) goes before every task that joined
+	// after it. An error archives the task, as for Subject. Needs
+	// Options.Asynq; not with ShareLimit or a concurrency limit.
+	Priority Priority
+	// Within, if set, names another rule of the middleware whose limit
+	// also holds for this rule's tasks, over that rule's own subject and
+	// cost (a per-key rule within a per-tenant one): a task is admitted
+	// under both, holding a turn of each when it runs, and parks once, on
+	// the slower limit, whatever the backlog (admission.Stack). That rule
+	// may name another in turn; no rule may come back to itself. Both
+	// rules need a *throttle.Limiter. The other rule still applies alone to
+	// the task types it matches itself.
+	Within string
 }
 
 // DefaultRedisRetryDelay is how long a task is deferred when its limiter
@@ -146,6 +165,10 @@ type ruleGate struct {
 	// ruleUse counts the tasks using the rule, and closes the limiter the
 	// worker built for it once retired and unused (owned.go).
 	ruleUse
+	// within are the rules TaskRule.Within names, outward, and stack
+	// admits the rule's tasks under it and them (stack.go); nil without.
+	within []*ruleGate
+	stack  *admission.Stack
 }
 
 // Options configure a Middleware. The zero value uses every default.
@@ -280,6 +303,9 @@ func (m *Middleware) newTable(rules []TaskRule) (*ruleTable, error) {
 			t.route.Add(p, rule)
 		}
 	}
+	if err := t.stackRules(); err != nil {
+		return nil, err
+	}
 	return t, nil
 }
 
@@ -306,6 +332,10 @@ func (m *Middleware) checkRule(r *TaskRule) error {
 		return bad("costs", "set Cost or Costs, not both")
 	case r.Costs != nil && !isCostsWaiter(r.Limiter):
 		return bad("costs", "need a *throttle.Limiter, which charges each of its rules its own cost")
+	case r.Priority != nil && m.parking == nil:
+		return bad("priority", "needs Options.Asynq: the wake-up loop serves the subject's line, which orders tasks by priority")
+	case r.Priority != nil && r.ShareLimit != (throttle.Limit{}):
+		return bad("priority", "cannot be combined with share_limit: a share its own limit holds back is served in its share's order, not by level; drop one")
 	}
 	return settingsError(r.Name, r.Settings.Check())
 }
@@ -337,6 +367,10 @@ func (m *Middleware) newRuleGate(r *TaskRule) (*ruleGate, error) {
 		return rule, nil
 	}
 	gateOpts := admission.Options{Settings: r.Settings, Shared: m.shared, Parking: m.parking, Name: r.Name}
+	if r.Priority != nil && gateOpts.MaxAge == 0 {
+		// Every task of the rule ages, those of level 0 too.
+		gateOpts.MaxAge = throttle.DefaultMaxAge * cmp.Or(max(r.Horizon, 0), admission.DefaultHorizon)
+	}
 	if m.parking == nil {
 		// Parked tasks come back in whole seconds, up to a second
 		// early (see park): let them wait that out in place.
@@ -351,6 +385,9 @@ func (m *Middleware) newRuleGate(r *TaskRule) (*ruleGate, error) {
 	rule.leased = rule.gate.Leased()
 	if rule.leased && r.FairBy != nil {
 		return nil, ruleError(r.Name, "fair_by", "cannot share a concurrency limit: its queue for places is first come, first served")
+	}
+	if rule.leased && r.Priority != nil {
+		return nil, ruleError(r.Name, "priority", "cannot order a concurrency limit's queue: its places are handed first come, first served")
 	}
 	return rule, nil
 }
@@ -398,18 +435,28 @@ func (m *Middleware) Wrap(next asynq.Handler) asynq.Handler {
 			return &admission.ThrottledError{Rule: r.Name, RetryAt: time.Now(), Err: ErrDraining}
 		}
 		defer r.done() // after the place is released, below
+		if !r.useWithin() {
+			// Drained: a rule it is within is retired with it.
+			m.metrics.decided(r.Name, OutcomeDeferred)
+			return &admission.ThrottledError{Rule: r.Name, RetryAt: time.Now(), Err: ErrDraining}
+		}
+		defer r.doneWithin()
 		ctx, rep := withCostReport(ctx)
 		t, err := m.admit(ctx, r, task)
 		if err != nil {
 			rep.notRun() // an outer rule's turn goes back (settle.go)
 			return err
 		}
-		if t.place != nil {
-			m.metrics.holding(r.Name, 1)
-			defer func() { m.release(t.place, t.Wait); m.metrics.holding(r.Name, -1) }()
+		for _, h := range t.held(r) {
+			if h.place != nil {
+				m.metrics.holding(h.rule.Name, 1)
+				defer func() { m.release(h.place, h.Wait); m.metrics.holding(h.rule.Name, -1) }()
+			}
 		}
 		err = next.ProcessTask(admission.WithWait(ctx, t.Wait), task)
-		m.settle(ctx, r, task, t, rep)
+		for _, h := range t.held(r) {
+			m.settle(ctx, h.rule, task, h.turn, rep)
+		}
 		if te := (*admission.ThrottledError)(nil); !r.stacked.Load() && errors.As(err, &te) {
 			// A middleware inside this one throttled the task: from now
 			// on, this rule books its tasks' turns however far ahead

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	_ "time/tzdata" // calendar quotas name IANA zones; a machine without zoneinfo still reads them
 )
 
 func main() {

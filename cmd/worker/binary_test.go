@@ -111,8 +111,8 @@ func TestBinaryCheckAsStart(t *testing.T) {
 			`:4: handler for "x": env KEY: environment variable UNSET_KEY is not set`},
 		{"command not on $PATH", rule + "handlers:\n  - task: x\n    command: {argv: [\"no-such-program-jobthrottle\"]}\n",
 			`:4: handler for "x": command: exec: "no-such-program-jobthrottle": executable file not found in $PATH`},
-		{"fair_by on a concurrency limit (the middleware's check)", "rules:\n  - {name: c, tasks: [a], subject: {fixed: s}, fair_by: {payload_field: tenant}, algorithm: concurrency, limit: 2, lease: 10s}\n",
-			`worker: rule "c": fair_by: cannot share a concurrency limit`},
+		{"fair_by on a concurrency limit", "rules:\n  - {name: c, tasks: [a], subject: {fixed: s}, fair_by: {payload_field: tenant}, algorithm: concurrency, limit: 2, lease: 10s}\n",
+			`rules.yaml:2: rule "c": fair_by: cannot share a concurrency limit`},
 	}
 	env := []string{"REDIS_URL=redis://" + closedAddr + "/0?dial_timeout=100ms"}
 	for _, c := range cases {
@@ -162,6 +162,7 @@ rules:
     algorithm: gcra
     limit: 100
     period: 1s
+    within: partner
 handlers:
   - task: partner:sync
     http:
@@ -190,8 +191,9 @@ handlers:
 		`rule "crm" (line 17): tasks crm:*; subject: fixed "crm-key"; max_wait: 1s (the default)`,
 		`  limit crm: gcra, 100 per 1s, burst 100`,
 		`  line: horizon 2s; fair_by payload field "tenant", weights gold=3 silver=2; share_limit 10 per 1s, burst 10`,
-		`handler "partner:sync" (line 28): http POST https://api.partner.example/v1/accounts/{account_id}/sync, timeout 10s, task ID in Idempotency-Key, headers: Authorization from ${PARTNER_TOKEN}, result up to 65536 bytes; limited by rule "partner"`,
-		`handler "report:render" (line 33): command ["/bin/echo" "--tenant" "{tenant}"], timeout 1m0s, SIGKILL 5s after SIGTERM, no retry on exit codes [2 65], result up to 1024 bytes; limited by rule "reports"`,
+		`  within rule "partner": its tasks also take a turn of it, and park once, on the slower of the two`,
+		`handler "partner:sync" (line 29): http POST https://api.partner.example/v1/accounts/{account_id}/sync, timeout 10s, task ID in Idempotency-Key, headers: Authorization from ${PARTNER_TOKEN}, result up to 65536 bytes; limited by rule "partner"`,
+		`handler "report:render" (line 34): command ["/bin/echo" "--tenant" "{tenant}"], timeout 1m0s, SIGKILL 5s after SIGTERM, no retry on exit codes [2 65], result up to 1024 bytes; limited by rule "reports"`,
 	} {
 		if !strings.Contains(stdout, want+"\n") {
 			t.Errorf("stdout lacks the line\n%s\n---\n%s", want, stdout)

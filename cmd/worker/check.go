@@ -5,6 +5,7 @@ import (
 	"io"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/handler"
@@ -23,14 +24,25 @@ func check(w io.Writer, cfg *rules.Config, handlers *handler.Config) {
 		for _, l := range d.Limits {
 			fmt.Fprintf(w, "  limit %s\n", l)
 		}
+		for _, l := range r.Limits {
+			if l.Algorithm == throttle.CalendarWindow {
+				fmt.Fprintf(w, "  %s (on this machine's clock; what remains of it is on the status page)\n", calendarWords(l, time.Now()))
+			}
+		}
 		if d.Waiting != "" {
 			fmt.Fprintf(w, "  line: %s\n", d.Waiting)
+		}
+		if r.Within != "" {
+			fmt.Fprintf(w, "  within rule %q: its tasks also take a turn of it, and park once, on the slower of the two\n", r.Within)
 		}
 	}
 	for _, h := range handlers.Handlers {
 		rule := "no rule limits it"
 		if rc, ok := cfg.RuleFor(h.Task); ok {
 			rule = fmt.Sprintf("limited by rule %q", rc.Name)
+			if rc.Within != "" {
+				rule += fmt.Sprintf(" within rule %q", rc.Within)
+			}
 		}
 		fmt.Fprintf(w, "handler %q (line %d): %s; %s\n", h.Task, h.Line, h.Describe(), rule)
 	}
@@ -82,6 +94,9 @@ func describeLimit(l throttle.Rule) string {
 	if l.Algorithm == throttle.Concurrency {
 		return fmt.Sprintf("%s: concurrency, at most %d at once, lease %v", l.Name, l.Limit.Count, l.Limit.Period)
 	}
+	if l.Algorithm == throttle.CalendarWindow {
+		return fmt.Sprintf("%s: calendar, %d per %v", l.Name, l.Limit.Count, l.Calendar)
+	}
 	s := fmt.Sprintf("%s: %v, %d per %v", l.Name, l.Algorithm, l.Limit.Count, l.Limit.Period)
 	switch {
 	case l.Algorithm.Bucket():
@@ -94,6 +109,16 @@ func describeLimit(l throttle.Rule) string {
 		}
 	}
 	return s
+}
+
+// calendarWords is the window of calendar limit l that holds now, in the
+// wall time of its zone: "daily: this day runs from 2026-11-26 00:00 PST
+// to 2026-11-27 00:00 PST; it resets in 20h31m".
+func calendarWords(l throttle.Rule, now time.Time) string {
+	start, end := l.Calendar.Window(now)
+	const wall = "2006-01-02 15:04 MST"
+	return fmt.Sprintf("%s: this %v runs from %s to %s; it resets in %v", l.Name, l.Calendar.Unit(),
+		start.Format(wall), end.Format(wall), end.Sub(now).Round(time.Second))
 }
 
 // describeLine is what a rule sets of its subject's line, in words

@@ -36,6 +36,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	_ "time/tzdata" // calendar quotas name IANA zones; a machine without zoneinfo still reads them
 
 	"github.com/redis/go-redis/v9"
 )

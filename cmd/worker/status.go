@@ -197,6 +197,10 @@ func ruleOnPage(r rules.RuleConfig, a worker.RuleActivity, now time.Time) ruleVi
 		if l.Algorithm == throttle.Concurrency {
 			continue
 		}
+		if l.Algorithm == throttle.CalendarWindow {
+			v.Uses = append(v.Uses, calendarWords(l, now)+" (this machine's clock)")
+			continue
+		}
 		cost := r.LimitCost(i)
 		v.Uses = append(v.Uses, limitUse(l, a.Seconds, cost))
 		rate := float64(l.Limit.Count) / l.Limit.Period.Seconds() / float64(max(cost.Permits, 1))

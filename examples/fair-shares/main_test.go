@@ -14,9 +14,10 @@ import (
 // was done within the time its 20 tasks take at its smallest share of the
 // key (its weight over all three tenants' weights: small-a 1/4, 5/s, 4s;
 // small-b 2/4, 2s), plus the horizon (big's turns booked up to 1s ahead
-// when the small tenants arrive) and 2s of slack for a loaded machine:
-// 7s and 5s, where first come, first served would take 14s or more (big's
-// backlog at 20/s), which the test also checks. small-b, weighing two,
+// when the small tenants arrive) and 4s of slack for a loaded machine
+// (at load 11 on 2 cores they were 2.4s late): 9s and 7s, where first
+// come, first served would take 14s or more (big's backlog at 20/s),
+// which the test also checks. small-b, weighing two,
 // was done before small-a. And the key never passed its limit plus burst
 // in any second on the Redis clock.
 func TestFairShares(t *testing.T) {
@@ -53,7 +54,7 @@ func TestFairShares(t *testing.T) {
 		total += w
 	}
 	fcfs := time.Duration(s.BigWaiting) * time.Second / time.Duration(cfg.Rate)
-	const horizon, slack = time.Second, 2 * time.Second
+	const horizon, slack = time.Second, 4 * time.Second
 	last := map[string]time.Duration{}
 	for _, r := range s.Tenants[1:] {
 		last[r.Tenant] = r.Last

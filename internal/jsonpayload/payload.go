@@ -99,3 +99,28 @@ func kind(raw []byte) string {
 		return "a boolean"
 	}
 }
+
+// Level returns the top-level field name of the JSON object payload as a
+// whole number from 0 to hi (a task's priority): 0 if the payload has no
+// such field. A payload that is not a JSON object, another type, a
+// fraction or a number out of range is an error.
+func Level(payload []byte, name string, hi int) (int, error) {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(payload, &fields); err != nil || fields == nil {
+		return 0, fmt.Errorf("payload is not a JSON object, so it has no priority field %q", name)
+	}
+	raw, ok := fields[name]
+	if !ok {
+		return 0, nil
+	}
+	raw = bytes.TrimSpace(raw)
+	n, err := strconv.ParseInt(string(raw), 10, 64)
+	if err != nil || n < 0 || n > int64(hi) {
+		what := kind(raw)
+		if isNumber(raw) {
+			what = string(raw)
+		}
+		return 0, fmt.Errorf("payload priority field %q is %s; want a whole number from 0 to %d", name, what, hi)
+	}
+	return int(n), nil
+}

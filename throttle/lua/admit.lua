@@ -20,7 +20,7 @@
 -- KEYS[r+4] ... KEYS[r+10] -> the subject's line (line.lua)
 -- ARGV[1]     -> 'admit'
 -- ARGV[2]     -> n, the permits; 0 serves the line (with a concurrency
---                rule: reads the places). Or one per rule, 'n1 n2 ... nr'
+--                rule: reads the places). Or one per rule, 'n1,n2,...,nr'
 --                (per_rule, rules.lua; not with a concurrency rule or
 --                share caps), which a member of the line keeps
 -- ARGV[3]     -> how long the caller can wait where it is for a new turn,
@@ -42,7 +42,8 @@
 --                requeued as a copy), which takes over ARGV[b+4]'s place;
 --                the same id otherwise. In the line: the waiter to name.
 -- ARGV[b+6]   -> the caller's share of the line, '' for none
--- ARGV[b+7]   -> the share's weight, at least 1
+-- ARGV[b+7]   -> the share's weight, at least 1; with a priority,
+--                'weight level max_age' (line.lua)
 -- ARGV[b+8], ARGV[b+9], ARGV[b+10] -> the cap of each share of the line:
 --                count (0: none), period (microseconds) and burst
 -- ARGV[b+11] ... -> members to redeem, in order: the caller's earlier

@@ -7,7 +7,7 @@
 -- ARGV[1]   -> 'allow', 'reserve' or 'atmost'
 -- ARGV[2]   -> n, the number of permits; 0 (allow, reserve) reads the
 --              state and charges nothing. Under several rules, allow and
---              reserve also take one per rule, 'n1 n2 ... nr' (per_rule,
+--              reserve also take one per rule, 'n1,n2,...,nr' (per_rule,
 --              rules.lua)
 -- ARGV[3]   -> reserve: the longest delay accepted, microseconds (-1: no
 --              bound); allow and atmost: -1

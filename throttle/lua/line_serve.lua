@@ -1,6 +1,6 @@
 -- The subject's line, part 2 of 2 (not a script: part of admit's,
--- throttle/scripts.go, after line.lua): taking members' turns and serving
--- the line.
+-- throttle/scripts.go, after line.lua): booking members' turns (taken by
+-- line.lua's take) and serving the line.
 --
 -- A serving (admit with n = 0 and a horizon) books, from the line's head,
 -- each member's turn (as admit's BOOKED books) while the turn is within
@@ -17,76 +17,7 @@
 -- l with join, stay, serve and direct.
 local function line_open(n, nrules, b, rkey, tkey, tol, ns)
   local l, h = line_base(n, nrules, b, rkey, tkey, tol)
-  local fmt, qhead, cap_delay, cap_take, sleep = h.fmt, h.qhead, h.cap_delay, h.cap_take, h.sleep
-  -- take books m permits under every rule (and share sh's cap, if given)
-  -- if the turn is within the horizon, and returns true, its delay and the
-  -- tickets; else false and the delay until the rules would admit it, and
-  -- with a cap that admits later than the rules, the cap's delay. With by,
-  -- a turn at or after the Redis time by is not taken: false, its delay,
-  -- nil, true. ms, if given, is the permits per rule (m their largest):
-  -- a rule of 0 is not checked nor charged, its ticket ''.
-  local function take_now(m, sh, by, ms)
-    local delays, s1s, s2s, late = {}, {}, {}, -1
-    for i = 1, nrules do
-      local algo, count, period, extra = rule(i)
-      local mi = ms and ms[i] or m
-      local ok, d, _, _, s1, s2 = true, 0
-      if mi > 0 or not ms then
-        ok, d, _, _, s1, s2 = (one_check or checks[algo])(KEYS[i], count, period, extra, mi, true, l.horizon)
-      end
-      if not ok then
-        if d > late then late = d end
-      end
-      delays[i], s1s[i], s2s[i] = d, s1, s2
-    end
-    if late >= 0 then return false, late end
-    local tks, delay = {}, 0
-    for i = 1, nrules do
-      if delays[i] > delay then delay = delays[i] end
-    end
-    if by and now + delay >= by then return false, delay, nil, true end
-    if sh then
-      local dc = cap_delay(sh, m)
-      if dc > delay then return false, delay, dc end
-      cap_take(sh, m, delay)
-    end
-    for i = 1, nrules do
-      local algo, count, period, extra = rule(i)
-      local mi = ms and ms[i] or m
-      tks[i] = ''
-      if mi > 0 or not ms then
-        tks[i] = (one_commit or commits[algo])(KEYS[i], count, period, extra, mi, delays[i], s1s[i], s2s[i])
-      end
-    end
-    return true, math.ceil(delay), tks
-  end
-  -- take is take_now (ms: its permits per rule), or with at (µs),
-  -- take_now as if called at now + at:
-  -- a turn booked ahead at that moment, which may leave the rules' turns
-  -- before it unused. It is asked only where no one waits for those turns
-  -- (nobody in line, or every share asleep), for a share whose own limit
-  -- admits it at now + at, and only of the bucket algorithms (every rule
-  -- of a limiter with share limits is one, throttle/admit.go), whose state
-  -- is a time and books any moment. Delays are from the real now.
-  local function take(m, sh, by, at, ms)
-    if not at or at <= 0 then return take_now(m, sh, by, ms) end
-    local real = now
-    now = now + at
-    local ok, delay, x, first = take_now(m, sh, by, ms)
-    now = real
-    delay = delay + at
-    if ok then
-      -- bucket.lua set the keys' TTLs from the shifted now: at too short.
-      for i = 1, nrules do
-        local pt = redis.call('PTTL', KEYS[i])
-        if pt > 0 then redis.call('PEXPIRE', KEYS[i], pt + math.ceil(at / 1000)) end
-      end
-      keep_ttl(l.ckey, (tonumber(redis.call('ZSCORE', l.ckey, sh)) or now) - now)
-    elseif type(x) == 'number' then
-      x = x + at
-    end
-    return ok, delay, x, first
-  end
+  local fmt, qhead, sleep, take = h.fmt, h.qhead, h.sleep, h.take
   -- book records member's turn, taken with delay and tickets tks.
   local function book(member, delay, tks)
     local slot = now + delay
@@ -109,16 +40,48 @@ local function line_open(n, nrules, b, rkey, tkey, tol, ns)
       reply[#reply + 1] = string.format('%d', slot)
     end
   end
-  -- serve books the turns of the line's head members that fall within the
-  -- horizon, in order.
+  -- pick returns the member to serve next, its score and level: the
+  -- line's head (the first of its highest level), unless the head of a
+  -- lower level is promoted (its age bound passed) and was promoted before
+  -- the line's head, if that is: then the earliest promoted of those heads.
+  -- heads caches each lower level's head ({} if none) for one serving.
+  local function pick(heads)
+    local top = redis.call('ZRANGE', l.key, 0, 0, 'WITHSCORES')
+    if not top[1] then return nil end
+    local score = tonumber(top[2])
+    if score > 0 then return top[1], score, 0 end -- one level: in order
+    local tl = line_level(score)
+    local best, bs, bl = top[1], score, tl
+    local _, bp = line_entry(redis.call('HGET', l.ekey, top[1]))
+    if bp and bp > now then bp = nil end
+    for lv = tl - 1, 0, -1 do
+      local h = heads[lv]
+      if not h then
+        local lo, hi = '(' .. fmt(-lv * place_band), '(' .. fmt(-(lv - 1) * place_band)
+        if lv == 0 then lo, hi = '(0', '+inf' end
+        local r = redis.call('ZRANGEBYSCORE', l.key, lo, hi, 'WITHSCORES', 'LIMIT', 0, 1)
+        h = {}
+        if r[1] then
+          local _, p = line_entry(redis.call('HGET', l.ekey, r[1]))
+          h = {member = r[1], score = tonumber(r[2]), promote = p}
+        end
+        heads[lv] = h
+      end
+      if h.promote and h.promote <= now and (not bp or h.promote < bp) then
+        best, bs, bl, bp = h.member, h.score, lv, h.promote
+      end
+    end
+    return best, bs, bl
+  end
+  -- serve books the turns of the line's members that fall within the
+  -- horizon, in the order pick gives.
   local function serve_plain(reply)
     local next_us = -1
+    local heads = {}
     for _ = 1, 256 do
-      local head = redis.call('ZRANGE', l.key, 0, 0, 'WITHSCORES')
-      if not head[1] then break end
-      local member = head[1]
-      local e = redis.call('HGET', l.ekey, member) or ''
-      local m, waiter = string.match(e, '^([%d ]+)\n(.*)$')
+      local member, score, lv = pick(heads)
+      if not member then break end
+      local m, _, waiter = line_entry(redis.call('HGET', l.ekey, member))
       local ms
       if m then m, ms = per_rule(m) end
       local ok, delay, tks = false, max_us, nil
@@ -127,7 +90,8 @@ local function line_open(n, nrules, b, rkey, tkey, tol, ns)
         next_us = math.max(delay - l.horizon / 2, 0)
         break
       end
-      redis.call('HSET', l.fkey, 'v', head[2])
+      heads[lv] = nil
+      redis.call('HSET', l.fkey, (line_fields(lv, '')), fmt(score + lv * place_band))
       hand(reply, member, waiter, ok, delay, tks)
     end
     return next_us
@@ -173,8 +137,8 @@ local function line_open(n, nrules, b, rkey, tkey, tol, ns)
       if not sh then break end
       local member, entry, place = qhead(sh)
       local e = member and redis.call('HGET', l.ekey, member)
-      local m, waiter, ms
-      if e then m, waiter = string.match(e, '^([%d ]+)\n(.*)$') end
+      local m, _, waiter = line_entry(e)
+      local ms
       if m then m, ms = per_rule(m) end
       if not member then
         redis.call('ZREM', l.hkey, sh)

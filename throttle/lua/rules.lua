@@ -8,7 +8,7 @@
 --            'reserve' or 'atmost', for refund.lua 'refund' or 'undo'
 --            (prelude.lua reads it: rare)
 -- ARGV[2] -> n, the number of permits: one number, which every rule is
---            charged, or one per rule, 'n1 n2 ... nr' (AdmitRequest.Costs;
+--            charged, or one per rule, 'n1,n2,...,nr' (AdmitRequest.Costs;
 --            per_rule reads both forms)
 -- ARGV[3] -> the operation's bound or time (each script's header)
 -- then for rule i, five values starting at ARGV[4 + 5 * (i - 1)]:
@@ -29,7 +29,7 @@ if rare or #ARGV > 8 then
 end
 
 -- per_rule reads a count of permits in either form of ARGV[2] (a number,
--- or 'n1 n2 ... nr': refund.lua's and settle.lua's counts too, and a line
+-- or 'n1,n2,...,nr': refund.lua's and settle.lua's counts too, and a line
 -- member's, line.lua) and returns the largest and, for the second form,
 -- the table of each rule's (nil for one number). A rule whose count is 0
 -- in a table is neither checked nor charged (decide.lua): the request
