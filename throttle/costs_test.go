@@ -298,3 +298,37 @@ func TestTurnTolerance(t *testing.T) {
 		}
 	})
 }
+
+// TestLineCostsPriority: callers in the line keep their costs beside their
+// priority (a member's entry holds both): a serving books the higher
+// level first, each at its own costs, and a rule of cost 0 holds neither.
+func TestLineCostsPriority(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := context.Background()
+		l := mustNew(t, rdb, Options{}, llmRules...)
+		if a, err := l.Admit(ctx, AdmitRequest{Subject: "key", Costs: Costs{1, 1000, 100}, Caller: Caller{ID: "first"}}); err != nil || a.Status != Granted {
+			t.Fatalf("first: %+v, %v", a, err)
+		}
+		// Input is spent for a minute: both join the line, the high one
+		// after the low one.
+		req := func(id string, prio int, c Costs) AdmitRequest {
+			return AdmitRequest{Subject: "key", Costs: c, Caller: Caller{ID: id, Priority: prio}, Horizon: time.Second, MaxAge: time.Hour}
+		}
+		for _, r := range []AdmitRequest{req("low", 0, Costs{1, 600, 100}), req("high", 5, Costs{1, 300, 50})} {
+			if a, err := l.Admit(ctx, r); err != nil || !a.InLine {
+				t.Fatalf("%s: %+v, %v; want in line", r.ID, a, err)
+			}
+		}
+		time.Sleep(18 * time.Second) // 300 input tokens come back: high's turn, not low's
+		s, err := l.ServeLine(ctx, "key", time.Second, Limit{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := s.Handed["high"]; !ok || len(s.Handed) != 1 || s.Waiting != 1 {
+			t.Fatalf("serving: %+v; want high handed, low waiting", s)
+		}
+		if got, want := remainingEach(t, rdb, l, "key"), []int{9, 0, 450}; !slices.Equal(got, want) {
+			t.Fatalf("after booking high: remaining %v, want %v", got, want)
+		}
+	})
+}
