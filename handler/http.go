@@ -19,8 +19,10 @@ import (
 	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/httpthrottle"
 	"github.com/jobthrottle/jobthrottle/internal/jsonpayload"
+	"github.com/jobthrottle/jobthrottle/internal/llmusage"
 	"github.com/jobthrottle/jobthrottle/rules"
 	"github.com/jobthrottle/jobthrottle/throttle"
+	"github.com/jobthrottle/jobthrottle/worker"
 )
 
 // DefaultRetryAfter is how long a task is deferred when the upstream
@@ -49,6 +51,7 @@ type httpHandler struct {
 	rule    string
 	subject rules.SubjectConfig
 	lim     *throttle.Limiter
+	costs   rules.RuleConfig // the rule's costs, which an LLM answer's usage settles (HTTPSpec.LLM)
 }
 
 // subjectKey carries a request's subject to the transport.
@@ -109,7 +112,7 @@ func newHTTPHandler(s Spec, opts Options, log *slog.Logger) (*httpHandler, error
 				return nil, err
 			}
 			opts.Metrics.learnsFrom(s.Task, rc.Name, tr.LearnedRate)
-			h.rule, h.subject, h.lim, rt = rc.Name, rc.Subject, lim, tr
+			h.rule, h.subject, h.lim, h.costs, rt = rc.Name, rc.Subject, lim, rc, tr
 		}
 	}
 	h.client = &http.Client{
@@ -189,7 +192,17 @@ func (h *httpHandler) send(ctx context.Context, task *asynq.Task) error {
 		return fmt.Errorf("handler: %s: %v; %s", what, err, retryNote(ctx))
 	}
 	defer resp.Body.Close()
-	out, readErr := io.ReadAll(io.LimitReader(resp.Body, int64(max(h.spec.ResultLimit, ExcerptLimit))+1))
+	return h.answer(ctx, task, subject, what, resp)
+}
+
+// answer reads resp, the upstream's answer to the task's request (what:
+// its method and origin), into the task's result or error.
+func (h *httpHandler) answer(ctx context.Context, task *asynq.Task, subject, what string, resp *http.Response) error {
+	read := max(h.spec.ResultLimit, ExcerptLimit)
+	if h.spec.HTTP.LLM {
+		read = max(read, llmAnswerLimit) // the usage is read from the whole answer
+	}
+	out, readErr := io.ReadAll(io.LimitReader(resp.Body, int64(read)+1))
 	_, _ = io.CopyN(io.Discard, resp.Body, 64<<10) // let the connection be reused
 	code := resp.StatusCode
 	switch {
@@ -197,6 +210,9 @@ func (h *httpHandler) send(ctx context.Context, task *asynq.Task) error {
 		if readErr != nil {
 			return &attemptError{outcome: OutcomeError, status: code,
 				err: fmt.Errorf("handler: %s: reading the answer: %v; %s", what, readErr, retryNote(ctx))}
+		}
+		if h.spec.HTTP.LLM && h.lim != nil { // a rule charged the call: settle it
+			h.settleUsage(ctx, task, out)
 		}
 		return writeResult(task, out, h.spec.ResultLimit)
 	case code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable:
@@ -310,4 +326,49 @@ func (t *urlTemplate) expand(task *asynq.Task) (string, error) {
 		return "", fmt.Errorf("url: the payload values do not make a URL under %s", t.origin)
 	}
 	return s, nil
+}
+
+// llmAnswerLimit is how much of an LLM answer an http handler with llm:
+// true reads to find its usage: 4 MiB.
+const llmAnswerLimit = 4 << 20
+
+// settleUsage reports what the LLM call answered by out used, so that the
+// middleware settles the task's turn to it when the handler returns: each
+// limit of the rule whose cost is an estimate is given the answer's count
+// of its kind (worker.SetCosts), the others keep their cost; a rule of one
+// Cost that is an estimate is given its count (worker.SetCost). An answer
+// without a usage is logged, and the estimates stay charged.
+func (h *httpHandler) settleUsage(ctx context.Context, task *asynq.Task, out []byte) {
+	u, err := llmusage.Parse(out)
+	if err == nil {
+		err = reportUsage(ctx, h.costs, task.Payload(), u)
+	}
+	if err != nil {
+		h.log.Warn("handler: cannot settle the call to its usage; its estimates stay charged", "task_id", taskID(task), "rule", h.rule, "error", err)
+	}
+}
+
+// reportUsage reports usage u of a task whose payload is payload under
+// rule rc (worker.SetCosts or SetCost); nothing for a rule without an
+// estimate.
+func reportUsage(ctx context.Context, rc rules.RuleConfig, payload []byte, u llmusage.Usage) error {
+	if rc.LimitCosts == nil {
+		if n, ok := rc.Cost.Used(u); ok {
+			return worker.SetCost(ctx, n)
+		}
+		return nil
+	}
+	costs := make(throttle.Costs, len(rc.Limits))
+	for i := range rc.Limits {
+		c := rc.LimitCost(i)
+		n, ok := c.Used(u)
+		if !ok {
+			var err error
+			if n, err = c.Of(payload); err != nil {
+				return err
+			}
+		}
+		costs[i] = n
+	}
+	return worker.SetCosts(ctx, costs)
 }

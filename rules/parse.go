@@ -27,7 +27,7 @@ var (
 	// limitOnly are the rule fields that describe a single limit, which a
 	// policy (limits) puts in each of its limits instead.
 	limitOnly      = []string{"algorithm", "limit", "period", "burst", "precision", "lease"}
-	costFields     = []string{"payload_field"}
+	costFields     = []string{"payload_field", "estimate"}
 	priorityFields = []string{"payload_field", "queues", "max_age"}
 	// policyLimitFields are a policy limit's: a limit's, and its own cost.
 	policyLimitFields = append(slices.Clip(limitFields), "cost")
@@ -494,9 +494,12 @@ func (p *parser) cost(n *yaml.Node, field string) (CostConfig, error) {
 	if err != nil {
 		return c, err
 	}
+	if e := fields["estimate"]; e != nil {
+		return p.estimate(n, e, field, len(fields))
+	}
 	v := fields["payload_field"]
 	if v == nil {
-		return c, p.Failf(n, field, "give a whole number of permits, or {payload_field: <JSON field>}")
+		return c, p.Failf(n, field, "give a whole number of permits, {payload_field: <JSON field>} or {estimate: input_tokens, output_tokens or total_tokens}")
 	}
 	pf := yamlfile.Join(field, "payload_field")
 	if c.PayloadField, err = p.Str(v, pf); err != nil {
@@ -506,6 +509,25 @@ func (p *parser) cost(n *yaml.Node, field string) (CostConfig, error) {
 		return c, p.Failf(v, pf, `must name a top-level field of the JSON payload, such as "recipients"`)
 	}
 	return c, nil
+}
+
+// estimate reads a cost's estimate (at e, in the mapping n of nfields
+// fields at field): the tokens of an LLM request body.
+func (p *parser) estimate(n, e *yaml.Node, field string, nfields int) (CostConfig, error) {
+	var c CostConfig
+	if nfields != 1 {
+		return c, p.Failf(n, field, "give either payload_field or estimate")
+	}
+	ef := yamlfile.Join(field, "estimate")
+	var err error
+	if c.Estimate, err = p.Str(e, ef); err != nil {
+		return c, err
+	}
+	switch c.Estimate {
+	case EstimateInput, EstimateOutput, EstimateTotal:
+		return c, nil
+	}
+	return c, p.Failf(e, ef, "%q: use input_tokens (the request's messages, bytes / 4), output_tokens (its max_tokens) or total_tokens (both)", c.Estimate)
 }
 
 // DefaultLease is the lease of a concurrency rule whose lease is not set:

@@ -31,6 +31,7 @@ import (
 
 	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/internal/jsonpayload"
+	"github.com/jobthrottle/jobthrottle/internal/llmusage"
 	"github.com/jobthrottle/jobthrottle/internal/taskroute"
 	"github.com/jobthrottle/jobthrottle/internal/yamlfile"
 	"github.com/jobthrottle/jobthrottle/throttle"
@@ -156,7 +157,20 @@ func (c PriorityConfig) Of(payload []byte, queue string) (int, error) {
 type CostConfig struct {
 	Permits      int    // a fixed number of permits per task, at least 1
 	PayloadField string // a top-level field of the task's JSON payload
+	// Estimate, for a payload that is an LLM request body (chat
+	// completions or messages), is one of the Estimate constants: the
+	// tokens estimated from the request (package internal/llmusage: its
+	// messages' bytes / 4, its max_tokens), which an http handler with
+	// llm: true settles to the answer's usage.
+	Estimate string
 }
+
+// The estimates of an LLM request's tokens (CostConfig.Estimate).
+const (
+	EstimateInput  = "input_tokens"  // the messages and system prompt, bytes / 4
+	EstimateOutput = "output_tokens" // max_tokens (or max_completion_tokens)
+	EstimateTotal  = "total_tokens"  // both
+)
 
 // MaxCost bounds a cost, whatever its source.
 const MaxCost = jsonpayload.MaxCost
@@ -168,10 +182,44 @@ func (c CostConfig) Of(payload []byte) (int, error) {
 	switch {
 	case c.PayloadField != "":
 		return jsonpayload.Cost(payload, c.PayloadField)
+	case c.Estimate != "":
+		return c.estimate(payload)
 	case c.Permits > 0:
 		return c.Permits, nil
 	}
 	return 1, nil
+}
+
+// estimate is Of for an Estimate.
+func (c CostConfig) estimate(payload []byte) (int, error) {
+	in, out := 0, 0
+	var err error
+	if c.Estimate != EstimateOutput {
+		if in, err = llmusage.EstimateInput(payload); err != nil {
+			return 0, err
+		}
+	}
+	if c.Estimate != EstimateInput {
+		if out, err = llmusage.MaxTokens(payload); err != nil {
+			return 0, err
+		}
+	}
+	return min(in+out, MaxCost), nil
+}
+
+// Used is what an LLM call used under this cost (an Estimate): the
+// answer's input, output or total tokens; ok is false for a cost that is
+// no Estimate, which the answer does not correct.
+func (c CostConfig) Used(u llmusage.Usage) (n int, ok bool) {
+	switch c.Estimate {
+	case EstimateInput:
+		return u.Input, true
+	case EstimateOutput:
+		return u.Output, true
+	case EstimateTotal:
+		return u.Total(), true
+	}
+	return 0, false
 }
 
 // LimitCost returns the cost of the rule's i-th limit: its own

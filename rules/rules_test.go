@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobthrottle/jobthrottle/admission"
+	"github.com/jobthrottle/jobthrottle/internal/llmusage"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
@@ -639,6 +640,42 @@ func TestLimitCosts(t *testing.T) {
 	}
 	for _, c := range bad {
 		_, err := Parse("rules.yaml", []byte(c.file))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v; want %q", c.name, err, c.want)
+		}
+	}
+}
+
+// TestCostEstimate reads a cost estimated from an LLM request body: the
+// input from its messages (bytes / 4), the output from its max_tokens,
+// the total both; Used picks the answer's count of the same kind.
+func TestCostEstimate(t *testing.T) {
+	head := "rules:\n  - name: llm\n    tasks: [llm:call]\n    subject: {fixed: openai}\n    limits:\n"
+	cfg, err := Parse("rules.yaml", []byte(head+
+		"      - {name: in, algorithm: gcra, limit: 30000, period: 1m, cost: {estimate: input_tokens}}\n"+
+		"      - {name: out, algorithm: gcra, limit: 10000, period: 1m, cost: {estimate: output_tokens}}\n"+
+		"      - {name: all, algorithm: gcra, limit: 90000, period: 1m, cost: {estimate: total_tokens}}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	payload := []byte(`{"max_tokens": 300, "messages": [{"role": "user", "content": "hello there"}]}`) // messages: 44 bytes
+	got, err := cfg.Rules[0].Costs(payload)
+	if err != nil || !slices.Equal(got, throttle.Costs{11, 300, 311}) {
+		t.Fatalf("Costs: %v, %v; want [11 300 311]", got, err)
+	}
+	for i, want := range []int{20, 7, 27} {
+		if n, ok := cfg.Rules[0].LimitCost(i).Used(llmusage.Usage{Input: 20, Output: 7}); !ok || n != want {
+			t.Errorf("limit %d: Used %d, %v; want %d", i, n, ok, want)
+		}
+	}
+	if _, ok := (CostConfig{PayloadField: "n"}).Used(llmusage.Usage{Input: 1}); ok {
+		t.Error("a payload field's cost: Used ok; want not an estimate")
+	}
+	for _, c := range []struct{ name, limit, want string }{
+		{"unknown", "cost: {estimate: tokens}", `limits[1].cost.estimate: "tokens": use input_tokens`},
+		{"both", "cost: {estimate: input_tokens, payload_field: n}", `limits[1].cost: give either payload_field or estimate`},
+	} {
+		_, err := Parse("rules.yaml", []byte(head+"      - {name: a, algorithm: gcra, limit: 10, period: 1s, "+c.limit+"}\n"))
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v; want %q", c.name, err, c.want)
 		}
