@@ -22,7 +22,6 @@ import (
 	"github.com/jobthrottle/jobthrottle/internal/llmusage"
 	"github.com/jobthrottle/jobthrottle/rules"
 	"github.com/jobthrottle/jobthrottle/throttle"
-	"github.com/jobthrottle/jobthrottle/worker"
 )
 
 // DefaultRetryAfter is how long a task is deferred when the upstream
@@ -52,6 +51,9 @@ type httpHandler struct {
 	subject rules.SubjectConfig
 	lim     *throttle.Limiter
 	costs   rules.RuleConfig // the rule's costs, which an LLM answer's usage settles (HTTPSpec.LLM)
+
+	setCost  func(context.Context, int) error            // Options.SetCost
+	setCosts func(context.Context, throttle.Costs) error // Options.SetCosts
 }
 
 // subjectKey carries a request's subject to the transport.
@@ -65,7 +67,7 @@ func newHTTPHandler(s Spec, opts Options, log *slog.Logger) (*httpHandler, error
 			return nil, fmt.Errorf("url %q: %w", s.HTTP.URL, err)
 		}
 	}
-	h := &httpHandler{spec: s, url: u, headers: http.Header{}, log: log}
+	h := &httpHandler{spec: s, url: u, headers: http.Header{}, log: log, setCost: opts.SetCost, setCosts: opts.SetCosts}
 	for _, hd := range s.HTTP.Headers {
 		v, err := expandEnv(hd.Value, opts.Getenv)
 		if err != nil {
@@ -335,13 +337,13 @@ const llmAnswerLimit = 4 << 20
 // settleUsage reports what the LLM call answered by out used, so that the
 // middleware settles the task's turn to it when the handler returns: each
 // limit of the rule whose cost is an estimate is given the answer's count
-// of its kind (worker.SetCosts), the others keep their cost; a rule of one
-// Cost that is an estimate is given its count (worker.SetCost). An answer
-// without a usage is logged, and the estimates stay charged.
+// of its kind (Options.SetCosts), the others keep their cost; a rule of
+// one Cost that is an estimate is given its count (Options.SetCost). An
+// answer without a usage is logged, and the estimates stay charged.
 func (h *httpHandler) settleUsage(ctx context.Context, task *asynq.Task, out []byte) {
 	u, err := llmusage.Parse(out)
 	if err == nil {
-		err = reportUsage(ctx, h.costs, task.Payload(), u)
+		err = h.reportUsage(ctx, task.Payload(), u)
 	}
 	if err != nil {
 		h.log.Warn("handler: cannot settle the call to its usage; its estimates stay charged", "task_id", taskID(task), "rule", h.rule, "error", err)
@@ -349,13 +351,16 @@ func (h *httpHandler) settleUsage(ctx context.Context, task *asynq.Task, out []b
 }
 
 // reportUsage reports usage u of a task whose payload is payload under
-// rule rc (worker.SetCosts or SetCost); nothing for a rule without an
-// estimate.
-func reportUsage(ctx context.Context, rc rules.RuleConfig, payload []byte, u llmusage.Usage) error {
+// the handler's rule; nothing for a rule without an estimate.
+func (h *httpHandler) reportUsage(ctx context.Context, payload []byte, u llmusage.Usage) error {
+	rc := h.costs
 	if rc.LimitCosts == nil {
-		if n, ok := rc.Cost.Used(u); ok {
-			return worker.SetCost(ctx, n)
+		if n, ok := rc.Cost.Used(u); ok && h.setCost != nil {
+			return h.setCost(ctx, n)
 		}
+		return nil
+	}
+	if h.setCosts == nil {
 		return nil
 	}
 	costs := make(throttle.Costs, len(rc.Limits))
@@ -370,5 +375,5 @@ func reportUsage(ctx context.Context, rc rules.RuleConfig, payload []byte, u llm
 		}
 		costs[i] = n
 	}
-	return worker.SetCosts(ctx, costs)
+	return h.setCosts(ctx, costs)
 }

@@ -21,8 +21,8 @@ import (
 // input tokens (estimated from the request's messages, bytes / 4) and
 // output tokens (estimated from max_tokens) is charged the estimates when
 // the task starts and, once the answer says what the call used, each
-// token limit keeps only that: hour-long limits, so what is left is what
-// was charged.
+// token limit keeps only that. The token limits refill over a year, so
+// that what is left is what was charged, whenever it is read.
 func TestHTTPHandlerLLMUsage(t *testing.T) {
 	t.Parallel()
 	proc := redistest.Server(t)
@@ -48,8 +48,8 @@ rules:
     subject: {fixed: provider}
     limits:
       - {name: requests, algorithm: gcra, limit: 100, period: 1h}
-      - {name: input, algorithm: gcra, limit: 100000, period: 1h, cost: {estimate: input_tokens}}
-      - {name: output, algorithm: gcra, limit: 100000, period: 1h, cost: {estimate: output_tokens}}
+      - {name: input, algorithm: gcra, limit: 100000, period: 8760h, cost: {estimate: input_tokens}}
+      - {name: output, algorithm: gcra, limit: 100000, period: 8760h, cost: {estimate: output_tokens}}
 handlers:
   - task: llm:chat
     http:
