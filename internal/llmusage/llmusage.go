@@ -8,9 +8,12 @@
 //
 // The input estimate is the length in bytes of the request's messages
 // (and system prompt) as JSON, divided by 4, rounded up: about one token
-// for four bytes of English, the providers' own rule of thumb, and more
-// than the real count for the JSON around the text (quotes, keys, roles),
-// so that the estimate is on the high side, which a settle corrects.
+// for four bytes of English, the providers' own rule of thumb. Measured
+// against OpenAI's tokenizers (cl100k_base and o200k_base, the prompt
+// tokens of one user message) on 262 paragraphs of this repository's
+// docs and 1,076 chunks of its Go code, it is 0.93 to 0.96 of the real
+// count in total, 0.96 to 0.97 for the median message, 0.77 to 1.10 for
+// 90 % of them (BENCHMARKS.md): a little low, which the settle corrects.
 // No tokenizer is used: none is maintained as a Go package for every
 // provider's models.
 //
