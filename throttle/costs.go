@@ -40,13 +40,14 @@ func (c Costs) arg() string {
 	return string(b)
 }
 
-// most returns the largest of c, 0 for none.
-func (c Costs) most() int {
+// most returns the largest of c, 0 for none, and whether every cost is
+// that one (the single-n request).
+func (c Costs) most() (int, bool) {
 	m := 0
 	for _, n := range c {
 		m = max(m, n)
 	}
-	return m
+	return m, !slices.ContainsFunc(c, func(n int) bool { return n != m })
 }
 
 // of returns the cost under rule i of a request of n permits with costs
@@ -76,11 +77,7 @@ func (l *Limiter) costs(c Costs) (n int, per Costs, err error) {
 			return 0, nil, capacityError(l.rules[i].Name, x, cp)
 		}
 	}
-	n = c.most()
-	same := true
-	for _, x := range c {
-		same = same && x == n
-	}
+	n, same := c.most()
 	if same {
 		return n, nil, nil
 	}
@@ -118,10 +115,10 @@ func (l *Limiter) AllowCosts(ctx context.Context, subject string, c Costs) (Resu
 		return Result{}, err
 	}
 	n, per, err := l.costs(c)
-	if err != nil || per == nil {
-		if err != nil {
-			return Result{}, err
-		}
+	switch {
+	case err != nil:
+		return Result{}, err
+	case per == nil:
 		return l.mode.allow(ctx, subject, n)
 	}
 	res, _, err := l.decide(ctx, opAllow, subject, n, unbounded, false, per)
@@ -183,14 +180,12 @@ func (r *Reservation) SettleCosts(ctx context.Context, actual Costs) error {
 	if len(actual) != len(r.lim.rules) {
 		return fmt.Errorf("throttle: settle: %d costs given for %d rules; give one per rule, in the order of Limiter.Rules", len(actual), len(r.lim.rules))
 	}
-	n := actual.most()
-	same := true
 	for _, x := range actual {
-		same = same && x == n
 		if x < 0 {
 			return fmt.Errorf("throttle: settle: actual = %d permits: must not be negative", x)
 		}
 	}
+	n, same := actual.most()
 	if same {
 		return r.Settle(ctx, n)
 	}
