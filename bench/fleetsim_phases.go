@@ -1,0 +1,369 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"time"
+)
+
+// fleetResult is the part's results file.
+type fleetResult struct {
+	Date     string       `json:"date"`
+	Command  string       `json:"command"`
+	Machine  machine      `json:"machine"`
+	Library  library      `json:"library"`
+	Config   fleetConfig  `json:"config"`
+	RuntimeS float64      `json:"runtime_s"`
+	Ledger   []fleetShard `json:"ledger"`
+	Idle     *fleetIdle   `json:"idle"`
+	Memory   *fleetMemory `json:"memory"`
+	Busy     *fleetBusy   `json:"busy"`
+	Targets  []target     `json:"targets"`
+}
+
+// fleetShard is a ledger shard's key and the master that holds it.
+type fleetShard struct {
+	Key  string `json:"key"`
+	Node string `json:"node"`
+}
+
+// fleetNode is what one master did in a phase: its commands as clients
+// sent them (clientCommand: scripts' own calls left out), by name, its
+// scripts' PUBLISHes, CPU, connections.
+type fleetNode struct {
+	Calls     int64            `json:"calls"`
+	ByCommand map[string]int64 `json:"by_command"`
+	Publishes int64            `json:"publishes"`
+	CPUS      float64          `json:"cpu_s"`
+	Clients   int64            `json:"clients"`
+	Memory    int64            `json:"used_memory"`
+}
+
+// clientCommand reports whether calls of the command (INFO commandstats
+// name) are all sent by clients: scripts cannot call these, so their count
+// is the clients' (Redis counts a script's own calls with the others).
+// INFO is the bench's own.
+func clientCommand(name string) bool {
+	base, _, _ := strings.Cut(name, "|")
+	switch base {
+	case "evalsha", "eval", "evalsha_ro", "eval_ro", "ping", "subscribe", "unsubscribe", "psubscribe", "punsubscribe",
+		"ssubscribe", "cluster", "hello", "client", "readonly", "command", "select", "auth", "script", "quit":
+		return true
+	}
+	return false
+}
+
+// nodeDelta is what each master did between two INFO readings.
+func nodeDelta(a, b map[string]serverStats) map[string]fleetNode {
+	out := map[string]fleetNode{}
+	for addr, sb := range b {
+		sa := a[addr]
+		n := fleetNode{ByCommand: map[string]int64{}, CPUS: sb.CPU - sa.CPU, Clients: sb.Clients, Memory: sb.Memory,
+			Publishes: sb.Calls["publish"] - sa.Calls["publish"]}
+		for name, c := range sb.Calls {
+			if d := c - sa.Calls[name]; d > 0 && clientCommand(name) {
+				n.ByCommand[name] = d
+				n.Calls += d
+			}
+		}
+		out[addr] = n
+	}
+	return out
+}
+
+func totalCalls(nodes map[string]fleetNode) (n int64) {
+	for _, x := range nodes {
+		n += x.Calls
+	}
+	return n
+}
+
+// snapshot reads INFO on every master, then every process's counts.
+func (f *simFleet) snapshot(ctx context.Context) (map[string]serverStats, simProgress, error) {
+	s, err := f.stats(ctx)
+	if err != nil {
+		return nil, simProgress{}, err
+	}
+	ps, err := f.askAll("snap")
+	return s, sumProgress(ps), err
+}
+
+// fleetIdle is the idle phase: no task anywhere.
+type fleetIdle struct {
+	DurationS     float64              `json:"duration_s"`
+	Nodes         map[string]fleetNode `json:"nodes"`
+	Calls         int64                `json:"calls"` // clients' commands on every master
+	PerWorkerPerS float64              `json:"per_worker_per_s"`
+	Client        simCountSnap         `json:"client"` // the workers' hooked commands
+	// WorkerMin, WorkerMedian, WorkerMax: hooked commands per second of
+	// the least, median and most active worker.
+	WorkerMin, WorkerMedian, WorkerMax float64
+	Load                               string `json:"load"`
+}
+
+func (f *simFleet) idle(ctx context.Context) (*fleetIdle, error) {
+	s0, p0, err := f.snapshot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	f.sleep(ctx, seconds(f.cfg.IdleS))
+	s1, p1, err := f.snapshot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	d := time.Since(start).Seconds()
+	r := &fleetIdle{DurationS: d, Nodes: nodeDelta(s0, s1), Load: loadavg()}
+	r.Calls = totalCalls(r.Nodes)
+	r.PerWorkerPerS = float64(r.Calls) / float64(f.cfg.Workers) / d
+	r.Client = subCounts(p1.Counts, p0.Counts)
+	per := slices.Clone(r.Client.PerW)
+	slices.Sort(per)
+	if len(per) > 0 {
+		r.WorkerMin, r.WorkerMedian, r.WorkerMax = float64(per[0])/d, float64(per[len(per)/2])/d, float64(per[len(per)-1])/d
+	}
+	r.Client.PerW = nil
+	return r, nil
+}
+
+// fleetMemory is the memory phase: MemTenants tenants run one task of the
+// hold rule each, then park one on a booked turn each, then one in line.
+type fleetMemory struct {
+	Tenants int `json:"tenants"`
+	// UsedMemory[step][master]: used_memory after the runs, the booked
+	// parks and the parks in line.
+	UsedMemory  []map[string]int64 `json:"used_memory"`
+	LedgerBytes [][]int64          `json:"ledger_bytes"` // MEMORY USAGE of each shard, per step
+	BookedBytes float64            `json:"booked_bytes_per_park"`
+	LineBytes   float64            `json:"line_bytes_per_park"`
+	LedgerPer   float64            `json:"ledger_bytes_per_booked_park"`
+	BookedShare map[string]float64 `json:"booked_share_by_master"` // of the booked parks' bytes
+}
+
+func (f *simFleet) memory(ctx context.Context, shards []fleetShard) (*fleetMemory, error) {
+	n := int64(f.cfg.MemTenants)
+	m := &fleetMemory{Tenants: f.cfg.MemTenants}
+	steps := []struct {
+		cmd  string
+		done func(simProgress) bool
+	}{
+		{"hold-run", func(s simProgress) bool { return s.HoldRuns >= n }},
+		{"hold-park", func(s simProgress) bool { return s.HoldParks >= n }},
+		{"hold-line", func(s simProgress) bool { return s.HoldParks >= 2*n }},
+	}
+	for _, st := range steps {
+		f.logf("fleet: memory: %s for %d tenants", st.cmd, n)
+		if _, err := f.askAll(st.cmd); err != nil {
+			return nil, err
+		}
+		if _, err := f.waitFor(ctx, 3*time.Minute, st.done); err != nil {
+			return nil, err
+		}
+		f.sleep(ctx, time.Second)
+		s, err := f.stats(ctx)
+		if err != nil {
+			return nil, err
+		}
+		used := map[string]int64{}
+		for a, x := range s {
+			used[a] = x.Memory - x.ClientMemory // the connections' buffers move with traffic, not with tasks
+		}
+		m.UsedMemory = append(m.UsedMemory, used)
+		m.LedgerBytes = append(m.LedgerBytes, f.ledgerBytes(ctx, shards))
+	}
+	sum := func(step int) (t int64) {
+		for _, v := range m.UsedMemory[step] {
+			t += v
+		}
+		return t
+	}
+	m.BookedBytes = float64(sum(1)-sum(0)) / float64(n)
+	m.LineBytes = float64(sum(2)-sum(1)) / float64(n)
+	var l0, l1 int64
+	for i := range shards {
+		l0, l1 = l0+m.LedgerBytes[0][i], l1+m.LedgerBytes[1][i]
+	}
+	m.LedgerPer = float64(l1-l0) / float64(n)
+	m.BookedShare = map[string]float64{}
+	for a := range m.UsedMemory[0] {
+		m.BookedShare[a] = float64(m.UsedMemory[1][a]-m.UsedMemory[0][a]) / float64(sum(1)-sum(0))
+	}
+	return m, nil
+}
+
+// fleetBusy is the busy phase.
+type fleetBusy struct {
+	Tasks       int     `json:"tasks"`
+	DurationS   float64 `json:"duration_s"` // from the first arrival to the last start
+	IdealS      float64 `json:"ideal_s"`    // Arrival + (PerTenant-1) × Interval
+	Runs        int64   `json:"runs"`       // starts, every process
+	Lost        int     `json:"lost"`       // tasks never started
+	Doubled     int     `json:"doubled"`    // tasks started more than once
+	Parks       int64   `json:"parks"`      // park decisions
+	Redeemed    int64   `json:"redeemed"`   // starts on a booked turn: the parked tasks
+	Straight    int64   `json:"straight"`   // starts on a new turn (at once, or after waiting in place)
+	Fallbacks   int64   `json:"fallbacks"`  // parks whose wake-up was not recorded
+	Errors      int64   `json:"errors"`     // admission errors (retried a second later)
+	FirstError  string  `json:"first_error,omitempty"`
+	LimiterCall int64   `json:"limiter_calls"`    // the busy rule's script calls
+	PerTask     float64 `json:"limiter_per_task"` // over every task
+	// PerParked is (limiter calls - Straight) / Redeemed: a task started
+	// on a new turn costs one call, the rest is the parked tasks'.
+	PerParked   float64              `json:"limiter_per_parked"`
+	Looks       []int64              `json:"looks"` // by shard
+	Empty       []int64              `json:"empty_looks"`
+	Writes      []int64              `json:"writes"`
+	LooksPer    float64              `json:"looks_per_parked"`
+	EmptyPer    float64              `json:"empty_looks_per_parked"`
+	WritesPer   float64              `json:"writes_per_parked"`
+	LateP50Ms   float64              `json:"late_p50_ms"`
+	LateP99Ms   float64              `json:"late_p99_ms"`
+	LateMaxMs   float64              `json:"late_max_ms"`
+	EarlyMaxMs  float64              `json:"early_max_ms"` // the most a redeemed start came before its slot
+	PeakParked  int64                `json:"peak_parked"`
+	Nodes       map[string]fleetNode `json:"nodes"`
+	Calls       int64                `json:"calls"`
+	PerWorkerS  float64              `json:"per_worker_per_s"`
+	CallsPerRun float64              `json:"calls_per_task"`
+	ClientOther map[string]int64     `json:"client_other,omitempty"`
+	ClientCPUS  float64              `json:"client_cpu_s"`
+	LoadMin     float64              `json:"load_min"`
+	LoadMax     float64              `json:"load_max"`
+	LoadMean    float64              `json:"load_mean"`
+}
+
+func (f *simFleet) busy(ctx context.Context) (*fleetBusy, error) {
+	c := f.cfg
+	b := &fleetBusy{Tasks: c.Tenants * c.PerTenant, IdealS: (c.Arrival + time.Duration(c.PerTenant-1)*c.Interval).Seconds()}
+	s0, p0, err := f.snapshot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	f.logf("fleet: busy: %d tenants × %d tasks arriving over %v, one task per %v per tenant", c.Tenants, c.PerTenant, c.Arrival, c.Interval)
+	start := time.Now()
+	if _, err := f.askAll("busy"); err != nil {
+		return nil, err
+	}
+	var loads []float64
+	last, lastAt := int64(-1), start
+	sum, err := f.waitFor(ctx, c.Arrival+3*time.Minute, func(s simProgress) bool {
+		loads = append(loads, load1())
+		b.PeakParked = max(b.PeakParked, s.ParkedNow)
+		if runs := s.BusyRuns - p0.BusyRuns; runs != last {
+			last, lastAt = runs, time.Now()
+			if len(loads)%20 == 0 {
+				f.logf("fleet: busy: %d of %d started, %d parked now, load %.1f", runs, b.Tasks, s.ParkedNow, loads[len(loads)-1])
+			}
+		}
+		return last >= int64(b.Tasks)
+	})
+	if err != nil {
+		return nil, err
+	}
+	b.DurationS = lastAt.Sub(start).Seconds()
+	f.sleep(ctx, 3*time.Second) // a doubled wake-up would start its task again by now
+	s1, err := f.stats(ctx)
+	if err != nil {
+		return nil, err
+	}
+	b.Nodes = nodeDelta(s0, s1)
+	b.LoadMin, b.LoadMax, b.LoadMean = minMaxMean(loads)
+	return b, f.finishBusy(b, p0, sum)
+}
+
+// finishBusy stops the processes and fills in b from their counts and runs.
+func (f *simFleet) finishBusy(b *fleetBusy, p0, _ simProgress) error {
+	var runs []simRun
+	var p1 simProgress
+	for i, p := range f.procs {
+		var out struct {
+			Runs     []simRun    `json:"runs"`
+			Progress simProgress `json:"progress"`
+		}
+		if err := p.ask("stop", &out); err != nil {
+			return fmt.Errorf("bench: fleet: stopping process %d: %w", i, err)
+		}
+		_ = p.in.Close()
+		_ = p.cmd.Wait()
+		runs = append(runs, out.Runs...)
+		p1 = sumProgress([]simProgress{p1, out.Progress})
+	}
+	d := subCounts(p1.Counts, p0.Counts)
+	b.Parks, b.Fallbacks, b.Errors, b.FirstError = p1.BusyParks-p0.BusyParks, p1.Fallbacks-p0.Fallbacks, p1.Errors-p0.Errors, p1.FirstError
+	b.ClientCPUS = float64(p1.CPUNs-p0.CPUNs) / 1e9
+	b.LimiterCall = d.Limiter[busyRule]
+	b.Looks, b.Empty, b.Writes, b.ClientOther = d.Looks, d.Empty, d.Writes, d.Other
+	b.tally(runs)
+	b.PerTask = float64(b.LimiterCall) / float64(b.Tasks)
+	parked := float64(max(b.Redeemed, 1))
+	b.PerParked = float64(b.LimiterCall-b.Straight) / parked
+	b.LooksPer, b.EmptyPer, b.WritesPer = float64(sum64(b.Looks))/parked, float64(sum64(b.Empty))/parked, float64(sum64(b.Writes))/parked
+	b.Calls = totalCalls(b.Nodes)
+	b.PerWorkerS = float64(b.Calls) / float64(f.cfg.Workers) / max(b.DurationS, 1)
+	b.CallsPerRun = float64(b.Calls) / float64(b.Tasks)
+	return nil
+}
+
+// tally counts runs per task (lost, doubled) and the lateness of the
+// starts on booked turns.
+func (b *fleetBusy) tally(runs []simRun) {
+	seen := make([]uint8, b.Tasks)
+	var late []int64
+	for _, r := range runs {
+		b.Runs++
+		if r.Task >= 0 && r.Task < b.Tasks && seen[r.Task] < 255 {
+			seen[r.Task]++
+		}
+		if r.Redeemed {
+			b.Redeemed++
+			late = append(late, r.LateUs)
+		} else {
+			b.Straight++
+		}
+	}
+	for _, n := range seen {
+		switch {
+		case n == 0:
+			b.Lost++
+		case n > 1:
+			b.Doubled++
+		}
+	}
+	slices.Sort(late)
+	if len(late) > 0 {
+		q := func(p float64) float64 { return float64(late[int(p*float64(len(late)-1))]) / 1000 }
+		b.LateP50Ms, b.LateP99Ms, b.LateMaxMs = q(0.5), q(0.99), q(1)
+		b.EarlyMaxMs = math.Max(0, -float64(late[0])/1000)
+	}
+}
+
+func sum64(v []int64) (t int64) {
+	for _, x := range v {
+		t += x
+	}
+	return t
+}
+
+func minMaxMean(v []float64) (lo, hi, mean float64) {
+	if len(v) == 0 {
+		return 0, 0, 0
+	}
+	lo, hi = v[0], v[0]
+	for _, x := range v {
+		lo, hi, mean = math.Min(lo, x), math.Max(hi, x), mean+x
+	}
+	return lo, hi, mean / float64(len(v))
+}
+
+// readFleet reads the newest results/*-fleet.json, if any.
+func readFleet() (*fleetResult, string) {
+	var r fleetResult
+	path := readNewest("*-fleet.json", &r)
+	if path == "" || r.Busy == nil {
+		return nil, ""
+	}
+	return &r, path
+}
