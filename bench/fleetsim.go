@@ -41,7 +41,7 @@ type fleetConfig struct {
 
 func defaultFleetConfig() fleetConfig {
 	return fleetConfig{Workers: 1000, Procs: 4, Concurrency: 4, Shards: admission.DefaultWakeupShards, IdleS: 30, SettleS: 5,
-		fleetLoad: fleetLoad{Tenants: 100_000, PerTenant: 3, Interval: 2 * time.Second, Arrival: 120 * time.Second, MemTenants: 20_000}}
+		fleetLoad: fleetLoad{Tenants: 100_000, PerTenant: 3, Interval: 2 * time.Second, Arrival: 120 * time.Second, MemTenants: 20_000, LinedTenants: 10_000}}
 }
 
 // fleetProc is one fleet process and its command pipe.
@@ -120,10 +120,34 @@ func (f *simFleet) phases(ctx context.Context, res *fleetResult) error {
 		return err
 	}
 	f.logf("fleet: memory: %.0f B per booked park, %.0f B per park in line", res.Memory.BookedBytes, res.Memory.LineBytes)
-	if res.Busy, err = f.busy(ctx); err != nil {
+	for _, rule := range fleetCases {
+		b, err := f.busy(ctx, rule)
+		if err != nil {
+			return err
+		}
+		res.Busy = append(res.Busy, b)
+		f.logf("fleet: busy, %s: %.3f limiter calls, %.3f looks, %.3f writes per parked task; lost %d, doubled %d; lateness p99 %.1f ms",
+			rule, b.PerParked, b.LooksPer, b.WritesPer, b.Lost, b.Doubled, b.LateP99Ms)
+	}
+	f.logf("fleet: idle again, after the busy phases, for %.0f s", f.cfg.IdleS)
+	if res.IdleAfter, err = f.idle(ctx); err != nil {
 		return err
 	}
-	return ctx.Err()
+	f.logf("fleet: idle after: %.3f Redis calls per worker per second (server count)", res.IdleAfter.PerWorkerPerS)
+	return f.stopProcs()
+}
+
+// stopProcs tells every process to stop, and waits for it.
+func (f *simFleet) stopProcs() error {
+	for i, p := range f.procs {
+		var out simProgress
+		if err := p.ask("stop", &out); err != nil {
+			return fmt.Errorf("bench: fleet: stopping process %d: %w", i, err)
+		}
+		_ = p.in.Close()
+		_ = p.cmd.Wait()
+	}
+	return nil
 }
 
 // startProcs starts the fleet processes and waits until each is ready.
@@ -342,6 +366,7 @@ func fleetFlags(cfg *fleetConfig) {
 	flag.IntVar(&cfg.Shards, "fleet-shards", cfg.Shards, "with -fleet: wake-up ledger shards")
 	flag.IntVar(&cfg.Tenants, "fleet-tenants", cfg.Tenants, "with -fleet: tenants (subjects) of the busy phase")
 	flag.IntVar(&cfg.PerTenant, "fleet-per-tenant", cfg.PerTenant, "with -fleet: tasks per tenant, enqueued together")
+	flag.IntVar(&cfg.LinedTenants, "fleet-lined-tenants", cfg.LinedTenants, "with -fleet: tenants of the lined case (default horizon), arriving at the same rate")
 	flag.IntVar(&cfg.MemTenants, "fleet-mem-tenants", cfg.MemTenants, "with -fleet: tenants of the memory phase")
 	flag.DurationVar(&cfg.Interval, "fleet-interval", cfg.Interval, "with -fleet: the busy rule lets one task per tenant per this")
 	flag.DurationVar(&cfg.Horizon, "fleet-horizon", cfg.Horizon, "with -fleet: the busy rule's horizon (0: admission's default)")

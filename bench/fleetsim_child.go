@@ -46,44 +46,70 @@ type fleetLoad struct {
 	Tenants    int           `json:"tenants"`
 	PerTenant  int           `json:"per_tenant"` // busy tasks per tenant, enqueued together
 	Interval   time.Duration `json:"interval"`   // the busy rule: one task per Interval per tenant
-	Horizon    time.Duration `json:"horizon"`    // the busy rule's Settings.Horizon (0: default)
+	Horizon    time.Duration `json:"horizon"`    // the lined case's Settings.Horizon (0: default)
 	Arrival    time.Duration `json:"arrival"`    // the tenants arrive evenly over this
 	MemTenants int           `json:"mem_tenants"`
+	// LinedTenants is the lined case's tenants, arriving at the same rate
+	// as the booked case's (Tenants over Arrival).
+	LinedTenants int `json:"lined_tenants"`
 }
 
-// The rules of the fleet part. holdRule parks its second task of a tenant
-// on a turn booked holdInterval ahead (within holdHorizon), its third in
-// the tenant's line: the memory step's tasks, which never come due during
-// the run.
+// tenants returns how many tenants the busy case of rule has, and over
+// how long they arrive.
+func (l fleetLoad) tenants(rule string) (int, time.Duration) {
+	if rule == linedRule {
+		return l.LinedTenants, time.Duration(float64(l.Arrival) * float64(l.LinedTenants) / float64(l.Tenants))
+	}
+	return l.Tenants, l.Arrival
+}
+
+// The rules of the fleet part, one per busy case and the memory step's.
+// linedRule has the Horizon given (the default: a turn more than a second
+// ahead waits in the tenant's line); bookedRule's Horizon covers a tenant's
+// tasks, so that each parked task books its turn at once. holdRule parks
+// its second task of a tenant on a turn booked holdInterval ahead (within
+// holdHorizon), its third in the tenant's line: the memory step's tasks,
+// which never come due during the run. Rule names are also the tasks' ID
+// letters and the keys' ends, so none starts with another.
 const (
-	busyRule     = "fleet"
+	linedRule    = "lined"
+	bookedRule   = "booked"
 	holdRule     = "hold"
 	fleetQueue   = "fleet"
 	holdInterval = 40 * time.Minute
 	holdHorizon  = time.Hour
 )
 
-// simTask is one task: rule's task k of tenant.
+// fleetCases are the busy cases, by rule, in the order they run: the
+// lined case last, as its tenants' lines keep being served after they
+// empty (see BENCHMARKS.md).
+var fleetCases = []string{bookedRule, linedRule}
+
+// simTask is one task: rule's task k of tenant. Its ID is the rule's first
+// letter, the tenant and k.
 type simTask struct {
-	hold      bool
+	rule      string
 	tenant, k int
 }
 
-func (t simTask) id() string {
-	if t.hold {
-		return fmt.Sprintf("h%d.%d", t.tenant, t.k)
-	}
-	return fmt.Sprintf("b%d.%d", t.tenant, t.k)
-}
+func (t simTask) id() string { return fmt.Sprintf("%c%d.%d", t.rule[0], t.tenant, t.k) }
+
+func (t simTask) hold() bool { return t.rule == holdRule }
 
 func parseSimTask(id string) (simTask, bool) {
-	if len(id) < 2 || (id[0] != 'b' && id[0] != 'h') {
+	if len(id) < 2 {
 		return simTask{}, false
+	}
+	rule := ""
+	for _, r := range []string{linedRule, bookedRule, holdRule} {
+		if r[0] == id[0] {
+			rule = r
+		}
 	}
 	a, b, ok := strings.Cut(id[1:], ".")
 	tenant, err1 := strconv.Atoi(a)
 	k, err2 := strconv.Atoi(b)
-	return simTask{hold: id[0] == 'h', tenant: tenant, k: k}, ok && err1 == nil && err2 == nil
+	return simTask{rule: rule, tenant: tenant, k: k}, rule != "" && ok && err1 == nil && err2 == nil
 }
 
 // simWorker is one simulated worker process.
@@ -95,12 +121,14 @@ type simWorker struct {
 	shared  *admission.Slots
 }
 
-// simRun is one busy task's run: its index, and for a task on a redeemed
-// turn how late it started (µs past its slot, on the Redis clock).
+// simRun is one busy task's run: its case (rule), its index, and for a
+// task on a redeemed turn how late it started (µs past its slot, on the
+// Redis clock).
 type simRun struct {
-	Task     int   `json:"t"`
-	Redeemed bool  `json:"r"`
-	LateUs   int64 `json:"l"`
+	Rule     string `json:"c"`
+	Task     int    `json:"t"`
+	Redeemed bool   `json:"r"`
+	LateUs   int64  `json:"l"`
 }
 
 // simProgress is what a fleet process reports on "snap".
@@ -134,8 +162,8 @@ type simChild struct {
 
 // fleetChildMain runs one fleet process: it starts its workers, says
 // "ready", then obeys the commands its parent writes on stdin, one a line
-// (snap, hold-run, hold-park, hold-line, busy, stop), answering each with
-// one line of JSON on out.
+// (snap, hold-run, hold-park, hold-line, busy RULE, runs, stop), answering
+// each with one line of JSON on out.
 func fleetChildMain(specJSON string, in io.Reader, out io.Writer) error {
 	var spec fleetChildSpec
 	if err := json.Unmarshal([]byte(specJSON), &spec); err != nil {
@@ -160,18 +188,27 @@ func fleetChildMain(specJSON string, in io.Reader, out io.Writer) error {
 		case "hold-run", "hold-park", "hold-line":
 			k := map[string]int{"hold-run": 0, "hold-park": 1, "hold-line": 2}[cmd]
 			for i := spec.Index; i < spec.MemTenants; i += spec.Procs {
-				c.queue <- simTask{hold: true, tenant: i, k: k}
+				c.queue <- simTask{rule: holdRule, tenant: i, k: k}
 			}
-		case "busy":
+		case "busy " + linedRule, "busy " + bookedRule:
 			loops.Add(1)
-			go func() { defer loops.Done(); c.feed(ctx) }()
+			go func() { defer loops.Done(); c.feed(ctx, strings.TrimPrefix(cmd, "busy ")) }()
+		case "runs":
+			c.mu.Lock()
+			err := enc.Encode(map[string]any{"runs": c.runs})
+			c.runs = nil
+			c.mu.Unlock()
+			if err != nil {
+				return err
+			}
+			continue
 		case "stop":
 			cancel()
 			loops.Wait()
 			c.stop()
 			c.mu.Lock()
 			defer c.mu.Unlock()
-			return enc.Encode(map[string]any{"runs": c.runs, "progress": c.progress()})
+			return enc.Encode(c.progress())
 		default:
 			return fmt.Errorf("bench: fleet child: unknown command %q", cmd)
 		}
@@ -196,7 +233,7 @@ func (c *simChild) start(ctx context.Context) error {
 		return fmt.Errorf("bench: fleet: %w", err)
 	}
 	c.offset = time.Duration(redisOffset(ctx, probe) * 1e3)
-	c.counts = newSimCounts(ledger.Keys(), []string{busyRule, holdRule}, s.Workers)
+	c.counts = newSimCounts(ledger.Keys(), []string{linedRule, bookedRule, holdRule}, s.Workers)
 	for w := range s.Workers {
 		sw, err := c.newWorker(w)
 		if err != nil {
@@ -231,7 +268,7 @@ func (c *simChild) newWorker(w int) (*simWorker, error) {
 		name     string
 		interval time.Duration
 		horizon  time.Duration
-	}{{busyRule, s.Interval, s.Horizon}, {holdRule, holdInterval, holdHorizon}}
+	}{{linedRule, s.Interval, s.Horizon}, {bookedRule, s.Interval, time.Duration(s.PerTenant+1) * s.Interval}, {holdRule, holdInterval, holdHorizon}}
 	for _, r := range rules {
 		lim, err := throttle.New(rdb, throttle.Options{Prefix: s.Prefix}, throttle.Rule{Name: r.name, Algorithm: throttle.GCRA,
 			Limit: throttle.Limit{Count: 1, Period: r.interval, Burst: 1}})
@@ -275,14 +312,10 @@ func (c *simChild) slot(ctx context.Context, sw *simWorker) {
 
 // admit runs, parks or retries t, as the worker middleware would.
 func (c *simChild) admit(ctx context.Context, sw *simWorker, t simTask) {
-	rule := busyRule
-	if t.hold {
-		rule = holdRule
-	}
 	member := admission.JobEntry{Queue: fleetQueue, ID: t.id()}.Member()
 	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	d, err := sw.gates[rule].Admit(actx, admission.Request{Subject: fmt.Sprintf("tenant-%d", t.tenant),
+	d, err := sw.gates[t.rule].Admit(actx, admission.Request{Subject: fmt.Sprintf("tenant-%d", t.tenant),
 		Caller: throttle.Caller{ID: t.id(), BookAs: t.id(), Waiter: member, WaitAs: member}})
 	switch {
 	case ctx.Err() != nil:
@@ -313,7 +346,7 @@ func (c *simChild) fail(err error) {
 // parked counts a park; a task whose wake-up could not be recorded comes
 // back at its turn by itself, as asynq's retry would bring it.
 func (c *simChild) parked(ctx context.Context, t simTask, d admission.Decision) {
-	if t.hold {
+	if t.hold() {
 		c.holdParks.Add(1)
 		return
 	}
@@ -327,12 +360,12 @@ func (c *simChild) parked(ctx context.Context, t simTask, d admission.Decision) 
 
 // ran records a run: for a task on a booked turn, how late it started.
 func (c *simChild) ran(t simTask, d admission.Decision) {
-	if t.hold {
+	if t.hold() {
 		c.holdRuns.Add(1)
 		return
 	}
 	c.busyRuns.Add(1)
-	r := simRun{Task: c.index(t), Redeemed: d.Turn == throttle.Redeemed}
+	r := simRun{Rule: t.rule, Task: c.index(t), Redeemed: d.Turn == throttle.Redeemed}
 	if r.Redeemed {
 		c.parkedNow.Add(-1)
 		r.LateUs = d.At.Add(c.offset).Sub(d.Slot).Microseconds()
@@ -344,23 +377,24 @@ func (c *simChild) ran(t simTask, d admission.Decision) {
 
 func (c *simChild) index(t simTask) int { return t.tenant*c.spec.PerTenant + t.k }
 
-// feed enqueues this process's share of the busy tasks: tenant i, with all
-// its tasks, at i/Tenants of Arrival after the start.
-func (c *simChild) feed(ctx context.Context) {
+// feed enqueues this process's share of the busy tasks of rule: tenant i,
+// with all its tasks, at i/Tenants of Arrival after the start.
+func (c *simChild) feed(ctx context.Context, rule string) {
 	s := c.spec
+	tenants, arrival := s.tenants(rule)
 	start := time.Now()
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
 	next := s.Index
-	for next < s.Tenants {
+	for next < tenants {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
 		}
-		for ; next < s.Tenants && time.Duration(float64(s.Arrival)*float64(next)/float64(s.Tenants)) <= time.Since(start); next += s.Procs {
+		for ; next < tenants && time.Duration(float64(arrival)*float64(next)/float64(tenants)) <= time.Since(start); next += s.Procs {
 			for k := range s.PerTenant {
-				c.queue <- simTask{tenant: next, k: k}
+				c.queue <- simTask{rule: rule, tenant: next, k: k}
 			}
 		}
 	}

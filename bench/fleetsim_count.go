@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -135,4 +136,19 @@ func (c *simCounts) ledgerCall(i int, cmd redis.Cmder) {
 		}
 	}
 	c.writes[i].Add(1)
+	kind := "ledger write: job"
+	switch args := cmd.Args(); {
+	case cmd.Err() != nil:
+		kind = "ledger write: failed (" + firstWord(cmd.Err().Error()) + ")"
+	case len(args) > 4 && strings.HasPrefix(fmt.Sprint(args[4]), "0:"):
+		kind = "ledger write: line"
+	}
+	c.mu.Lock()
+	c.other[kind]++
+	c.mu.Unlock()
+}
+
+func firstWord(s string) string {
+	w, _, _ := strings.Cut(s, " ")
+	return w
 }

@@ -19,9 +19,12 @@ type fleetResult struct {
 	RuntimeS float64      `json:"runtime_s"`
 	Ledger   []fleetShard `json:"ledger"`
 	Idle     *fleetIdle   `json:"idle"`
-	Memory   *fleetMemory `json:"memory"`
-	Busy     *fleetBusy   `json:"busy"`
-	Targets  []target     `json:"targets"`
+	// IdleAfter is the same fleet idle again after the busy phases: what
+	// the backlog left behind in the ledger.
+	IdleAfter *fleetIdle   `json:"idle_after"`
+	Memory    *fleetMemory `json:"memory"`
+	Busy      []*fleetBusy `json:"busy"` // one per case (fleetCases)
+	Targets   []target     `json:"targets"`
 }
 
 // fleetShard is a ledger shard's key and the master that holds it.
@@ -194,19 +197,23 @@ func (f *simFleet) memory(ctx context.Context, shards []fleetShard) (*fleetMemor
 	return m, nil
 }
 
-// fleetBusy is the busy phase.
+// fleetBusy is one busy phase: a case.
 type fleetBusy struct {
+	Rule        string  `json:"rule"`    // the case: linedRule or bookedRule
+	Horizon     string  `json:"horizon"` // its rule's Settings.Horizon
+	Tenants     int     `json:"tenants"`
 	Tasks       int     `json:"tasks"`
-	DurationS   float64 `json:"duration_s"` // from the first arrival to the last start
-	IdealS      float64 `json:"ideal_s"`    // Arrival + (PerTenant-1) × Interval
-	Runs        int64   `json:"runs"`       // starts, every process
-	Lost        int     `json:"lost"`       // tasks never started
-	Doubled     int     `json:"doubled"`    // tasks started more than once
-	Parks       int64   `json:"parks"`      // park decisions
-	Redeemed    int64   `json:"redeemed"`   // starts on a booked turn: the parked tasks
-	Straight    int64   `json:"straight"`   // starts on a new turn (at once, or after waiting in place)
-	Fallbacks   int64   `json:"fallbacks"`  // parks whose wake-up was not recorded
-	Errors      int64   `json:"errors"`     // admission errors (retried a second later)
+	TimedOut    bool    `json:"timed_out,omitempty"` // not every task started within arrival + 2 minutes
+	DurationS   float64 `json:"duration_s"`          // from the first arrival to the last start
+	IdealS      float64 `json:"ideal_s"`             // Arrival + (PerTenant-1) × Interval
+	Runs        int64   `json:"runs"`                // starts, every process
+	Lost        int     `json:"lost"`                // tasks never started
+	Doubled     int     `json:"doubled"`             // tasks started more than once
+	Parks       int64   `json:"parks"`               // park decisions
+	Redeemed    int64   `json:"redeemed"`            // starts on a booked turn: the parked tasks
+	Straight    int64   `json:"straight"`            // starts on a new turn (at once, or after waiting in place)
+	Fallbacks   int64   `json:"fallbacks"`           // parks whose wake-up was not recorded
+	Errors      int64   `json:"errors"`              // admission errors (retried a second later)
 	FirstError  string  `json:"first_error,omitempty"`
 	LimiterCall int64   `json:"limiter_calls"`    // the busy rule's script calls
 	PerTask     float64 `json:"limiter_per_task"` // over every task
@@ -235,32 +242,43 @@ type fleetBusy struct {
 	LoadMean    float64              `json:"load_mean"`
 }
 
-func (f *simFleet) busy(ctx context.Context) (*fleetBusy, error) {
+func (f *simFleet) busy(ctx context.Context, rule string) (*fleetBusy, error) {
 	c := f.cfg
-	b := &fleetBusy{Tasks: c.Tenants * c.PerTenant, IdealS: (c.Arrival + time.Duration(c.PerTenant-1)*c.Interval).Seconds()}
+	tenants, arrival := c.tenants(rule)
+	b := &fleetBusy{Rule: rule, Horizon: "default (1s)", Tenants: tenants, Tasks: tenants * c.PerTenant, IdealS: (arrival + time.Duration(c.PerTenant-1)*c.Interval).Seconds()}
+	switch {
+	case rule == bookedRule:
+		b.Horizon = (time.Duration(c.PerTenant+1) * c.Interval).String()
+	case c.Horizon != 0:
+		b.Horizon = c.Horizon.String()
+	}
 	s0, p0, err := f.snapshot(ctx)
 	if err != nil {
 		return nil, err
 	}
-	f.logf("fleet: busy: %d tenants × %d tasks arriving over %v, one task per %v per tenant", c.Tenants, c.PerTenant, c.Arrival, c.Interval)
+	f.logf("fleet: busy, %s: %d tenants × %d tasks arriving over %v, one task per %v per tenant, horizon %s", rule, tenants, c.PerTenant, arrival, c.Interval, b.Horizon)
 	start := time.Now()
-	if _, err := f.askAll("busy"); err != nil {
+	if _, err := f.askAll("busy " + rule); err != nil {
 		return nil, err
 	}
 	var loads []float64
 	last, lastAt := int64(-1), start
-	sum, err := f.waitFor(ctx, c.Arrival+3*time.Minute, func(s simProgress) bool {
+	_, err = f.waitFor(ctx, arrival+2*time.Minute, func(s simProgress) bool {
 		loads = append(loads, load1())
 		b.PeakParked = max(b.PeakParked, s.ParkedNow)
 		if runs := s.BusyRuns - p0.BusyRuns; runs != last {
 			last, lastAt = runs, time.Now()
 			if len(loads)%20 == 0 {
-				f.logf("fleet: busy: %d of %d started, %d parked now, load %.1f", runs, b.Tasks, s.ParkedNow, loads[len(loads)-1])
+				f.logf("fleet: busy, %s: %d of %d started, %d parked now, load %.1f", rule, runs, b.Tasks, s.ParkedNow, loads[len(loads)-1])
 			}
 		}
 		return last >= int64(b.Tasks)
 	})
-	if err != nil {
+	if err != nil && ctx.Err() == nil {
+		// Not every task started in time: measure what did.
+		f.logf("fleet: busy, %s: %v; measuring what started", rule, err)
+		b.TimedOut = true
+	} else if err != nil {
 		return nil, err
 	}
 	b.DurationS = lastAt.Sub(start).Seconds()
@@ -271,30 +289,30 @@ func (f *simFleet) busy(ctx context.Context) (*fleetBusy, error) {
 	}
 	b.Nodes = nodeDelta(s0, s1)
 	b.LoadMin, b.LoadMax, b.LoadMean = minMaxMean(loads)
-	return b, f.finishBusy(b, p0, sum)
+	return b, f.finishBusy(ctx, b, p0)
 }
 
-// finishBusy stops the processes and fills in b from their counts and runs.
-func (f *simFleet) finishBusy(b *fleetBusy, p0, _ simProgress) error {
+// finishBusy fills in b from the processes' counts since p0 and their runs.
+func (f *simFleet) finishBusy(ctx context.Context, b *fleetBusy, p0 simProgress) error {
 	var runs []simRun
-	var p1 simProgress
 	for i, p := range f.procs {
 		var out struct {
-			Runs     []simRun    `json:"runs"`
-			Progress simProgress `json:"progress"`
+			Runs []simRun `json:"runs"`
 		}
-		if err := p.ask("stop", &out); err != nil {
-			return fmt.Errorf("bench: fleet: stopping process %d: %w", i, err)
+		if err := p.ask("runs", &out); err != nil {
+			return fmt.Errorf("bench: fleet: runs of process %d: %w", i, err)
 		}
-		_ = p.in.Close()
-		_ = p.cmd.Wait()
 		runs = append(runs, out.Runs...)
-		p1 = sumProgress([]simProgress{p1, out.Progress})
 	}
+	ps, err := f.askAll("snap")
+	if err != nil {
+		return err
+	}
+	p1 := sumProgress(ps)
 	d := subCounts(p1.Counts, p0.Counts)
 	b.Parks, b.Fallbacks, b.Errors, b.FirstError = p1.BusyParks-p0.BusyParks, p1.Fallbacks-p0.Fallbacks, p1.Errors-p0.Errors, p1.FirstError
 	b.ClientCPUS = float64(p1.CPUNs-p0.CPUNs) / 1e9
-	b.LimiterCall = d.Limiter[busyRule]
+	b.LimiterCall = d.Limiter[b.Rule]
 	b.Looks, b.Empty, b.Writes, b.ClientOther = d.Looks, d.Empty, d.Writes, d.Other
 	b.tally(runs)
 	b.PerTask = float64(b.LimiterCall) / float64(b.Tasks)
@@ -313,6 +331,9 @@ func (b *fleetBusy) tally(runs []simRun) {
 	seen := make([]uint8, b.Tasks)
 	var late []int64
 	for _, r := range runs {
+		if r.Rule != b.Rule {
+			continue // a task of an earlier case run late (counted there as lost)
+		}
 		b.Runs++
 		if r.Task >= 0 && r.Task < b.Tasks && seen[r.Task] < 255 {
 			seen[r.Task]++
@@ -362,7 +383,7 @@ func minMaxMean(v []float64) (lo, hi, mean float64) {
 func readFleet() (*fleetResult, string) {
 	var r fleetResult
 	path := readNewest("*-fleet.json", &r)
-	if path == "" || r.Busy == nil {
+	if path == "" || len(r.Busy) == 0 {
 		return nil, ""
 	}
 	return &r, path
