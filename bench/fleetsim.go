@@ -41,7 +41,7 @@ type fleetConfig struct {
 
 func defaultFleetConfig() fleetConfig {
 	return fleetConfig{Workers: 1000, Procs: 4, Concurrency: 4, Shards: admission.DefaultWakeupShards, IdleS: 30, SettleS: 5,
-		fleetLoad: fleetLoad{Tenants: 100_000, PerTenant: 3, Interval: 2 * time.Second, Arrival: 120 * time.Second, MemTenants: 20_000, LinedTenants: 10_000}}
+		fleetLoad: fleetLoad{Tenants: 100_000, PerTenant: 2, Interval: 2 * time.Second, Arrival: 200 * time.Second, MemTenants: 20_000, LinedTenants: 2_000}}
 }
 
 // fleetProc is one fleet process and its command pipe.
@@ -241,7 +241,7 @@ func (f *simFleet) waitFor(ctx context.Context, limit time.Duration, done func(s
 			return sum, nil
 		}
 		if time.Now().After(end) || ctx.Err() != nil {
-			return sum, fmt.Errorf("bench: fleet: not done within %v (%+v)", limit, sum)
+			return sum, fmt.Errorf("bench: fleet: not done within %v (%d busy starts, %d busy parks, %d memory starts, %d memory parks)", limit, sum.BusyRuns, sum.BusyParks, sum.HoldRuns, sum.HoldParks)
 		}
 		f.sleep(ctx, 500*time.Millisecond)
 	}

@@ -121,14 +121,18 @@ type simWorker struct {
 	shared  *admission.Slots
 }
 
-// simRun is one busy task's run: its case (rule), its index, and for a
-// task on a redeemed turn how late it started (µs past its slot, on the
-// Redis clock).
+// simRun is one busy task's start or park (Park): its case (rule), its
+// index, when (µs of the Redis clock) and its turn's slot (µs of the Redis
+// clock; for a park in line, the fallback only). Redeemed: the start was on
+// a turn booked before.
 type simRun struct {
 	Rule     string `json:"c"`
 	Task     int    `json:"t"`
-	Redeemed bool   `json:"r"`
-	LateUs   int64  `json:"l"`
+	Park     bool   `json:"p,omitempty"`
+	InLine   bool   `json:"i,omitempty"`
+	Redeemed bool   `json:"r,omitempty"`
+	AtUs     int64  `json:"a"`
+	SlotUs   int64  `json:"s"`
 }
 
 // simProgress is what a fleet process reports on "snap".
@@ -352,6 +356,7 @@ func (c *simChild) parked(ctx context.Context, t simTask, d admission.Decision) 
 	}
 	c.busyParks.Add(1)
 	c.parkedNow.Add(1)
+	c.record(simRun{Rule: t.rule, Task: c.index(t), Park: true, InLine: d.InLine, AtUs: time.Now().Add(c.offset).UnixMicro(), SlotUs: d.Slot.UnixMicro()})
 	if !d.Woken {
 		c.fallbacks.Add(1)
 		time.AfterFunc(time.Until(d.At), func() { c.requeue(ctx, t) })
@@ -365,11 +370,14 @@ func (c *simChild) ran(t simTask, d admission.Decision) {
 		return
 	}
 	c.busyRuns.Add(1)
-	r := simRun{Rule: t.rule, Task: c.index(t), Redeemed: d.Turn == throttle.Redeemed}
+	r := simRun{Rule: t.rule, Task: c.index(t), Redeemed: d.Turn == throttle.Redeemed, AtUs: d.At.Add(c.offset).UnixMicro(), SlotUs: d.Slot.UnixMicro()}
 	if r.Redeemed {
 		c.parkedNow.Add(-1)
-		r.LateUs = d.At.Add(c.offset).Sub(d.Slot).Microseconds()
 	}
+	c.record(r)
+}
+
+func (c *simChild) record(r simRun) {
 	c.mu.Lock()
 	c.runs = append(c.runs, r)
 	c.mu.Unlock()

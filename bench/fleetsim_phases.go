@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -210,22 +211,27 @@ type fleetBusy struct {
 	Lost        int     `json:"lost"`                // tasks never started
 	Doubled     int     `json:"doubled"`             // tasks started more than once
 	Parks       int64   `json:"parks"`               // park decisions
-	Redeemed    int64   `json:"redeemed"`            // starts on a booked turn: the parked tasks
-	Straight    int64   `json:"straight"`            // starts on a new turn (at once, or after waiting in place)
+	ParkedTasks int64   `json:"parked_tasks"`        // tasks parked at least once
+	Straight    int64   `json:"straight"`            // tasks never parked: one limiter call each
+	Redeemed    int64   `json:"redeemed"`            // starts on a turn booked before
+	NewTurn     int64   `json:"new_turn"`            // parked tasks that started on a new turn: back later than the tolerance
+	LateUnknown int64   `json:"late_unknown"`        // of those, parked in line: their booked slot is not known here
 	Fallbacks   int64   `json:"fallbacks"`           // parks whose wake-up was not recorded
 	Errors      int64   `json:"errors"`              // admission errors (retried a second later)
 	FirstError  string  `json:"first_error,omitempty"`
 	LimiterCall int64   `json:"limiter_calls"`    // the busy rule's script calls
 	PerTask     float64 `json:"limiter_per_task"` // over every task
-	// PerParked is (limiter calls - Straight) / Redeemed: a task started
-	// on a new turn costs one call, the rest is the parked tasks'.
-	PerParked   float64              `json:"limiter_per_parked"`
-	Looks       []int64              `json:"looks"` // by shard
-	Empty       []int64              `json:"empty_looks"`
-	Writes      []int64              `json:"writes"`
-	LooksPer    float64              `json:"looks_per_parked"`
-	EmptyPer    float64              `json:"empty_looks_per_parked"`
-	WritesPer   float64              `json:"writes_per_parked"`
+	// PerParked is (limiter calls - Straight) / ParkedTasks: a task never
+	// parked costs one call, the rest is the parked tasks'.
+	PerParked float64 `json:"limiter_per_parked"`
+	Looks     []int64 `json:"looks"` // by shard
+	Empty     []int64 `json:"empty_looks"`
+	Writes    []int64 `json:"writes"`
+	LooksPer  float64 `json:"looks_per_parked"`
+	EmptyPer  float64 `json:"empty_looks_per_parked"`
+	WritesPer float64 `json:"writes_per_parked"`
+	// Lateness: a parked task's start after its slot (the turn it
+	// redeemed, or the one it was parked for if it took a new one).
 	LateP50Ms   float64              `json:"late_p50_ms"`
 	LateP99Ms   float64              `json:"late_p99_ms"`
 	LateMaxMs   float64              `json:"late_max_ms"`
@@ -316,7 +322,7 @@ func (f *simFleet) finishBusy(ctx context.Context, b *fleetBusy, p0 simProgress)
 	b.Looks, b.Empty, b.Writes, b.ClientOther = d.Looks, d.Empty, d.Writes, d.Other
 	b.tally(runs)
 	b.PerTask = float64(b.LimiterCall) / float64(b.Tasks)
-	parked := float64(max(b.Redeemed, 1))
+	parked := float64(max(b.ParkedTasks, 1))
 	b.PerParked = float64(b.LimiterCall-b.Straight) / parked
 	b.LooksPer, b.EmptyPer, b.WritesPer = float64(sum64(b.Looks))/parked, float64(sum64(b.Empty))/parked, float64(sum64(b.Writes))/parked
 	b.Calls = totalCalls(b.Nodes)
@@ -325,34 +331,48 @@ func (f *simFleet) finishBusy(ctx context.Context, b *fleetBusy, p0 simProgress)
 	return nil
 }
 
-// tally counts runs per task (lost, doubled) and the lateness of the
-// starts on booked turns.
-func (b *fleetBusy) tally(runs []simRun) {
-	seen := make([]uint8, b.Tasks)
+// tally counts starts per task (lost, doubled), the parked tasks, and
+// how late each parked task started after the slot it was parked for (or,
+// on a redeemed turn, the turn it started on).
+func (b *fleetBusy) tally(recs []simRun) {
+	recs = slices.DeleteFunc(recs, func(r simRun) bool { return r.Rule != b.Rule || r.Task < 0 || r.Task >= b.Tasks })
+	slices.SortFunc(recs, func(x, y simRun) int { return cmp.Or(cmp.Compare(x.Task, y.Task), cmp.Compare(x.AtUs, y.AtUs)) })
+	starts := make([]uint8, b.Tasks)
+	parked := make([]bool, b.Tasks)
 	var late []int64
-	for _, r := range runs {
-		if r.Rule != b.Rule {
-			continue // a task of an earlier case run late (counted there as lost)
+	var last simRun // the task's latest park
+	for _, r := range recs {
+		if r.Park {
+			parked[r.Task], last = true, r
+			continue
 		}
+		starts[r.Task] = min(starts[r.Task]+1, 255)
 		b.Runs++
-		if r.Task >= 0 && r.Task < b.Tasks && seen[r.Task] < 255 {
-			seen[r.Task]++
-		}
-		if r.Redeemed {
+		switch {
+		case r.Redeemed:
 			b.Redeemed++
-			late = append(late, r.LateUs)
-		} else {
-			b.Straight++
+			late = append(late, r.AtUs-r.SlotUs)
+		case !parked[r.Task]:
+		case last.Task == r.Task && !last.InLine:
+			b.NewTurn++
+			late = append(late, r.AtUs-last.SlotUs)
+		default:
+			b.NewTurn++
+			b.LateUnknown++
 		}
 	}
-	for _, n := range seen {
+	for i, n := range starts {
 		switch {
 		case n == 0:
 			b.Lost++
 		case n > 1:
 			b.Doubled++
 		}
+		if parked[i] {
+			b.ParkedTasks++
+		}
 	}
+	b.Straight = int64(b.Tasks) - b.ParkedTasks
 	slices.Sort(late)
 	if len(late) > 0 {
 		q := func(p float64) float64 { return float64(late[int(p*float64(len(late)-1))]) / 1000 }

@@ -120,17 +120,24 @@ func renderFleetTable(p func(string, ...any), r *fleetResult) {
 		name, id, bound string
 		cell            func(b *fleetBusy) string
 	}{
-		{"tasks; parked (started on a booked turn); started on a new turn", "", "", func(b *fleetBusy) string { return fmt.Sprintf("%d; %d; %d", b.Tasks, b.Redeemed, b.Straight) }},
+		{"tasks; parked at least once; never parked", "", "", func(b *fleetBusy) string { return fmt.Sprintf("%d; %d; %d", b.Tasks, b.ParkedTasks, b.Straight) }},
+		{"parked tasks started on a booked turn / on a new turn (back later than the tolerance)", "", "", func(b *fleetBusy) string {
+			return fmt.Sprintf("%d / %d", b.Redeemed, b.NewTurn)
+		}},
 		{"tasks never started / started twice", "once", "0", func(b *fleetBusy) string { return fmt.Sprintf("%d / %d", b.Lost, b.Doubled) }},
-		{"limiter calls per parked task ((calls − new turns) / parked)", "limiter", "≤ 2.05", func(b *fleetBusy) string { return fmt.Sprintf("%.3f", b.PerParked) }},
+		{"limiter calls per parked task ((calls − tasks never parked) / parked tasks)", "limiter", "≤ 2.05", func(b *fleetBusy) string { return fmt.Sprintf("%.3f", b.PerParked) }},
 		{"limiter calls per task, all tasks", "", "", func(b *fleetBusy) string { return fmt.Sprintf("%.3f", b.PerTask) }},
-		{"park decisions per parked task", "", "", func(b *fleetBusy) string { return fmt.Sprintf("%.3f", float64(b.Parks)/float64(max(b.Redeemed, 1))) }},
+		{"park decisions per parked task", "", "", func(b *fleetBusy) string { return fmt.Sprintf("%.3f", float64(b.Parks)/float64(max(b.ParkedTasks, 1))) }},
 		{"ledger looks per parked task (of which took nothing)", "looks", "≤ 0.2", func(b *fleetBusy) string { return fmt.Sprintf("%.3f (%.3f)", b.LooksPer, b.EmptyPer) }},
 		{"ledger writes per parked task", "writes", "≤ 1", func(b *fleetBusy) string { return fmt.Sprintf("%.3f", b.WritesPer) }},
 		{"Redis calls per task, every command of every worker", "", "", func(b *fleetBusy) string { return fmt.Sprintf("%.2f", b.CallsPerRun) }},
 		{"Redis calls per second per worker", "", "", func(b *fleetBusy) string { return fmt.Sprintf("%.2f", b.PerWorkerS) }},
-		{"start lateness after the booked slot, p50 / p99 / max", "", "", func(b *fleetBusy) string {
-			return fmt.Sprintf("%.1f / %.1f / %.1f ms", b.LateP50Ms, b.LateP99Ms, b.LateMaxMs)
+		{"parked tasks' start after the slot they were parked for, p50 / p99 / max", "", "", func(b *fleetBusy) string {
+			s := fmt.Sprintf("%.1f / %.1f / %.1f ms", b.LateP50Ms, b.LateP99Ms, b.LateMaxMs)
+			if b.LateUnknown > 0 {
+				s += fmt.Sprintf(" (%d in line, slot unknown, left out)", b.LateUnknown)
+			}
+			return s
 		}},
 		{fmt.Sprintf("load average while busy, min–max (mean), %d cores", r.Machine.NProc), "", "", func(b *fleetBusy) string {
 			return fmt.Sprintf("%.1f–%.1f (%.1f)", b.LoadMin, b.LoadMax, b.LoadMean)
