@@ -65,6 +65,7 @@ type simFleet struct {
 	cluster *simCluster
 	procs   []*fleetProc
 	nodes   map[string]*redis.Client
+	ledger  []fleetShard
 	logf    func(string, ...any)
 }
 
@@ -91,6 +92,7 @@ func runFleetPart(logf func(string, ...any), cfg fleetConfig, mdPath string) err
 	if res.Ledger, err = f.ledgerNodes(ctx); err != nil {
 		return err
 	}
+	f.ledger = res.Ledger
 	defer f.kill()
 	if err := f.startProcs(ctx); err != nil {
 		return err

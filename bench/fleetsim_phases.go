@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // fleetResult is the part's results file.
@@ -83,6 +85,28 @@ func totalCalls(nodes map[string]fleetNode) (n int64) {
 		n += x.Calls
 	}
 	return n
+}
+
+// stuck returns up to 20 ledger members per shard due more than a second
+// ago, with how overdue: wake-ups no loop took.
+func (f *simFleet) stuck(ctx context.Context) []string {
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: f.cluster.Addrs})
+	defer rdb.Close()
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		return []string{err.Error()}
+	}
+	var out []string
+	for _, sh := range f.ledger {
+		zs, err := rdb.ZRangeByScoreWithScores(ctx, sh.Key, &redis.ZRangeBy{Min: "-inf", Max: fmt.Sprint(now.Add(-time.Second).UnixMicro()), Count: 20}).Result()
+		if err != nil {
+			out = append(out, err.Error())
+		}
+		for _, z := range zs {
+			out = append(out, fmt.Sprintf("%s: %v overdue in %s", z.Member, now.Sub(time.UnixMicro(int64(z.Score))).Round(time.Millisecond), sh.Key))
+		}
+	}
+	return out
 }
 
 // snapshot reads INFO on every master, then every process's counts.
@@ -200,27 +224,33 @@ func (f *simFleet) memory(ctx context.Context, shards []fleetShard) (*fleetMemor
 
 // fleetBusy is one busy phase: a case.
 type fleetBusy struct {
-	Rule        string  `json:"rule"`    // the case: linedRule or bookedRule
-	Horizon     string  `json:"horizon"` // its rule's Settings.Horizon
-	Tenants     int     `json:"tenants"`
-	Tasks       int     `json:"tasks"`
-	TimedOut    bool    `json:"timed_out,omitempty"` // not every task started within arrival + 2 minutes
-	DurationS   float64 `json:"duration_s"`          // from the first arrival to the last start
-	IdealS      float64 `json:"ideal_s"`             // Arrival + (PerTenant-1) × Interval
-	Runs        int64   `json:"runs"`                // starts, every process
-	Lost        int     `json:"lost"`                // tasks never started
-	Doubled     int     `json:"doubled"`             // tasks started more than once
-	Parks       int64   `json:"parks"`               // park decisions
-	ParkedTasks int64   `json:"parked_tasks"`        // tasks parked at least once
-	Straight    int64   `json:"straight"`            // tasks never parked: one limiter call each
-	Redeemed    int64   `json:"redeemed"`            // starts on a turn booked before
-	NewTurn     int64   `json:"new_turn"`            // parked tasks that started on a new turn: back later than the tolerance
-	LateUnknown int64   `json:"late_unknown"`        // of those, parked in line: their booked slot is not known here
-	Fallbacks   int64   `json:"fallbacks"`           // parks whose wake-up was not recorded
-	Errors      int64   `json:"errors"`              // admission errors (retried a second later)
-	FirstError  string  `json:"first_error,omitempty"`
-	LimiterCall int64   `json:"limiter_calls"`    // the busy rule's script calls
-	PerTask     float64 `json:"limiter_per_task"` // over every task
+	Rule      string `json:"rule"`    // the case: linedRule or bookedRule
+	Horizon   string `json:"horizon"` // its rule's Settings.Horizon
+	Tenants   int    `json:"tenants"`
+	Tasks     int    `json:"tasks"`
+	TimedOut  bool   `json:"timed_out,omitempty"` // not every task started within a minute of its ideal drain
+	PerTenant int    `json:"per_tenant"`
+	// LostExamples describes up to 10 tasks that never started; Stuck
+	// lists ledger members due more than a second ago that nobody took,
+	// with how overdue (read when a case did not drain in time).
+	LostExamples []string `json:"lost_examples,omitempty"`
+	Stuck        []string `json:"stuck,omitempty"`
+	DurationS    float64  `json:"duration_s"`   // from the first arrival to the last start
+	IdealS       float64  `json:"ideal_s"`      // Arrival + (PerTenant-1) × Interval
+	Runs         int64    `json:"runs"`         // starts, every process
+	Lost         int      `json:"lost"`         // tasks never started
+	Doubled      int      `json:"doubled"`      // tasks started more than once
+	Parks        int64    `json:"parks"`        // park decisions
+	ParkedTasks  int64    `json:"parked_tasks"` // tasks parked at least once
+	Straight     int64    `json:"straight"`     // tasks never parked: one limiter call each
+	Redeemed     int64    `json:"redeemed"`     // starts on a turn booked before
+	NewTurn      int64    `json:"new_turn"`     // parked tasks that started on a new turn: back later than the tolerance
+	LateUnknown  int64    `json:"late_unknown"` // of those, parked in line: their booked slot is not known here
+	Fallbacks    int64    `json:"fallbacks"`    // parks whose wake-up was not recorded
+	Errors       int64    `json:"errors"`       // admission errors (retried a second later)
+	FirstError   string   `json:"first_error,omitempty"`
+	LimiterCall  int64    `json:"limiter_calls"`    // the busy rule's script calls
+	PerTask      float64  `json:"limiter_per_task"` // over every task
 	// PerParked is (limiter calls - Straight) / ParkedTasks: a task never
 	// parked costs one call, the rest is the parked tasks'.
 	PerParked float64 `json:"limiter_per_parked"`
@@ -251,7 +281,7 @@ type fleetBusy struct {
 func (f *simFleet) busy(ctx context.Context, rule string) (*fleetBusy, error) {
 	c := f.cfg
 	tenants, arrival := c.tenants(rule)
-	b := &fleetBusy{Rule: rule, Horizon: "default (1s)", Tenants: tenants, Tasks: tenants * c.PerTenant, IdealS: (arrival + time.Duration(c.PerTenant-1)*c.Interval).Seconds()}
+	b := &fleetBusy{Rule: rule, Horizon: "default (1s)", Tenants: tenants, PerTenant: c.PerTenant, Tasks: tenants * c.PerTenant, IdealS: (arrival + time.Duration(c.PerTenant-1)*c.Interval).Seconds()}
 	switch {
 	case rule == bookedRule:
 		b.Horizon = (time.Duration(c.PerTenant+1) * c.Interval).String()
@@ -269,7 +299,7 @@ func (f *simFleet) busy(ctx context.Context, rule string) (*fleetBusy, error) {
 	}
 	var loads []float64
 	last, lastAt := int64(-1), start
-	_, err = f.waitFor(ctx, arrival+2*time.Minute, func(s simProgress) bool {
+	_, err = f.waitFor(ctx, arrival+time.Duration(c.PerTenant)*c.Interval+time.Minute, func(s simProgress) bool {
 		loads = append(loads, load1())
 		b.PeakParked = max(b.PeakParked, s.ParkedNow)
 		if runs := s.BusyRuns - p0.BusyRuns; runs != last {
@@ -284,6 +314,7 @@ func (f *simFleet) busy(ctx context.Context, rule string) (*fleetBusy, error) {
 		// Not every task started in time: measure what did.
 		f.logf("fleet: busy, %s: %v; measuring what started", rule, err)
 		b.TimedOut = true
+		b.Stuck = f.stuck(ctx)
 	} else if err != nil {
 		return nil, err
 	}
@@ -341,6 +372,7 @@ func (b *fleetBusy) tally(recs []simRun) {
 	parked := make([]bool, b.Tasks)
 	var late []int64
 	var last simRun // the task's latest park
+	b.lostExamples(recs)
 	for _, r := range recs {
 		if r.Park {
 			parked[r.Task], last = true, r
@@ -379,6 +411,27 @@ func (b *fleetBusy) tally(recs []simRun) {
 		b.LateP50Ms, b.LateP99Ms, b.LateMaxMs = q(0.5), q(0.99), q(1)
 		b.EarlyMaxMs = math.Max(0, -float64(late[0])/1000)
 	}
+}
+
+// lostExamples records, for up to 10 tasks that never started, what was
+// recorded of them: their parks, on the Redis clock.
+func (b *fleetBusy) lostExamples(recs []simRun) {
+	started := map[int]bool{}
+	for _, r := range recs {
+		if !r.Park {
+			started[r.Task] = true
+		}
+	}
+	byTask := map[int][]string{}
+	for _, r := range recs {
+		if !started[r.Task] && len(byTask) <= 10 {
+			byTask[r.Task] = append(byTask[r.Task], fmt.Sprintf("parked at %d µs for %d µs (in line %v)", r.AtUs, r.SlotUs, r.InLine))
+		}
+	}
+	for task, parks := range byTask {
+		b.LostExamples = append(b.LostExamples, fmt.Sprintf("task %d (tenant %d): %s", task, task/max(b.PerTenant, 1), strings.Join(parks, "; ")))
+	}
+	slices.Sort(b.LostExamples)
 }
 
 func sum64(v []int64) (t int64) {

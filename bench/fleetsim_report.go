@@ -162,6 +162,14 @@ func renderFleetTable(p func(string, ...any), r *fleetResult) {
 		p(" %s: %s |\n", x.bound, strings.Join(vs, ", "))
 	}
 	p("\n")
+	for _, b := range r.Busy {
+		for _, e := range b.LostExamples {
+			p("- %s, never started: %s\n", b.Rule, e)
+		}
+		for _, e := range b.Stuck {
+			p("- %s, in the ledger when the case ended: %s\n", b.Rule, e)
+		}
+	}
 }
 
 // perRule lists the limiter calls per second of each rule that made any.
