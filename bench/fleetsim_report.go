@@ -108,8 +108,9 @@ func renderFleetTable(p func(string, ...any), r *fleetResult) {
 		p("| the same, by command, fleet per second | %s | |\n", perSecond(a.Nodes, a.DurationS))
 		p("| the same: limiter calls per second, by rule (servings of lines) | %s | |\n", perRule(a.Client.Limiter, a.DurationS))
 	}
-	p("| memory per parked task on a booked turn (used_memory less client buffers, %d tenants) | %.0f B (ledger entry %.0f B) | |\n", mem.Tenants, mem.BookedBytes, mem.LedgerPer)
-	p("| memory per parked task in its tenant's line | %.0f B | |\n\n", mem.LineBytes)
+	p("| memory per parked task on a booked turn, MEMORY USAGE of the keys (%d tenants; of which the ledger entry) | %.0f B (%.0f B) | |\n", mem.Tenants, mem.KeyBooked, mem.LedgerPer)
+	p("| memory per parked task in its tenant's line, MEMORY USAGE of the keys | %.0f B | |\n", mem.KeyLine)
+	p("| the same two from INFO used_memory (less client buffers; moves by megabytes with the connections' buffers) | %.0f B, %.0f B | |\n\n", mem.BookedBytes, mem.LineBytes)
 
 	p("| busy |")
 	for _, b := range r.Busy {
