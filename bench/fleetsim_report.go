@@ -1,8 +1,10 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 )
@@ -126,11 +128,11 @@ func renderFleetTable(p func(string, ...any), r *fleetResult) {
 			return fmt.Sprintf("%d / %d", b.Redeemed, b.NewTurn)
 		}},
 		{"tasks never started / started twice", "once", "0", func(b *fleetBusy) string { return fmt.Sprintf("%d / %d", b.Lost, b.Doubled) }},
-		{"limiter calls per parked task ((calls − tasks never parked) / parked tasks)", "limiter", "≤ 2.05", func(b *fleetBusy) string { return fmt.Sprintf("%.3f", b.PerParked) }},
+		{"limiter calls per parked task ((calls − tasks never parked) / parked tasks)", "limiter", "≤ 2.05", func(b *fleetBusy) string { return fmt.Sprintf("%.4f", b.PerParked) }},
 		{"limiter calls per task, all tasks", "", "", func(b *fleetBusy) string { return fmt.Sprintf("%.3f", b.PerTask) }},
 		{"park decisions per parked task", "", "", func(b *fleetBusy) string { return fmt.Sprintf("%.3f", float64(b.Parks)/float64(max(b.ParkedTasks, 1))) }},
 		{"ledger looks per parked task (of which took nothing)", "looks", "≤ 0.2", func(b *fleetBusy) string { return fmt.Sprintf("%.3f (%.3f)", b.LooksPer, b.EmptyPer) }},
-		{"ledger writes per parked task", "writes", "≤ 1", func(b *fleetBusy) string { return fmt.Sprintf("%.3f", b.WritesPer) }},
+		{"ledger writes per parked task", "writes", "≤ 1", func(b *fleetBusy) string { return fmt.Sprintf("%.4f", b.WritesPer) }},
 		{"Redis calls per task, every command of every worker", "", "", func(b *fleetBusy) string { return fmt.Sprintf("%.2f", b.CallsPerRun) }},
 		{"Redis calls per second per worker", "", "", func(b *fleetBusy) string { return fmt.Sprintf("%.2f", b.PerWorkerS) }},
 		{"parked tasks' start after the slot they were parked for, p50 / p99 / max", "", "", func(b *fleetBusy) string {
@@ -215,11 +217,11 @@ func renderFleetNodes(p func(string, ...any), r *fleetResult) {
 	}
 	slices.Sort(addrs)
 	p("Per master: the ledger's load per shard (each master holds one shard; looks and writes are the workers' own counts on that shard's key), and every client command as INFO commandstats counts it (a script's own calls left out; PUBLISH is the scripts' own):\n\n")
-	p("| master | ledger shard | idle calls/s | connections | share of booked parks' memory |")
+	p("| master | ledger shard | idle calls/s | connections |")
 	for _, b := range r.Busy {
 		p(" %s: calls | EVALSHA | PUBLISH | CPU s | ledger looks / writes |", b.Rule)
 	}
-	p("\n|---|---|---:|---:|---:|%s\n", strings.Repeat("---:|---:|---:|---:|---|", len(r.Busy)))
+	p("\n|---|---|---:|---:|%s\n", strings.Repeat("---:|---:|---:|---:|---|", len(r.Busy)))
 	for _, a := range addrs {
 		shard, si := "—", -1
 		for i, s := range r.Ledger {
@@ -227,7 +229,7 @@ func renderFleetNodes(p func(string, ...any), r *fleetResult) {
 				shard, si = fmt.Sprintf("%d (`%s`)", i, s.Key), i
 			}
 		}
-		p("| %s | %s | %.1f | %d | %.3f |", a, shard, float64(idle.Nodes[a].Calls)/idle.DurationS, idle.Nodes[a].Clients, r.Memory.BookedShare[a])
+		p("| %s | %s | %.1f | %d |", a, shard, float64(idle.Nodes[a].Calls)/idle.DurationS, idle.Nodes[a].Clients)
 		for _, b := range r.Busy {
 			n, lw := b.Nodes[a], "—"
 			if si >= 0 && si < len(b.Looks) {
@@ -284,4 +286,19 @@ func renderFleetBusyScale(p func(string, ...any), r *fleetResult, b *fleetBusy, 
 			busiestCPU, cpuPerCall*1e6, 1/cpuPerCall)
 	}
 	p("\n")
+}
+
+// rewriteFleetSection rewrites the fleet section of the report at mdPath
+// from the results file at path (-fleet-report), running nothing.
+func rewriteFleetSection(path, mdPath string) error {
+	var r fleetResult
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(b, &r); err != nil {
+		return fmt.Errorf("bench: %s: %w", path, err)
+	}
+	r.Targets = fleetTargets(&r)
+	return writeFleetSection(&r, "bench/"+filepath.ToSlash(path), mdPath)
 }

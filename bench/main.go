@@ -140,6 +140,7 @@ func main() {
 	learnOut := flag.String("learn-out", "", "with -learn or -learn-workers: the results file is results/<date>-<this>.json (default: learn, learn-workers)")
 	upstream := flag.Bool("upstream", false, "run the upstream part (about 1 minute): limits learned from a fake API's headers beside the plain Retry-After pause; results/<date>-upstream.json, then the report")
 	fleet := flag.Bool("fleet", false, "run the fleet part (issue 25, about 4 minutes): simulated workers' ledger loops and admissions on a 3-master Redis Cluster it starts, idle, memory and busy; results/<date>-fleet.json and its BENCHMARKS.md section")
+	fleetReport := flag.String("fleet-report", "", "rewrite only the fleet section of the report from this results file (results/<date>-fleet.json), run nothing")
 	fleetChild := flag.String("fleet-child", "", "internal: run one fleet process from this JSON spec")
 	fcfg := defaultFleetConfig()
 	fleetFlags(&fcfg)
@@ -172,6 +173,8 @@ func main() {
 		err = runUpstream(*md, logf)
 	case *fleet:
 		err = runFleetPart(logf, fcfg, *md)
+	case *fleetReport != "":
+		err = rewriteFleetSection(*fleetReport, *md)
 	case *leased:
 		cfg := defaultLeasedConfig()
 		if *leasedRate > 0 {
