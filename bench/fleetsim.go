@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -98,6 +99,9 @@ func runFleetPart(logf func(string, ...any), cfg fleetConfig, mdPath string) err
 		return err
 	}
 	if err := f.phases(ctx, res); err != nil {
+		if ctx.Err() != nil {
+			return errors.New("bench: fleet: interrupted; the cluster and the fleet processes are stopped, no results written")
+		}
 		return err
 	}
 	res.Machine.LoadEnd = loadavg()
