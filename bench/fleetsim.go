@@ -364,18 +364,57 @@ func subCounts(b, a simCountSnap) simCountSnap {
 	return out
 }
 
-// fleetFlags declares the fleet part's sizes as flags over cfg's defaults.
-func fleetFlags(cfg *fleetConfig) {
+// fleetCommand is the fleet part's flags: which of its commands runs, and
+// its sizes.
+type fleetCommand struct {
+	fleet  *bool
+	report *string
+	child  *string
+	cfg    fleetConfig
+}
+
+// fleetFlags declares the fleet part's flags, its sizes over the defaults.
+func fleetFlags() *fleetCommand {
+	f := &fleetCommand{cfg: defaultFleetConfig()}
+	f.fleet = flag.Bool("fleet", false, "run the fleet part (issue 25, about 5 minutes): simulated workers' ledger loops and admissions on a 3-master Redis Cluster it starts, idle, memory and busy; results/<date>-fleet.json and its BENCHMARKS.md section")
+	f.report = flag.String("fleet-report", "", "rewrite only the fleet section of the report from this results file (results/<date>-fleet.json), run nothing")
+	f.child = flag.String("fleet-child", "", "internal: run one fleet process from this JSON spec")
+	cfg := &f.cfg
 	flag.IntVar(&cfg.Workers, "fleet-workers", cfg.Workers, "with -fleet: simulated worker processes")
 	flag.IntVar(&cfg.Procs, "fleet-procs", cfg.Procs, "with -fleet: OS processes the workers run in")
 	flag.IntVar(&cfg.Concurrency, "fleet-concurrency", cfg.Concurrency, "with -fleet: task slots per worker")
 	flag.IntVar(&cfg.Shards, "fleet-shards", cfg.Shards, "with -fleet: wake-up ledger shards")
-	flag.IntVar(&cfg.Tenants, "fleet-tenants", cfg.Tenants, "with -fleet: tenants (subjects) of the busy phase")
+	flag.IntVar(&cfg.Tenants, "fleet-tenants", cfg.Tenants, "with -fleet: tenants (subjects) of the booked case")
 	flag.IntVar(&cfg.PerTenant, "fleet-per-tenant", cfg.PerTenant, "with -fleet: tasks per tenant, enqueued together")
 	flag.IntVar(&cfg.LinedTenants, "fleet-lined-tenants", cfg.LinedTenants, "with -fleet: tenants of the lined case (default horizon), arriving at the same rate")
 	flag.IntVar(&cfg.MemTenants, "fleet-mem-tenants", cfg.MemTenants, "with -fleet: tenants of the memory phase")
-	flag.DurationVar(&cfg.Interval, "fleet-interval", cfg.Interval, "with -fleet: the busy rule lets one task per tenant per this")
-	flag.DurationVar(&cfg.Horizon, "fleet-horizon", cfg.Horizon, "with -fleet: the busy rule's horizon (0: admission's default)")
-	flag.DurationVar(&cfg.Arrival, "fleet-arrival", cfg.Arrival, "with -fleet: the tenants arrive evenly over this")
-	flag.Float64Var(&cfg.IdleS, "fleet-idle", cfg.IdleS, "with -fleet: seconds of the idle phase")
+	flag.DurationVar(&cfg.Interval, "fleet-interval", cfg.Interval, "with -fleet: the busy rules let one task per tenant per this")
+	flag.DurationVar(&cfg.Horizon, "fleet-horizon", cfg.Horizon, "with -fleet: the lined case's horizon (0: admission's default)")
+	flag.DurationVar(&cfg.Arrival, "fleet-arrival", cfg.Arrival, "with -fleet: the booked case's tenants arrive evenly over this")
+	flag.Float64Var(&cfg.IdleS, "fleet-idle", cfg.IdleS, "with -fleet: seconds of each idle phase")
+	return f
+}
+
+// chosen reports whether one of the fleet part's commands was asked for.
+func (f *fleetCommand) chosen() bool { return *f.fleet || *f.report != "" || *f.child != "" }
+
+// run runs the command asked for, with the report at mdPath, and returns
+// the exit code.
+func (f *fleetCommand) run(mdPath string) int {
+	var err error
+	switch {
+	case *f.child != "":
+		err = fleetChildMain(*f.child, os.Stdin, os.Stdout)
+	case *f.report != "":
+		err = rewriteFleetSection(*f.report, mdPath)
+	default:
+		err = runFleetPart(func(format string, args ...any) {
+			fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+		}, f.cfg, mdPath)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
 }
