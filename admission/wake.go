@@ -37,6 +37,9 @@ var (
 	//go:embed lua/wake_pop.lua
 	wakePopSrc    string
 	wakePopScript = redis.NewScript(wakePopSrc)
+	//go:embed lua/wake_drop.lua
+	wakeDropSrc    string
+	wakeDropScript = redis.NewScript(wakeDropSrc)
 )
 
 // Defaults of RunOptions.
@@ -136,6 +139,15 @@ func (w *Wakeups) AddAll(ctx context.Context, wakes map[string]time.Time) error 
 // Remove forgets member, if it is in the ledger.
 func (w *Wakeups) Remove(ctx context.Context, member string) error {
 	if err := w.rdb.ZRem(ctx, w.keyOf(member), member).Err(); err != nil {
+		return fmt.Errorf("admission: wakeups: remove: %w", err)
+	}
+	return nil
+}
+
+// removeIfAt forgets member if it is still due at slot, as Add put it:
+// not if another process has moved it since.
+func (w *Wakeups) removeIfAt(ctx context.Context, member string, slot time.Time) error {
+	if err := wakeDropScript.Run(ctx, w.rdb, []string{w.keyOf(member)}, member, slot.UnixMicro()).Err(); err != nil {
 		return fmt.Errorf("admission: wakeups: remove: %w", err)
 	}
 	return nil
