@@ -259,7 +259,8 @@ func (p *Parking) serve(ctx context.Context, g *Gate, subject string) error {
 	// The loop took the serving out of the ledger; if this process dies
 	// before putting it back, another serves the line serveGuard later
 	// instead of leaving it to the fallbacks of the jobs in it.
-	if err := p.ledger.Add(ctx, member, time.Now().Add(serveGuard)); err != nil {
+	guard := time.Now().Add(serveGuard)
+	if err := p.ledger.Add(ctx, member, guard); err != nil {
 		return fmt.Errorf("admission: serving the line of rule %q: %w: %w", name, err, ErrWakeLater)
 	}
 	s, err := g.Serve(ctx, subject)
@@ -280,7 +281,20 @@ func (p *Parking) serve(ctx context.Context, g *Gate, subject string) error {
 		}
 		wakes[member] = s.Next.Add(DefaultLead)
 	}
-	return p.ledger.AddAll(ctx, wakes)
+	if err := p.ledger.AddAll(ctx, wakes); err != nil {
+		return err
+	}
+	if s.Next.IsZero() {
+		// The line is empty: left in the ledger, the guard would have it
+		// served every serveGuard for as long as the fleet runs (an idle
+		// fleet paid a call per emptied line every 5 s). Forgotten only
+		// if it is still the guard: a job that joined the line since has
+		// moved it to when the line must be served.
+		if err := p.ledger.removeIfAt(ctx, member, guard); err != nil {
+			return fmt.Errorf("admission: serving the line of rule %q: %w: %w", name, err, ErrWakeLater)
+		}
+	}
+	return nil
 }
 
 // WakeOnHandoff returns a throttle.Options.OnHandoff that wakes the jobs a

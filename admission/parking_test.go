@@ -223,3 +223,58 @@ func TestGateParksIntoLedger(t *testing.T) {
 		}
 	})
 }
+
+// TestParkingEmptyLineForgotten: once a serving finds its line empty, the
+// line leaves the ledger, so an idle fleet serves it no more (its guard
+// used to bring it back every serveGuard, for ever); a job that joins the
+// line afterwards still has it served.
+func TestParkingEmptyLineForgotten(t *testing.T) {
+	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		var mu sync.Mutex
+		servings := 0
+		p := newParking(t, rdb, ParkingOptions{OnServe: func(string, string, Served) { mu.Lock(); servings++; mu.Unlock() }})
+		two := throttle.Rule{Name: "two", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(2).WithBurst(1)}
+		g, err := New(newGate(t, rdb, Options{}, two).Limiter(), Options{Parking: p, Name: "b", Settings: Settings{MaxWait: ms, Horizon: 700 * ms}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Serve(map[string]*Gate{"b": g})
+		ctx := p.Join(context.Background())
+		admit := func(ids ...string) {
+			for _, id := range ids {
+				if _, err := g.Admit(ctx, Request{Subject: "s", Caller: throttle.Caller{ID: id, Waiter: JobEntry{Queue: "q", ID: id}.Member()}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		line := LineEntry{Rule: "b", Subject: "s"}.Member()
+		admit("1", "2", "3") // runs, parks on a turn, waits in line
+		stop := runParking(t, p)
+		defer stop()
+		time.Sleep(3 * time.Second) // the line served and empty
+		mu.Lock()
+		first := servings
+		mu.Unlock()
+		if first == 0 {
+			t.Fatal("the line was never served")
+		}
+		time.Sleep(30 * time.Second) // six guards' worth
+		mu.Lock()
+		idle := servings - first
+		mu.Unlock()
+		if idle != 0 {
+			t.Errorf("%d servings of an empty line in 30s; want none", idle)
+		}
+		if at, ok, err := p.ledger.When(ctx, line); err != nil || ok {
+			t.Errorf("the empty line is still in the ledger, due %v (%v)", at, err)
+		}
+		// The line comes back with the next job that joins it.
+		admit("4", "5", "6")
+		time.Sleep(3 * time.Second)
+		mu.Lock()
+		defer mu.Unlock()
+		if servings == first {
+			t.Error("a line joined again was not served")
+		}
+	})
+}

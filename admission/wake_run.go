@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // RunOptions tunes Run. The zero value uses every default.
@@ -169,7 +171,7 @@ func (w *Wakeups) subscribe(ctx context.Context, report func(error)) (sig *signa
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		for msg := range sub.Channel() {
+		for msg := range sub.Channel(redis.WithChannelHealthCheckInterval(subscriptionCheck)) {
 			if i, ok := shard[msg.Channel]; ok {
 				sig.pending[i].Store(true)
 			}
@@ -189,6 +191,12 @@ func (w *Wakeups) subscribe(ctx context.Context, report func(error)) (sig *signa
 
 // subscribeTimeout bounds waiting for the ledger channels' subscription.
 const subscribeTimeout = 5 * time.Second
+
+// subscriptionCheck is how often a quiet subscription is pinged to find a
+// dead connection: go-redis's default, 3 s, was a third of an idle
+// worker's calls; a connection that dies unnoticed for a minute costs only
+// the notifications the idle looks catch up on.
+const subscriptionCheck = time.Minute
 
 // ErrWakeLater is returned (possibly wrapped) by a wake function that
 // could not wake its job yet; Run tries again one Tick later.

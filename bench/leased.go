@@ -302,7 +302,7 @@ func readRecords(path string) ([]int64, error) {
 // redisOffset is Redis TIME less the wall clock, µs, read at the fastest of
 // 20 TIME calls: on one machine, about 0 (one kernel clock), which the
 // report shows as the check that times on the wall clock are on Redis's.
-func redisOffset(ctx context.Context, rdb *redis.Client) float64 {
+func redisOffset(ctx context.Context, rdb redis.UniversalClient) float64 {
 	best, off := time.Duration(1<<62), 0.0
 	for range 20 {
 		a := time.Now()

@@ -12,6 +12,7 @@
 //	cd bench && go run . -leased     # one hot key past one shard: Options.LocalLease (issue 14, about 2 minutes)
 //	cd bench && go run . -learn      # limits learned from an API that does not tell the fleet (issue 19, about 30 minutes)
 //	cd bench && go run . -learn-workers  # the same through built cmd/worker processes (issue 19, about 25 minutes)
+//	cd bench && go run . -fleet      # 1,000 simulated workers on a 3-master cluster (issue 25, about 5 minutes)
 //	cd bench && go run . -report results/2026-01-02.json   # redo the report only
 package main
 
@@ -140,8 +141,12 @@ func main() {
 	learnTasks := flag.Int("learn-tasks", 0, "with -learn or -learn-workers: tasks per case (0: 1500)")
 	learnOut := flag.String("learn-out", "", "with -learn or -learn-workers: the results file is results/<date>-<this>.json (default: learn, learn-workers)")
 	upstream := flag.Bool("upstream", false, "run the upstream part (about 1 minute): limits learned from a fake API's headers beside the plain Retry-After pause; results/<date>-upstream.json, then the report")
+	fleet := fleetFlags()
 	flag.Parse()
 
+	if fleet.chosen() {
+		os.Exit(fleet.run(*md))
+	}
 	if *child != "" {
 		if err := childMain(*child, os.Stdout); err != nil {
 			fmt.Fprintln(os.Stderr, err)

@@ -49,6 +49,9 @@ func writeReport(res *runResult, jsonPath, mdPath string) error {
 	if ls, path := readLeased(); ls != nil {
 		md += renderLeased(ls, filepath.ToSlash(filepath.Join("bench", path)))
 	}
+	if fr, path := readFleet(); fr != nil {
+		md += "\n" + renderFleet(fr, filepath.ToSlash(filepath.Join("bench", path)))
+	}
 	return os.WriteFile(mdPath, []byte(md), 0o644)
 }
 
