@@ -23,13 +23,14 @@ import (
 type prepayArgs struct {
 	subject     string
 	n           int
+	per         Costs // the costs per rule, if they differ (nil: n under every rule)
 	bound       int64
 	receipt     string
 	keep, after time.Duration
 }
 
 func (a prepayArgs) build(p *policy) ([]string, []any, error) {
-	keys, args, err := p.request(opPrepay, a.subject, a.n, a.bound, nil)
+	keys, args, err := p.requestCosts(opPrepay, a.subject, a.n, a.per, a.bound, nil)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -332,3 +332,37 @@ func TestLineCostsPriority(t *testing.T) {
 		}
 	})
 }
+
+// TestPrepayCosts: a producer books a turn at costs per rule with a
+// receipt; the consumer redeems it with the same costs, charged nothing
+// more, and settles each rule from what the turn took.
+func TestPrepayCosts(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := context.Background()
+		l := mustNew(t, rdb, Options{}, llmRules...)
+		if err := l.CheckCosts("key", Costs{1, 2000, 1}); !errors.Is(err, ErrExceedsCapacity) {
+			t.Errorf("CheckCosts over capacity: %v; want ErrExceedsCapacity", err)
+		}
+		if err := l.CheckCosts("", Costs{1, 2, 1}); !errors.Is(err, ErrInvalidSubject) {
+			t.Errorf("CheckCosts of an empty subject: %v; want ErrInvalidSubject", err)
+		}
+		r, err := l.PrepayCosts(ctx, "key", Costs{1, 800, 300}, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		receipt, _ := r.Receipt()
+		if got, want := remainingEach(t, rdb, l, "key"), []int{9, 200, 200}; !slices.Equal(got, want) {
+			t.Fatalf("after prepaying: remaining %v, want %v", got, want)
+		}
+		a, err := l.Admit(ctx, AdmitRequest{Subject: "key", Costs: Costs{1, 800, 300}, Caller: Caller{ID: "job", Receipt: receipt}})
+		if err != nil || a.Status != Redeemed || a.Reservation == nil {
+			t.Fatalf("redeeming: %+v, %v; want redeemed with a reservation", a, err)
+		}
+		if err := a.Reservation.SettleCosts(ctx, Costs{1, 500, 100}); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := remainingEach(t, rdb, l, "key"), []int{9, 500, 400}; !slices.Equal(got, want) {
+			t.Fatalf("after settling: remaining %v, want %v", got, want)
+		}
+	})
+}
