@@ -202,7 +202,9 @@ func (c *QuotaCollector) Collect(ch chan<- prometheus.Metric) {
 // (bounded by QuotaReadTimeout), which later calls and scrapes within
 // maxAge reuse: a status page shown every second costs one read per
 // maxAge. A quota per payload field is never read. If the read fails, or
-// another is under way, the quotas come unread, with the error.
+// another is under way, the quotas come as the last read found them (At
+// says when), or unread if none did since the rules were set, with the
+// error.
 func (c *QuotaCollector) Quotas(maxAge time.Duration) ([]Quota, error) {
 	c.mu.Lock()
 	last, at := c.last, c.lastAt
@@ -212,15 +214,19 @@ func (c *QuotaCollector) Quotas(maxAge time.Duration) ([]Quota, error) {
 	}
 	qs, err := c.read()
 	if err != nil {
-		return c.unread(), err
+		return c.lastOrUnread(), err
 	}
 	return qs, nil
 }
 
-// unread is every quota of the rules in force, with no value.
-func (c *QuotaCollector) unread() []Quota {
+// lastOrUnread is the last read's quotas, or every quota of the rules in
+// force with no value.
+func (c *QuotaCollector) lastOrUnread() []Quota {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.last != nil {
+		return c.last
+	}
 	qs := make([]Quota, len(c.sources))
 	for i, s := range c.sources {
 		qs[i] = s.Quota

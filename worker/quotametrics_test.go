@@ -118,12 +118,17 @@ func sameSamples(got, want map[string]float64) bool {
 }
 
 // A failed read counts an error and leaves the quota metrics out; Quotas
-// then gives the quotas unread, with the error; a read within maxAge of
-// the last one reuses it.
+// then gives the quotas as last read (unread before any), with the error;
+// a read within maxAge of the last one reuses it.
 func TestQuotaCollectorReadErrors(t *testing.T) {
 	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
 		cfg := parseRules(t, quotaRules(redistest.Prefix(t)))
 		c, reg := quotaCollector(t, rdb, cfg)
+		m.SetError("LOADING Redis is loading the dataset in memory")
+		if qs, err := c.Quotas(0); err == nil || len(qs) != 2 || qs[0].Read {
+			t.Errorf("Quotas on a failing Redis, never read = %+v, %v; want both unread, and an error", qs, err)
+		}
+		m.SetError("")
 		if got := scrape(t, reg)["jobthrottle_quota_remaining"]; got["limit=partner.daily,rule=partner"] != 10 {
 			t.Fatalf("remaining %v; want 10 for partner.daily", got)
 		}
@@ -135,12 +140,13 @@ func TestQuotaCollectorReadErrors(t *testing.T) {
 		if len(got["jobthrottle_quota_remaining"]) != 0 || len(got["jobthrottle_quota_reset_seconds"]) != 0 {
 			t.Errorf("quota samples from a failed read: %v", got)
 		}
-		if qs, err := c.Quotas(0); err == nil || len(qs) != 2 || qs[0].Read {
-			t.Errorf("Quotas on a failing Redis = %+v, %v; want both unread, and an error", qs, err)
+		time.Sleep(time.Second)
+		if qs, err := c.Quotas(0); err == nil || len(qs) != 2 || !qs[0].Read || qs[0].Remaining != 10 || time.Since(qs[0].At) != time.Second {
+			t.Errorf("Quotas on a failing Redis = %+v, %v; want the read of a second ago, and an error", qs, err)
 		}
 		m.SetError("")
-		if qs, err := c.Quotas(0); err != nil || !qs[0].Read || qs[0].Remaining != 10 {
-			t.Fatalf("Quotas = %+v, %v; want partner.daily read, 10 left", qs, err)
+		if qs, err := c.Quotas(0); err != nil || !qs[0].Read || qs[0].Remaining != 10 || !qs[0].At.Equal(time.Now()) {
+			t.Fatalf("Quotas = %+v, %v; want partner.daily read now, 10 left", qs, err)
 		}
 		m.SetError("LOADING Redis is loading the dataset in memory")
 		time.Sleep(time.Second)

@@ -38,7 +38,7 @@ func TestCalendarWords(t *testing.T) {
 	if got := calendarWords(daily, now); got != want {
 		t.Errorf("calendarWords = %q\nwant %q", got, want)
 	}
-	page := ruleOnPage(cfg.Rules[0], (*worker.Activity)(nil).Rule("partner"), now)
+	page := ruleOnPage(cfg.Rules[0], (*worker.Activity)(nil).Rule("partner"), nil, now)
 	if !strings.Contains(strings.Join(page.Uses, "\n"), want) {
 		t.Errorf("the status page's uses %q; want %q among them", page.Uses, want)
 	}
