@@ -275,16 +275,23 @@ func boundedRead[T any](reading *atomic.Bool, timeout time.Duration, busy error,
 	}
 	done := make(chan result, 1)
 	go func() {
-		defer cancel()
-		defer reading.Store(false)
 		v, err := f(ctx)
+		// Before the reply: a read that follows at once must not find
+		// this one still under way.
+		reading.Store(false)
 		done <- result{v, err}
+		cancel() // after the reply, which the caller then finds first
 	}()
 	select {
 	case res := <-done:
 		return res.v, res.err
 	case <-ctx.Done():
-		return zero, fmt.Errorf("worker: reading %s: %w", what, ctx.Err())
+		select {
+		case res := <-done: // the reply came with the timeout
+			return res.v, res.err
+		default:
+			return zero, fmt.Errorf("worker: reading %s: %w", what, ctx.Err())
+		}
 	}
 }
 

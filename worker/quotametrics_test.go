@@ -124,7 +124,7 @@ func TestQuotaCollectorReadErrors(t *testing.T) {
 	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
 		cfg := parseRules(t, quotaRules(redistest.Prefix(t)))
 		c, reg := quotaCollector(t, rdb, cfg)
-		m.SetError("LOADING Redis is loading the dataset in memory")
+		m.SetError("ERR injected: the server refuses every command")
 		if qs, err := c.Quotas(0); err == nil || len(qs) != 2 || qs[0].Read {
 			t.Errorf("Quotas on a failing Redis, never read = %+v, %v; want both unread, and an error", qs, err)
 		}
@@ -132,7 +132,7 @@ func TestQuotaCollectorReadErrors(t *testing.T) {
 		if got := scrape(t, reg)["jobthrottle_quota_remaining"]; got["limit=partner.daily,rule=partner"] != 10 {
 			t.Fatalf("remaining %v; want 10 for partner.daily", got)
 		}
-		m.SetError("LOADING Redis is loading the dataset in memory")
+		m.SetError("ERR injected: the server refuses every command")
 		got := scrape(t, reg)
 		if n := got["jobthrottle_quota_read_errors_total"][""]; n != 1 {
 			t.Errorf("read errors %v; want 1", n)
@@ -148,7 +148,7 @@ func TestQuotaCollectorReadErrors(t *testing.T) {
 		if qs, err := c.Quotas(0); err != nil || !qs[0].Read || qs[0].Remaining != 10 || !qs[0].At.Equal(time.Now()) {
 			t.Fatalf("Quotas = %+v, %v; want partner.daily read now, 10 left", qs, err)
 		}
-		m.SetError("LOADING Redis is loading the dataset in memory")
+		m.SetError("ERR injected: the server refuses every command")
 		time.Sleep(time.Second)
 		if qs, err := c.Quotas(time.Minute); err != nil || !qs[0].Read {
 			t.Errorf("Quotas within a minute of the last read = %+v, %v; want that read, without asking Redis", qs, err)
