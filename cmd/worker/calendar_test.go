@@ -45,7 +45,8 @@ func TestCalendarWords(t *testing.T) {
 	var b bytes.Buffer
 	check(&b, cfg, &handler.Config{})
 	if out := b.String(); !strings.Contains(out, "limit partner.daily: calendar, 1000 per day@America/Los_Angeles\n") ||
-		!strings.Contains(out, "  partner.daily: this day runs from ") || !strings.Contains(out, "; it resets in ") {
+		!strings.Contains(out, "  partner.daily: this day runs from ") || !strings.Contains(out, "; it resets in ") ||
+		!strings.Contains(out, "(on this machine's clock; one quota per subject, which a worker cannot list: no page or metric shows what remains)\n") {
 		t.Errorf("--check printed:\n%s\nwant the calendar limit and its window", out)
 	}
 }
