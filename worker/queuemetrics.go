@@ -155,31 +155,12 @@ type queueSizes struct {
 // under way.
 var errReading = errors.New("worker: the previous read of the queues is still under way")
 
-// read reads the queues within QueueReadTimeout. asynq's Inspector takes
-// no context: its reads run aside, and a read that outlives the timeout
-// is left to go-redis's own timeouts while later scrapes fail at once.
+// read reads the queues within QueueReadTimeout, at most one read at a
+// time (boundedRead). asynq's Inspector takes no context: its reads run
+// aside, and one that outlives the timeout is left to go-redis's own
+// timeouts while later scrapes fail at once.
 func (c *QueueCollector) read() (queueRead, error) {
-	if !c.reading.CompareAndSwap(false, true) {
-		return queueRead{}, errReading
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), QueueReadTimeout)
-	type result struct {
-		r   queueRead
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		defer cancel()
-		defer c.reading.Store(false)
-		r, err := c.readAll(ctx)
-		done <- result{r, err}
-	}()
-	select {
-	case res := <-done:
-		return res.r, res.err
-	case <-ctx.Done():
-		return queueRead{}, fmt.Errorf("worker: reading the queues: %w", ctx.Err())
-	}
+	return boundedRead(&c.reading, QueueReadTimeout, errReading, "the queues", c.readAll)
 }
 
 func (c *QueueCollector) readAll(ctx context.Context) (queueRead, error) {

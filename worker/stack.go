@@ -3,6 +3,8 @@ package worker
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 
 	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/throttle"
@@ -15,8 +17,11 @@ import (
 // another parks it.
 
 // stackRules resolves each rule's Within, outward, and builds its stack.
+// Rules are taken in name order, so that an error names the same rule
+// every time.
 func (t *ruleTable) stackRules() error {
-	for name, r := range t.byName {
+	for _, name := range slices.Sorted(maps.Keys(t.byName)) {
+		r := t.byName[name]
 		if r.Within == "" {
 			continue
 		}

@@ -30,6 +30,7 @@ type app struct {
 	ready    func(context.Context) error
 	reloader *reloader
 	status   *status // the status page (status.go)
+	quotas   *worker.QuotaCollector
 }
 
 // validate checks all that start checks before it connects to Redis, and
@@ -110,15 +111,22 @@ func build(o options, cfg *rules.Config, hs *handler.Config, rdb redis.Universal
 		return nil, usageError{err}
 	}
 	a.reg.MustRegister(queues)
+	// What remains of the calendar quotas is read when /metrics is scraped,
+	// or the status page shown, never otherwise.
+	if a.quotas, err = worker.NewQuotaCollector(rdb, cfg); err != nil {
+		return nil, usageError{err}
+	}
+	a.reg.MustRegister(a.quotas)
 	// Half the slots at most wait for turns, so the other half always
 	// serves tasks that can run, however many subjects are over their limits.
 	wopts := worker.Options{Logger: log, Metrics: metrics, Asynq: rdb, MaxWaiting: max(concurrency(o)/2, 1), WakeupShards: o.wakeupShards}
 	if a.mw, err = worker.FromRules(cfg, rdb, wopts); err != nil {
+		a.quotas.Close()
 		return nil, usageError{err}
 	}
 	defer func() {
 		if err != nil {
-			a.mw.Close()
+			a.close()
 		}
 	}()
 	if o.demo {
@@ -147,13 +155,18 @@ func build(o options, cfg *rules.Config, hs *handler.Config, rdb redis.Universal
 		return nil, usageError{err}
 	}
 	a.status = newStatus(cfg, hs, metrics.Activity(), hmetrics.LearnedRate)
-	a.reloader = &reloader{path: o.config, log: log, getenv: getenv, mw: a.mw, handlers: &handlerSwitch{}, build: handlers, cfg: cfg, status: a.status}
+	a.status.quotas = a.quotas
+	a.reloader = &reloader{path: o.config, log: log, getenv: getenv, mw: a.mw, handlers: &handlerSwitch{}, build: handlers, cfg: cfg, status: a.status, quotas: a.quotas}
 	a.reloader.handlers.h.Store(mux)
 	return a, nil
 }
 
-// close ends what build started: the middleware's wake-up loop.
-func (a *app) close() { a.mw.Close() }
+// close ends what build started: the middleware's wake-up loop, and the
+// limiters that read the quotas.
+func (a *app) close() {
+	a.mw.Close()
+	a.quotas.Close()
+}
 
 // concurrency is the number of tasks processed at once.
 func concurrency(o options) int {

@@ -38,14 +38,15 @@ func TestCalendarWords(t *testing.T) {
 	if got := calendarWords(daily, now); got != want {
 		t.Errorf("calendarWords = %q\nwant %q", got, want)
 	}
-	page := ruleOnPage(cfg.Rules[0], (*worker.Activity)(nil).Rule("partner"), now)
+	page := ruleOnPage(cfg.Rules[0], (*worker.Activity)(nil).Rule("partner"), nil, now)
 	if !strings.Contains(strings.Join(page.Uses, "\n"), want) {
 		t.Errorf("the status page's uses %q; want %q among them", page.Uses, want)
 	}
 	var b bytes.Buffer
 	check(&b, cfg, &handler.Config{})
 	if out := b.String(); !strings.Contains(out, "limit partner.daily: calendar, 1000 per day@America/Los_Angeles\n") ||
-		!strings.Contains(out, "  partner.daily: this day runs from ") || !strings.Contains(out, "; it resets in ") {
+		!strings.Contains(out, "  partner.daily: this day runs from ") || !strings.Contains(out, "; it resets in ") ||
+		!strings.Contains(out, "(on this machine's clock; one quota per subject, which a worker cannot list: no page or metric shows what remains)\n") {
 		t.Errorf("--check printed:\n%s\nwant the calendar limit and its window", out)
 	}
 }

@@ -26,7 +26,11 @@ func check(w io.Writer, cfg *rules.Config, handlers *handler.Config) {
 		}
 		for _, l := range r.Limits {
 			if l.Algorithm == throttle.CalendarWindow {
-				fmt.Fprintf(w, "  %s (on this machine's clock; what remains of it is on the status page)\n", calendarWords(l, time.Now()))
+				where := "what remains of it is on the status page and in /metrics"
+				if r.Subject.PayloadField != "" {
+					where = "one quota per subject, which a worker cannot list: no page or metric shows what remains"
+				}
+				fmt.Fprintf(w, "  %s (on this machine's clock; %s)\n", calendarWords(l, time.Now()), where)
 			}
 		}
 		if d.Waiting != "" {

@@ -27,6 +27,8 @@ type reloader struct {
 	cfg   *rules.Config // the rules in force
 	// status is told what each reload did, for the status page.
 	status *status
+	// quotas reads the calendar quotas of the rules in force; nil: none.
+	quotas *worker.QuotaCollector
 }
 
 // reload re-reads the file and logs one line: at Info, what changed; at
@@ -54,6 +56,11 @@ func (r *reloader) reload() {
 	}
 	r.handlers.h.Store(mux)
 	r.status.reloaded(cfg, hs)
+	if r.quotas != nil {
+		if err := r.quotas.SetRules(cfg); err != nil {
+			r.log.Warn("worker: the calendar quotas of the reloaded rules cannot be read; /metrics and the status page keep showing the previous rules' quotas", "error", err)
+		}
+	}
 	d := r.cfg.Diff(cfg)
 	r.cfg = cfg
 	attrs := []any{"file", r.path, "changed", d.Changed, "added", d.Added, "removed", d.Removed, "handlers", handlerNames(hs)}

@@ -117,6 +117,7 @@ rules:
     period: 1s
     burst: 1
     max_wait: 5s
+  - {name: quota, tasks: ["quota:*"], subject: {fixed: all}, algorithm: calendar, limit: 1000, period: day@UTC}
 handlers:
   - {task: "job:fail", command: {argv: [sh, -c, "exit 3"]}}
 `)
@@ -194,7 +195,9 @@ handlers:
 		`jobthrottle_handler_attempts_total{handler="job:fail",kind="command",outcome="success"} 0`,
 		`jobthrottle_handler_duration_seconds_count{handler="job:fail",kind="command"} 1`,
 		`jobthrottle_queue_tasks{queue="critical",state="completed"} 3`, `jobthrottle_queue_tasks{queue="default",state="completed"} 1`,
-		`jobthrottle_queue_tasks{queue="default",state="archived"} 1`, `jobthrottle_queue_read_errors_total 0`, `jobthrottle_wakeup_ledger_members `} {
+		`jobthrottle_queue_tasks{queue="default",state="archived"} 1`, `jobthrottle_queue_read_errors_total 0`, `jobthrottle_wakeup_ledger_members `,
+		// the day's quota, untouched, read on the real Redis
+		`jobthrottle_quota_remaining{limit="quota",rule="quota"} 1000`, `jobthrottle_quota_reset_seconds{limit="quota",rule="quota"} `, `jobthrottle_quota_read_errors_total 0`} {
 		if !bytes.Contains(body, []byte(want)) {
 			t.Errorf("metrics lack %s", want)
 		}

@@ -31,12 +31,17 @@ var statusTemplate = template.Must(template.New("status").Funcs(template.FuncMap
 // status is what a worker's status page shows (served at / and /status
 // beside /metrics): the rules in force and where they came from, each
 // rule's recent activity (worker.Activity, the same counts as the
-// metrics), the handlers, and their recent failures. It holds everything
-// in memory: serving the page costs no Redis call.
+// metrics), what remains of its calendar quotas, the handlers, and their
+// recent failures. It holds everything in memory but the quotas: serving
+// the page costs no Redis call, unless the rules have a calendar quota of
+// a fixed subject and no scrape or page read them in the last
+// quotaPageAge; then one call per such quota, within
+// worker.QuotaReadTimeout.
 type status struct {
 	started  time.Time
 	activity *worker.Activity          // nil without metrics: every count zero
 	learned  func(rule string) float64 // the upstream rate the rule's http handlers learned (handler.Metrics.LearnedRate); nil: none
+	quotas   *worker.QuotaCollector    // nil: the quotas' windows only
 	failures failureLog
 
 	mu     sync.Mutex
@@ -164,8 +169,9 @@ func (s *status) view(now time.Time) statusView {
 	v := statusView{Now: now, Started: s.started, Uptime: now.Sub(s.started).Round(time.Second).String(), PID: os.Getpid(), Host: host,
 		File: src.cfg.File, Prefix: src.cfg.Prefix, FailOpen: src.cfg.FailOpen, Loaded: src.loaded, Reloads: src.reloads, Refused: src.refused, Refusal: src.refusal,
 		Span: worker.ActivitySpan.String(), Ahead: worker.ActivityAhead.String()}
+	quotas := s.readQuotas()
 	for _, r := range src.cfg.Rules {
-		rv := ruleOnPage(r, s.activity.Rule(r.Name), now)
+		rv := ruleOnPage(r, s.activity.Rule(r.Name), quotas, now)
 		if s.learned != nil {
 			rv.Learned = learnedWords(s.learned(r.Name))
 		}
@@ -182,8 +188,57 @@ func (s *status) view(now time.Time) statusView {
 	return v
 }
 
-// ruleOnPage is rule r, with its activity a, as the page shows it at now.
-func ruleOnPage(r rules.RuleConfig, a worker.RuleActivity, now time.Time) ruleView {
+// quotaPageAge is how old a read of the calendar quotas, by a scrape or
+// by the page, the page shows rather than read them again: a page shown
+// every second costs one read per quotaPageAge.
+const quotaPageAge = 10 * time.Second
+
+// pageQuotas are the calendar quotas as the page shows them: the last
+// read of each by rule and limit, or why there is none.
+type pageQuotas struct {
+	read map[[2]string]worker.Quota // by rule, limit
+	err  error                      // why the last read failed; nil if it did not
+}
+
+// readQuotas returns the quotas as last read, if within quotaPageAge,
+// else as read now; none without a collector.
+func (s *status) readQuotas() *pageQuotas {
+	if s.quotas == nil {
+		return nil
+	}
+	qs, err := s.quotas.Quotas(quotaPageAge)
+	p := &pageQuotas{read: map[[2]string]worker.Quota{}, err: err}
+	for _, q := range qs {
+		p.read[[2]string{q.Rule, q.Limit}] = q
+	}
+	return p
+}
+
+// quotaWords is what remains of calendar limit l of rule r at now, in
+// words, as the page shows it after the limit's window: "remaining 7 of
+// 1000 until 2026-11-27 00:00 PST (read from Redis 3s ago)"; a quota per
+// payload field says why it is not shown. "" without quotas.
+func (p *pageQuotas) quotaWords(r rules.RuleConfig, l throttle.Rule, now time.Time) string {
+	if p == nil {
+		return ""
+	}
+	if r.Subject.PayloadField != "" {
+		return fmt.Sprintf("; what remains is kept per subject (payload field %q), one quota each, which a worker cannot list: not shown", r.Subject.PayloadField)
+	}
+	var s string
+	if q, ok := p.read[[2]string{r.Name, l.Name}]; ok && q.Read {
+		s = fmt.Sprintf("; remaining %d of %d until %s (read from Redis %v ago)", q.Remaining, q.Count,
+			q.Resets().Format("2006-01-02 15:04 MST"), max(now.Sub(q.At), 0).Round(time.Second))
+	}
+	if p.err != nil {
+		s += "; what remains could not be read from Redis now: " + p.err.Error()
+	}
+	return s
+}
+
+// ruleOnPage is rule r, with its activity a and its calendar quotas as
+// read (nil: not read), as the page shows it at now.
+func ruleOnPage(r rules.RuleConfig, a worker.RuleActivity, quotas *pageQuotas, now time.Time) ruleView {
 	v := ruleView{Name: r.Name, FileLine: r.Line, ruleWords: describeRule(r), Admitted: a.Admitted(),
 		TurnsAhead: a.TurnsAhead, InLine: a.LineWaiting}
 	for _, o := range outcomes {
@@ -198,7 +253,7 @@ func ruleOnPage(r rules.RuleConfig, a worker.RuleActivity, now time.Time) ruleVi
 			continue
 		}
 		if l.Algorithm == throttle.CalendarWindow {
-			v.Uses = append(v.Uses, calendarWords(l, now)+" (this machine's clock)")
+			v.Uses = append(v.Uses, calendarWords(l, now)+" (this machine's clock)"+quotas.quotaWords(r, l, now))
 			continue
 		}
 		cost := r.LimitCost(i)

@@ -141,7 +141,7 @@ func TestStatusPlot(t *testing.T) {
 	a.Seconds[299] = worker.SecondActivity{Admitted: 3, Parked: 4}
 	a.Seconds[10] = worker.SecondActivity{Admitted: 1}
 	a.Ahead[2] = worker.SecondActivity{Parked: 5}
-	v := ruleOnPage(cfg.Rules[0], a, time.Now())
+	v := ruleOnPage(cfg.Rules[0], a, nil, time.Now())
 	p := v.Plot
 	if p.Sums != [3]int{4, 4, 5} || len(p.Admitted) != 2 || len(p.Parked) != 1 || len(p.Ahead) != 1 {
 		t.Fatalf("plot sums %v, bars %d/%d/%d; want 4 admitted, 4 parked, 5 ahead in 2, 1 and 1 bars", p.Sums, len(p.Admitted), len(p.Parked), len(p.Ahead))
@@ -212,7 +212,7 @@ func TestStatusPageLearnedAndLine(t *testing.T) {
 		t.Errorf("rule partner's section does not say 0 tasks waiting in line:\n%s", partner)
 	}
 	a := worker.RuleActivity{Rule: "partner", Seconds: make([]worker.SecondActivity, 300), Ahead: make([]worker.SecondActivity, 60), LineWaiting: 7}
-	if v := ruleOnPage(cfg.Rules[0], a, time.Now()); v.InLine != 7 {
+	if v := ruleOnPage(cfg.Rules[0], a, nil, time.Now()); v.InLine != 7 {
 		t.Errorf("a rule with 7 tasks in line: InLine %d; want 7", v.InLine)
 	}
 }
