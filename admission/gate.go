@@ -188,6 +188,11 @@ type Request struct {
 	Subject string
 	// Cost is the number of permits the job takes; if zero, 1.
 	Cost int
+	// Costs, if not nil, is what the job takes under each rule of the
+	// gate's limiter, in the order of its rules (throttle.Costs: an LLM
+	// call's requests, input and output tokens), in place of Cost; a rule
+	// of cost 0 does not delay it.
+	Costs throttle.Costs
 	// Caller is who the job is to the limiter (throttle.Caller), as Admit
 	// passes it on:
 	//   - ID is the job's identity across its arrivals (a task ID): its
@@ -408,8 +413,11 @@ func (g *Gate) limiterRequest(req Request, wait, early time.Duration) throttle.A
 	if req.Weight == 0 {
 		req.Weight = g.opts.Weights[req.Share]
 	}
+	if req.Costs != nil {
+		n = 0 // throttle.AdmitRequest: N or Costs
+	}
 	return throttle.AdmitRequest{
-		Subject: req.Subject, N: n, Caller: req.Caller,
+		Subject: req.Subject, N: n, Costs: req.Costs, Caller: req.Caller,
 		Wait: wait, EarlyWait: max(early, time.Microsecond), Tolerance: g.opts.Tolerance,
 		Horizon: horizon, ShareLimit: g.opts.ShareLimit, MaxAge: g.opts.MaxAge,
 	}

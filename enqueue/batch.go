@@ -53,6 +53,13 @@ type Pacer struct {
 	// (the rule's rules.CostConfig.Of); if nil, one. A task of cost 0 is
 	// enqueued unpaced: the workers run it without charging.
 	Cost func(payload []byte) (int, error)
+	// Costs, if set, derives a task's permits under each rule of the
+	// Limiter, in the order of its rules, in place of Cost, as the
+	// workers do (the rule's rules.RuleConfig.Costs: a policy whose
+	// limits have costs of their own); the turn is booked at them
+	// (throttle.Limiter.PrepayCosts). A task whose costs are all 0 is
+	// enqueued unpaced.
+	Costs func(payload []byte) (throttle.Costs, error)
 	// Keep is how long a receipt outlives its slot, for a task that runs
 	// late; a task later than that is charged again. If zero,
 	// throttle's default, 24 hours, is used (Limiter.PrepayN).
@@ -117,7 +124,7 @@ func (p *Pacer) enqueue(ctx context.Context, c Enqueuer, task *asynq.Task, opts 
 	}
 	// Booking ahead is the point: ctx's deadline (a scheduler's
 	// --run-for, say) must not bound how far ahead a slot may be.
-	r, err := p.Limiter.PrepayN(context.WithoutCancel(ctx), subject, n, p.Keep)
+	r, err := p.prepay(context.WithoutCancel(ctx), subject, n, task.Payload())
 	if err != nil {
 		return nil, time.Time{}, err
 	}
@@ -164,6 +171,9 @@ func (p *Pacer) terms(payload []byte) (subject string, n int, err error) {
 	if err != nil {
 		return "", 0, fmt.Errorf("subject: %w", err)
 	}
+	if p.Costs != nil {
+		return p.costTerms(subject, payload)
+	}
 	n = 1
 	if p.Cost != nil {
 		if n, err = p.Cost(payload); err != nil {
@@ -176,6 +186,38 @@ func (p *Pacer) terms(payload []byte) (subject string, n int, err error) {
 		}
 	}
 	return subject, n, nil
+}
+
+// costTerms is terms with Costs: n is the largest cost, 0 if every cost
+// is (the task is enqueued unpaced).
+func (p *Pacer) costTerms(subject string, payload []byte) (string, int, error) {
+	c, err := p.Costs(payload)
+	if err != nil {
+		return "", 0, fmt.Errorf("cost: %w", err)
+	}
+	n := 0
+	for _, x := range c {
+		n = max(n, x)
+	}
+	if p.Limiter != nil {
+		if err := p.Limiter.CheckCosts(subject, c); err != nil {
+			return "", 0, err
+		}
+	}
+	return subject, n, nil
+}
+
+// prepay books the turn of n permits (terms) for subject, with the costs
+// per rule of payload if the Pacer has Costs.
+func (p *Pacer) prepay(ctx context.Context, subject string, n int, payload []byte) (*throttle.Reservation, error) {
+	if p.Costs == nil {
+		return p.Limiter.PrepayN(ctx, subject, n, p.Keep)
+	}
+	c, err := p.Costs(payload)
+	if err != nil {
+		return nil, fmt.Errorf("cost: %w", err)
+	}
+	return p.Limiter.PrepayCosts(ctx, subject, c, p.Keep)
 }
 
 // MaxCount bounds the tasks of one batch (Batch.Count, the payloads of a

@@ -530,3 +530,52 @@ func TestPaceSpecFirstSlotReachable(t *testing.T) {
 		}
 	})
 }
+
+// TestPacerCosts books each task's turn at its costs per limit, as the
+// workers' rule charges them (a policy whose limits have costs of their
+// own): a task's turn waits for the limit it would overdraw, and the
+// workers redeem it with the same costs, charged nothing more.
+func TestPacerCosts(t *testing.T) {
+	cfg, err := rules.Parse("rules.yaml", []byte("rules:\n"+
+		"  - name: llm\n    tasks: [\"llm:*\"]\n    subject: {fixed: provider}\n    limits:\n"+
+		"      - {name: requests, algorithm: gcra, limit: 10, period: 1s}\n"+
+		"      - {name: tokens, algorithm: gcra, limit: 1000, period: 1s, cost: {payload_field: tokens}}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	virtual(t, func(t *testing.T, rdb *redis.Client) {
+		spec := PaceSpec{Rules: cfg}
+		p, err := spec.Pacer(rdb, "llm:chat", throttle.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := &fakeClient{}
+		start := time.Now()
+		for _, n := range []int{800, 300} {
+			if _, err := p.Enqueue(context.Background(), c, asynq.NewTask("llm:chat", fmt.Appendf(nil, `{"tokens": %d}`, n))); err != nil {
+				t.Fatalf("tokens %d: %v", n, err)
+			}
+		}
+		// 800 now; 300 more need 100 the bucket does not have: 100ms on.
+		// (Requests alone would let both go now.)
+		want := []time.Duration{Reach, 100*time.Millisecond + Reach}
+		for i, e := range c.tasks {
+			if got := e.processAt.Sub(start); got < want[i] || got > want[i]+time.Second {
+				t.Errorf("task %d scheduled +%v, want at +%v (asynq rounds to seconds)", i, got, want[i])
+			}
+		}
+		lim, err := cfg.Limiter(rdb, "llm", throttle.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		receipt := c.tasks[0].task.Headers()[admission.ReceiptHeader]
+		time.Sleep(Reach)
+		a, err := lim.Admit(context.Background(), throttle.AdmitRequest{Subject: "provider", Costs: throttle.Costs{1, 800}, Caller: throttle.Caller{ID: "x", Receipt: receipt}})
+		if err != nil || a.Status != throttle.Redeemed {
+			t.Fatalf("redeeming the first receipt: %+v, %v", a, err)
+		}
+		if _, err := p.Enqueue(context.Background(), c, asynq.NewTask("llm:chat", []byte(`{"tokens": 5000}`))); !errors.Is(err, throttle.ErrExceedsCapacity) {
+			t.Errorf("5000 tokens under a burst of 1000: %v; want ErrExceedsCapacity", err)
+		}
+	})
+}

@@ -103,7 +103,21 @@ func (s *PaceSpec) Pacer(rdb redis.UniversalClient, taskType string, base thrott
 	if err != nil {
 		return nil, fmt.Errorf("enqueue: pace: %w", err)
 	}
-	return &Pacer{Limiter: lim, Subject: subject, Cost: cost, Keep: s.Keep, Lead: s.Lead, Wakeups: w, check: checker(rdb, s.prefix(), lim)}, nil
+	return &Pacer{Limiter: lim, Subject: subject, Cost: cost, Costs: s.costs(taskType), Keep: s.Keep, Lead: s.Lead, Wakeups: w, check: checker(rdb, s.prefix(), lim)}, nil
+}
+
+// costs returns how the workers derive a task's costs per limit from its
+// payload under s, for tasks of taskType: the rule's, if its policy's
+// limits have costs of their own (rules.RuleConfig.Costs); else nil.
+func (s *PaceSpec) costs(taskType string) func([]byte) (throttle.Costs, error) {
+	if s.Rules == nil {
+		return nil
+	}
+	rc, err := s.rule(taskType)
+	if err != nil || rc.LimitCosts == nil {
+		return nil
+	}
+	return rc.Costs
 }
 
 // terms returns how the workers derive a task's subject and cost from its

@@ -183,7 +183,7 @@ func LoadSchedules(path string) (*Schedules, error) {
 		// the cost: say so now. (NewScheduler checks them against the
 		// rule's capacity too, with its limiter.)
 		probe := sc.batch()
-		probe.Pacer = &Pacer{Subject: subject, Cost: cost}
+		probe.Pacer = &Pacer{Subject: subject, Cost: cost, Costs: sc.Pace.costs(sc.Type)}
 		if _, err := probe.scan(); err != nil {
 			var pe *PayloadError
 			errors.As(err, &pe)

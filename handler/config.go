@@ -95,6 +95,13 @@ type HTTPSpec struct {
 	// ParseConfig sets DefaultIdempotencyHeader unless the file says
 	// otherwise.
 	IdempotencyHeader string
+	// LLM, if true, reads the usage of a 2xx answer (an OpenAI-compatible
+	// chat completion or an Anthropic message: usage.prompt_tokens and
+	// completion_tokens, or input_tokens and output_tokens) and settles
+	// the task's turn to it: each limit of its rule whose cost is an
+	// estimate (rules.CostConfig.Estimate) is charged what the call used,
+	// in one script call when the handler returns.
+	LLM bool
 
 	url *urlTemplate
 }
@@ -288,6 +295,7 @@ func (p *parser) http(n *yaml.Node, path string) (*HTTPSpec, error) {
 		{Key: "headers", Read: yamlfile.Into(&h.Headers, p.headers)},
 		{Key: "timeout", Read: p.DurationTo(&h.Timeout, time.Millisecond, MaxTimeout)},
 		{Key: "idempotency_header"}, // idempotencyHeader
+		{Key: "llm", Read: p.BoolTo(&h.LLM)},
 	})
 	if err != nil {
 		return nil, err
@@ -599,6 +607,9 @@ func (s Spec) Describe() string {
 				names = append(names, secrets(hd.Name, hd.Value))
 			}
 			fmt.Fprintf(&b, ", headers: %s", strings.Join(names, "; "))
+		}
+		if h.LLM {
+			b.WriteString(", an LLM call settled to its answer's usage")
 		}
 	case s.Command != nil:
 		c := s.Command

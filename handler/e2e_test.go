@@ -104,7 +104,7 @@ func fleet(t *testing.T, rdb redis.UniversalClient, rulesFile string, n, concurr
 		}
 		mux := asynq.NewServeMux()
 		mux.Use(mw.Wrap)
-		if err := hs.Register(mux, handler.Options{Rules: cfg, Redis: rdb, Getenv: getenv, Logger: log}); err != nil {
+		if err := hs.Register(mux, handler.Options{Rules: cfg, Redis: rdb, Getenv: getenv, Logger: log, SetCost: worker.SetCost, SetCosts: worker.SetCosts}); err != nil {
 			t.Fatal(err)
 		}
 		srv := asynq.NewServerFromRedisClient(rdb, worker.Configure(asynq.Config{

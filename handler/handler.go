@@ -56,6 +56,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobthrottle/jobthrottle/rules"
+	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
 // Options are what the handlers need to run.
@@ -77,6 +78,14 @@ type Options struct {
 	// Base sends the http handlers' requests. If nil, a clone of
 	// http.DefaultTransport is used. Redirects are never followed.
 	Base http.RoundTripper
+	// SetCost and SetCosts report what a task really cost to the
+	// middleware that admitted it (worker.SetCost and worker.SetCosts,
+	// which cmd/worker passes: this package does not import worker): an
+	// http handler with llm: true reports its answer's usage through them.
+	// If nil, such a handler settles nothing and its estimates stay
+	// charged.
+	SetCost  func(ctx context.Context, n int) error
+	SetCosts func(ctx context.Context, c throttle.Costs) error
 }
 
 // Register adds a handler for every task type of c to mux. It resolves

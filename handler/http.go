@@ -19,6 +19,7 @@ import (
 	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/httpthrottle"
 	"github.com/jobthrottle/jobthrottle/internal/jsonpayload"
+	"github.com/jobthrottle/jobthrottle/internal/llmusage"
 	"github.com/jobthrottle/jobthrottle/rules"
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
@@ -49,6 +50,10 @@ type httpHandler struct {
 	rule    string
 	subject rules.SubjectConfig
 	lim     *throttle.Limiter
+	costs   rules.RuleConfig // the rule's costs, which an LLM answer's usage settles (HTTPSpec.LLM)
+
+	setCost  func(context.Context, int) error            // Options.SetCost
+	setCosts func(context.Context, throttle.Costs) error // Options.SetCosts
 }
 
 // subjectKey carries a request's subject to the transport.
@@ -62,7 +67,7 @@ func newHTTPHandler(s Spec, opts Options, log *slog.Logger) (*httpHandler, error
 			return nil, fmt.Errorf("url %q: %w", s.HTTP.URL, err)
 		}
 	}
-	h := &httpHandler{spec: s, url: u, headers: http.Header{}, log: log}
+	h := &httpHandler{spec: s, url: u, headers: http.Header{}, log: log, setCost: opts.SetCost, setCosts: opts.SetCosts}
 	for _, hd := range s.HTTP.Headers {
 		v, err := expandEnv(hd.Value, opts.Getenv)
 		if err != nil {
@@ -109,7 +114,7 @@ func newHTTPHandler(s Spec, opts Options, log *slog.Logger) (*httpHandler, error
 				return nil, err
 			}
 			opts.Metrics.learnsFrom(s.Task, rc.Name, tr.LearnedRate)
-			h.rule, h.subject, h.lim, rt = rc.Name, rc.Subject, lim, tr
+			h.rule, h.subject, h.lim, h.costs, rt = rc.Name, rc.Subject, lim, rc, tr
 		}
 	}
 	h.client = &http.Client{
@@ -189,7 +194,17 @@ func (h *httpHandler) send(ctx context.Context, task *asynq.Task) error {
 		return fmt.Errorf("handler: %s: %v; %s", what, err, retryNote(ctx))
 	}
 	defer resp.Body.Close()
-	out, readErr := io.ReadAll(io.LimitReader(resp.Body, int64(max(h.spec.ResultLimit, ExcerptLimit))+1))
+	return h.answer(ctx, task, subject, what, resp)
+}
+
+// answer reads resp, the upstream's answer to the task's request (what:
+// its method and origin), into the task's result or error.
+func (h *httpHandler) answer(ctx context.Context, task *asynq.Task, subject, what string, resp *http.Response) error {
+	read := max(h.spec.ResultLimit, ExcerptLimit)
+	if h.spec.HTTP.LLM {
+		read = max(read, llmAnswerLimit) // the usage is read from the whole answer
+	}
+	out, readErr := io.ReadAll(io.LimitReader(resp.Body, int64(read)+1))
 	_, _ = io.CopyN(io.Discard, resp.Body, 64<<10) // let the connection be reused
 	code := resp.StatusCode
 	switch {
@@ -197,6 +212,9 @@ func (h *httpHandler) send(ctx context.Context, task *asynq.Task) error {
 		if readErr != nil {
 			return &attemptError{outcome: OutcomeError, status: code,
 				err: fmt.Errorf("handler: %s: reading the answer: %v; %s", what, readErr, retryNote(ctx))}
+		}
+		if h.spec.HTTP.LLM && h.lim != nil { // a rule charged the call: settle it
+			h.settleUsage(ctx, task, out)
 		}
 		return writeResult(task, out, h.spec.ResultLimit)
 	case code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable:
@@ -310,4 +328,52 @@ func (t *urlTemplate) expand(task *asynq.Task) (string, error) {
 		return "", fmt.Errorf("url: the payload values do not make a URL under %s", t.origin)
 	}
 	return s, nil
+}
+
+// llmAnswerLimit is how much of an LLM answer an http handler with llm:
+// true reads to find its usage: 4 MiB.
+const llmAnswerLimit = 4 << 20
+
+// settleUsage reports what the LLM call answered by out used, so that the
+// middleware settles the task's turn to it when the handler returns: each
+// limit of the rule whose cost is an estimate is given the answer's count
+// of its kind (Options.SetCosts), the others keep their cost; a rule of
+// one Cost that is an estimate is given its count (Options.SetCost). An
+// answer without a usage is logged, and the estimates stay charged.
+func (h *httpHandler) settleUsage(ctx context.Context, task *asynq.Task, out []byte) {
+	u, err := llmusage.Parse(out)
+	if err == nil {
+		err = h.reportUsage(ctx, task.Payload(), u)
+	}
+	if err != nil {
+		h.log.Warn("handler: cannot settle the call to its usage; its estimates stay charged", "task_id", taskID(task), "rule", h.rule, "error", err)
+	}
+}
+
+// reportUsage reports usage u of a task whose payload is payload under
+// the handler's rule; nothing for a rule without an estimate.
+func (h *httpHandler) reportUsage(ctx context.Context, payload []byte, u llmusage.Usage) error {
+	rc := h.costs
+	if rc.LimitCosts == nil {
+		if n, ok := rc.Cost.Used(u); ok && h.setCost != nil {
+			return h.setCost(ctx, n)
+		}
+		return nil
+	}
+	if h.setCosts == nil {
+		return nil
+	}
+	costs := make(throttle.Costs, len(rc.Limits))
+	for i := range rc.Limits {
+		c := rc.LimitCost(i)
+		n, ok := c.Used(u)
+		if !ok {
+			var err error
+			if n, err = c.Of(payload); err != nil {
+				return err
+			}
+		}
+		costs[i] = n
+	}
+	return h.setCosts(ctx, costs)
 }

@@ -27,8 +27,10 @@ var (
 	// limitOnly are the rule fields that describe a single limit, which a
 	// policy (limits) puts in each of its limits instead.
 	limitOnly      = []string{"algorithm", "limit", "period", "burst", "precision", "lease"}
-	costFields     = []string{"payload_field"}
+	costFields     = []string{"payload_field", "estimate"}
 	priorityFields = []string{"payload_field", "queues", "max_age"}
+	// policyLimitFields are a policy limit's: a limit's, and its own cost.
+	policyLimitFields = append(slices.Clip(limitFields), "cost")
 )
 
 // parser walks a rules file's YAML nodes, keeping the file name and the
@@ -128,8 +130,14 @@ func (p *parser) ruleConfig(n *yaml.Node, i int, names map[string]int, owner map
 	if err != nil {
 		return r, err
 	}
-	if r.Limits, err = p.ruleLimits(n, fields, r.Name); err != nil {
+	if r.Limits, r.LimitCosts, err = p.ruleLimits(n, fields, r.Name); err != nil {
 		return r, err
+	}
+	if r.LimitCosts != nil && fields["cost"] != nil {
+		return r, p.Failf(fields["cost"], "cost", "cannot be combined with a cost on a limit; give each limit of the policy its cost (a limit without one takes 1)")
+	}
+	if r.LimitCosts != nil && fields["share_limit"] != nil {
+		return r, p.Failf(fields["share_limit"], "share_limit", "takes one cost per task; it cannot be combined with costs on the limits")
 	}
 	if err := p.checkSettings(n, fields, r); err != nil {
 		return r, err
@@ -216,48 +224,74 @@ func (p *parser) ruleName(n, nn *yaml.Node, field string, r *RuleConfig, names m
 
 // ruleLimits reads the limits of the rule named name at n, whose fields
 // are given: a budget, a single limit (limitOnly) or a policy (limits).
-func (p *parser) ruleLimits(n *yaml.Node, fields map[string]*yaml.Node, name string) ([]throttle.Rule, error) {
+// With a policy, it also returns each limit's cost if one of them has a
+// cost of its own (nil otherwise).
+func (p *parser) ruleLimits(n *yaml.Node, fields map[string]*yaml.Node, name string) ([]throttle.Rule, []CostConfig, error) {
 	limits := fields["limits"]
 	if bn := fields["budget"]; bn != nil {
 		for _, f := range append([]string{"limits"}, limitOnly...) {
 			if v := fields[f]; v != nil {
-				return nil, p.Failf(v, f, "cannot be combined with budget; the budget defines the limit")
+				return nil, nil, p.Failf(v, f, "cannot be combined with budget; the budget defines the limit")
 			}
 		}
 		b, err := p.budget(bn, "budget")
-		return []throttle.Rule{b}, err
+		return []throttle.Rule{b}, nil, err
 	}
 	if limits == nil {
 		l, err := p.limit(n, fields, "", name)
-		return []throttle.Rule{l}, err
+		return []throttle.Rule{l}, nil, err
 	}
 	for _, f := range limitOnly {
 		if v := fields[f]; v != nil {
-			return nil, p.Failf(v, f, "cannot be combined with limits; set it in each of the limits")
+			return nil, nil, p.Failf(v, f, "cannot be combined with limits; set it in each of the limits")
 		}
 	}
 	return p.policy(limits, name)
 }
 
 // policy reads the limits of a policy, the list n, of the rule named
-// rule.
-func (p *parser) policy(n *yaml.Node, rule string) ([]throttle.Rule, error) {
+// rule, and their costs (nil if no limit has a cost of its own).
+func (p *parser) policy(n *yaml.Node, rule string) ([]throttle.Rule, []CostConfig, error) {
 	if n.Kind != yaml.SequenceNode || len(n.Content) == 0 {
-		return nil, p.Failf(n, "limits", "%s must be a list of at least one limit", yamlfile.Describe(n))
+		return nil, nil, p.Failf(n, "limits", "%s must be a list of at least one limit", yamlfile.Describe(n))
 	}
 	var out []throttle.Rule
+	costs, own := make([]CostConfig, len(n.Content)), false
 	seen := map[string]int{}
 	for j, ln := range n.Content {
-		l, err := p.policyLimit(yamlfile.Resolve(ln), "limits["+strconv.Itoa(j+1)+"]", rule, seen, out)
+		path := "limits[" + strconv.Itoa(j+1) + "]"
+		l, err := p.policyLimit(yamlfile.Resolve(ln), path, rule, seen, out)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
+		}
+		if cn := mappingValue(yamlfile.Resolve(ln), "cost"); cn != nil {
+			if costs[j], err = p.limitCost(cn, yamlfile.Join(path, "cost"), l); err != nil {
+				return nil, nil, err
+			}
+			own = true
 		}
 		out = append(out, l)
 	}
 	if conc := slices.IndexFunc(out, isConcurrency); conc >= 0 && slices.ContainsFunc(out[conc+1:], isConcurrency) {
-		return nil, p.Failf(n, "limits", "a policy has at most one concurrency limit")
+		return nil, nil, p.Failf(n, "limits", "a policy has at most one concurrency limit")
 	}
-	return out, nil
+	if !own {
+		return out, nil, nil
+	}
+	if conc := slices.IndexFunc(out, isConcurrency); conc >= 0 {
+		return nil, nil, p.Failf(n, "limits", "costs on limits cannot be combined with concurrency limit %q; put it in a rule of its own", out[conc].Name)
+	}
+	return out, costs, nil
+}
+
+// limitCost reads the cost (at n, field) of policy limit l: a whole number
+// of permits (at most what l admits at once) or {payload_field: <field>}.
+func (p *parser) limitCost(n *yaml.Node, field string, l throttle.Rule) (CostConfig, error) {
+	c, err := p.cost(n, field)
+	if err == nil && c.Permits > l.Capacity() {
+		err = p.Failf(n, field, "%d permits per task, but limit %q admits at most %d at once; raise its burst or lower the cost", c.Permits, l.Name, l.Capacity())
+	}
+	return c, err
 }
 
 // policyLimit reads the limit ln of a policy of the rule named rule, at
@@ -267,12 +301,12 @@ func (p *parser) policyLimit(ln *yaml.Node, path, rule string, seen map[string]i
 	if sn := mappingValue(ln, "subject"); sn != nil {
 		return throttle.Rule{}, p.Failf(sn, yamlfile.Join(path, "subject"), "a limit cannot have a subject of its own in a rules file: tasks over several subjects could not park without polling. For each tenant's limit inside one API key's, make the key the rule's subject, the tenant its fair_by, and add share_limit; for one budget drawn on by several rules, use budgets (worker/README.md)")
 	}
-	lf, err := p.Mapping(ln, path, "a limit", limitFields)
+	lf, err := p.Mapping(ln, path, "a limit", policyLimitFields)
 	if err != nil {
 		return throttle.Rule{}, err
 	}
 	if bn := lf["budget"]; bn != nil {
-		if len(lf) != 1 {
+		if len(lf) != 1 || lf["cost"] != nil {
 			return throttle.Rule{}, p.Failf(ln, path, "a budget entry has only the field budget; the budget defines the limit")
 		}
 		b, err := p.budget(bn, yamlfile.Join(path, "budget"))
@@ -449,28 +483,51 @@ func (p *parser) budget(n *yaml.Node, field string) (throttle.Rule, error) {
 
 // cost reads a rule's cost: a whole number of permits, or
 // {payload_field: <field>}.
-func (p *parser) cost(n *yaml.Node, _ string) (CostConfig, error) {
+func (p *parser) cost(n *yaml.Node, field string) (CostConfig, error) {
 	var c CostConfig
 	if n = yamlfile.Resolve(n); n.Kind != yaml.MappingNode {
-		v, err := p.Int(n, "cost", 1, MaxCost)
+		v, err := p.Int(n, field, 1, MaxCost)
 		c.Permits = v
 		return c, err
 	}
-	fields, err := p.Mapping(n, "cost", "cost", costFields)
+	fields, err := p.Mapping(n, field, "cost", costFields)
 	if err != nil {
 		return c, err
 	}
+	if e := fields["estimate"]; e != nil {
+		return p.estimate(n, e, field, len(fields))
+	}
 	v := fields["payload_field"]
 	if v == nil {
-		return c, p.Failf(n, "cost", "give a whole number of permits, or {payload_field: <JSON field>}")
+		return c, p.Failf(n, field, "give a whole number of permits, {payload_field: <JSON field>} or {estimate: input_tokens, output_tokens or total_tokens}")
 	}
-	if c.PayloadField, err = p.Str(v, "cost.payload_field"); err != nil {
+	pf := yamlfile.Join(field, "payload_field")
+	if c.PayloadField, err = p.Str(v, pf); err != nil {
 		return c, err
 	}
 	if c.PayloadField == "" {
-		return c, p.Failf(v, "cost.payload_field", `must name a top-level field of the JSON payload, such as "recipients"`)
+		return c, p.Failf(v, pf, `must name a top-level field of the JSON payload, such as "recipients"`)
 	}
 	return c, nil
+}
+
+// estimate reads a cost's estimate (at e, in the mapping n of nfields
+// fields at field): the tokens of an LLM request body.
+func (p *parser) estimate(n, e *yaml.Node, field string, nfields int) (CostConfig, error) {
+	var c CostConfig
+	if nfields != 1 {
+		return c, p.Failf(n, field, "give either payload_field or estimate")
+	}
+	ef := yamlfile.Join(field, "estimate")
+	var err error
+	if c.Estimate, err = p.Str(e, ef); err != nil {
+		return c, err
+	}
+	switch c.Estimate {
+	case EstimateInput, EstimateOutput, EstimateTotal:
+		return c, nil
+	}
+	return c, p.Failf(e, ef, "%q: use input_tokens (the request's messages, bytes / 4), output_tokens (its max_tokens) or total_tokens (both)", c.Estimate)
 }
 
 // DefaultLease is the lease of a concurrency rule whose lease is not set:

@@ -31,6 +31,7 @@ import (
 
 	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/internal/jsonpayload"
+	"github.com/jobthrottle/jobthrottle/internal/llmusage"
 	"github.com/jobthrottle/jobthrottle/internal/taskroute"
 	"github.com/jobthrottle/jobthrottle/internal/yamlfile"
 	"github.com/jobthrottle/jobthrottle/throttle"
@@ -89,6 +90,11 @@ type RuleConfig struct {
 	// are the last part of the Redis keys: <prefix>{<subject>}:<name>.
 	Limits []throttle.Rule
 	Cost   CostConfig // permits per task; the zero value is one
+	// LimitCosts, if not nil, is the cost of each of Limits (a policy
+	// whose limits have a cost field of their own: an LLM call's
+	// requests, input tokens and output tokens), in their order; a limit
+	// without one takes one permit. Cost is then unset. Costs reads them.
+	LimitCosts []CostConfig
 	// FairBy, if set (either field), divides the rule's limit among the
 	// shares of each subject with tasks waiting (worker.TaskRule.FairBy),
 	// weighed by Settings.Weights and each limited by Settings.ShareLimit.
@@ -151,7 +157,20 @@ func (c PriorityConfig) Of(payload []byte, queue string) (int, error) {
 type CostConfig struct {
 	Permits      int    // a fixed number of permits per task, at least 1
 	PayloadField string // a top-level field of the task's JSON payload
+	// Estimate, for a payload that is an LLM request body (chat
+	// completions or messages), is one of the Estimate constants: the
+	// tokens estimated from the request (package internal/llmusage: its
+	// messages' bytes / 4, its max_tokens), which an http handler with
+	// llm: true settles to the answer's usage.
+	Estimate string
 }
+
+// The estimates of an LLM request's tokens (CostConfig.Estimate).
+const (
+	EstimateInput  = "input_tokens"  // the messages and system prompt, bytes / 4
+	EstimateOutput = "output_tokens" // max_tokens (or max_completion_tokens)
+	EstimateTotal  = "total_tokens"  // both
+)
 
 // MaxCost bounds a cost, whatever its source.
 const MaxCost = jsonpayload.MaxCost
@@ -163,10 +182,72 @@ func (c CostConfig) Of(payload []byte) (int, error) {
 	switch {
 	case c.PayloadField != "":
 		return jsonpayload.Cost(payload, c.PayloadField)
+	case c.Estimate != "":
+		return c.estimate(payload)
 	case c.Permits > 0:
 		return c.Permits, nil
 	}
 	return 1, nil
+}
+
+// estimate is Of for an Estimate.
+func (c CostConfig) estimate(payload []byte) (int, error) {
+	in, out := 0, 0
+	var err error
+	if c.Estimate != EstimateOutput {
+		if in, err = llmusage.EstimateInput(payload); err != nil {
+			return 0, err
+		}
+	}
+	if c.Estimate != EstimateInput {
+		if out, err = llmusage.MaxTokens(payload); err != nil {
+			return 0, err
+		}
+	}
+	return min(in+out, MaxCost), nil
+}
+
+// Used is what an LLM call used under this cost (an Estimate): the
+// answer's input, output or total tokens; ok is false for a cost that is
+// no Estimate, which the answer does not correct.
+func (c CostConfig) Used(u llmusage.Usage) (n int, ok bool) {
+	switch c.Estimate {
+	case EstimateInput:
+		return u.Input, true
+	case EstimateOutput:
+		return u.Output, true
+	case EstimateTotal:
+		return u.Total(), true
+	}
+	return 0, false
+}
+
+// LimitCost returns the cost of the rule's i-th limit: its own
+// (LimitCosts), or the rule's Cost.
+func (r RuleConfig) LimitCost(i int) CostConfig {
+	if r.LimitCosts != nil {
+		return r.LimitCosts[i]
+	}
+	return r.Cost
+}
+
+// Costs returns what a task whose payload is payload takes under each of
+// the rule's Limits, in their order (LimitCosts, each as CostConfig.Of
+// reads it), or nil if the rule has one Cost for every limit. An error
+// means the task can never be admitted.
+func (r RuleConfig) Costs(payload []byte) (throttle.Costs, error) {
+	if r.LimitCosts == nil {
+		return nil, nil
+	}
+	c := make(throttle.Costs, len(r.LimitCosts))
+	for i, lc := range r.LimitCosts {
+		n, err := lc.Of(payload)
+		if err != nil {
+			return nil, fmt.Errorf("limit %q: %w", r.Limits[i].Name, err)
+		}
+		c[i] = n
+	}
+	return c, nil
 }
 
 // Load reads and parses the rules file at path.

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobthrottle/jobthrottle/admission"
+	"github.com/jobthrottle/jobthrottle/internal/llmusage"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
@@ -594,6 +596,88 @@ func TestParsePriority(t *testing.T) {
 		got, err := tc.c.Of([]byte(tc.payload), tc.queue)
 		if got != tc.want || (err == nil) != (tc.err == "") || (err != nil && !strings.Contains(err.Error(), tc.err)) {
 			t.Errorf("Of(%s, %s) = %d, %v; want %d, %q", tc.payload, tc.queue, got, err, tc.want, tc.err)
+		}
+	}
+}
+
+// TestLimitCosts reads a cost on each limit of a policy (an LLM call's
+// requests, input and output tokens), a limit without one taking 1, and
+// refuses what cannot work, at the line of the field.
+func TestLimitCosts(t *testing.T) {
+	head := "rules:\n  - name: llm\n    tasks: [llm:call]\n    subject: {fixed: openai}\n"
+	good := head + "    limits:\n" +
+		"      - {name: requests, algorithm: gcra, limit: 500, period: 1m}\n" +
+		"      - {name: input, algorithm: gcra, limit: 30000, period: 1m, cost: {payload_field: input_tokens}}\n" +
+		"      - {name: output, algorithm: gcra, limit: 10000, period: 1m, cost: {payload_field: max_tokens}}\n"
+	cfg, err := Parse("rules.yaml", []byte(good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := cfg.Rules[0]
+	got, err := r.Costs([]byte(`{"input_tokens": 1200, "max_tokens": 300}`))
+	if err != nil || !slices.Equal(got, throttle.Costs{1, 1200, 300}) {
+		t.Fatalf("Costs: %v, %v; want [1 1200 300]", got, err)
+	}
+	if _, err := r.Costs([]byte(`{"input_tokens": 1200}`)); err == nil || !strings.Contains(err.Error(), `limit "llm.output"`) {
+		t.Errorf("a missing field: %v; want an error naming the limit", err)
+	}
+	plain, err := Parse("rules.yaml", []byte(head+"    algorithm: gcra\n    limit: 1\n    period: 1s\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, err := plain.Rules[0].Costs([]byte(`{}`)); c != nil || err != nil {
+		t.Errorf("a rule without limit costs: %v, %v; want nil", c, err)
+	}
+	bad := []struct{ name, file, want string }{
+		{"over capacity", head + "    limits:\n      - {name: a, algorithm: gcra, limit: 10, period: 1s, cost: 11}\n",
+			`rules.yaml:6: rule "llm": limits[1].cost: 11 permits per task, but limit "llm.a" admits at most 10 at once`},
+		{"empty field", head + "    limits:\n      - {name: a, algorithm: gcra, limit: 10, period: 1s, cost: {payload_field: \"\"}}\n",
+			`limits[1].cost.payload_field: must name a top-level field`},
+		{"with the rule's cost", head + "    cost: 2\n    limits:\n      - {name: a, algorithm: gcra, limit: 10, period: 1s, cost: 1}\n",
+			`cost: cannot be combined with a cost on a limit`},
+		{"with concurrency", head + "    limits:\n      - {name: a, algorithm: gcra, limit: 10, period: 1s, cost: 1}\n      - {name: c, algorithm: concurrency, limit: 2}\n",
+			`costs on limits cannot be combined with concurrency limit "llm.c"`},
+	}
+	for _, c := range bad {
+		_, err := Parse("rules.yaml", []byte(c.file))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v; want %q", c.name, err, c.want)
+		}
+	}
+}
+
+// TestCostEstimate reads a cost estimated from an LLM request body: the
+// input from its messages (bytes / 4), the output from its max_tokens,
+// the total both; Used picks the answer's count of the same kind.
+func TestCostEstimate(t *testing.T) {
+	head := "rules:\n  - name: llm\n    tasks: [llm:call]\n    subject: {fixed: openai}\n    limits:\n"
+	cfg, err := Parse("rules.yaml", []byte(head+
+		"      - {name: in, algorithm: gcra, limit: 30000, period: 1m, cost: {estimate: input_tokens}}\n"+
+		"      - {name: out, algorithm: gcra, limit: 10000, period: 1m, cost: {estimate: output_tokens}}\n"+
+		"      - {name: all, algorithm: gcra, limit: 90000, period: 1m, cost: {estimate: total_tokens}}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	payload := []byte(`{"max_tokens": 300, "messages": [{"role": "user", "content": "hello there"}]}`) // messages: 44 bytes
+	got, err := cfg.Rules[0].Costs(payload)
+	if err != nil || !slices.Equal(got, throttle.Costs{11, 300, 311}) {
+		t.Fatalf("Costs: %v, %v; want [11 300 311]", got, err)
+	}
+	for i, want := range []int{20, 7, 27} {
+		if n, ok := cfg.Rules[0].LimitCost(i).Used(llmusage.Usage{Input: 20, Output: 7}); !ok || n != want {
+			t.Errorf("limit %d: Used %d, %v; want %d", i, n, ok, want)
+		}
+	}
+	if _, ok := (CostConfig{PayloadField: "n"}).Used(llmusage.Usage{Input: 1}); ok {
+		t.Error("a payload field's cost: Used ok; want not an estimate")
+	}
+	for _, c := range []struct{ name, limit, want string }{
+		{"unknown", "cost: {estimate: tokens}", `limits[1].cost.estimate: "tokens": use input_tokens`},
+		{"both", "cost: {estimate: input_tokens, payload_field: n}", `limits[1].cost: give either payload_field or estimate`},
+	} {
+		_, err := Parse("rules.yaml", []byte(head+"      - {name: a, algorithm: gcra, limit: 10, period: 1s, "+c.limit+"}\n"))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v; want %q", c.name, err, c.want)
 		}
 	}
 }

@@ -83,6 +83,16 @@ type AdmitRequest struct {
 	// expiry, while some wait (look again then: that is how a fleet whose
 	// holders all died goes on), else Denied.
 	N int
+	// Costs, if not nil, is what the caller takes under each rule, in the
+	// order of Limiter.Rules, in place of N (which must then be 0): one
+	// LLM call's requests, input tokens and output tokens, decided in one
+	// call (see Costs). A rule whose cost is 0 does not delay the turn.
+	// A caller in the line keeps its costs: its turn is booked at them.
+	// At least one cost must be above 0; different costs need every rule
+	// over the caller's subject, no Concurrency rule and no ShareLimit.
+	// The Reservation of a Granted or Redeemed turn settles them
+	// (Reservation.SettleCosts).
+	Costs Costs
 	// Caller names the caller across its arrivals: under which ID its
 	// turns are booked and redeemed, under which name it holds or waits
 	// for a place of a Concurrency rule, and its share of the line.
@@ -137,9 +147,12 @@ type AdmitRequest struct {
 	// receipt: one that comes later takes a new turn, and its old slot
 	// (long past) is not redeemed, so a fleet that was down does not run
 	// its overdue work in one burst. (A booking whose slot falls inside a
-	// pause, PauseFor, is not redeemed either.) If zero, the interval of
-	// the limiter's tightest rate rule (Period / Count), at least 1ms and
-	// at most 1s; negative is an error.
+	// pause, PauseFor, is not redeemed either.) If zero, the length of the
+	// caller's turn under the tightest rate rule it charges (its cost ×
+	// Period / Count: the interval for N = 1; 150ms for 600 tokens of a
+	// 4,000-a-second rule), at least 1ms and at most 1s: a turn that
+	// starts late by its own length keeps any window within the rule's
+	// limit + burst + one turn. Negative is an error.
 	Tolerance time.Duration
 }
 
@@ -217,10 +230,34 @@ func (l *Limiter) Admit(ctx context.Context, req AdmitRequest) (Admission, error
 	if req.Tolerance < 0 {
 		return Admission{}, fmt.Errorf("throttle: admit: tolerance %v: must not be negative", req.Tolerance)
 	}
+	if err := l.admitCosts(&req); err != nil {
+		return Admission{}, err
+	}
 	if req.Tolerance == 0 {
-		req.Tolerance = l.tolerance
+		req.Tolerance = l.turnTolerance(req.N, req.Costs)
 	}
 	return l.mode.admit(ctx, req)
+}
+
+// turnTolerance is Admit's default Tolerance for a turn of n permits
+// (per rule: per, if not nil): its length under the tightest rate rule it
+// charges, cost × Period / Count, in [1ms, 1s]; the limiter's tightest
+// interval for a turn that charges no rate rule (a serving, n = 0).
+func (p *policy) turnTolerance(n int, per Costs) time.Duration {
+	t := -1.0
+	for i, r := range p.rules {
+		c := per.of(i, n)
+		if c == 0 || r.Algorithm.spec().holders {
+			continue
+		}
+		if d := float64(r.Limit.Period) * float64(c) / float64(r.Limit.Count); t < 0 || d < t {
+			t = d
+		}
+	}
+	if t < 0 {
+		return p.tolerance
+	}
+	return time.Duration(min(max(t, float64(time.Millisecond)), float64(time.Second)))
 }
 
 // admitSaid is what an Admit's one script call said, for a mode that acts

@@ -23,19 +23,28 @@ import (
 type prepayArgs struct {
 	subject     string
 	n           int
+	per         Costs // the costs per rule, if they differ (nil: n under every rule)
 	bound       int64
 	receipt     string
 	keep, after time.Duration
 }
 
 func (a prepayArgs) build(p *policy) ([]string, []any, error) {
-	keys, args, err := p.request(opPrepay, a.subject, a.n, a.bound, nil)
+	keys, args, err := p.requestCosts(opPrepay, a.subject, a.n, a.per, a.bound, nil)
 	if err != nil {
 		return nil, nil, err
 	}
 	keys = append(keys, p.receiptsKey(a.subject), p.ticketsKey(a.subject))
 	args = append(args, p.member(a.receipt), a.keep.Microseconds(), a.after.Microseconds())
 	return keys, args, nil
+}
+
+// nArg is e's permits as refund.lua reads them: n, or its costs per rule.
+func (e *refundEntry) nArg() any {
+	if e.per != nil {
+		return e.per.arg()
+	}
+	return e.n
 }
 
 // refundArgs is one call of lua/refund.lua: the reservations of batch
@@ -56,7 +65,7 @@ func (a refundArgs) op() op {
 
 func (a refundArgs) build(p *policy) ([]string, []any, error) {
 	first := a.batch[0]
-	keys, args, err := p.request(a.op(), a.subject, first.n, first.booked, first.tickets)
+	keys, args, err := p.requestCosts(a.op(), a.subject, first.n, first.per, first.booked, first.tickets)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -72,7 +81,7 @@ func (a refundArgs) build(p *policy) ([]string, []any, error) {
 		args = append(args, first.share)
 	}
 	for _, e := range a.batch[1:] {
-		args = append(args, e.n, e.booked)
+		args = append(args, e.nArg(), e.booked)
 		if shares {
 			args = append(args, e.share)
 		}
@@ -84,19 +93,24 @@ func (a refundArgs) build(p *policy) ([]string, []any, error) {
 }
 
 // settleArgs is one call of lua/settle.lua: the reservation of n permits
-// for subject, made at the Redis time booked (µs) with tickets, settled
-// to actual permits.
+// (per rule: per, if not nil) for subject, made at the Redis time booked
+// (µs) with tickets, settled to actual permits (per rule: actualPer, if
+// not nil).
 type settleArgs struct {
-	subject   string
-	n, actual int
-	tickets   []string
-	booked    int64
+	subject        string
+	n, actual      int
+	per, actualPer Costs
+	tickets        []string
+	booked         int64
 }
 
 func (a settleArgs) build(p *policy) ([]string, []any, error) {
-	keys, args, err := p.request(opSettle, a.subject, a.n, int64(a.actual), a.tickets)
+	keys, args, err := p.requestCosts(opSettle, a.subject, a.n, a.per, int64(a.actual), a.tickets)
 	if err != nil {
 		return nil, nil, err
+	}
+	if a.actualPer != nil {
+		args[2] = a.actualPer.arg()
 	}
 	// Each rule's record of give-backs (bucket_rare.lua); after the rules,
 	// when the reservation was made.
@@ -136,7 +150,7 @@ func (l *Limiter) admitCall(req *AdmitRequest) (admitArgs, error) {
 		return admitArgs{}, err
 	}
 	wait := micros(req.Wait)
-	keys, args, err := l.request(opAdmit, req.Subject, req.N, wait, nil)
+	keys, args, err := l.requestCosts(opAdmit, req.Subject, req.N, req.Costs, wait, nil)
 	if err != nil {
 		return admitArgs{}, err
 	}
@@ -192,4 +206,28 @@ func (l *Limiter) checkAdmit(req *AdmitRequest) (serving bool, horizon int64, er
 		}
 	}
 	return serving, horizon, nil
+}
+
+// admitCosts turns req.Costs into the request it is (Limiter.costs): N
+// their largest, and Costs nil if every rule is charged N. They must not
+// all be 0 (N = 0 serves the line), nor come with N or a ShareLimit.
+func (l *Limiter) admitCosts(req *AdmitRequest) error {
+	if req.Costs == nil {
+		return nil
+	}
+	if req.N != 0 {
+		return errors.New("throttle: admit: give N or Costs, not both")
+	}
+	n, per, err := l.costs(req.Costs)
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return errors.New("throttle: admit: every cost is 0; give at least one rule a cost (N = 0 serves the line)")
+	}
+	if per != nil && req.ShareLimit != (Limit{}) {
+		return errors.New("throttle: admit: a share limit takes one N; different costs per rule cannot have one")
+	}
+	req.N, req.Costs = n, per
+	return nil
 }

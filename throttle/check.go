@@ -1,5 +1,7 @@
 package throttle
 
+import "cmp"
+
 // CheckN reports, without calling Redis, the error that any request of n
 // permits for subject fails with at once, whatever the state: a negative
 // n, an error matching ErrInvalidSubject (an empty or too long subject),
@@ -14,6 +16,18 @@ func (l *Limiter) CheckN(subject string, n int) error {
 		}
 	}
 	return nil
+}
+
+// CheckCosts is CheckN for a request with a cost per rule (see Costs): the
+// error it fails with at once, without calling Redis, whatever the state;
+// nil means that Redis decides.
+func (l *Limiter) CheckCosts(subject string, c Costs) error {
+	n, per, err := l.costs(c)
+	if err != nil || per == nil {
+		return cmp.Or(err, l.CheckN(subject, n))
+	}
+	_, err = encodeSubject(subject)
+	return err
 }
 
 // Capacity is the most permits r admits at one instant, and so the

@@ -219,8 +219,14 @@ func (l *Limiter) ReserveN(ctx context.Context, subject string, n int) (*Reserva
 
 // reserve is ReserveN's one script call.
 func (l *Limiter) reserve(ctx context.Context, subject string, n int) (*Reservation, error) {
+	return l.reserveCosts(ctx, subject, n, nil)
+}
+
+// reserveCosts is reserve of n permits with costs per rule (nil: n under
+// every rule).
+func (l *Limiter) reserveCosts(ctx context.Context, subject string, n int, per Costs) (*Reservation, error) {
 	bound, byDeadline := l.waitBound(ctx, time.Now())
-	res, r, err := l.decide(ctx, opReserve, subject, n, micros(bound), true)
+	res, r, err := l.decide(ctx, opReserve, subject, n, micros(bound), true, per)
 	if err != nil {
 		return nil, err
 	}
@@ -337,11 +343,12 @@ func (l *Limiter) callLine(ctx context.Context, o op, line []any) (reply, time.T
 	return rep, recv, err
 }
 
-// decide runs one allow or reserve decision. On success with ok=1 and keep
+// decide runs one allow or reserve decision of n permits, with costs per
+// rule per (nil: n under every rule). On success with ok=1 and keep
 // it also returns the reservation holding the refund tickets. If Redis
 // fails, a fail-open limiter admits (a reservation without tickets).
-func (l *Limiter) decide(ctx context.Context, o op, subject string, n int, bound int64, keep bool) (Result, *Reservation, error) {
-	res, r, err := l.ask(ctx, o, subject, n, bound, keep)
+func (l *Limiter) decide(ctx context.Context, o op, subject string, n int, bound int64, keep bool, per Costs) (Result, *Reservation, error) {
+	res, r, err := l.ask(ctx, o, subject, n, bound, keep, per)
 	if re, ok := err.(*redisError); ok {
 		r, err := l.failOpenOr(ctx, o, subject, n, re.err)
 		if err != nil {
@@ -361,11 +368,24 @@ func (l *Limiter) failOpenOr(ctx context.Context, o op, subject string, n int, c
 	return nil, &redisError{op: o, err: cause}
 }
 
+// costLine is line (policy.go), or with costs per rule per, their call's
+// line.
+func (l *Limiter) costLine(o op, subject string, n int, per Costs, bound int64) ([]any, error) {
+	if per == nil {
+		return l.line(o, subject, n, bound)
+	}
+	keys, args, err := l.requestCosts(o, subject, n, per, bound, nil)
+	if err != nil {
+		return nil, err
+	}
+	return evalLine(keys, args), nil
+}
+
 // ask is decide without FailOpen: a Redis failure is a *redisError.
 // Without keep (AllowN, which drops the reservation) it builds none: the
 // hot path of Allow allocates only what go-redis needs.
-func (l *Limiter) ask(ctx context.Context, o op, subject string, n int, bound int64, keep bool) (Result, *Reservation, error) {
-	line, err := l.line(o, subject, n, bound)
+func (l *Limiter) ask(ctx context.Context, o op, subject string, n int, bound int64, keep bool, per Costs) (Result, *Reservation, error) {
+	line, err := l.costLine(o, subject, n, per, bound)
 	if err != nil {
 		return Result{}, nil, err
 	}
@@ -394,7 +414,7 @@ func (l *Limiter) ask(ctx context.Context, o op, subject string, n int, bound in
 	if !keep {
 		return res, nil, nil
 	}
-	r := &Reservation{lim: l, subject: subject, n: n, tickets: rep.tickets(len(l.rules)), delay: delay, at: recv, booked: rep.redisNow}
+	r := &Reservation{lim: l, subject: subject, n: n, per: per, tickets: rep.tickets(len(l.rules)), delay: delay, at: recv, booked: rep.redisNow}
 	if o != opAllow {
 		// allow's permits are now: they need no wake time and skip the
 		// clock estimator's lock.

@@ -80,7 +80,7 @@ type exact struct {
 }
 
 func (m exact) allow(ctx context.Context, subject string, n int) (Result, error) {
-	res, _, err := m.l.decide(ctx, opAllow, subject, n, unbounded, false)
+	res, _, err := m.l.decide(ctx, opAllow, subject, n, unbounded, false, nil)
 	return res, err
 }
 

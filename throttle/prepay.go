@@ -46,6 +46,28 @@ func (p *policy) member(id string) string {
 // To book far ahead (a large batch), use a limiter whose MaxWait is zero
 // or large enough, and a context without a deadline.
 func (l *Limiter) PrepayN(ctx context.Context, subject string, n int, keep time.Duration) (*Reservation, error) {
+	return l.prepay(ctx, subject, n, nil, keep)
+}
+
+// PrepayCosts is PrepayN with a cost per rule (see Costs): the receipt's
+// turn takes each rule's own cost, and the consumer that redeems it
+// passes the same costs (AdmitRequest.Costs), so that its Settle or
+// SettleCosts corrects each rule from what the turn took. Errors are
+// PrepayN's and AllowCosts's.
+func (l *Limiter) PrepayCosts(ctx context.Context, subject string, c Costs, keep time.Duration) (*Reservation, error) {
+	if err := l.open(); err != nil {
+		return nil, err
+	}
+	n, per, err := l.costs(c)
+	if err != nil {
+		return nil, err
+	}
+	return l.prepay(ctx, subject, n, per, keep)
+}
+
+// prepay is PrepayN of n permits, with costs per rule per (nil: n under
+// every rule).
+func (l *Limiter) prepay(ctx context.Context, subject string, n int, per Costs, keep time.Duration) (*Reservation, error) {
 	if err := l.open(); err != nil {
 		return nil, err
 	}
@@ -60,7 +82,7 @@ func (l *Limiter) PrepayN(ctx context.Context, subject string, n int, keep time.
 	}
 	bound, byDeadline := l.waitBound(ctx, time.Now())
 	id := newReceiptID()
-	keys, args, err := prepayArgs{subject: subject, n: n, bound: micros(bound), receipt: id, keep: keep, after: l.opts.PrepayAfter}.build(&l.policy)
+	keys, args, err := prepayArgs{subject: subject, n: n, per: per, bound: micros(bound), receipt: id, keep: keep, after: l.opts.PrepayAfter}.build(&l.policy)
 	if err != nil {
 		return nil, err
 	}
@@ -73,7 +95,7 @@ func (l *Limiter) PrepayN(ctx context.Context, subject string, n int, keep time.
 	if !rep.Allowed {
 		return nil, &DelayError{Rule: rep.Rule, RetryAfter: rep.RetryAfter, Deadline: byDeadline}
 	}
-	return &Reservation{lim: l, subject: subject, n: n, tickets: rep.tickets(len(l.rules)), receipt: id, booked: rep.redisNow,
+	return &Reservation{lim: l, subject: subject, n: n, per: per, tickets: rep.tickets(len(l.rules)), receipt: id, booked: rep.redisNow,
 		delay: rep.RetryAfter, at: l.clock.wake(recv, rep.redisNow, rep.RetryAfter),
 		slot: time.UnixMicro(rep.redisNow).Add(rep.RetryAfter)}, nil
 }

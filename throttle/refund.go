@@ -26,10 +26,10 @@ type refunder struct {
 // time (µs) of the call that made it: a rule reset since gives nothing
 // back (lua/reset.lua).
 func (l *Limiter) refund(ctx context.Context, subject string, r refundEntry, undo bool) error {
-	if _, _, err := l.request(opRefund, subject, r.n, unbounded, r.tickets); err != nil {
+	if _, _, err := l.requestCosts(opRefund, subject, r.n, r.per, unbounded, r.tickets); err != nil {
 		return err // bad input fails before it is queued
 	}
-	e := &refundEntry{ctx: ctx, n: r.n, booked: r.booked, tickets: r.tickets, share: r.share, done: make(chan struct{})}
+	e := &refundEntry{ctx: ctx, n: r.n, per: r.per, booked: r.booked, tickets: r.tickets, share: r.share, done: make(chan struct{})}
 	// Cancels and undos of one subject go in separate batches (one op per
 	// call). An escaped subject holds no NUL, so the undo key, with a NUL
 	// in front, is never another subject's.
@@ -74,6 +74,7 @@ type refundBatch struct {
 type refundEntry struct {
 	ctx     context.Context // its caller's, for values; the call has its own deadline
 	n       int
+	per     Costs // its permits under each rule, if they differ (Reservation.per)
 	booked  int64 // Redis time (µs) of the call that made it
 	tickets []string
 	share   string        // its share ticket (lua/refund.lua), "" for none

@@ -132,7 +132,7 @@ func (l *Limiter) decodeAdmit(req AdmitRequest, rep reply, recv time.Time, servi
 		a.Status, a.Rule = Denied, res.Rule
 	case admitGranted:
 		a.Status, a.Rule = Granted, res.Rule
-		a.Reservation = &Reservation{lim: l, subject: req.Subject, n: req.N, tickets: rep.tickets(len(l.rules)), delay: a.Delay, at: a.At, booked: rep.redisNow}
+		a.Reservation = &Reservation{lim: l, subject: req.Subject, n: req.N, per: req.Costs, tickets: rep.tickets(len(l.rules)), delay: a.Delay, at: a.At, booked: rep.redisNow}
 		if req.ShareLimit != (Limit{}) && len(rep.raw) > 6+len(l.rules) {
 			// Its share's turn, given back with the rules' (lua/refund.lua).
 			a.Reservation.share, _ = rep.raw[6+len(l.rules)].(string)
@@ -144,7 +144,7 @@ func (l *Limiter) decodeAdmit(req AdmitRequest, rep reply, recv time.Time, servi
 		if t, booked := redeemedTickets(rep.raw, len(l.rules)); t != nil {
 			// To settle (Reservation.Settle); the turn is spent, so
 			// Cancel gives nothing back.
-			a.Reservation = &Reservation{lim: l, subject: req.Subject, n: req.N, tickets: t, delay: a.Delay, at: a.At, spent: true, booked: booked,
+			a.Reservation = &Reservation{lim: l, subject: req.Subject, n: req.N, per: req.Costs, tickets: t, delay: a.Delay, at: a.At, spent: true, booked: booked,
 				slot: a.Slot, tol: req.Tolerance.Microseconds()}
 			if id := cmp.Or(req.BookAs, req.ID); id != "" {
 				a.Reservation.rebookAs = l.member(id) // the booking it comes back for

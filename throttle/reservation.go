@@ -17,6 +17,7 @@ type Reservation struct {
 	lim     *Limiter
 	subject string
 	n       int
+	per     Costs         // the permits under each rule if they differ (ReserveCosts, AdmitRequest.Costs), else nil: n under every rule
 	tickets []string      // one refund ticket per rule; nil if admitted without Redis (fail open)
 	share   string        // a turn under AdmitRequest.ShareLimit: its share ticket (lua/refund.lua), else ""
 	receipt string        // the receipt id of a prepaid reservation (prepay.go), else ""
@@ -25,7 +26,6 @@ type Reservation struct {
 
 	slot time.Time // a prepaid reservation's or a Redeemed turn's slot on the Redis clock (prepay.go, rebook.go)
 
-	spent  bool  // a redeemed booking or receipt (admit.go): Cancel gives nothing back, Settle corrects it
 	booked int64 // Redis time (µs) of the call that made it, for refunds and Settle; -1 if unknown
 
 	rebookAs string // a Redeemed turn: the member Rebook books it again under, "" if none
@@ -34,6 +34,7 @@ type Reservation struct {
 	parts []*Reservation // a limiter over several subjects: each part's (subjects.go)
 
 	once      sync.Once
+	spent     bool // a redeemed booking or receipt (admit.go): Cancel gives nothing back, Settle corrects it; beside once, whose 12 bytes leave room for it
 	cancelErr error
 }
 
@@ -73,7 +74,7 @@ func (r *Reservation) cancel(ctx context.Context, undo bool) error {
 			r.cancelErr = r.lim.dropReceipt(ctx, r.subject, r.receipt)
 		}
 		if r.tickets != nil && !r.spent {
-			r.cancelErr = errors.Join(r.cancelErr, r.lim.refund(ctx, r.subject, refundEntry{n: r.n, booked: r.booked, tickets: r.tickets, share: r.share}, undo))
+			r.cancelErr = errors.Join(r.cancelErr, r.lim.refund(ctx, r.subject, refundEntry{n: r.n, per: r.per, booked: r.booked, tickets: r.tickets, share: r.share}, undo))
 		}
 	})
 	return r.cancelErr

@@ -77,14 +77,20 @@ func (r *Reservation) Settle(ctx context.Context, actual int) error {
 	if actual < 0 {
 		return fmt.Errorf("throttle: settle: actual = %d permits: must not be negative", actual)
 	}
-	if err := r.lim.checkDebt(r.n, actual); err != nil {
+	return r.settleOnce(ctx, actual, nil)
+}
+
+// settleOnce is Settle to actual permits under every rule, or with
+// actualPer, to those under each rule (actual their largest).
+func (r *Reservation) settleOnce(ctx context.Context, actual int, actualPer Costs) error {
+	if err := r.lim.checkDebt(r.n, r.per, actual, actualPer); err != nil {
 		return err
 	}
 	done := false
 	var err error
 	r.once.Do(func() {
 		done = true
-		err = r.settle(ctx, actual)
+		err = r.settle(ctx, actual, actualPer)
 	})
 	if !done {
 		return errSettled
@@ -94,15 +100,15 @@ func (r *Reservation) Settle(ctx context.Context, actual int) error {
 
 // settle sends the correction of each part (a limiter over several
 // subjects) or of the reservation itself.
-func (r *Reservation) settle(ctx context.Context, actual int) error {
+func (r *Reservation) settle(ctx context.Context, actual int, actualPer Costs) error {
 	var err error
 	for _, p := range r.parts {
 		err = errors.Join(err, p.Settle(ctx, actual))
 	}
-	if r.tickets == nil || actual == r.n {
+	if r.tickets == nil || r.unchanged(actual, actualPer) {
 		return err
 	}
-	keys, args, rerr := settleArgs{subject: r.subject, n: r.n, actual: actual, tickets: r.tickets, booked: r.booked}.build(&r.lim.policy)
+	keys, args, rerr := settleArgs{subject: r.subject, n: r.n, actual: actual, per: r.per, actualPer: actualPer, tickets: r.tickets, booked: r.booked}.build(&r.lim.policy)
 	if rerr != nil {
 		return errors.Join(err, rerr)
 	}
@@ -110,18 +116,28 @@ func (r *Reservation) settle(ctx context.Context, actual int) error {
 	return errors.Join(err, rerr)
 }
 
-// checkDebt refuses a settle of n permits to actual that would put a bucket
-// rule more than maxPeriod in debt, beyond exact arithmetic in Lua.
-func (l *Limiter) checkDebt(n, actual int) error {
-	if actual <= n {
-		return nil
+// unchanged reports whether settling to actual (per rule: actualPer, if
+// not nil) leaves every rule's charge as it is.
+func (r *Reservation) unchanged(actual int, actualPer Costs) bool {
+	for i := range r.lim.rules {
+		if r.per.of(i, r.n) != actualPer.of(i, actual) {
+			return false
+		}
 	}
-	for _, r := range l.rules {
-		if !r.Algorithm.bucket() {
+	return true
+}
+
+// checkDebt refuses a settle of n permits (per rule: per, if not nil) to
+// actual (per rule: actualPer) that would put a bucket rule more than
+// maxPeriod in debt, beyond exact arithmetic in Lua.
+func (l *Limiter) checkDebt(n int, per Costs, actual int, actualPer Costs) error {
+	for i, r := range l.rules {
+		m, a := per.of(i, n), actualPer.of(i, actual)
+		if a <= m || !r.Algorithm.bucket() {
 			continue
 		}
-		if d := float64(actual-n) * float64(r.Limit.Period) / float64(r.Limit.Count); d > float64(maxPeriod) {
-			return fmt.Errorf("throttle: settle: actual = %d permits: rule %q would be %v in debt; at most %v", actual, r.Name, time.Duration(d).Round(time.Hour), maxPeriod)
+		if d := float64(a-m) * float64(r.Limit.Period) / float64(r.Limit.Count); d > float64(maxPeriod) {
+			return fmt.Errorf("throttle: settle: actual = %d permits: rule %q would be %v in debt; at most %v", a, r.Name, time.Duration(d).Round(time.Hour), maxPeriod)
 		}
 	}
 	return nil

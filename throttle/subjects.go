@@ -104,7 +104,7 @@ func (m severalSubjects) allowParts(ctx context.Context, subject string, n int) 
 	held := make([]*Reservation, 0, len(m.ps))
 	var best Result
 	for i, p := range m.ps {
-		res, r, err := p.lim.decide(ctx, opAllow, p.of(subject), n, unbounded, true)
+		res, r, err := p.lim.decide(ctx, opAllow, p.of(subject), n, unbounded, true, nil)
 		if err != nil || !res.Allowed {
 			undoAll(ctx, held)
 			return res, err

@@ -62,7 +62,7 @@ func (l *Limiter) waitWindow(ctx context.Context, subject string, n int) (*Reser
 		return l.failOpenOr(ctx, opAllow, subject, n, failed)
 	}
 	for {
-		res, r, err := l.ask(ctx, opAllow, subject, n, unbounded, true)
+		res, r, err := l.ask(ctx, opAllow, subject, n, unbounded, true, nil)
 		if re, ok := err.(*redisError); ok {
 			if ctx.Err() == nil && !errors.Is(re.err, context.DeadlineExceeded) { // not this waiter's own deadline: Redis failed
 				l.queues.shareFailure(subject, re.err)

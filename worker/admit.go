@@ -89,7 +89,7 @@ func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (
 	case d.Outcome == admission.Run:
 		w := admission.Wait{Rule: r.Name, Subject: t.Subject, Duration: d.Waited, Redeemed: d.Turn == throttle.Redeemed, Turn: d.Slot}
 		m.admitted(t, w)
-		return turn{Wait: w, place: d.Place, res: d.Reservation, cost: t.Cost}, nil
+		return turn{Wait: w, place: d.Place, res: d.Reservation, cost: t.Cost, costs: t.Costs}, nil
 	}
 	return turn{}, m.park(ctx, t, d)
 }
@@ -179,6 +179,7 @@ type turn struct {
 	place  *throttle.Place       // the place of a concurrency rule it holds; nil if none
 	res    *throttle.Reservation // the turn's permits; nil if none to settle
 	cost   int                   // the permits it took: the rule's Cost, an estimate
+	costs  throttle.Costs        // or, with TaskRule.Costs, those under each rule of its limiter
 	within []ruleTurn            // the turns of the rules it is within (TaskRule.Within)
 }
 
@@ -221,6 +222,11 @@ func (m *Middleware) newTaskRun(ctx context.Context, r *ruleGate, task *asynq.Ta
 	t.Subject, t.log = subject, t.log.With("subject", subject)
 	if t.Cost, err = r.cost(task); err != nil {
 		return nil, t.archive(ctx, "worker: task archived: no cost", false, fmt.Errorf("cannot derive the cost: %w", err))
+	}
+	if r.Costs != nil {
+		if t.Costs, t.Cost, err = r.costs(task); err != nil {
+			return nil, t.archive(ctx, "worker: task archived: no cost", false, fmt.Errorf("cannot derive the costs: %w", err))
+		}
 	}
 	retried, _ := asynq.GetRetryCount(ctx)
 	maxRetry, known := asynq.GetMaxRetry(ctx)
@@ -347,7 +353,9 @@ func (m *Middleware) waitInPlace(ctx context.Context, t *taskRun) (admission.Wai
 	m.metrics.waiting(r.Name, 1)
 	var place *throttle.Place
 	var err error
-	if r.gate != nil {
+	if cw, ok := r.Limiter.(costsWaiter); ok && t.Costs != nil {
+		err = cw.WaitCosts(wctx, t.Subject, t.Costs) // no place: costs per rule need no concurrency rule
+	} else if r.gate != nil {
 		place, err = r.gate.Acquire(wctx, t.Subject, t.Cost) // the same limiter, through its gate
 	} else {
 		err = r.Limiter.WaitN(wctx, t.Subject, t.Cost)
@@ -359,6 +367,18 @@ func (m *Middleware) waitInPlace(ctx context.Context, t *taskRun) (admission.Wai
 	w := admission.Wait{Rule: r.Name, Subject: t.Subject, Duration: time.Since(t.start)}
 	m.admitted(t, w)
 	return w, place, nil
+}
+
+// costsWaiter is a Limiter that waits for a cost per rule
+// (*throttle.Limiter).
+type costsWaiter interface {
+	WaitCosts(ctx context.Context, subject string, c throttle.Costs) error
+}
+
+// isCostsWaiter reports whether l can wait for a cost per rule.
+func isCostsWaiter(l Waiter) bool {
+	_, ok := l.(costsWaiter)
+	return ok
 }
 
 // notAdmitted returns what the handler returns when the wait for a turn

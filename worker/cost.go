@@ -7,6 +7,7 @@ import (
 
 	"github.com/jobthrottle/jobthrottle/internal/jsonpayload"
 	"github.com/jobthrottle/jobthrottle/rules"
+	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
 // Cost says how many permits a task takes from its rule: the emails of a
@@ -28,6 +29,31 @@ func PayloadCost(name string) Cost {
 	return func(t *asynq.Task) (int, error) {
 		return jsonpayload.Cost(t.Payload(), name)
 	}
+}
+
+// Costs says what a task takes under each rule of its rule's limiter, in
+// the order of the limiter's rules (TaskRule.Costs). An error archives
+// the task, as for Cost.
+type Costs func(*asynq.Task) (throttle.Costs, error)
+
+// costs returns the task's costs under r and their largest, nil and 0 if
+// r has no Costs.
+func (r *TaskRule) costs(task *asynq.Task) (throttle.Costs, int, error) {
+	if r.Costs == nil {
+		return nil, 0, nil
+	}
+	c, err := r.Costs(task)
+	if err != nil {
+		return nil, 0, err
+	}
+	most := 0
+	for _, n := range c {
+		if n < 0 || n > rules.MaxCost {
+			return nil, 0, fmt.Errorf("cost %d is out of range; want 0 to %d permits", n, rules.MaxCost)
+		}
+		most = max(most, n)
+	}
+	return c, most, nil
 }
 
 // cost returns the task's cost under r: 1 if r has no Cost.

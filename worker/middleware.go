@@ -54,6 +54,14 @@ type TaskRule struct {
 	// Limiter is charged the same cost; for limits of different costs
 	// (requests beside tokens), see SetCost.
 	Cost Cost
+	// Costs, if set, derives what a task takes under each rule of the
+	// Limiter (a *throttle.Limiter), in the order of its rules, in place
+	// of Cost: an LLM call's requests, input tokens and output tokens,
+	// decided in one call (throttle.Costs). A rule of cost 0 is not
+	// charged and does not delay the task. They are estimates that the
+	// handler may correct with SetCosts; a task whose costs are all 0
+	// runs free.
+	Costs Costs
 	// Settings are how the rule's tasks are admitted (admission.Settings,
 	// the rules file's max_wait, wait_slots, horizon, weights and
 	// share_limit): MaxWait bounds how long a task may wait in its
@@ -320,6 +328,10 @@ func (m *Middleware) checkRule(r *TaskRule) error {
 		return bad("fair_by", "needs Options.Asynq: the wake-up loop serves the subject's line")
 	case r.ShareLimit != (throttle.Limit{}) && r.FairBy == nil:
 		return bad("share_limit", "limits each share of fair_by; set fair_by too")
+	case r.Costs != nil && r.Cost != nil:
+		return bad("costs", "set Cost or Costs, not both")
+	case r.Costs != nil && !isCostsWaiter(r.Limiter):
+		return bad("costs", "need a *throttle.Limiter, which charges each of its rules its own cost")
 	case r.Priority != nil && m.parking == nil:
 		return bad("priority", "needs Options.Asynq: the wake-up loop serves the subject's line, which orders tasks by priority")
 	case r.Priority != nil && r.ShareLimit != (throttle.Limit{}):

@@ -3,12 +3,16 @@ package worker
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/hibiken/asynq"
 
 	"github.com/jobthrottle/jobthrottle/rules"
+	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
 // Reserve, then settle. A rule with a Cost charges it before the handler
@@ -48,6 +52,29 @@ func SetCost(ctx context.Context, n int) error {
 	return nil
 }
 
+// SetCosts reports the real costs of the running task under each rule of
+// its rule's limiter, in the order of the limiter's rules, for a rule
+// with Costs (TaskRule.Costs): when the handler returns, the turn is
+// settled to them, each rule given back or charged its own difference, in
+// one call (throttle.Reservation.SettleCosts). The last call counts. It
+// returns SetCost's errors for a cost out of range or a context not under
+// a Middleware.
+func SetCosts(ctx context.Context, c throttle.Costs) error {
+	rep, ok := ctx.Value(costKey{}).(*costReport)
+	if !ok {
+		return fmt.Errorf("worker: SetCosts: the context is not a task's under a Middleware; nothing will be settled")
+	}
+	for _, n := range c {
+		if n < 0 || n > rules.MaxCost {
+			return fmt.Errorf("worker: SetCosts: cost %d is out of range; want 0 to %d permits", n, rules.MaxCost)
+		}
+	}
+	rep.mu.Lock()
+	defer rep.mu.Unlock()
+	rep.costs = slices.Clone(c)
+	return nil
+}
+
 // settleTimeout bounds the settle call made after the handler returned
 // (its context may have ended).
 const settleTimeout = 2 * time.Second
@@ -57,8 +84,9 @@ const settleTimeout = 2 * time.Second
 type costReport struct {
 	mu      sync.Mutex
 	cost    int
-	set     bool // SetCost was called
-	skipped bool // a middleware did not run the handler (parked, deferred)
+	set     bool           // SetCost was called
+	costs   throttle.Costs // SetCosts's, nil if it was not called
+	skipped bool           // a middleware did not run the handler (parked, deferred)
 }
 
 type costKey struct{}
@@ -80,35 +108,55 @@ func (r *costReport) notRun() {
 	r.skipped = true
 }
 
-// actual returns the cost to settle a turn of rule r to, and false to keep
-// the turn as charged.
-func (r *costReport) actual(rule *ruleGate) (int, bool) {
+// actual returns the cost to settle a turn of rule r to (with
+// TaskRule.Costs, the costs per rule if SetCosts gave them), and false to
+// keep the turn as charged.
+func (r *costReport) actual(rule *ruleGate) (int, throttle.Costs, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	switch {
 	case r.skipped:
-		return 0, true
+		return 0, nil, true
+	case r.costs != nil && rule.Costs != nil:
+		return 0, r.costs, true
 	case r.set && rule.Cost != nil:
-		return r.cost, true
+		return r.cost, nil, true
 	}
-	return 0, false
+	return 0, nil, false
 }
 
 // settle corrects the task's turn under r once its handler has returned:
 // to the cost the handler reported, or to 0 if an inner middleware did
 // not run it. A failure is logged: the turn then keeps its estimate.
 func (m *Middleware) settle(ctx context.Context, r *ruleGate, task *asynq.Task, w turn, rep *costReport) {
-	actual, ok := rep.actual(r)
-	if !ok || w.res == nil || actual == w.cost {
+	actual, per, ok := rep.actual(r)
+	if !ok || w.res == nil || (per == nil && w.costs == nil && actual == w.cost) {
 		return
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
 	id, _ := asynq.GetTaskID(ctx)
 	log := m.log.With("rule", r.Name, "task_id", id, "task_type", task.Type(), "subject", w.Subject)
-	if err := w.res.Settle(sctx, actual); err != nil {
-		log.WarnContext(ctx, "worker: cannot settle the task's cost; its estimate stays charged", "estimate", w.cost, "actual", actual, "error", err)
+	var err error
+	if per != nil {
+		err = w.res.SettleCosts(sctx, per)
+	} else {
+		err = w.res.Settle(sctx, actual)
+	}
+	if err != nil {
+		log.WarnContext(ctx, "worker: cannot settle the task's cost; its estimate stays charged", "estimate", w.estimate(), "actual", costText(actual, per), "error", err)
 		return
 	}
-	log.DebugContext(ctx, "worker: settled the task's cost", "estimate", w.cost, "actual", actual)
+	log.DebugContext(ctx, "worker: settled the task's cost", "estimate", w.estimate(), "actual", costText(actual, per))
+}
+
+// estimate is the cost w took, for logs: its costs per rule, or its cost.
+func (w turn) estimate() string { return costText(w.cost, w.costs) }
+
+// costText is a cost for logs: per, "1 900 400", if not nil, else n.
+func costText(n int, per throttle.Costs) string {
+	if per == nil {
+		return strconv.Itoa(n)
+	}
+	return strings.Trim(fmt.Sprint([]int(per)), "[]")
 }

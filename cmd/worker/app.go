@@ -141,7 +141,8 @@ func build(o options, cfg *rules.Config, hs *handler.Config, rdb redis.Universal
 	// middleware, before it, swaps its own rules.
 	handlers := func(cfg *rules.Config, hs *handler.Config) (*asynq.ServeMux, error) {
 		mux := asynq.NewServeMux()
-		if err := hs.Register(mux, handler.Options{Rules: cfg, Redis: rdb, Getenv: getenv, Logger: log, Metrics: hmetrics}); err != nil {
+		if err := hs.Register(mux, handler.Options{Rules: cfg, Redis: rdb, Getenv: getenv, Logger: log, Metrics: hmetrics,
+			SetCost: worker.SetCost, SetCosts: worker.SetCosts}); err != nil {
 			return nil, err
 		}
 		if a.demo != nil {

@@ -151,7 +151,7 @@ rules:
     subject: {fixed: all}
     limits:
       - {name: per-minute, algorithm: sliding_window, limit: 100, period: 1m, precision: 1s}
-      - {name: daily, algorithm: fixed_window, limit: 5000, period: 24h}
+      - {name: daily, algorithm: fixed_window, limit: 5000, period: 24h, cost: {payload_field: pages}}
   - name: crm
     tasks: ["crm:*"]
     subject: {fixed: crm-key}
@@ -186,8 +186,8 @@ handlers:
 		`rule "partner" (line 3): tasks partner:*; subject: payload field "account_id"; max_wait: 30s`,
 		`  limit partner: gcra, 20 per 1s, burst 5`,
 		`rule "reports" (line 11): tasks report:render; subject: fixed "all"; max_wait: 1s (the default)`,
-		`  limit reports.per-minute: sliding_window, 100 per 1m0s, precision 1s`,
-		`  limit reports.daily: fixed_window, 5000 per 24h0m0s`,
+		`  limit reports.per-minute: sliding_window, 100 per 1m0s, precision 1s; cost 1`,
+		`  limit reports.daily: fixed_window, 5000 per 24h0m0s; cost payload field "pages"`,
 		`rule "crm" (line 17): tasks crm:*; subject: fixed "crm-key"; max_wait: 1s (the default)`,
 		`  limit crm: gcra, 100 per 1s, burst 100`,
 		`  line: horizon 2s; fair_by payload field "tenant", weights gold=3 silver=2; share_limit 10 per 1s, burst 10`,

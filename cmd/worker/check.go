@@ -74,10 +74,23 @@ func describeRule(r rules.RuleConfig) ruleWords {
 	if r.MaxWait > 0 {
 		d.MaxWait = r.MaxWait.String()
 	}
-	for _, l := range r.Limits {
-		d.Limits = append(d.Limits, describeLimit(l))
+	for i, l := range r.Limits {
+		s := describeLimit(l)
+		if r.LimitCosts != nil {
+			s += "; cost " + describeCost(r.LimitCost(i))
+		}
+		d.Limits = append(d.Limits, s)
 	}
 	return d
+}
+
+// describeCost is a cost in words: `payload field "input_tokens"`, or a
+// number of permits.
+func describeCost(c rules.CostConfig) string {
+	if c.PayloadField != "" {
+		return fmt.Sprintf("payload field %q", c.PayloadField)
+	}
+	return fmt.Sprint(max(c.Permits, 1))
 }
 
 // describeLimit is one limit in words: "api: gcra, 20 per 1s, burst 5".

@@ -248,7 +248,7 @@ func ruleOnPage(r rules.RuleConfig, a worker.RuleActivity, quotas *pageQuotas, n
 		v.LastMinute += s.Admitted
 	}
 	perSecond := 0.0 // in tasks: the lowest rate of a limit the plot spans
-	for _, l := range r.Limits {
+	for i, l := range r.Limits {
 		if l.Algorithm == throttle.Concurrency {
 			continue
 		}
@@ -256,8 +256,9 @@ func ruleOnPage(r rules.RuleConfig, a worker.RuleActivity, quotas *pageQuotas, n
 			v.Uses = append(v.Uses, calendarWords(l, now)+" (this machine's clock)"+quotas.quotaWords(r, l, now))
 			continue
 		}
-		v.Uses = append(v.Uses, limitUse(l, a.Seconds, r.Cost))
-		rate := float64(l.Limit.Count) / l.Limit.Period.Seconds() / float64(max(r.Cost.Permits, 1))
+		cost := r.LimitCost(i)
+		v.Uses = append(v.Uses, limitUse(l, a.Seconds, cost))
+		rate := float64(l.Limit.Count) / l.Limit.Period.Seconds() / float64(max(cost.Permits, 1))
 		if l.Limit.Period <= worker.ActivitySpan && (perSecond == 0 || rate < perSecond) {
 			perSecond = rate
 		}

@@ -2,8 +2,9 @@
 // hidden requests limit and tokens limit, with zero 429s and the tokens
 // limit nearly full. Each call's real token count is known only from the
 // answer: a task reserves an estimate (its prompt plus its max_tokens, an
-// upper bound), the handler reports the real count with worker.SetCost, and
-// the middleware settles the difference back into the shared ledger.
+// upper bound) beside one request, both limits decided in one call, the
+// handler reports the real count with worker.SetCosts, and the middleware
+// settles the difference back into the shared ledger.
 //
 //	go run ./examples/llm-budget
 //
@@ -128,46 +129,33 @@ func run(ctx context.Context, cfg config, out io.Writer) (result, error) {
 	for range cfg.Servers {
 		rdb := redis.NewClient(&redis.Options{Addr: dev.Addr()})
 		defer rdb.Close()
-		tokens, err := throttle.New(rdb, throttle.Options{Prefix: "llm:"}, tokenRule)
+		// One policy of two limits of different costs: a request (1 per
+		// call) and tokens (an estimate, settled by the handler), decided
+		// in one call (worker.TaskRule.Costs, in the order of the rules).
+		lim, err := throttle.New(rdb, throttle.Options{Prefix: "llm:"}, requestRule, tokenRule)
 		if err != nil {
 			return result{}, err
 		}
-		requests, err := throttle.New(rdb, throttle.Options{Prefix: "llm:"}, requestRule)
-		if err != nil {
-			return result{}, err
-		}
-		// Two limits of different costs are two rules in two middlewares:
-		// tokens (an estimate, settled by the handler) outside, requests
-		// (one per call) inside. A call the requests rule parks gives its
-		// tokens back.
 		//
 		// The tasks wait for their turns in their worker slots (MaxWait,
-		// WaitSlots) instead of parking: a parked task books its turn at
-		// once, at its estimate, and a whole backlog booked that way keeps
-		// the estimates' pace whatever the settles give back (they give
-		// it to turns taken later, and there would be none). Waiting in
-		// place, only the tasks in worker slots hold turns; the rest stay
-		// in asynq's pending list, unbooked, and each takes its turn when
-		// a slot frees, on a ledger the calls before it have settled.
-		outer, err := worker.NewMiddleware([]worker.TaskRule{{
-			Name: "tpm", Tasks: []string{"llm:*"}, Limiter: tokens, Subject: worker.Fixed("llm-api"),
-			Cost: estimate, Settings: admission.Settings{MaxWait: time.Minute, WaitSlots: cfg.Concurrency},
+		// WaitSlots): a batch this short (seconds) is drained fastest
+		// that way, each task taking its turn when a slot frees, on a
+		// ledger the calls before it have settled. A long backlog may
+		// park instead (the default Settings): turns are then booked only
+		// within the horizon, so what a settle gives back moves the
+		// tokens' schedule back and the tasks served after it use it
+		// (worker/README.md, costs known only afterwards).
+		mw, err := worker.NewMiddleware([]worker.TaskRule{{
+			Name: "llm", Tasks: []string{"llm:*"}, Limiter: lim, Subject: worker.Fixed("llm-api"),
+			Costs: costs, Settings: admission.Settings{MaxWait: time.Minute, WaitSlots: cfg.Concurrency},
 		}}, worker.Options{Logger: quietLogger(), Asynq: rdb})
 		if err != nil {
 			return result{}, err
 		}
-		defer outer.Drain()
-		inner, err := worker.NewMiddleware([]worker.TaskRule{{
-			Name: "rpm", Tasks: []string{"llm:*"}, Limiter: requests, Subject: worker.Fixed("llm-api"),
-			Settings: admission.Settings{MaxWait: time.Minute, WaitSlots: cfg.Concurrency},
-		}}, worker.Options{Logger: quietLogger(), Asynq: rdb})
-		if err != nil {
-			return result{}, err
-		}
-		defer inner.Drain()
+		defer mw.Drain()
 
 		mux := asynq.NewServeMux()
-		mux.Use(outer.Wrap, inner.Wrap)
+		mux.Use(mw.Wrap)
 		client := &http.Client{Timeout: 10 * time.Second}
 		mux.HandleFunc("llm:chat", func(ctx context.Context, t *asynq.Task) error {
 			used, err := call(ctx, client, url, t.Payload())
@@ -175,7 +163,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (result, error) {
 				return err
 			}
 			// The real cost, known only now: settled when this returns.
-			if err := worker.SetCost(ctx, used); err != nil {
+			if err := worker.SetCosts(ctx, throttle.Costs{1, used}); err != nil {
 				return err
 			}
 			est, _ := estimate(t)
@@ -255,8 +243,14 @@ type prompt struct {
 	Answer       int `json:"answer"`
 }
 
-// estimate is the tokens rule's Cost: the prompt plus max_tokens, an upper
-// bound of what the call can use.
+// costs is the rule's Costs: one request, and the tokens' estimate.
+func costs(t *asynq.Task) (throttle.Costs, error) {
+	est, err := estimate(t)
+	return throttle.Costs{1, est}, err
+}
+
+// estimate is the tokens a call reserves: the prompt plus max_tokens, an
+// upper bound of what the call can use.
 func estimate(t *asynq.Task) (int, error) {
 	var p prompt
 	if err := json.Unmarshal(t.Payload(), &p); err != nil {

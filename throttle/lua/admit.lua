@@ -20,7 +20,9 @@
 -- KEYS[r+4] ... KEYS[r+10] -> the subject's line (line.lua)
 -- ARGV[1]     -> 'admit'
 -- ARGV[2]     -> n, the permits; 0 serves the line (with a concurrency
---                rule: reads the places)
+--                rule: reads the places). Or one per rule, 'n1,n2,...,nr'
+--                (per_rule, rules.lua; not with a concurrency rule or
+--                share caps), which a member of the line keeps
 -- ARGV[3]     -> how long the caller can wait where it is for a new turn,
 --                microseconds (-1: no bound)
 -- ARGV[4 + 5 * (i - 1)] ... -> rule i, five values (rules.lua)
@@ -75,7 +77,7 @@
 -- still wait) or DENIED, 1, members left, µs until the line should be
 -- served again, 0, now, '' x r, waiter 1, slot 1 (µs of Redis time),
 -- waiter 2, ...}.
-local n = tonumber(ARGV[2])
+local n, ns = per_rule(ARGV[2])
 local wait_here = tonumber(ARGV[3])
 local nrules = #KEYS - 11
 upstream_pace(KEYS[#KEYS], nrules)
@@ -121,7 +123,7 @@ redis.call('ZREMRANGEBYSCORE', rkey, '0', '(' .. string.format('%d', now - tol))
 local pause_end = tonumber(redis.call('GET', KEYS[nrules + 2])) or 0
 local tkey = KEYS[nrules + 3]
 local early = tonumber(ARGV[b + 3])
-local line = not c and tonumber(ARGV[b + 2]) >= 0 and (booking ~= '' or n == 0) and line_open(n, nrules, b, rkey, tkey, tol)
+local line = not c and tonumber(ARGV[b + 2]) >= 0 and (booking ~= '' or n == 0) and line_open(n, nrules, b, rkey, tkey, tol, ns)
 if line and n == 0 then return line.serve() end
 for i = b + 11, #ARGV do
   local slot = tonumber(redis.call('ZSCORE', rkey, ARGV[i]))
@@ -185,7 +187,7 @@ if booking == '' then max_wait = wait_here end
 -- the rate rules: it is charged when it has a place.
 if c and not cc.free(c) then return wait_place() end
 
-local reply, final = decide(n, true, max_wait, nrules)
+local reply, final = decide(n, true, max_wait, nrules, ns)
 -- decide's ok is the status from here on: 1 is GRANTED, 0 DENIED.
 if line and reply[1] == 0 then
   -- Past the horizon: the caller starts the line, which is served when its

@@ -6,7 +6,9 @@
 -- KEYS[i]   -> the key of rule i: <prefix>{<subject>}:<rule>, i = 1..r
 -- ARGV[1]   -> 'allow', 'reserve' or 'atmost'
 -- ARGV[2]   -> n, the number of permits; 0 (allow, reserve) reads the
---              state and charges nothing
+--              state and charges nothing. Under several rules, allow and
+--              reserve also take one per rule, 'n1,n2,...,nr' (per_rule,
+--              rules.lua)
 -- ARGV[3]   -> reserve: the longest delay accepted, microseconds (-1: no
 --              bound); allow and atmost: -1
 -- ARGV[4 + 5 * (i - 1)] ... -> rule i, five values (rules.lua), its
@@ -49,6 +51,8 @@ if not decide then
   local ticket = (one_commit or commits[algo])(KEYS[1], count, period, extra, n, delay, s1, s2)
   return {1, 1, remaining, math.ceil(math.min(delay, max_us)), reset, now, ticket}
 end
-local reply = decide(n, op == 'reserve', tonumber(ARGV[3]), nrules)
+local ns
+if not n then n, ns = per_rule(ARGV[2]) end
+local reply = decide(n, op == 'reserve', tonumber(ARGV[3]), nrules, ns)
 if atmost and reply[1] == 1 then reply[#reply + 1] = n end
 return reply

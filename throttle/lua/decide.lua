@@ -1,8 +1,10 @@
 -- The decision shared by allow.lua, prepay.lua and admit.lua; not a script
 -- of its own (throttle/scripts.go puts it after rules.lua in theirs).
 --
--- decide(n, reserve, max_wait, nrules) checks a request of n permits
--- against each of the nrules rules (rules.lua: KEYS[i] and ARGV from 4) and,
+-- decide(n, reserve, max_wait, nrules, ns) checks a request of n permits
+-- (or, with ns, of ns[i] permits under rule i, n their largest: per_rule,
+-- rules.lua) against each of the nrules rules (rules.lua: KEYS[i] and ARGV
+-- from 4) and,
 -- if every rule admits it (reserve: within max_wait µs, -1 for no bound),
 -- charges it. It returns
 --   {ok (1/0), deciding rule index (1-based), remaining, delay µs,
@@ -16,12 +18,14 @@
 -- for reserve, delay is how long the caller must wait for its slot.
 -- n = 0 charges nothing: ok tells whether a request of 0 would be admitted
 -- now (reserve: within the bound; delay until then), with no tickets.
+-- With ns, a rule charged 0 is not checked (it neither denies nor delays
+-- the request, nor decides it) and its ticket is ''.
 -- allow.lua decides a policy of one rule inline for allow and reserve
 -- (not rare), and defines no decide: a function defined in the script body
 -- is a new closure on every call (prelude.lua: cost per call), about 2 000
 -- redis-server instructions per Allow of a window (BENCHMARKS.md).
 local decide
-if rare or #ARGV > 8 then decide = function(n, reserve, max_wait, nrules)
+if rare or #ARGV > 8 then decide = function(n, reserve, max_wait, nrules, ns)
   if nrules == 1 then
     -- One rule, the common case: no per-rule arrays, one reply table.
     local algo, count, period, extra = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -40,8 +44,13 @@ if rare or #ARGV > 8 then decide = function(n, reserve, max_wait, nrules)
   local ok = true
   for i = 1, nrules do
     local algo, count, period, extra = rule(i)
-    oks[i], delays[i], rems[i], rsets[i], s1s[i], s2s[i] =
-      (one_check or checks[algo])(KEYS[i], count, period, extra, n, reserve, max_wait)
+    local m = ns and ns[i] or n
+    if ns and m == 0 then
+      oks[i], delays[i], rems[i], rsets[i] = true, 0, max_us, 0
+    else
+      oks[i], delays[i], rems[i], rsets[i], s1s[i], s2s[i] =
+        (one_check or checks[algo])(KEYS[i], count, period, extra, m, reserve, max_wait)
+    end
     if not oks[i] then ok = false end
   end
   local decider, delay, reset = 1, 0, 0
@@ -60,7 +69,12 @@ if rare or #ARGV > 8 then decide = function(n, reserve, max_wait, nrules)
   if ok and n > 0 then
     for i = 1, nrules do
       local algo, count, period, extra = rule(i)
-      reply[6 + i] = (one_commit or commits[algo])(KEYS[i], count, period, extra, n, delays[i], s1s[i], s2s[i])
+      local m = ns and ns[i] or n
+      if m > 0 then
+        reply[6 + i] = (one_commit or commits[algo])(KEYS[i], count, period, extra, m, delays[i], s1s[i], s2s[i])
+      else
+        reply[6 + i] = ''
+      end
     end
   end
   -- remaining is clamped: a paused window may hold more than its count.

@@ -1,12 +1,13 @@
 -- The subject's line, part 1 of 2 (not a script: part of admit's,
--- throttle/scripts.go): its keys, the shares' caps, and joining or staying
--- in it. line_serve.lua adds the servings. admit.lua documents the line's
+-- throttle/scripts.go): its keys, the shares' caps, joining or staying in
+-- it, and taking a member's turn (take). line_serve.lua adds the servings. admit.lua documents the line's
 -- KEYS and ARGV; a line's state:
 --
 --   KEYS[r+4] <prefix>{<subject>}:!line(<rules>): a sorted set of the
 --             waiting members by their place (one line per limiter's rules,
 --             which its servings charge)
---   KEYS[r+5] :!line:e, a hash: member -> its n and waiter, one a line
+--   KEYS[r+5] :!line:e, a hash: member -> its n (ARGV[2]'s form: one
+--             number, or one per rule, per_rule in rules.lua) and waiter
 --   KEYS[r+6] :!line:f, a hash: 's' .. share -> the place of the share's
 --             last member; 'v' -> the place of the last member served;
 --             't' -> the Redis time (µs) of the last serving
@@ -36,11 +37,11 @@
 -- (its permits, divided by weights, while it is not empty) stay below it.
 local place_band = 2 ^ 40
 
--- line_entry splits an entry of :e into its n, promote time (nil if none)
--- and waiter.
+-- line_entry splits an entry of :e into its n (as ARGV[2] gave it: read
+-- it with per_rule), promote time (nil if none) and waiter.
 local function line_entry(e)
-  local m, p, waiter = string.match(e or '', '^(%d+) ?(%d*)\n(.*)$')
-  return tonumber(m), tonumber(p), waiter
+  local m, p, waiter = string.match(e or '', '^([%d,]+) ?(%d*)\n(.*)$')
+  return m, tonumber(p), waiter
 end
 
 -- line_level returns the level of a member of the line scored score.
@@ -141,8 +142,8 @@ local function line_base(n, nrules, b, rkey, tkey, tol)
   -- bound, when it is promoted (promote, or the age bound from now).
   local function entry(m, waiter, promote)
     if not promote and l.max_age then promote = now + l.max_age end
-    if not promote then return string.format('%d', m) .. '\n' .. waiter end
-    return string.format('%d %d', m, promote) .. '\n' .. waiter
+    if not promote then return m .. '\n' .. waiter end
+    return m .. string.format(' %d', promote) .. '\n' .. waiter
   end
   -- enqueue puts member, at place, in share sh's queue, and the share among
   -- the served ones if it is neither served nor asleep; it returns true if
@@ -167,7 +168,7 @@ local function line_base(n, nrules, b, rkey, tkey, tol)
     local place = math.max(tonumber(f[1]) or 0, tonumber(f[2]) or 0) + n / l.weight
     local ahead = redis.call('ZCARD', l.key)
     redis.call('ZADD', l.key, fmt(place - l.level * place_band), ARGV[b])
-    redis.call('HSET', l.ekey, ARGV[b], entry(n, ARGV[b + 5]))
+    redis.call('HSET', l.ekey, ARGV[b], entry(ARGV[2], ARGV[b + 5]))
     redis.call('HSET', l.fkey, share, fmt(place))
     if l.ci then
       -- A share that wakes a line whose shares all sleep (served only when
@@ -185,7 +186,7 @@ local function line_base(n, nrules, b, rkey, tkey, tol)
   -- horizons, whoever served it may have stopped: it is served at once.
   function l.stay(member, place)
     local m, promote = line_entry(redis.call('HGET', l.ekey, member))
-    m = m or n
+    m = m or ARGV[2]
     local sh = ARGV[b + 6]
     if member ~= ARGV[b] then
       redis.call('ZREM', l.key, member)
@@ -196,11 +197,80 @@ local function line_base(n, nrules, b, rkey, tkey, tol)
     if l.ci then enqueue(sh, tonumber(place), ARGV[b]) end
     redis.call('HSET', l.ekey, ARGV[b], entry(m, ARGV[b + 5], promote))
     local ahead = redis.call('ZCOUNT', l.key, '-inf', '(' .. place)
-    local back = fallback(ahead, m, l.ci and sh)
+    local back = fallback(ahead, (per_rule(m)), l.ci and sh)
     keep(back + l.horizon + tol)
     local serve = -1
     if now - (tonumber(redis.call('HGET', l.fkey, 't')) or 0) > 2 * l.horizon then serve = 0 end
     return {IN_LINE, 1, redis.call('ZCARD', l.key), back, serve, now}
   end
-  return l, {fmt = fmt, qhead = qhead, cap_delay = cap_delay, cap_take = cap_take, sleep = sleep}
+  -- take books m permits under every rule (and share sh's cap, if given)
+  -- if the turn is within the horizon, and returns true, its delay and the
+  -- tickets; else false and the delay until the rules would admit it, and
+  -- with a cap that admits later than the rules, the cap's delay. With by,
+  -- a turn at or after the Redis time by is not taken: false, its delay,
+  -- nil, true. ms, if given, is the permits per rule (m their largest):
+  -- a rule of 0 is not checked nor charged, its ticket ''.
+  local function take_now(m, sh, by, ms)
+    local delays, s1s, s2s, late = {}, {}, {}, -1
+    for i = 1, nrules do
+      local algo, count, period, extra = rule(i)
+      local mi = ms and ms[i] or m
+      local ok, d, _, _, s1, s2 = true, 0
+      if mi > 0 or not ms then
+        ok, d, _, _, s1, s2 = (one_check or checks[algo])(KEYS[i], count, period, extra, mi, true, l.horizon)
+      end
+      if not ok then
+        if d > late then late = d end
+      end
+      delays[i], s1s[i], s2s[i] = d, s1, s2
+    end
+    if late >= 0 then return false, late end
+    local tks, delay = {}, 0
+    for i = 1, nrules do
+      if delays[i] > delay then delay = delays[i] end
+    end
+    if by and now + delay >= by then return false, delay, nil, true end
+    if sh then
+      local dc = cap_delay(sh, m)
+      if dc > delay then return false, delay, dc end
+      cap_take(sh, m, delay)
+    end
+    for i = 1, nrules do
+      local algo, count, period, extra = rule(i)
+      local mi = ms and ms[i] or m
+      tks[i] = ''
+      if mi > 0 or not ms then
+        tks[i] = (one_commit or commits[algo])(KEYS[i], count, period, extra, mi, delays[i], s1s[i], s2s[i])
+      end
+    end
+    return true, math.ceil(delay), tks
+  end
+  -- take is take_now (ms: its permits per rule), or with at (µs),
+  -- take_now as if called at now + at:
+  -- a turn booked ahead at that moment, which may leave the rules' turns
+  -- before it unused. It is asked only where no one waits for those turns
+  -- (nobody in line, or every share asleep), for a share whose own limit
+  -- admits it at now + at, and only of the bucket algorithms (every rule
+  -- of a limiter with share limits is one, throttle/admit.go), whose state
+  -- is a time and books any moment. Delays are from the real now.
+  local function take(m, sh, by, at, ms)
+    if not at or at <= 0 then return take_now(m, sh, by, ms) end
+    local real = now
+    now = now + at
+    local ok, delay, x, first = take_now(m, sh, by, ms)
+    now = real
+    delay = delay + at
+    if ok then
+      -- bucket.lua set the keys' TTLs from the shifted now: at too short.
+      for i = 1, nrules do
+        local pt = redis.call('PTTL', KEYS[i])
+        if pt > 0 then redis.call('PEXPIRE', KEYS[i], pt + math.ceil(at / 1000)) end
+      end
+      keep_ttl(l.ckey, (tonumber(redis.call('ZSCORE', l.ckey, sh)) or now) - now)
+    elseif type(x) == 'number' then
+      x = x + at
+    end
+    return ok, delay, x, first
+  end
+  return l, {fmt = fmt, qhead = qhead, sleep = sleep, take = take}
 end

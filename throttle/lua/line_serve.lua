@@ -1,6 +1,6 @@
 -- The subject's line, part 2 of 2 (not a script: part of admit's,
--- throttle/scripts.go, after line.lua): taking members' turns and serving
--- the line.
+-- throttle/scripts.go, after line.lua): booking members' turns (taken by
+-- line.lua's take) and serving the line.
 --
 -- A serving (admit with n = 0 and a horizon) books, from the line's head,
 -- each member's turn (as admit's BOOKED books) while the turn is within
@@ -12,70 +12,12 @@
 -- is within the horizon (take, with at; the rules are buckets); else the
 -- caller starts the line, its share asleep.
 
--- line_open returns the line of an admit (line_base's arguments, line.lua):
+-- line_open returns the line of an admit (line_base's arguments, line.lua,
+-- and ns, the caller's permits per rule if ARGV[2] gives them: per_rule):
 -- l with join, stay, serve and direct.
-local function line_open(n, nrules, b, rkey, tkey, tol)
+local function line_open(n, nrules, b, rkey, tkey, tol, ns)
   local l, h = line_base(n, nrules, b, rkey, tkey, tol)
-  local fmt, qhead, cap_delay, cap_take, sleep = h.fmt, h.qhead, h.cap_delay, h.cap_take, h.sleep
-  -- take books m permits under every rule (and share sh's cap, if given)
-  -- if the turn is within the horizon, and returns true, its delay and the
-  -- tickets; else false and the delay until the rules would admit it, and
-  -- with a cap that admits later than the rules, the cap's delay. With by,
-  -- a turn at or after the Redis time by is not taken: false, its delay,
-  -- nil, true.
-  local function take_now(m, sh, by)
-    local delays, s1s, s2s, late = {}, {}, {}, -1
-    for i = 1, nrules do
-      local algo, count, period, extra = rule(i)
-      local ok, d, _, _, s1, s2 = (one_check or checks[algo])(KEYS[i], count, period, extra, m, true, l.horizon)
-      if not ok then
-        if d > late then late = d end
-      end
-      delays[i], s1s[i], s2s[i] = d, s1, s2
-    end
-    if late >= 0 then return false, late end
-    local tks, delay = {}, 0
-    for i = 1, nrules do
-      if delays[i] > delay then delay = delays[i] end
-    end
-    if by and now + delay >= by then return false, delay, nil, true end
-    if sh then
-      local dc = cap_delay(sh, m)
-      if dc > delay then return false, delay, dc end
-      cap_take(sh, m, delay)
-    end
-    for i = 1, nrules do
-      local algo, count, period, extra = rule(i)
-      tks[i] = (one_commit or commits[algo])(KEYS[i], count, period, extra, m, delays[i], s1s[i], s2s[i])
-    end
-    return true, math.ceil(delay), tks
-  end
-  -- take is take_now, or with at (µs), take_now as if called at now + at:
-  -- a turn booked ahead at that moment, which may leave the rules' turns
-  -- before it unused. It is asked only where no one waits for those turns
-  -- (nobody in line, or every share asleep), for a share whose own limit
-  -- admits it at now + at, and only of the bucket algorithms (every rule
-  -- of a limiter with share limits is one, throttle/admit.go), whose state
-  -- is a time and books any moment. Delays are from the real now.
-  local function take(m, sh, by, at)
-    if not at or at <= 0 then return take_now(m, sh, by) end
-    local real = now
-    now = now + at
-    local ok, delay, x, first = take_now(m, sh, by)
-    now = real
-    delay = delay + at
-    if ok then
-      -- bucket.lua set the keys' TTLs from the shifted now: at too short.
-      for i = 1, nrules do
-        local pt = redis.call('PTTL', KEYS[i])
-        if pt > 0 then redis.call('PEXPIRE', KEYS[i], pt + math.ceil(at / 1000)) end
-      end
-      keep_ttl(l.ckey, (tonumber(redis.call('ZSCORE', l.ckey, sh)) or now) - now)
-    elseif type(x) == 'number' then
-      x = x + at
-    end
-    return ok, delay, x, first
-  end
+  local fmt, qhead, sleep, take = h.fmt, h.qhead, h.sleep, h.take
   -- book records member's turn, taken with delay and tickets tks.
   local function book(member, delay, tks)
     local slot = now + delay
@@ -140,8 +82,10 @@ local function line_open(n, nrules, b, rkey, tkey, tol)
       local member, score, lv = pick(heads)
       if not member then break end
       local m, _, waiter = line_entry(redis.call('HGET', l.ekey, member))
+      local ms
+      if m then m, ms = per_rule(m) end
       local ok, delay, tks = false, max_us, nil
-      if m then ok, delay, tks = take(m) end
+      if m then ok, delay, tks = take(m, nil, nil, nil, ms) end
       if not ok and m and delay < max_us / 2 then
         next_us = math.max(delay - l.horizon / 2, 0)
         break
@@ -194,6 +138,8 @@ local function line_open(n, nrules, b, rkey, tkey, tol)
       local member, entry, place = qhead(sh)
       local e = member and redis.call('HGET', l.ekey, member)
       local m, _, waiter = line_entry(e)
+      local ms
+      if m then m, ms = per_rule(m) end
       if not member then
         redis.call('ZREM', l.hkey, sh)
       elseif not e then
@@ -207,7 +153,7 @@ local function line_open(n, nrules, b, rkey, tkey, tol)
         -- The share woken ahead is the first asleep: nobody goes first.
         local at, by = nil, asleep
         if sh == ahead then at, by, ahead = ahead_at, nil, nil end
-        if m then ok, delay, dc, first = take(m, sh, by, at) end
+        if m then ok, delay, dc, first = take(m, sh, by, at, ms) end
         if ok then tks, dc = dc, nil end
         if not ok and m and delay < max_us / 2 and not dc and not first then
           next_us = math.max(delay - l.horizon / 2, 0)
@@ -266,7 +212,7 @@ local function line_open(n, nrules, b, rkey, tkey, tol)
     local sh = ARGV[b + 6]
     -- Spent states (a share's time passed) are a fresh share's.
     redis.call('ZREMRANGEBYSCORE', l.ckey, '-inf', fmt(now))
-    local ok, delay, x = take(n, sh)
+    local ok, delay, x = take(n, sh, nil, nil, ns)
     if not ok then
       if delay >= max_us / 2 or (x and x >= max_us / 2) then
         return {DENIED, 1, 0, math.ceil(math.min(x or delay, max_us)), 0, now}
@@ -276,7 +222,7 @@ local function line_open(n, nrules, b, rkey, tkey, tol)
       -- turn is booked ahead, for when that limit admits it, if within the
       -- horizon; else it starts the line, its share asleep.
       if x > l.horizon then return l.join(x - l.horizon / 2, x) end
-      ok, delay, x = take(n, sh, nil, x)
+      ok, delay, x = take(n, sh, nil, x, ns)
       if not ok then return l.join(math.max(delay, x or 0) - l.horizon / 2, x) end
     end
     local wait = tonumber(ARGV[3])

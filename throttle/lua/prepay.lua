@@ -11,7 +11,8 @@
 --               tickets of its rules and the Redis time (µs) of the call
 --               that booked them, one a line (prelude.lua: keep_tickets)
 -- ARGV[1]    -> 'prepay'
--- ARGV[2]    -> n, the number of permits; 0 charges nothing
+-- ARGV[2]    -> n, the number of permits (or one per rule, per_rule in
+--               rules.lua); 0 charges nothing
 -- ARGV[3]    -> the longest delay accepted, microseconds (-1: no bound)
 -- ARGV[4 + 5 * (i - 1)] ... -> rule i, five values (rules.lua)
 -- ARGV[4 + 5r] -> the receipt: id and rule names, a sorted-set member
@@ -21,7 +22,7 @@
 -- r is floor((#ARGV - 3) / 5).
 --
 -- Returns decide's reply (decide.lua), as reserve.
-local n = tonumber(ARGV[2])
+local n, ns = per_rule(ARGV[2])
 local max_wait = tonumber(ARGV[3])
 local nrules = math.floor((#ARGV - 3) / 5)
 
@@ -54,7 +55,7 @@ if after > 0 and (max_wait < 0 or max_wait >= after) then
   end
 end
 
-local reply, final = decide(n, true, max_wait, nrules)
+local reply, final = decide(n, true, max_wait, nrules, ns)
 if unshift then reply = unshift(reply) end
 if final or reply[1] ~= 1 then return reply end
 local rkey, keep = KEYS[nrules + 1], tonumber(ARGV[5 + 5 * nrules])

@@ -13,7 +13,8 @@
 -- KEYS[2r+1+i] -> rule i's record of its latest Reset,
 --                 <prefix>{<subject>}:<rule>!reset (reset.lua)
 -- ARGV[1]      -> 'refund' or 'undo'
--- ARGV[2]      -> n, the first reservation's permits
+-- ARGV[2]      -> n, the first reservation's permits (a number, or one
+--                 per rule: per_rule, rules.lua; so is each later n)
 -- ARGV[3]      -> the Redis time (µs) of the call that made the first
 --                 reservation (-1 if unknown)
 -- ARGV[4 + 5 * (i - 1)] ... -> rule i, five values (rules.lua), with the
@@ -56,18 +57,20 @@ local function refund_share(st)
   if back <= 0 then return end
   redis.call('ZADD', caps, string.format('%.17g', math.max(tat - back, now)), sh)
 end
--- refund_one gives back m permits, of a reservation made at the Redis
--- time booked, with the tickets ticket(i) and share ticket st; nothing
--- under a rule reset since (at or after booked).
+-- refund_one gives back m permits (ARGV's form: per_rule), of a
+-- reservation made at the Redis time booked, with the tickets ticket(i)
+-- and share ticket st; nothing under a rule reset since (at or after
+-- booked).
 local function refund_one(m, booked, ticket, st)
   local reset = false
+  local most, ms = per_rule(m)
   for i = 1, nrules do
     local algo, count, period, extra = rule(i)
     local tk = ticket(i)
     if rs[i] and booked <= rs[i] then
       reset = true
     elseif tk ~= '' then
-      refund[algo](KEYS[i], count, period, extra, m, tk, KEYS[nrules + 1 + i], undo)
+      refund[algo](KEYS[i], count, period, extra, ms and ms[i] or most, tk, KEYS[nrules + 1 + i], undo)
     end
   end
   if st and st ~= '' and not reset then refund_share(st) end
@@ -75,14 +78,14 @@ end
 local b = 4 + 5 * nrules
 local stride = 2 + nrules
 if caps then stride = stride + 1 end
-refund_one(tonumber(ARGV[2]), tonumber(ARGV[3]), function(i) return ARGV[4 + 5 * (i - 1) + 4] end, caps and ARGV[b])
+refund_one(ARGV[2], tonumber(ARGV[3]), function(i) return ARGV[4 + 5 * (i - 1) + 4] end, caps and ARGV[b])
 if caps then b = b + 1 end
 while ARGV[b] do
   local base = b
   local st = caps and ARGV[base + 2]
   local t0 = base + 1
   if caps then t0 = base + 2 end
-  refund_one(tonumber(ARGV[base]), tonumber(ARGV[base + 1]), function(i) return ARGV[t0 + i] end, st)
+  refund_one(ARGV[base], tonumber(ARGV[base + 1]), function(i) return ARGV[t0 + i] end, st)
   b = b + stride
 end
 if KEYS[nrules + 1] then

@@ -7,7 +7,9 @@
 -- ARGV[1] -> the operation: the script's name, or for allow.lua 'allow',
 --            'reserve' or 'atmost', for refund.lua 'refund' or 'undo'
 --            (prelude.lua reads it: rare)
--- ARGV[2] -> n, the number of permits
+-- ARGV[2] -> n, the number of permits: one number, which every rule is
+--            charged, or one per rule, 'n1,n2,...,nr' (AdmitRequest.Costs;
+--            per_rule reads both forms)
 -- ARGV[3] -> the operation's bound or time (each script's header)
 -- then for rule i, five values starting at ARGV[4 + 5 * (i - 1)]:
 --   algorithm name, count, period (microseconds), extra (burst; precision
@@ -23,6 +25,28 @@ if rare or #ARGV > 8 then
   rule = function(i)
     local b = 4 + 5 * (i - 1)
     return ARGV[b], tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), ARGV[b + 4]
+  end
+end
+
+-- per_rule reads a count of permits in either form of ARGV[2] (a number,
+-- or 'n1,n2,...,nr': refund.lua's and settle.lua's counts too, and a line
+-- member's, line.lua) and returns the largest and, for the second form,
+-- the table of each rule's (nil for one number). A rule whose count is 0
+-- in a table is neither checked nor charged (decide.lua): the request
+-- does not wait for it. Defined where rule is: the hot path (one rule,
+-- allow or reserve) reads ARGV[2] with tonumber and never gets a table.
+local per_rule
+if rare or #ARGV > 8 then
+  per_rule = function(s)
+    local x = tonumber(s)
+    if x then return x, nil end
+    local ns, most = {}, 0
+    for v in string.gmatch(s, '%d+') do
+      local c = tonumber(v)
+      ns[#ns + 1] = c
+      if c > most then most = c end
+    end
+    return most, ns
   end
 end
 

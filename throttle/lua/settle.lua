@@ -10,8 +10,9 @@
 --                 <prefix>{<subject>}:<rule>!settled (bucket.lua)
 -- KEYS[2r+1+i] -> rule i's record of its latest Reset (refund.lua)
 -- ARGV[1]      -> 'settle'
--- ARGV[2]      -> n, the permits reserved
--- ARGV[3]      -> the actual cost, permits
+-- ARGV[2]      -> n, the permits reserved (a number, or one per rule:
+--                 per_rule, rules.lua)
+-- ARGV[3]      -> the actual cost, permits, in either form as well
 -- ARGV[4 + 5 * (i - 1)] ... -> rule i, five values (rules.lua), with the
 --                 reservation's ticket for it
 -- ARGV[4 + 5r] -> the Redis time (µs) of the call that made the
@@ -23,16 +24,26 @@
 -- the work used it, and a charge can never admit more than the rule's
 -- bound.
 --
+-- A rule the reservation charged nothing (its ticket '': a cost of 0) is
+-- charged what the settle says it used if it is a bucket, as a settle for
+-- more charges it (into debt if need be); a window, which has no count of
+-- the reservation's to correct, is left as it is.
+--
 -- Returns 1.
-local n, actual = tonumber(ARGV[2]), tonumber(ARGV[3])
+local n, ns = per_rule(ARGV[2])
+local actual, as = per_rule(ARGV[3])
 local nrules = math.floor((#ARGV - 3) / 5)
 local booked = tonumber(ARGV[4 + 5 * nrules]) or -1
 local rs = resets(nrules)
 for i = 1, nrules do
   local algo, count, period, extra, tk = rule(i)
+  local m, a = ns and ns[i] or n, as and as[i] or actual
+  if tk == '' and m == 0 and a > 0 and (algo == 'gcra' or algo == 'token_bucket') then
+    tk = string.format('%d 0', now)
+  end
   -- Under a rule reset since the reservation, only a charge.
-  if tk ~= '' and (actual > n or not (rs[i] and booked <= rs[i])) then
-    settle[algo](KEYS[i], count, period, extra, n, actual, tk, booked, KEYS[nrules + 1 + i])
+  if tk ~= '' and a ~= m and (a > m or not (rs[i] and booked <= rs[i])) then
+    settle[algo](KEYS[i], count, period, extra, m, a, tk, booked, KEYS[nrules + 1 + i])
   end
 end
 local untl = tonumber(redis.call('GET', KEYS[nrules + 1]))
