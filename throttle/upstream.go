@@ -507,6 +507,11 @@ type Lesson struct {
 	From    float64
 	// Changed reports that the answer changed the policy.
 	Changed bool
+	// Since is how long before this answer the learned rate was last
+	// lowered (by a 429 or a slower policy); negative if it never was. A
+	// 429 that lowers the rate soon after the last lowering says that
+	// the lowering did not stop the 429s.
+	Since time.Duration
 }
 
 // Learn records what the resource answered to d's request (d may be nil
@@ -542,10 +547,11 @@ func (u *Upstream) Learn(ctx context.Context, subject string, d *Departure, a An
 		err = u.lim.result(ctx, opLearn, err)
 		return Lesson{}, err
 	}
-	if len(raw) != 6 {
+	if len(raw) != 7 {
 		return Lesson{}, fmt.Errorf("throttle: upstream: unexpected reply %v", raw)
 	}
-	l := Lesson{Learned: learned(raw[2], raw[4], raw[5]), Lowered: replyInt(raw[0]) == 1, Changed: replyInt(raw[3]) == 1}
+	l := Lesson{Learned: learned(raw[2], raw[4], raw[5]), Lowered: replyInt(raw[0]) == 1, Changed: replyInt(raw[3]) == 1,
+		Since: time.Duration(replyInt(raw[6])) * time.Microsecond}
 	l.From, _ = strconv.ParseFloat(replyText(raw[1]), 64)
 	return l, nil
 }
