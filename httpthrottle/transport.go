@@ -33,8 +33,10 @@
 // says so in a log line (Options.Logger) and in Stats, and the rate
 // recovers slowly towards the announced one; an upstream that announces
 // nothing is discovered the same way, from 429s, never above the
-// configured rules. A Retry-After (and a window with nothing left for a
-// second or more) pauses the subject for every process. The first request
+// configured rules. A 503's Retry-After, and a window with nothing left
+// for a second or more, pause the subject for every process; a 429's
+// Retry-After does only while the schedule cannot space the requests by
+// itself (see Transport). The first request
 // after nothing is known of an upstream goes alone; the others wait for
 // its answer.
 //
@@ -67,13 +69,22 @@ import (
 // rules' while nothing is learned, after any pause, within the window the
 // last answers described.
 //
-// When the upstream answers 429 Too Many Requests or 503 Service
-// Unavailable with a Retry-After header (delta-seconds or an HTTP-date, RFC
-// 9110 §10.2.3), the transport pauses the subject in Redis (PauseFor) for
-// that long, capped at MaxPause: every worker on every machine then waits
-// until the upstream's time, not just the one that was told. A request
-// that was already waiting for its departure when the pause came is
-// booked again, after it. A 429 also lowers the learned rate.
+// A 429 Too Many Requests lowers the learned rate for every process. When
+// the upstream answers 503 Service Unavailable with a Retry-After header
+// (delta-seconds or an HTTP-date, RFC 9110 §10.2.3), the transport pauses
+// the subject in Redis (PauseFor) for that long, capped at MaxPause: every
+// worker on every machine then waits until the upstream's time, not just
+// the one that was told. A 429's Retry-After pauses the subject so only
+// when the schedule cannot be trusted to space the requests: while no
+// rate is learned (nothing but the rules paces the fleet), or when the
+// 429 lowered the rate less than its Retry-After after the last lowering
+// (the 429s repeat although the rate went down). An isolated 429 under a
+// learned rate, the usual see-saw of a fleet near its limit, lowers the
+// rate and nothing more: its request alone waits out the Retry-After,
+// which is the caller's to honour (the worker's http handler defers its
+// task by it), while the others keep their slots on the slower schedule.
+// A request that was already waiting for its departure when a pause came
+// is booked again, after it.
 //
 // Every response's rate-limit headers are read too (ParseRateLimitHeaders)
 // and, when they can change what the fleet knows, recorded in Redis
@@ -142,9 +153,15 @@ type Options struct {
 	// the rules' pace, and could push a request the rule admitted past
 	// MaxLearnedWait: a paced request then leaves at once, without one
 	// (the first to a subject, and one every PacedRecheck, still departs,
-	// to learn what the fleet knows). Once a rate is learned, requests
-	// depart as without Paced, which keeps each one within the tolerance
-	// of its slot at the upstream.
+	// to learn what the fleet knows). Once a rate is learned, Admit books
+	// the departure of each request it lets run at that rate in the same
+	// call, and its turn is that departure (throttle.Upstream): a request
+	// whose context carries its turn (WithTurn, as the worker's http
+	// handler does) and is sent within throttle.DepartureTolerance of it
+	// leaves at once, with no call to Redis; one sent later departs again
+	// (throttle.Upstream.DepartLate), so that each request leaves within
+	// the tolerance of its slot at the upstream. Without a turn, requests
+	// depart as without Paced.
 	Paced bool
 	// MaxLearnedWait bounds how long a request waits for its departure on
 	// the upstream schedule: a request whose departure is further away
@@ -177,6 +194,11 @@ type Stats struct {
 	// (throttle.Departure.Rebooked): a pause or a lowering voided them,
 	// or they would have left late.
 	Rebooked int64
+	// Departed is the requests that left on a departure booked for them
+	// on the upstream schedule (throttle.Upstream.Depart, one call to
+	// Redis each, two if it had to be confirmed), rather than at once on
+	// their admitted turn (Options.Paced).
+	Departed int64
 	// LeftLate is the requests that left later than
 	// throttle.DepartureTolerance after their slots, on a machine too busy
 	// to leave in time.
@@ -184,12 +206,12 @@ type Stats struct {
 }
 
 // counters are a Transport's Stats.
-type counters struct{ sent, tooMany, lowered, paused, rebooked, leftLate atomic.Int64 }
+type counters struct{ sent, tooMany, lowered, paused, rebooked, departed, leftLate atomic.Int64 }
 
 // Stats returns the transport's counts so far.
 func (t *Transport) Stats() Stats {
 	return Stats{Sent: t.stats.sent.Load(), TooMany: t.stats.tooMany.Load(), Lowered: t.stats.lowered.Load(),
-		Paused: t.stats.paused.Load(), Rebooked: t.stats.rebooked.Load(), LeftLate: t.stats.leftLate.Load()}
+		Paused: t.stats.paused.Load(), Rebooked: t.stats.rebooked.Load(), Departed: t.stats.departed.Load(), LeftLate: t.stats.leftLate.Load()}
 }
 
 // LearnedRate returns the rate, in requests per second, that the fleet
@@ -291,9 +313,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
-// listen applies what a response says: a pause for a Retry-After (or a
-// window with nothing left for a second or more), and what it teaches
-// the fleet about the upstream's limit.
+// listen applies what a response says: what it teaches the fleet about
+// the upstream's limit, and a pause for a window with nothing left for a
+// second or more, or for a Retry-After when fleetPause says so.
 func (t *Transport) listen(ctx context.Context, subject string, d *throttle.Departure, resp *http.Response) {
 	now := serverNow(resp)
 	tooMany := resp.StatusCode == http.StatusTooManyRequests
@@ -301,34 +323,72 @@ func (t *Transport) listen(ctx context.Context, subject string, d *throttle.Depa
 		t.stats.tooMany.Add(1)
 	}
 	info, _ := ParseRateLimitHeaders(resp.Header, now)
-	pause := time.Duration(0)
+	retry := time.Duration(0)
 	if tooMany || resp.StatusCode == http.StatusServiceUnavailable {
 		if ra, ok := ParseRetryAfter(resp.Header.Get("Retry-After"), now); ok {
-			pause = ra
+			retry = ra
 		}
 	}
+	pause := time.Duration(0)
 	if a := answer(info, false); info.HasRemaining && info.Remaining == 0 && info.HasReset && a.ResetMin >= time.Second {
-		pause = max(pause, a.ResetMin)
+		pause = a.ResetMin
+	}
+	lesson, learned := throttle.Lesson{}, false
+	if tooMany || d.Probe || informative(info, d.Learned) {
+		lesson, learned = t.learn(ctx, subject, d, info, tooMany)
+	}
+	if retry > 0 && (!tooMany || fleetPause(lesson, learned, retry)) {
+		pause = max(pause, retry)
 	}
 	if pause > 0 {
 		t.pauseFor(ctx, subject, pause)
 	}
-	if tooMany || d.Probe || informative(info, d.Learned) {
-		t.learn(ctx, subject, d, info, tooMany)
+}
+
+// fleetPause reports whether a 429 whose Retry-After is retry pauses
+// every process (see Transport), given what Learn made of it (learned
+// false if Learn failed): when no rate is learned, so that nothing spaces
+// the fleet's requests but the rules, or when the 429 lowered the rate
+// within retry of the last lowering, so that the lowerings are not
+// stopping the 429s. An isolated 429 under a learned rate only lowers it:
+// its request waits its Retry-After alone (the caller's retry), and the
+// schedule, slower now, goes on.
+func fleetPause(l throttle.Lesson, learned bool, retry time.Duration) bool {
+	if !learned || l.Rate <= 0 {
+		return true
 	}
+	return l.Lowered && l.Since >= 0 && l.Since < retry
 }
 
 // depart returns req's departure: booked on the upstream schedule, or,
 // for a paced request (Options.Paced) of a subject whose upstream taught
 // no rate, one that leaves now.
 func (t *Transport) depart(ctx context.Context, subject string) (*throttle.Departure, error) {
+	var turn *Turn
 	if t.paced {
-		if d, ok := t.seen.now(subject); ok {
+		if tu, ok := ctx.Value(turnKey{}).(Turn); ok {
+			turn = &tu
+		}
+		if d, late, ok := t.seen.onTurn(subject, turn); ok && !late {
 			return d, nil
+		} else if !ok {
+			if d, ok := t.seen.now(subject); ok {
+				return d, nil
+			}
 		}
 	}
-	d, err := t.up.Depart(ctx, subject, t.maxWait)
+	// A request on a turn that may be its departure (this process does
+	// not know yet, or it is late for it) books again with that turn:
+	// it leaves now (or at the turn) if nobody booked after it.
+	var d *throttle.Departure
+	var err error
+	if turn != nil {
+		d, err = t.up.DepartLate(ctx, subject, t.maxWait, turn.Slot)
+	} else {
+		d, err = t.up.Depart(ctx, subject, t.maxWait)
+	}
 	if err == nil {
+		t.stats.departed.Add(1)
 		t.seen.saw(subject, d)
 	}
 	return d, err
@@ -348,12 +408,12 @@ func serverNow(resp *http.Response) time.Time {
 	return now
 }
 
-// learn records an answer in Redis for the fleet, and says what it
-// changed.
-func (t *Transport) learn(ctx context.Context, subject string, d *throttle.Departure, info RateLimitInfo, tooMany bool) {
+// learn records an answer in Redis for the fleet, says what it changed,
+// and returns what Learn made of it (false if it failed).
+func (t *Transport) learn(ctx context.Context, subject string, d *throttle.Departure, info RateLimitInfo, tooMany bool) (throttle.Lesson, bool) {
 	l, ok := t.record(ctx, subject, d, answer(info, tooMany))
 	if !ok {
-		return
+		return l, false
 	}
 	if l.Lowered {
 		t.stats.lowered.Add(1)
@@ -363,6 +423,7 @@ func (t *Transport) learn(ctx context.Context, subject string, d *throttle.Depar
 	if l.Changed && t.onLearn != nil {
 		t.onLearn(subject, info)
 	}
+	return l, true
 }
 
 // record is Learn on a context that outlives the request's.

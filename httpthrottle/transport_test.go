@@ -388,3 +388,63 @@ func TestTransportRefusesConcurrency(t *testing.T) {
 		t.Errorf("New on a rate limiter: %v", err)
 	}
 }
+
+// refusing is an API that accepts every request but those whose numbers
+// (from 1) are in refuse, which it answers 429 with Retry-After: 1; every
+// answer announces a policy of 20 per second. It records every request.
+type refusing struct {
+	refuse map[int]bool
+	mu     sync.Mutex
+	calls  []time.Duration
+}
+
+func (u *refusing) RoundTrip(*http.Request) (*http.Response, error) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.calls = append(u.calls, at())
+	rec := httptest.NewRecorder()
+	rec.Header().Set("RateLimit-Policy", `"default";q=20;w=1`)
+	if u.refuse[len(u.calls)] {
+		rec.Header().Set("Retry-After", "1")
+		rec.WriteHeader(http.StatusTooManyRequests)
+	}
+	return rec.Result(), nil
+}
+
+// An isolated 429 under a learned rate lowers the rate and pauses no one:
+// the fleet goes on at the slower rate, never stopping for the 429's
+// Retry-After. A second 429 soon after the lowering (within its
+// Retry-After, to a request booked after it) says that the lowering did
+// not help: that one pauses every process.
+func TestTransportIsolated429DoesNotPause(t *testing.T) {
+	cases := []struct {
+		name    string
+		refuse  map[int]bool
+		lowered int64
+		pause   bool // a gap of a second or more in the requests
+	}{
+		{"isolated", map[int]bool{20: true}, 1, false},
+		{"two apart", map[int]bool{20: true, 60: true}, 2, false},
+		{"repeated", map[int]bool{20: true, 30: true}, 2, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			virtual(t, func(t *testing.T, _ *redis.Client, m *miniredis.Miniredis) {
+				up := &refusing{refuse: c.refuse}
+				trs := fleet(t, m, up, 2, fast, Options{})
+				backlog(t, trs, 2, 80)
+				if got := trs[0].Stats().Lowered + trs[1].Stats().Lowered; got != c.lowered {
+					t.Errorf("the rate was lowered %d times; want %d", got, c.lowered)
+				}
+				paused := trs[0].Stats().Paused + trs[1].Stats().Paused
+				longest := time.Duration(0)
+				for i := 1; i < len(up.calls); i++ {
+					longest = max(longest, up.calls[i]-up.calls[i-1])
+				}
+				if pause := longest >= time.Second; pause != c.pause || (paused > 0) != c.pause {
+					t.Errorf("longest gap between requests %v, %d pauses; want a fleet pause: %v", longest, paused, c.pause)
+				}
+			})
+		})
+	}
+}

@@ -14,15 +14,18 @@
 -- ARGV[18] -> the interval the departure was booked at, µs (0: unknown, or
 --             none)
 --
--- Reply {lowered, from, rate, changed, q, w}: lowered 1 if a 429 lowered the
--- rate from `from`; rate the learned rate after (text); changed 1 if the
--- policy changed.
+-- Reply {lowered, from, rate, changed, q, w, since, pf}: lowered 1 if a 429
+-- lowered the rate from `from`; rate the learned rate after (text); changed
+-- 1 if the policy changed; since how long before now the rate was last
+-- lowered before this answer (µs; -1: never); pf as depart's.
 grow()
 local too_many, booked, dep = ARGV[9] == '1', tonumber(ARGV[10]), tonumber(ARGV[11])
 local quota, window, limit = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
 local remaining, reset_min, reset_max = tonumber(ARGV[15]), tonumber(ARGV[16]), tonumber(ARGV[17])
 local dep_iv = tonumber(ARGV[18])
 local changed, down, from = 0, 0, ''
+local since = -1
+if s.d then since = now - s.d end
 if s.p then set('p', nil) end
 
 -- adopt follows a new policy: a faster one starts again at k_start of
@@ -116,4 +119,4 @@ end
 save()
 local pq, pw = s.q or 0, s.w or 0
 if pq == 0 and s.l and s.lw then pq, pw = s.l, s.lw end
-return {down, from, rate_text(), changed, pq, pw}
+return {down, from, rate_text(), changed, pq, pw, since, pf_text()}
