@@ -153,9 +153,20 @@ func (h *httpHandler) send(ctx context.Context, task *asynq.Task) error {
 	if err != nil {
 		return payloadError(task, err)
 	}
-	ctx, subject, err := h.limited(ctx, task)
-	if err != nil {
-		return err
+	subject := ""
+	if h.lim != nil {
+		if subject, err = h.subject.Of(task.Payload()); err != nil {
+			return payloadError(task, err)
+		}
+		ctx = context.WithValue(ctx, subjectKey{}, subject)
+		// A task that slept until its slot may have been overtaken by a
+		// pause another worker recorded meanwhile: then it does not send.
+		if w, ok := admission.WaitedFrom(ctx); ok && w.Duration > 0 {
+			if left, err := h.lim.PauseFor(ctx, subject, 0); err == nil && left > 0 {
+				return &admission.ThrottledError{Rule: h.rule, Subject: subject, RetryAt: time.Now().Add(left),
+					Err: fmt.Errorf("handler: %s is paused: its upstream asked every worker to slow down", h.url.origin)}
+			}
+		}
 	}
 	rctx, cancel := context.WithTimeout(ctx, h.spec.HTTP.Timeout)
 	defer cancel()
@@ -215,35 +226,6 @@ func (h *httpHandler) answer(ctx context.Context, task *asynq.Task, subject, wha
 		return &attemptError{outcome: OutcomeHTTP4xx, status: code,
 			err: fmt.Errorf("handler: %s answered %s: %s; archived without retry: %w", what, resp.Status, excerpt(out), asynq.SkipRetry)}
 	}
-}
-
-// limited prepares the context of a task's request under the handler's
-// rule: its subject, and the turn it was admitted on. It returns the
-// error that ends the task instead (a bad payload; a pause that
-// overtook a task which slept until its turn).
-func (h *httpHandler) limited(ctx context.Context, task *asynq.Task) (context.Context, string, error) {
-	if h.lim == nil {
-		return ctx, "", nil
-	}
-	subject, err := h.subject.Of(task.Payload())
-	if err != nil {
-		return ctx, "", payloadError(task, err)
-	}
-	ctx = context.WithValue(ctx, subjectKey{}, subject)
-	if w, ok := admission.WaitedFrom(ctx); ok && !w.At.IsZero() {
-		// The turn may be the request's departure too (a learned
-		// upstream rate paced it): sent on time, it needs no call.
-		ctx = httpthrottle.WithTurn(ctx, httpthrottle.Turn{Slot: w.Turn, At: w.At})
-	}
-	// A task that slept until its slot may have been overtaken by a
-	// pause another worker recorded meanwhile: then it does not send.
-	if w, ok := admission.WaitedFrom(ctx); ok && w.Duration > 0 {
-		if left, err := h.lim.PauseFor(ctx, subject, 0); err == nil && left > 0 {
-			return ctx, subject, &admission.ThrottledError{Rule: h.rule, Subject: subject, RetryAt: time.Now().Add(left),
-				Err: fmt.Errorf("handler: %s is paused: its upstream asked every worker to slow down", h.url.origin)}
-		}
-	}
-	return ctx, subject, nil
 }
 
 // request is the task's request to target: its payload as the body

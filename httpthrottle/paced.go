@@ -1,7 +1,6 @@
 package httpthrottle
 
 import (
-	"context"
 	"sync"
 	"time"
 
@@ -81,52 +80,4 @@ func (p *pacedSubjects) slowest(recent time.Duration) float64 {
 		}
 	}
 	return rate
-}
-
-// A Turn is the turn of Limiter.Admit a paced request (Options.Paced) is
-// sent on, as admission.Wait reports it.
-type Turn struct {
-	// Slot is the turn on the Redis clock (admission.Wait.Turn).
-	Slot time.Time
-	// At is the turn on the local monotonic clock (admission.Wait.At).
-	At time.Time
-}
-
-type turnKey struct{}
-
-// WithTurn returns ctx carrying the turn its request is sent on, for a
-// paced Transport (Options.Paced). A turn that Limiter.Admit decided at
-// the learned upstream rate is also the request's departure
-// (throttle.Learned.PacedFrom): sent within throttle.DepartureTolerance
-// of it, the request leaves at once with no call to Redis; later, it
-// departs again (throttle.Upstream.DepartLate), at once if no departure
-// was booked after its turn.
-func WithTurn(ctx context.Context, t Turn) context.Context {
-	return context.WithValue(ctx, turnKey{}, t)
-}
-
-// onTurn returns a departure that leaves at once for a request sent on
-// turn (nil: none) of a subject whose upstream taught a rate, if the turn
-// is one Admit booked as a departure (from Learned.PacedFrom on) and what
-// this process knows of it is recent enough to trust; late reports that
-// the request comes later than the tolerance after the turn. ok is false
-// for any other request: it departs on the schedule.
-func (p *pacedSubjects) onTurn(subject string, turn *Turn) (d *throttle.Departure, late, ok bool) {
-	if turn == nil {
-		return nil, false, false
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	s, ok := p.seen[subject]
-	l := s.learned
-	if !ok || l.Rate <= 0 || l.PacedFrom.IsZero() || turn.Slot.Before(l.PacedFrom) || time.Since(s.at) > throttle.UpstreamTTL/2 {
-		return nil, false, false
-	}
-	iv := time.Duration(float64(time.Second) / l.Rate)
-	if time.Since(turn.At) > throttle.DepartureTolerance(iv) {
-		return nil, true, true
-	}
-	s.at = time.Now()
-	p.seen[subject] = s
-	return throttle.DepartNow(l), false, true
 }

@@ -153,15 +153,9 @@ type Options struct {
 	// the rules' pace, and could push a request the rule admitted past
 	// MaxLearnedWait: a paced request then leaves at once, without one
 	// (the first to a subject, and one every PacedRecheck, still departs,
-	// to learn what the fleet knows). Once a rate is learned, Admit books
-	// the departure of each request it lets run at that rate in the same
-	// call, and its turn is that departure (throttle.Upstream): a request
-	// whose context carries its turn (WithTurn, as the worker's http
-	// handler does) and is sent within throttle.DepartureTolerance of it
-	// leaves at once, with no call to Redis; one sent later departs again
-	// (throttle.Upstream.DepartLate), so that each request leaves within
-	// the tolerance of its slot at the upstream. Without a turn, requests
-	// depart as without Paced.
+	// to learn what the fleet knows). Once a rate is learned, requests
+	// depart as without Paced, which keeps each one within the tolerance
+	// of its slot at the upstream.
 	Paced bool
 	// MaxLearnedWait bounds how long a request waits for its departure on
 	// the upstream schedule: a request whose departure is further away
@@ -194,11 +188,6 @@ type Stats struct {
 	// (throttle.Departure.Rebooked): a pause or a lowering voided them,
 	// or they would have left late.
 	Rebooked int64
-	// Departed is the requests that left on a departure booked for them
-	// on the upstream schedule (throttle.Upstream.Depart, one call to
-	// Redis each, two if it had to be confirmed), rather than at once on
-	// their admitted turn (Options.Paced).
-	Departed int64
 	// LeftLate is the requests that left later than
 	// throttle.DepartureTolerance after their slots, on a machine too busy
 	// to leave in time.
@@ -206,12 +195,12 @@ type Stats struct {
 }
 
 // counters are a Transport's Stats.
-type counters struct{ sent, tooMany, lowered, paused, rebooked, departed, leftLate atomic.Int64 }
+type counters struct{ sent, tooMany, lowered, paused, rebooked, leftLate atomic.Int64 }
 
 // Stats returns the transport's counts so far.
 func (t *Transport) Stats() Stats {
 	return Stats{Sent: t.stats.sent.Load(), TooMany: t.stats.tooMany.Load(), Lowered: t.stats.lowered.Load(),
-		Paused: t.stats.paused.Load(), Rebooked: t.stats.rebooked.Load(), Departed: t.stats.departed.Load(), LeftLate: t.stats.leftLate.Load()}
+		Paused: t.stats.paused.Load(), Rebooked: t.stats.rebooked.Load(), LeftLate: t.stats.leftLate.Load()}
 }
 
 // LearnedRate returns the rate, in requests per second, that the fleet
@@ -364,31 +353,13 @@ func fleetPause(l throttle.Lesson, learned bool, retry time.Duration) bool {
 // for a paced request (Options.Paced) of a subject whose upstream taught
 // no rate, one that leaves now.
 func (t *Transport) depart(ctx context.Context, subject string) (*throttle.Departure, error) {
-	var turn *Turn
 	if t.paced {
-		if tu, ok := ctx.Value(turnKey{}).(Turn); ok {
-			turn = &tu
-		}
-		if d, late, ok := t.seen.onTurn(subject, turn); ok && !late {
+		if d, ok := t.seen.now(subject); ok {
 			return d, nil
-		} else if !ok {
-			if d, ok := t.seen.now(subject); ok {
-				return d, nil
-			}
 		}
 	}
-	// A request on a turn that may be its departure (this process does
-	// not know yet, or it is late for it) books again with that turn:
-	// it leaves now (or at the turn) if nobody booked after it.
-	var d *throttle.Departure
-	var err error
-	if turn != nil {
-		d, err = t.up.DepartLate(ctx, subject, t.maxWait, turn.Slot)
-	} else {
-		d, err = t.up.Depart(ctx, subject, t.maxWait)
-	}
+	d, err := t.up.Depart(ctx, subject, t.maxWait)
 	if err == nil {
-		t.stats.departed.Add(1)
 		t.seen.saw(subject, d)
 	}
 	return d, err

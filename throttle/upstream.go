@@ -71,14 +71,9 @@ import (
 // while the learned rate is slower than a gcra or token_bucket rule's,
 // that rule's turns are decided at the learned rate with a burst of 1,
 // and no sooner than the next departure's slot. So a backlog parks on
-// turns the resource accepts. A caller that runs on such a turn (granted,
-// or its booking redeemed) takes its request's departure in the same
-// call: at the turn, or an interval after the latest departure if that
-// is later (one that came back late moved the schedule), and Admit's
-// delay is until it; its request leaves then with no call of its own
-// (DepartNow), or, later than DepartureTolerance, departs again
-// (DepartLate). Other callers of the rule (Allow, Reserve, Wait) keep its
-// own rate.
+// turns the resource accepts, and a request sent on its turn departs at
+// once instead of being sent back to wait again. Other callers of the rule
+// (Allow, Reserve, Wait) keep its own rate.
 //
 // The first departure after nothing is known of the resource (a new
 // subject, or its state expired) probes: the others wait for its answer,
@@ -203,14 +198,6 @@ type Learned struct {
 	// inferred from a limit and the longest reset seen. Both zero if none.
 	Quota  int
 	Window time.Duration
-	// PacedFrom is the first departure, on the Redis clock, that
-	// Limiter.Admit booked with a turn it let run at the learned rate
-	// (see Upstream): a turn from it on (Admission.Slot,
-	// admission.Wait.Turn) is its request's departure, and the request
-	// may leave on it without a call of its own (DepartNow) within
-	// DepartureTolerance; a turn before it ran at the rules' pace. Zero
-	// if Admit booked none yet.
-	PacedFrom time.Time
 }
 
 // A Departure is a request's slot on its subject's upstream schedule,
@@ -293,23 +280,6 @@ func DepartureTolerance(interval time.Duration) time.Duration {
 // returned. A Redis failure is an error matching ErrRedis, unless the
 // limiter fails open: the request then leaves at once.
 func (u *Upstream) Depart(ctx context.Context, subject string, maxWait time.Duration) (*Departure, error) {
-	return u.depart(ctx, subject, maxWait, "")
-}
-
-// DepartLate books again the departure of a request whose turn
-// Limiter.Admit booked as its departure (at turn, on the Redis clock: a
-// turn from Learned.PacedFrom on) but which is too late to leave on it
-// (more than DepartureTolerance after it). If no departure was booked
-// after the turn, the request may still leave now without coming closer
-// to the one before it than the schedule allows, and does; else it is
-// booked as Depart books. The rest is as for Depart.
-func (u *Upstream) DepartLate(ctx context.Context, subject string, maxWait time.Duration, turn time.Time) (*Departure, error) {
-	return u.depart(ctx, subject, maxWait, strconv.FormatInt(turn.UnixMicro(), 10))
-}
-
-// depart is Depart, and DepartLate for turn (µs of Redis time as text;
-// "" for none).
-func (u *Upstream) depart(ctx context.Context, subject string, maxWait time.Duration, turn string) (*Departure, error) {
 	if _, err := encodeSubject(subject); err != nil {
 		return nil, err
 	}
@@ -319,7 +289,7 @@ func (u *Upstream) depart(ctx context.Context, subject string, maxWait time.Dura
 	for {
 		if d == nil {
 			var err error
-			if d, err = u.book(ctx, keys, maxWait, turn); err != nil || d.seq < 0 {
+			if d, err = u.book(ctx, keys, maxWait); err != nil || d.seq < 0 {
 				return d, err
 			}
 		}
@@ -351,8 +321,7 @@ func (u *Upstream) depart(ctx context.Context, subject string, maxWait time.Dura
 		}
 		late++
 		rebooked++
-		d, turn = nil, ""
-
+		d = nil
 	}
 }
 
@@ -362,10 +331,10 @@ const maxLate = 3
 
 // book books a departure, waiting while the first departure's answer is
 // awaited.
-func (u *Upstream) book(ctx context.Context, keys []string, maxWait time.Duration, turn string) (*Departure, error) {
+func (u *Upstream) book(ctx context.Context, keys []string, maxWait time.Duration) (*Departure, error) {
 	for {
 		bound, byDeadline := u.bound(ctx, maxWait)
-		raw, recv, err := u.call(ctx, keys, u.args(opDepart, micros(bound), ProbeWait.Microseconds(), turn))
+		raw, recv, err := u.call(ctx, keys, u.args(opDepart, micros(bound), ProbeWait.Microseconds()))
 		if err != nil {
 			return u.failed(ctx, opDepart, err)
 		}
@@ -405,7 +374,7 @@ func (u *Upstream) confirm(ctx context.Context, keys []string, d *Departure, max
 	if err := sleep(ctx, wait); err != nil {
 		return nil, err
 	}
-	return u.book(ctx, keys, maxWait, "")
+	return u.book(ctx, keys, maxWait)
 }
 
 // giveBack cancels a departure that will not leave: the schedule's end
@@ -457,7 +426,7 @@ func (u *Upstream) failed(ctx context.Context, o op, err error) (*Departure, err
 // departure booked, or how long to wait for the first answer, or a
 // *DelayError if the slot is too far.
 func (u *Upstream) departure(raw []any, recv time.Time, byDeadline bool) (*Departure, time.Duration, error) {
-	if len(raw) != 15 {
+	if len(raw) != 14 {
 		return nil, 0, fmt.Errorf("throttle: upstream: unexpected reply %v", raw)
 	}
 	status, _ := raw[0].(int64)
@@ -483,18 +452,14 @@ func (u *Upstream) departure(raw []any, recv time.Time, byDeadline bool) (*Depar
 		delay:    delay,
 		last:     replyText(raw[13]),
 	}
-	d.Learned = learned(raw[9], raw[10], raw[11], raw[14])
+	d.Learned = learned(raw[9], raw[10], raw[11])
 	return d, 0, nil
 }
 
-// learned decodes the rate (text, empty for none), policy and first
-// paced turn (text, µs, empty for none) of a reply.
-func learned(rate, quota, window, pacedFrom any) Learned {
+// learned decodes the rate (text, empty for none) and policy of a reply.
+func learned(rate, quota, window any) Learned {
 	l := Learned{Quota: int(replyInt(quota)), Window: time.Duration(replyInt(window)) * time.Microsecond}
 	l.Rate, _ = strconv.ParseFloat(replyText(rate), 64)
-	if pf, err := strconv.ParseFloat(replyText(pacedFrom), 64); err == nil {
-		l.PacedFrom = time.UnixMicro(int64(pf))
-	}
 	return l
 }
 
@@ -582,10 +547,10 @@ func (u *Upstream) Learn(ctx context.Context, subject string, d *Departure, a An
 		err = u.lim.result(ctx, opLearn, err)
 		return Lesson{}, err
 	}
-	if len(raw) != 8 {
+	if len(raw) != 7 {
 		return Lesson{}, fmt.Errorf("throttle: upstream: unexpected reply %v", raw)
 	}
-	l := Lesson{Learned: learned(raw[2], raw[4], raw[5], raw[7]), Lowered: replyInt(raw[0]) == 1, Changed: replyInt(raw[3]) == 1,
+	l := Lesson{Learned: learned(raw[2], raw[4], raw[5]), Lowered: replyInt(raw[0]) == 1, Changed: replyInt(raw[3]) == 1,
 		Since: time.Duration(replyInt(raw[6])) * time.Microsecond}
 	l.From, _ = strconv.ParseFloat(replyText(raw[1]), 64)
 	return l, nil

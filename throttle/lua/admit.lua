@@ -50,9 +50,7 @@
 --                booking, a receipt made by prepay
 -- KEYS[r+11]  -> the subject's upstream hash, <prefix>{<subject>}:!upstream(<rules>)
 --                (upstream_pace.lua): a learned rate slower than a bucket
---                rule's paces that rule, and a caller that runs on a turn
---                at that pace takes its request's departure there
---                (upstream_turn): the delay replied is until that
+--                rule's paces that rule
 -- r is #KEYS - 11.
 --
 -- Returns {status, deciding rule index, remaining, delay µs, reset µs,
@@ -82,7 +80,7 @@
 local n, ns = per_rule(ARGV[2])
 local wait_here = tonumber(ARGV[3])
 local nrules = #KEYS - 11
-local paced = upstream_pace(KEYS[#KEYS], nrules)
+upstream_pace(KEYS[#KEYS], nrules)
 local rkey, b = KEYS[nrules + 1], 4 + 5 * nrules
 local booking, tol = ARGV[b], tonumber(ARGV[b + 1])
 -- c is the caller's place under the policy's concurrency rule, if it has
@@ -157,8 +155,6 @@ for i = b + 11, #ARGV do
       return reply
     end
     redis.call('ZREM', rkey, ARGV[i])
-    -- At the learned pace, the caller runs at its request's departure.
-    if paced > 0 then d = upstream_turn(KEYS[#KEYS], now + d, paced) - now end
     local reply = {REDEEMED, 1, 0, d, 0, now}
     local tk = redis.call('HGET', tkey, ARGV[i])
     if tk then
@@ -200,10 +196,6 @@ if line and reply[1] == 0 then
 end
 if final then return reply end
 local later = wait_here >= 0 and reply[4] > wait_here
-if paced > 0 and reply[1] == 1 and not later then
-  -- At the learned pace, the caller runs at its request's departure.
-  reply[4] = upstream_turn(KEYS[#KEYS], now + reply[4], paced) - now
-end
 if c then
   -- A caller that runs now (or after waiting where it is) takes its place;
   -- one that must come back later gives a place it holds to the next.

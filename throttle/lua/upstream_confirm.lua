@@ -13,13 +13,12 @@
 --
 -- Reply {3} when the slot stands, else depart's reply:
 -- Reply {status, delay, slot, n, g, now, t before, t after, interval, rate,
--- q, w, probe, ls before, pf}: status 1 booked (delay µs from now, at slot; n
+-- q, w, probe, ls before}: status 1 booked (delay µs from now, at slot; n
 -- its number; interval the spacing it was booked at, µs; rate the learned
 -- rate as text, '' for none; q and w the policy, 0 0 for none; probe 1 if
 -- it is the first departure, whose answer the others await), 0 too far
 -- (delay: when it would be; nothing booked), 2 come back in delay (the
--- first departure's answer is awaited; nothing booked); pf the first turn
--- booked as a departure by admit (µs, text; '' for none).
+-- first departure's answer is awaited; nothing booked).
 local slot, g, late = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
 local pause = tonumber(redis.call('GET', pkey)) or 0
 if pause <= slot and g == s.g and now <= slot + late then return {3} end

@@ -5,16 +5,12 @@
 --
 -- ARGV[9]  -> the longest delay accepted, µs (-1: no bound)
 -- ARGV[10] -> how long the first departure's answer is waited for, µs
--- ARGV[11] -> the slot of the turn admit booked as this departure and that
---             the request is too late for (µs; '': none): if nothing was
---             booked after it, the request may leave now
 --
 -- Reply {status, delay, slot, n, g, now, t before, t after, interval, rate,
--- q, w, probe, ls before, pf}: status 1 booked (delay µs from now, at slot; n
+-- q, w, probe, ls before}: status 1 booked (delay µs from now, at slot; n
 -- its number; interval the spacing it was booked at, µs; rate the learned
 -- rate as text, '' for none; q and w the policy, 0 0 for none; probe 1 if
 -- it is the first departure, whose answer the others await), 0 too far
 -- (delay: when it would be; nothing booked), 2 come back in delay (the
--- first departure's answer is awaited; nothing booked); pf the first turn
--- booked as a departure by admit (µs, text; '' for none).
-return depart(tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]))
+-- first departure's answer is awaited; nothing booked).
+return depart(tonumber(ARGV[9]), tonumber(ARGV[10]))

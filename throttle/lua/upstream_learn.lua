@@ -14,10 +14,10 @@
 -- ARGV[18] -> the interval the departure was booked at, µs (0: unknown, or
 --             none)
 --
--- Reply {lowered, from, rate, changed, q, w, since, pf}: lowered 1 if a 429
+-- Reply {lowered, from, rate, changed, q, w, since}: lowered 1 if a 429
 -- lowered the rate from `from`; rate the learned rate after (text); changed
 -- 1 if the policy changed; since how long before now the rate was last
--- lowered before this answer (µs; -1: never); pf as depart's.
+-- lowered before this answer (µs; -1: never).
 grow()
 local too_many, booked, dep = ARGV[9] == '1', tonumber(ARGV[10]), tonumber(ARGV[11])
 local quota, window, limit = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
@@ -119,4 +119,4 @@ end
 save()
 local pq, pw = s.q or 0, s.w or 0
 if pq == 0 and s.l and s.lw then pq, pw = s.l, s.lw end
-return {down, from, rate_text(), changed, pq, pw, since, pf_text()}
+return {down, from, rate_text(), changed, pq, pw, since}

@@ -55,33 +55,3 @@ local function upstream_pace(ukey, nrules)
   end
   return applied
 end
-
--- up_ttl is the upstream hash's TTL in ms (throttle.UpstreamTTL; a test
--- checks that they agree): admit refreshes it when it books a departure.
-local up_ttl = 600000
-
--- upstream_turn (admit only, after upstream_pace applied the learned
--- interval iv, µs): a caller about to run on a turn at slot (µs of Redis
--- TIME; granted now or soon, or a booking redeemed) departs with it: its
--- request's departure is booked on the subject's upstream schedule
--- (upstream_state.lua: ls, t, n) at the turn, or one interval after the
--- latest departure if that is later (a task that came back late, or one
--- before it that did, moved the schedule). Returns the departure's slot,
--- which the caller waits for instead of the turn's: a request sent on it
--- within the departure tolerance needs no call of its own
--- (throttle.Upstream), and the next departure, of any process, comes an
--- interval after it. A turn booked for later (a parked task) takes its
--- departure when it is redeemed. pf, the first departure so booked since
--- the hash was made, tells senders which turns are departures: those
--- before it ran at the rules' pace.
-local function upstream_turn(ukey, slot, iv)
-  local v = redis.call('HMGET', ukey, 'ls', 't', 'n', 'pf')
-  local ls, t, n = tonumber(v[1]), tonumber(v[2]), tonumber(v[3]) or 0
-  local dep = math.max(slot, now)
-  if ls then dep = math.max(dep, ls + iv) end
-  dep = math.ceil(dep)
-  local f = function(x) return string.format('%d', x) end
-  redis.call('HSET', ukey, 'ls', f(dep), 't', f(math.max(t or 0, dep + iv)), 'n', n + 1, 'pf', v[4] or f(dep))
-  redis.call('PEXPIRE', ukey, up_ttl)
-  return dep
-end

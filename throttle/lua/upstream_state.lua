@@ -26,9 +26,6 @@
 --          departures until it resets, between wa and wb (µs); wk the
 --          number of the departure whose answer said so
 --   p      while the first departure's answer is awaited: until when (µs)
---   pf     the first turn Limiter.Admit decided at the learned rate and
---          booked as its request's departure (upstream_pace.lua's
---          upstream_turn), µs; absent: none yet
 --   The TTL is ARGV[4] ms from the last call that wrote it. Admit reads r
 --   (upstream_pace.lua).
 -- KEYS[2] -> <prefix>{<subject>}:!pause (read only): the Redis time (µs)
@@ -48,7 +45,7 @@ local key, pkey = KEYS[1], KEYS[2]
 local ceil_iv, ceil_b, ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local k_start, k_gentle, k_lower, k_discover = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 
-local names = {'t', 'n', 'ls', 'gap', 'r', 'u', 'hi', 'd', 'g', 'q', 'w', 'l', 'lw', 'wl', 'wa', 'wb', 'wk', 'p', 'pf'}
+local names = {'t', 'n', 'ls', 'gap', 'r', 'u', 'hi', 'd', 'g', 'q', 'w', 'l', 'lw', 'wl', 'wa', 'wb', 'wk', 'p'}
 local raw = redis.call('HMGET', key, unpack(names))
 local s = {}
 for i, f in ipairs(names) do s[f] = tonumber(raw[i]) end
@@ -105,26 +102,18 @@ local function rate_text()
   return ''
 end
 
-local function pf_text()
-  if s.pf then return fmt(s.pf) end
-  return ''
-end
-
 -- depart books the next departure: on the learned rate, at least one
 -- interval after the latest departure booked (so a new rate holds from
 -- the next departure on, faster or slower); or without one on the
 -- ceiling (a GCRA with its burst); after the subject's pause; and within
--- the window an answer described. turn (µs, nil for none) is the slot
--- of a turn admit booked as this request's departure (upstream_turn),
--- which it is too late for: if that is still the latest departure booked,
--- nobody comes after it, and the request may leave now.
-local function depart(max_wait, probe_wait, turn)
+-- the window an answer described.
+local function depart(max_wait, probe_wait)
   local probe = 0
   if not known then
     probe = 1
     set('p', now + probe_wait)
   elseif s.p and s.p > now and not s.r and not policy() then
-    return {2, math.ceil(math.min(s.p - now, 20000)), '', 0, 0, now, '', '', 0, '', 0, 0, 0, '', ''}
+    return {2, math.ceil(math.min(s.p - now, 20000)), '', 0, 0, now, '', '', 0, '', 0, 0, 0, ''}
   end
   grow()
   local pause = tonumber(redis.call('GET', pkey)) or 0
@@ -132,9 +121,7 @@ local function depart(max_wait, probe_wait, turn)
   local slot, after, iv = math.max(now, pause), before, 0
   if s.r then
     iv = 1e6 / least(s.r, cap())
-    local last = s.ls
-    if turn and last and math.abs(last - turn) < 0.5 then last = turn - iv end
-    if last then slot = math.max(slot, last + iv) end
+    if s.ls then slot = math.max(slot, s.ls + iv) end
     after = slot + iv
   elseif ceil_iv > 0 then
     iv = ceil_iv
@@ -157,7 +144,7 @@ local function depart(max_wait, probe_wait, turn)
     end
   end
   if max_wait >= 0 and slot - now > max_wait then
-    return {0, math.ceil(slot - now), '', 0, 0, now, '', '', 0, rate_text(), s.q or 0, s.w or 0, 0, '', pf_text()}
+    return {0, math.ceil(slot - now), '', 0, 0, now, '', '', 0, rate_text(), s.q or 0, s.w or 0, 0, ''}
   end
   local ls = s.ls
   set('t', after)
@@ -174,8 +161,7 @@ local function depart(max_wait, probe_wait, turn)
   if pq == 0 and s.l and s.lw then pq, pw = s.l, s.lw end
   local ls_text = ''
   if ls then ls_text = fmt(ls) end
-  return {1, math.ceil(slot - now), fmt(slot), s.n, s.g, now, fmt(before), fmt(after), math.ceil(iv), rate_text(), pq, pw, probe, ls_text,
-    pf_text()}
+  return {1, math.ceil(slot - now), fmt(slot), s.n, s.g, now, fmt(before), fmt(after), math.ceil(iv), rate_text(), pq, pw, probe, ls_text}
 end
 
 
