@@ -78,36 +78,15 @@ func TestGateCalendarQuota(t *testing.T) {
 				mu.Unlock()
 			}()
 		}
-		serves := 0
-		go func() {
-			next := <-serveAt
-			for {
-				time.Sleep(time.Until(next))
-				s, err := g.Serve(ctx, "acct")
-				if err != nil {
-					t.Errorf("Serve: %v", err)
-					return
-				}
-				serves++
-				mu.Lock()
-				for id, slot := range s.Handed {
-					woken[id] <- slot
-				}
-				mu.Unlock()
-				if s.Next.IsZero() {
-					return
-				}
-				next = s.Next
-			}
-		}()
+		serves := serveLineUntilEmpty(t, ctx, g, "acct", serveAt, &mu, woken)
 		wg.Wait()
 		want := map[string]int{"2000-04-01": 5, "2000-04-02": 5, "2000-04-03": 5, "2000-04-04": 5}
 		if fmt.Sprint(perDay) != fmt.Sprint(want) {
 			t.Errorf("jobs run per day in Los Angeles: %v; want %v", perDay, want)
 		}
 		if c := calls.Load(); c > 3*jobs {
-			t.Errorf("%d script calls for %d jobs (%d servings); want at most 3 a job", c, jobs, serves)
+			t.Errorf("%d script calls for %d jobs (%d servings); want at most 3 a job", c, jobs, serves.Load())
 		}
-		t.Logf("%d script calls for %d jobs, %d servings", calls.Load(), jobs, serves)
+		t.Logf("%d script calls for %d jobs, %d servings", calls.Load(), jobs, serves.Load())
 	})
 }
