@@ -68,7 +68,7 @@ func TestGateCalendarQuota(t *testing.T) {
 					}
 					time.Sleep(time.Until(d.At))
 					back, err := g.Admit(ctx, Request{Subject: "acct", Caller: throttle.Caller{ID: id}})
-					if err != nil || back.Outcome != Run || back.Turn != throttle.Redeemed {
+					if err != nil || back.Outcome != Run || back.Status != throttle.Redeemed {
 						t.Errorf("%s back at its turn: %+v, %v; want run on its booking", id, back, err)
 						return
 					}

@@ -46,7 +46,7 @@ func TestGateDrainKeepsRedeemedTurn(t *testing.T) {
 		// Back at 150ms: it runs on the same turn, at 200ms.
 		time.Sleep(50 * ms)
 		d, err := admit(ctx, "job-1")
-		if err != nil || d.Outcome != Run || d.Turn != throttle.Redeemed || d.Slot.Sub(start) != 200*ms {
+		if err != nil || d.Outcome != Run || d.Status != throttle.Redeemed || d.Slot.Sub(start) != 200*ms {
 			t.Errorf("job-1 back after the drain: %+v, %v; want run on its turn at 200ms (redeemed)", d, err)
 		}
 		// Five jobs, five turns: the next job's turn is at 1s.

@@ -47,7 +47,7 @@ func ExampleGate() {
 			fmt.Printf("%s: %v, in line\n", id, d.Outcome)
 			continue
 		}
-		fmt.Printf("%s: %v (%v), turn in %v\n", id, d.Outcome, d.Turn, time.Until(d.At).Round(time.Minute))
+		fmt.Printf("%s: %v (%v), turn in %v\n", id, d.Outcome, d.Status, time.Until(d.At).Round(time.Minute))
 	}
 	s, err := gate.Serve(ctx, "acct-42")
 	if err != nil {

@@ -252,47 +252,18 @@ func (o Outcome) String() string {
 	return fmt.Sprintf("Outcome(%d)", int(o))
 }
 
-// Decision is Admit's answer.
+// Decision is Admit's answer: the limiter's answer (throttle.Admission,
+// embedded: Status, Rule, At, Slot, Reservation, Place, Lease, InLine,
+// Serve…, each documented there) and what the gate made of it. Two of the
+// limiter's fields read differently here: At is, for Run, when the job was
+// admitted (after its wait), and Reservation is nil for Park. Status is
+// Granted or Redeemed for Run, Booked or Held for Park; Handed and
+// Waiting, which only a serving of the line sets, stay zero.
 type Decision struct {
 	Outcome Outcome
-	// Turn says how the turn was found: throttle.Granted (a new turn, now
-	// or after waiting), throttle.Redeemed (one booked earlier, by this job
-	// or its producer), throttle.Booked (a new turn, booked: parked), or
-	// throttle.Held (one booked earlier, still ahead: parked).
-	Turn throttle.AdmitStatus
-	// Rule is the limiter rule that set a new turn; empty for a booked one.
-	Rule string
-	// At is, for Run, when the job was admitted, and for Park, when its
-	// turn comes (local clock).
-	At time.Time
-	// Slot is the turn on the Redis clock (for Park: the job's wake-up is
-	// scheduled by it, by Admit with Options.Parking, else by the caller).
-	Slot time.Time
+	throttle.Admission
 	// Waited is how long Admit kept the job.
 	Waited time.Duration
-	// Reservation holds the permits of a Run turn, for a job whose real
-	// cost is known only once it has run: Settle them to it
-	// (throttle.Reservation.Settle). Nil for Park, and for a turn booked
-	// before the limiter kept tickets.
-	Reservation *throttle.Reservation
-	// Place is throttle.Admission.Place: for Run, the place of the
-	// limiter's Concurrency rule that the job holds, which the caller gives
-	// back with its Release when the job ends, succeeded or not. Nil
-	// otherwise.
-	Place *throttle.Place
-	// Lease is throttle.Admission.Lease: for Run, non-zero when the job
-	// holds a Place; for Park, non-zero when the job is queued for such a
-	// place (Rule names the rule). It is that rule's lease.
-	Lease time.Duration
-	// InLine, for Park, is true when the job waits in its subject's line
-	// (Options.Horizon) with no turn yet: At is only a fallback, and the
-	// job is woken when Gate.Serve hands it a turn.
-	InLine bool
-	// Serve, if not zero, is when the job's caller must make sure the
-	// subject's line is served (Gate.Serve), on the Redis clock: the job
-	// started the line, or came back still in it and nobody has served the
-	// line lately. With Options.Parking, Admit has recorded it.
-	Serve time.Time
 	// Woken, for Park, is true when the job will be woken for its turn
 	// through Options.Parking: its wake-up is in the ledger, or (InLine)
 	// the serving that books its turn will record it. False without a
@@ -355,7 +326,7 @@ func (g *Gate) admit(ctx context.Context, req Request, bound time.Duration) (Dec
 	if err != nil {
 		return Decision{}, err
 	}
-	d := Decision{Turn: a.Status, Rule: a.Rule, At: a.At, Slot: a.Slot, Reservation: a.Reservation, Place: a.Place, Lease: a.Lease, InLine: a.InLine, Serve: a.Serve}
+	d := Decision{Admission: a}
 	switch a.Status {
 	case throttle.Booked, throttle.Held:
 		d.Outcome, d.Reservation = Park, nil

@@ -40,7 +40,7 @@ var gcra5 = throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle
 func comeBack(ctx context.Context, t *testing.T, g *Gate, id string, at time.Time) bool {
 	time.Sleep(time.Until(at))
 	d, err := g.Admit(ctx, Request{Subject: "acct", Caller: throttle.Caller{ID: id}})
-	if err != nil || d.Outcome != Run || d.Turn != throttle.Redeemed || d.Waited != 0 {
+	if err != nil || d.Outcome != Run || d.Status != throttle.Redeemed || d.Waited != 0 {
 		t.Errorf("%s back at its turn: %+v, %v; want run on its booking at once", id, d, err)
 		return false
 	}
@@ -92,8 +92,8 @@ func TestGateParksABacklog(t *testing.T) {
 					mu.Unlock()
 				} else {
 					// Parked: come back at the turn, and run on the booking.
-					if d.Turn != throttle.Booked {
-						t.Errorf("%s parked with turn %v, want booked", id, d.Turn)
+					if d.Status != throttle.Booked {
+						t.Errorf("%s parked with turn %v, want booked", id, d.Status)
 					}
 					if !comeBack(ctx, t, g, id, d.At) {
 						return
@@ -204,7 +204,7 @@ func TestGateWaitSlots(t *testing.T) {
 		time.Sleep(ms) // both waiters are asleep on their turns
 		synctest.Wait()
 		d, err := g.Admit(ctx, Request{Subject: "hot", Caller: throttle.Caller{ID: "third"}})
-		if err != nil || d.Outcome != Park || d.Turn != throttle.Booked {
+		if err != nil || d.Outcome != Park || d.Status != throttle.Booked {
 			t.Errorf("third with both slots taken: %+v %v; want parked", d, err)
 		}
 		if d.Waited != 0 {
@@ -325,7 +325,7 @@ func TestGateShareLimit(t *testing.T) {
 			t.Errorf("a2 handed a turn %v after a1; want a second, its share's limit", at)
 		}
 		time.Sleep(time.Until(slot))
-		if d := admit("a2", "a"); d.Outcome != Run || d.Turn != throttle.Redeemed {
+		if d := admit("a2", "a"); d.Outcome != Run || d.Status != throttle.Redeemed {
 			t.Errorf("a2 back at its turn: %+v; want run on its booking", d)
 		}
 

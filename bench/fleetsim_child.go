@@ -370,7 +370,7 @@ func (c *simChild) ran(t simTask, d admission.Decision) {
 		return
 	}
 	c.busyRuns.Add(1)
-	r := simRun{Rule: t.rule, Task: c.index(t), Redeemed: d.Turn == throttle.Redeemed, AtUs: d.At.Add(c.offset).UnixMicro(), SlotUs: d.Slot.UnixMicro()}
+	r := simRun{Rule: t.rule, Task: c.index(t), Redeemed: d.Status == throttle.Redeemed, AtUs: d.At.Add(c.offset).UnixMicro(), SlotUs: d.Slot.UnixMicro()}
 	if r.Redeemed {
 		c.parkedNow.Add(-1)
 	}

@@ -80,9 +80,9 @@ func TestActivityTurnsAhead(t *testing.T) {
 		time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second)))
 		now := time.Now()
 		for _, ahead := range []time.Duration{2500 * time.Millisecond, 90 * time.Second} {
-			m.parkedOn("r", admission.Decision{Turn: throttle.Booked, At: now.Add(ahead)}, ahead)
+			m.parkedOn("r", admission.Decision{Admission: throttle.Admission{Status: throttle.Booked, At: now.Add(ahead)}}, ahead)
 		}
-		m.parkedOn("r", admission.Decision{Turn: throttle.Held, At: now.Add(time.Second)}, time.Second) // counted when booked
+		m.parkedOn("r", admission.Decision{Admission: throttle.Admission{Status: throttle.Held, At: now.Add(time.Second)}}, time.Second) // counted when booked
 		m.lineServed("r", "s", admission.Served{Handed: map[string]time.Time{"a": now.Add(250 * time.Millisecond), "b": now.Add(2700 * time.Millisecond)}})
 		r := m.Activity().Rule("r")
 		next := now.Add(300*time.Millisecond - time.Nanosecond) // the end of 0.25 s's grain

@@ -87,7 +87,7 @@ func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (
 	case err != nil:
 		return turn{}, m.notAdmitted(ctx, wctx, t, err)
 	case d.Outcome == admission.Run:
-		w := admission.Wait{Rule: r.Name, Subject: t.Subject, Duration: d.Waited, Redeemed: d.Turn == throttle.Redeemed, Turn: d.Slot}
+		w := admission.Wait{Rule: r.Name, Subject: t.Subject, Duration: d.Waited, Redeemed: d.Status == throttle.Redeemed, Turn: d.Slot}
 		m.admitted(t, w)
 		return turn{Wait: w, place: d.Place, res: d.Reservation, cost: t.Cost, costs: t.Costs}, nil
 	}
@@ -168,7 +168,7 @@ func (m *Middleware) park(ctx context.Context, t *taskRun, d admission.Decision)
 	t.booked, t.ahead = d.Slot, time.Until(d.At)
 	m.metrics.parkedOn(t.rule.Name, d, t.ahead)
 	return m.deferTask(ctx, t, retryAt, ErrParked, OutcomeParked,
-		"turn", d.Turn, "booked_for", d.Slot.UTC(), "booked_ahead", t.ahead.Round(time.Millisecond))
+		"turn", d.Status, "booked_for", d.Slot.UTC(), "booked_ahead", t.ahead.Round(time.Millisecond))
 }
 
 // turn is how admit lets a task run: the Wait its handler sees, whether

@@ -170,7 +170,7 @@ func (m *Metrics) parkedOn(rule string, d admission.Decision, ahead time.Duratio
 		return
 	}
 	m.ahead.WithLabelValues(rule).Set(ahead.Seconds())
-	if d.Turn == throttle.Booked {
+	if d.Status == throttle.Booked {
 		m.turns.add(rule, d.At)
 	}
 }

@@ -132,7 +132,7 @@ func (m *Middleware) admitStacked(ctx context.Context, t *taskRun) (turn, error)
 	turns := make([]turn, len(runs))
 	for i, rt := range runs {
 		d := sd.Turns[i]
-		w := admission.Wait{Rule: rt.rule.Name, Subject: rt.Subject, Duration: d.Waited, Redeemed: d.Turn == throttle.Redeemed, Turn: d.Slot}
+		w := admission.Wait{Rule: rt.rule.Name, Subject: rt.Subject, Duration: d.Waited, Redeemed: d.Status == throttle.Redeemed, Turn: d.Slot}
 		m.admitted(rt, w)
 		turns[i] = turn{Wait: w, place: d.Place, res: d.Reservation, cost: rt.Cost}
 	}
