@@ -257,8 +257,9 @@ func (o Outcome) String() string {
 // Serve…, each documented there) and what the gate made of it. Two of the
 // limiter's fields read differently here: At is, for Run, when the job was
 // admitted (after its wait), and Reservation is nil for Park. Status is
-// Granted or Redeemed for Run, Booked or Held for Park; Handed and
-// Waiting, which only a serving of the line sets, stay zero.
+// Granted or Redeemed for Run, Booked or Held for Park (status.go: what
+// each status is called in every layer); Handed and Waiting, which only a
+// serving of the line sets, stay zero.
 type Decision struct {
 	Outcome Outcome
 	throttle.Admission
@@ -327,15 +328,15 @@ func (g *Gate) admit(ctx context.Context, req Request, bound time.Duration) (Dec
 		return Decision{}, err
 	}
 	d := Decision{Admission: a}
-	switch a.Status {
-	case throttle.Booked, throttle.Held:
-		d.Outcome, d.Reservation = Park, nil
-	case throttle.Granted, throttle.Redeemed:
+	switch d.Outcome = d.row().outcome; d.Outcome { // status.go
+	case Park:
+		d.Reservation = nil
+	case Run:
 		if err := sleepUntil(ctx, a.At); err != nil {
 			g.leave(ctx, a)
 			return Decision{}, err
 		}
-		d.Outcome, d.At = Run, time.Now()
+		d.At = time.Now()
 	default: // throttle.Denied: no ID to book under
 		return Decision{}, &throttle.DelayError{Rule: a.Rule, RetryAfter: a.Delay, Deadline: byDeadline}
 	}

@@ -117,30 +117,52 @@ const (
 	admitInLine   = 6 // waiting in the subject's line (AdmitRequest.Horizon)
 )
 
+// admitStatuses is the one table from admit.lua's statuses to what an
+// Admit caller is told: the AdmitStatus, whether Admission.Rule names the
+// deciding rule, and whether the caller waits in the subject's line.
+// (A queued caller's Admission.Lease is set by the concurrency mode.)
+// admission/status.go carries each row on up the layers: what a gate
+// makes of it and what the worker calls it.
+var admitStatuses = [...]struct {
+	status AdmitStatus
+	rule   bool
+	inLine bool
+}{
+	admitDenied:   {Denied, true, false},
+	admitGranted:  {Granted, true, false},
+	admitBooked:   {Booked, true, false},
+	admitRedeemed: {Redeemed, false, false},
+	admitHeld:     {Held, false, false},
+	admitQueued:   {Booked, true, false},
+	admitInLine:   {Booked, true, true},
+}
+
 // decodeAdmit reads lua/admit.lua's reply rep, received at recv, to req:
-// each status becomes the caller's AdmitStatus here. A serving of the line
-// also reads the members it booked.
+// each status becomes the caller's AdmitStatus here (admitStatuses). A
+// serving of the line also reads the members it booked.
 func (l *Limiter) decodeAdmit(req AdmitRequest, rep reply, recv time.Time, serving bool) (Admission, error) {
-	res := rep.Result
+	if rep.status < 0 || rep.status >= int64(len(admitStatuses)) {
+		return Admission{}, badReply(rep.raw)
+	}
+	row, res := admitStatuses[rep.status], rep.Result
 	a := Admission{
-		Delay: res.RetryAfter,
-		Slot:  time.UnixMicro(rep.redisNow).Add(res.RetryAfter),
+		Status: row.status,
+		InLine: row.inLine,
+		Delay:  res.RetryAfter,
+		Slot:   time.UnixMicro(rep.redisNow).Add(res.RetryAfter),
+	}
+	if row.rule {
+		a.Rule = res.Rule
 	}
 	a.At = l.clock.wake(recv, rep.redisNow, a.Delay)
 	switch rep.status {
-	case admitDenied:
-		a.Status, a.Rule = Denied, res.Rule
 	case admitGranted:
-		a.Status, a.Rule = Granted, res.Rule
 		a.Reservation = &Reservation{lim: l, subject: req.Subject, n: req.N, per: req.Costs, tickets: rep.tickets(len(l.rules)), delay: a.Delay, at: a.At, booked: rep.redisNow}
 		if req.ShareLimit != (Limit{}) && len(rep.raw) > 6+len(l.rules) {
 			// Its share's turn, given back with the rules' (lua/refund.lua).
 			a.Reservation.share, _ = rep.raw[6+len(l.rules)].(string)
 		}
-	case admitBooked, admitQueued:
-		a.Status, a.Rule = Booked, res.Rule
 	case admitRedeemed:
-		a.Status = Redeemed
 		if t, booked := redeemedTickets(rep.raw, len(l.rules)); t != nil {
 			// To settle (Reservation.Settle); the turn is spent, so
 			// Cancel gives nothing back.
@@ -150,15 +172,10 @@ func (l *Limiter) decodeAdmit(req AdmitRequest, rep reply, recv time.Time, servi
 				a.Reservation.rebookAs = l.member(id) // the booking it comes back for
 			}
 		}
-	case admitHeld:
-		a.Status = Held
 	case admitInLine:
-		a.Status, a.Rule, a.InLine = Booked, res.Rule, true
 		if serve, _ := rep.raw[4].(int64); serve >= 0 {
 			a.Serve = time.UnixMicro(rep.redisNow + serve)
 		}
-	default:
-		return Admission{}, badReply(rep.raw)
 	}
 	if serving {
 		a.Handed = handed(rep.raw, len(l.rules))

@@ -163,12 +163,12 @@ func (m *Middleware) park(ctx context.Context, t *taskRun, d admission.Decision)
 		retryAt = d.At.Add(-unwokenLead).Truncate(time.Second)
 	}
 	if d.InLine {
-		return m.deferTask(ctx, t, retryAt, ErrParkedInLine, OutcomeParked, "turn", "in line")
+		return m.deferTask(ctx, t, retryAt, ErrParkedInLine, d.Label(), "reason", d.Reason())
 	}
 	t.booked, t.ahead = d.Slot, time.Until(d.At)
 	m.metrics.parkedOn(t.rule.Name, d, t.ahead)
-	return m.deferTask(ctx, t, retryAt, ErrParked, OutcomeParked,
-		"turn", d.Status, "booked_for", d.Slot.UTC(), "booked_ahead", t.ahead.Round(time.Millisecond))
+	return m.deferTask(ctx, t, retryAt, ErrParked, d.Label(),
+		"reason", d.Reason(), "booked_for", d.Slot.UTC(), "booked_ahead", t.ahead.Round(time.Millisecond))
 }
 
 // turn is how admit lets a task run: the Wait its handler sees, whether
@@ -446,19 +446,13 @@ func (m *Middleware) admitted(t *taskRun, w admission.Wait) {
 	if !w.Turn.IsZero() {
 		attrs = append(attrs, "turn", w.Turn.UTC())
 	}
-	level := slog.LevelDebug
-	switch {
-	case w.Redeemed:
-		m.metrics.decided(rule, OutcomeRedeemed)
-		attrs = append(attrs, "reason", "ran on the turn booked for it")
-	case w.Duration < WaitThreshold:
-		m.metrics.decided(rule, OutcomeAdmitted)
-	default:
-		m.metrics.decided(rule, OutcomeWaited)
-		attrs = append(attrs, "reason", "its turn came within the rule's max_wait")
-		if w.Duration >= time.Second {
-			level = slog.LevelInfo
-		}
+	label, level := w.Label(), slog.LevelDebug // admission/status.go
+	m.metrics.decided(rule, label)
+	if reason := w.Reason(); reason != "" {
+		attrs = append(attrs, "reason", reason)
+	}
+	if label == OutcomeWaited && w.Duration >= time.Second {
+		level = slog.LevelInfo
 	}
 	t.log.Log(context.Background(), level, "worker: admitted", attrs...)
 }

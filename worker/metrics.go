@@ -11,20 +11,20 @@ import (
 )
 
 // Outcomes of a throttled task, the values of the outcome label of
-// jobthrottle_decisions_total.
+// jobthrottle_decisions_total: admission's labels, whose table
+// (admission/status.go) says which status of the limiter each one counts.
 const (
-	OutcomeAdmitted = "admitted" // admitted at once (a wait under WaitThreshold)
-	OutcomeWaited   = "waited"   // admitted after waiting in the handler
-	OutcomeRedeemed = "redeemed" // admitted on a turn booked before it arrived: when it parked, or by its producer (admission.ReceiptHeader)
-	OutcomeParked   = "parked"   // parked until its turn, booked under its task ID (ErrParked)
-	OutcomeDeferred = "deferred" // deferred with a *admission.ThrottledError for an estimate (Redis failed, Drain, or a limiter that cannot book)
-	OutcomeRefunded = "refunded" // the task's context ended while waiting; its permits were refunded
-	OutcomeError    = "error"    // no subject (archived), or Redis failed (deferred)
+	OutcomeAdmitted = admission.LabelAdmitted // admitted at once (a wait under WaitThreshold)
+	OutcomeWaited   = admission.LabelWaited   // admitted after waiting in the handler
+	OutcomeRedeemed = admission.LabelRedeemed // admitted on a turn booked before it arrived
+	OutcomeParked   = admission.LabelParked   // parked until its turn (ErrParked, ErrParkedInLine)
+	OutcomeDeferred = admission.LabelDeferred // deferred with a *admission.ThrottledError for an estimate
+	OutcomeRefunded = admission.LabelRefunded // the task's context ended while waiting; its permits were refunded
+	OutcomeError    = admission.LabelError    // no subject (archived), or Redis failed (deferred)
 )
 
-// WaitThreshold is the wait below which an admission counts as
-// OutcomeAdmitted rather than OutcomeWaited: about a Redis round trip.
-const WaitThreshold = 5 * time.Millisecond
+// WaitThreshold is admission.WaitThreshold.
+const WaitThreshold = admission.WaitThreshold
 
 // Metrics are the middleware's Prometheus metrics. Their only labels are
 // the rule's name and the outcome: never a subject (unbounded cardinality,
