@@ -4,6 +4,8 @@ import (
 	"maps"
 	"sync"
 	"time"
+
+	"github.com/jobthrottle/jobthrottle/admission"
 )
 
 // ActivitySpan is how far back an Activity keeps its counts per second;
@@ -50,7 +52,7 @@ type secondCount struct {
 type RuleActivity struct {
 	// Rule is the rule's name.
 	Rule string
-	// Decisions counts the rule's tasks by outcome (the Outcome
+	// Decisions counts the rule's tasks by outcome (admission's Label
 	// constants) since the Metrics were created, as
 	// jobthrottle_decisions_total does; an outcome never seen is absent.
 	Decisions map[string]int64
@@ -90,7 +92,7 @@ type SecondActivity struct {
 // Admitted counts the rule's tasks admitted since the Metrics were
 // created: at once, after waiting, or on a turn booked before.
 func (r RuleActivity) Admitted() int64 {
-	return r.Decisions[OutcomeAdmitted] + r.Decisions[OutcomeWaited] + r.Decisions[OutcomeRedeemed]
+	return r.Decisions[admission.LabelAdmitted] + r.Decisions[admission.LabelWaited] + r.Decisions[admission.LabelRedeemed]
 }
 
 // Activity returns the record of the middleware's recent decisions that
@@ -127,9 +129,9 @@ func (a *Activity) decided(rule, outcome string) {
 		*s = secondCount{unix: now}
 	}
 	switch outcome {
-	case OutcomeAdmitted, OutcomeWaited, OutcomeRedeemed:
+	case admission.LabelAdmitted, admission.LabelWaited, admission.LabelRedeemed:
 		s.admitted++
-	case OutcomeParked:
+	case admission.LabelParked:
 		s.parked++
 	}
 }

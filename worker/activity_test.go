@@ -26,22 +26,22 @@ func TestActivitySeconds(t *testing.T) {
 		}
 		time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second))) // at a second's start
 		start := time.Now()
-		m.decided("r", OutcomeAdmitted)
-		m.decided("r", OutcomeRedeemed)
-		m.decided("r", OutcomeParked)
+		m.decided("r", admission.LabelAdmitted)
+		m.decided("r", admission.LabelRedeemed)
+		m.decided("r", admission.LabelParked)
 		time.Sleep(2500 * time.Millisecond)
-		m.decided("r", OutcomeWaited)
-		m.decided("r", OutcomeError)
-		m.decided("other", OutcomeParked)
+		m.decided("r", admission.LabelWaited)
+		m.decided("r", admission.LabelError)
+		m.decided("other", admission.LabelParked)
 
 		r := m.Activity().Rule("r")
-		if o := m.Activity().Rule("other"); o.Rule != "other" || o.Decisions[OutcomeParked] != 1 || len(o.Decisions) != 1 {
+		if o := m.Activity().Rule("other"); o.Rule != "other" || o.Decisions[admission.LabelParked] != 1 || len(o.Decisions) != 1 {
 			t.Errorf("rule other: %+v; want 1 parked", o)
 		}
 		if n := m.Activity().Rule("none"); len(n.Decisions) != 0 || len(n.Seconds) != activitySeconds || n.Seconds[0].Admitted != 0 {
 			t.Errorf("a rule without decisions: %+v; want no decisions and %d empty seconds", n, activitySeconds)
 		}
-		if r.Admitted() != 3 || r.Decisions[OutcomeParked] != 1 || r.Decisions[OutcomeError] != 1 || len(r.Decisions) != 5 {
+		if r.Admitted() != 3 || r.Decisions[admission.LabelParked] != 1 || r.Decisions[admission.LabelError] != 1 || len(r.Decisions) != 5 {
 			t.Errorf("decisions %v, admitted %d; want 3 admitted (admitted, redeemed, waited), 1 parked, 1 error", r.Decisions, r.Admitted())
 		}
 		if len(r.Seconds) != activitySeconds {
@@ -57,7 +57,7 @@ func TestActivitySeconds(t *testing.T) {
 
 		// Past the span, the seconds count nothing, and the totals stay.
 		time.Sleep(ActivitySpan)
-		m.decided("r", OutcomeAdmitted)
+		m.decided("r", admission.LabelAdmitted)
 		r = m.Activity().Rule("r")
 		total := 0
 		for _, s := range r.Seconds {
@@ -114,14 +114,14 @@ func TestActivityAgreesWithMetrics(t *testing.T) {
 		agree := func(when string) RuleActivity {
 			t.Helper()
 			r := m.Activity().Rule("api")
-			for _, o := range []string{OutcomeAdmitted, OutcomeWaited, OutcomeRedeemed, OutcomeParked, OutcomeDeferred, OutcomeRefunded, OutcomeError} {
+			for _, o := range []string{admission.LabelAdmitted, admission.LabelWaited, admission.LabelRedeemed, admission.LabelParked, admission.LabelDeferred, admission.LabelRefunded, admission.LabelError} {
 				if got, want := r.Decisions[o], testutil.ToFloat64(m.decisions.WithLabelValues("api", o)); float64(got) != want {
 					t.Errorf("%s: activity %s = %d; jobthrottle_decisions_total says %v", when, o, got, want)
 				}
 			}
 			return r
 		}
-		eventually(t, 5*time.Second, "9 tasks parked", func() bool { return m.Activity().Rule("api").Decisions[OutcomeParked] == 9 })
+		eventually(t, 5*time.Second, "9 tasks parked", func() bool { return m.Activity().Rule("api").Decisions[admission.LabelParked] == 9 })
 		if r := agree("parked"); r.TurnsAhead != 9 || r.LastTurn.Sub(r.NextTurn).Round(time.Second) != 8*time.Second {
 			t.Errorf("%d turns ahead, from %v to %v; want 9, about a second apart", r.TurnsAhead, r.NextTurn, r.LastTurn)
 		}
@@ -168,7 +168,7 @@ func TestActivityLineTurns(t *testing.T) {
 		start := time.Now()
 		b, m, stop := activityBed(t, rdb, "1s")
 		defer stop()
-		eventually(t, 5*time.Second, "9 tasks parked", func() bool { return m.Activity().Rule("api").Decisions[OutcomeParked] == 9 })
+		eventually(t, 5*time.Second, "9 tasks parked", func() bool { return m.Activity().Rule("api").Decisions[admission.LabelParked] == 9 })
 		for sec := 3; sec <= 7; sec++ {
 			// A serving books the next turn half a second before it.
 			time.Sleep(time.Until(start.Add(time.Duration(sec)*time.Second + 800*time.Millisecond)))
@@ -188,14 +188,14 @@ func BenchmarkDecided(b *testing.B) {
 	b.Run("counter", func(b *testing.B) {
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				m.decisions.WithLabelValues("api", OutcomeAdmitted).Inc()
+				m.decisions.WithLabelValues("api", admission.LabelAdmitted).Inc()
 			}
 		})
 	})
 	b.Run("counter+activity", func(b *testing.B) {
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				m.decided("api", OutcomeAdmitted)
+				m.decided("api", admission.LabelAdmitted)
 			}
 		})
 	})

@@ -57,7 +57,7 @@ const (
 func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (turn, error) {
 	t, err := m.newTaskRun(ctx, r, task)
 	if err != nil {
-		m.metrics.decided(r.Name, OutcomeError)
+		m.metrics.decided(r.Name, admission.LabelError)
 		return turn{}, err
 	}
 	if r.stack != nil {
@@ -75,7 +75,7 @@ func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (
 		return turn{Wait: w, place: place}, err
 	}
 	if err := m.gateRequest(ctx, t); err != nil {
-		m.metrics.decided(r.Name, OutcomeError)
+		m.metrics.decided(r.Name, admission.LabelError)
 		return turn{}, err
 	}
 	wctx, done := m.waitContext(ctx, t)
@@ -390,12 +390,12 @@ func (m *Middleware) notAdmitted(ctx, wctx context.Context, t *taskRun, err erro
 	now := time.Now()
 	var delay *throttle.DelayError
 	var retryAt time.Time
-	outcome := OutcomeDeferred
+	outcome := admission.LabelDeferred
 	switch {
 	case ctx.Err() != nil:
 		// asynq ended the task: on shutdown it has already put the task
 		// back in its queue; a new turn was refunded.
-		m.metrics.decided(r.Name, OutcomeRefunded)
+		m.metrics.decided(r.Name, admission.LabelRefunded)
 		t.log.InfoContext(ctx, "worker: wait ended by asynq; permits refunded", "waited", now.Sub(t.start), "error", ctx.Err())
 		return ctx.Err()
 	case errors.As(err, &delay):
@@ -406,7 +406,7 @@ func (m *Middleware) notAdmitted(ctx, wctx context.Context, t *taskRun, err erro
 			err = &maxWaitError{cause: &throttle.DelayError{Rule: delay.Rule, RetryAfter: delay.RetryAfter}, maxWait: r.MaxWait}
 		}
 	case errors.Is(err, throttle.ErrRedis):
-		outcome = OutcomeError
+		outcome = admission.LabelError
 		retryAt = now.Add(m.redisRetry)
 		t.log.WarnContext(ctx, "worker: limiter cannot reach Redis; deferring the task", "error", err, "retry_in", m.redisRetry)
 	case context.Cause(wctx) == ErrDraining:
@@ -423,13 +423,13 @@ func (m *Middleware) notAdmitted(ctx, wctx context.Context, t *taskRun, err erro
 		err = fmt.Errorf("worker: the wait for a turn reached %s while queued behind others in this process: %w", bound, wctx.Err())
 		retryAt = now.Add(now.Sub(t.start))
 	case errors.Is(err, throttle.ErrInvalidSubject):
-		m.metrics.decided(r.Name, OutcomeError)
+		m.metrics.decided(r.Name, admission.LabelError)
 		return t.archive(ctx, "worker: task archived: it can never be admitted", true, err)
 	case errors.Is(err, throttle.ErrExceedsCapacity):
-		m.metrics.decided(r.Name, OutcomeError)
+		m.metrics.decided(r.Name, admission.LabelError)
 		return t.archive(ctx, "worker: task archived: it can never be admitted", false, err)
 	default:
-		m.metrics.decided(r.Name, OutcomeError)
+		m.metrics.decided(r.Name, admission.LabelError)
 		return fmt.Errorf("worker: rule %q: %w", r.Name, err)
 	}
 	return m.deferTask(ctx, t, retryAt, err, outcome)
@@ -451,7 +451,7 @@ func (m *Middleware) admitted(t *taskRun, w admission.Wait) {
 	if reason := w.Reason(); reason != "" {
 		attrs = append(attrs, "reason", reason)
 	}
-	if label == OutcomeWaited && w.Duration >= time.Second {
+	if label == admission.LabelWaited && w.Duration >= time.Second {
 		level = slog.LevelInfo
 	}
 	t.log.Log(context.Background(), level, "worker: admitted", attrs...)
@@ -465,13 +465,13 @@ func (m *Middleware) deferTask(ctx context.Context, t *taskRun, retryAt time.Tim
 	te := &admission.ThrottledError{Rule: rule, Subject: t.Subject, RetryAt: retryAt, Err: cause}
 	if t.lastAttempt {
 		if m.requeue == nil {
-			m.metrics.decided(rule, OutcomeError)
+			m.metrics.decided(rule, admission.LabelError)
 			t.log.ErrorContext(ctx, "worker: task archived: throttled past its deadline on its last attempt; set worker.Options.Asynq to defer such tasks", "error", te)
 			return te
 		}
 		copyID, err := m.requeue.copy(ctx, t.task, t.ID, retryAt)
 		if err != nil {
-			m.metrics.decided(rule, OutcomeError)
+			m.metrics.decided(rule, admission.LabelError)
 			te.Err = errors.Join(cause, err)
 			t.log.ErrorContext(ctx, "worker: task archived: could not requeue it on its last attempt", "error", te)
 			return te
@@ -484,7 +484,7 @@ func (m *Middleware) deferTask(ctx context.Context, t *taskRun, retryAt time.Tim
 		attrs = append(attrs, "requeued_as", te.Requeued)
 	}
 	msg, level := "worker: task deferred", slog.LevelInfo
-	if outcome == OutcomeParked {
+	if outcome == admission.LabelParked {
 		// One line per park would flood the log under a backlog: Debug,
 		// and a summary per rule at Info (parklog.go).
 		msg, level = "worker: task parked until its turn", slog.LevelDebug

@@ -235,10 +235,10 @@ func TestAsynqWaitsForSlots(t *testing.T) {
 			t.Errorf("run %d came %v after the first; slots are 100ms apart", i, gap)
 		}
 	}
-	if got := testutil.ToFloat64(m.decisions.WithLabelValues("api", OutcomeWaited)) + testutil.ToFloat64(m.decisions.WithLabelValues("api", OutcomeAdmitted)); got != n {
+	if got := testutil.ToFloat64(m.decisions.WithLabelValues("api", admission.LabelWaited)) + testutil.ToFloat64(m.decisions.WithLabelValues("api", admission.LabelAdmitted)); got != n {
 		t.Errorf("admitted + waited = %v, want %d", got, n)
 	}
-	if got := testutil.ToFloat64(m.decisions.WithLabelValues("api", OutcomeDeferred)); got != 0 {
+	if got := testutil.ToFloat64(m.decisions.WithLabelValues("api", admission.LabelDeferred)); got != 0 {
 		t.Errorf("deferred = %v, want 0: every slot was within MaxWait", got)
 	}
 	b.noFailures()
@@ -365,7 +365,7 @@ func TestAsynqMalformedPayloadArchivedOnce(t *testing.T) {
 	if n := len(b.seenErrors()); n != 2 {
 		t.Errorf("%d errors, want 2: each task tried once", n)
 	}
-	if got := testutil.ToFloat64(m.decisions.WithLabelValues("tenant", OutcomeError)); got != 2 {
+	if got := testutil.ToFloat64(m.decisions.WithLabelValues("tenant", admission.LabelError)); got != 2 {
 		t.Errorf("decisions{outcome=error} = %v, want 2", got)
 	}
 }
@@ -470,7 +470,7 @@ func TestAsynqShutdownWhileWaiting(t *testing.T) {
 		res, err := lim.Allow(context.Background(), "s")
 		return err == nil && res.RetryAfter < 21*time.Second
 	})
-	if got := testutil.ToFloat64(m.decisions.WithLabelValues("slow", OutcomeRefunded)); got != 1 {
+	if got := testutil.ToFloat64(m.decisions.WithLabelValues("slow", admission.LabelRefunded)); got != 1 {
 		t.Errorf("decisions{outcome=refunded} = %v, want 1", got)
 	}
 	if len(b.runs()) != 0 {
@@ -594,7 +594,7 @@ func TestAsynqRedisDown(t *testing.T) {
 	if info := b.info(task.ID); info.Retried != 0 || len(b.runs()) != 1 {
 		t.Errorf("retried %d, ran %d times; want 0, 1", info.Retried, len(b.runs()))
 	}
-	if got := testutil.ToFloat64(m.decisions.WithLabelValues("r", OutcomeError)); got < 2 {
+	if got := testutil.ToFloat64(m.decisions.WithLabelValues("r", admission.LabelError)); got < 2 {
 		t.Errorf("decisions{outcome=error} = %v, want at least 2", got)
 	}
 	b.noFailures()

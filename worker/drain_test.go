@@ -33,7 +33,7 @@ func TestAsynqDrainKeepsRedeemedTurn(t *testing.T) {
 		start := time.Now()
 		task := b.enqueue("slow", "", asynq.MaxRetry(3))
 		eventually(t, 10*time.Second, "the task parked", func() bool {
-			return testutil.ToFloat64(m.decisions.WithLabelValues("slow", OutcomeParked)) == 1
+			return testutil.ToFloat64(m.decisions.WithLabelValues("slow", admission.LabelParked)) == 1
 		})
 		eventually(t, 10*time.Second, "the task back, waiting for its turn", func() bool {
 			return testutil.ToFloat64(m.waiters.WithLabelValues("slow")) == 1

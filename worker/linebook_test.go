@@ -26,7 +26,7 @@ func TestLineWaiting(t *testing.T) {
 		start := time.Now()
 		b, m, stop := activityBed(t, rdb, "1s")
 		defer stop()
-		eventually(t, 5*time.Second, "9 tasks parked", func() bool { return m.Activity().Rule("api").Decisions[OutcomeParked] == 9 })
+		eventually(t, 5*time.Second, "9 tasks parked", func() bool { return m.Activity().Rule("api").Decisions[admission.LabelParked] == 9 })
 		lineLen := func() int {
 			keys, err := rdb.Keys(ctx, b.prefix+"*!line(api)").Result()
 			if err != nil || len(keys) > 1 {

@@ -10,29 +10,13 @@ import (
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
-// Outcomes of a throttled task, the values of the outcome label of
-// jobthrottle_decisions_total: admission's labels, whose table
-// (admission/status.go) says which status of the limiter each one counts.
-const (
-	OutcomeAdmitted = admission.LabelAdmitted // admitted at once (a wait under WaitThreshold)
-	OutcomeWaited   = admission.LabelWaited   // admitted after waiting in the handler
-	OutcomeRedeemed = admission.LabelRedeemed // admitted on a turn booked before it arrived
-	OutcomeParked   = admission.LabelParked   // parked until its turn (ErrParked, ErrParkedInLine)
-	OutcomeDeferred = admission.LabelDeferred // deferred with a *admission.ThrottledError for an estimate
-	OutcomeRefunded = admission.LabelRefunded // the task's context ended while waiting; its permits were refunded
-	OutcomeError    = admission.LabelError    // no subject (archived), or Redis failed (deferred)
-)
-
-// WaitThreshold is admission.WaitThreshold.
-const WaitThreshold = admission.WaitThreshold
-
 // Metrics are the middleware's Prometheus metrics. Their only labels are
 // the rule's name and the outcome: never a subject (unbounded cardinality,
 // and possibly personal data) nor anything from a payload.
 //
 //	jobthrottle_wait_seconds{rule}            histogram of the time admitted tasks waited in their handlers
 //	jobthrottle_start_delay_seconds{rule}     histogram of the time from enqueue to start (tasks with admission.EnqueuedHeader)
-//	jobthrottle_decisions_total{rule,outcome} tasks by outcome (see the Outcome constants)
+//	jobthrottle_decisions_total{rule,outcome} tasks by outcome (admission's Label constants)
 //	jobthrottle_waiters{rule}                 tasks waiting in handlers now
 //	jobthrottle_booked_ahead_seconds{rule}    how far ahead the latest parked task's turn was booked
 //	jobthrottle_wakeups_total                 parked tasks this process moved to pending at their turns

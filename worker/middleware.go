@@ -431,13 +431,13 @@ func (m *Middleware) Wrap(next asynq.Handler) asynq.Handler {
 			return next.ProcessTask(ctx, task)
 		case !ok:
 			// Drained, and the rule's limiter closed with it.
-			m.metrics.decided(r.Name, OutcomeDeferred)
+			m.metrics.decided(r.Name, admission.LabelDeferred)
 			return &admission.ThrottledError{Rule: r.Name, RetryAt: time.Now(), Err: ErrDraining}
 		}
 		defer r.done() // after the place is released, below
 		if !r.useWithin() {
 			// Drained: a rule it is within is retired with it.
-			m.metrics.decided(r.Name, OutcomeDeferred)
+			m.metrics.decided(r.Name, admission.LabelDeferred)
 			return &admission.ThrottledError{Rule: r.Name, RetryAt: time.Now(), Err: ErrDraining}
 		}
 		defer r.doneWithin()

@@ -187,7 +187,7 @@ func TestNoSubject(t *testing.T) {
 			if !strings.HasPrefix(err.Error(), `worker: rule "r": task  (report:build): cannot derive the subject: `) {
 				t.Errorf("message %q does not say which rule and task", err)
 			}
-			if got := testutil.ToFloat64(m.decisions.WithLabelValues("r", OutcomeError)); got != 1 {
+			if got := testutil.ToFloat64(m.decisions.WithLabelValues("r", admission.LabelError)); got != 1 {
 				t.Errorf("decisions{outcome=error} = %v, want 1", got)
 			}
 		})
@@ -206,11 +206,11 @@ func TestDeferral(t *testing.T) {
 	}{
 		// The limiter sees the deadline the middleware set for max_wait;
 		// the cause names max_wait, not a context deadline.
-		{"past max wait", time.Second, &throttle.DelayError{Rule: "stripe", RetryAfter: 3 * time.Second, Deadline: true}, 3 * time.Second, nil, OutcomeDeferred,
+		{"past max wait", time.Second, &throttle.DelayError{Rule: "stripe", RetryAfter: 3 * time.Second, Deadline: true}, 3 * time.Second, nil, admission.LabelDeferred,
 			"worker: its turn, in 3s, is past the rule's max_wait of 1s"},
-		{"past deadline", 0, &throttle.DelayError{Rule: "stripe", RetryAfter: time.Minute, Deadline: true}, time.Minute, context.DeadlineExceeded, OutcomeDeferred,
+		{"past deadline", 0, &throttle.DelayError{Rule: "stripe", RetryAfter: time.Minute, Deadline: true}, time.Minute, context.DeadlineExceeded, admission.LabelDeferred,
 			"is past the context deadline"},
-		{"redis down", time.Second, fmt.Errorf("%w eval: connection refused", throttle.ErrRedis), 7 * time.Second, throttle.ErrRedis, OutcomeError, "connection refused"},
+		{"redis down", time.Second, fmt.Errorf("%w eval: connection refused", throttle.ErrRedis), 7 * time.Second, throttle.ErrRedis, admission.LabelError, "connection refused"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -290,7 +290,7 @@ func TestWaitedFrom(t *testing.T) {
 		if want := (admission.Wait{Rule: "tenant", Subject: "acme", Duration: 1500 * time.Millisecond}); w != want {
 			t.Errorf("WaitedFrom = %+v, want %+v", w, want)
 		}
-		if got := testutil.ToFloat64(m.decisions.WithLabelValues("tenant", OutcomeWaited)); got != 1 {
+		if got := testutil.ToFloat64(m.decisions.WithLabelValues("tenant", admission.LabelWaited)); got != 1 {
 			t.Errorf("decisions{outcome=waited} = %v, want 1", got)
 		}
 		if n := testutil.CollectAndCount(m.wait); n != 1 {
@@ -313,7 +313,7 @@ func TestContextEndedWhileWaiting(t *testing.T) {
 		if called || !errors.Is(err, context.Canceled) || errors.As(err, &te) {
 			t.Errorf("got %v (handler ran: %v); want context.Canceled, not a deferral", err, called)
 		}
-		if got := testutil.ToFloat64(m.decisions.WithLabelValues("r", OutcomeRefunded)); got != 1 {
+		if got := testutil.ToFloat64(m.decisions.WithLabelValues("r", admission.LabelRefunded)); got != 1 {
 			t.Errorf("decisions{outcome=refunded} = %v, want 1", got)
 		}
 		if got := testutil.ToFloat64(m.waiters.WithLabelValues("r")); got != 0 {
@@ -421,7 +421,7 @@ func TestMetricsRegistration(t *testing.T) {
 	if got := testutil.ToFloat64(m.redisErrors); got != 1 {
 		t.Errorf("redis_errors_total = %v, want 1", got)
 	}
-	m.decided("r", OutcomeAdmitted)
+	m.decided("r", admission.LabelAdmitted)
 	m.waited("r", time.Second)
 	m.waiting("r", 1)
 	want := `

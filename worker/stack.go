@@ -94,7 +94,7 @@ func (m *Middleware) admitStacked(ctx context.Context, t *taskRun) (turn, error)
 	for _, o := range r.within {
 		ot, err := m.newTaskRun(ctx, o, t.task)
 		if err != nil {
-			m.metrics.decided(o.Name, OutcomeError)
+			m.metrics.decided(o.Name, admission.LabelError)
 			return turn{}, err
 		}
 		runs = append(runs, ot)
@@ -105,7 +105,7 @@ func (m *Middleware) admitStacked(ctx context.Context, t *taskRun) (turn, error)
 			continue // free under this rule: the zero Request takes no turn
 		}
 		if err := m.gateRequest(ctx, rt); err != nil {
-			m.metrics.decided(rt.rule.Name, OutcomeError)
+			m.metrics.decided(rt.rule.Name, admission.LabelError)
 			return turn{}, err
 		}
 		if i > 0 {

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/handler"
 	"github.com/jobthrottle/jobthrottle/rules"
 	"github.com/jobthrottle/jobthrottle/throttle"
@@ -153,8 +154,8 @@ type outcomeCount struct {
 }
 
 // outcomes are the decisions' outcomes in the order the page lists them.
-var outcomes = []string{worker.OutcomeAdmitted, worker.OutcomeWaited, worker.OutcomeRedeemed, worker.OutcomeParked,
-	worker.OutcomeDeferred, worker.OutcomeRefunded, worker.OutcomeError}
+var outcomes = []string{admission.LabelAdmitted, admission.LabelWaited, admission.LabelRedeemed, admission.LabelParked,
+	admission.LabelDeferred, admission.LabelRefunded, admission.LabelError}
 
 // handlerView is one handler of the rules file.
 type handlerView struct {
