@@ -78,6 +78,12 @@ const (
 	// DefaultHorizon is how far ahead a parked job's turn may be booked
 	// when Settings.Horizon is zero.
 	DefaultHorizon = time.Second
+	// DefaultMaxAge is, in horizons, how long a job with a Priority waits
+	// in its subject's line for younger jobs of higher levels when
+	// Settings.MaxAge is zero (throttle.AdmitRequest.MaxAge's default, the
+	// same number): a minute at DefaultHorizon. The worker gives a rule
+	// with a priority this MaxAge, for its jobs of level 0 too.
+	DefaultMaxAge = 60
 )
 
 // Options tune a Gate. The zero value uses every default.
@@ -219,7 +225,7 @@ type Request struct {
 	//     its Weight, from 1 to MaxWeight; if zero, the share's weight in
 	//     Options.Weights (1 if absent). Empty is a share like any other.
 	//   - Priority is the job's level in its subject's line, 0 to
-	//     throttle.MaxPriority: higher levels are served first, within a
+	//     MaxPriority: higher levels are served first, within a
 	//     level the shares in turn; Settings.MaxAge bounds how long a job
 	//     waits for younger higher ones. A turn already booked is kept.
 	throttle.Caller

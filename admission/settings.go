@@ -50,7 +50,7 @@ type Settings struct {
 	// (throttle.AdmitRequest.ShareLimit): a per-tenant limit inside an API
 	// key's, decided in the same script. It needs the line (a Horizon not
 	// negative), jobs with an ID, and a limiter whose rules can keep
-	// shares (throttle.CheckShareLimit); a zero Burst is Count.
+	// shares (throttle.Limit.CheckShare); a zero Burst is Count.
 	ShareLimit throttle.Limit
 	// MaxAge is the age bound of a subject's line whose jobs have
 	// priorities (Request.Priority, throttle.Caller.Priority: the line
@@ -59,7 +59,7 @@ type Settings struct {
 	// levels. Set, it is given to every job of the gate, those of level 0
 	// too, which then never wait behind younger higher jobs for longer.
 	// If zero, a job above level 0 has throttle's default
-	// (throttle.DefaultMaxAge horizons) and a job of level 0 is never
+	// (DefaultMaxAge horizons) and a job of level 0 is never
 	// promoted: the worker sets it for every rule with a priority. Not
 	// with ShareLimit. Must not be negative.
 	MaxAge time.Duration
@@ -72,6 +72,10 @@ const (
 	MaxWeight = 1000
 	// MaxHorizon bounds Settings.Horizon: bookings a day ahead are no line.
 	MaxHorizon = 24 * time.Hour
+	// MaxPriority bounds Request.Priority (throttle.Caller.Priority, which
+	// throttle bounds by the same number): a subject's line has ten
+	// levels, 0 to 9, and serves 9 first.
+	MaxPriority = 9
 )
 
 // SettingsError is a field of Settings out of range (Settings.Check).
@@ -113,7 +117,7 @@ func (s Settings) Check(rules ...throttle.Rule) error {
 		}
 	}
 	if s.ShareLimit != (throttle.Limit{}) {
-		if _, err := throttle.CheckShareLimit(s.ShareLimit, rules...); err != nil {
+		if _, err := s.ShareLimit.CheckShare(rules...); err != nil {
 			reason := err.Error() // a field of ShareLimit: throttle names it
 			var ce *throttle.ConfigError
 			if errors.As(err, &ce) && ce.Rule != "share_limit" {

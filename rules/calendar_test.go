@@ -34,7 +34,7 @@ func TestCalendarConfig(t *testing.T) {
 	if daily.Algorithm != throttle.CalendarWindow || daily.Limit.Count != 1000 || daily.Calendar.String() != "day@America/Los_Angeles" {
 		t.Errorf("daily: %+v", daily)
 	}
-	if weekly.Limit.Count != 50000 || weekly.Calendar.Unit() != throttle.Week || weekly.Calendar.WeekStart() != time.Sunday {
+	if weekly.Limit.Count != 50000 || weekly.Calendar.Unit() != "week" || weekly.Calendar.WeekStart() != time.Sunday {
 		t.Errorf("weekly: %+v", weekly)
 	}
 	for _, r := range c.Rules {

@@ -149,7 +149,7 @@ func (p *parser) ruleConfig(n *yaml.Node, i int, names map[string]int, owner map
 // worker does (admission.Settings.Check), against r's limits: each field's
 // own bounds were read, so what is left to refuse is fair_by over a
 // concurrency limit, and a share limit that r's limits cannot keep
-// (throttle.CheckShareLimit).
+// (throttle.Limit.CheckShare).
 func (p *parser) checkSettings(n *yaml.Node, fields map[string]*yaml.Node, r RuleConfig) error {
 	if fn := fields["fair_by"]; fn != nil && slices.ContainsFunc(r.Limits, isConcurrency) {
 		// The worker refuses it too, but only once it builds the rule:
@@ -371,7 +371,7 @@ func (p *parser) shareLimit(n *yaml.Node, fair bool) (throttle.Limit, error) {
 		return l, err
 	}
 	// throttle's bounds (burst × period / count, say), as for a gcra limit.
-	l, err = throttle.CheckShareLimit(l)
+	l, err = l.CheckShare()
 	return l, p.throttleError(n, fields, "share_limit", throttle.GCRA, err)
 }
 
@@ -407,12 +407,12 @@ func (p *parser) priority(n *yaml.Node, maxAge *time.Duration) (PriorityConfig, 
 // priorityQueues reads a priority's queues: queue -> level 0 to 9.
 func (p *parser) priorityQueues(n *yaml.Node) (map[string]int, error) {
 	if n.Kind != yaml.MappingNode || len(n.Content) == 0 {
-		return nil, p.Failf(n, "priority.queues", "%s must be a mapping of asynq queue to level (0 to %d), such as {critical: 2, default: 1}", yamlfile.Describe(n), throttle.MaxPriority)
+		return nil, p.Failf(n, "priority.queues", "%s must be a mapping of asynq queue to level (0 to %d), such as {critical: 2, default: 1}", yamlfile.Describe(n), admission.MaxPriority)
 	}
 	q := map[string]int{}
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		name := n.Content[i].Value
-		v, err := p.Int(yamlfile.Resolve(n.Content[i+1]), "priority.queues."+name, 0, throttle.MaxPriority)
+		v, err := p.Int(yamlfile.Resolve(n.Content[i+1]), "priority.queues."+name, 0, admission.MaxPriority)
 		if err != nil {
 			return nil, err
 		}
@@ -599,7 +599,7 @@ func (p *parser) calendar(n *yaml.Node, fields map[string]*yaml.Node, path strin
 	}
 	// As a limiter reports the rule: the unit's nominal period (for the
 	// estimates other rules' periods give), a burst of its count.
-	r.Limit.Period, r.Limit.Burst = r.Calendar.Unit().Nominal(), r.Limit.Count
+	r.Limit.Period, r.Limit.Burst = r.Calendar.Period(), r.Limit.Count
 	return p.validate(n, fields, path, r)
 }
 

@@ -100,7 +100,7 @@ type RuleConfig struct {
 	// weighed by Settings.Weights and each limited by Settings.ShareLimit.
 	FairBy SubjectConfig
 	// Priority, if set (either field), orders the tasks waiting in each
-	// subject's line by level, 0 to throttle.MaxPriority, higher first
+	// subject's line by level, 0 to admission.MaxPriority, higher first
 	// (worker.TaskRule.Priority); its max_age is Settings.MaxAge.
 	Priority PriorityConfig
 	// Within, if set, names another rule of the file whose limits also
@@ -147,7 +147,7 @@ type PriorityConfig struct {
 // means the task can never be admitted.
 func (c PriorityConfig) Of(payload []byte, queue string) (int, error) {
 	if c.PayloadField != "" {
-		return jsonpayload.Level(payload, c.PayloadField, throttle.MaxPriority)
+		return jsonpayload.Level(payload, c.PayloadField, admission.MaxPriority)
 	}
 	return c.Queues[queue], nil
 }

@@ -56,7 +56,7 @@ type Caller struct {
 	// zero) to 1000.
 	Weight int
 	// Priority, with a Horizon, is the caller's level in the subject's
-	// line, from 0 (the default) to MaxPriority: the line serves its
+	// line, from 0 (the default) to 9: the line serves its
 	// higher levels first, and the shares within a level by Weight. A
 	// caller in line longer than AdmitRequest.MaxAge is served before
 	// every caller that joined after it, whatever their levels, so no
@@ -67,9 +67,9 @@ type Caller struct {
 	Priority int
 }
 
-// MaxPriority is the highest Caller.Priority: the line has ten levels, 0
-// to 9, and serves 9 first.
-const MaxPriority = 9
+// maxPriority is the highest Caller.Priority: the line has ten levels, 0
+// to 9, and serves 9 first (admission.MaxPriority).
+const maxPriority = 9
 
 // AdmitRequest is what Admit decides on.
 type AdmitRequest struct {
@@ -139,7 +139,8 @@ type AdmitRequest struct {
 	// never empty still serves a lower caller about MaxAge after it
 	// joined, plus the time to serve those promoted before it. Give every
 	// caller of one line the same MaxAge. If zero: for a Priority above 0,
-	// DefaultMaxAge horizons; for Priority 0, the caller is never promoted
+	// 60 horizons (a minute at a horizon of one second); for Priority 0,
+	// the caller is never promoted
 	// (a line without priorities, as before they existed). At most
 	// the longest period (ten years). Ignored without a Horizon.
 	MaxAge time.Duration
@@ -211,9 +212,10 @@ type Admission struct {
 	Waiting int
 }
 
-// DefaultMaxAge is AdmitRequest.MaxAge, in horizons, for a caller with a
-// Priority and no MaxAge: a minute at a horizon of one second.
-const DefaultMaxAge = 60
+// defaultMaxAge is AdmitRequest.MaxAge, in horizons, for a caller with a
+// Priority and no MaxAge: a minute at a horizon of one second
+// (admission.DefaultMaxAge).
+const defaultMaxAge = 60
 
 // maxWeight bounds AdmitRequest.Weight.
 const maxWeight = 1000
@@ -342,8 +344,8 @@ func (c Caller) check() error {
 	if c.Weight < 0 || c.Weight > maxWeight {
 		return fmt.Errorf("throttle: admit: weight %d: must be between 1 and %d (0 is 1)", c.Weight, maxWeight)
 	}
-	if c.Priority < 0 || c.Priority > MaxPriority {
-		return fmt.Errorf("throttle: admit: priority %d: must be between 0 and %d", c.Priority, MaxPriority)
+	if c.Priority < 0 || c.Priority > maxPriority {
+		return fmt.Errorf("throttle: admit: priority %d: must be between 0 and %d", c.Priority, maxPriority)
 	}
 	return nil
 }
@@ -360,7 +362,7 @@ func (c Caller) lineArg(maxAge int64) any {
 }
 
 // maxAge returns req's age bound in µs for its line (lineArg), horizon
-// µs: MaxAge, or DefaultMaxAge horizons for a Priority without one.
+// µs: MaxAge, or defaultMaxAge horizons for a Priority without one.
 func (req *AdmitRequest) maxAge(horizon int64) int64 {
 	switch {
 	case horizon == unbounded:
@@ -368,7 +370,7 @@ func (req *AdmitRequest) maxAge(horizon int64) int64 {
 	case req.MaxAge > 0:
 		return req.MaxAge.Microseconds()
 	case req.Priority > 0:
-		return min(DefaultMaxAge*horizon, maxPeriod.Microseconds())
+		return min(defaultMaxAge*horizon, maxPeriod.Microseconds())
 	}
 	return 0
 }
@@ -432,7 +434,7 @@ func (p *policy) lineKeys(subject string) []string {
 // holds back is booked ahead for when that limit admits it (line_serve.lua,
 // take), which a bucket's state, a time, can record for any moment.
 func (l *Limiter) checkShareLimit(req *AdmitRequest, horizon int64) error {
-	checked, err := CheckShareLimit(req.ShareLimit, l.rules...)
+	checked, err := req.ShareLimit.CheckShare(l.rules...)
 	if err != nil {
 		return fmt.Errorf("throttle: admit: a share limit: %w", err)
 	}

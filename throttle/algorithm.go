@@ -94,25 +94,25 @@ func Algorithms() []Algorithm { return registered() }
 // keys live.
 func (a Algorithm) Bucket() bool { return a.bucket() }
 
-// CheckShareLimit checks sl as the limit of each share of a subject's line
+// CheckShare checks l as the limit of each share of a subject's line
 // kept under rules (AdmitRequest.ShareLimit), and returns it with a zero
 // Burst made Count. rules, workers and Admit check a share limit with it.
-// An error is a *ConfigError: of Rule "share_limit" for a field of sl
+// An error is a *ConfigError: of Rule "share_limit" for a field of l
 // (count, period, burst: a share limit is a GCRA limit), or of the rule of
 // rules that cannot keep shares, Field "algorithm": every rule must be a
 // Bucket algorithm, which can book a share's turn for any moment.
-func CheckShareLimit(sl Limit, rules ...Rule) (Limit, error) {
-	if sl.Burst == 0 {
-		sl.Burst = sl.Count
+func (l Limit) CheckShare(rules ...Rule) (Limit, error) {
+	if l.Burst == 0 {
+		l.Burst = l.Count
 	}
-	if err := (Rule{Name: "share_limit", Algorithm: GCRA, Limit: sl}).Validate(); err != nil {
-		return sl, err
+	if err := (Rule{Name: "share_limit", Algorithm: GCRA, Limit: l}).Validate(); err != nil {
+		return l, err
 	}
 	for _, r := range rules {
 		if !r.Algorithm.bucket() {
-			return sl, &ConfigError{Rule: r.Name, Field: "algorithm", Reason: fmt.Sprintf(
+			return l, &ConfigError{Rule: r.Name, Field: "algorithm", Reason: fmt.Sprintf(
 				"needs limits of gcra or token_bucket, which can book a turn for any moment; %q is %s", r.Name, r.Algorithm)}
 		}
 	}
-	return sl, nil
+	return l, nil
 }

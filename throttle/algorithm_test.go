@@ -24,11 +24,11 @@ func TestAlgorithmFacts(t *testing.T) {
 	}
 }
 
-// TestCheckShareLimit: a share limit is a GCRA limit whose zero Burst is
+// TestCheckShare: a share limit is a GCRA limit whose zero Burst is
 // its Count, over rules of the bucket algorithms only.
-func TestCheckShareLimit(t *testing.T) {
+func TestCheckShare(t *testing.T) {
 	gcra := Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(50)}
-	sl, err := CheckShareLimit(Limit{Count: 10, Period: time.Second}, gcra, Rule{Name: "tb", Algorithm: TokenBucket, Limit: PerSecond(5)})
+	sl, err := Limit{Count: 10, Period: time.Second}.CheckShare(gcra, Rule{Name: "tb", Algorithm: TokenBucket, Limit: PerSecond(5)})
 	if err != nil || sl != PerSecond(10) {
 		t.Errorf("a valid share limit: %+v, %v; want %+v", sl, err, PerSecond(10))
 	}
@@ -45,10 +45,10 @@ func TestCheckShareLimit(t *testing.T) {
 		{"concurrency", PerSecond(10), []Rule{{Name: "c", Algorithm: Concurrency, Limit: Limit{Count: 2, Period: time.Second}}}, "c", "algorithm"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := CheckShareLimit(tc.sl, tc.rules...)
+			_, err := tc.sl.CheckShare(tc.rules...)
 			var ce *ConfigError
 			if !errors.As(err, &ce) || ce.Rule != tc.rule || ce.Field != tc.field {
-				t.Errorf("CheckShareLimit: %v; want a *ConfigError of rule %q, field %q", err, tc.rule, tc.field)
+				t.Errorf("CheckShare: %v; want a *ConfigError of rule %q, field %q", err, tc.rule, tc.field)
 			}
 		})
 	}

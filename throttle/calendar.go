@@ -19,45 +19,44 @@ var _ = register(CalendarWindow, &algorithm{
 	extra: func(Rule) int64 { return 0 }, // validateCalendar runs first, from Rule.Validate
 })
 
-// CalendarUnit is the length of a calendar window: Day, Week or Month.
-type CalendarUnit int
+// calendarUnit is the length of a calendar window: a day, a week or a
+// month (Daily, Weekly, Monthly).
+type calendarUnit int
 
 // The calendar units.
 const (
-	// Day runs from midnight to midnight in the calendar's zone: 24 hours,
-	// or 23 and 25 on the days daylight-saving time starts and ends.
-	Day CalendarUnit = iota + 1
-	// Week runs from midnight of its first weekday (Calendar.WeekStart) for
-	// seven days.
-	Week
-	// Month runs from midnight of its first day to midnight of the next
+	// unitDay runs from midnight to midnight in the calendar's zone: 24
+	// hours, or 23 and 25 on the days daylight-saving time starts and ends.
+	unitDay calendarUnit = iota + 1
+	// unitWeek runs from midnight of its first weekday (Calendar.WeekStart)
+	// for seven days.
+	unitWeek
+	// unitMonth runs from midnight of its first day to midnight of the next
 	// month's first: 28 to 31 days (and an hour more or less across a
 	// daylight-saving change).
-	Month
+	unitMonth
 )
 
 // String is the unit as rules files write it: "day", "week", "month".
-func (u CalendarUnit) String() string {
+func (u calendarUnit) String() string {
 	switch u {
-	case Day:
+	case unitDay:
 		return "day"
-	case Week:
+	case unitWeek:
 		return "week"
-	case Month:
+	case unitMonth:
 		return "month"
 	}
-	return fmt.Sprintf("CalendarUnit(%d)", int(u))
+	return fmt.Sprintf("calendarUnit(%d)", int(u))
 }
 
-// Nominal is the period a CalendarWindow rule's Limit reports: the unit's
-// usual length, 24h, 168h, and a month's longest, 744h. Only messages and
-// the rough figures every rule has (a line's fallback wait, a batch's
-// estimated span) use it; windows follow the calendar.
-func (u CalendarUnit) Nominal() time.Duration {
+// nominal is the unit's usual length: 24h, 168h, and a month's longest,
+// 744h (Calendar.Period).
+func (u calendarUnit) nominal() time.Duration {
 	switch u {
-	case Week:
+	case unitWeek:
 		return 7 * 24 * time.Hour
-	case Month:
+	case unitMonth:
 		return 31 * 24 * time.Hour
 	}
 	return 24 * time.Hour
@@ -72,25 +71,43 @@ func (u CalendarUnit) Nominal() time.Duration {
 // saving included) and sent to the script with each call; Redis TIME stays
 // the clock that picks among them (see CalendarWindow).
 type Calendar struct {
-	unit      CalendarUnit
+	unit      calendarUnit
 	loc       *time.Location
 	weekStart time.Weekday
 }
 
 // Daily returns the calendar of days in loc (nil: UTC).
-func Daily(loc *time.Location) Calendar { return Calendar{unit: Day, loc: loc} }
+func Daily(loc *time.Location) Calendar { return Calendar{unit: unitDay, loc: loc} }
 
 // Weekly returns the calendar of weeks in loc (nil: UTC) that start on
 // first: time.Monday for ISO 8601 weeks (the rules file's default).
 func Weekly(loc *time.Location, first time.Weekday) Calendar {
-	return Calendar{unit: Week, loc: loc, weekStart: first}
+	return Calendar{unit: unitWeek, loc: loc, weekStart: first}
 }
 
 // Monthly returns the calendar of months in loc (nil: UTC).
-func Monthly(loc *time.Location) Calendar { return Calendar{unit: Month, loc: loc} }
+func Monthly(loc *time.Location) Calendar { return Calendar{unit: unitMonth, loc: loc} }
 
-// Unit is the calendar's unit; 0 for the zero Calendar.
-func (c Calendar) Unit() CalendarUnit { return c.unit }
+// Unit is the calendar's unit as rules files write it: "day", "week" or
+// "month"; empty for the zero Calendar.
+func (c Calendar) Unit() string {
+	if c.unit == 0 {
+		return ""
+	}
+	return c.unit.String()
+}
+
+// Period is the period a CalendarWindow rule's Limit reports: the unit's
+// usual length, 24h, 168h, and a month's longest, 744h; 0 for the zero
+// Calendar. Only messages and the rough figures every rule has (a line's
+// fallback wait, a batch's estimated span) use it; windows follow the
+// calendar.
+func (c Calendar) Period() time.Duration {
+	if c.unit == 0 {
+		return 0
+	}
+	return c.unit.nominal()
+}
 
 // Location is the calendar's time zone (UTC for nil).
 func (c Calendar) Location() *time.Location {
@@ -107,7 +124,7 @@ func (c Calendar) WeekStart() time.Weekday { return c.weekStart }
 // "week@Europe/Berlin" (weeks from Monday), "week(sunday)@UTC".
 func (c Calendar) String() string {
 	u := c.unit.String()
-	if c.unit == Week && c.weekStart != time.Monday {
+	if c.unit == unitWeek && c.weekStart != time.Monday {
 		u += "(" + lower(c.weekStart.String()) + ")"
 	}
 	return u + "@" + c.Location().String()
@@ -119,9 +136,9 @@ func lower(s string) string { return strings.ToLower(s) }
 func (c Calendar) Window(t time.Time) (start, end time.Time) {
 	y, m, d := t.In(c.Location()).Date()
 	switch c.unit {
-	case Week:
+	case unitWeek:
 		d -= (int(t.In(c.Location()).Weekday()) - int(c.weekStart) + 7) % 7
-	case Month:
+	case unitMonth:
 		d = 1
 	}
 	start = c.midnight(y, m, d)
@@ -133,9 +150,9 @@ func (c Calendar) Window(t time.Time) (start, end time.Time) {
 func (c Calendar) after(start time.Time) time.Time {
 	y, m, d := start.In(c.Location()).Date()
 	switch c.unit {
-	case Week:
+	case unitWeek:
 		d += 7
-	case Month:
+	case unitMonth:
 		m++
 	default:
 		d++
@@ -160,11 +177,11 @@ func (c Calendar) midnight(y int, m time.Month, d int) time.Time {
 func validateCalendar(r Rule) error {
 	c := r.Calendar
 	switch {
-	case c.unit < Day || c.unit > Month:
+	case c.unit < unitDay || c.unit > unitMonth:
 		return &ConfigError{Rule: r.Name, Field: "calendar", Reason: "is not set; build it with throttle.Daily, Weekly or Monthly"}
 	case c.weekStart < time.Sunday || c.weekStart > time.Saturday:
 		return &ConfigError{Rule: r.Name, Field: "calendar", Reason: fmt.Sprintf("week start %d is not a weekday", int(c.weekStart))}
-	case r.Limit.Period != 0 && r.Limit.Period != c.unit.Nominal():
+	case r.Limit.Period != 0 && r.Limit.Period != c.unit.nominal():
 		return &ConfigError{Rule: r.Name, Field: "period", Reason: fmt.Sprintf("%v: a calendar window's period is its Calendar's; leave Period zero", r.Limit.Period)}
 	}
 	return nil

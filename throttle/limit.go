@@ -203,11 +203,11 @@ func (r Rule) Validate() error {
 }
 
 // normal returns r as a limiter keeps it: a CalendarWindow rule's Period
-// is its calendar unit's nominal length (CalendarUnit.Nominal), its Burst
+// is its calendar unit's nominal length (Calendar.Period), its Burst
 // its Count.
 func (r Rule) normal() Rule {
 	if r.Algorithm == CalendarWindow && r.Limit.Period == 0 && r.Calendar.unit != 0 {
-		r.Limit.Period = r.Calendar.unit.Nominal()
+		r.Limit.Period = r.Calendar.Period()
 	}
 	if r.Algorithm == CalendarWindow && r.Limit.Burst == 0 {
 		r.Limit.Burst = r.Limit.Count

@@ -91,11 +91,11 @@ type TaskRule struct {
 	// Options.Asynq.
 	FairBy Subject
 	// Priority, if set, gives each task its level in its subject's line,
-	// 0 to throttle.MaxPriority: tasks of higher levels waiting for one
+	// 0 to admission.MaxPriority: tasks of higher levels waiting for one
 	// subject take the next turns before lower ones (the turns already
 	// booked are kept), the shares of FairBy in turn within a level, and
 	// a task that has waited Settings.MaxAge (if zero,
-	// throttle.DefaultMaxAge horizons) goes before every task that joined
+	// admission.DefaultMaxAge horizons) goes before every task that joined
 	// after it. An error archives the task, as for Subject. Needs
 	// Options.Asynq; not with ShareLimit or a concurrency limit.
 	Priority Priority
@@ -369,7 +369,7 @@ func (m *Middleware) newRuleGate(r *TaskRule) (*ruleGate, error) {
 	gateOpts := admission.Options{Settings: r.Settings, Shared: m.shared, Parking: m.parking, Name: r.Name}
 	if r.Priority != nil && gateOpts.MaxAge == 0 {
 		// Every task of the rule ages, those of level 0 too.
-		gateOpts.MaxAge = throttle.DefaultMaxAge * cmp.Or(max(r.Horizon, 0), admission.DefaultHorizon)
+		gateOpts.MaxAge = admission.DefaultMaxAge * cmp.Or(max(r.Horizon, 0), admission.DefaultHorizon)
 	}
 	if m.parking == nil {
 		// Parked tasks come back in whole seconds, up to a second

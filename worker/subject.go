@@ -7,8 +7,8 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/internal/jsonpayload"
-	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
 // Subject derives from a task what a rule limits: a tenant, an account, a
@@ -35,31 +35,31 @@ func PayloadField(name string) Subject {
 }
 
 // Priority gives a task its level in its subject's line, 0 to
-// throttle.MaxPriority (TaskRule.Priority); ctx is the handler's, which
+// admission.MaxPriority (TaskRule.Priority); ctx is the handler's, which
 // names the task's queue (asynq.GetQueueName). An error means the task can
 // never be admitted: the middleware archives it, as for a Subject.
 type Priority func(ctx context.Context, t *asynq.Task) (int, error)
 
 // PayloadPriority returns a Priority read from the top-level field name of
 // the task's JSON object payload: a whole number from 0 to
-// throttle.MaxPriority, or 0 if the payload has no such field. A payload
+// admission.MaxPriority, or 0 if the payload has no such field. A payload
 // that is not a JSON object, another type or a number out of range is an
 // error.
 func PayloadPriority(name string) Priority {
 	return func(_ context.Context, t *asynq.Task) (int, error) {
-		return jsonpayload.Level(t.Payload(), name, throttle.MaxPriority)
+		return jsonpayload.Level(t.Payload(), name, admission.MaxPriority)
 	}
 }
 
 // QueuePriority returns a Priority that gives each task the level of its
 // asynq queue in levels (such as {"critical": 2, "default": 1}); a queue
-// not listed is 0. Levels out of 0 to throttle.MaxPriority are errors when
+// not listed is 0. Levels out of 0 to admission.MaxPriority are errors when
 // a task meets them.
 func QueuePriority(levels map[string]int) Priority {
 	return func(ctx context.Context, _ *asynq.Task) (int, error) {
 		q, _ := asynq.GetQueueName(ctx)
-		if lv := levels[q]; lv < 0 || lv > throttle.MaxPriority {
-			return 0, fmt.Errorf("queue %q has level %d; want 0 to %d", q, lv, throttle.MaxPriority)
+		if lv := levels[q]; lv < 0 || lv > admission.MaxPriority {
+			return 0, fmt.Errorf("queue %q has level %d; want 0 to %d", q, lv, admission.MaxPriority)
 		}
 		return levels[q], nil
 	}
