@@ -363,7 +363,7 @@ func (g *Gate) admit(ctx context.Context, req Request, bound time.Duration) (Dec
 // cancelled too.) A job that never comes back leaves it unused, as a
 // spent turn would be; its place, if any, is released.
 func (g *Gate) leave(ctx context.Context, a throttle.Admission) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
+	rctx, cancel := g.lim.Detach(ctx) // a refund lost is reported (OnRedisError)
 	defer cancel()
 	switch {
 	case a.Reservation == nil:
@@ -453,10 +453,6 @@ func (g *Gate) sweep(ctx context.Context, subject string) (time.Time, error) {
 	}
 	return a.Slot, nil
 }
-
-// refundTimeout bounds the refund of a turn whose wait ended with its
-// context.
-const refundTimeout = 2 * time.Second
 
 // wakeSlack is kept between a granted turn and the context's deadline:
 // more than the error of mapping a turn from the Redis clock onto the

@@ -135,9 +135,10 @@ func (s *Stack) Admit(ctx context.Context, reqs []Request) (StackDecision, error
 // giveBack gives back the turns a job took before a gate parked it or
 // failed: each settled to nothing (what the turns booked behind it leave
 // room for comes back; a redeemed turn's tickets too), each place
-// released.
+// released, under the limiters' own bound (throttle.Limiter.Detach), so
+// that a refund Redis does not answer is reported to OnRedisError.
 func (s *Stack) giveBack(ctx context.Context, turns []Decision) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
+	rctx, cancel := s.gates[s.lead].lim.Detach(ctx)
 	defer cancel()
 	for _, d := range turns {
 		if d.Reservation != nil {

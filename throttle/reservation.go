@@ -11,6 +11,18 @@ import (
 // context has ended.
 const refundTimeout = 2 * time.Second
 
+// Detach returns a context for giving back, on a caller's behalf, what it
+// holds once its own ctx has ended or is about to (Reservation.Cancel,
+// Settle or Rebook, Place.Release): ctx's values without its cancellation
+// or deadline, bounded as the limiter bounds its own refunds (2s). A call
+// that fails because that bound passed is reported to
+// Options.OnRedisError, as the limiter's own refunds are; under a bound of
+// the caller's own (context.WithTimeout) it would not be, since a call its
+// caller's deadline ends is no Redis failure. Call cancel when done.
+func (l *Limiter) Detach(ctx context.Context) (context.Context, context.CancelFunc) {
+	return ownTimeout(context.WithoutCancel(ctx), refundTimeout)
+}
+
 // A Reservation holds permits granted by Reserve (or acquired by Wait)
 // until the caller acts or cancels.
 type Reservation struct {
