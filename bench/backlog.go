@@ -4,9 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"os"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -25,10 +23,7 @@ import (
 
 // backlogResult is the part's JSON: results/<date>-backlog.json.
 type backlogResult struct {
-	Date     string        `json:"date"`
-	Command  string        `json:"command"`
-	Machine  machine       `json:"machine"`
-	Library  library       `json:"library"`
+	partHead
 	Config   backlogConfig `json:"config"`
 	RuntimeS float64       `json:"runtime_s"`
 	Backlog  []*backlogRun `json:"backlog"`
@@ -169,14 +164,12 @@ func secs(s float64) time.Duration { return time.Duration(s * float64(time.Secon
 // runBacklogPart runs the part and writes results/<date>-backlog.json.
 func runBacklogPart(logf func(string, ...any), cfg backlogConfig) error {
 	t0 := time.Now()
-	res := &backlogResult{Date: t0.UTC().Format(time.RFC3339), Command: "cd bench && go run . " + strings.Join(os.Args[1:], " "),
-		Machine: readMachine(), Library: readLibrary(), Config: cfg}
-	srv, err := startRedis(logf)
+	head, srv, err := startPart(logf, t0)
 	if err != nil {
 		return err
 	}
 	defer srv.Stop()
-	res.Machine.RedisVersion = srv.version
+	res := &backlogResult{partHead: head, Config: cfg}
 	ctx := context.Background()
 	fail := func(what string, err error) {
 		res.Errors = append(res.Errors, fmt.Sprintf("%s: %v", what, err))

@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"slices"
-	"strings"
 	"syscall"
 	"time"
 
@@ -76,8 +75,7 @@ func runFleetPart(logf func(string, ...any), cfg fleetConfig, mdPath string) err
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	t0 := time.Now()
-	res := &fleetResult{Date: t0.UTC().Format(time.RFC3339), Command: "cd bench && go run . " + strings.Join(os.Args[1:], " "),
-		Config: cfg, Machine: readMachine(), Library: readLibrary()}
+	res := &fleetResult{partHead: newPartHead(t0), Config: cfg}
 	logf("fleet: starting a 3-master Redis Cluster (load %s)", res.Machine.LoadStart)
 	cl, err := startSimCluster(ctx, 3, logf)
 	if err != nil {

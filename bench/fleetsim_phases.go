@@ -15,10 +15,7 @@ import (
 
 // fleetResult is the part's results file.
 type fleetResult struct {
-	Date     string       `json:"date"`
-	Command  string       `json:"command"`
-	Machine  machine      `json:"machine"`
-	Library  library      `json:"library"`
+	partHead
 	Config   fleetConfig  `json:"config"`
 	RuntimeS float64      `json:"runtime_s"`
 	Ledger   []fleetShard `json:"ledger"`

@@ -20,10 +20,7 @@ import (
 
 // labResult is the jitter lab's JSON: results/<date>-jitterlab.json.
 type labResult struct {
-	Date     string      `json:"date"`
-	Command  string      `json:"command"`
-	Machine  machine     `json:"machine"`
-	Library  library     `json:"library"`
+	partHead
 	Config   labConfig   `json:"config"`
 	RuntimeS float64     `json:"runtime_s"`
 	Runs     []labRun    `json:"runs"`
@@ -67,18 +64,16 @@ func runLab(logf func(string, ...any), rounds int, d time.Duration) error {
 	t0 := time.Now()
 	names := []string{"jobthrottle/gcra", labImpls[0].Name, labImpls[1].Name, "x/time/rate"}
 	cfg := labConfig{Rate: 200, Burst: 10, Waiters: 64, Procs: 1, DurationS: d.Seconds(), Rounds: rounds, Burners: 2, Impls: names, Nice: niceness}
-	res := &labResult{Date: t0.UTC().Format(time.RFC3339), Command: "cd bench && go run . " + strings.Join(os.Args[1:], " "),
-		Machine: readMachine(), Library: readLibrary(), Config: cfg}
 	exe, err := os.Executable()
 	if err != nil {
 		return err
 	}
-	srv, err := startRedis(logf)
+	head, srv, err := startPart(logf, t0)
 	if err != nil {
 		return err
 	}
 	defer srv.Stop()
-	res.Machine.RedisVersion = srv.version
+	res := &labResult{partHead: head, Config: cfg}
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	defer rdb.Close()
 	ctx := context.Background()

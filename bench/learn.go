@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"regexp"
 	"strings"
 	"sync"
@@ -57,10 +56,7 @@ func defaultLearnConfig() learnConfig {
 
 // learnResult is the part's JSON: results/<date>-learn.json.
 type learnResult struct {
-	Date     string      `json:"date"`
-	Command  string      `json:"command"`
-	Machine  machine     `json:"machine"`
-	Library  library     `json:"library"`
+	partHead
 	Config   learnConfig `json:"config"`
 	RuntimeS float64     `json:"runtime_s"`
 	Runs     []*learnRun `json:"runs"`
@@ -93,15 +89,13 @@ func runLearnPart(logf func(string, ...any), cfg learnConfig, only, name string)
 			return err
 		}
 	}
-	srv, err := startRedis(logf)
+	head, srv, err := startPart(logf, t0)
 	if err != nil {
 		return err
 	}
 	defer srv.Stop()
 	cfg.Nice = niceness
-	res := &learnResult{Date: t0.UTC().Format(time.RFC3339), Command: "cd bench && go run . " + strings.Join(os.Args[1:], " "),
-		Machine: readMachine(), Library: readLibrary(), Config: cfg}
-	res.Machine.RedisVersion = srv.version
+	res := &learnResult{partHead: head, Config: cfg}
 	for _, c := range learnCases(cfg, filter) {
 		logf("learn: %s", c)
 		r, err := runLearnCase(srv.Addr, cfg, c, fmt.Sprintf("bench-learn-%d-%d:", t0.UnixNano(), len(res.Runs)))

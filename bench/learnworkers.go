@@ -74,10 +74,7 @@ type workerRun struct {
 
 // workerResult is the part's JSON: results/<date>-learn-workers.json.
 type workerResult struct {
-	Date     string       `json:"date"`
-	Command  string       `json:"command"`
-	Machine  machine      `json:"machine"`
-	Library  library      `json:"library"`
+	partHead
 	Config   learnConfig  `json:"config"`
 	Procs    int          `json:"concurrency_per_worker"`
 	RuntimeS float64      `json:"runtime_s"`
@@ -106,15 +103,13 @@ func runWorkerLearnPart(logf func(string, ...any), cfg learnConfig, only, name s
 	if err := build.Run(); err != nil {
 		return fmt.Errorf("building cmd/worker: %w", err)
 	}
-	srv, err := startRedis(logf)
+	head, srv, err := startPart(logf, t0)
 	if err != nil {
 		return err
 	}
 	defer srv.Stop()
 	cfg.Nice = niceness
-	res := &workerResult{Date: t0.UTC().Format(time.RFC3339), Command: "cd bench && go run . " + strings.Join(os.Args[1:], " "),
-		Machine: readMachine(), Library: readLibrary(), Config: cfg, Procs: workerConcurrency}
-	res.Machine.RedisVersion = srv.version
+	res := &workerResult{partHead: head, Config: cfg, Procs: workerConcurrency}
 	for _, c := range learnCases(cfg, filter) {
 		logf("learn-workers: %s", c)
 		r, err := runWorkerCase(srv.Addr, bin, dir, cfg, c)

@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -61,10 +59,7 @@ type llmBacklogRun struct {
 }
 
 type llmBacklogResult struct {
-	Date     string           `json:"date"`
-	Command  string           `json:"command"`
-	Machine  machine          `json:"machine"`
-	Library  library          `json:"library"`
+	partHead
 	Config   llmBacklogConfig `json:"config"`
 	RuntimeS float64          `json:"runtime_s"`
 	Runs     []*llmBacklogRun `json:"runs"`
@@ -73,14 +68,12 @@ type llmBacklogResult struct {
 
 func runLLMBacklogPart(logf func(string, ...any), cfg llmBacklogConfig) error {
 	t0 := time.Now()
-	res := &llmBacklogResult{Date: t0.UTC().Format(time.RFC3339), Command: "cd bench && go run . " + strings.Join(os.Args[1:], " "),
-		Machine: readMachine(), Library: readLibrary(), Config: cfg}
-	srv, err := startRedis(logf)
+	head, srv, err := startPart(logf, t0)
 	if err != nil {
 		return err
 	}
 	defer srv.Stop()
-	res.Machine.RedisVersion = srv.version
+	res := &llmBacklogResult{partHead: head, Config: cfg}
 	for _, settled := range []bool{true, false} {
 		r, err := runLLMBacklog(context.Background(), srv.Addr, cfg, settled)
 		if err != nil {

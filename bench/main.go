@@ -487,6 +487,34 @@ func writePart(logf func(string, ...any), t0 time.Time, name string, res any) er
 	return nil
 }
 
+// partHead is the head of every part's results file, embedded first in
+// the part's result: when and how the part ran, and on what.
+type partHead struct {
+	Date    string  `json:"date"`
+	Command string  `json:"command"`
+	Machine machine `json:"machine"`
+	Library library `json:"library"`
+}
+
+// newPartHead is the head of a part that began at t0.
+func newPartHead(t0 time.Time) partHead {
+	return partHead{Date: t0.UTC().Format(time.RFC3339), Command: "cd bench && go run . " + strings.Join(os.Args[1:], " "),
+		Machine: readMachine(), Library: readLibrary()}
+}
+
+// startPart begins a part that began at t0 on a throwaway redis-server:
+// the head of its results (newPartHead, with the server's version) and
+// the server, which the caller stops.
+func startPart(logf func(string, ...any), t0 time.Time) (partHead, *redisServer, error) {
+	head := newPartHead(t0)
+	srv, err := startRedis(logf)
+	if err != nil {
+		return head, nil, err
+	}
+	head.Machine.RedisVersion = srv.version
+	return head, srv, nil
+}
+
 func writeJSON(path string, v any) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err

@@ -3,9 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -22,10 +20,7 @@ import (
 
 // sharesResult is the part's JSON: results/<date>-shares.json.
 type sharesResult struct {
-	Date     string       `json:"date"`
-	Command  string       `json:"command"`
-	Machine  machine      `json:"machine"`
-	Library  library      `json:"library"`
+	partHead
 	Config   sharesConfig `json:"config"`
 	RuntimeS float64      `json:"runtime_s"`
 	Runs     []*sharesRun `json:"runs"`
@@ -131,14 +126,12 @@ func defaultSharesConfig() sharesConfig {
 // runSharesPart runs every case and writes results/<date>-shares.json.
 func runSharesPart(logf func(string, ...any), cfg sharesConfig) error {
 	t0 := time.Now()
-	res := &sharesResult{Date: t0.UTC().Format(time.RFC3339), Command: "cd bench && go run . " + strings.Join(os.Args[1:], " "),
-		Machine: readMachine(), Library: readLibrary(), Config: cfg}
-	srv, err := startRedis(logf)
+	head, srv, err := startPart(logf, t0)
 	if err != nil {
 		return err
 	}
 	defer srv.Stop()
-	res.Machine.RedisVersion = srv.version
+	res := &sharesResult{partHead: head, Config: cfg}
 	for _, c := range cfg.Cases {
 		r, err := runSharesCase(context.Background(), srv.Addr, c, cfg)
 		if err != nil {

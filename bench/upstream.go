@@ -73,10 +73,7 @@ type upstreamPhaseStats struct {
 
 // upstreamRun is the results file of the part.
 type upstreamRun struct {
-	Date      string           `json:"date"`
-	Command   string           `json:"command"`
-	Machine   machine          `json:"machine"`
-	Library   library          `json:"library"`
+	partHead
 	Config    upstreamConfig   `json:"config"`
 	Scenarios []upstreamResult `json:"scenarios"`
 }
@@ -158,14 +155,12 @@ func runUpstream(mdPath string, logf func(string, ...any)) error {
 		// within 2 s of the change.
 		ReachWithin: 0.9,
 	}
-	run := &upstreamRun{Date: t0.UTC().Format(time.RFC3339), Command: "cd bench && go run . " + strings.Join(os.Args[1:], " "),
-		Machine: readMachine(), Library: readLibrary(), Config: cfg}
-	srv, err := startRedis(logf)
+	head, srv, err := startPart(logf, t0)
 	if err != nil {
 		return err
 	}
 	defer srv.Stop()
-	run.Machine.RedisVersion = srv.version
+	run := &upstreamRun{partHead: head, Config: cfg}
 	for i, headers := range []bool{true, false} {
 		name := "learned from RateLimit headers"
 		if !headers {
