@@ -98,9 +98,10 @@ func TestStackGiveBackReported(t *testing.T) {
 	})
 }
 
-// TestGateLeaveReported: the refund of a new turn whose wait the job's
-// context ended is sent under the limiter's own time bound, so a refund
-// Redis never answers is reported to OnRedisError.
+// TestGateLeaveReported: a redeemed turn whose wait the job's context
+// ended is booked again (Rebook) under the limiter's own time bound, so a
+// rebooking Redis never answers is reported to OnRedisError. (A new
+// turn's refund is reported by throttle's own refund calls.)
 func TestGateLeaveReported(t *testing.T) {
 	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
 		var armed atomic.Bool
@@ -119,13 +120,23 @@ func TestGateLeaveReported(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		req := Request{Subject: "s", Caller: throttle.Caller{ID: "job"}}
+		// Its deadline too close to wait: the job parks on a turn 100ms away.
+		short, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+		d, err := g.Admit(short, req)
+		cancel()
+		if err != nil || d.Outcome != Park || d.Status != throttle.Booked {
+			t.Fatalf("first admit: %+v, %v; want parked on a booked turn", d, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+		// Back early: it waits for its redeemed turn, until its context ends.
 		ctx, cancel := context.WithCancel(context.Background())
-		time.AfterFunc(50*time.Millisecond, func() { armed.Store(true); cancel() }) // the turn is 100ms away
-		if d, err := g.Admit(ctx, Request{Subject: "s", Caller: throttle.Caller{ID: "job"}}); err != context.Canceled {
-			t.Fatalf("admit: %+v, %v; want context.Canceled while it waits for its turn", d, err)
+		time.AfterFunc(10*time.Millisecond, func() { armed.Store(true); cancel() })
+		if d, err := g.Admit(ctx, req); err != context.Canceled {
+			t.Fatalf("back early: %+v, %v; want context.Canceled while it waits for its turn", d, err)
 		}
 		if got := reported.Load(); got != 1 {
-			t.Errorf("the refund, unanswered, reported %d times to OnRedisError; want 1", got)
+			t.Errorf("the rebooking, unanswered, reported %d times to OnRedisError; want 1", got)
 		}
 	})
 }
