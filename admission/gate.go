@@ -213,7 +213,8 @@ type Request struct {
 	//     place is handed to it. If empty, ID. A job that runs holds a
 	//     place until it ends (Decision.Place).
 	//   - WaitAs, if not empty, is the Waiter the job comes back as, if not
-	//     Waiter (a task requeued as a copy): it takes over Waiter's place.
+	//     Waiter (a task requeued as a copy): it takes over Waiter's place,
+	//     or its position in the queue for one.
 	//     In the subject's line (Options.Horizon), the job is named by
 	//     WaitAs, Waiter, BookAs or ID, the first set: Gate.Serve hands that
 	//     name its turn. With Options.Parking, that name is also the job's

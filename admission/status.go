@@ -19,7 +19,7 @@ import (
 // with a *throttle.DelayError), and what the worker calls it: a label, the
 // value of jobthrottle_decisions_total's outcome label (the status page
 // counts the same; a job that parks is StatusParked in the worker's
-// explain), and the reason its log line gives (Decision.Label and
+// explain), and the reason its log entry gives (Decision.Label and
 // Decision.Reason; Wait.Label and Wait.Reason for a job that ran).
 //
 // Three labels name no status: they say how a job fared without one, when
@@ -69,7 +69,7 @@ type statusRow struct {
 	waited  bool                 // Granted after WaitThreshold or more in place
 	outcome Outcome              // the gate's; 0: Admit fails (*throttle.DelayError)
 	label   string               // the worker's metric label
-	reason  string               // the worker's log line's reason; "" for none
+	reason  string               // the worker's log entry's reason; "" for none
 }
 
 // statuses is the table: every status of an admission, from Redis up.
@@ -114,7 +114,7 @@ func (d Decision) row() statusRow {
 // LabelParked for Park.
 func (d Decision) Label() string { return d.row().label }
 
-// Reason returns why the decision is what it is, as the worker's log line
+// Reason returns why the decision is what it is, as the worker's log entry
 // gives it: "ran on the turn booked for it", "in its subject's line, no
 // turn booked yet"…; empty for a job run at once on a new turn.
 func (d Decision) Reason() string { return d.row().reason }
@@ -132,6 +132,6 @@ func (w Wait) row() statusRow {
 // (WaitThreshold).
 func (w Wait) Label() string { return w.row().label }
 
-// Reason returns why the job ran when it did, as the worker's log line
+// Reason returns why the job ran when it did, as the worker's log entry
 // gives it; empty for a job run at once on a new turn.
 func (w Wait) Reason() string { return w.row().reason }

@@ -57,7 +57,7 @@ var outcomesOf = map[string][]string{
 	kindCommand: {OutcomeSuccess, OutcomeExitNonzero, OutcomeSignal, OutcomeTimeout, OutcomeCanceled, OutcomeError},
 }
 
-// attemptError is the error of a failed attempt with what its log line
+// attemptError is the error of a failed attempt with what its log entry
 // and metrics say of it. Its text is the wrapped error's: what asynq
 // keeps as the task's last error.
 type attemptError struct {

@@ -42,7 +42,7 @@ type Caller struct {
 	// required with a Concurrency rule.
 	Waiter string
 	// WaitAs, if not empty, is the Waiter the caller comes back as, if not
-	// Waiter (a task requeued as a copy): it takes over Waiter's place in
+	// Waiter (a task requeued as a copy): it takes over Waiter's position in
 	// the queue, or the place it holds.
 	WaitAs string
 	// Share, with a Horizon, is the caller's share of the subject's line
@@ -192,7 +192,7 @@ type Admission struct {
 	// (AdmitRequest.Horizon) instead of holding a turn: leave, and come
 	// back when a turn is booked for it (Handed names it to whoever
 	// serves the line), or at At at the latest; coming back still in line
-	// keeps its place.
+	// keeps its position.
 	InLine bool
 	// Serve, if not zero, is when the line should next be served (Admit
 	// ServeLine), on the Redis clock: set for the caller that starts the

@@ -199,7 +199,7 @@ func (l *Limiter) checkAdmit(req *AdmitRequest) (serving bool, horizon int64, er
 	}
 	if req.ShareLimit != (Limit{}) {
 		if req.Priority > 0 {
-			return false, 0, errors.New("throttle: admit: a share limit and a priority cannot be combined: a share its own limit holds back is served by its place in its share, not its level; drop one")
+			return false, 0, errors.New("throttle: admit: a share limit and a priority cannot be combined: a share its own limit holds back is served by its position in its share, not its level; drop one")
 		}
 		if err := l.checkShareLimit(req, horizon); err != nil {
 			return false, 0, err

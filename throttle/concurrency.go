@@ -350,8 +350,8 @@ const waitTolerance = time.Second
 // to it: at once by a release in this process, else at its fallback; see
 // Admission.At), and a turn of the policy's rate rules. It fails at once
 // with a *DelayError if the turn of a rate rule is past the context's
-// deadline or MaxWait. If the context ends, its place (or its place in the
-// queue) is given up and ctx.Err() returned.
+// deadline or MaxWait. If the context ends, its place (or its position in
+// the queue) is given up and ctx.Err() returned.
 func (s *leases) wait(ctx context.Context, subject string, n int) (*Place, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err // nothing taken, nothing to give up

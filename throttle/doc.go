@@ -69,7 +69,8 @@
 //     leaves and comes back for its booked turn.
 //   - place: one of a Concurrency rule's Count places, held by one caller
 //     while it runs and handed on when it frees. A caller queued for a
-//     place is a waiter (Caller.Waiter).
+//     place is a waiter (Caller.Waiter); its spot in that queue, or in a
+//     line, is its position, never its place.
 //   - lease: how long a place is held without renewal (a Concurrency
 //     rule's Period), after which a holder that died loses it; nothing
 //     else. (Options.LocalLease, named before this list, hands out runs of
@@ -80,7 +81,8 @@
 //     turns. A Concurrency rule's queue of waiters is not a line.
 //   - share: a part of a subject's line (Caller.Share, a tenant of one API
 //     key), served in turn with the others by its Weight, and limited on
-//     its own by AdmitRequest.ShareLimit if set.
+//     its own by AdmitRequest.ShareLimit if set. (Processes that use one
+//     key have parts of its rate, not shares.)
 //
 // # Quotas on the calendar
 //
@@ -277,7 +279,7 @@
 // A run is sized from the process's demand r (permits asked for over
 // the last 100ms) and the rate R: the least of 2δ·R, δ·r/(1 − r/R) (what
 // arrivals at r can take before a slot is δ late) and δ·√(r·R)/4 (which
-// keeps processes that share the key even: their shares converge), or
+// keeps processes that use the key even: their parts of the rate converge), or
 // what arrives during one run's call's round trip if that is more. A run
 // of fewer than 4 permits is not taken: at a few permits a second, every
 // call is one exact decision in Redis, as without LocalLease. A process

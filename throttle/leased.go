@@ -15,7 +15,7 @@ import (
 )
 
 // Leased mode (Options.LocalLease): one hot key beyond one Redis shard.
-// The package doc ("One hot key: leased permits") states what it does and
+// The package doc ("One hot key: local runs of turns") states what it does and
 // the bound on over-admission; this file is how.
 //
 // A leased subject in this process is a leasedKey: its leases (runs of

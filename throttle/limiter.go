@@ -128,7 +128,7 @@ func New(rdb redis.UniversalClient, opts Options, rules ...Rule) (*Limiter, erro
 		return nil, err
 	}
 	run := opts
-	run.Prefix = p.prefix // for log lines
+	run.Prefix = p.prefix // for log entries
 	l := &Limiter{policy: p, runner: runner{rdb: rdb, opts: run, calendar: newCalendarStamp(p.rules)}, opts: opts}
 	if l.mode, err = chooseMode(l); err != nil {
 		return nil, err

@@ -77,7 +77,7 @@ func (l *Limiter) AllowAtMost(ctx context.Context, subject string, n int) (grant
 // pause (PauseFor) over it: the next request finds every rule at full
 // capacity. Reservations already granted keep their slots but give
 // nothing back into the new state: not by Cancel, nor by a Wait whose
-// context ends, a Settle for less, a part rolled back or leased slots
+// context ends, a Settle for less, a part rolled back or a local run's slots
 // given back (a Settle for more still charges the new state: see
 // Settle). A reservation made in the same microsecond of Redis time as
 // the Reset counts as made before it. Prepaid receipts (PrepayN) stay

@@ -459,7 +459,7 @@ func (m *Middleware) admitted(t *taskRun, w admission.Wait) {
 
 // deferTask returns the *admission.ThrottledError that defers the task to retryAt,
 // requeueing a copy first if the task has no retry left. attrs are added
-// to its log line.
+// to its log entry.
 func (m *Middleware) deferTask(ctx context.Context, t *taskRun, retryAt time.Time, cause error, outcome string, attrs ...any) error {
 	rule := t.rule.Name
 	te := &admission.ThrottledError{Rule: rule, Subject: t.Subject, RetryAt: retryAt, Err: cause}

@@ -52,7 +52,7 @@
 //
 // Explain says where a task is and why (cmd/worker explain): asynq's
 // state of it, and what its rule's limiter and the wake-up ledger keep
-// about it in Redis (its booked turn, its place in its subject's line).
+// about it in Redis (its booked turn, its position in its subject's line).
 //
 // See README.md in this directory for the binary, the metrics and the
 // parking semantics in full, and rules/README.md for the rules file.

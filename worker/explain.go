@@ -146,17 +146,17 @@ type RuleState struct {
 	// (admission.ReceiptHeader), while not yet redeemed.
 	Receipt *time.Time `json:"receipt,omitempty"`
 	// InLine reports that the task waits in its subject's line, no turn
-	// booked yet; Place is its place in it (1: next) of LineLength.
+	// booked yet; Position is its position in it (1: next) of LineLength.
 	InLine     bool `json:"in_line"`
-	Place      int  `json:"place,omitempty"`
+	Position   int  `json:"position,omitempty"`
 	LineLength int  `json:"line_length,omitempty"`
 	// LineServing is when the wake-up loop next serves the subject's line
 	// (books the turns of its head); nil if no serving is scheduled.
 	LineServing *time.Time `json:"line_serving,omitempty"`
 	// Concurrency is the name of the rule's concurrency limit, if it has
 	// one. Holding: the task holds one of its places (it runs, or was
-	// handed one and is being woken). QueuedForPlace: its place in the
-	// queue for one (1: next); 0 if not queued.
+	// handed one and is being woken). QueuedForPlace: its position in
+	// the queue for one (1: next); 0 if not queued.
 	Concurrency    string `json:"concurrency,omitempty"`
 	Holding        bool   `json:"holding,omitempty"`
 	QueuedForPlace int    `json:"queued_for_place,omitempty"`
@@ -169,7 +169,7 @@ type ExplainOptions struct {
 	Queue string
 	// Rules are the workers' rules (their rules file). With them,
 	// Explain names the rule and subject of the task and reads its
-	// booking, its place in its subject's line and its place under a
+	// booking, its position in its subject's line and under a
 	// concurrency limit; without them (nil), the rule is known only from
 	// the task's last error.
 	Rules *rules.Config
@@ -208,8 +208,9 @@ func (e *TaskNotFoundError) Unwrap() error { return asynq.ErrTaskNotFound }
 const maxCopyLookups = 32
 
 // Explain says where the task with ID id is and why: asynq's state of it,
-// and, for a task a rule applies to, its booked turn, its place in its
-// subject's line, its place under a concurrency limit and its wake-up.
+// and, for a task a rule applies to, its booked turn, its position in its
+// subject's line, its place (or position in the queue for one) under a
+// concurrency limit and its wake-up.
 // rdb is the Redis of asynq and of the limiters (one Redis, as cmd/worker
 // has). An ID no queue holds is followed to its requeued copies
 // ("<id>~throttled<n>"). It changes nothing of the task or the limiters

@@ -77,8 +77,8 @@ func keyEscape(s string) string {
 const severalSubjects = "its limits are over several subjects: a task waits in its worker slot or is deferred, and nothing is booked for it"
 
 // readRule reads what rule rc's limiter keeps about the task: its booking,
-// its producer's receipt, and its place in its subject's line or in the
-// queue for a place of the rule's concurrency limit.
+// its producer's receipt, and its position in its subject's line or in
+// the queue for a place of the rule's concurrency limit.
 func readRule(ctx context.Context, rdb redis.UniversalClient, ledger *admission.Wakeups, prefix string, rc rules.RuleConfig, info *asynq.TaskInfo) (*RuleState, error) {
 	rs := &RuleState{Name: rc.Name, Limits: []string{}}
 	several := false
@@ -147,7 +147,7 @@ func readSlot(ctx context.Context, rdb redis.UniversalClient, key, member string
 	return &t, paid, nil
 }
 
-// readLine reads the task's place in its subject's line, the line's length
+// readLine reads the task's position in its subject's line, the line's length
 // and when it is next served (its entry in ledger).
 func readLine(ctx context.Context, rdb redis.UniversalClient, ledger *admission.Wakeups, k limiterKeys, id string, rs *RuleState) error {
 	rank, err := rdb.ZRank(ctx, k.line(), k.member(id)).Result()
@@ -161,13 +161,13 @@ func readLine(ctx context.Context, rdb redis.UniversalClient, ledger *admission.
 	if err != nil {
 		return err
 	}
-	rs.InLine, rs.Place, rs.LineLength = true, int(rank)+1, int(n)
+	rs.InLine, rs.Position, rs.LineLength = true, int(rank)+1, int(n)
 	rs.LineServing, err = wakeupTime(ctx, ledger, admission.LineEntry{Rule: rs.Name, Subject: rs.Subject}.Member())
 	return err
 }
 
 // readPlace reads whether the task, as member, holds a place of the
-// concurrency limit at key, or its place in the queue for one.
+// concurrency limit at key, or its position in the queue for one.
 func readPlace(ctx context.Context, rdb redis.UniversalClient, key, member string, rs *RuleState) error {
 	score, err := zscore(ctx, rdb, key, member)
 	if err != nil || score == nil {

@@ -182,12 +182,12 @@ func checkLined(t *testing.T, parked []*Explanation) {
 			t.Fatalf("lined task: rule %+v, wake-up %v: want in a line of 2 with a serving, no turn, no wake-up", r, e.Wakeup)
 		}
 		checkLastWait(t, e, "lined", "b1", ErrParkedInLine)
-		checkText(t, e, fmt.Sprintf("waiting in its subject's line, no turn booked yet: place %d of 2; the line is next served at ", r.Place),
+		checkText(t, e, fmt.Sprintf("waiting in its subject's line, no turn booked yet: position %d of 2; the line is next served at ", r.Position),
 			"if its line's serving has not woken it")
-		places = append(places, r.Place)
+		places = append(places, r.Position)
 	}
 	if slices.Sort(places); !slices.Equal(places, []int{1, 2}) {
-		t.Errorf("places in line %v, want 1 and 2", places)
+		t.Errorf("positions in line %v, want 1 and 2", places)
 	}
 }
 
@@ -249,7 +249,7 @@ func TestExplainStates(t *testing.T) {
 		if second.Status != StatusParked {
 			t.Errorf("queued task: status %s", second.Status)
 		}
-		checkText(t, second, `queued for a place of concurrency limit "places": place 1`)
+		checkText(t, second, `queued for a place of concurrency limit "places": position 1`)
 
 		done := explainUntil(t, rdb, b.enqueue(t, "other:x", ""), opts, "completed", func(e *Explanation) bool { return e.Status == StatusCompleted })
 		if done.CompletedAt == nil || done.Rule != nil {
@@ -361,7 +361,7 @@ func TestExplainKeys(t *testing.T) {
 		if rs := read("t1", nil); rs.Turn == nil || !rs.Turn.Equal(booked.Slot) || rs.InLine {
 			t.Errorf("booked: %+v, want turn %v", rs, booked.Slot)
 		}
-		if rs := read("t2", nil); !rs.InLine || rs.Place != 1 || rs.LineLength != 1 || rs.Turn != nil {
+		if rs := read("t2", nil); !rs.InLine || rs.Position != 1 || rs.LineLength != 1 || rs.Turn != nil {
 			t.Errorf("in line: %+v", rs)
 		}
 		if rs := read("t3", map[string]string{admission.ReceiptHeader: receipt}); rs.Receipt == nil || !rs.Receipt.Equal(slot) || rs.Turn != nil {

@@ -99,8 +99,8 @@ func (e *Explanation) ruleLines() []string {
 }
 
 // bookingLines say what the rule's limiter keeps for the task: its turn,
-// its producer's receipt, its place in its subject's line or in the queue
-// for a place of a concurrency limit.
+// its producer's receipt, its position in its subject's line or in the
+// queue for a place of a concurrency limit.
 func (e *Explanation) bookingLines() []string {
 	r := e.Rule
 	var lines []string
@@ -116,7 +116,7 @@ func (e *Explanation) bookingLines() []string {
 		lines = append(lines, fmt.Sprintf("paced by its producer: turn booked for %s", e.at(*r.Receipt)))
 	}
 	if r.InLine {
-		s := fmt.Sprintf("waiting in its subject's line, no turn booked yet: place %d of %d", r.Place, r.LineLength)
+		s := fmt.Sprintf("waiting in its subject's line, no turn booked yet: position %d of %d", r.Position, r.LineLength)
 		if r.LineServing != nil {
 			s += fmt.Sprintf("; the line is next served at %s", e.at(*r.LineServing))
 		}
@@ -126,7 +126,7 @@ func (e *Explanation) bookingLines() []string {
 	case r.Holding:
 		lines = append(lines, fmt.Sprintf("holds a place of concurrency limit %q", r.Concurrency))
 	case r.QueuedForPlace > 0:
-		lines = append(lines, fmt.Sprintf("queued for a place of concurrency limit %q: place %d", r.Concurrency, r.QueuedForPlace))
+		lines = append(lines, fmt.Sprintf("queued for a place of concurrency limit %q: position %d", r.Concurrency, r.QueuedForPlace))
 	}
 	return lines
 }

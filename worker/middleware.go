@@ -83,7 +83,7 @@ type TaskRule struct {
 	admission.Settings
 	// FairBy, if set, divides the rule's limit fairly among the shares
 	// (tenants) that have tasks waiting for one subject (one API key for
-	// every tenant): each share's tasks wait in their own place in the
+	// every tenant): each share's tasks wait in their own part of the
 	// subject's line, and the shares are served in turn, so a tenant with
 	// ten tasks queued behind another's ten thousand runs at its share
 	// from its first task, and an idle tenant's share goes to the busy

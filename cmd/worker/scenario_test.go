@@ -87,7 +87,7 @@ func TestOperatorScenario(t *testing.T) {
 	}
 	if e.Retried != 0 || e.LastWait == nil || e.LastWait.Rule != "partner" ||
 		e.LastWait.Subject != "acct_1" || !e.LastWait.RunsAgainAt.After(e.Now) || e.Rule == nil ||
-		!(e.Rule.Turn != nil && e.Rule.Turn.After(e.Now) || e.Rule.InLine && e.Rule.Place >= 1 && e.Rule.Place <= e.Rule.LineLength) {
+		!(e.Rule.Turn != nil && e.Rule.Turn.After(e.Now) || e.Rule.InLine && e.Rule.Position >= 1 && e.Rule.Position <= e.Rule.LineLength) {
 		t.Errorf("explain of a parked task: %+v, rule %+v, wait %+v; want parked by partner for acct_1, not retried, with a turn or a place in line ahead", e, e.Rule, e.LastWait)
 	} else if want := map[bool]string{true: worker.ErrParkedInLine.Error(), false: worker.ErrParked.Error()}[e.Rule.InLine]; e.LastWait.Cause != want {
 		t.Errorf("a parked task (in line: %v) says it waited for %q; want %q", e.Rule.InLine, e.LastWait.Cause, want)
