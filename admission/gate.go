@@ -264,10 +264,12 @@ func (o Outcome) String() string {
 // Serve…, each documented there) and what the gate made of it. Two of the
 // limiter's fields read differently here: At is, for Run, when the job was
 // admitted (after its wait), and Reservation is nil for Park. Status is
-// Granted or Redeemed for Run, Booked or Held for Park (status.go: what
-// each status is called in every layer); Handed and Waiting, which only a
-// serving of the line sets, stay zero.
+// Granted or Redeemed for Run, Booked or Held for Park (Label and Reason
+// say what the worker calls each; admission/status.go has the table of
+// statuses from Redis up); Handed and Waiting, which only a serving of the
+// line sets, stay zero.
 type Decision struct {
+	// Outcome is what the job does: Run or Park.
 	Outcome Outcome
 	throttle.Admission
 	// Waited is how long Admit kept the job.

@@ -159,6 +159,8 @@ type AdmitRequest struct {
 
 // Admission is Admit's answer.
 type Admission struct {
+	// Status says what became of the caller's turn, and so what it does
+	// next (see AdmitStatus).
 	Status AdmitStatus
 	// Rule is the rule that decided (for a new turn: the one with the
 	// longest delay); empty for a redeemed or held booking.
