@@ -265,13 +265,12 @@ func wakeOnHandoff(rdb redis.UniversalClient, shards int) func(waiters []string)
 	return admission.WakeOnHandoff(wakeups)
 }
 
-// releaseTimeout bounds the release of a task's place.
-const releaseTimeout = 5 * time.Second
-
-// release gives back the place of a concurrency rule that a task ran
-// under, whatever its handler returned.
-func (m *Middleware) release(place *throttle.Place, w admission.Wait) {
-	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+// release gives back the place of a concurrency rule r that a task ran
+// under, whatever its handler returned, bounded as r's limiter bounds what
+// it gives back (Limiter.Detach), so that a release Redis loses is
+// reported to its OnRedisError.
+func (m *Middleware) release(r *ruleGate, place *throttle.Place, w admission.Wait) {
+	ctx, cancel := r.gate.Limiter().Detach(context.Background())
 	defer cancel()
 	if err := place.Release(ctx); err != nil {
 		m.log.Warn("worker: cannot release the task's place of a concurrency rule; it frees when its lease expires", "rule", w.Rule, "subject", w.Subject, "error", err)

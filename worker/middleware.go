@@ -450,7 +450,7 @@ func (m *Middleware) Wrap(next asynq.Handler) asynq.Handler {
 		for _, h := range t.held(r) {
 			if h.place != nil {
 				m.metrics.holding(h.rule.Name, 1)
-				defer func() { m.release(h.place, h.Wait); m.metrics.holding(h.rule.Name, -1) }()
+				defer func() { m.release(h.rule, h.place, h.Wait); m.metrics.holding(h.rule.Name, -1) }()
 			}
 		}
 		err = next.ProcessTask(admission.WithWait(ctx, t.Wait), task)

@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/hibiken/asynq"
 
@@ -75,10 +74,6 @@ func SetCosts(ctx context.Context, c throttle.Costs) error {
 	return nil
 }
 
-// settleTimeout bounds the settle call made after the handler returned
-// (its context may have ended).
-const settleTimeout = 2 * time.Second
-
 // costReport is what the handler of one task reported, shared by every
 // Middleware that wraps it (the outermost makes it).
 type costReport struct {
@@ -133,7 +128,10 @@ func (m *Middleware) settle(ctx context.Context, r *ruleGate, task *asynq.Task, 
 	if !ok || w.res == nil || (per == nil && w.costs == nil && actual == w.cost) {
 		return
 	}
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	// The handler's ctx may have ended: bounded as the limiter bounds what
+	// it gives back, so that a settle Redis loses is reported to its
+	// OnRedisError.
+	sctx, cancel := r.gate.Limiter().Detach(ctx)
 	defer cancel()
 	id, _ := asynq.GetTaskID(ctx)
 	log := m.log.With("rule", r.Name, "task_id", id, "task_type", task.Type(), "subject", w.Subject)

@@ -151,9 +151,9 @@ func (m *Middleware) waitInPlaceStacked(ctx context.Context, runs []*taskRun) (t
 	for _, rt := range runs {
 		w, place, err := m.waitInPlace(ctx, rt)
 		if err != nil {
-			for _, h := range turns {
+			for i, h := range turns {
 				if h.place != nil {
-					m.release(h.place, h.Wait)
+					m.release(runs[i].rule, h.place, h.Wait)
 				}
 			}
 			return turn{}, err
