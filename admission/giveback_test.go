@@ -2,7 +2,6 @@ package admission
 
 import (
 	"context"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,40 +12,6 @@ import (
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
-
-// hangHook makes every script call of its client wait, once armed, until
-// the call's context ends: a Redis that stopped answering.
-type hangHook struct{ armed *atomic.Bool }
-
-func (h hangHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h hangHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if name := strings.ToLower(cmd.Name()); h.armed.Load() && (name == "evalsha" || name == "eval") {
-			<-ctx.Done()
-			return ctx.Err()
-		}
-		return next(ctx, cmd)
-	}
-}
-func (h hangHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
-// armHook arms a hangHook at its client's first script call.
-type armHook struct{ armed *atomic.Bool }
-
-func (h armHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h armHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if name := strings.ToLower(cmd.Name()); name == "evalsha" || name == "eval" {
-			h.armed.Store(true)
-		}
-		return next(ctx, cmd)
-	}
-}
-func (h armHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
 
 // TestStackGiveBackReported: a turn a stack gives back, when a later gate
 // parks the job, is given back under the limiter's own time bound, so a
@@ -60,7 +25,7 @@ func TestStackGiveBackReported(t *testing.T) {
 		var reported atomic.Int32
 		aRDB := redistest.PipeClient(m)
 		defer aRDB.Close()
-		aRDB.AddHook(hangHook{&armed})
+		aRDB.AddHook(redistest.HangScripts{Armed: &armed})
 		a, err := throttle.New(aRDB, throttle.Options{OnRedisError: func(error, bool) { reported.Add(1) }},
 			throttle.Rule{Name: "a", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(1).WithBurst(5)})
 		if err != nil {
@@ -76,7 +41,7 @@ func TestStackGiveBackReported(t *testing.T) {
 		if res, err := b.Allow(ctx, "s"); err != nil || !res.Allowed {
 			t.Fatalf("taking b's burst: %+v, %v", res, err)
 		}
-		rdb.AddHook(armHook{&armed}) // a's calls hang from b's admission on
+		rdb.AddHook(redistest.ArmScripts{Armed: &armed}) // a's calls hang from b's admission on
 		gates := make([]*Gate, 2)
 		for i, lim := range []*throttle.Limiter{a, b} {
 			if gates[i], err = New(lim, Options{Settings: Settings{Horizon: -1}}); err != nil {
@@ -106,7 +71,7 @@ func TestGateLeaveReported(t *testing.T) {
 	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
 		var armed atomic.Bool
 		var reported atomic.Int32
-		rdb.AddHook(hangHook{&armed})
+		rdb.AddHook(redistest.HangScripts{Armed: &armed})
 		lim, err := throttle.New(rdb, throttle.Options{OnRedisError: func(error, bool) { reported.Add(1) }},
 			throttle.Rule{Name: "a", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(10).WithBurst(1)})
 		if err != nil {

@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,24 +13,6 @@ import (
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
-
-// hangScripts makes its client's script calls hang until their context
-// ends, once armed: a Redis that stopped answering.
-type hangScripts struct{ armed *atomic.Bool }
-
-func (h hangScripts) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h hangScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if name := strings.ToLower(cmd.Name()); h.armed.Load() && (name == "evalsha" || name == "eval") {
-			<-ctx.Done()
-			return ctx.Err()
-		}
-		return next(ctx, cmd)
-	}
-}
-func (h hangScripts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
 
 // TestGiveBackReported: what the worker gives back after a handler
 // returned — a settled cost, a concurrency place — is bounded as the
@@ -56,7 +37,7 @@ func TestGiveBackReported(t *testing.T) {
 				defer rdb.Close()
 				var armed atomic.Bool
 				var reported atomic.Int32
-				rdb.AddHook(hangScripts{&armed})
+				rdb.AddHook(redistest.HangScripts{Armed: &armed})
 				lim, err := throttle.New(rdb, throttle.Options{OnRedisError: func(error, bool) { reported.Add(1) }}, tc.rule)
 				if err != nil {
 					t.Fatal(err)
