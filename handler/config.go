@@ -102,6 +102,10 @@ type HTTPSpec struct {
 	// estimate (rules.CostConfig.Estimate) is charged what the call used,
 	// in one script call when the handler returns.
 	LLM bool
+	// Usage, if set, says where the answers of an API of another shape
+	// report their usage: the input and output tokens at these paths
+	// settle the task's turn as LLM's do. It needs LLM.
+	Usage *UsagePaths
 
 	url *urlTemplate
 }
@@ -296,12 +300,16 @@ func (p *parser) http(n *yaml.Node, path string) (*HTTPSpec, error) {
 		{Key: "timeout", Read: p.DurationTo(&h.Timeout, time.Millisecond, MaxTimeout)},
 		{Key: "idempotency_header"}, // idempotencyHeader
 		{Key: "llm", Read: p.BoolTo(&h.LLM)},
+		{Key: "usage", Read: yamlfile.Into(&h.Usage, p.usage)},
 	})
 	if err != nil {
 		return nil, err
 	}
 	if h.IdempotencyHeader, err = p.idempotencyHeader(fields, path, h.Headers); err != nil {
 		return nil, err
+	}
+	if h.Usage != nil && !h.LLM {
+		return nil, p.Failf(fields["usage"], yamlfile.Join(path, "usage"), "needs llm: true: the usage settles an LLM call's estimated costs")
 	}
 	return h, nil
 }
@@ -610,6 +618,9 @@ func (s Spec) Describe() string {
 		}
 		if h.LLM {
 			b.WriteString(", an LLM call settled to its answer's usage")
+		}
+		if h.Usage != nil {
+			fmt.Fprintf(&b, " (input tokens at %s, output tokens at %s)", h.Usage.Input, h.Usage.Output)
 		}
 	case s.Command != nil:
 		c := s.Command

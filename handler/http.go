@@ -341,7 +341,7 @@ const llmAnswerLimit = 4 << 20
 // one Cost that is an estimate is given its count (Options.SetCost). An
 // answer without a usage is logged, and the estimates stay charged.
 func (h *httpHandler) settleUsage(ctx context.Context, task *asynq.Task, out []byte) {
-	u, err := llmusage.Parse(out)
+	u, err := h.spec.HTTP.Usage.parse(out)
 	if err == nil {
 		err = h.reportUsage(ctx, task.Payload(), u)
 	}

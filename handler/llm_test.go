@@ -29,10 +29,12 @@ func TestHTTPHandlerLLMUsage(t *testing.T) {
 	rdb := proc.Client(t)
 	for _, style := range []struct {
 		name, usage string
-		in, out     int // what the answer says the call used (Anthropic: input + cache creation)
+		in, out     int    // what the answer says the call used (Anthropic: input + cache creation)
+		paths       string // the handler's usage paths, for another shape
 	}{
-		{"openai", `{"prompt_tokens": 21, "completion_tokens": 9, "total_tokens": 30}`, 21, 9},
-		{"anthropic", `{"input_tokens": 15, "cache_creation_input_tokens": 6, "cache_read_input_tokens": 500, "output_tokens": 9}`, 21, 9},
+		{"openai", `{"prompt_tokens": 21, "completion_tokens": 9, "total_tokens": 30}`, 21, 9, ""},
+		{"anthropic", `{"input_tokens": 15, "cache_creation_input_tokens": 6, "cache_read_input_tokens": 500, "output_tokens": 9}`, 21, 9, ""},
+		{"usage paths", `{"billed": [{"in": 21, "out": 9}]}`, 21, 9, "      usage: {input: usage.billed.0.in, output: usage.billed.0.out}\n"},
 	} {
 		t.Run(style.name, func(t *testing.T) {
 			api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
@@ -55,7 +57,7 @@ handlers:
     http:
       url: "%s/v1/chat/completions"
       llm: true
-`, prefix, api.URL)
+%s`, prefix, api.URL, style.paths)
 			fleet(t, rdb, file, 1, 2, func(string) string { return "" })
 			payload, _ := json.Marshal(map[string]any{"model": "m", "max_tokens": 400,
 				"messages": []map[string]string{{"role": "user", "content": "Say hello in one short sentence, please."}}})
