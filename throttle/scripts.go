@@ -59,9 +59,9 @@ func newScriptSet(algorithms []string, use string) *scriptSet {
 	return &scriptSet{
 		allow:  build("decide.lua", "allow.lua"),
 		prepay: build("decide.lua", "prepay.lua"),
-		admit:  build("upstream_rate.lua", "upstream_pace.lua", "decide.lua", "status.lua", "line.lua", "line_serve.lua", "admit.lua"),
+		admit:  build("upstream_rate.lua", "upstream_pace.lua", "limits_pace.lua", "decide.lua", "status.lua", "line.lua", "line_serve.lua", "admit.lua"),
 		refund: build("refund.lua"),
-		settle: build("settle.lua"),
+		settle: build("limits_pace.lua", "settle.lua"),
 		pause:  build("pause.lua"),
 	}
 }
