@@ -106,6 +106,13 @@ type HTTPSpec struct {
 	// report their usage: the input and output tokens at these paths
 	// settle the task's turn as LLM's do. It needs LLM.
 	Usage *UsagePaths
+	// LimitWindow is the window over which the provider of an LLM call
+	// (LLM) counts the limits its headers announce
+	// (httpthrottle.ParseProviderHeaders); if zero, DefaultLimitWindow.
+	// Each announced limit binds the limit of the handler's rule that
+	// counts the same thing, fleet-wide, where it is slower (a minute's
+	// limit read as LearnedShare of it per LimitWindow).
+	LimitWindow time.Duration
 
 	url *urlTemplate
 }
@@ -301,6 +308,7 @@ func (p *parser) http(n *yaml.Node, path string) (*HTTPSpec, error) {
 		{Key: "idempotency_header"}, // idempotencyHeader
 		{Key: "llm", Read: p.BoolTo(&h.LLM)},
 		{Key: "usage", Read: yamlfile.Into(&h.Usage, p.usage)},
+		{Key: "limit_window", Read: p.DurationTo(&h.LimitWindow, time.Millisecond, MaxTimeout)},
 	})
 	if err != nil {
 		return nil, err
@@ -308,8 +316,10 @@ func (p *parser) http(n *yaml.Node, path string) (*HTTPSpec, error) {
 	if h.IdempotencyHeader, err = p.idempotencyHeader(fields, path, h.Headers); err != nil {
 		return nil, err
 	}
-	if h.Usage != nil && !h.LLM {
-		return nil, p.Failf(fields["usage"], yamlfile.Join(path, "usage"), "needs llm: true: the usage settles an LLM call's estimated costs")
+	for _, f := range []string{"usage", "limit_window"} {
+		if fields[f] != nil && !h.LLM {
+			return nil, p.Failf(fields[f], yamlfile.Join(path, f), "needs llm: true: it reads an LLM call's answers")
+		}
 	}
 	return h, nil
 }

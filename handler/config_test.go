@@ -44,6 +44,7 @@ func TestParseConfigErrors(t *testing.T) {
 		{"idempotency header also set", "handlers:\n  - {task: x, http: {url: \"https://a.example/\", headers: {idempotency-key: k}}}", `handlers[1].http.headers.Idempotency-Key: is the idempotency header, which carries the task ID`},
 		{"custom idempotency header also set", "handlers:\n  - {task: x, http: {url: \"https://a.example/\", idempotency_header: x-request-id, headers: {X-Request-ID: k}}}", `handlers[1].http.headers.X-Request-Id: is the idempotency header`},
 		{"usage without llm", "handlers:\n  - {task: x, http: {url: \"https://a.example/\", usage: {input: a, output: b}}}", `rules.yaml:4: handlers[1].http.usage: needs llm: true`},
+		{"limit window without llm", "handlers:\n  - {task: x, http: {url: \"https://a.example/\", limit_window: 10s}}", `rules.yaml:4: handlers[1].http.limit_window: needs llm: true`},
 		{"usage without output", "handlers:\n  - task: x\n    http:\n      url: \"https://a.example/\"\n      llm: true\n      usage: {input: a}", `rules.yaml:8: handlers[1].http.usage.output: missing; give the keys that lead to the output tokens`},
 		{"usage path", "handlers:\n  - task: x\n    http:\n      url: \"https://a.example/\"\n      llm: true\n      usage:\n        input: \"a[0]\"\n        output: b", `rules.yaml:9: handlers[1].http.usage.input: "a[0]": each key between dots`},
 		{"usage not a string", "handlers:\n  - {task: x, http: {url: \"https://a.example/\", llm: true, usage: {input: [a], output: b}}}", `handlers[1].http.usage.input: a list must be a string`},
