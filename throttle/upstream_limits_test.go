@@ -110,3 +110,29 @@ func TestLearnLimitsErrors(t *testing.T) {
 		}
 	})
 }
+
+// A rate of requests learned from the upstream (issue 19) paces the
+// rules a request counts once, not a rule of tokens charged hundreds per
+// request: calls of 1 request and 300 tokens under a learned 20 requests
+// a second are a learned interval apart, as calls of one permit are.
+func TestLearnedRatePacesRequestsOnly(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := context.Background()
+		lim := mustNew(t, rdb, Options{},
+			Rule{Name: "requests", Algorithm: GCRA, Limit: PerSecond(100).WithBurst(5)},
+			Rule{Name: "tokens", Algorithm: GCRA, Limit: PerSecond(100000).WithBurst(10000)})
+		u := lim.Upstream()
+		first, _ := depart(t, u, "s", 0)
+		learn(t, u, "s", first, Answer{Quota: 20, Window: time.Second})
+		iv := 52632 * time.Microsecond // 1/(95 % of 20/s), in whole µs up
+		for i := range 4 {
+			a, err := lim.Admit(ctx, AdmitRequest{Subject: "s", Costs: Costs{1, 300}, Caller: Caller{ID: fmt.Sprint(i)}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := time.Duration(i+1) * iv; a.Delay < want-2*time.Microsecond || a.Delay > want+2*time.Microsecond {
+				t.Errorf("call %d: turn %v away (%s); want %v, one learned interval apart", i, a.Delay, a.Status, want)
+			}
+		}
+	})
+}

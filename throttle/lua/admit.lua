@@ -83,7 +83,9 @@
 local n, ns = per_rule(ARGV[2])
 local wait_here = tonumber(ARGV[3])
 local nrules = #KEYS - 12
-upstream_pace(KEYS[nrules + 11], nrules)
+-- A learned rate of requests paces the rules a request counts once (all
+-- of them for a single n); learned limits, each its own rule.
+upstream_pace(KEYS[nrules + 11], nrules, function(i) return not ns or ns[i] == 1 end)
 limits_pace(KEYS[nrules + 12], nrules, function(i) return ns and ns[i] or n end)
 local rkey, b = KEYS[nrules + 1], 4 + 5 * nrules
 local booking, tol = ARGV[b], tonumber(ARGV[b + 1])
