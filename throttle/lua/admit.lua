@@ -83,10 +83,12 @@
 local n, ns = per_rule(ARGV[2])
 local wait_here = tonumber(ARGV[3])
 local nrules = #KEYS - 12
--- A learned rate of requests paces the rules a request counts once (all
--- of them for a single n); learned limits, each its own rule.
-upstream_pace(KEYS[nrules + 11], nrules, function(i) return not ns or ns[i] == 1 end)
-limits_pace(KEYS[nrules + 12], nrules, function(i) return ns and ns[i] or n end)
+-- A limit learned of the resource for a rule (a provider's requests or
+-- tokens) paces that rule; the learned rate of requests (issue 19) the
+-- other rules a request counts once (all of them for a single n: a
+-- serving of the line too).
+local learned = limits_pace(KEYS[nrules + 12], nrules, function(i) return ns and ns[i] or n end)
+upstream_pace(KEYS[nrules + 11], nrules, function(i) return not learned[i] and (not ns or ns[i] == 1) end)
 local rkey, b = KEYS[nrules + 1], 4 + 5 * nrules
 local booking, tol = ARGV[b], tonumber(ARGV[b + 1])
 -- c is the caller's place under the policy's concurrency rule, if it has

@@ -16,27 +16,28 @@
 --         could then never be admitted. The bucket state is a time
 --         (bucket.lua), which stays meaningful at another rate; the windows
 --         and a concurrency rule are left alone.
--- Returns the number of rules it changed.
+-- Returns the set of rules with a learned limit (rule index -> true),
+-- applied or not.
 local function limits_pace(lkey, nrules, cost)
   local v = redis.call('HGETALL', lkey)
-  if #v == 0 then return 0 end
+  local learned = {}
+  if #v == 0 then return learned end
   local h = {}
   for j = 1, #v, 2 do h[v[j]] = tonumber(v[j + 1]) end
-  local changed = 0
   for i = 1, nrules do
     local b = 4 + 5 * (i - 1)
     local algo = ARGV[b]
     local c, p, lb = h['c' .. i], h['p' .. i], h['b' .. i]
     if c and p and c > 0 and p > 0 and (algo == 'gcra' or algo == 'token_bucket') then
+      learned[i] = true
       local count, period, burst = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
       if p * count > period * c then -- p / c > period / count, exactly
         ARGV[b + 1], ARGV[b + 2] = string.format('%d', c), string.format('%d', p)
-        changed = changed + 1
       end
       if lb and lb < burst then
         ARGV[b + 3] = string.format('%d', math.max(lb, cost(i), 1))
       end
     end
   end
-  return changed
+  return learned
 end
