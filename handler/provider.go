@@ -37,9 +37,10 @@ const maxLearnedSubjects = 1024
 // input or output one where the provider names none of its own). Each is
 // recorded for the fleet (throttle.Limiter.LearnLimits) at
 // throttle.LearnedShare of the announced rate, with a burst of as much,
-// so that Admit paces the rule at it where it is slower than configured.
-// A lesson is sent to Redis only when it differs from the last one this
-// process sent for the subject.
+// so that Admit paces the rule at it where it is slower than configured,
+// and with as much of what the provider says is left, which caps what
+// the rule has available then. A lesson is sent to Redis only when its
+// limits differ from the last one this process sent for the subject.
 type providerLearner struct {
 	lim    *throttle.Limiter
 	rule   string
@@ -49,7 +50,7 @@ type providerLearner struct {
 	log    *slog.Logger
 
 	mu   sync.Mutex
-	last map[string]map[string]throttle.Limit // by subject
+	last map[string]map[string]throttle.LearnedLimit // by subject
 }
 
 // costKind is what a limit of a rule counts, as a provider's headers name
@@ -67,7 +68,7 @@ const (
 // newProviderLearner returns the learner of rule rc's limits, or nil if
 // none of them counts what a provider announces.
 func newProviderLearner(lim *throttle.Limiter, rc rules.RuleConfig, window time.Duration, log *slog.Logger) *providerLearner {
-	p := &providerLearner{lim: lim, rule: rc.Name, window: cmp.Or(window, DefaultLimitWindow), log: log, last: map[string]map[string]throttle.Limit{}}
+	p := &providerLearner{lim: lim, rule: rc.Name, window: cmp.Or(window, DefaultLimitWindow), log: log, last: map[string]map[string]throttle.LearnedLimit{}}
 	some := false
 	for i, l := range rc.Limits {
 		k := kindOf(rc.LimitCost(i))
@@ -96,31 +97,40 @@ func kindOf(c rules.CostConfig) costKind {
 }
 
 // limits are the rule's limits that the headers h bind, by name.
-func (p *providerLearner) limits(h http.Header, now time.Time) map[string]throttle.Limit {
+func (p *providerLearner) limits(h http.Header, now time.Time) map[string]throttle.LearnedLimit {
 	pl, ok := httpthrottle.ParseProviderHeaders(h, now)
 	if !ok {
 		return nil
 	}
-	out := map[string]throttle.Limit{}
+	out := map[string]throttle.LearnedLimit{}
 	for i, k := range p.kinds {
-		var n int
+		var l httpthrottle.ProviderLimit
 		switch k {
 		case kindRequests:
-			n = pl.Requests.Limit
+			l = pl.Requests
 		case kindInput:
-			n = cmp.Or(pl.InputTokens.Limit, pl.Tokens.Limit)
+			l = pl.InputTokens
 		case kindOutput:
-			n = cmp.Or(pl.OutputTokens.Limit, pl.Tokens.Limit)
-		case kindTotal:
-			n = pl.Tokens.Limit
+			l = pl.OutputTokens
 		}
-		if n <= 0 {
+		if l.Limit <= 0 && k != kindRequests && k != kindOther {
+			l = pl.Tokens // OpenAI's: input and output together
+		}
+		if l.Limit <= 0 {
 			continue
 		}
-		c := max(int(math.Floor(float64(n)*throttle.LearnedShare)), 1)
-		out[p.names[i]] = throttle.Limit{Count: c, Period: p.window, Burst: c}
+		share := func(n int) int { return int(math.Floor(float64(n) * throttle.LearnedShare)) }
+		c := max(share(l.Limit), 1)
+		out[p.names[i]] = throttle.LearnedLimit{Limit: throttle.Limit{Count: c, Period: p.window, Burst: c},
+			Remaining: max(share(l.Remaining), 0), HasRemaining: l.HasRemaining}
 	}
 	return out
+}
+
+// sameLimits reports whether a and b learned the same limits, whatever
+// they say is left.
+func sameLimits(a, b map[string]throttle.LearnedLimit) bool {
+	return maps.EqualFunc(a, b, func(x, y throttle.LearnedLimit) bool { return x.Limit == y.Limit })
 }
 
 // learn records for subject what the answer's headers h say of the
@@ -132,7 +142,7 @@ func (p *providerLearner) learn(ctx context.Context, subject string, h http.Head
 		return
 	}
 	p.mu.Lock()
-	if maps.Equal(p.last[subject], learned) {
+	if sameLimits(p.last[subject], learned) {
 		p.mu.Unlock()
 		return
 	}

@@ -22,7 +22,7 @@ var luaFiles embed.FS
 // undo share lua/refund.lua. Every script's ARGV[1] is its operation,
 // which prelude.lua reads (rare) and the tests count calls by.
 type scriptSet struct {
-	allow, prepay, admit, refund, settle, pause *redis.Script
+	allow, prepay, admit, refund, settle, pause, learn *redis.Script
 }
 
 // scripts holds the scripts of each algorithm alone, used by
@@ -63,6 +63,7 @@ func newScriptSet(algorithms []string, use string) *scriptSet {
 		refund: build("refund.lua"),
 		settle: build("limits_pace.lua", "settle.lua"),
 		pause:  build("pause.lua"),
+		learn:  build("limits_pace.lua", "learn_limits.lua"),
 	}
 }
 

@@ -28,8 +28,14 @@ func (p *policy) limitsKey(subject string) string {
 	return key(p.prefix, escape(subject), limitsSuffix+"("+strings.Join(p.keyRules, ",")+")")
 }
 
-// learnLimitsScript records learned limits: lua/learn_limits.lua.
-var learnLimitsScript = buildScript("learn_limits.lua")
+// A LearnedLimit is a limit learned of the resource behind a limiter for
+// one of its rules (LearnLimits): the Limit, and how much of it is left
+// now if HasRemaining.
+type LearnedLimit struct {
+	Limit
+	Remaining    int
+	HasRemaining bool
+}
 
 // LearnLimits records, for subject, the limits the resource behind l
 // announced, by the name of the rule each binds (an LLM provider's
@@ -41,18 +47,23 @@ var learnLimitsScript = buildScript("learn_limits.lua")
 // above the rule changes nothing, and a learned burst is never taken
 // below the cost of the request decided. A limit learned again replaces
 // the last; other rules keep theirs. Burst 0 leaves the rule's burst.
+// Where HasRemaining, the rule's state is moved, in the same call, so
+// that at most Remaining is available now (what the rule's earlier
+// requests were charged at its own rate is then counted at the learned
+// one).
 //
 // Errors: a name that is none of l's rules, an invalid limit (Count and
-// Period as Limit requires, Burst 0 to Count), and errors matching
-// ErrRedis if Redis fails.
-func (l *Limiter) LearnLimits(ctx context.Context, subject string, learned map[string]Limit) error {
+// Period as Limit requires, Burst 0 to Count, Remaining not negative),
+// and errors matching ErrRedis if Redis fails.
+func (l *Limiter) LearnLimits(ctx context.Context, subject string, learned map[string]LearnedLimit) error {
 	if err := l.open(); err != nil {
 		return err
 	}
-	if _, err := encodeSubject(subject); err != nil {
+	keys, args, err := l.request(opLearnLimits, subject, 1, UpstreamTTL.Milliseconds(), nil)
+	if err != nil {
 		return err
 	}
-	args := []any{UpstreamTTL.Milliseconds()}
+	keys = append(keys, l.limitsKey(subject))
 	for i, r := range l.rules {
 		lim, ok := learned[r.Name]
 		if !ok {
@@ -61,17 +72,21 @@ func (l *Limiter) LearnLimits(ctx context.Context, subject string, learned map[s
 		if err := lim.validate(); err != nil {
 			return fmt.Errorf("throttle: learn limits: rule %q: %s", r.Name, strings.TrimPrefix(err.Error(), "throttle: "))
 		}
-		if lim.Burst < 0 || lim.Burst > lim.Count {
-			return fmt.Errorf("throttle: learn limits: rule %q: burst %d: must be from 0 (the rule's) to the count, %d", r.Name, lim.Burst, lim.Count)
+		if lim.Burst < 0 || lim.Burst > lim.Count || lim.Remaining < 0 {
+			return fmt.Errorf("throttle: learn limits: rule %q: burst %d, remaining %d: the burst must be from 0 (the rule's) to the count, %d, and remaining not negative", r.Name, lim.Burst, lim.Remaining, lim.Count)
 		}
-		args = append(args, strconv.Itoa(i+1), lim.Count, lim.Period.Microseconds(), lim.Burst)
+		left := -1
+		if lim.HasRemaining {
+			left = lim.Remaining
+		}
+		args = append(args, strconv.Itoa(i+1), lim.Count, lim.Period.Microseconds(), lim.Burst, left)
 	}
-	if len(args) != 1+4*len(learned) {
-		return fmt.Errorf("throttle: learn limits: %d limits given, %d of them for rules of this limiter; name its rules (Limiter.Rules)", len(learned), (len(args)-1)/4)
+	if n := (len(args) - 3 - 5*len(l.rules)) / 5; n != len(learned) {
+		return fmt.Errorf("throttle: learn limits: %d limits given, %d of them for rules of this limiter; name its rules (Limiter.Rules)", len(learned), n)
 	}
 	if len(learned) == 0 {
 		return nil
 	}
-	cmd := l.run(ctx, learnLimitsScript, evalLine([]string{l.limitsKey(subject)}, args))
-	return l.result(ctx, opLearnLimits, cmd.Err())
+	_, err = l.exec(ctx, opLearnLimits, l.scripts.learn, keys, args)
+	return err
 }

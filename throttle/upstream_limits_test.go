@@ -28,9 +28,9 @@ func TestAdmitLearnedLimits(t *testing.T) {
 		learner := mustNew(t, rdb, Options{}, rules...)
 		other := mustNew(t, rdb, Options{}, rules...) // another process
 		for _, subject := range []string{"s", "u"} {
-			if err := learner.LearnLimits(ctx, subject, map[string]Limit{
-				"input":  PerSecond(1000).WithBurst(500),
-				"output": PerSecond(100000).WithBurst(2000), // above the rule: nothing
+			if err := learner.LearnLimits(ctx, subject, map[string]LearnedLimit{
+				"input":  {Limit: PerSecond(1000).WithBurst(500)},
+				"output": {Limit: PerSecond(100000).WithBurst(2000)}, // above the rule: nothing
 			}); err != nil {
 				t.Fatal(err)
 			}
@@ -74,7 +74,7 @@ func TestLearnedBurstBelowCost(t *testing.T) {
 	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
 		ctx := context.Background()
 		lim := mustNew(t, rdb, Options{}, Rule{Name: "tokens", Algorithm: GCRA, Limit: PerSecond(1000).WithBurst(1000)})
-		if err := lim.LearnLimits(ctx, "s", map[string]Limit{"tokens": PerSecond(100).WithBurst(10)}); err != nil {
+		if err := lim.LearnLimits(ctx, "s", map[string]LearnedLimit{"tokens": {Limit: PerSecond(100).WithBurst(10)}}); err != nil {
 			t.Fatal(err)
 		}
 		for i, want := range []time.Duration{0, 4 * time.Second} {
@@ -94,18 +94,19 @@ func TestLearnLimitsErrors(t *testing.T) {
 		ctx := context.Background()
 		lim := mustNew(t, rdb, Options{}, Rule{Name: "tokens", Algorithm: GCRA, Limit: PerSecond(1000)})
 		for _, c := range []struct {
-			learned map[string]Limit
+			learned map[string]LearnedLimit
 			want    string
 		}{
-			{map[string]Limit{"input": PerSecond(10)}, "name its rules"},
-			{map[string]Limit{"tokens": {Count: 0, Period: time.Second}}, `rule "tokens": count`},
-			{map[string]Limit{"tokens": PerSecond(10).WithBurst(11)}, "burst 11"},
+			{map[string]LearnedLimit{"input": {Limit: PerSecond(10)}}, "name its rules"},
+			{map[string]LearnedLimit{"tokens": {Limit: Limit{Count: 0, Period: time.Second}}}, `rule "tokens": count`},
+			{map[string]LearnedLimit{"tokens": {Limit: PerSecond(10).WithBurst(11)}}, "burst 11"},
+			{map[string]LearnedLimit{"tokens": {Limit: PerSecond(10), Remaining: -1, HasRemaining: true}}, "remaining -1"},
 		} {
 			if err := lim.LearnLimits(ctx, "s", c.learned); err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Errorf("%v: %v; want an error saying %q", c.learned, err, c.want)
 			}
 		}
-		if err := lim.LearnLimits(ctx, "", map[string]Limit{"tokens": PerSecond(10)}); !errors.Is(err, ErrInvalidSubject) {
+		if err := lim.LearnLimits(ctx, "", map[string]LearnedLimit{"tokens": {Limit: PerSecond(10)}}); !errors.Is(err, ErrInvalidSubject) {
 			t.Errorf("empty subject: %v", err)
 		}
 	})
@@ -132,6 +133,32 @@ func TestLearnedRatePacesRequestsOnly(t *testing.T) {
 			}
 			if want := time.Duration(i+1) * iv; a.Delay < want-2*time.Microsecond || a.Delay > want+2*time.Microsecond {
 				t.Errorf("call %d: turn %v away (%s); want %v, one learned interval apart", i, a.Delay, a.Status, want)
+			}
+		}
+	})
+}
+
+// What the resource says is left of a limit caps what the rule has
+// available when the limit is learned, counted at the learned rate: a
+// rule that charged 3,000 of its 10,000 at its own rate (a tenth of a
+// learned interval each) has 300 left once the provider says 300.
+func TestLearnedRemaining(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := context.Background()
+		lim := mustNew(t, rdb, Options{}, Rule{Name: "tokens", Algorithm: GCRA, Limit: PerSecond(10000).WithBurst(10000)})
+		if _, err := lim.AllowN(ctx, "s", 3000); err != nil {
+			t.Fatal(err)
+		}
+		if err := lim.LearnLimits(ctx, "s", map[string]LearnedLimit{"tokens": {Limit: PerSecond(1000), Remaining: 300, HasRemaining: true}}); err != nil {
+			t.Fatal(err)
+		}
+		for i, want := range []time.Duration{0, 300 * time.Millisecond} {
+			a, err := lim.Admit(ctx, AdmitRequest{Subject: "s", N: 300, Caller: Caller{ID: fmt.Sprint(i)}, Wait: time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if a.Delay < want-time.Millisecond || a.Delay > want+time.Millisecond {
+				t.Errorf("call %d of 300 after the provider said 300 were left: turn %v away, want %v", i, a.Delay, want)
 			}
 		}
 	})
