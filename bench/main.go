@@ -8,6 +8,7 @@
 //	cd bench && go run . -upstream   # limits learned from the upstream (1 minute), into the report
 //	cd bench && go run . -backlog    # parking against deferral (issue 9, about 15 minutes)
 //	cd bench && go run . -llm-backlog # a parked backlog of LLM calls, settled or not (issue 23, about 4 minutes)
+//	cd bench && go run . -llm-provider # LLM calls against a fake provider: configured, learned, x/time/rate (issue 23, about 3 minutes)
 //	cd bench && go run . -shares     # share_limit: one key shared by tenants, each limited (about 2.5 minutes)
 //	cd bench && go run . -leased     # one hot key past one shard: Options.LocalLease (issue 14, about 2 minutes)
 //	cd bench && go run . -learn      # limits learned from an API that does not tell the fleet (issue 19, about 30 minutes)
@@ -129,6 +130,7 @@ func main() {
 	budget := flag.Duration("budget", 24*time.Minute, "rerun the noisiest Wait scenarios until this long after the start (full run)")
 	lab := flag.Bool("jitterlab", false, "run the jitter lab (about 4 minutes): gcra Wait, a send-anchored prototype and x/time/rate, quiet and beside busy processes")
 	backlog := flag.Bool("backlog", false, "run the backlog part (about 15 minutes): parking against deferral with asynq servers in this process, results/<date>-backlog.json")
+	llmProvider := flag.Bool("llm-provider", false, "run the llm-provider part (issue 23, about 3 minutes): 2,000 LLM calls by cmd/worker's llm handler against a fake provider in OpenAI's and Anthropic's styles, with its limits configured, learned from its headers, or a per-process x/time/rate limiter; results/<date>-llm-provider.json")
 	llmBacklog := flag.Bool("llm-backlog", false, "run the llm-backlog part (issue 23, about 4 minutes): a parked backlog of 2,000 LLM calls charged requests, input and output tokens in one decision, settled to their real counts or not; results/<date>-llm-backlog.json")
 	shares := flag.Bool("shares", false, "run the shares part (about 2.5 minutes): one key shared fairly by tenants, each with a share_limit, beside fair_by alone; results/<date>-shares.json")
 	md := flag.String("md", "../BENCHMARKS.md", "where to write the report")
@@ -181,7 +183,7 @@ func main() {
 			}
 		}
 		err = runLeasedPart(cfg, *md, logf)
-	case *full || *quick || *lab || *backlog || *llmBacklog || *shares || *learn || *learnWorkers:
+	case *full || *quick || *lab || *backlog || *llmBacklog || *llmProvider || *shares || *learn || *learnWorkers:
 		if *nice != 0 {
 			restore, rerr := renice(*nice)
 			defer restore()
@@ -201,6 +203,14 @@ func main() {
 		}
 		if *llmBacklog {
 			err = runLLMBacklogPart(logf, defaultLLMBacklogConfig())
+			break
+		}
+		if *llmProvider {
+			cfg := defaultLLMProviderConfig()
+			if *learnTasks > 0 {
+				cfg.Tasks = *learnTasks
+			}
+			err = runLLMProviderPart(logf, cfg)
 			break
 		}
 		if *learn || *learnWorkers {

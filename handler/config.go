@@ -102,6 +102,17 @@ type HTTPSpec struct {
 	// estimate (rules.CostConfig.Estimate) is charged what the call used,
 	// in one script call when the handler returns.
 	LLM bool
+	// Usage, if set, says where the answers of an API of another shape
+	// report their usage: the input and output tokens at these paths
+	// settle the task's turn as LLM's do. It needs LLM.
+	Usage *UsagePaths
+	// LimitWindow is the window over which the provider of an LLM call
+	// (LLM) counts the limits its headers announce
+	// (httpthrottle.ParseProviderHeaders); if zero, DefaultLimitWindow.
+	// Each announced limit binds the limit of the handler's rule that
+	// counts the same thing, fleet-wide, where it is slower (a minute's
+	// limit read as LearnedShare of it per LimitWindow).
+	LimitWindow time.Duration
 
 	url *urlTemplate
 }
@@ -296,12 +307,19 @@ func (p *parser) http(n *yaml.Node, path string) (*HTTPSpec, error) {
 		{Key: "timeout", Read: p.DurationTo(&h.Timeout, time.Millisecond, MaxTimeout)},
 		{Key: "idempotency_header"}, // idempotencyHeader
 		{Key: "llm", Read: p.BoolTo(&h.LLM)},
+		{Key: "usage", Read: yamlfile.Into(&h.Usage, p.usage)},
+		{Key: "limit_window", Read: p.DurationTo(&h.LimitWindow, time.Millisecond, MaxTimeout)},
 	})
 	if err != nil {
 		return nil, err
 	}
 	if h.IdempotencyHeader, err = p.idempotencyHeader(fields, path, h.Headers); err != nil {
 		return nil, err
+	}
+	for _, f := range []string{"usage", "limit_window"} {
+		if fields[f] != nil && !h.LLM {
+			return nil, p.Failf(fields[f], yamlfile.Join(path, f), "needs llm: true: it reads an LLM call's answers")
+		}
 	}
 	return h, nil
 }
@@ -610,6 +628,9 @@ func (s Spec) Describe() string {
 		}
 		if h.LLM {
 			b.WriteString(", an LLM call settled to its answer's usage")
+		}
+		if h.Usage != nil {
+			fmt.Fprintf(&b, " (input tokens at %s, output tokens at %s)", h.Usage.Input, h.Usage.Output)
 		}
 	case s.Command != nil:
 		c := s.Command

@@ -43,6 +43,11 @@ func TestParseConfigErrors(t *testing.T) {
 		{"idempotency header empty", "handlers:\n  - {task: x, http: {url: \"https://a.example/\", idempotency_header: }}", `handlers[1].http.idempotency_header: an empty value: write "" to send no idempotency header`},
 		{"idempotency header also set", "handlers:\n  - {task: x, http: {url: \"https://a.example/\", headers: {idempotency-key: k}}}", `handlers[1].http.headers.Idempotency-Key: is the idempotency header, which carries the task ID`},
 		{"custom idempotency header also set", "handlers:\n  - {task: x, http: {url: \"https://a.example/\", idempotency_header: x-request-id, headers: {X-Request-ID: k}}}", `handlers[1].http.headers.X-Request-Id: is the idempotency header`},
+		{"usage without llm", "handlers:\n  - {task: x, http: {url: \"https://a.example/\", usage: {input: a, output: b}}}", `rules.yaml:4: handlers[1].http.usage: needs llm: true`},
+		{"limit window without llm", "handlers:\n  - {task: x, http: {url: \"https://a.example/\", limit_window: 10s}}", `rules.yaml:4: handlers[1].http.limit_window: needs llm: true`},
+		{"usage without output", "handlers:\n  - task: x\n    http:\n      url: \"https://a.example/\"\n      llm: true\n      usage: {input: a}", `rules.yaml:8: handlers[1].http.usage.output: missing; give the keys that lead to the output tokens`},
+		{"usage path", "handlers:\n  - task: x\n    http:\n      url: \"https://a.example/\"\n      llm: true\n      usage:\n        input: \"a[0]\"\n        output: b", `rules.yaml:9: handlers[1].http.usage.input: "a[0]": each key between dots`},
+		{"usage not a string", "handlers:\n  - {task: x, http: {url: \"https://a.example/\", llm: true, usage: {input: [a], output: b}}}", `handlers[1].http.usage.input: a list must be a string`},
 		{"result limit", "handlers:\n  - {task: x, result_limit: 2000000, command: {argv: [ls]}}", `result_limit: "2000000" must be a whole number from 0 to 1048576`},
 	}
 	for _, c := range cases {
@@ -76,6 +81,8 @@ func TestParseConfigDefaultsAndDescribe(t *testing.T) {
     http: {method: GET, url: "https://api.example.com/ping", idempotency_header: ""}
   - task: report:now
     command: {argv: [render], stop_grace: 0s}
+  - task: llm:other
+    http: {url: "https://llm.example/v1/generate", llm: true, usage: {input: meta.in, output: meta.out}}
 `)
 	c, err := ParseConfig("rules.yaml", data)
 	if err != nil {
@@ -109,6 +116,10 @@ func TestParseConfigDefaultsAndDescribe(t *testing.T) {
 		t.Errorf("Describe:\n got %s\nwant %s", got, want)
 	}
 	if got, want := cmd.Describe(), `command ["render" "{tenant}"], timeout 1m0s, SIGKILL 5s after SIGTERM, env: KEY from ${KEY}, no retry on exit codes [65], result up to 65536 bytes`; got != want {
+		t.Errorf("Describe:\n got %s\nwant %s", got, want)
+	}
+	other, _ := c.Handler("llm:other")
+	if got, want := other.Describe(), `http POST https://llm.example/v1/generate, timeout 30s, task ID in Idempotency-Key, an LLM call settled to its answer's usage (input tokens at meta.in, output tokens at meta.out), result up to 65536 bytes`; got != want {
 		t.Errorf("Describe:\n got %s\nwant %s", got, want)
 	}
 	if h.HTTP.IdempotencyHeader != DefaultIdempotencyHeader || cmd.Command.StopGrace != DefaultStopGrace {

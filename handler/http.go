@@ -51,6 +51,7 @@ type httpHandler struct {
 	subject rules.SubjectConfig
 	lim     *throttle.Limiter
 	costs   rules.RuleConfig // the rule's costs, which an LLM answer's usage settles (HTTPSpec.LLM)
+	learner *providerLearner // binds the limits an LLM provider announces to the rule's; nil if none
 
 	setCost  func(context.Context, int) error            // Options.SetCost
 	setCosts func(context.Context, throttle.Costs) error // Options.SetCosts
@@ -115,6 +116,9 @@ func newHTTPHandler(s Spec, opts Options, log *slog.Logger) (*httpHandler, error
 			}
 			opts.Metrics.learnsFrom(s.Task, rc.Name, tr.LearnedRate)
 			h.rule, h.subject, h.lim, h.costs, rt = rc.Name, rc.Subject, lim, rc, tr
+			if s.HTTP.LLM {
+				h.learner = newProviderLearner(lim, rc, s.HTTP.LimitWindow, log)
+			}
 		}
 	}
 	h.client = &http.Client{
@@ -207,6 +211,9 @@ func (h *httpHandler) answer(ctx context.Context, task *asynq.Task, subject, wha
 	out, readErr := io.ReadAll(io.LimitReader(resp.Body, int64(read)+1))
 	_, _ = io.CopyN(io.Discard, resp.Body, 64<<10) // let the connection be reused
 	code := resp.StatusCode
+	if h.learner != nil {
+		h.learner.learn(ctx, subject, resp.Header)
+	}
 	switch {
 	case code >= 200 && code < 300:
 		if readErr != nil {
@@ -267,8 +274,9 @@ func (h *httpHandler) throttled(ctx context.Context, task *asynq.Task, subject s
 		if d, err := http.ParseTime(resp.Header.Get("Date")); err == nil {
 			date = d
 		}
-		if d, ok := httpthrottle.ParseRetryAfter(resp.Header.Get("Retry-After"), date); ok && d > 0 {
-			wait = d
+		// retry-after-ms (OpenAI's) if given, else Retry-After.
+		if pl, ok := httpthrottle.ParseProviderHeaders(resp.Header, date); ok && pl.HasRetryAfter && pl.RetryAfter > 0 {
+			wait = pl.RetryAfter
 		}
 	}
 	if wait <= 0 {
@@ -341,7 +349,7 @@ const llmAnswerLimit = 4 << 20
 // one Cost that is an estimate is given its count (Options.SetCost). An
 // answer without a usage is logged, and the estimates stay charged.
 func (h *httpHandler) settleUsage(ctx context.Context, task *asynq.Task, out []byte) {
-	u, err := llmusage.Parse(out)
+	u, err := h.spec.HTTP.Usage.parse(out)
 	if err == nil {
 		err = h.reportUsage(ctx, task.Payload(), u)
 	}

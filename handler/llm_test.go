@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/rules"
@@ -29,10 +30,12 @@ func TestHTTPHandlerLLMUsage(t *testing.T) {
 	rdb := proc.Client(t)
 	for _, style := range []struct {
 		name, usage string
-		in, out     int // what the answer says the call used (Anthropic: input + cache creation)
+		in, out     int    // what the answer says the call used (Anthropic: input + cache creation)
+		paths       string // the handler's usage paths, for another shape
 	}{
-		{"openai", `{"prompt_tokens": 21, "completion_tokens": 9, "total_tokens": 30}`, 21, 9},
-		{"anthropic", `{"input_tokens": 15, "cache_creation_input_tokens": 6, "cache_read_input_tokens": 500, "output_tokens": 9}`, 21, 9},
+		{"openai", `{"prompt_tokens": 21, "completion_tokens": 9, "total_tokens": 30}`, 21, 9, ""},
+		{"anthropic", `{"input_tokens": 15, "cache_creation_input_tokens": 6, "cache_read_input_tokens": 500, "output_tokens": 9}`, 21, 9, ""},
+		{"usage paths", `{"billed": [{"in": 21, "out": 9}]}`, 21, 9, "      usage: {input: usage.billed.0.in, output: usage.billed.0.out}\n"},
 	} {
 		t.Run(style.name, func(t *testing.T) {
 			api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
@@ -55,22 +58,8 @@ handlers:
     http:
       url: "%s/v1/chat/completions"
       llm: true
-`, prefix, api.URL)
-			fleet(t, rdb, file, 1, 2, func(string) string { return "" })
-			payload, _ := json.Marshal(map[string]any{"model": "m", "max_tokens": 400,
-				"messages": []map[string]string{{"role": "user", "content": "Say hello in one short sentence, please."}}})
-			info, err := asynq.NewClientFromRedisClient(rdb).Enqueue(asynq.NewTask("llm:chat", payload), asynq.Retention(time.Hour))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got := settle(t, asynq.NewInspectorFromRedisClient(rdb), []string{info.ID}, 20*time.Second)[info.ID]; got.State != asynq.TaskStateCompleted {
-				t.Fatalf("task %v: %s", got.State, got.LastErr)
-			}
-			cfg, err := rules.Parse("rules.yaml", []byte(file))
-			if err != nil {
-				t.Fatal(err)
-			}
-			rc := cfg.Rules[0]
+%s`, prefix, api.URL, style.paths)
+			rc := runLLMCall(t, rdb, file, 400, "Say hello in one short sentence, please.")
 			// The worker settles after the handler returns, just after the
 			// task completes: wait for the input limit to show it.
 			want := [3]int{99, 100000 - style.in, 100000 - style.out}
@@ -96,4 +85,26 @@ handlers:
 			}
 		})
 	}
+}
+
+// runLLMCall runs one llm:chat task (max_tokens maxTokens, one user
+// message) on a worker of the rules file, waits until it is done, and
+// returns the file's first rule.
+func runLLMCall(t *testing.T, rdb redis.UniversalClient, file string, maxTokens int, message string) rules.RuleConfig {
+	t.Helper()
+	fleet(t, rdb, file, 1, 2, func(string) string { return "" })
+	payload, _ := json.Marshal(map[string]any{"model": "m", "max_tokens": maxTokens,
+		"messages": []map[string]string{{"role": "user", "content": message}}})
+	info, err := asynq.NewClientFromRedisClient(rdb).Enqueue(asynq.NewTask("llm:chat", payload), asynq.Retention(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := settle(t, asynq.NewInspectorFromRedisClient(rdb), []string{info.ID}, 20*time.Second)[info.ID]; got.State != asynq.TaskStateCompleted {
+		t.Fatalf("task %v: %s", got.State, got.LastErr)
+	}
+	cfg, err := rules.Parse("rules.yaml", []byte(file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg.Rules[0]
 }

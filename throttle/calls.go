@@ -115,6 +115,7 @@ func (a settleArgs) build(p *policy) ([]string, []any, error) {
 	// Each rule's record of give-backs (bucket_rare.lua); after the rules,
 	// when the reservation was made.
 	keys = append(keys, p.givebackKeys(a.subject, settledSuffix)...)
+	keys = append(keys, p.limitsKey(a.subject)) // lua/limits_pace.lua
 	args = append(args, a.booked)
 	return keys, args, nil
 }
@@ -160,7 +161,7 @@ func (l *Limiter) admitCall(req *AdmitRequest) (admitArgs, error) {
 	}
 	keys = append(keys, l.receiptsKey(req.Subject), l.pauseKey(req.Subject), l.ticketsKey(req.Subject))
 	keys = append(keys, l.lineKeys(req.Subject)...)
-	keys = append(keys, l.upstreamKey(req.Subject)) // lua/upstream_pace.lua
+	keys = append(keys, l.upstreamKey(req.Subject), l.limitsKey(req.Subject)) // lua/upstream_pace.lua, lua/limits_pace.lua
 	early := wait
 	if req.EarlyWait > 0 {
 		early = req.EarlyWait.Microseconds()

@@ -22,7 +22,7 @@ var luaFiles embed.FS
 // undo share lua/refund.lua. Every script's ARGV[1] is its operation,
 // which prelude.lua reads (rare) and the tests count calls by.
 type scriptSet struct {
-	allow, prepay, admit, refund, settle, pause *redis.Script
+	allow, prepay, admit, refund, settle, pause, learn *redis.Script
 }
 
 // scripts holds the scripts of each algorithm alone, used by
@@ -59,10 +59,11 @@ func newScriptSet(algorithms []string, use string) *scriptSet {
 	return &scriptSet{
 		allow:  build("decide.lua", "allow.lua"),
 		prepay: build("decide.lua", "prepay.lua"),
-		admit:  build("upstream_rate.lua", "upstream_pace.lua", "decide.lua", "status.lua", "line.lua", "line_serve.lua", "admit.lua"),
+		admit:  build("upstream_rate.lua", "upstream_pace.lua", "limits_pace.lua", "decide.lua", "status.lua", "line.lua", "line_serve.lua", "admit.lua"),
 		refund: build("refund.lua"),
-		settle: build("settle.lua"),
+		settle: build("limits_pace.lua", "settle.lua"),
 		pause:  build("pause.lua"),
+		learn:  build("limits_pace.lua", "learn_limits.lua"),
 	}
 }
 

@@ -21,9 +21,12 @@
 package llmusage
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 )
 
 // BytesPerToken is the divisor of the input estimate: bytes of the
@@ -114,4 +117,78 @@ func Parse(body []byte) (Usage, error) {
 		return Usage{Input: *u.InputTokens + u.CacheCreationTokens, Output: *u.OutputTokens}, nil
 	}
 	return Usage{}, errors.New("the answer's usage has neither prompt_tokens and completion_tokens nor input_tokens and output_tokens")
+}
+
+// A Path names a number inside a JSON answer: the keys of the objects
+// (and the indexes of the arrays, from 0) that lead to it, in order, as
+// "usage.input" or "data.0.tokens.in" is written.
+type Path []string
+
+// ParsePath reads a path written as keys separated by dots, such as
+// usage.in or meta.billing.0.output; each key is one or more of letters,
+// digits, '_' and '-' (a key of digits alone also indexes an array).
+func ParsePath(s string) (Path, error) {
+	if s == "" {
+		return nil, errors.New("is empty; write the keys that lead to the count, separated by dots, such as usage.input_tokens")
+	}
+	p := Path(strings.Split(s, "."))
+	for _, k := range p {
+		if k == "" || strings.IndexFunc(k, func(r rune) bool {
+			return !(r == '_' || r == '-' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z')
+		}) >= 0 {
+			return nil, fmt.Errorf("%q: each key between dots must be letters, digits, '_' or '-', such as usage.input_tokens", s)
+		}
+	}
+	return p, nil
+}
+
+// String is the path as ParsePath reads it.
+func (p Path) String() string { return strings.Join(p, ".") }
+
+// At returns the whole number at path p of a JSON body: an error names
+// the path and what was found instead.
+func (p Path) At(body []byte) (int, error) {
+	var v any
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	if err := dec.Decode(&v); err != nil {
+		return 0, errors.New("the answer is not JSON")
+	}
+	for i, k := range p {
+		switch x := v.(type) {
+		case map[string]any:
+			v = x[k]
+		case []any:
+			n, err := strconv.Atoi(k)
+			if err != nil || n < 0 || n >= len(x) {
+				return 0, fmt.Errorf("the answer has no %s: %s is an array of %d", p, Path(p[:i]), len(x))
+			}
+			v = x[n]
+		default:
+			v = nil
+		}
+		if v == nil {
+			return 0, fmt.Errorf("the answer has no %s", p)
+		}
+	}
+	num, ok := v.(json.Number)
+	n, err := num.Int64()
+	if !ok || err != nil || n < 0 || n > 1<<40 {
+		return 0, fmt.Errorf("the answer's %s is %v, not a whole number of tokens", p, v)
+	}
+	return int(n), nil
+}
+
+// ParseAt reads the usage of an answer body of another shape than
+// Parse's: the input tokens at path in, the output tokens at path out.
+func ParseAt(body []byte, in, out Path) (Usage, error) {
+	i, err := in.At(body)
+	if err != nil {
+		return Usage{}, err
+	}
+	o, err := out.At(body)
+	if err != nil {
+		return Usage{}, err
+	}
+	return Usage{Input: i, Output: o}, nil
 }

@@ -68,3 +68,56 @@ func TestParse(t *testing.T) {
 		t.Errorf("Total %d, want 7", got)
 	}
 }
+
+func TestParseAt(t *testing.T) {
+	body := `{"meta": {"billed": [{"in": 120, "out": 45}], "neg": -1, "frac": 1.5, "name": "x"}, "in": 7}`
+	for _, c := range []struct {
+		in, out string
+		want    Usage
+		err     string
+	}{
+		{"meta.billed.0.in", "meta.billed.0.out", Usage{120, 45}, ""},
+		{"in", "meta.billed.0.out", Usage{7, 45}, ""},
+		{"meta.billed.1.in", "in", Usage{}, "meta.billed is an array of 1"},
+		{"meta.nothing", "in", Usage{}, "has no meta.nothing"},
+		{"in.deeper", "in", Usage{}, "has no in.deeper"},
+		{"meta.neg", "in", Usage{}, "not a whole number"},
+		{"meta.frac", "in", Usage{}, "not a whole number"},
+		{"meta.name", "in", Usage{}, "not a whole number"},
+	} {
+		in, err := ParsePath(c.in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := ParsePath(c.out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := ParseAt([]byte(body), in, out)
+		if got != c.want || (err == nil) != (c.err == "") || (err != nil && !strings.Contains(err.Error(), c.err)) {
+			t.Errorf("%s, %s: %+v, %v; want %+v, %q", c.in, c.out, got, err, c.want, c.err)
+		}
+	}
+	if _, err := ParseAt([]byte("oops"), Path{"a"}, Path{"b"}); err == nil {
+		t.Error("not JSON: no error")
+	}
+}
+
+func TestParsePath(t *testing.T) {
+	for _, c := range []struct{ s, err string }{
+		{"usage.input_tokens", ""},
+		{"data.0.x-y", ""},
+		{"", "is empty"},
+		{"usage..in", "each key"},
+		{"usage.in[0]", "each key"},
+		{".in", "each key"},
+	} {
+		p, err := ParsePath(c.s)
+		if (err == nil) != (c.err == "") || (err != nil && !strings.Contains(err.Error(), c.err)) {
+			t.Errorf("%q: %v; want %q", c.s, err, c.err)
+		}
+		if err == nil && p.String() != c.s {
+			t.Errorf("%q: String %q", c.s, p)
+		}
+	}
+}

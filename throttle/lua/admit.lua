@@ -7,7 +7,7 @@
 -- horizon is booked under ARGV[b], scored by the slot (BOOKED, 2), a slot
 -- past the horizon is denied, charging nothing (DENIED, 0). Built as
 -- time.lua, prelude.lua, the algorithm files, a use_*.lua file, rules.lua,
--- upstream_rate.lua, upstream_pace.lua,
+-- upstream_rate.lua, upstream_pace.lua, limits_pace.lua,
 -- decide.lua, status.lua, line.lua, line_serve.lua, admit.lua
 -- (throttle/scripts.go). status.lua names the statuses.
 --
@@ -51,7 +51,10 @@
 -- KEYS[r+11]  -> the subject's upstream hash, <prefix>{<subject>}:!upstream(<rules>)
 --                (upstream_pace.lua): a learned rate slower than a bucket
 --                rule's paces that rule
--- r is #KEYS - 11.
+-- KEYS[r+12]  -> the limits learned of the resource, <prefix>{<subject>}:!limits(<rules>)
+--                (limits_pace.lua): a learned limit slower than a bucket
+--                rule paces that rule
+-- r is #KEYS - 12.
 --
 -- Returns {status, deciding rule index, remaining, delay µs, reset µs,
 -- Redis now µs, ticket 1, ..., ticket r}, the status one of those above
@@ -79,8 +82,13 @@
 -- waiter 2, ...}.
 local n, ns = per_rule(ARGV[2])
 local wait_here = tonumber(ARGV[3])
-local nrules = #KEYS - 11
-upstream_pace(KEYS[#KEYS], nrules)
+local nrules = #KEYS - 12
+-- A limit learned of the resource for a rule (a provider's requests or
+-- tokens) paces that rule; the learned rate of requests (issue 19) the
+-- other rules a request counts once (all of them for a single n: a
+-- serving of the line too).
+local learned = limits_pace(KEYS[nrules + 12], nrules, function(i) return ns and ns[i] or n end)
+upstream_pace(KEYS[nrules + 11], nrules, function(i) return not learned[i] and (not ns or ns[i] == 1) end)
 local rkey, b = KEYS[nrules + 1], 4 + 5 * nrules
 local booking, tol = ARGV[b], tonumber(ARGV[b + 1])
 -- c is the caller's place under the policy's concurrency rule, if it has

@@ -2,13 +2,17 @@
 -- cost, after the caller acted: charges (ARGV[3] - ARGV[2]) more permits,
 -- or gives back that many if negative, against each rule's ticket
 -- (settle[algo], prelude.lua), then applies a running pause again as
--- refund.lua does. Built as allow.lua is, with settle.lua last.
+-- refund.lua does. Built as allow.lua is, with limits_pace.lua and
+-- settle.lua last.
 --
 -- KEYS[i]      -> the key of rule i, i = 1..r (rules.lua)
 -- KEYS[r+1]    -> the subject's pause key, <prefix>{<subject>}:!pause
 -- KEYS[r+1+i]  -> rule i's record of give-backs,
 --                 <prefix>{<subject>}:<rule>!settled (bucket.lua)
 -- KEYS[2r+1+i] -> rule i's record of its latest Reset (refund.lua)
+-- KEYS[3r+2]   -> the limits learned of the resource,
+--                 <prefix>{<subject>}:!limits(<rules>) (limits_pace.lua):
+--                 a rule is settled at the limit its turn was decided at
 -- ARGV[1]      -> 'settle'
 -- ARGV[2]      -> n, the permits reserved (a number, or one per rule:
 --                 per_rule, rules.lua)
@@ -35,6 +39,7 @@ local actual, as = per_rule(ARGV[3])
 local nrules = math.floor((#ARGV - 3) / 5)
 local booked = tonumber(ARGV[4 + 5 * nrules]) or -1
 local rs = resets(nrules)
+limits_pace(KEYS[3 * nrules + 2], nrules, function(i) return math.max(ns and ns[i] or n, as and as[i] or actual) end)
 for i = 1, nrules do
   local algo, count, period, extra, tk = rule(i)
   local m, a = ns and ns[i] or n, as and as[i] or actual

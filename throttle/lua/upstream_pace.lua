@@ -19,8 +19,11 @@
 --         so that its next turn is no sooner than the next departure's
 --         slot on the upstream schedule: the two schedules stay aligned.
 -- ukey's ls (the latest departure's slot) is read for that.
+-- counts(i) -> whether rule i counts this request as requests do (one
+--         permit a request): a learned rate of requests paces only those,
+--         not a rule of tokens charged hundreds a request (Costs).
 -- Returns the learned interval applied (µs), or 0 if none was.
-local function upstream_pace(ukey, nrules)
+local function upstream_pace(ukey, nrules, counts)
   local v = redis.call('HMGET', ukey, 'r', 'u', 'hi', 'q', 'w', 'l', 'lw', 'ls')
   local s = {r = tonumber(v[1]), u = tonumber(v[2]), hi = tonumber(v[3]), q = tonumber(v[4]),
     w = tonumber(v[5]), l = tonumber(v[6]), lw = tonumber(v[7]), ls = tonumber(v[8])}
@@ -44,7 +47,7 @@ local function upstream_pace(ukey, nrules)
   for i = 1, nrules do
     local b = 4 + 5 * (i - 1)
     local algo = ARGV[b]
-    if (algo == 'gcra' or algo == 'token_bucket') and tonumber(ARGV[b + 2]) / tonumber(ARGV[b + 1]) < iv then
+    if (algo == 'gcra' or algo == 'token_bucket') and counts(i) and tonumber(ARGV[b + 2]) / tonumber(ARGV[b + 1]) < iv then
       ARGV[b + 1], ARGV[b + 2], ARGV[b + 3] = '1', string.format('%d', iv), '1'
       applied = iv
       -- No turn before the next departure's slot (one interval after the

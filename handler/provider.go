@@ -1,0 +1,164 @@
+package handler
+
+import (
+	"cmp"
+	"context"
+	"log/slog"
+	"maps"
+	"math"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/httpthrottle"
+	"github.com/jobthrottle/jobthrottle/rules"
+	"github.com/jobthrottle/jobthrottle/throttle"
+)
+
+// DefaultLimitWindow is the window of an LLM provider's announced limits
+// when limit_window is not set: a minute, as OpenAI and Anthropic count
+// their requests and tokens.
+const DefaultLimitWindow = time.Minute
+
+// learnTimeout bounds the recording of a lesson, which outlives the
+// task's context.
+const learnTimeout = 2 * time.Second
+
+// maxLearnedSubjects bounds the subjects a providerLearner remembers the
+// last lesson of; past it, it forgets them all and records each again.
+const maxLearnedSubjects = 1024
+
+// providerLearner binds the limits an LLM provider announces in its
+// headers (httpthrottle.ParseProviderHeaders) to the limits of an http
+// handler's rule that count the same thing: the provider's requests
+// limit to the limit whose cost is one per task, its input-token limit
+// to the limit whose cost is the input estimate, and so on (its token
+// limit, input and output together, to a total_tokens limit, and to an
+// input or output one where the provider names none of its own). Each is
+// recorded for the fleet (throttle.Limiter.LearnLimits) at
+// throttle.LearnedShare of the announced rate, with a burst of as much,
+// so that Admit paces the rule at it where it is slower than configured,
+// and with as much of what the provider says is left, which caps what
+// the rule has available then. A lesson is sent to Redis only when its
+// limits differ from the last one this process sent for the subject.
+type providerLearner struct {
+	lim    *throttle.Limiter
+	rule   string
+	names  []string      // the rule's limits' names (throttle.Rule.Name)
+	kinds  []costKind    // what each of them counts
+	window time.Duration // the provider's window
+	log    *slog.Logger
+
+	mu   sync.Mutex
+	last map[string]map[string]throttle.LearnedLimit // by subject
+}
+
+// costKind is what a limit of a rule counts, as a provider's headers name
+// it.
+type costKind int
+
+const (
+	kindOther costKind = iota // nothing a provider announces
+	kindRequests
+	kindInput
+	kindOutput
+	kindTotal
+)
+
+// newProviderLearner returns the learner of rule rc's limits, or nil if
+// none of them counts what a provider announces.
+func newProviderLearner(lim *throttle.Limiter, rc rules.RuleConfig, window time.Duration, log *slog.Logger) *providerLearner {
+	p := &providerLearner{lim: lim, rule: rc.Name, window: cmp.Or(window, DefaultLimitWindow), log: log, last: map[string]map[string]throttle.LearnedLimit{}}
+	some := false
+	for i, l := range rc.Limits {
+		k := kindOf(rc.LimitCost(i))
+		p.names, p.kinds = append(p.names, l.Name), append(p.kinds, k)
+		some = some || k != kindOther
+	}
+	if !some {
+		return nil
+	}
+	return p
+}
+
+// kindOf is what a limit whose cost is c counts.
+func kindOf(c rules.CostConfig) costKind {
+	switch {
+	case c.Estimate == rules.EstimateInput:
+		return kindInput
+	case c.Estimate == rules.EstimateOutput:
+		return kindOutput
+	case c.Estimate == rules.EstimateTotal:
+		return kindTotal
+	case c.PayloadField == "" && c.Permits <= 1:
+		return kindRequests
+	}
+	return kindOther
+}
+
+// limits are the rule's limits that the headers h bind, by name.
+func (p *providerLearner) limits(h http.Header, now time.Time) map[string]throttle.LearnedLimit {
+	pl, ok := httpthrottle.ParseProviderHeaders(h, now)
+	if !ok {
+		return nil
+	}
+	out := map[string]throttle.LearnedLimit{}
+	for i, k := range p.kinds {
+		var l httpthrottle.ProviderLimit
+		switch k {
+		case kindRequests:
+			l = pl.Requests
+		case kindInput:
+			l = pl.InputTokens
+		case kindOutput:
+			l = pl.OutputTokens
+		}
+		if l.Limit <= 0 && k != kindRequests && k != kindOther {
+			l = pl.Tokens // OpenAI's: input and output together
+		}
+		if l.Limit <= 0 {
+			continue
+		}
+		share := func(n int) int { return int(math.Floor(float64(n) * throttle.LearnedShare)) }
+		c := max(share(l.Limit), 1)
+		out[p.names[i]] = throttle.LearnedLimit{Limit: throttle.Limit{Count: c, Period: p.window, Burst: c},
+			Remaining: max(share(l.Remaining), 0), HasRemaining: l.HasRemaining}
+	}
+	return out
+}
+
+// sameLimits reports whether a and b learned the same limits, whatever
+// they say is left.
+func sameLimits(a, b map[string]throttle.LearnedLimit) bool {
+	return maps.EqualFunc(a, b, func(x, y throttle.LearnedLimit) bool { return x.Limit == y.Limit })
+}
+
+// learn records for subject what the answer's headers h say of the
+// provider's limits, if that differs from the last lesson this process
+// recorded for it. A failure is logged: the rule's own limits still hold.
+func (p *providerLearner) learn(ctx context.Context, subject string, h http.Header) {
+	learned := p.limits(h, time.Now())
+	if len(learned) == 0 {
+		return
+	}
+	p.mu.Lock()
+	if sameLimits(p.last[subject], learned) {
+		p.mu.Unlock()
+		return
+	}
+	if len(p.last) >= maxLearnedSubjects {
+		clear(p.last)
+	}
+	p.last[subject] = learned
+	p.mu.Unlock()
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), learnTimeout)
+	defer cancel()
+	if err := p.lim.LearnLimits(lctx, subject, learned); err != nil {
+		p.mu.Lock()
+		delete(p.last, subject) // try again with the next answer
+		p.mu.Unlock()
+		p.log.Warn("handler: cannot record the limits the provider announced; the rule's own limits hold", "rule", p.rule, "subject", subject, "error", err)
+		return
+	}
+	p.log.Debug("handler: the provider's announced limits bind the rule", "rule", p.rule, "subject", subject, "limits", learned)
+}
