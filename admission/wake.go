@@ -26,8 +26,9 @@ import (
 // Members are opaque to the ledger: the adapter puts in them what its wake
 // function needs (for asynq, the queue and the task ID).
 type Wakeups struct {
-	rdb  redis.UniversalClient
-	keys []string // the shards' keys; keys[0] is the key given
+	rdb    redis.UniversalClient
+	keys   []string // the shards' keys; keys[0] is the key given
+	leases []string // each shard's lease key, in its slot; "" if none can be
 }
 
 var (
@@ -40,6 +41,9 @@ var (
 	//go:embed lua/wake_drop.lua
 	wakeDropSrc    string
 	wakeDropScript = redis.NewScript(wakeDropSrc)
+	//go:embed lua/wake_release.lua
+	wakeReleaseSrc    string
+	wakeReleaseScript = redis.NewScript(wakeReleaseSrc)
 )
 
 // Defaults of RunOptions.
@@ -94,7 +98,12 @@ func NewShardedWakeups(rdb redis.UniversalClient, key string, shards int) (*Wake
 	if shards < 0 || shards > maxWakeupShards {
 		return nil, fmt.Errorf("admission: wakeups: %d shards; give 1 to %d (0 for %d)", shards, maxWakeupShards, DefaultWakeupShards)
 	}
-	return &Wakeups{rdb: rdb, keys: shardKeys(key, shards)}, nil
+	keys := shardKeys(key, shards)
+	leases := make([]string, len(keys))
+	for i, k := range keys {
+		leases[i] = leaseKey(k)
+	}
+	return &Wakeups{rdb: rdb, keys: keys, leases: leases}, nil
 }
 
 // Keys returns the keys of the ledger's shards, the key it was made with
