@@ -56,13 +56,14 @@ const (
 	// time.
 	DefaultTick = 50 * time.Millisecond
 	// DefaultIdle is how often a process waiting for wake-ups looks at
-	// the ledger when nothing is due sooner (RunOptions.Idle). The look
-	// only catches what a notification missed (a subscription between
-	// reconnections) or a shard left to a process that died: the wake-ups
-	// a process knows of, and those it is told of, wake it on time. Two
-	// seconds keep an idle worker under one Redis call a second with its
-	// subscription's health check (subscriptionCheck) counted: 1,000 idle
-	// workers cost about 520 calls a second, not 1,333 (BENCHMARKS.md).
+	// a shard of the ledger it holds when nothing is due sooner
+	// (RunOptions.Idle). The look only catches what a notification missed
+	// (a subscription between reconnections) and renews the lease: the
+	// wake-ups a process knows of, and those it is told of, wake it on
+	// time. It also sets the lease terms (runSchedule.leaseTerms): a lease
+	// lasts Idle × (shards + 1), and the fleet's standby checks of a shard
+	// are half an Idle apart, so a killed holder's shards are taken over
+	// within about Idle × (shards + 1.5).
 	DefaultIdle = 2 * time.Second
 	// wakeBatch bounds the wake-ups one look takes.
 	wakeBatch = 256

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 )
@@ -51,7 +52,9 @@ type RunOptions struct {
 // has lapsed (its holder died): so a fleet of a thousand processes looks
 // at a busy ledger about as often as one process does (runSchedule). When
 // ctx ends, Run releases the leases it holds, and another process takes
-// each shard at once.
+// each shard at once. A process killed takes nothing more; the wake-ups of
+// a look it was killed in, taken from the ledger and not yet woken, come
+// back only by their queue's own schedule.
 func (w *Wakeups) Run(ctx context.Context, opts RunOptions, wake func(ctx context.Context, member string) error) error {
 	opts = opts.withDefaults()
 	report := func(err error) {
@@ -75,8 +78,15 @@ func (w *Wakeups) Run(ctx context.Context, opts RunOptions, wake func(ctx contex
 			if err != nil {
 				report(err)
 			}
-			w.wakeAll(ctx, r.members, r.now, opts, wake, report)
+			passed := w.wakeAll(ctx, r.members, r.now, opts, wake, report)
 			s.looked(i, time.Now(), r, err)
+			if held := s.held(); len(passed) > 0 {
+				passed = slices.DeleteFunc(passed, func(j int) bool { return !slices.Contains(held, j) })
+				w.release(ctx, passed, id, report)
+				for _, j := range passed {
+					s.released(j, time.Now())
+				}
+			}
 		}
 		w.sleep(ctx, s.next().Sub(time.Now()), sig.any)
 	}
@@ -135,8 +145,11 @@ func (o RunOptions) withDefaults() RunOptions {
 // wakeAll passes members to wake, concurrently: at a high rate one look
 // takes many jobs, and waking them one round trip after another would
 // make the last late for its turn.
-func (w *Wakeups) wakeAll(ctx context.Context, members []string, redisNow time.Time, opts RunOptions, wake func(ctx context.Context, member string) error, report func(error)) {
+// It returns the shards in which a wake put a member back for another
+// process (passedOn).
+func (w *Wakeups) wakeAll(ctx context.Context, members []string, redisNow time.Time, opts RunOptions, wake func(ctx context.Context, member string) error, report func(error)) (passed []int) {
 	var wg sync.WaitGroup
+	var mu sync.Mutex
 	sem := make(chan struct{}, wakeParallel)
 	for _, m := range members {
 		wg.Add(1)
@@ -144,6 +157,14 @@ func (w *Wakeups) wakeAll(ctx context.Context, members []string, redisNow time.T
 		go func() {
 			defer func() { <-sem; wg.Done() }()
 			err := wake(ctx, m)
+			if p, ok := errors.AsType[passedOn](err); ok {
+				mu.Lock()
+				defer mu.Unlock()
+				if i := shardOf(p.member, len(w.keys)); !slices.Contains(passed, i) {
+					passed = append(passed, i)
+				}
+				return
+			}
 			if errors.Is(err, ErrWakeLater) {
 				// Not ready to be woken (still finishing its run,
 				// say): one tick later, on the Redis clock.
@@ -155,6 +176,17 @@ func (w *Wakeups) wakeAll(ctx context.Context, members []string, redisNow time.T
 		}()
 	}
 	wg.Wait()
+	return passed
+}
+
+// passedOn is returned by a wake function that put a member back in the
+// ledger for another process (Parking: a line whose gate this process has
+// not): Run then releases the member's shard, if it holds it, so that
+// another process takes the member instead of this one again.
+type passedOn struct{ member string }
+
+func (p passedOn) Error() string {
+	return fmt.Sprintf("admission: wakeups: %q passed on to another process", p.member)
 }
 
 // sleep waits d, or until ctx ends, or until a shard's channel says

@@ -99,6 +99,14 @@ func (s *runSchedule) notified(i int, what notice, now time.Time) {
 	}
 }
 
+// released records that this process released shard i's lease for
+// another to take: it looks again once the standbys' race is over, and
+// takes the shard back only if none took it (a fleet of one).
+func (s *runSchedule) released(i int, now time.Time) {
+	sh := &s.shards[i]
+	sh.held, sh.at = false, now.Add(s.releaseRace()+s.tick)
+}
+
 // releaseRace bounds the pause of a standby before it looks at a shard
 // whose lease was released.
 func (s *runSchedule) releaseRace() time.Duration { return max(s.idle/4, time.Millisecond) }
