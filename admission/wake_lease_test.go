@@ -81,9 +81,10 @@ func TestWakeupsLooksDoNotGrowWithWakers(t *testing.T) {
 	}
 	// Each shard's holder looks once per Idle × shards (6 s) and the
 	// fleet checks each shard's lease at most once per half Idle (1 s):
-	// at most 3/6 + 3/1 calls a second, whatever the wakers.
-	if idle[30] > 60*7/2 {
-		t.Errorf("30 idle wakers made %d calls in 60 s, want at most %d (3.5 a second)", idle[30], 60*7/2)
+	// at most 3/6 + 3/1 calls a second, whatever the wakers, give or take
+	// a few at the window's edges (30 wakers cost 900 calls before leases).
+	if want := int64(60*7/2 + 12); idle[30] > want {
+		t.Errorf("30 idle wakers made %d calls in 60 s, want at most %d (3.5 a second, and the edges)", idle[30], want)
 	}
 	if per := float64(idle[3]) / 3 / 60; per > 1 {
 		t.Errorf("3 idle wakers: %.3f calls per waker a second, want at most 1", per)
