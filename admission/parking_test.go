@@ -107,7 +107,7 @@ func TestParkingPassesToAnotherFleet(t *testing.T) {
 		other.Serve(map[string]*Gate{"other": nil})
 		stopOther := runParking(t, other)
 		defer stopOther()
-		time.Sleep(100 * ms) // other holds the ledger's lease
+		time.Sleep(100 * ms) // other holds the ledger's watch
 		a := redistest.PipeClient(m)
 		p := newParking(t, a, ParkingOptions{OnServe: func(name, subject string, _ Served) { served <- name + "/" + subject }})
 		p.Serve(map[string]*Gate{"api": newGate(t, a, Options{Name: "api"}, gcra5)})

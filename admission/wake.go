@@ -26,9 +26,9 @@ import (
 // Members are opaque to the ledger: the adapter puts in them what its wake
 // function needs (for asynq, the queue and the task ID).
 type Wakeups struct {
-	rdb    redis.UniversalClient
-	keys   []string // the shards' keys; keys[0] is the key given
-	leases []string // each shard's lease key, in its slot; "" if none can be
+	rdb     redis.UniversalClient
+	keys    []string // the shards' keys; keys[0] is the key given
+	watches []string // each shard's watch key, in its slot; "" if none can be
 }
 
 var (
@@ -58,9 +58,9 @@ const (
 	// DefaultIdle is how often a process waiting for wake-ups looks at
 	// a shard of the ledger it holds when nothing is due sooner
 	// (RunOptions.Idle). The look only catches what a notification missed
-	// (a subscription between reconnections) and renews the lease: the
+	// (a subscription between reconnections) and renews the watch: the
 	// wake-ups a process knows of, and those it is told of, wake it on
-	// time. It also sets the lease terms (runSchedule.leaseTerms): a lease
+	// time. It also sets the watch terms (runSchedule.watchTerms): a watch
 	// lasts Idle × (shards + 1), and the fleet's standby checks of a shard
 	// are half an Idle apart, so a killed holder's shards are taken over
 	// within about Idle × (shards + 1.5).
@@ -100,11 +100,11 @@ func NewShardedWakeups(rdb redis.UniversalClient, key string, shards int) (*Wake
 		return nil, fmt.Errorf("admission: wakeups: %d shards; give 1 to %d (0 for %d)", shards, maxWakeupShards, DefaultWakeupShards)
 	}
 	keys := shardKeys(key, shards)
-	leases := make([]string, len(keys))
+	watches := make([]string, len(keys))
 	for i, k := range keys {
-		leases[i] = leaseKey(k)
+		watches[i] = watchKey(k)
 	}
-	return &Wakeups{rdb: rdb, keys: keys, leases: leases}, nil
+	return &Wakeups{rdb: rdb, keys: keys, watches: watches}, nil
 }
 
 // Keys returns the keys of the ledger's shards, the key it was made with

@@ -93,7 +93,7 @@ func busyBacklog(t *testing.T, m *miniredis.Miniredis, shards, wakers, tasks, ra
 	return looks, woken
 }
 
-// A waker that stops while it holds busy shards releases their leases and
+// A waker that stops while it holds busy shards releases their watches and
 // says so on their channels: the other takes them over within the release
 // race (a quarter Idle). 600 wake-ups at 20/s over three shards and two
 // wakers, the busier of which stops after 10 s: every wake-up is woken

@@ -21,7 +21,7 @@ const (
 	noticeAdded notice = 1 << iota
 	// noticeReleased: the shard's holder stopped (wake_release.lua).
 	noticeReleased
-	// noticeTaken: a process took the shard's lease (wake_pop.lua).
+	// noticeTaken: a process took the shard's watch (wake_pop.lua).
 	noticeTaken
 )
 
@@ -61,7 +61,7 @@ func (s *signals) put(i int, what notice) {
 
 // subscribe listens on the channels of every shard (named like its key),
 // on which wake_add.lua publishes a wake-up that became the shard's first
-// and the lease scripts say who holds the shard. It listens on each both
+// and the watch scripts say who holds the shard. It listens on each both
 // as a shard channel (SSUBSCRIBE, Redis 7: the scripts' SPUBLISH) and as a
 // plain one (SUBSCRIBE: what a process of an earlier version publishes,
 // or a server without shard channels): on a Redis Cluster, in one

@@ -25,7 +25,7 @@ type RunOptions struct {
 	// sleeps until the next wake-up it knows of is due, or until a process
 	// adds an earlier one (Add publishes it); in case a notification was
 	// lost it looks at one shard it holds per Idle in turn, so each at
-	// least once per Idle × shards, and checks the lease of each shard it
+	// least once per Idle × shards, and checks the watch of each shard it
 	// does not hold no more often (runSchedule). If zero, DefaultIdle. An
 	// idle process thus costs Redis at most one call per Idle, however many
 	// shards; a fleet, about one per Idle per shard.
@@ -41,17 +41,17 @@ type RunOptions struct {
 // error matching ErrWakeLater, it is put back to be tried again one Tick
 // later.
 //
-// One process at a time looks at each shard: the one holding its lease,
+// One process at a time looks at each shard: the one holding its watch,
 // taken by the first look and renewed by every look after it. The holder
 // looks when the shard's next wake-up is due (at least a Tick after its
 // last look), at once when a process adds an earlier one (it subscribes to
 // the shards' channels, on which Add publishes a wake-up that became its
 // shard's first), and, while nothing is due, at one shard per Idle. Every
-// other process checks the lease when Redis tells it to, the fleet's
-// checks of a shard half an Idle apart, and takes the shard if the lease
+// other process checks the watch when Redis tells it to, the fleet's
+// checks of a shard half an Idle apart, and takes the shard if the watch
 // has lapsed (its holder died): so a fleet of a thousand processes looks
 // at a busy ledger about as often as one process does (runSchedule). When
-// ctx ends, Run releases the leases it holds, and another process takes
+// ctx ends, Run releases the watches it holds, and another process takes
 // each shard at once. A process killed takes nothing more; the wake-ups of
 // a look it was killed in, taken from the ledger and not yet woken, come
 // back only by their queue's own schedule.
@@ -94,37 +94,37 @@ func (w *Wakeups) Run(ctx context.Context, opts RunOptions, wake func(ctx contex
 	return nil
 }
 
-// runID returns a random ID for one Run, the holder's name in a lease.
+// runID returns a random ID for one Run, the holder's name in a watch.
 func runID() string {
 	var b [12]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
 }
 
-// release ends the leases of the shards held by the Run with id, so that
+// release ends the watches of the shards held by the Run with id, so that
 // other processes take them at once; a stop that cannot (Redis unreachable,
 // the process killed) leaves them to lapse.
 func (w *Wakeups) release(ctx context.Context, shards []int, id string, onError func(error)) {
 	ctx, cancel := context.WithTimeout(ctx, releaseTimeout)
 	defer cancel()
 	for _, i := range shards {
-		if w.lease(i) == "" {
+		if w.watch(i) == "" {
 			continue
 		}
-		err := wakeReleaseScript.Run(ctx, w.rdb, []string{w.keys[i], w.lease(i)}, id).Err()
+		err := wakeReleaseScript.Run(ctx, w.rdb, []string{w.keys[i], w.watch(i)}, id).Err()
 		if err != nil && onError != nil {
-			onError(fmt.Errorf("admission: wakeups: releasing shard %s; another process takes it when its lease lapses: %w", w.keys[i], err))
+			onError(fmt.Errorf("admission: wakeups: releasing shard %s; another process takes it when its watch lapses: %w", w.keys[i], err))
 		}
 	}
 }
 
-// releaseTimeout bounds the release of a stopping Run's leases.
+// releaseTimeout bounds the release of a stopping Run's watches.
 const releaseTimeout = 2 * time.Second
 
-// lease returns the key of shard i's lease, or "" if it has none.
-func (w *Wakeups) lease(i int) string {
-	if i < len(w.leases) {
-		return w.leases[i]
+// watch returns the key of shard i's watch, or "" if it has none.
+func (w *Wakeups) watch(i int) string {
+	if i < len(w.watches) {
+		return w.watches[i]
 	}
 	return ""
 }
@@ -213,19 +213,19 @@ type lookReply struct {
 	members []string      // the wake-ups taken
 	next    time.Duration // until the shard's next is due; -1 if none
 	now     time.Time     // Redis's now
-	held    bool          // the caller holds the shard's lease
-	until   time.Duration // until the lease ends (held) or the caller's next check
+	held    bool          // the caller holds the shard's watch
+	until   time.Duration // until the watch ends (held) or the caller's next check
 }
 
 // look takes the due members of shard i for the Run with id, if it holds
-// the shard's lease or takes it, on the lease terms of s.
+// the shard's watch or takes it, on the watch terms of s.
 func (w *Wakeups) look(ctx context.Context, i int, id string, lead time.Duration, s *runSchedule) (lookReply, error) {
 	keys := []string{w.keys[i]}
 	args := []any{lead.Microseconds(), wakeBatch}
-	if l := w.lease(i); l != "" {
-		lease, spacing, least := s.leaseTerms()
+	if l := w.watch(i); l != "" {
+		watch, spacing, least := s.watchTerms()
 		keys = append(keys, l)
-		args = append(args, id, lease.Microseconds(), spacing.Microseconds(), least.Microseconds(), leaseCheckMost.Microseconds())
+		args = append(args, id, watch.Microseconds(), spacing.Microseconds(), least.Microseconds(), watchCheckMost.Microseconds())
 	}
 	v, err := wakePopScript.Run(ctx, w.rdb, keys, args...).Slice()
 	if err != nil {

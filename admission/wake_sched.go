@@ -9,14 +9,14 @@ import (
 // process's monotonic clock, from what its looks and the notifications
 // told it.
 //
-// One process at a time looks at a shard: the holder of its lease
+// One process at a time looks at a shard: the holder of its watch
 // (wake_pop.lua), which takes the shard's wake-ups as they come due and
-// renews the lease with every look. The others are its standbys: Redis
-// gives each the time of its next check of the lease, the fleet's checks
-// of one shard a spacing apart (leaseCheckSpacing), so that a thousand
-// processes check a shard as often as a few do. A check after the lease
+// renews the watch with every look. The others are its standbys: Redis
+// gives each the time of its next check of the watch, the fleet's checks
+// of one shard a spacing apart (watchTerms), so that a thousand
+// processes check a shard as often as a few do. A check after the watch
 // has lapsed (its holder died) takes the shard over; a holder that stops
-// releases its leases, and the standbys, told on the shard's channel, race
+// releases its watches, and the standbys, told on the shard's channel, race
 // for it after a random pause, the first to take it telling the others.
 type runSchedule struct {
 	tick     time.Duration
@@ -28,7 +28,7 @@ type runSchedule struct {
 
 type shardSchedule struct {
 	at    time.Time // the next look
-	held  bool      // this process holds the shard's lease (its last look said so)
+	held  bool      // this process holds the shard's watch (its last look said so)
 	check time.Time // a standby's next check, as Redis gave it out
 }
 
@@ -68,7 +68,7 @@ func (s *runSchedule) next() time.Time {
 	return at
 }
 
-// held returns the shards whose leases this process holds.
+// held returns the shards whose watches this process holds.
 func (s *runSchedule) held() []int {
 	var out []int
 	for i, sh := range s.shards {
@@ -81,7 +81,7 @@ func (s *runSchedule) held() []int {
 
 // notified records what the channel of shard i said: a wake-up that
 // became its first (the holder looks now, to learn when it is due), the
-// lease released (a standby races for it, after a random pause below
+// watch released (a standby races for it, after a random pause below
 // releaseRace so that the fleet does not look at once), or taken (the race
 // is over: back to the check Redis gave out).
 func (s *runSchedule) notified(i int, what notice, now time.Time) {
@@ -99,7 +99,7 @@ func (s *runSchedule) notified(i int, what notice, now time.Time) {
 	}
 }
 
-// released records that this process released shard i's lease for
+// released records that this process released shard i's watch for
 // another to take: it looks again once the standbys' race is over, and
 // takes the shard back only if none took it (a fleet of one).
 func (s *runSchedule) released(i int, now time.Time) {
@@ -108,7 +108,7 @@ func (s *runSchedule) released(i int, now time.Time) {
 }
 
 // releaseRace bounds the pause of a standby before it looks at a shard
-// whose lease was released.
+// whose watch was released.
 func (s *runSchedule) releaseRace() time.Duration { return max(s.idle/4, time.Millisecond) }
 
 // looked records a look at shard i: what it took and said (r), or err.
@@ -152,21 +152,21 @@ func (s *runSchedule) idleLook(i int, now time.Time) time.Time {
 	return phase.Add(k * s.idleEach)
 }
 
-// leaseTerms returns the lease of a shard (wake_pop.lua), from Idle and
+// watchTerms returns the watch of a shard (wake_pop.lua), from Idle and
 // the number of shards n: the holder looks at each shard it holds at least
-// once per Idle × n (its idle looks), so a lease of Idle × (n + 1) lapses
+// once per Idle × n (its idle looks), so a watch of Idle × (n + 1) lapses
 // only when the holder has missed a look by an Idle; the fleet's standbys
 // check each shard a half Idle apart (spacing), each of them no more often
 // than its idle look would (least: Idle × n), and at least once per
-// leaseCheckMost. A holder that dies without releasing is thus replaced
+// watchCheckMost. A holder that dies without releasing is thus replaced
 // within about Idle × (n + 1.5): 9 s with the defaults, during which its
 // shards' jobs come back by their queue's own schedule.
-func (s *runSchedule) leaseTerms() (lease, spacing, least time.Duration) {
+func (s *runSchedule) watchTerms() (watch, spacing, least time.Duration) {
 	n := time.Duration(len(s.shards))
 	return s.idle * (n + 1), s.idle / 2, s.idle * n
 }
 
-// leaseCheckMost bounds the time from a standby's check of a shard to its
+// watchCheckMost bounds the time from a standby's check of a shard to its
 // next: a fleet that shrank without its processes stopping cleanly leaves
 // checks given out far ahead to processes that are gone.
-const leaseCheckMost = 5 * time.Minute
+const watchCheckMost = 5 * time.Minute

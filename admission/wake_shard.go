@@ -72,13 +72,13 @@ func shardKey(base string, i int) string {
 	return best
 }
 
-// leaseKey returns the key of the lease of the shard at key (wake_pop.lua):
-// key with ":lease" added, in key's hash slot (for a key without a hash
+// watchKey returns the key of the watch of the shard at key (wake_pop.lua):
+// key with ":watch" added, in key's hash slot (for a key without a hash
 // tag, key itself becomes the tag), or "" if no such key keeps key's slot
-// (a key with braces but no tag, "a{}b"): that shard has no lease, and
+// (a key with braces but no tag, "a{}b"): that shard has no watch, and
 // every process looks at it.
-func leaseKey(key string) string {
-	for _, k := range []string{key + ":lease", "{" + key + "}:lease"} {
+func watchKey(key string) string {
+	for _, k := range []string{key + ":watch", "{" + key + "}:watch"} {
 		if keySlot(k) == keySlot(key) {
 			return k
 		}

@@ -258,7 +258,7 @@ func renderFleetExtrapolation(p func(string, ...any), r *fleetResult) {
 	p("**Extrapolation to 10,000 workers** (×%.0f the workers; from the measured costs, not run):\n\n", scale)
 	fleetPerS := idle.PerWorkerPerS * float64(c.Workers)
 	pings := float64(c.Shards) / 60 // a subscription per shard, pinged once a minute when quiet
-	p("- *Idle does not grow with workers:* the fleet made %.1f calls/s (%.3f per worker per second), the holders' idle looks and the standbys' checks of the shards' leases, "+
+	p("- *Idle does not grow with workers:* the fleet made %.1f calls/s (%.3f per worker per second), the holders' idle looks and the standbys' checks of the shards' watches, "+
 		"a number per shard whatever the workers (with the defaults at most 0.5 holders' looks and one check per shard a second, %d); the busiest master took %.1f/s. Add each subscription's PING, once a minute when it hears nothing "+
 		"(a subscription per shard and worker on a cluster: %.3f per worker per second, after this 30-s window), so 10,000 idle workers cost about %.0f calls/s. "+
 		"Connections: %.0f to %.0f per master for %d workers (%.1f per worker: each worker's client and one subscription per master), so about %.0f per master at 10,000, "+
@@ -284,10 +284,10 @@ func renderFleetBusyScale(p func(string, ...any), r *fleetResult, b *fleetBusy, 
 	}
 	w, d := float64(r.Config.Workers), max(b.DurationS, 1)
 	looksPerS := float64(sum64(b.Looks)) / d
-	p("- *Busy, %s:* the limiter calls (%.3f per parked task) and the ledger writes (%.3f) grow with the tasks, not the workers, and so do the looks: the holder of each shard's lease "+
-		"looks as its wake-ups come due (at most one a Tick) and the others check each lease about once a second between them, so the fleet's %.1f looks/s here (%.3f per parked task) "+
+	p("- *Busy, %s:* the limiter calls (%.3f per parked task) and the ledger writes (%.3f) grow with the tasks, not the workers, and so do the looks: the holder of each shard's watch "+
+		"looks as its wake-ups come due (at most one a Tick) and the others check each watch about once a second between them, so the fleet's %.1f looks/s here (%.3f per parked task) "+
 		"stay about the same at 10,000 workers for the same tasks. "+
-		"A message a script publishes (a wake-up that became its shard's first, a lease taken) goes to every worker's subscription of that shard, on the shard's master: "+
+		"A message a script publishes (a wake-up that became its shard's first, a watch taken) goes to every worker's subscription of that shard, on the shard's master: "+
 		"%d publishes reached %.0f subscribers each, %.0f deliveries, ×%.0f at 10,000. ",
 		b.Rule, b.PerParked, b.WritesPer, looksPerS, b.LooksPer, pubs, w, float64(pubs)*w, scale)
 	if cpuPerCall > 0 {

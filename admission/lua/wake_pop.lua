@@ -1,29 +1,29 @@
 -- Takes the wake-ups that are due, for the process that holds the shard's
--- lease: each is returned to exactly one caller. A shard is looked at by
--- one process at a time, its holder, whose looks renew the lease; every
--- other process (a standby) is told when to check the lease again, the
+-- watch: each is returned to exactly one caller. A shard is looked at by
+-- one process at a time, its holder, whose looks renew the watch; every
+-- other process (a standby) is told when to check the watch again, the
 -- fleet's checks of one shard spaced apart, so that a fleet of many
 -- processes looks at a shard about as often as one does (wake_sched.go).
 --
 -- KEYS[1] -> the ledger (see wake_add.lua)
--- KEYS[2] -> the shard's lease (optional; without it every caller takes
---            what is due): a hash of o (the holder's ID), e (when its lease
+-- KEYS[2] -> the shard's watch (optional; without it every caller takes
+--            what is due): a hash of o (the holder's ID), e (when its watch
 --            ends, microseconds of Redis TIME), c (the latest standby check
 --            given out, µs) and l (when the last standby check came, µs)
 -- ARGV[1] -> lead, microseconds: wake-ups due up to this long from now are
 --            taken
 -- ARGV[2] -> the most wake-ups to take
 -- ARGV[3] -> the caller's ID (with KEYS[2])
--- ARGV[4] -> how long the lease lasts past this look, microseconds
+-- ARGV[4] -> how long the watch lasts past this look, microseconds
 -- ARGV[5] -> the spacing of the fleet's standby checks of this shard, µs
 -- ARGV[6] -> the least time from a standby check to the same caller's next, µs
 -- ARGV[7] -> the most time from a standby check to the same caller's next, µs
 --
 -- Returns {members taken, microseconds from now until the next wake-up is
 -- due (its score less the lead; 0 if due already) or -1 if none is left,
--- Redis now (microseconds of Redis TIME), 1 if the caller holds the lease
--- (always, without KEYS[2]) else 0, microseconds until the lease ends (the
--- holder) or until the caller's next check (a standby)}. Taking a lease
+-- Redis now (microseconds of Redis TIME), 1 if the caller holds the watch
+-- (always, without KEYS[2]) else 0, microseconds until the watch ends (the
+-- holder) or until the caller's next check (a standby)}. Taking a watch
 -- another held, or none did, publishes 'taken' on the channel named like
 -- the ledger, so that standbys told of its release (wake_release.lua) stop
 -- racing for it.
@@ -47,7 +47,7 @@ local function publish(msg)
   if type(r) == 'table' and r.err then redis.pcall('PUBLISH', KEYS[1], msg) end
 end
 
-local leaseFor = 0
+local watchFor = 0
 if KEYS[2] then
   local l = redis.call('HMGET', KEYS[2], 'o', 'e', 'c', 'l')
   local holder, ends = l[1], tonumber(l[2] or 0)
@@ -66,13 +66,13 @@ if KEYS[2] then
     if redis.call('PTTL', KEYS[2]) < keep then redis.call('PEXPIRE', KEYS[2], keep) end
     return {{}, nextDue(), now, 0, at - now}
   end
-  leaseFor = tonumber(ARGV[4])
-  redis.call('HSET', KEYS[2], 'o', ARGV[3], 'e', string.format('%d', now + leaseFor))
-  local keep = math.ceil(leaseFor / 1000) + 60000
+  watchFor = tonumber(ARGV[4])
+  redis.call('HSET', KEYS[2], 'o', ARGV[3], 'e', string.format('%d', now + watchFor))
+  local keep = math.ceil(watchFor / 1000) + 60000
   if redis.call('PTTL', KEYS[2]) < keep then redis.call('PEXPIRE', KEYS[2], keep) end
   if holder ~= ARGV[3] then publish('taken') end
 end
 
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', upto), 'LIMIT', 0, tonumber(ARGV[2]))
 if #due > 0 then redis.call('ZREM', KEYS[1], unpack(due)) end
-return {due, nextDue(), now, 1, leaseFor}
+return {due, nextDue(), now, 1, watchFor}

@@ -80,9 +80,9 @@ func TestWakeupsLooksDoNotGrowWithWakers(t *testing.T) {
 		})
 	}
 	// Each shard's holder looks once per Idle × shards (6 s) and the
-	// fleet checks each shard's lease at most once per half Idle (1 s):
+	// fleet checks each shard's watch at most once per half Idle (1 s):
 	// at most 3/6 + 3/1 calls a second, whatever the wakers, give or take
-	// a few at the window's edges (30 wakers cost 900 calls before leases).
+	// a few at the window's edges (30 wakers cost 900 calls before watches).
 	if want := int64(60*7/2 + 12); idle[30] > want {
 		t.Errorf("30 idle wakers made %d calls in 60 s, want at most %d (3.5 a second, and the edges)", idle[30], want)
 	}
@@ -91,12 +91,12 @@ func TestWakeupsLooksDoNotGrowWithWakers(t *testing.T) {
 	}
 }
 
-// A process that holds shards' leases and is killed between two looks (its
+// A process that holds shards' watches and is killed between two looks (its
 // connections cut and its loop cancelled, so it releases nothing) loses no
 // wake-up: 600
 // wake-ups at 20/s over three shards and three wakers; 10 s in, the busiest
 // waker is killed. Each wake-up is woken exactly once, none later than the
-// lease and a standby's check allow (Idle × (shards + 2)), and all are on
+// watch and a standby's check allow (Idle × (shards + 2)), and all are on
 // time again once the others have taken its shards.
 func TestWakeupsHolderKilled(t *testing.T) {
 	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
