@@ -60,10 +60,11 @@ const (
 	// (RunOptions.Idle). The look only catches what a notification missed
 	// (a subscription between reconnections) and renews the watch: the
 	// wake-ups a process knows of, and those it is told of, wake it on
-	// time. It also sets the watch terms (runSchedule.watchTerms): a watch
-	// lasts Idle × (shards + 1), and the fleet's standby checks of a shard
-	// are half an Idle apart, so a killed holder's shards are taken over
-	// within about Idle × (shards + 1.5).
+	// time. It also sets the watch terms (runSchedule.watchTerms): a
+	// holder's watch lasts a half Idle past its next look, and the fleet's
+	// standby checks of a shard are half an Idle apart, so a holder that
+	// stalls or dies while its shard is busy is replaced within about an
+	// Idle of the look it missed.
 	DefaultIdle = 2 * time.Second
 	// wakeBatch bounds the wake-ups one look takes.
 	wakeBatch = 256

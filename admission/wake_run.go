@@ -223,9 +223,10 @@ func (w *Wakeups) look(ctx context.Context, i int, id string, lead time.Duration
 	keys := []string{w.keys[i]}
 	args := []any{lead.Microseconds(), wakeBatch}
 	if l := w.watch(i); l != "" {
-		watch, spacing, least := s.watchTerms()
+		longest, spacing, least, slack := s.watchTerms()
 		keys = append(keys, l)
-		args = append(args, id, watch.Microseconds(), spacing.Microseconds(), least.Microseconds(), watchCheckMost.Microseconds())
+		args = append(args, id, longest.Microseconds(), spacing.Microseconds(), least.Microseconds(), watchCheckMost.Microseconds(),
+			s.tick.Microseconds(), slack.Microseconds())
 	}
 	v, err := wakePopScript.Run(ctx, w.rdb, keys, args...).Slice()
 	if err != nil {

@@ -152,18 +152,21 @@ func (s *runSchedule) idleLook(i int, now time.Time) time.Time {
 	return phase.Add(k * s.idleEach)
 }
 
-// watchTerms returns the watch of a shard (wake_pop.lua), from Idle and
-// the number of shards n: the holder looks at each shard it holds at least
-// once per Idle × n (its idle looks), so a watch of Idle × (n + 1) lapses
-// only when the holder has missed a look by an Idle; the fleet's standbys
-// check each shard a half Idle apart (spacing), each of them no more often
-// than its idle look would (least: Idle × n), and at least once per
-// watchCheckMost. A holder that dies without releasing is thus replaced
-// within about Idle × (n + 1.5): 9 s with the defaults, during which its
-// shards' jobs come back by their queue's own schedule.
-func (s *runSchedule) watchTerms() (watch, spacing, least time.Duration) {
+// watchTerms returns the terms of a shard's watch (wake_pop.lua), from
+// Idle, Tick and the number of shards n. The holder's watch lasts until a
+// half Idle (slack) after its next look: when the shard's next wake-up is
+// due, a Tick at the least, or its idle look, at most Idle × (n + 1) away
+// (longest, with the slack). The fleet's standbys check each shard a half
+// Idle apart (spacing), each of them no more often than its idle look
+// would (least: Idle × n), and at least once per watchCheckMost. A holder
+// that stalls or dies while its shard is busy is thus replaced within
+// about an Idle of its missed look (2 s with the defaults, in a fleet
+// large enough for the checks to come a half Idle apart), an idle one's
+// within about Idle × (n + 1.5); meanwhile its shards' jobs come back by
+// their queue's own schedule.
+func (s *runSchedule) watchTerms() (longest, spacing, least, slack time.Duration) {
 	n := time.Duration(len(s.shards))
-	return s.idle * (n + 1), s.idle / 2, s.idle * n
+	return s.idle*(n+1) + s.idle/2, s.idle / 2, s.idle * n, s.idle / 2
 }
 
 // watchCheckMost bounds the time from a standby's check of a shard to its

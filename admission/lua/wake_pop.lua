@@ -14,10 +14,15 @@
 --            taken
 -- ARGV[2] -> the most wake-ups to take
 -- ARGV[3] -> the caller's ID (with KEYS[2])
--- ARGV[4] -> how long the watch lasts past this look, microseconds
+-- ARGV[4] -> the longest the watch lasts past this look, microseconds (the
+--            holder looks at least this often less ARGV[9])
 -- ARGV[5] -> the spacing of the fleet's standby checks of this shard, µs
 -- ARGV[6] -> the least time from a standby check to the same caller's next, µs
 -- ARGV[7] -> the most time from a standby check to the same caller's next, µs
+-- ARGV[8] -> the shortest time between two looks of the holder, µs (its tick)
+-- ARGV[9] -> how long past its next look the holder's watch lasts, µs: a
+--            holder that misses its look by this long (stalled, or dead)
+--            loses the watch to the next standby check
 --
 -- Returns {members taken, microseconds from now until the next wake-up is
 -- due (its score less the lead; 0 if due already) or -1 if none is left,
@@ -47,10 +52,11 @@ local function publish(msg)
   if type(r) == 'table' and r.err then redis.pcall('PUBLISH', KEYS[1], msg) end
 end
 
-local watchFor = 0
+local watchFor, holder = 0, nil
 if KEYS[2] then
   local l = redis.call('HMGET', KEYS[2], 'o', 'e', 'c', 'l')
-  local holder, ends = l[1], tonumber(l[2] or 0)
+  local ends
+  holder, ends = l[1], tonumber(l[2] or 0)
   if holder and holder ~= ARGV[3] and ends > now then
     -- A standby: the next check of this shard by the fleet is a spacing
     -- after the latest given out, but no sooner than the least time for
@@ -66,13 +72,24 @@ if KEYS[2] then
     if redis.call('PTTL', KEYS[2]) < keep then redis.call('PEXPIRE', KEYS[2], keep) end
     return {{}, nextDue(), now, 0, at - now}
   end
+end
+
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', upto), 'LIMIT', 0, tonumber(ARGV[2]))
+if #due > 0 then redis.call('ZREM', KEYS[1], unpack(due)) end
+local wait = nextDue()
+if KEYS[2] then
+  -- The holder looks again when the next wake-up is due (a tick at the
+  -- least; at once after a full batch), or at its idle look: its watch
+  -- lasts that long and ARGV[9] more.
   watchFor = tonumber(ARGV[4])
+  local nextLook = wait
+  if #due == tonumber(ARGV[2]) then nextLook = 0 end
+  if nextLook >= 0 then
+    watchFor = math.min(watchFor, math.max(nextLook, tonumber(ARGV[8])) + tonumber(ARGV[9]))
+  end
   redis.call('HSET', KEYS[2], 'o', ARGV[3], 'e', string.format('%d', now + watchFor))
   local keep = math.ceil(watchFor / 1000) + 60000
   if redis.call('PTTL', KEYS[2]) < keep then redis.call('PEXPIRE', KEYS[2], keep) end
   if holder ~= ARGV[3] then publish('taken') end
 end
-
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', upto), 'LIMIT', 0, tonumber(ARGV[2]))
-if #due > 0 then redis.call('ZREM', KEYS[1], unpack(due)) end
-return {due, nextDue(), now, 1, watchFor}
+return {due, wait, now, 1, watchFor}
