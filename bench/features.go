@@ -51,7 +51,9 @@ type featuresConfig struct {
 	// QuietS is how long the calendar case watches the tasks past the
 	// quota wait, counting the limiter calls.
 	QuietS float64 `json:"quiet_s"`
-	Nice   int     `json:"nice"`
+	// Only, if set, is the one feature run.
+	Only string `json:"only,omitempty"`
+	Nice int    `json:"nice"`
 }
 
 // featureSize is one case: N tasks of a feature, Rate the binding limit's
@@ -88,6 +90,7 @@ type featureRun struct {
 	// subject, and its bound (limit + burst); for within, the most turns
 	// of one key in any 1 s on the Redis clock, and the key's bound.
 	MaxStarts1s   int `json:"max_starts_1s"`
+	MaxTurns1s    int `json:"max_turns_1s"` // on the Redis clock, the task's own rule's turns (-1: none)
 	Bound1s       int `json:"bound_1s"`
 	MaxKeyTurns1s int `json:"max_key_turns_1s,omitempty"`
 	KeyBound1s    int `json:"key_bound_1s,omitempty"`
@@ -131,14 +134,17 @@ func runFeaturesPart(logf func(string, ...any), cfg featuresConfig) error {
 	defer srv.Stop()
 	res.Machine.RedisVersion = srv.version
 	for _, c := range cfg.Cases {
+		if cfg.Only != "" && c.Feature != cfg.Only {
+			continue
+		}
 		r, err := runFeatureCase(context.Background(), srv.Addr, c, cfg)
 		if err != nil {
 			res.Errors = append(res.Errors, fmt.Sprintf("%s N=%d: %v", c.Feature, c.N, err))
 			logf("features %s N=%d: %v", c.Feature, c.N, err)
 			continue
 		}
-		logf("features %-13s N=%-5d R=%-3d done %d/%d in %.1fs (ideal %.0fs): %.3f calls, %.3f parks per task, %d duplicate starts; most in 1 s %d (bound %d), a key's turns %d (bound %d); highs p50 %.2fs max %.2fs, lows p50 %.2fs, %d lows after the first high; extra %d, %d started, %.1f calls/s waiting",
-			r.Feature, r.N, r.Rate, r.Done, r.N, r.TookS, r.IdealS, r.CallsPerTask, r.ParksPerTask, r.DuplicateStarts, r.MaxStarts1s, r.Bound1s,
+		logf("features %-13s N=%-5d R=%-3d done %d/%d in %.1fs (ideal %.0fs): %.3f calls, %.3f parks per task, %d duplicate starts; most in 1 s %d starts, %d turns (bound %d), a key's turns %d (bound %d); highs p50 %.2fs max %.2fs, lows p50 %.2fs, %d lows after the first high; extra %d, %d started, %.1f calls/s waiting",
+			r.Feature, r.N, r.Rate, r.Done, r.N, r.TookS, r.IdealS, r.CallsPerTask, r.ParksPerTask, r.DuplicateStarts, r.MaxStarts1s, r.MaxTurns1s, r.Bound1s,
 			r.MaxKeyTurns1s, r.KeyBound1s, r.HighP50S, r.HighMaxS, r.LowP50S, r.LowsAfterHigh, r.Extra, r.ExtraStarted, r.QuietCallsPerS)
 		res.Runs = append(res.Runs, r)
 	}
@@ -233,7 +239,7 @@ func runFeatureCase(ctx context.Context, addr string, c featureSize, cfg feature
 	if r.Finished {
 		r.TookS = nthStart(starts, runs).Sub(t0).Seconds()
 	}
-	r.MaxStarts1s, _ = mostInSecond(starts, "", time.Time{})
+	r.MaxStarts1s, r.MaxTurns1s = mostInSecond(starts, "", time.Time{})
 	switch c.Feature {
 	case featWithinTenant, featWithinKey:
 		r.withinKeys(starts)

@@ -131,6 +131,7 @@ func main() {
 	backlog := flag.Bool("backlog", false, "run the backlog part (about 15 minutes): parking against deferral with asynq servers in this process, results/<date>-backlog.json")
 	features := flag.Bool("features", false, "run the features part (issue 24, about 4 minutes): backlogs of 300 and 3,000 tasks under a per-key rule within a per-tenant one (the tenant binding, the keys binding), a priority and a calendar quota, through asynq; results/<date>-features.json")
 	featureSizes := flag.String("feature-sizes", "300,3000", "with -features: the backlog sizes, comma-separated; each runs at size/20 tasks a second")
+	featureOnly := flag.String("feature", "", "with -features: run only this feature (within-tenant, within-key, priority, calendar)")
 	llmBacklog := flag.Bool("llm-backlog", false, "run the llm-backlog part (issue 23, about 4 minutes): a parked backlog of 2,000 LLM calls charged requests, input and output tokens in one decision, settled to their real counts or not; results/<date>-llm-backlog.json")
 	shares := flag.Bool("shares", false, "run the shares part (about 2.5 minutes): one key shared fairly by tenants, each with a share_limit, beside fair_by alone; results/<date>-shares.json")
 	md := flag.String("md", "../BENCHMARKS.md", "where to write the report")
@@ -208,7 +209,9 @@ func main() {
 		if *features {
 			var sizes []int
 			if sizes, err = parseSizes(*featureSizes); err == nil {
-				err = runFeaturesPart(logf, defaultFeaturesConfig(sizes...))
+				cfg := defaultFeaturesConfig(sizes...)
+				cfg.Only = *featureOnly
+				err = runFeaturesPart(logf, cfg)
 			}
 			break
 		}
