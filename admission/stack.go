@@ -20,18 +20,22 @@ import (
 // from the other gates, so nothing goes back, and the job parks once. When
 // the lead's turn has come, each other gate is asked for a turn within the
 // lead's tolerance (a turn used later than that after its slot is a late
-// one), so that every turn the job holds is used on time. A gate whose
-// turn is further away books it under the job's ID, past any horizon
-// (Request.BookAhead: the back of that gate's line would make the job lose
-// the lead's turn each time it came back), the turns taken before it are
-// given back (settled to nothing), and the job parks until the booked
-// turn. So under a backlog that the lead's limit holds back, every other
-// gate grants at once, and a job costs one park and one call per gate more
-// than under its lead alone, whatever the backlog.
+// one), so that every turn the job holds is used on time; in a stack that
+// Meets, for its first turn no earlier than the lead's
+// (throttle.AdmitRequest.NotBefore). A gate whose turn is further away
+// books it under the job's ID, past any horizon (Request.BookAhead: the
+// back of that gate's line would make the job lose the lead's turn each
+// time it came back), the turns taken before it are given back (settled
+// to nothing), and the job parks until the booked turn. So under a
+// backlog that the lead's limit holds back, every other gate grants at
+// once, and a job costs one park and one call per gate more than under its
+// lead alone, whatever the backlog.
 //
 // Another gate may bind instead: a per-tenant limit over several keys
-// whose keys together ask more than the tenant allows. Once such a gate's
-// turn is further than the lead's horizon past the lead's turn, the jobs
+// whose keys together ask more than the tenant allows. Its jobs would
+// come back from the booked turn to the back of the lead's line, and park
+// again, without end. So in a stack that Meets, once such a gate's turn is
+// further than the lead's horizon past the lead's turn, the jobs
 // of those subjects are decided by holding turns that meet (stack_meet.go)
 // from then on, in this process: each gate is held, however far ahead and
 // outside its line, the binding gate first and each other no earlier than
@@ -44,7 +48,8 @@ import (
 // latest, where it redeems them all. A gate other than the lead that holds
 // such a job back past the lead's turn becomes the lead of those subjects.
 // A job costs one park and about three calls per gate, whatever the
-// backlog; its turns are booked as far ahead as the backlog reaches (as a
+// backlog (and those parked in the first lead's line before, one park
+// more); its turns are booked as far ahead as the backlog reaches (as a
 // BookAhead turn is), so a changed limit applies to turns booked after it.
 //
 // Holding turns that meet needs gates whose limiters are all of the bucket

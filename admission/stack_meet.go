@@ -53,20 +53,26 @@ func (s *Stack) admitMeeting(ctx context.Context, reqs []Request, order []int, l
 		}
 		m.take(i, a)
 	}
-	// A job that runs now uses each turn within its gate's tolerance; one
-	// that parks comes back a little after the latest turn, so its turns
-	// must meet within half of it.
-	if lined && m.by != lead && m.at.Sub(m.turns[lead].Slot) > s.gates[lead].opts.Horizon {
-		// Another gate holds the job back further than the lead's line
-		// reaches: it binds. Its turn is kept, the lead's given back (the
-		// line's turns must stay within its horizon), and from now on the
-		// jobs of these subjects hold turns that meet, that gate's first.
+	if lined && m.by != lead && m.at.Sub(m.turns[lead].Slot) > s.gates[lead].tolerance() {
+		// Another gate holds the job back past the lead's turn. The lead's
+		// turn is not taken again later: its line books a horizon of turns
+		// ahead, and a turn after them would stall it (and push the other
+		// gate further). The lead's turn is given back, the others kept,
+		// and the job parks until the latest, as before NotBefore. If the
+		// other gate holds it back further than the lead's line reaches, it
+		// binds: from now on the jobs of these subjects hold turns that
+		// meet, that gate's first.
 		unlock()
-		s.learnLead(reqs, m.by)
+		if m.at.Sub(m.turns[lead].Slot) > s.gates[lead].opts.Horizon {
+			s.learnLead(reqs, m.by)
+		}
 		giveBackTurn(ctx, m.turns[lead])
 		m.turns[lead] = Decision{}
 		return m.park(ctx, start), nil
 	}
+	// A job that runs now uses each turn within its gate's tolerance; one
+	// that parks comes back a little after the latest turn, so its turns
+	// must meet within half of it.
 	wait, release := s.gates[lead].stackWait(ctx, reqs[lead].Subject, m.redeemed(), lined)
 	defer release()
 	err := m.meet(ctx, lead, 1)
