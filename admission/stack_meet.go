@@ -39,41 +39,65 @@ func (s *Stack) admitMeeting(ctx context.Context, reqs []Request, order []int, l
 	s.holding.Lock()
 	unlock := sync.OnceFunc(s.holding.Unlock)
 	defer unlock()
+	if sd, done, err := m.holdAll(ctx, order, start); done {
+		return sd, err
+	}
+	if lined && m.by != lead && m.at.Sub(m.turns[lead].Slot) > s.gates[lead].tolerance() {
+		unlock()
+		return m.parkBehind(ctx, lead, start), nil
+	}
+	return m.decide(ctx, lead, lined, unlock, start)
+}
+
+// holdAll holds a turn of each gate of order, each no earlier than the
+// turns before it, and reports done with the job's decision if one failed
+// or holds a turn the job came back too early for (it parks on it).
+func (m *meeting) holdAll(ctx context.Context, order []int, start time.Time) (StackDecision, bool, error) {
+	s := m.s
 	for _, i := range order {
 		g := s.gates[i]
-		a, err := g.hold(ctx, reqs[i], m.at, g.opts.EarlyWait)
+		a, err := g.hold(ctx, m.reqs[i], m.at, g.opts.EarlyWait)
 		if err != nil {
 			s.giveBack(ctx, m.turns)
-			return StackDecision{Gate: i}, err
+			return StackDecision{Gate: i}, true, err
 		}
 		if a.Status == throttle.Held {
 			// Back early for a turn booked for it before: park on it.
 			s.giveBack(ctx, m.turns)
-			return StackDecision{Decision: g.parkOn(ctx, reqs[i], heldDecision(a), start), Gate: i}, nil
+			return StackDecision{Decision: g.parkOn(ctx, m.reqs[i], heldDecision(a), start), Gate: i}, true, nil
 		}
 		m.take(i, a)
 	}
-	if lined && m.by != lead && m.at.Sub(m.turns[lead].Slot) > s.gates[lead].tolerance() {
-		// Another gate holds the job back past the lead's turn. The lead's
-		// turn is not taken again later: its line books a horizon of turns
-		// ahead, and a turn after them would stall it (and push the other
-		// gate further). The lead's turn is given back, the others kept,
-		// and the job parks until the latest, as before NotBefore. If the
-		// other gate holds it back further than the lead's line reaches, it
-		// binds: from now on the jobs of these subjects hold turns that
-		// meet, that gate's first.
-		unlock()
-		if m.at.Sub(m.turns[lead].Slot) > s.gates[lead].opts.Horizon {
-			s.learnLead(reqs, m.by)
-		}
-		giveBackTurn(ctx, m.turns[lead])
-		m.turns[lead] = Decision{}
-		return m.park(ctx, start), nil
+	return StackDecision{}, false, nil
+}
+
+// parkBehind parks a job that another gate holds back past its turn of
+// the lead's line. The lead's turn is not taken again later: its line
+// books a horizon of turns ahead, and a turn after them would stall it
+// (and push the other gate further). The lead's turn is given back, the
+// others kept, and the job parks until the latest, as before NotBefore.
+// If the other gate holds it back further than the lead's line reaches,
+// it binds: from now on the jobs of these subjects hold turns that meet,
+// that gate's first.
+func (m *meeting) parkBehind(ctx context.Context, lead int, start time.Time) StackDecision {
+	s := m.s
+	if m.at.Sub(m.turns[lead].Slot) > s.gates[lead].opts.Horizon {
+		s.learnLead(m.reqs, m.by)
 	}
+	giveBackTurn(ctx, m.turns[lead])
+	m.turns[lead] = Decision{}
+	return m.park(ctx, start)
+}
+
+// decide makes the held turns meet, and runs the job once they come if
+// that is soon enough, else books them and parks it; unlock ends the
+// stack's holding once no more turns are taken.
+func (m *meeting) decide(ctx context.Context, lead int, lined bool, unlock func(), start time.Time) (StackDecision, error) {
+	s := m.s
 	// A job that runs now uses each turn within its gate's tolerance; one
 	// that parks comes back a little after the latest turn, so its turns
 	// must meet within half of it.
-	wait, release := s.gates[lead].stackWait(ctx, reqs[lead].Subject, m.redeemed(), lined)
+	wait, release := s.gates[lead].stackWait(ctx, m.reqs[lead].Subject, m.redeemed(), lined)
 	defer release()
 	err := m.meet(ctx, lead, 1)
 	parks := err == nil && time.Until(m.latestAt()) > wait
@@ -88,7 +112,7 @@ func (s *Stack) admitMeeting(ctx context.Context, reqs []Request, order []int, l
 	if m.moved && m.by != lead {
 		// Another gate held the job back past the lead's turn: it binds,
 		// and leads the next jobs of these subjects.
-		s.learnLead(reqs, m.by)
+		s.learnLead(m.reqs, m.by)
 	}
 	if parks {
 		return m.park(ctx, start), nil

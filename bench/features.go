@@ -317,6 +317,18 @@ func (r *featureRun) priorityOrder(f *fleet, starts []taskStart) {
 	r.LowP50S = float64(percentile(low, 50)) / 1e9
 }
 
+// runFeatures runs the features part for sizes ("300,3000"), only one
+// feature if only is not empty.
+func runFeatures(logf func(string, ...any), sizes, only string) error {
+	ns, err := parseSizes(sizes)
+	if err != nil {
+		return err
+	}
+	cfg := defaultFeaturesConfig(ns...)
+	cfg.Only = only
+	return runFeaturesPart(logf, cfg)
+}
+
 // parseSizes reads "300,3000".
 func parseSizes(s string) ([]int, error) {
 	var sizes []int

@@ -207,12 +207,7 @@ func main() {
 			break
 		}
 		if *features {
-			var sizes []int
-			if sizes, err = parseSizes(*featureSizes); err == nil {
-				cfg := defaultFeaturesConfig(sizes...)
-				cfg.Only = *featureOnly
-				err = runFeaturesPart(logf, cfg)
-			}
+			err = runFeatures(logf, *featureSizes, *featureOnly)
 			break
 		}
 		if *learn || *learnWorkers {
