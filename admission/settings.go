@@ -130,6 +130,20 @@ func (s Settings) Check(rules ...throttle.Rule) error {
 }
 
 // withDefaults returns s with each zero field that has a default set to it.
+// AgeBound is the age bound of a line whose jobs have priorities: MaxAge,
+// else DefaultMaxAge horizons (DefaultHorizon if Horizon is not
+// above zero), the bound throttle gives a job above level 0.
+func (s Settings) AgeBound() time.Duration {
+	if s.MaxAge > 0 {
+		return s.MaxAge
+	}
+	h := s.Horizon
+	if h <= 0 {
+		h = DefaultHorizon
+	}
+	return DefaultMaxAge * h
+}
+
 func (s Settings) withDefaults() Settings {
 	if s.MaxWait == 0 {
 		s.MaxWait = DefaultMaxWait

@@ -3,6 +3,8 @@ package admission
 import (
 	"context"
 	"errors"
+	"strings"
+	"sync"
 	"time"
 )
 
@@ -18,29 +20,65 @@ import (
 // from the other gates, so nothing goes back, and the job parks once. When
 // the lead's turn has come, each other gate is asked for a turn within the
 // lead's tolerance (a turn used later than that after its slot is a late
-// one), so that every turn the job holds is used on time. A gate whose
-// turn is further away books it under the job's ID, past any horizon
-// (Request.BookAhead: the back of that gate's line would make the job lose
-// the lead's turn each time it came back), the turns taken before it are
-// given back (settled to nothing), and the job parks until the booked
-// turn. So under a backlog that the lead's limit holds back, every other
-// gate grants at once, and a job costs one park and one call per gate more
-// than under its lead alone, whatever the backlog.
+// one), so that every turn the job holds is used on time; in a stack that
+// Meets, for its first turn no earlier than the lead's
+// (throttle.AdmitRequest.NotBefore). A gate whose turn is further away
+// books it under the job's ID, past any horizon (Request.BookAhead: the
+// back of that gate's line would make the job lose the lead's turn each
+// time it came back), the turns taken before it are given back (settled
+// to nothing), and the job parks until the booked turn. So under a
+// backlog that the lead's limit holds back, every other gate grants at
+// once, and a job costs one park and one call per gate more than under its
+// lead alone, whatever the backlog.
 //
-// Not for a backlog that another gate holds back: a per-tenant limit over
-// several keys whose keys together ask more than the tenant allows. Its
-// jobs come back from the lead's turns to a gate booked ahead, park on
-// it, and take a new turn of the lead when they come back, so they park
-// more than once; and when every gate's limit holds a backlog, the gates
-// trade a job's turns without end. Booking each gate's turn against the
-// others' (a turn no earlier than a given time) needs the limiter's
-// scripts to book at a given time, which they do not yet.
+// Another gate may bind instead: a per-tenant limit over several keys
+// whose keys together ask more than the tenant allows. Its jobs would
+// come back from the booked turn to the back of the lead's line, and park
+// again, without end. So in a stack that Meets, once such a gate's turn is
+// further than the lead's horizon past the lead's turn, the jobs
+// of those subjects are decided by holding turns that meet (stack_meet.go)
+// from then on, in this process: each gate is held, however far ahead and
+// outside its line, the binding gate first and each other no earlier than
+// the turns before it (throttle.AdmitRequest.NotBefore); a turn earlier
+// than another's by more than its tolerance is given back and taken again
+// no earlier than the latest (a bucket gives the time asked for unless its
+// own turns reach past it, so they meet after one round but under a race;
+// at most maxMeetRounds); turns that meet soon enough run the job, later
+// ones are booked under its ID (Rebook) and the job parks once, until the
+// latest, where it redeems them all. A gate other than the lead that holds
+// such a job back past the lead's turn becomes the lead of those subjects.
+// A job costs one park and about three calls per gate, whatever the
+// backlog (and those parked in the first lead's line before, one park
+// more); its turns are booked as far ahead as the backlog reaches (as a
+// BookAhead turn is), so a changed limit applies to turns booked after it.
+//
+// Holding turns that meet needs gates whose limiters are all of the bucket
+// algorithms (GCRA, TokenBucket), with no concurrency rule, no share
+// limit, no weights and no age bound (Stack.Meets). For other stacks, a
+// backlog that another gate holds back parks its jobs more than once, and
+// when every gate's limit holds a backlog the gates trade a job's turns
+// without end.
+
+// maxMeetRounds bounds how often a Stack takes a job's turns again so
+// that they meet (see above).
+const maxMeetRounds = 3
+
+// maxLeads bounds the subjects whose jobs a Stack decides by turns that
+// meet; past it, it forgets them all and starts again from the lead's
+// line.
+const maxLeads = 4096
 
 // Stack admits jobs that must hold a turn of each of its gates at once. It
 // is safe for concurrent use.
 type Stack struct {
 	gates []*Gate
-	lead  int // the index of the gate asked first
+	lead  int  // the index of the gate asked first in its line
+	meets bool // every gate can take a turn no earlier than a time
+
+	mu    sync.Mutex
+	leads map[string]int // by the requests' subjects, decided by turns that meet: the gate held first
+
+	holding sync.Mutex // one job's turns held at a time, so that they are taken in order
 }
 
 // NewStack returns a Stack over gates; the lead is the gate of the slowest
@@ -55,11 +93,12 @@ func NewStack(gates ...*Gate) (*Stack, error) {
 			return nil, errors.New("admission: a stack's gate is nil")
 		}
 	}
-	s := &Stack{gates: append([]*Gate(nil), gates...)}
+	s := &Stack{gates: append([]*Gate(nil), gates...), meets: true, leads: map[string]int{}}
 	for i, g := range gates {
 		if g.tolerance() > gates[s.lead].tolerance() {
 			s.lead = i
 		}
+		s.meets = s.meets && g.canMeet()
 	}
 	return s, nil
 }
@@ -67,8 +106,15 @@ func NewStack(gates ...*Gate) (*Stack, error) {
 // Gates returns the stack's gates, in NewStack's order.
 func (s *Stack) Gates() []*Gate { return append([]*Gate(nil), s.gates...) }
 
-// Lead returns the index (in NewStack's order) of the gate asked first.
+// Lead returns the index (in NewStack's order) of the gate asked first,
+// in its line: the slowest limit's.
 func (s *Stack) Lead() int { return s.lead }
+
+// Meets reports whether the stack can hold turns that meet at one time
+// when another gate than the lead binds (see the package's notes on
+// stacked limits): every gate's limiter has only bucket rules, and no
+// concurrency rule, share limit, weights or age bound.
+func (s *Stack) Meets() bool { return s.meets }
 
 // StackDecision is Stack.Admit's answer.
 type StackDecision struct {
@@ -89,28 +135,26 @@ type StackDecision struct {
 // request to gate i (its subject, cost and caller there; the zero Request
 // takes no turn of that gate). It runs when every gate has given it a
 // turn, and parks on the first gate whose turn is not soon enough, having
-// given back the turns it took before. Errors are the gates' (Gate.Admit),
-// with Gate naming the gate; the turns taken before are given back.
+// given back the turns it took before (or, for a stack that Meets, booked
+// them all for its return). Errors are the gates' (Gate.Admit), with Gate
+// naming the gate; the turns taken before are given back.
 func (s *Stack) Admit(ctx context.Context, reqs []Request) (StackDecision, error) {
 	if len(reqs) != len(s.gates) {
 		return StackDecision{}, errors.New("admission: a stack takes one request per gate")
 	}
-	lead := s.Lead()
-	order := make([]int, 0, len(s.gates))
-	order = append(order, lead)
-	for i := range s.gates {
-		if i != lead {
-			order = append(order, i)
-		}
+	lead, held := s.meetingLead(reqs)
+	order := s.order(reqs, lead)
+	switch {
+	case len(order) == 0:
+		return StackDecision{Decision: Decision{Outcome: Run}, Turns: make([]Decision, len(s.gates))}, nil
+	case s.meets:
+		return s.admitMeeting(ctx, reqs, order, !held)
 	}
 	turns := make([]Decision, len(s.gates))
-	bound, first := time.Duration(-1), true
-	for _, i := range order {
+	bound := time.Duration(-1)
+	for k, i := range order {
 		req := reqs[i]
-		if req.Subject == "" {
-			continue
-		}
-		if !first {
+		if k > 0 {
 			// A job held by an earlier gate must not lose its turn there
 			// at the back of this gate's line.
 			req.BookAhead = true
@@ -125,11 +169,66 @@ func (s *Stack) Admit(ctx context.Context, reqs []Request) (StackDecision, error
 			return StackDecision{Decision: d, Gate: i}, nil
 		}
 		turns[i] = d
-		if first {
-			first, bound = false, s.gates[i].tolerance()
+		if k == 0 {
+			bound = s.gates[i].tolerance()
 		}
 	}
 	return StackDecision{Decision: Decision{Outcome: Run}, Turns: turns}, nil
+}
+
+// order returns the gates a job of reqs asks, in order: lead first, then
+// the others in NewStack's order; gates given the zero Request are left
+// out.
+func (s *Stack) order(reqs []Request, lead int) []int {
+	if reqs[lead].Subject == "" {
+		lead = -1
+	}
+	order := make([]int, 0, len(s.gates))
+	if lead >= 0 {
+		order = append(order, lead)
+	}
+	for i := range s.gates {
+		if i != lead && reqs[i].Subject != "" {
+			order = append(order, i)
+		}
+	}
+	return order
+}
+
+// leadsKey is the key of reqs' subjects in Stack.leads.
+func leadsKey(reqs []Request) string {
+	var b strings.Builder
+	for _, r := range reqs {
+		b.WriteString(r.Subject)
+		b.WriteByte(0)
+	}
+	return b.String()
+}
+
+// meetingLead returns the gate a job of reqs asks first, and whether its
+// turns are all held (outside the lines): the lead, and false, unless
+// another gate bound such a job.
+func (s *Stack) meetingLead(reqs []Request) (int, bool) {
+	if !s.meets {
+		return s.lead, false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if i, ok := s.leads[leadsKey(reqs)]; ok {
+		return i, true
+	}
+	return s.lead, false
+}
+
+// learnLead decides the jobs of reqs' subjects by turns that meet, gate i
+// held first.
+func (s *Stack) learnLead(reqs []Request, i int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.leads) >= maxLeads {
+		clear(s.leads)
+	}
+	s.leads[leadsKey(reqs)] = i
 }
 
 // giveBack gives back the turns a job took before a gate parked it or
@@ -141,11 +240,16 @@ func (s *Stack) giveBack(ctx context.Context, turns []Decision) {
 	rctx, cancel := s.gates[s.lead].lim.Detach(ctx)
 	defer cancel()
 	for _, d := range turns {
-		if d.Reservation != nil {
-			_ = d.Reservation.Settle(rctx, 0)
-		}
-		_ = d.Place.Release(rctx) // nil without a place: nothing
+		giveBackTurn(rctx, d)
 	}
+}
+
+// giveBackTurn settles d's turn to nothing and releases its place.
+func giveBackTurn(ctx context.Context, d Decision) {
+	if d.Reservation != nil {
+		_ = d.Reservation.Settle(ctx, 0)
+	}
+	_ = d.Place.Release(ctx) // nil without a place: nothing
 }
 
 // tolerance is how late a job may use the gate's turn: Options.Tolerance,

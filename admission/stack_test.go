@@ -21,13 +21,14 @@ import (
 type stackBed struct {
 	t      *testing.T
 	stack  *Stack
-	subs   []string // each gate's subject
+	subsOf func(id string) []string // a job's subject under each gate
 	calls  *redistest.ScriptCalls
 	pend   chan string
 	mu     sync.Mutex
 	parked map[string]int // job -> its park's number, while parked
 	parks  int
-	starts [][]time.Time // per gate, its turns' slots (Redis clock)
+	starts [][]time.Time          // per gate, its turns' slots (Redis clock)
+	bySub  map[string][]time.Time // per gate and subject ("gate/subject"), its turns' slots
 	ran    map[string]int
 	ranAll chan struct{}
 	n      int
@@ -36,9 +37,9 @@ type stackBed struct {
 // newStackBed builds gates of rules on rdb, recording their parked jobs'
 // wake-ups in a parking over ledger (another client, so that only the
 // limiters' calls are counted), stacked in the order given.
-func newStackBed(t *testing.T, rdb, ledger *redis.Client, n int, subs []string, rules ...throttle.Rule) (*stackBed, *Parking) {
-	b := &stackBed{t: t, subs: subs, calls: redistest.CountScripts(rdb), pend: make(chan string, n), parked: map[string]int{},
-		starts: make([][]time.Time, len(rules)), ran: map[string]int{}, ranAll: make(chan struct{}), n: n}
+func newStackBed(t *testing.T, rdb, ledger *redis.Client, n int, subsOf func(id string) []string, rules ...throttle.Rule) (*stackBed, *Parking) {
+	b := &stackBed{t: t, subsOf: subsOf, calls: redistest.CountScripts(rdb), pend: make(chan string, n), parked: map[string]int{},
+		starts: make([][]time.Time, len(rules)), bySub: map[string][]time.Time{}, ran: map[string]int{}, ranAll: make(chan struct{}), n: n}
 	p := newParking(t, ledger, ParkingOptions{})
 	gates, byName := make([]*Gate, len(rules)), map[string]*Gate{}
 	for i, r := range rules {
@@ -77,8 +78,9 @@ func (b *stackBed) work(ctx context.Context) {
 
 func (b *stackBed) admit(ctx context.Context, id string) {
 	member := JobEntry{Queue: "q", ID: id}.Member()
-	reqs := make([]Request, len(b.subs))
-	for i, s := range b.subs {
+	subs := b.subsOf(id)
+	reqs := make([]Request, len(subs))
+	for i, s := range subs {
 		reqs[i] = Request{Subject: s, Caller: throttle.Caller{ID: id, Waiter: member}}
 	}
 	d, err := b.stack.Admit(ctx, reqs)
@@ -99,6 +101,8 @@ func (b *stackBed) admit(ctx context.Context, id string) {
 	}
 	for i, turn := range d.Turns {
 		b.starts[i] = append(b.starts[i], turn.Slot)
+		k := fmt.Sprintf("%d/%s", i, subs[i])
+		b.bySub[k] = append(b.bySub[k], turn.Slot)
 	}
 	if b.ran[id]++; len(b.ran) == b.n && b.ran[id] == 1 {
 		close(b.ranAll)
@@ -146,44 +150,14 @@ func stackBacklog(t *testing.T, n, inner, outer int, maxParks, maxCalls float64)
 	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
 		ledger := redistest.PipeClient(m)
 		defer ledger.Close()
-		b, p := newStackBed(t, rdb, ledger, n, []string{"key-1", "acme"},
+		b, p := newStackBed(t, rdb, ledger, n, func(string) []string { return []string{"key-1", "acme"} },
 			throttle.Rule{Name: "key", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(inner).WithBurst(1)},
 			throttle.Rule{Name: "tenant", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(outer).WithBurst(1)})
 		slower := min(inner, outer)
-		ctx, cancel := context.WithCancel(context.Background())
-		var wg sync.WaitGroup
-		wg.Go(func() {
-			_ = p.Run(ctx, RunOptions{}, func(_ context.Context, job JobEntry) error {
-				b.mu.Lock()
-				park := b.parked[job.ID]
-				b.mu.Unlock()
-				b.wake(job.ID, park)
-				return nil
-			})
-		})
-		for range 8 {
-			wg.Go(func() { b.work(ctx) })
-		}
-		start := time.Now()
-		for i := range n {
-			b.pend <- fmt.Sprintf("job-%05d", i)
-		}
 		want := time.Duration(n-1) * time.Second / time.Duration(slower)
-		select {
-		case <-b.ranAll:
-		case <-time.After(want*11/10 + 10*time.Second):
-			t.Errorf("after %v: %d of %d jobs ran", time.Since(start), len(b.ran), n)
-		}
-		took := time.Since(start)
-		cancel()
-		wg.Wait()
+		took := b.run(p, want)
 		b.mu.Lock()
 		defer b.mu.Unlock()
-		for id, runs := range b.ran {
-			if runs != 1 {
-				t.Errorf("job %s ran %d times", id, runs)
-			}
-		}
 		for i, most := range []int{inner + 1, outer + 1} {
 			if got := redistest.MaxInWindow(b.starts[i], time.Second); got > most {
 				t.Errorf("gate %d: %d turns in one second on the Redis clock, want at most %d", i, got, most)
@@ -208,4 +182,45 @@ func stackBacklog(t *testing.T, n, inner, outer int, maxParks, maxCalls float64)
 		}
 	})
 	return per
+}
+
+// run admits the bed's n jobs, given at once, with 8 workers and the
+// parking's wake-up loop, until every job ran or about want has passed;
+// it checks that each ran once and returns how long they took.
+func (b *stackBed) run(p *Parking, want time.Duration) time.Duration {
+	t := b.t
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		_ = p.Run(ctx, RunOptions{}, func(_ context.Context, job JobEntry) error {
+			b.mu.Lock()
+			park := b.parked[job.ID]
+			b.mu.Unlock()
+			b.wake(job.ID, park)
+			return nil
+		})
+	})
+	for range 8 {
+		wg.Go(func() { b.work(ctx) })
+	}
+	start := time.Now()
+	for i := range b.n {
+		b.pend <- fmt.Sprintf("job-%05d", i)
+	}
+	select {
+	case <-b.ranAll:
+	case <-time.After(want*11/10 + 10*time.Second):
+		t.Errorf("after %v: %d of %d jobs ran", time.Since(start), len(b.ran), b.n)
+	}
+	took := time.Since(start)
+	cancel()
+	wg.Wait()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for id, runs := range b.ran {
+		if runs != 1 {
+			t.Errorf("job %s ran %d times", id, runs)
+		}
+	}
+	return took
 }

@@ -59,12 +59,17 @@ type fleetSpec struct {
 	fixed      string
 	fairBy     bool
 	shareLimit throttle.Limit
+	// taskRules, if set, builds the servers' rules in place of rule's,
+	// their limiters on limRDB (whose script calls the fleet counts) under
+	// prefix: the features part's stacked, priority and calendar rules.
+	taskRules func(limRDB *redis.Client, prefix string) ([]worker.TaskRule, error)
 }
 
 // taskStart is one handler start.
 type taskStart struct {
 	id, subject string
-	tenant      string    // the payload's tenant
+	tenant, key string    // the payload's tenant and key
+	prio        int       // the payload's p
 	at          time.Time // local clock
 	turn        time.Time // the turn on the Redis clock; zero without one (deferral)
 	redeemed    bool      // it ran on a turn booked before it came (parked, or paced)
@@ -199,7 +204,14 @@ func (f *fleet) startOne() error {
 	if f.spec.fairBy {
 		rule.FairBy, rule.ShareLimit = worker.PayloadField("tenant"), f.spec.shareLimit
 	}
-	mw, err := worker.NewMiddleware([]worker.TaskRule{rule}, worker.Options{Asynq: rdb, Logger: slog.New(slog.DiscardHandler)})
+	taskRules := []worker.TaskRule{rule}
+	if f.spec.taskRules != nil {
+		taskRules, err = f.spec.taskRules(limRDB, f.spec.prefix)
+	}
+	var mw *worker.Middleware
+	if err == nil {
+		mw, err = worker.NewMiddleware(taskRules, worker.Options{Asynq: rdb, Logger: slog.New(slog.DiscardHandler)})
+	}
 	if err != nil {
 		rdb.Close()
 		limRDB.Close()
@@ -216,10 +228,13 @@ func (f *fleet) startOne() error {
 		at := time.Now()
 		w, _ := admission.WaitedFrom(ctx)
 		id, _ := asynq.GetTaskID(ctx)
-		var p struct{ Tenant string }
+		var p struct {
+			Tenant, Key string
+			P           int
+		}
 		_ = json.Unmarshal(t.Payload(), &p)
 		f.mu.Lock()
-		f.starts = append(f.starts, taskStart{id: id, subject: w.Subject, tenant: p.Tenant, at: at, turn: w.Turn, redeemed: w.Redeemed})
+		f.starts = append(f.starts, taskStart{id: id, subject: w.Subject, tenant: p.Tenant, key: p.Key, prio: p.P, at: at, turn: w.Turn, redeemed: w.Redeemed})
 		f.mu.Unlock()
 		return nil
 	})
@@ -289,18 +304,22 @@ const enqueueProducers = 8
 // enqueue enqueues n tasks of tenant at once, over parallel producers,
 // and returns when the last is in. If record, their enqueue times are kept.
 func (f *fleet) enqueue(ctx context.Context, tenant string, n int, record bool) error {
-	const producers = enqueueProducers
 	payload := fmt.Appendf(nil, `{"tenant":%q}`, tenant)
+	return f.enqueueEach(ctx, n, func(int) []byte { return payload }, record)
+}
+
+// enqueueEach enqueues n tasks at once, task i with payload(i), over
+// parallel producers (each taking every producers-th task, in order),
+// and returns when the last is in. If record, their enqueue times are
+// kept.
+func (f *fleet) enqueueEach(ctx context.Context, n int, payload func(i int) []byte, record bool) error {
+	const producers = enqueueProducers
 	var wg sync.WaitGroup
 	errs := make([]error, producers)
 	for p := range producers {
-		share := n / producers
-		if p < n%producers {
-			share++
-		}
 		wg.Go(func() {
-			for range share {
-				info, err := f.cli.EnqueueContext(ctx, asynq.NewTask("job:call", payload))
+			for i := p; i < n; i += producers {
+				info, err := f.cli.EnqueueContext(ctx, asynq.NewTask("job:call", payload(i)))
 				if err != nil {
 					errs[p] = err
 					return

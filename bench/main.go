@@ -131,6 +131,9 @@ func main() {
 	lab := flag.Bool("jitterlab", false, "run the jitter lab (about 4 minutes): gcra Wait, a send-anchored prototype and x/time/rate, quiet and beside busy processes")
 	backlog := flag.Bool("backlog", false, "run the backlog part (about 15 minutes): parking against deferral with asynq servers in this process, results/<date>-backlog.json")
 	llmProvider := flag.Bool("llm-provider", false, "run the llm-provider part (issue 23, about 3 minutes): 2,000 LLM calls by cmd/worker's llm handler against a fake provider in OpenAI's and Anthropic's styles, with its limits configured, learned from its headers, or a per-process x/time/rate limiter; results/<date>-llm-provider.json")
+	features := flag.Bool("features", false, "run the features part (issue 24, about 4 minutes): backlogs of 300 and 3,000 tasks under a per-key rule within a per-tenant one (the tenant binding, the keys binding), a priority and a calendar quota, through asynq; results/<date>-features.json")
+	featureSizes := flag.String("feature-sizes", "300,3000", "with -features: the backlog sizes, comma-separated; each runs at size/20 tasks a second")
+	featureOnly := flag.String("feature", "", "with -features: run only this feature (within-tenant, within-key, priority, calendar)")
 	llmBacklog := flag.Bool("llm-backlog", false, "run the llm-backlog part (issue 23, about 4 minutes): a parked backlog of 2,000 LLM calls charged requests, input and output tokens in one decision, settled to their real counts or not; results/<date>-llm-backlog.json")
 	shares := flag.Bool("shares", false, "run the shares part (about 2.5 minutes): one key shared fairly by tenants, each with a share_limit, beside fair_by alone; results/<date>-shares.json")
 	md := flag.String("md", "../BENCHMARKS.md", "where to write the report")
@@ -183,7 +186,7 @@ func main() {
 			}
 		}
 		err = runLeasedPart(cfg, *md, logf)
-	case *full || *quick || *lab || *backlog || *llmBacklog || *llmProvider || *shares || *learn || *learnWorkers:
+	case *full || *quick || *lab || *backlog || *llmBacklog || *llmProvider || *features || *shares || *learn || *learnWorkers:
 		if *nice != 0 {
 			restore, rerr := renice(*nice)
 			defer restore()
@@ -211,6 +214,10 @@ func main() {
 				cfg.Tasks = *learnTasks
 			}
 			err = runLLMProviderPart(logf, cfg)
+			break
+		}
+		if *features {
+			err = runFeatures(logf, *featureSizes, *featureOnly)
 			break
 		}
 		if *learn || *learnWorkers {

@@ -155,6 +155,16 @@ type AdmitRequest struct {
 	// starts late by its own length keeps any window within the rule's
 	// limit + burst + one turn. Negative is an error.
 	Tolerance time.Duration
+	// NotBefore, if not zero, is the earliest a new turn may take, on the
+	// Redis clock (an Admission's Slot): the turn is at NotBefore or
+	// later, and the rules' capacity before it stays unused by this
+	// caller. So one caller can hold turns of several limiters that meet
+	// at one time (admission.Stack: a per-key limit inside a per-tenant
+	// one over several keys). A redeemed booking or receipt is not moved.
+	// It needs rules of the bucket algorithms (GCRA, TokenBucket), no
+	// Horizon and no ShareLimit. A bucket cannot hold a gap: a turn booked
+	// after its latest one leaves the time between them unused by anyone.
+	NotBefore time.Time
 }
 
 // Admission is Admit's answer.
@@ -174,7 +184,8 @@ type Admission struct {
 	// every process: use it to schedule a wake-up in Redis.
 	Slot time.Time
 	// Reservation holds a Granted turn's permits, to Cancel if the
-	// caller will not act, or to Settle once it has. A Redeemed turn's
+	// caller will not act, to Settle once it has, or to Rebook for its
+	// return if it leaves before the slot. A Redeemed turn's
 	// is there to Settle (its Cancel gives nothing back: the turn is
 	// spent), or to Rebook if the caller leaves before its slot; nil
 	// otherwise.

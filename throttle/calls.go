@@ -166,7 +166,7 @@ func (l *Limiter) admitCall(req *AdmitRequest) (admitArgs, error) {
 	if req.EarlyWait > 0 {
 		early = req.EarlyWait.Microseconds()
 	}
-	args = append(args, w.booking, max(req.Tolerance.Microseconds(), 1), horizon, early, w.waiter, w.waitAs, req.Share, req.Caller.lineArg(req.maxAge(horizon)))
+	args = append(args, w.booking, req.toleranceArg(), horizon, early, w.waiter, w.waitAs, req.Share, req.Caller.lineArg(req.maxAge(horizon)))
 	if sl := req.ShareLimit; sl != (Limit{}) && horizon != unbounded {
 		args = append(args, sl.Count, sl.Period.Microseconds(), sl.Burst)
 	} else {
@@ -197,6 +197,9 @@ func (l *Limiter) checkAdmit(req *AdmitRequest) (serving bool, horizon int64, er
 	}
 	if req.MaxAge < 0 || req.MaxAge > maxPeriod || req.MaxAge%time.Microsecond != 0 {
 		return false, 0, fmt.Errorf("throttle: admit: max age %v: must be a whole number of microseconds from 0 (the default) to %v", req.MaxAge, maxPeriod)
+	}
+	if err := l.checkNotBefore(req, horizon); err != nil {
+		return false, 0, err
 	}
 	if req.ShareLimit != (Limit{}) {
 		if req.Priority > 0 {
@@ -231,4 +234,32 @@ func (l *Limiter) admitCosts(req *AdmitRequest) error {
 	}
 	req.N, req.Costs = n, per
 	return nil
+}
+
+// checkNotBefore checks req.NotBefore, if set: it needs bucket rules (a
+// turn at a given time is a TAT moved to it, bucket.lua), no line and no
+// share limit.
+func (l *Limiter) checkNotBefore(req *AdmitRequest, horizon int64) error {
+	if req.NotBefore.IsZero() {
+		return nil
+	}
+	for _, r := range l.rules {
+		if r.Algorithm != GCRA && r.Algorithm != TokenBucket {
+			return fmt.Errorf("throttle: admit: not before: rule %q is %s; a turn no earlier than a given time needs the bucket algorithms (gcra, token_bucket)", r.Name, r.Algorithm)
+		}
+	}
+	if horizon != unbounded || req.ShareLimit != (Limit{}) {
+		return errors.New("throttle: admit: not before: a turn at a given time is booked outside the subject's line; give no Horizon and no ShareLimit")
+	}
+	return nil
+}
+
+// toleranceArg is ARGV[b+1] of lua/admit.lua: the tolerance in µs (at
+// least 1), or "tolerance not_before" with NotBefore in µs of Redis time.
+func (req *AdmitRequest) toleranceArg() any {
+	tol := max(req.Tolerance.Microseconds(), 1)
+	if req.NotBefore.IsZero() {
+		return tol
+	}
+	return fmt.Sprintf("%d %d", tol, max(req.NotBefore.UnixMicro(), 0))
 }

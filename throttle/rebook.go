@@ -6,15 +6,16 @@ import (
 	"strings"
 )
 
-// Rebook books a Redeemed turn again, under the ID its caller comes back
-// with (AdmitRequest BookAs, else ID), when the caller stops before its
-// slot without acting (a worker draining for shutdown puts its task back
-// in the queue): the caller then redeems the same turn when it comes back
-// within the request's Tolerance of the slot, instead of taking a new one
-// and leaving this one unused. It reports whether the turn was booked
-// again: false for a reservation that is not a Redeemed turn with an ID
-// to book under, one whose slot has passed, or one whose ID already holds
-// a booking. Of Rebook and Cancel, only the first call acts (a Redeemed
+// Rebook books a Redeemed or Granted turn of Admit (again), under the ID
+// its caller comes back with (AdmitRequest BookAs, else ID), when the
+// caller stops before its slot without acting (a worker draining for
+// shutdown puts its task back in the queue; admission.Stack parks a job
+// whose turns of several limiters meet later): the caller then redeems
+// the same turn when it comes back within the request's Tolerance of the
+// slot, instead of taking a new one and leaving this one unused. It
+// reports whether the turn was booked: false for a reservation that is
+// not such a turn with an ID to book under (nor one under a ShareLimit),
+// a Granted turn due at once, one whose slot has passed, or one whose ID already holds a booking. Of Rebook and Cancel, only the first call acts (a Redeemed
 // turn's Cancel gives nothing back), and a second returns its error.
 // It returns an error matching ErrRedis if Redis fails.
 func (r *Reservation) Rebook(ctx context.Context) (bool, error) {
@@ -25,7 +26,8 @@ func (r *Reservation) Rebook(ctx context.Context) (bool, error) {
 
 // rebook is Rebook's one script call.
 func (r *Reservation) rebook(ctx context.Context) (bool, error) {
-	if r.rebookAs == "" || !r.spent || r.tickets == nil {
+	if r.rebookAs == "" || r.tickets == nil || (!r.spent && r.delay <= 0) {
+		// (A Granted turn due at once is the caller's now: nothing to keep.)
 		return false, nil
 	}
 	l := r.lim

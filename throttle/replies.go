@@ -157,7 +157,11 @@ func (l *Limiter) decodeAdmit(req AdmitRequest, rep reply, recv time.Time, servi
 	a.At = l.clock.wake(recv, rep.redisNow, a.Delay)
 	switch rep.status {
 	case admitGranted:
-		a.Reservation = &Reservation{lim: l, subject: req.Subject, n: req.N, per: req.Costs, tickets: rep.tickets(len(l.rules)), delay: a.Delay, at: a.At, booked: rep.redisNow}
+		a.Reservation = &Reservation{lim: l, subject: req.Subject, n: req.N, per: req.Costs, tickets: rep.tickets(len(l.rules)), delay: a.Delay, at: a.At, booked: rep.redisNow,
+			slot: a.Slot, tol: req.Tolerance.Microseconds()}
+		if id := cmp.Or(req.BookAs, req.ID); id != "" && req.ShareLimit == (Limit{}) && !l.holders {
+			a.Reservation.rebookAs = l.member(id) // Rebook books it under that for the caller's return
+		}
 		if req.ShareLimit != (Limit{}) && len(rep.raw) > 6+len(l.rules) {
 			// Its share's turn, given back with the rules' (lua/refund.lua).
 			a.Reservation.share, _ = rep.raw[6+len(l.rules)].(string)

@@ -36,11 +36,11 @@ type Reservation struct {
 	delay   time.Duration // the delay Redis granted, from its now (prepay.go)
 	at      time.Time     // local monotonic time to act (redisClock.wake)
 
-	slot time.Time // a prepaid reservation's or a Redeemed turn's slot on the Redis clock (prepay.go, rebook.go)
+	slot time.Time // a prepaid reservation's or an Admit turn's slot on the Redis clock (prepay.go, rebook.go)
 
 	booked int64 // Redis time (µs) of the call that made it, for refunds and Settle; -1 if unknown
 
-	rebookAs string // a Redeemed turn: the member Rebook books it again under, "" if none
+	rebookAs string // an Admit turn: the member Rebook books it again under, "" if none
 	tol      int64  // and its request's Tolerance (µs)
 
 	parts []*Reservation // a limiter over several subjects: each part's (subjects.go)

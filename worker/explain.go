@@ -153,6 +153,16 @@ type RuleState struct {
 	// LineServing is when the wake-up loop next serves the subject's line
 	// (books the turns of its head); nil if no serving is scheduled.
 	LineServing *time.Time `json:"line_serving,omitempty"`
+	// Priority is the task's level in its subject's line, 0 to
+	// admission.MaxPriority, higher levels served first, where the rule
+	// has a priority (nil otherwise, or if the task has none it can read:
+	// PriorityError, such a task is archived when it runs). MaxAgeSeconds
+	// is then the rule's age bound: a task that has waited that long in
+	// line goes before every task that joined after it, whatever its
+	// level.
+	Priority      *int    `json:"priority,omitempty"`
+	PriorityError string  `json:"priority_error,omitempty"`
+	MaxAgeSeconds float64 `json:"max_age_seconds,omitempty"`
 	// Concurrency is the name of the rule's concurrency limit, if it has
 	// one. Holding: the task holds one of its places (it runs, or was
 	// handed one and is being woken). QueuedForPlace: its position in

@@ -98,6 +98,7 @@ func readRule(ctx context.Context, rdb redis.UniversalClient, ledger *admission.
 		return rs, nil
 	}
 	rs.Subject = subject
+	rs.readPriority(rc, info)
 	if several {
 		rs.NoBookings = severalSubjects
 		return rs, nil
@@ -209,4 +210,19 @@ func wakeupTime(ctx context.Context, ledger *admission.Wakeups, member string) (
 		return nil, err
 	}
 	return &at, nil
+}
+
+// readPriority reads the task's level and the rule's age bound, where rc
+// has a priority: as the workers derive them (FromRules, Middleware).
+func (rs *RuleState) readPriority(rc rules.RuleConfig, info *asynq.TaskInfo) {
+	if rc.Priority.PayloadField == "" && rc.Priority.Queues == nil {
+		return
+	}
+	level, err := rc.Priority.Of(info.Payload, info.Queue)
+	if err != nil {
+		rs.PriorityError = err.Error()
+		return
+	}
+	rs.Priority = &level
+	rs.MaxAgeSeconds = rc.AgeBound().Seconds()
 }

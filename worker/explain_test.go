@@ -21,12 +21,14 @@ import (
 
 // explainRules are the rules of the Explain tests: "booked" books turns a
 // minute ahead, "lined" keeps the default horizon (1s), so its backlog
-// waits in its subject's line, and "places" lets one task run at a time.
+// waits in its subject's line, "places" lets one task run at a time, and
+// "prio" is "lined" with a priority from the payload's field p.
 const explainRules = `prefix: %q
 rules:
   - {name: booked, tasks: ["api:booked"], subject: {payload_field: acct}, algorithm: gcra, limit: 1, period: 10s, horizon: 1m}
   - {name: lined, tasks: ["api:lined"], subject: {payload_field: acct}, algorithm: gcra, limit: 1, period: 10s}
   - {name: places, tasks: ["block:*"], subject: {fixed: all}, algorithm: concurrency, limit: 1, lease: 30s}
+  - {name: prio, tasks: ["api:prio"], subject: {payload_field: acct}, algorithm: gcra, limit: 1, period: 10s, priority: {payload_field: p, max_age: 30s}}
 `
 
 // explainBed is an asynq server on rdb behind the middleware of
@@ -415,5 +417,31 @@ func TestExplainKeysConcurrency(t *testing.T) {
 		if err := lim.Release(ctx, keysSubject); err != nil {
 			t.Fatal(err)
 		}
+	})
+}
+
+// TestExplainPriority: a task of a rule with a priority is explained with
+// its level and the rule's age bound, in its subject's line; a task whose
+// level cannot be read says why.
+func TestExplainPriority(t *testing.T) {
+	t.Parallel()
+	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		b := newExplainBed(t, rdb)
+		defer b.stop()
+		opts := ExplainOptions{Rules: b.cfg}
+		explainUntil(t, rdb, b.enqueue(t, "api:prio", `{"acct": "p1", "p": 1}`), opts, "completed", func(e *Explanation) bool { return e.Status == StatusCompleted })
+		b.enqueue(t, "api:prio", `{"acct": "p1", "p": 2}`) // booked 10s ahead
+		id := b.enqueue(t, "api:prio", `{"acct": "p1", "p": 7}`)
+		e := explainUntil(t, rdb, id, opts, "in line", func(e *Explanation) bool { return e.Rule != nil && e.Rule.InLine })
+		if e.Rule.Priority == nil || *e.Rule.Priority != 7 || e.Rule.MaxAgeSeconds != 30 {
+			t.Errorf("rule state %+v, want priority 7 and an age bound of 30s", e.Rule)
+		}
+		checkText(t, e, `priority 7 of 0-9 (higher first); after 30s in line it goes before every task that joined after it`, "waiting in its subject's line")
+		bad := b.enqueue(t, "api:prio", `{"acct": "p1", "p": "high"}`, asynq.ProcessIn(time.Hour))
+		e, err := Explain(context.Background(), rdb, bad, opts)
+		if err != nil || e.Rule == nil || e.Rule.Priority != nil || e.Rule.PriorityError == "" {
+			t.Fatalf("a task with no readable level: %+v, %v", e, err)
+		}
+		checkText(t, e, "no priority: ")
 	})
 }

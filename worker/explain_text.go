@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/jobthrottle/jobthrottle/admission"
 )
 
 // Text is the explanation in a few lines for a person: where the task is,
@@ -88,6 +90,13 @@ func (e *Explanation) ruleLines() []string {
 		return []string{fmt.Sprintf("rule %q, but no subject: %s (it is archived when it runs)", r.Name, r.SubjectError)}
 	}
 	lines := []string{fmt.Sprintf("rule %q (limits %s), subject %q", r.Name, strings.Join(r.Limits, ", "), r.Subject)}
+	switch {
+	case r.Priority != nil:
+		lines = append(lines, fmt.Sprintf("priority %d of 0-%d (higher first); after %v in line it goes before every task that joined after it",
+			*r.Priority, admission.MaxPriority, time.Duration(r.MaxAgeSeconds*float64(time.Second))))
+	case r.PriorityError != "":
+		lines = append(lines, fmt.Sprintf("no priority: %s (it is archived when it runs)", r.PriorityError))
+	}
 	if r.NoBookings != "" {
 		return append(lines, r.NoBookings)
 	}

@@ -1,7 +1,6 @@
 package worker
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -367,9 +366,9 @@ func (m *Middleware) newRuleGate(r *TaskRule) (*ruleGate, error) {
 		return rule, nil
 	}
 	gateOpts := admission.Options{Settings: r.Settings, Shared: m.shared, Parking: m.parking, Name: r.Name}
-	if r.Priority != nil && gateOpts.MaxAge == 0 {
+	if r.Priority != nil {
 		// Every task of the rule ages, those of level 0 too.
-		gateOpts.MaxAge = admission.DefaultMaxAge * cmp.Or(max(r.Horizon, 0), admission.DefaultHorizon)
+		gateOpts.MaxAge = r.AgeBound()
 	}
 	if m.parking == nil {
 		// Parked tasks come back in whole seconds, up to a second

@@ -151,7 +151,36 @@ func describeLine(r rules.RuleConfig) string {
 	if sl := r.ShareLimit; sl.Count > 0 {
 		parts = append(parts, fmt.Sprintf("share_limit %d per %v, burst %d", sl.Count, sl.Period, sl.Burst))
 	}
+	if p := describePriority(r); p != "" {
+		parts = append(parts, p)
+	}
 	return strings.Join(parts, "; ")
+}
+
+// describePriority is a rule's priority in words: where a task's level
+// comes from, and the age bound, `priority from payload field "p" (0-9,
+// higher first), age bound 30s`; "" without one.
+func describePriority(r rules.RuleConfig) string {
+	p := r.Priority
+	var from string
+	switch {
+	case p.PayloadField != "":
+		from = fmt.Sprintf("payload field %q", p.PayloadField)
+	case p.Queues != nil:
+		var qs []string
+		for q, n := range p.Queues {
+			qs = append(qs, fmt.Sprintf("%s=%d", q, n))
+		}
+		slices.Sort(qs)
+		from = "queues " + strings.Join(qs, " ")
+	default:
+		return ""
+	}
+	bound := r.AgeBound().String()
+	if r.MaxAge == 0 {
+		bound += " (the default)"
+	}
+	return fmt.Sprintf("priority from %s (0-%d, higher first), age bound %s: a task that waited that long goes before every task that joined after it", from, admission.MaxPriority, bound)
 }
 
 // count is "1 rule", "2 rules".

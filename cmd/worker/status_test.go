@@ -216,3 +216,29 @@ func TestStatusPageLearnedAndLine(t *testing.T) {
 		t.Errorf("a rule with 7 tasks in line: InLine %d; want 7", v.InLine)
 	}
 }
+
+// A rule with a priority shows, on the status page (and so in --check),
+// where a task's level comes from and the line's age bound: its max_age,
+// or the default of 60 horizons.
+func TestStatusPagePriority(t *testing.T) {
+	cfg, hs := parseBoth(t, `rules:
+  - {name: field, tasks: [f], subject: {fixed: s}, algorithm: gcra, limit: 10, period: 1s, priority: {payload_field: p}}
+  - {name: queues, tasks: [q], subject: {fixed: s}, algorithm: gcra, limit: 10, period: 1s, horizon: 2s, priority: {queues: {critical: 2, default: 1}, max_age: 30s}}
+  - {name: plain, tasks: [o], subject: {fixed: s}, algorithm: gcra, limit: 1, period: 1s}
+`)
+	body := get(newStatus(cfg, hs, nil, nil), http.MethodGet, "/status").Body.String()
+	for rule, want := range map[string]string{
+		"field":  `priority from payload field &#34;p&#34; (0-9, higher first), age bound 1m0s (the default): a task that waited that long goes before every task that joined after it`,
+		"queues": `horizon 2s; priority from queues critical=2 default=1 (0-9, higher first), age bound 30s: a task`,
+	} {
+		section := body[strings.Index(body, `data-rule="`+rule+`"`):]
+		section, _, _ = strings.Cut(section, "</table>")
+		if !strings.Contains(section, want) {
+			t.Errorf("rule %s's section does not say %q:\n%s", rule, want, section)
+		}
+	}
+	plain, _, _ := strings.Cut(body[strings.Index(body, `data-rule="plain"`):], "</table>")
+	if strings.Contains(plain, "priority") {
+		t.Errorf("rule plain has no priority, but its section names one:\n%s", plain)
+	}
+}

@@ -30,7 +30,9 @@
 -- ARGV[b]     -> the member to book a new turn under: an id and the rule
 --                names ('' if the caller cannot book)
 -- ARGV[b+1]   -> tolerance, microseconds: a booking or receipt whose slot
---                passed more than this long ago is stale
+--                passed more than this long ago is stale; or 'tolerance
+--                not_before', not_before the earliest Redis time (µs) a new
+--                turn may take (bucket rules only, no line: time.lua)
 -- ARGV[b+2]   -> horizon, microseconds: the latest slot a new booking may
 --                take (-1: no bound, and no line)
 -- ARGV[b+3]   -> how long the caller can wait where it is for a booking or
@@ -90,7 +92,9 @@ local nrules = #KEYS - 12
 local learned = limits_pace(KEYS[nrules + 12], nrules, function(i) return ns and ns[i] or n end)
 upstream_pace(KEYS[nrules + 11], nrules, function(i) return not learned[i] and (not ns or ns[i] == 1) end)
 local rkey, b = KEYS[nrules + 1], 4 + 5 * nrules
-local booking, tol = ARGV[b], tonumber(ARGV[b + 1])
+local booking, tol, nb = ARGV[b], string.match(ARGV[b + 1], '^(%d+) (%d+)$')
+if nb then not_before = tonumber(nb) end
+tol = tonumber(tol or ARGV[b + 1])
 -- c is the caller's place under the policy's concurrency rule, if it has
 -- one (concurrency.lua), asked for with the caller's id.
 local c

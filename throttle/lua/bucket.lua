@@ -129,7 +129,11 @@ end
 -- request is admitted, else at the current one. s1, s2 = the new TAT.
 local function bk_check(key, count, period, burst, n, reserve, max_wait)
   local tw, tr, ew, er = bk_load(key, count, period, burst)
-  if tw < now then tw, tr = now, 0 end
+  -- from: now, or a later not_before (time.lua): the bucket fills until
+  -- then, and the turn acts no earlier.
+  local from = now
+  if not_before > now then from = not_before end
+  if tw < from then tw, tr = from, 0 end
   local bq, br = bk_div(burst, period, count)
   local nq, nr = bk_div(n, period, count)
   local aw, ar = tw + nq, tr + nr
@@ -137,6 +141,7 @@ local function bk_check(key, count, period, burst, n, reserve, max_wait)
   -- x = the new TAT - burst * T: the time to act, if later than now
   local xw, xr = aw - bq, ar - br
   if xr < 0 then xw, xr = xw - 1, xr + count end
+  if xw < from then xw, xr = from, 0 end
   local delay = 0
   if xw > now or (xw == now and xr > 0) then
     delay = xw - now
@@ -197,6 +202,7 @@ local function bk_commit(key, count, period, burst, n, delay, aw, ar)
     local bq, br = bk_div(burst, period, count)
     ew, er = aw - bq, ar - br
     if er < 0 then ew, er = ew - 1, er + count end
+    if ew < not_before then ew, er = not_before, 0 end
   end
   bk_store(key, count, period, aw, ar, ew, er)
   return string.format('%d %d', ew, er)

@@ -6,3 +6,7 @@
 -- instructions more per call (bench/, server cost).
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
+-- not_before is the earliest Redis time (µs) a new turn may take: 0, or
+-- what admit.lua reads (AdmitRequest.NotBefore); bucket.lua's check and
+-- commit honour it.
+local not_before = 0

@@ -1,0 +1,274 @@
+package admission
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/jobthrottle/jobthrottle/throttle"
+)
+
+// A stack's turns that meet at one time (stack.go): each gate is held, the
+// lead first, each other gate no earlier than the turns before it, and
+// turns too early for the latest are taken again.
+
+// meeting is one job's turns while a Stack makes them meet.
+type meeting struct {
+	s     *Stack
+	reqs  []Request
+	turns []Decision // each gate's turn, in NewStack's order
+	at    time.Time  // the latest turn (Redis clock)
+	by    int        // the gate whose turn it is
+	moved bool       // the lead's turn was taken again, later
+}
+
+// admitMeeting is Admit for a stack that Meets; order is the gates to ask,
+// the lead first, which decides in its line if lined, else is held too.
+func (s *Stack) admitMeeting(ctx context.Context, reqs []Request, order []int, lined bool) (StackDecision, error) {
+	start := time.Now()
+	lead := order[0]
+	m := &meeting{s: s, reqs: reqs, turns: make([]Decision, len(s.gates)), by: lead}
+	if lined {
+		d, err := s.gates[lead].admit(ctx, reqs[lead], -1)
+		if err != nil || d.Outcome == Park {
+			return StackDecision{Decision: d, Gate: lead}, err
+		}
+		m.turns[lead], m.at = d, d.Slot
+		order = order[1:]
+	}
+	s.holding.Lock()
+	unlock := sync.OnceFunc(s.holding.Unlock)
+	defer unlock()
+	if sd, done, err := m.holdAll(ctx, order, start); done {
+		return sd, err
+	}
+	if lined && m.by != lead && m.at.Sub(m.turns[lead].Slot) > s.gates[lead].tolerance() {
+		unlock()
+		return m.parkBehind(ctx, lead, start), nil
+	}
+	return m.decide(ctx, lead, lined, unlock, start)
+}
+
+// holdAll holds a turn of each gate of order, each no earlier than the
+// turns before it, and reports done with the job's decision if one failed
+// or holds a turn the job came back too early for (it parks on it).
+func (m *meeting) holdAll(ctx context.Context, order []int, start time.Time) (StackDecision, bool, error) {
+	s := m.s
+	for _, i := range order {
+		g := s.gates[i]
+		a, err := g.hold(ctx, m.reqs[i], m.at, g.opts.EarlyWait)
+		if err != nil {
+			s.giveBack(ctx, m.turns)
+			return StackDecision{Gate: i}, true, err
+		}
+		if a.Status == throttle.Held {
+			// Back early for a turn booked for it before: park on it.
+			s.giveBack(ctx, m.turns)
+			return StackDecision{Decision: g.parkOn(ctx, m.reqs[i], heldDecision(a), start), Gate: i}, true, nil
+		}
+		m.take(i, a)
+	}
+	return StackDecision{}, false, nil
+}
+
+// parkBehind parks a job that another gate holds back past its turn of
+// the lead's line. The lead's turn is not taken again later: its line
+// books a horizon of turns ahead, and a turn after them would stall it
+// (and push the other gate further). The lead's turn is given back, the
+// others kept, and the job parks until the latest, as before NotBefore.
+// If the other gate holds it back further than the lead's line reaches,
+// it binds: from now on the jobs of these subjects hold turns that meet,
+// that gate's first.
+func (m *meeting) parkBehind(ctx context.Context, lead int, start time.Time) StackDecision {
+	s := m.s
+	if m.at.Sub(m.turns[lead].Slot) > s.gates[lead].opts.Horizon {
+		s.learnLead(m.reqs, m.by)
+	}
+	giveBackTurn(ctx, m.turns[lead])
+	m.turns[lead] = Decision{}
+	return m.park(ctx, start)
+}
+
+// decide makes the held turns meet, and runs the job once they come if
+// that is soon enough, else books them and parks it; unlock ends the
+// stack's holding once no more turns are taken.
+func (m *meeting) decide(ctx context.Context, lead int, lined bool, unlock func(), start time.Time) (StackDecision, error) {
+	s := m.s
+	// A job that runs now uses each turn within its gate's tolerance; one
+	// that parks comes back a little after the latest turn, so its turns
+	// must meet within half of it.
+	wait, release := s.gates[lead].stackWait(ctx, m.reqs[lead].Subject, m.redeemed(), lined)
+	defer release()
+	err := m.meet(ctx, lead, 1)
+	parks := err == nil && time.Until(m.latestAt()) > wait
+	if parks {
+		err = m.meet(ctx, lead, 2)
+	}
+	unlock()
+	if err != nil {
+		s.giveBack(ctx, m.turns)
+		return StackDecision{Gate: m.by}, err
+	}
+	if m.moved && m.by != lead {
+		// Another gate held the job back past the lead's turn: it binds,
+		// and leads the next jobs of these subjects.
+		s.learnLead(m.reqs, m.by)
+	}
+	if parks {
+		return m.park(ctx, start), nil
+	}
+	if err := sleepUntil(ctx, m.latestAt()); err != nil {
+		s.giveBack(ctx, m.turns)
+		return StackDecision{Gate: m.by}, err
+	}
+	now := time.Now()
+	for i := range m.turns {
+		if m.turns[i].Outcome == Run {
+			m.turns[i].At, m.turns[i].Waited = now, now.Sub(start)
+		}
+	}
+	return StackDecision{Decision: Decision{Outcome: Run, Admission: throttle.Admission{At: now}, Waited: now.Sub(start)}, Turns: m.turns}, nil
+}
+
+// stackWait is how long a stacked job led by this gate may wait where it
+// is for its turns: within the gate's tolerance if the lead's turn, from
+// its line, has come (lined); else as a lone job would (admit): EarlyWait
+// for turns all booked for it before (redeemed), MaxWait in one of the
+// subject's waiting slots for new ones, else none. Never past ctx's
+// deadline. Call release when the job no longer waits.
+func (g *Gate) stackWait(ctx context.Context, subject string, redeemed, lined bool) (wait time.Duration, release func()) {
+	release = func() {}
+	switch {
+	case lined:
+		wait = g.tolerance()
+	case redeemed:
+		wait = g.opts.EarlyWait
+	case g.takeSlot(subject):
+		wait, release = g.opts.MaxWait, func() { g.releaseSlot(subject) }
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		wait = min(wait, max(time.Until(dl)-wakeSlack, 0))
+	}
+	return wait, release
+}
+
+// take records gate i's turn a, the latest so far if it is.
+func (m *meeting) take(i int, a throttle.Admission) {
+	m.turns[i] = Decision{Outcome: Run, Admission: a}
+	if a.Slot.After(m.at) {
+		m.at, m.by = a.Slot, i
+	}
+}
+
+// redeemed reports whether every turn was booked for the job before.
+func (m *meeting) redeemed() bool {
+	for _, d := range m.turns {
+		if d.Outcome == Run && d.Status != throttle.Redeemed {
+			return false
+		}
+	}
+	return true
+}
+
+// meet takes again, no earlier than the latest turn, each turn earlier
+// than its gate's tolerance / div before it, at most maxMeetRounds times.
+func (m *meeting) meet(ctx context.Context, lead int, div time.Duration) error {
+	rctx, cancel := m.s.gates[lead].lim.Detach(ctx)
+	defer cancel()
+	for range maxMeetRounds {
+		moved := false
+		for i, d := range m.turns {
+			g := m.s.gates[i]
+			if d.Outcome != Run || !d.Slot.Before(m.at.Add(-g.tolerance()/div)) {
+				continue
+			}
+			m.moved = m.moved || i == lead
+			giveBackTurn(rctx, d)
+			m.turns[i] = Decision{}
+			a, err := g.hold(ctx, m.reqs[i], m.at, 0)
+			if err != nil {
+				m.by = i
+				return err
+			}
+			m.take(i, a)
+			moved = true
+		}
+		if !moved {
+			return nil
+		}
+	}
+	return nil // turns that still do not meet: the earlier ones are taken anew on the job's return
+}
+
+// latestAt is when the latest of the turns comes, on the local clock.
+func (m *meeting) latestAt() time.Time {
+	var t time.Time
+	for _, d := range m.turns {
+		if d.Outcome == Run && d.At.After(t) {
+			t = d.At
+		}
+	}
+	return t
+}
+
+// park books every turn under the job's ID for its return
+// (throttle.Reservation.Rebook) and parks it until the latest, on that
+// turn's gate. A turn that cannot be booked is given back, and taken anew
+// when the job comes back.
+func (m *meeting) park(ctx context.Context, start time.Time) StackDecision {
+	rctx, cancel := m.s.gates[m.by].lim.Detach(ctx)
+	defer cancel()
+	for _, d := range m.turns {
+		if d.Reservation != nil {
+			if ok, _ := d.Reservation.Rebook(rctx); !ok {
+				_ = d.Reservation.Settle(rctx, 0)
+			}
+		}
+	}
+	last := m.turns[m.by]
+	d := Decision{Admission: throttle.Admission{Status: throttle.Booked, Rule: last.Rule, At: last.At, Slot: m.at}}
+	return StackDecision{Decision: m.s.gates[m.by].parkOn(ctx, m.reqs[m.by], d, start), Gate: m.by}
+}
+
+// heldDecision is the Park decision of a turn held for a job back early.
+func heldDecision(a throttle.Admission) Decision {
+	return Decision{Admission: throttle.Admission{Status: a.Status, Rule: a.Rule, At: a.At, Slot: a.Slot}}
+}
+
+// parkOn makes d a Park decision of the gate's for req, its wake-up
+// recorded in Options.Parking (as admit does).
+func (g *Gate) parkOn(ctx context.Context, req Request, d Decision, start time.Time) Decision {
+	d.Outcome, d.Reservation = Park, nil
+	if g.opts.Parking != nil {
+		d.Woken, d.ParkErr = g.opts.Parking.park(ctx, g.opts.Name, req, d)
+	}
+	d.Waited = time.Since(start)
+	return d
+}
+
+// hold takes a turn of the gate for req no earlier than notBefore (Redis
+// clock; the zero time for now), however far ahead and outside the
+// subject's line, without waiting for it: Granted with a reservation to
+// Rebook or give back; Redeemed if the job has a booking due within
+// early; Held if it has a later one.
+func (g *Gate) hold(ctx context.Context, req Request, notBefore time.Time, early time.Duration) (throttle.Admission, error) {
+	req.BookAhead = true
+	lr := g.limiterRequest(req, -1, early)
+	lr.Horizon, lr.NotBefore = 0, notBefore
+	return g.lim.Admit(ctx, lr)
+}
+
+// canMeet reports whether the gate can take a turn no earlier than a
+// time (hold): its limiter has only bucket rules, and it has no share
+// limit, weights or age bound (which need its line).
+func (g *Gate) canMeet() bool {
+	if g.leased || g.opts.ShareLimit != (throttle.Limit{}) || len(g.opts.Weights) > 0 || g.opts.MaxAge > 0 {
+		return false
+	}
+	for _, r := range g.lim.Rules() {
+		if r.Algorithm != throttle.GCRA && r.Algorithm != throttle.TokenBucket {
+			return false
+		}
+	}
+	return true
+}
