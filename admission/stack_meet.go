@@ -84,7 +84,9 @@ func (m *meeting) parkBehind(ctx context.Context, lead int, start time.Time) Sta
 	if m.at.Sub(m.turns[lead].Slot) > s.gates[lead].opts.Horizon {
 		s.learnLead(m.reqs, m.by)
 	}
-	giveBackTurn(ctx, m.turns[lead])
+	rctx, cancel := s.gates[lead].lim.Detach(ctx)
+	giveBackTurn(rctx, m.turns[lead])
+	cancel()
 	m.turns[lead] = Decision{}
 	return m.park(ctx, start)
 }
