@@ -265,6 +265,9 @@ type Decision struct {
 	// At is, for Run, when the job was admitted, and for Park, when its
 	// turn comes (local clock).
 	At time.Time
+	// Due is, for Run, when its turn came on the local clock (At is that
+	// or later: a busy machine wakes late).
+	Due time.Time
 	// Slot is the turn on the Redis clock (for Park: the job's wake-up is
 	// scheduled by it, by Admit with Options.Parking, else by the caller).
 	Slot time.Time
@@ -364,7 +367,7 @@ func (g *Gate) admit(ctx context.Context, req Request, bound time.Duration) (Dec
 			g.leave(ctx, a)
 			return Decision{}, err
 		}
-		d.Outcome, d.At = Run, time.Now()
+		d.Outcome, d.At, d.Due = Run, time.Now(), a.At
 	default: // throttle.Denied: no ID to book under
 		return Decision{}, &throttle.DelayError{Rule: a.Rule, RetryAfter: a.Delay, Deadline: byDeadline}
 	}

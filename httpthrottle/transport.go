@@ -153,9 +153,14 @@ type Options struct {
 	// the rules' pace, and could push a request the rule admitted past
 	// MaxLearnedWait: a paced request then leaves at once, without one
 	// (the first to a subject, and one every PacedRecheck, still departs,
-	// to learn what the fleet knows). Once a rate is learned, requests
-	// depart as without Paced, which keeps each one within the tolerance
-	// of its slot at the upstream.
+	// to learn what the fleet knows). Once a rate is learned, Admit books
+	// the departure of each request it lets run at that rate in the same
+	// call, at its turn: a request whose context carries the turn
+	// (WithTurn, as the worker's http handler does) and that is sent
+	// within throttle.DepartureTolerance of it leaves at once, with no
+	// call to Redis (Stats.OnTurn); any other departs as without Paced,
+	// which keeps each one within the tolerance of its slot at the
+	// upstream.
 	Paced bool
 	// MaxLearnedWait bounds how long a request waits for its departure on
 	// the upstream schedule: a request whose departure is further away
@@ -188,6 +193,10 @@ type Stats struct {
 	// (throttle.Departure.Rebooked): a pause or a lowering voided them,
 	// or they would have left late.
 	Rebooked int64
+	// OnTurn is the requests that left on their admitted turns, which
+	// Limiter.Admit booked as their departures (Options.Paced, WithTurn),
+	// with no call to Redis of their own.
+	OnTurn int64
 	// LeftLate is the requests that left later than
 	// throttle.DepartureTolerance after their slots, on a machine too busy
 	// to leave in time.
@@ -195,12 +204,12 @@ type Stats struct {
 }
 
 // counters are a Transport's Stats.
-type counters struct{ sent, tooMany, lowered, paused, rebooked, leftLate atomic.Int64 }
+type counters struct{ sent, tooMany, lowered, paused, rebooked, onTurn, leftLate atomic.Int64 }
 
 // Stats returns the transport's counts so far.
 func (t *Transport) Stats() Stats {
 	return Stats{Sent: t.stats.sent.Load(), TooMany: t.stats.tooMany.Load(), Lowered: t.stats.lowered.Load(),
-		Paused: t.stats.paused.Load(), Rebooked: t.stats.rebooked.Load(), LeftLate: t.stats.leftLate.Load()}
+		Paused: t.stats.paused.Load(), Rebooked: t.stats.rebooked.Load(), OnTurn: t.stats.onTurn.Load(), LeftLate: t.stats.leftLate.Load()}
 }
 
 // LearnedRate returns the rate, in requests per second, that the fleet
@@ -350,10 +359,16 @@ func fleetPause(l throttle.Lesson, learned bool, retry time.Duration) bool {
 }
 
 // depart returns req's departure: booked on the upstream schedule, or,
-// for a paced request (Options.Paced) of a subject whose upstream taught
-// no rate, one that leaves now.
+// for a paced request (Options.Paced), one that leaves now: on its turn,
+// which Admit booked as its departure (WithTurn), or for a subject whose
+// upstream taught no rate.
 func (t *Transport) depart(ctx context.Context, subject string) (*throttle.Departure, error) {
 	if t.paced {
+		turn, _ := ctx.Value(turnKey{}).(Turn)
+		if d, ok := t.seen.onTurn(subject, turn); ok {
+			t.stats.onTurn.Add(1)
+			return d, nil
+		}
 		if d, ok := t.seen.now(subject); ok {
 			return d, nil
 		}
