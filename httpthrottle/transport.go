@@ -29,16 +29,25 @@
 // books it. An announced policy (RateLimit-Policy, or X-RateLimit-Limit
 // over the longest reset seen) is a rate, followed at 95 % of it; the
 // remaining requests and the reset describe one window (at most that many
-// more until it resets), never a new rate. A 429 lowers the learned rate,
-// says so in a log line (Options.Logger) and in Stats, and the rate
-// recovers slowly towards the announced one; an upstream that announces
-// nothing is discovered the same way, from 429s, never above the
-// configured rules. A 503's Retry-After, and a window with nothing left
-// for a second or more, pause the subject for every process; a 429's
-// Retry-After does only while the schedule cannot space the requests by
-// itself (see Transport). The first request
-// after nothing is known of an upstream goes alone; the others wait for
-// its answer.
+// more until it resets), never a new rate. The first request after
+// nothing is known of an upstream goes alone; the others wait for its
+// answer.
+//
+// The 429 rule. A 429 lowers the learned rate for every process, and says
+// so in a log line (Options.Logger) and in Stats.Lowered: from the rate
+// its request was sent at, to 90 % of it near where the rate was meant to
+// settle, to 80 % well under it, to half while an upstream that announces
+// nothing is discovered (additive increase, multiplicative decrease,
+// never above the configured rules). The rate then recovers at 10 % of
+// that rate a second to 98 % of it, and grows by 0.02 % a second past it,
+// never above the announced policy: a steady fleet settles where the 429s
+// stop. An isolated 429 delays only its own request: its Retry-After is
+// the caller's to wait (the worker's http handler defers its task by it).
+// The subject is paused for every process (Limiter.PauseFor) only while
+// no rate is learned, or when the 429 lowered the rate less than its
+// Retry-After after the last lowering (the lowerings are not stopping the
+// 429s); a 503's Retry-After, and a window with nothing left for a second
+// or more, always pause it (see Transport).
 //
 // It is built only on throttle's public API. It imports throttle and the
 // standard library, and nothing else of jobthrottle.
