@@ -90,7 +90,7 @@ import (
 //
 // The first departure after nothing is known of the resource (a new
 // subject, or its state expired) probes: the others wait for its answer,
-// at most ProbeWait, so that they do not all learn the limit by being
+// at most probeWait, so that they do not all learn the limit by being
 // refused.
 type Upstream struct {
 	lim      *Limiter
@@ -102,9 +102,9 @@ type Upstream struct {
 // learned) is kept after the last call that used it.
 const UpstreamTTL = 10 * time.Minute
 
-// ProbeWait bounds how long an Upstream's departures wait for the answer
+// probeWait bounds how long an Upstream's departures wait for the answer
 // to the first one, when nothing is known of the resource.
-const ProbeWait = 2 * time.Second
+const probeWait = 2 * time.Second
 
 // LearnedShare is the share of an announced policy an Upstream's
 // schedule starts at: the rest is room for the jitter of departures and
@@ -357,7 +357,7 @@ const maxLate = 3
 func (u *Upstream) book(ctx context.Context, keys []string, maxWait time.Duration) (*Departure, error) {
 	for {
 		bound, byDeadline := u.bound(ctx, maxWait)
-		raw, recv, err := u.call(ctx, keys, u.args(opDepart, micros(bound), ProbeWait.Microseconds()))
+		raw, recv, err := u.call(ctx, keys, u.args(opDepart, micros(bound), probeWait.Microseconds()))
 		if err != nil {
 			return u.failed(ctx, opDepart, err)
 		}
@@ -380,7 +380,7 @@ func (u *Upstream) confirm(ctx context.Context, keys []string, d *Departure, max
 	}
 	bound, byDeadline := u.bound(ctx, maxWait)
 	late := DepartureTolerance(d.interval)
-	raw, recv, err := u.call(ctx, keys, u.args(opConfirm, micros(bound), ProbeWait.Microseconds(),
+	raw, recv, err := u.call(ctx, keys, u.args(opConfirm, micros(bound), probeWait.Microseconds(),
 		d.slot, d.gen, late.Microseconds(), d.tat[0], d.tat[1], d.last))
 	if err != nil {
 		return u.failed(ctx, opConfirm, err)
