@@ -30,8 +30,8 @@ import (
 // Departures are spaced at the learned rate with no burst: each is booked
 // at the first slot at least 1/rate from every departure booked (they are
 // booked out of their order: Admit books turns' departures up to its
-// caller's wait ahead). While nothing is learned, they are spaced at the limiter's
-// slowest rule (its interval and burst); they come after the subject's
+// caller's wait ahead). While nothing is learned, they are spaced at the
+// limiter's slowest rule (its interval and burst); they come after the subject's
 // pause (PauseFor), and within the last window an answer described (at
 // most Remaining more until its reset). A departure leaves within the
 // tolerance of its slot, on the Redis clock and on the local one, or not

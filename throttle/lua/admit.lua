@@ -1,6 +1,7 @@
 -- admit: the decision for a caller that may come back later (a queued
 -- task). It redeems the caller's booking or receipt if one is due within
--- ARGV[b+3] (REDEEMED, 3; delay until its slot), reports one that is
+-- ARGV[b+3] (REDEEMED, 3; delay until its slot, or until its departure's
+-- at a learned upstream rate, upstream_turn), reports one that is
 -- later (HELD, 4, nothing changes), drops a stale one or one inside a pause,
 -- and otherwise takes a new turn: a slot within ARGV[3] is granted as
 -- reserve grants it (GRANTED, 1, with tickets), a later one within the
