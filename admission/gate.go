@@ -272,6 +272,9 @@ type Decision struct {
 	// Outcome is what the job does: Run or Park.
 	Outcome Outcome
 	throttle.Admission
+	// Due is, for Run, when its turn came on the local clock (At is that
+	// or later: a busy machine wakes late).
+	Due time.Time
 	// Waited is how long Admit kept the job.
 	Waited time.Duration
 	// Woken, for Park, is true when the job will be woken for its turn
@@ -345,7 +348,7 @@ func (g *Gate) admit(ctx context.Context, req Request, bound time.Duration) (Dec
 			g.leave(ctx, a)
 			return Decision{}, err
 		}
-		d.At = time.Now()
+		d.At, d.Due = time.Now(), a.At
 	default: // throttle.Denied: no ID to book under
 		return Decision{}, &throttle.DelayError{Rule: a.Rule, RetryAfter: a.Delay, Deadline: byDeadline}
 	}

@@ -59,6 +59,9 @@ type Wait struct {
 	// books turns (a *throttle.Limiter): when it was booked for, if
 	// Redeemed.
 	Turn time.Time
+	// At is the same turn on the local monotonic clock, when Turn is set:
+	// how late the job's handler acts for its turn is time.Since(At).
+	At time.Time
 }
 
 type waitKey struct{}

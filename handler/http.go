@@ -163,6 +163,12 @@ func (h *httpHandler) send(ctx context.Context, task *asynq.Task) error {
 			return payloadError(task, err)
 		}
 		ctx = context.WithValue(ctx, subjectKey{}, subject)
+		if w, ok := admission.WaitedFrom(ctx); ok && !w.At.IsZero() {
+			// The turn may be the request's departure too (Admit books
+			// it so at a learned upstream rate): sent on time, it needs
+			// no call.
+			ctx = httpthrottle.WithTurn(ctx, httpthrottle.Turn{At: w.At, Decided: time.Now().Add(-w.Duration)})
+		}
 		// A task that slept until its slot may have been overtaken by a
 		// pause another worker recorded meanwhile: then it does not send.
 		if w, ok := admission.WaitedFrom(ctx); ok && w.Duration > 0 {

@@ -1,6 +1,7 @@
 package httpthrottle
 
 import (
+	"context"
 	"sync"
 	"time"
 
@@ -24,6 +25,7 @@ type pacedSubjects struct {
 type pacedSubject struct {
 	at      time.Time // the last departure booked
 	learned throttle.Learned
+	since   time.Time // when this process first saw learned.Rate above 0 (zero: it is 0)
 }
 
 // now returns a departure that leaves at once for a subject whose
@@ -58,7 +60,17 @@ func (p *pacedSubjects) learned(subject string, l throttle.Learned) {
 	if _, ok := p.seen[subject]; !ok && len(p.seen) >= maxPacedSubjects {
 		clear(p.seen) // many subjects: each departs once more
 	}
-	p.seen[subject] = pacedSubject{at: time.Now(), learned: l}
+	now := time.Now()
+	s := pacedSubject{at: now, learned: l}
+	if old, ok := p.seen[subject]; ok && old.learned.Rate > 0 {
+		s.since = old.since
+	}
+	if l.Rate <= 0 {
+		s.since = time.Time{}
+	} else if s.since.IsZero() {
+		s.since = now
+	}
+	p.seen[subject] = s
 }
 
 // maxPacedSubjects bounds the memory of a Transport's pacedSubjects.
@@ -80,4 +92,59 @@ func (p *pacedSubjects) slowest(recent time.Duration) float64 {
 		}
 	}
 	return rate
+}
+
+// A Turn is the turn of Limiter.Admit a paced request (Options.Paced) is
+// sent on, as the worker middleware reports it (admission.Wait).
+type Turn struct {
+	// At is the turn on the local monotonic clock (admission.Wait.At):
+	// when the caller was to act on it.
+	At time.Time
+	// Decided is when Admit was asked for it, on the local clock, or
+	// later (admission.Wait.Duration before the handler started).
+	Decided time.Time
+}
+
+type turnKey struct{}
+
+// WithTurn returns ctx carrying the turn its request is sent on, for a
+// paced Transport (Options.Paced). Limiter.Admit books the departure of
+// a request it lets run on a turn at the subject's learned upstream rate
+// in the same call, at the turn (throttle.Upstream): sent within
+// throttle.DepartureTolerance of it, the request leaves with no call to
+// Redis; later, it departs on the upstream schedule as any request does.
+func WithTurn(ctx context.Context, t Turn) context.Context {
+	return context.WithValue(ctx, turnKey{}, t)
+}
+
+// turnDecidedMargin is how long after this process learned a subject's
+// rate a turn must have been decided to count as one Admit decided at
+// that rate (and so as the request's departure): more than a round trip
+// to Redis and the time from a decision to its handler.
+const turnDecidedMargin = 50 * time.Millisecond
+
+// onTurn returns a departure that leaves at once for a request sent on
+// turn (zero: none) of a subject whose upstream taught a rate: if the
+// turn was decided after this process learned the rate (so Admit booked
+// it as the request's departure), what this process knows is recent
+// enough to trust, and the request is within the tolerance of its turn.
+// Else false: the request departs on the schedule.
+func (p *pacedSubjects) onTurn(subject string, turn Turn) (*throttle.Departure, bool) {
+	if turn.At.IsZero() {
+		return nil, false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s, ok := p.seen[subject]
+	l := s.learned
+	if !ok || l.Rate <= 0 || !turn.Decided.After(s.since.Add(turnDecidedMargin)) || time.Since(s.at) > throttle.UpstreamTTL/2 {
+		return nil, false
+	}
+	iv := time.Duration(float64(time.Second) / l.Rate)
+	if time.Since(turn.At) > throttle.DepartureTolerance(iv) {
+		return nil, false
+	}
+	s.at = time.Now()
+	p.seen[subject] = s
+	return throttle.DepartNow(l), true
 }

@@ -18,21 +18,24 @@ import (
 )
 
 // A paced Transport (Options.Paced, as the worker's http handler has: its
-// requests go on turns that Limiter.Admit spaces at the learned rate)
-// books departures only once a rate is learned. From an upstream that
-// teaches none, the requests of three processes leave on their admitted
-// turns (one departure each, the first); from one that announces 20/s,
-// they depart on the learned schedule, and none is refused. Either way a
-// backlog parks about once per task: at most 2.2 admissions each.
+// requests go on turns that Limiter.Admit spaces at the learned rate, and
+// books as their departures) asks Redis for few departures of its own.
+// From an upstream that teaches none, the requests of three processes
+// leave on their admitted turns (one departure each, the first); from one
+// that announces 20/s, on the turns Admit booked as their departures (but
+// the requests in flight when the rate was learned), and none is refused.
+// Either way a backlog parks about once per task: at most 2.2 admissions,
+// and so about 2 decision calls, each.
 func TestTransportPacedByAdmission(t *testing.T) {
 	for _, c := range []struct {
 		name             string
 		limit            int
 		style            string
 		minDeps, maxDeps int
+		maxDepartCalls   int64
 	}{
-		{"nothing learned", 1000, styleBare, 1, 3},
-		{"a policy learned", 20, styleIETF, 250, 400},
+		{"nothing learned", 1000, styleBare, 1, 3, 3},
+		{"a policy learned", 20, styleIETF, 300, 320, 15},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			virtual(t, func(t *testing.T, _ *redis.Client, m *miniredis.Miniredis) {
@@ -49,6 +52,14 @@ func TestTransportPacedByAdmission(t *testing.T) {
 				n, _ := strconv.Atoi(m.HGet(hashKey(m), "n"))
 				if n < c.minDeps || n > c.maxDeps {
 					t.Errorf("%d departures booked; want %d to %d", n, c.minDeps, c.maxDeps)
+				}
+				departs := int64(0)
+				for _, tr := range trs {
+					st := tr.Stats()
+					departs += st.Sent - st.OnTurn
+				}
+				if c.limit < 100 && departs > c.maxDepartCalls {
+					t.Errorf("%d requests departed with a call of their own; want at most %d (the rest on their turns)", departs, c.maxDepartCalls)
 				}
 				if calls, _ := up.log(); maxIn(calls, time.Second) > min(c.limit, 100)+1 {
 					t.Errorf("%d requests in one second at the API; want at most %d", maxIn(calls, time.Second), min(c.limit, 100)+1)
@@ -85,6 +96,7 @@ func pacedBacklog(t *testing.T, trs []*Transport, tasks int) (admits, refused in
 // reports whether the API accepted it.
 func runPaced(t *testing.T, lim *throttle.Limiter, c *http.Client, id string, admits *atomic.Int64) bool {
 	for {
+		decided := time.Now()
 		a, err := lim.Admit(context.Background(), throttle.AdmitRequest{Subject: "api.example", N: 1, Caller: throttle.Caller{ID: id}})
 		admits.Add(1)
 		if err != nil {
@@ -100,7 +112,8 @@ func runPaced(t *testing.T, lim *throttle.Limiter, c *http.Client, id string, ad
 		if left, err := lim.PauseFor(context.Background(), "api.example", 0); err != nil || left > 0 {
 			continue
 		}
-		return get(t, c, "http://api.example/") == http.StatusOK
+		ctx := WithTurn(context.Background(), Turn{At: a.At, Decided: decided})
+		return getCtx(t, ctx, c, "http://api.example/") == http.StatusOK
 	}
 }
 
@@ -112,4 +125,20 @@ func hashKey(m *miniredis.Miniredis) string {
 		}
 	}
 	return ""
+}
+
+// getCtx is get with a context.
+func getCtx(t *testing.T, ctx context.Context, c *http.Client, url string) int {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Errorf("GET %s: %v", url, err)
+		return 0
+	}
+	_ = resp.Body.Close()
+	return resp.StatusCode
 }

@@ -29,16 +29,25 @@
 // books it. An announced policy (RateLimit-Policy, or X-RateLimit-Limit
 // over the longest reset seen) is a rate, followed at 95 % of it; the
 // remaining requests and the reset describe one window (at most that many
-// more until it resets), never a new rate. A 429 lowers the learned rate,
-// says so in a log line (Options.Logger) and in Stats, and the rate
-// recovers slowly towards the announced one; an upstream that announces
-// nothing is discovered the same way, from 429s, never above the
-// configured rules. A 503's Retry-After, and a window with nothing left
-// for a second or more, pause the subject for every process; a 429's
-// Retry-After does only while the schedule cannot space the requests by
-// itself (see Transport). The first request
-// after nothing is known of an upstream goes alone; the others wait for
-// its answer.
+// more until it resets), never a new rate. The first request after
+// nothing is known of an upstream goes alone; the others wait for its
+// answer.
+//
+// The 429 rule. A 429 lowers the learned rate for every process, and says
+// so in a log line (Options.Logger) and in Stats.Lowered: from the rate
+// its request was sent at, to 90 % of it near where the rate was meant to
+// settle, to 80 % well under it, to half while an upstream that announces
+// nothing is discovered (additive increase, multiplicative decrease,
+// never above the configured rules). The rate then recovers at 10 % of
+// that rate a second to 98 % of it, and grows by 0.02 % a second past it,
+// never above the announced policy: a steady fleet settles where the 429s
+// stop. An isolated 429 delays only its own request: its Retry-After is
+// the caller's to wait (the worker's http handler defers its task by it).
+// The subject is paused for every process (Limiter.PauseFor) only while
+// no rate is learned, or when the 429 lowered the rate less than its
+// Retry-After after the last lowering (the lowerings are not stopping the
+// 429s); a 503's Retry-After, and a window with nothing left for a second
+// or more, always pause it (see Transport).
 //
 // It is built only on throttle's public API. It imports throttle and the
 // standard library, and nothing else of jobthrottle.
@@ -153,9 +162,14 @@ type Options struct {
 	// the rules' pace, and could push a request the rule admitted past
 	// MaxLearnedWait: a paced request then leaves at once, without one
 	// (the first to a subject, and one every PacedRecheck, still departs,
-	// to learn what the fleet knows). Once a rate is learned, requests
-	// depart as without Paced, which keeps each one within the tolerance
-	// of its slot at the upstream.
+	// to learn what the fleet knows). Once a rate is learned, Admit books
+	// the departure of each request it lets run at that rate in the same
+	// call, at its turn: a request whose context carries the turn
+	// (WithTurn, as the worker's http handler does) and that is sent
+	// within throttle.DepartureTolerance of it leaves at once, with no
+	// call to Redis (Stats.OnTurn); any other departs as without Paced,
+	// which keeps each one within the tolerance of its slot at the
+	// upstream.
 	Paced bool
 	// MaxLearnedWait bounds how long a request waits for its departure on
 	// the upstream schedule: a request whose departure is further away
@@ -188,6 +202,10 @@ type Stats struct {
 	// (throttle.Departure.Rebooked): a pause or a lowering voided them,
 	// or they would have left late.
 	Rebooked int64
+	// OnTurn is the requests that left on their admitted turns, which
+	// Limiter.Admit booked as their departures (Options.Paced, WithTurn),
+	// with no call to Redis of their own.
+	OnTurn int64
 	// LeftLate is the requests that left later than
 	// throttle.DepartureTolerance after their slots, on a machine too busy
 	// to leave in time.
@@ -195,12 +213,12 @@ type Stats struct {
 }
 
 // counters are a Transport's Stats.
-type counters struct{ sent, tooMany, lowered, paused, rebooked, leftLate atomic.Int64 }
+type counters struct{ sent, tooMany, lowered, paused, rebooked, onTurn, leftLate atomic.Int64 }
 
 // Stats returns the transport's counts so far.
 func (t *Transport) Stats() Stats {
 	return Stats{Sent: t.stats.sent.Load(), TooMany: t.stats.tooMany.Load(), Lowered: t.stats.lowered.Load(),
-		Paused: t.stats.paused.Load(), Rebooked: t.stats.rebooked.Load(), LeftLate: t.stats.leftLate.Load()}
+		Paused: t.stats.paused.Load(), Rebooked: t.stats.rebooked.Load(), OnTurn: t.stats.onTurn.Load(), LeftLate: t.stats.leftLate.Load()}
 }
 
 // LearnedRate returns the rate, in requests per second, that the fleet
@@ -350,10 +368,16 @@ func fleetPause(l throttle.Lesson, learned bool, retry time.Duration) bool {
 }
 
 // depart returns req's departure: booked on the upstream schedule, or,
-// for a paced request (Options.Paced) of a subject whose upstream taught
-// no rate, one that leaves now.
+// for a paced request (Options.Paced), one that leaves now: on its turn,
+// which Admit booked as its departure (WithTurn), or for a subject whose
+// upstream taught no rate.
 func (t *Transport) depart(ctx context.Context, subject string) (*throttle.Departure, error) {
 	if t.paced {
+		turn, _ := ctx.Value(turnKey{}).(Turn)
+		if d, ok := t.seen.onTurn(subject, turn); ok {
+			t.stats.onTurn.Add(1)
+			return d, nil
+		}
 		if d, ok := t.seen.now(subject); ok {
 			return d, nil
 		}

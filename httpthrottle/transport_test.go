@@ -83,13 +83,7 @@ func newWorker(t *testing.T, m *miniredis.Miniredis, base http.RoundTripper, rul
 
 func get(t *testing.T, c *http.Client, url string) int {
 	t.Helper()
-	resp, err := c.Get(url)
-	if err != nil {
-		t.Errorf("GET %s: %v", url, err)
-		return 0
-	}
-	_ = resp.Body.Close()
-	return resp.StatusCode
+	return getCtx(t, context.Background(), c, url)
 }
 
 // One 429 with Retry-After: 2 pauses both workers: the one that was told,

@@ -161,7 +161,7 @@ func (l *Limiter) admitCall(req *AdmitRequest) (admitArgs, error) {
 	}
 	keys = append(keys, l.receiptsKey(req.Subject), l.pauseKey(req.Subject), l.ticketsKey(req.Subject))
 	keys = append(keys, l.lineKeys(req.Subject)...)
-	keys = append(keys, l.upstreamKey(req.Subject), l.limitsKey(req.Subject)) // lua/upstream_pace.lua, lua/limits_pace.lua
+	keys = append(keys, l.upstreamKey(req.Subject), l.limitsKey(req.Subject), l.departuresKey(req.Subject)) // lua/upstream_pace.lua, lua/limits_pace.lua, lua/upstream_rate.lua
 	early := wait
 	if req.EarlyWait > 0 {
 		early = req.EarlyWait.Microseconds()

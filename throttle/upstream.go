@@ -15,9 +15,11 @@ import (
 // enforce): the schedule on which the requests of each subject leave, and
 // what the fleet has learned of that resource's limit. Both are kept in
 // Redis, in one hash per subject and limiter,
-// <prefix>{<subject>}:!upstream(<rules>), for UpstreamTTL after its last
-// use, and read in the same script call that books a departure: what one
-// process learned paces the next departure of every process.
+// <prefix>{<subject>}:!upstream(<rules>), beside the departures booked at
+// a learned rate, <prefix>{<subject>}:!departures(<rules>) (a sorted set),
+// for UpstreamTTL after their last use, and read in the same script call
+// that books a departure: what one process learned paces the next
+// departure of every process.
 //
 // Depart books a request's departure and returns when it may leave;
 // Learn records what the resource answered to it. Package httpthrottle
@@ -25,9 +27,11 @@ import (
 //
 // # The schedule
 //
-// Departures are spaced at the learned rate with no burst (a GCRA of one
-// request per 1/rate), or, while nothing is learned, at the limiter's
-// slowest rule (its interval and burst); they come after the subject's
+// Departures are spaced at the learned rate with no burst: each is booked
+// at the first slot at least 1/rate from every departure booked (they are
+// booked out of their order: Admit books turns' departures up to its
+// caller's wait ahead). While nothing is learned, they are spaced at the
+// limiter's slowest rule (its interval and burst); they come after the subject's
 // pause (PauseFor), and within the last window an answer described (at
 // most Remaining more until its reset). A departure leaves within the
 // tolerance of its slot, on the Redis clock and on the local one, or not
@@ -70,14 +74,23 @@ import (
 // Limiter.Admit reads the same state in its call (lua/upstream_pace.lua):
 // while the learned rate is slower than a gcra or token_bucket rule's,
 // that rule's turns are decided at the learned rate with a burst of 1,
-// and no sooner than the next departure's slot. So a backlog parks on
-// turns the resource accepts, and a request sent on its turn departs at
-// once instead of being sent back to wait again. Other callers of the rule
-// (Allow, Reserve, Wait) keep its own rate.
+// and no sooner than the latest departure's slot and an interval. So a
+// backlog parks on turns the resource accepts. A caller that runs on such
+// a turn (granted, or its booking redeemed) takes its request's departure
+// in the same call: on its own turn (now, if the turn passed) when no
+// departure is booked within an interval of it, else at the next slot
+// that is, if that is at most an interval later; and Admit's delay is
+// until it. Its request then leaves with no call of its own (DepartNow),
+// or, later than DepartureTolerance, departs as any other (Depart). A
+// redeemed booking whose departure would be later still (a turn booked at
+// a faster pace, before the rate was learned or lowered, that late
+// departures have overtaken) is not redeemed: its caller takes a new
+// turn. Other callers of the rule (Allow, Reserve, Wait) keep its own
+// rate.
 //
 // The first departure after nothing is known of the resource (a new
 // subject, or its state expired) probes: the others wait for its answer,
-// at most ProbeWait, so that they do not all learn the limit by being
+// at most probeWait, so that they do not all learn the limit by being
 // refused.
 type Upstream struct {
 	lim      *Limiter
@@ -89,9 +102,9 @@ type Upstream struct {
 // learned) is kept after the last call that used it.
 const UpstreamTTL = 10 * time.Minute
 
-// ProbeWait bounds how long an Upstream's departures wait for the answer
+// probeWait bounds how long an Upstream's departures wait for the answer
 // to the first one, when nothing is known of the resource.
-const ProbeWait = 2 * time.Second
+const probeWait = 2 * time.Second
 
 // LearnedShare is the share of an announced policy an Upstream's
 // schedule starts at: the rest is room for the jitter of departures and
@@ -146,7 +159,10 @@ func init() {
 	}
 }
 
-const upstreamSuffix = "!upstream"
+const (
+	upstreamSuffix   = "!upstream"
+	departuresSuffix = "!departures"
+)
 
 // Upstream returns the schedule and learned state of l's requests to the
 // resource behind it. Its ceiling is l's slowest rate rule (a
@@ -173,13 +189,20 @@ func (l *Limiter) Upstream() *Upstream {
 // keys are the script's KEYS for subject, which has passed encodeSubject.
 func (u *Upstream) keys(subject string) []string {
 	p := u.lim.policy
-	return []string{p.upstreamKey(subject), p.pauseKey(subject)}
+	return []string{p.upstreamKey(subject), p.pauseKey(subject), p.departuresKey(subject)}
 }
 
 // upstreamKey is subject's upstream hash under this limiter's rules, which
 // Admit reads too (lua/upstream_pace.lua).
 func (p *policy) upstreamKey(subject string) string {
 	return key(p.prefix, escape(subject), upstreamSuffix+"("+strings.Join(p.keyRules, ",")+")")
+}
+
+// departuresKey is subject's departures booked at a learned rate under
+// this limiter's rules (lua/upstream_rate.lua), which Admit books into
+// too.
+func (p *policy) departuresKey(subject string) string {
+	return key(p.prefix, escape(subject), departuresSuffix+"("+strings.Join(p.keyRules, ",")+")")
 }
 
 // args are the script's ARGV for o, before the operation's own.
@@ -334,7 +357,7 @@ const maxLate = 3
 func (u *Upstream) book(ctx context.Context, keys []string, maxWait time.Duration) (*Departure, error) {
 	for {
 		bound, byDeadline := u.bound(ctx, maxWait)
-		raw, recv, err := u.call(ctx, keys, u.args(opDepart, micros(bound), ProbeWait.Microseconds()))
+		raw, recv, err := u.call(ctx, keys, u.args(opDepart, micros(bound), probeWait.Microseconds()))
 		if err != nil {
 			return u.failed(ctx, opDepart, err)
 		}
@@ -357,7 +380,7 @@ func (u *Upstream) confirm(ctx context.Context, keys []string, d *Departure, max
 	}
 	bound, byDeadline := u.bound(ctx, maxWait)
 	late := DepartureTolerance(d.interval)
-	raw, recv, err := u.call(ctx, keys, u.args(opConfirm, micros(bound), ProbeWait.Microseconds(),
+	raw, recv, err := u.call(ctx, keys, u.args(opConfirm, micros(bound), probeWait.Microseconds(),
 		d.slot, d.gen, late.Microseconds(), d.tat[0], d.tat[1], d.last))
 	if err != nil {
 		return u.failed(ctx, opConfirm, err)
@@ -382,7 +405,7 @@ func (u *Upstream) confirm(ctx context.Context, keys []string, d *Departure, max
 func (u *Upstream) giveBack(ctx context.Context, keys []string, d *Departure) {
 	cctx, cancel := ownTimeout(context.WithoutCancel(ctx), refundTimeout)
 	defer cancel()
-	_, _, _ = u.call(cctx, keys, u.args(opCancel, d.tat[0], d.tat[1], d.last))
+	_, _, _ = u.call(cctx, keys, u.args(opCancel, d.tat[0], d.tat[1], d.last, d.slot))
 }
 
 // bound is how long a departure may wait: the tighter of maxWait (if

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -77,5 +78,120 @@ func TestUpstreamRateConstants(t *testing.T) {
 		if got, _ := strconv.ParseFloat(string(m[i+1]), 64); got != want {
 			t.Errorf("lua/upstream_rate.lua's constant %d is %v; upstream.go says %v", i, got, want)
 		}
+	}
+}
+
+// A caller that runs on a turn Admit decides at the learned rate takes
+// its request's departure in the same call, on its own turn: the
+// schedule's latest departure is that turn, and the next departure of any
+// kind comes an interval after it. Turns booked at the rule's faster pace
+// before the rate was learned are thinned, not chained: each departs at
+// least an interval after the one before and at most an interval after
+// its turn, or takes a new turn; so do the turns booked at the learned
+// rate after them, and no departure drifts further behind its turn (a
+// first version, d5ac1c3, chained them: every departure an interval after
+// the latest, 0.8 s behind its turn in a 10-worker run). A task back late
+// for its turn, with nobody departed within an interval, leaves at once.
+func TestAdmitTurnIsDeparture(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
+		ctx := context.Background()
+		lim := mustNew(t, rdb, Options{}, Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(100).WithBurst(1)})
+		u := lim.Upstream()
+		iv := 52632 * time.Microsecond
+		admit := func(id string) Admission {
+			// A booking is honoured up to a second late (the worker's
+			// tolerance is of that order).
+			a, err := lim.Admit(ctx, AdmitRequest{Subject: "s", N: 1, Caller: Caller{ID: id}, Tolerance: time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return a
+		}
+		first, _ := depart(t, u, "s", 0)
+		// Parked at the rule's pace (10ms) before the rate is learned.
+		var ids []string
+		turn := map[string]time.Time{}
+		for i := range 5 {
+			id := fmt.Sprintf("old-%d", i)
+			if a := admit(id); a.Status == Booked {
+				ids, turn[id] = append(ids, id), a.Slot
+			}
+		}
+		learn(t, u, "s", first, Answer{Quota: 20, Window: time.Second})
+		for i := range 4 {
+			id := fmt.Sprintf("new-%d", i)
+			a := admit(id)
+			if a.Status != Booked {
+				t.Fatalf("%s: %s; want booked", id, a.Status)
+			}
+			ids, turn[id] = append(ids, id), a.Slot
+		}
+		parked := len(ids)
+		// Each comes back at its turn, in turn order; one that must take a
+		// new turn comes back at that one.
+		var deps []time.Time
+		reparked := 0
+		for len(ids) > 0 {
+			id := ids[0]
+			ids = ids[1:]
+			time.Sleep(time.Until(turn[id])) // Redis reads the bubble's clock
+			a := admit(id)
+			switch a.Status {
+			case Redeemed, Granted:
+				if lag := a.Slot.Sub(turn[id]); lag > iv {
+					t.Errorf("%s departs %v after its turn; want at most one interval, %v", id, lag, iv)
+				}
+				deps = append(deps, a.Slot)
+			case Booked:
+				reparked++
+				turn[id] = a.Slot
+				ids = append(ids, id)
+			default:
+				t.Fatalf("%s back at its turn: %s", id, a.Status)
+			}
+		}
+		slices.SortFunc(deps, func(a, b time.Time) int { return a.Compare(b) })
+		for i := 1; i < len(deps); i++ {
+			// The learned rate grows by 0.02 % a second.
+			if gap := deps[i].Sub(deps[i-1]); gap < iv*999/1000 {
+				t.Errorf("departures %d and %d are %v apart; want at least one learned interval, %v", i-1, i, gap, iv)
+			}
+		}
+		if len(deps) != parked || reparked > parked-4 {
+			t.Errorf("%d departures, %d turns taken again; want %d, at most %d (the old pace's)", len(deps), reparked, parked, parked-4)
+		}
+		if ls, _ := strconv.ParseInt(m.HGet(lim.policy.upstreamKey("s"), "ls"), 10, 64); ls != deps[len(deps)-1].UnixMicro() {
+			t.Errorf("the schedule's latest departure is %d; want the last turn's, %d", ls, deps[len(deps)-1].UnixMicro())
+		}
+		// A departure of another kind comes an interval after the last turn.
+		d, _ := depart(t, u, "s", 0)
+		if got := d.At.Sub(deps[len(deps)-1]); got < iv-time.Millisecond || got > iv+time.Millisecond {
+			t.Errorf("a departure booked after the turns leaves %v after the last; want %v", got, iv)
+		}
+		// Late by 20ms for a turn nobody departed near: it leaves now.
+		time.Sleep(time.Until(d.At) + 2*iv)
+		if y := admit("y"); y.Status != Granted {
+			t.Fatalf("y: %s; want granted", y.Status)
+		}
+		x := admit("late")
+		if x.Status != Booked {
+			t.Fatalf("late: %s; want booked", x.Status)
+		}
+		time.Sleep(time.Until(x.At) + 20*time.Millisecond)
+		if a := admit("late"); a.Status != Redeemed || a.Delay != 0 {
+			t.Errorf("back 20ms late for a free turn: %s in %v; want redeemed, now", a.Status, a.Delay)
+		}
+	})
+}
+
+// lua/upstream_pace.lua keeps the upstream hash for UpstreamTTL.
+func TestUpstreamPaceTTL(t *testing.T) {
+	src, err := luaFiles.ReadFile("lua/upstream_pace.lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`local up_ttl = ([0-9]+)`).FindSubmatch(src)
+	if m == nil || string(m[1]) != strconv.FormatInt(UpstreamTTL.Milliseconds(), 10) {
+		t.Errorf("lua/upstream_pace.lua's up_ttl is %q; UpstreamTTL is %d ms", m, UpstreamTTL.Milliseconds())
 	}
 }

@@ -204,7 +204,7 @@ func (c slowConn) Read(b []byte) (int, error) {
 
 // The probe leaves even when its reply came late (a fresh process loads
 // the script first): it is not booked again, which would leave it
-// waiting for its own answer until ProbeWait.
+// waiting for its own answer until probeWait.
 func TestUpstreamLateProbeLeaves(t *testing.T) {
 	virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
 		var slow atomic.Bool

@@ -87,7 +87,7 @@ func (m *Middleware) admit(ctx context.Context, r *ruleGate, task *asynq.Task) (
 	case err != nil:
 		return turn{}, m.notAdmitted(ctx, wctx, t, err)
 	case d.Outcome == admission.Run:
-		w := admission.Wait{Rule: r.Name, Subject: t.Subject, Duration: d.Waited, Redeemed: d.Status == throttle.Redeemed, Turn: d.Slot}
+		w := admission.Wait{Rule: r.Name, Subject: t.Subject, Duration: d.Waited, Redeemed: d.Status == throttle.Redeemed, Turn: d.Slot, At: d.Due}
 		m.admitted(t, w)
 		return turn{Wait: w, place: d.Place, res: d.Reservation, cost: t.Cost, costs: t.Costs}, nil
 	}

@@ -1,6 +1,7 @@
 -- admit: the decision for a caller that may come back later (a queued
 -- task). It redeems the caller's booking or receipt if one is due within
--- ARGV[b+3] (REDEEMED, 3; delay until its slot), reports one that is
+-- ARGV[b+3] (REDEEMED, 3; delay until its slot, or until its departure's
+-- at a learned upstream rate, upstream_turn), reports one that is
 -- later (HELD, 4, nothing changes), drops a stale one or one inside a pause,
 -- and otherwise takes a new turn: a slot within ARGV[3] is granted as
 -- reserve grants it (GRANTED, 1, with tickets), a later one within the
@@ -52,11 +53,17 @@
 --                booking, a receipt made by prepay
 -- KEYS[r+11]  -> the subject's upstream hash, <prefix>{<subject>}:!upstream(<rules>)
 --                (upstream_pace.lua): a learned rate slower than a bucket
---                rule's paces that rule
+--                rule's paces that rule, and a caller that runs on a turn
+--                at that pace takes its request's departure in this call
+--                (upstream_turn): the delay replied is until it. A
+--                booking whose departure is not free near its slot is
+--                dropped, and its caller takes a new turn
 -- KEYS[r+12]  -> the limits learned of the resource, <prefix>{<subject>}:!limits(<rules>)
 --                (limits_pace.lua): a learned limit slower than a bucket
 --                rule paces that rule
--- r is #KEYS - 12.
+-- KEYS[r+13]  -> the departures booked at the learned rate,
+--                <prefix>{<subject>}:!departures(<rules>) (upstream_rate.lua)
+-- r is #KEYS - 13.
 --
 -- Returns {status, deciding rule index, remaining, delay µs, reset µs,
 -- Redis now µs, ticket 1, ..., ticket r}, the status one of those above
@@ -84,13 +91,14 @@
 -- waiter 2, ...}.
 local n, ns = per_rule(ARGV[2])
 local wait_here = tonumber(ARGV[3])
-local nrules = #KEYS - 12
+local nrules = #KEYS - 13
 -- A limit learned of the resource for a rule (a provider's requests or
 -- tokens) paces that rule; the learned rate of requests (issue 19) the
 -- other rules a request counts once (all of them for a single n: a
 -- serving of the line too).
 local learned = limits_pace(KEYS[nrules + 12], nrules, function(i) return ns and ns[i] or n end)
-upstream_pace(KEYS[nrules + 11], nrules, function(i) return not learned[i] and (not ns or ns[i] == 1) end)
+local ukey, dkey = KEYS[nrules + 11], KEYS[nrules + 13]
+local paced = upstream_pace(ukey, nrules, function(i) return not learned[i] and (not ns or ns[i] == 1) end)
 local rkey, b = KEYS[nrules + 1], 4 + 5 * nrules
 local booking, tol, nb = ARGV[b], string.match(ARGV[b + 1], '^(%d+) (%d+)$')
 if nb then not_before = tonumber(nb) end
@@ -167,17 +175,23 @@ for i = b + 11, #ARGV do
       return reply
     end
     redis.call('ZREM', rkey, ARGV[i])
-    local reply = {REDEEMED, 1, 0, d, 0, now}
-    local tk = redis.call('HGET', tkey, ARGV[i])
-    if tk then
-      redis.call('HDEL', tkey, ARGV[i])
-      reply[7] = tk
+    -- At the learned pace, the caller runs at its request's departure;
+    -- none free near the turn: it takes a new one (below).
+    local dep = slot
+    if paced > 0 then dep = upstream_turn(ukey, dkey, slot, paced, false) end
+    if dep then
+      local reply = {REDEEMED, 1, 0, math.max(dep - now, 0), 0, now}
+      local tk = redis.call('HGET', tkey, ARGV[i])
+      if tk then
+        redis.call('HDEL', tkey, ARGV[i])
+        reply[7] = tk
+      end
+      if not c then return reply end
+      -- cc.reply pads the tickets after tk with '': the redeemed tickets
+      -- stay one string in reply[7], where admit.go reads them.
+      cc.take(c)
+      return cc.reply(c, reply, nrules)
     end
-    if not c then return reply end
-    -- cc.reply pads the tickets after tk with '': the redeemed tickets
-    -- stay one string in reply[7], where admit.go reads them.
-    cc.take(c)
-    return cc.reply(c, reply, nrules)
   end
 end
 -- None redeemed: their tickets, if any (stale, or dropped in a pause),
@@ -208,6 +222,10 @@ if line and reply[1] == 0 then
 end
 if final then return reply end
 local later = wait_here >= 0 and reply[4] > wait_here
+if paced > 0 and reply[1] == 1 and not later then
+  -- At the learned pace, the caller runs at its request's departure.
+  reply[4] = upstream_turn(ukey, dkey, now + reply[4], paced, true) - now
+end
 if c then
   -- A caller that runs now (or after waiting where it is) takes its place;
   -- one that must come back later gives a place it holds to the next.

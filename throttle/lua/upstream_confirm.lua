@@ -24,5 +24,5 @@ local pause = tonumber(redis.call('GET', pkey)) or 0
 if pause <= slot and g == s.g and now <= slot + late then return {3} end
 -- Void: paused over, slowed down since, or too late: given back, then
 -- booked again.
-give_back(tonumber(ARGV[14]), tonumber(ARGV[15]), ARGV[16])
+give_back(tonumber(ARGV[14]), tonumber(ARGV[15]), ARGV[16], ARGV[11])
 return depart(tonumber(ARGV[9]), tonumber(ARGV[10]))

@@ -58,3 +58,33 @@ local function upstream_pace(ukey, nrules, counts)
   end
   return applied
 end
+
+-- up_ttl is the upstream hash's TTL in ms (throttle.UpstreamTTL; a test
+-- checks that they agree): admit refreshes it when it books a departure.
+local up_ttl = 600000
+
+-- upstream_turn (admit only, after upstream_pace applied the learned
+-- interval iv, µs): a caller about to run on a turn at slot (µs of Redis
+-- TIME; a new turn granted, or a booking redeemed) departs on it, and the
+-- departure is booked in dkey (upstream_rate.lua) and as the hash's latest
+-- slot (ls) in this call, so that its request leaves with no call of its
+-- own (throttle.Upstream). It departs on its own slot (now, if the slot
+-- passed) if no departure is booked within iv of it: turns booked at the
+-- learned rate are spaced by it already, whatever order they come back
+-- in. Else at the next slot that is (a turn booked at a faster pace,
+-- before the rate was learned or lowered; a departure of another kind
+-- near it), if that is at most iv later, so that the delay it adds stays
+-- bounded; else nil is returned, nothing booked, and the caller takes a
+-- new turn (force: no bound). Returns the departure's slot, µs.
+local function upstream_turn(ukey, dkey, slot, iv, force)
+  local bound = iv
+  if force then bound = nil end
+  local dep = up_gap(dkey, math.max(slot, now), iv, bound)
+  if not dep then return nil end
+  up_book(dkey, dep, now, iv, up_ttl)
+  local v = redis.call('HMGET', ukey, 'ls', 'n')
+  local f = function(x) return string.format('%d', x) end
+  redis.call('HSET', ukey, 'ls', f(math.max(tonumber(v[1]) or dep, dep)), 'n', (tonumber(v[2]) or 0) + 1)
+  redis.call('PEXPIRE', ukey, up_ttl)
+  return dep
+end

@@ -1,6 +1,7 @@
 -- The learned rate of an upstream (throttle/upstream.go), as the
 -- upstream_* scripts keep it in the subject's upstream hash and as admit
--- reads it (upstream_pace.lua): both grow it the same way, here.
+-- reads it (upstream_pace.lua): both grow it the same way, here; and the
+-- departures both book at that rate (up_gap, up_book).
 --
 -- The hash's fields read here (upstream_state.lua lists them all): r the
 -- learned rate, requests per second; u when it last grew (µs); hi the rate
@@ -47,4 +48,39 @@ local function up_grown(s, now, ceil_rate)
   local c = up_least(ceil_rate, up_policy(s))
   if c and r > c then r = c end
   return r, hi
+end
+
+-- The departures booked at a learned rate, by admit for the turns it lets
+-- run (upstream_pace.lua) and by the upstream scripts for the others
+-- (upstream_state.lua), are a sorted set, <prefix>{<subject>}:!departures(<rules>),
+-- each member and score a slot (µs of Redis TIME, whole). A departure is
+-- booked at least the learned interval from every other, wherever the
+-- others are: turns are let run (and booked) out of their order, early or
+-- late, and a departure booked after a later one must not come too close
+-- to it.
+
+-- up_gap returns the earliest slot from `from` on (µs, rounded up) that is
+-- at least iv from every departure booked in dkey, or nil if that is more
+-- than bound after from (bound nil: no bound).
+local function up_gap(dkey, from, iv, bound)
+  local c = from
+  while true do
+    local near = redis.call('ZRANGEBYSCORE', dkey, '(' .. string.format('%d', math.floor(c - iv)), '+inf', 'WITHSCORES', 'LIMIT', 0, 16)
+    for i = 2, #near, 2 do
+      local e = tonumber(near[i])
+      if e >= c + iv then return math.ceil(c) end
+      c = math.max(c, e + iv)
+      if bound and c - from > bound then return nil end
+    end
+    if #near < 32 then return math.ceil(c) end
+  end
+end
+
+-- up_book books a departure at slot (µs, whole) in dkey, forgets those an
+-- interval iv and a second before now, and keeps dkey for ttl ms.
+local function up_book(dkey, slot, now, iv, ttl)
+  local v = string.format('%d', slot)
+  redis.call('ZADD', dkey, v, v)
+  redis.call('ZREMRANGEBYSCORE', dkey, '-inf', '(' .. string.format('%d', math.floor(now - iv - 1e6)))
+  redis.call('PEXPIRE', dkey, ttl)
 end

@@ -30,6 +30,9 @@
 --   (upstream_pace.lua).
 -- KEYS[2] -> <prefix>{<subject>}:!pause (read only): the Redis time (µs)
 --   the subject's pause ends (pause.go)
+-- KEYS[3] -> <prefix>{<subject>}:!departures(<rules>): the departures
+--   booked at a learned rate, by these scripts and by admit
+--   (upstream_rate.lua)
 --
 -- ARGV[1]    -> the operation's name (for errors only)
 -- ARGV[2]    -> the ceiling: the limiter's slowest rule's interval, µs (0: none)
@@ -41,7 +44,7 @@
 --               discover
 -- The operation's own ARGV start at ARGV[9].
 
-local key, pkey = KEYS[1], KEYS[2]
+local key, pkey, dkey = KEYS[1], KEYS[2], KEYS[3]
 local ceil_iv, ceil_b, ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local k_start, k_gentle, k_lower, k_discover = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 
@@ -102,9 +105,10 @@ local function rate_text()
   return ''
 end
 
--- depart books the next departure: on the learned rate, at least one
--- interval after the latest departure booked (so a new rate holds from
--- the next departure on, faster or slower); or without one on the
+-- depart books the next departure: on the learned rate, at the first
+-- slot at least one interval from every departure booked (up_gap, so a
+-- new rate holds from the next departure on, faster or slower); or
+-- without one on the
 -- ceiling (a GCRA with its burst); after the subject's pause; and within
 -- the window an answer described.
 local function depart(max_wait, probe_wait)
@@ -121,7 +125,7 @@ local function depart(max_wait, probe_wait)
   local slot, after, iv = math.max(now, pause), before, 0
   if s.r then
     iv = 1e6 / least(s.r, cap())
-    if s.ls then slot = math.max(slot, s.ls + iv) end
+    slot = up_gap(dkey, slot, iv, nil)
     after = slot + iv
   elseif ceil_iv > 0 then
     iv = ceil_iv
@@ -137,6 +141,7 @@ local function depart(max_wait, probe_wait)
     if slot < wend then
       if wl <= 0 then
         slot = wend
+        if s.r then slot = up_gap(dkey, slot, iv, nil) end
         if iv > 0 then after = math.max(after, slot + iv) end
       else
         wl = wl - 1
@@ -156,6 +161,7 @@ local function depart(max_wait, probe_wait)
     set('gap', g)
   end
   set('ls', math.max(ls or slot, slot))
+  if iv > 0 then up_book(dkey, math.ceil(slot), now, iv, ttl) end
   save()
   local pq, pw = s.q or 0, s.w or 0
   if pq == 0 and s.l and s.lw then pq, pw = s.l, s.lw end
@@ -167,8 +173,9 @@ end
 
 -- give_back moves the schedule back to before a departure that will not
 -- leave, if no later one was booked behind it: its end (before) and its
--- latest slot (ls, '' for none).
-local function give_back(before, after, ls)
+-- latest slot (ls, '' for none); and forgets its slot (text, as booked).
+local function give_back(before, after, ls, slot)
+  if slot and slot ~= '' then redis.call('ZREM', dkey, string.format('%d', math.ceil(tonumber(slot)))) end
   if s.t and math.abs(s.t - after) < 0.5 then
     set('t', before)
     set('ls', tonumber(ls))
