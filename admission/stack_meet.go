@@ -96,14 +96,17 @@ func (m *meeting) observe(b int) {
 // (and push the other gate further). The lead's turn is given back, the
 // others kept, and the job parks until the latest, as before NotBefore.
 // If the other gate holds it back further than the lead's line reaches,
-// it binds: from now on the jobs of these subjects hold turns that meet,
-// that gate's first.
+// it binds: the jobs of these subjects hold turns that meet, that gate's
+// first, until it no longer binds them (stack_leads.go). The lead's turn
+// is given back under its limiter's own bound (as giveBack does).
 func (m *meeting) parkBehind(ctx context.Context, lead int, start time.Time) StackDecision {
 	s := m.s
 	if m.at.Sub(m.turns[lead].Slot) > s.gates[lead].opts.Horizon {
 		s.learnLead(m.reqs, m.by)
 	}
-	giveBackTurn(ctx, m.turns[lead])
+	rctx, cancel := s.gates[lead].lim.Detach(ctx)
+	giveBackTurn(rctx, m.turns[lead])
+	cancel()
 	m.turns[lead] = Decision{}
 	return m.park(ctx, start)
 }
