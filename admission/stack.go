@@ -35,11 +35,12 @@ import (
 // whose keys together ask more than the tenant allows. Its jobs would
 // come back from the booked turn to the back of the lead's line, and park
 // again, without end. So in a stack that Meets, once such a gate's turn is
-// further than the lead's horizon past the lead's turn, the jobs
-// of those subjects are decided by holding turns that meet (stack_meet.go)
-// from then on, in this process: each gate is held, however far ahead and
-// outside its line, the binding gate first and each other no earlier than
-// the turns before it (throttle.AdmitRequest.NotBefore); a turn earlier
+// further than the lead's horizon past the lead's turn, the jobs of
+// those subjects are decided by holding turns that meet (stack_meet.go),
+// in this process, until that gate no longer binds them (stack_leads.go):
+// each gate is held, however far ahead and outside its line, the binding
+// gate first and each other no earlier than the turns before it
+// (throttle.AdmitRequest.NotBefore); a turn earlier
 // than another's by more than its tolerance is given back and taken again
 // no earlier than the latest (a bucket gives the time asked for unless its
 // own turns reach past it, so they meet after one round but under a race;
@@ -63,11 +64,6 @@ import (
 // that they meet (see above).
 const maxMeetRounds = 3
 
-// maxLeads bounds the subjects whose jobs a Stack decides by turns that
-// meet; past it, it forgets them all and starts again from the lead's
-// line.
-const maxLeads = 4096
-
 // Stack admits jobs that must hold a turn of each of its gates at once. It
 // is safe for concurrent use.
 type Stack struct {
@@ -75,8 +71,7 @@ type Stack struct {
 	lead  int  // the index of the gate asked first in its line
 	meets bool // every gate can take a turn no earlier than a time
 
-	mu    sync.Mutex
-	leads map[string]int // by the requests' subjects, decided by turns that meet: the gate held first
+	leads *leadMemory // by the requests' subjects, decided by turns that meet: the gate held first
 
 	holding sync.Mutex // one job's turns held at a time, so that they are taken in order
 }
@@ -93,7 +88,7 @@ func NewStack(gates ...*Gate) (*Stack, error) {
 			return nil, errors.New("admission: a stack's gate is nil")
 		}
 	}
-	s := &Stack{gates: append([]*Gate(nil), gates...), meets: true, leads: map[string]int{}}
+	s := &Stack{gates: append([]*Gate(nil), gates...), meets: true, leads: newLeadMemory(maxLeads)}
 	for i, g := range gates {
 		if g.tolerance() > gates[s.lead].tolerance() {
 			s.lead = i
@@ -142,13 +137,13 @@ func (s *Stack) Admit(ctx context.Context, reqs []Request) (StackDecision, error
 	if len(reqs) != len(s.gates) {
 		return StackDecision{}, errors.New("admission: a stack takes one request per gate")
 	}
-	lead, held := s.meetingLead(reqs)
-	order := s.order(reqs, lead)
+	r := s.route(reqs)
+	order := s.order(reqs, r.first)
 	switch {
 	case len(order) == 0:
 		return StackDecision{Decision: Decision{Outcome: Run}, Turns: make([]Decision, len(s.gates))}, nil
 	case s.meets:
-		return s.admitMeeting(ctx, reqs, order, !held)
+		return s.admitMeeting(ctx, reqs, order, r)
 	}
 	turns := make([]Decision, len(s.gates))
 	bound := time.Duration(-1)
@@ -205,30 +200,35 @@ func leadsKey(reqs []Request) string {
 	return b.String()
 }
 
-// meetingLead returns the gate a job of reqs asks first, and whether its
-// turns are all held (outside the lines): the lead, and false, unless
-// another gate bound such a job.
-func (s *Stack) meetingLead(reqs []Request) (int, bool) {
+// route is how a Stack asks its gates for a job.
+type route struct {
+	first int  // the gate asked first
+	held  bool // every turn held outside the lines (else first decides in its line)
+	watch int  // a held job's gate learnt to bind, whether it still binds to observe; -1 for none
+}
+
+// route returns how a job of reqs asks the gates: the lead first, in its
+// line, unless another gate bound such a job; then every turn held, that
+// gate's first, except for the jobs that probe whether it still binds
+// (leadMemory.lookup): the lead's first, watching that gate.
+func (s *Stack) route(reqs []Request) route {
 	if !s.meets {
-		return s.lead, false
+		return route{first: s.lead, watch: -1}
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if i, ok := s.leads[leadsKey(reqs)]; ok {
-		return i, true
+	i, probe, ok := s.leads.lookup(leadsKey(reqs), time.Now())
+	switch {
+	case !ok:
+		return route{first: s.lead, watch: -1}
+	case probe:
+		return route{first: s.lead, held: true, watch: i}
 	}
-	return s.lead, false
+	return route{first: i, held: true, watch: -1}
 }
 
 // learnLead decides the jobs of reqs' subjects by turns that meet, gate i
 // held first.
 func (s *Stack) learnLead(reqs []Request, i int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if len(s.leads) >= maxLeads {
-		clear(s.leads)
-	}
-	s.leads[leadsKey(reqs)] = i
+	s.leads.learn(leadsKey(reqs), i, time.Now())
 }
 
 // giveBack gives back the turns a job took before a gate parked it or

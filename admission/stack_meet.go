@@ -24,8 +24,8 @@ type meeting struct {
 
 // admitMeeting is Admit for a stack that Meets; order is the gates to ask,
 // the lead first, which decides in its line if lined, else is held too.
-func (s *Stack) admitMeeting(ctx context.Context, reqs []Request, order []int, lined bool) (StackDecision, error) {
-	start := time.Now()
+func (s *Stack) admitMeeting(ctx context.Context, reqs []Request, order []int, r route) (StackDecision, error) {
+	start, lined := time.Now(), !r.held
 	lead := order[0]
 	m := &meeting{s: s, reqs: reqs, turns: make([]Decision, len(s.gates)), by: lead}
 	if lined {
@@ -41,6 +41,9 @@ func (s *Stack) admitMeeting(ctx context.Context, reqs []Request, order []int, l
 	defer unlock()
 	if sd, done, err := m.holdAll(ctx, order, start); done {
 		return sd, err
+	}
+	if r.watch >= 0 {
+		m.observe(r.watch)
 	}
 	if lined && m.by != lead && m.at.Sub(m.turns[lead].Slot) > s.gates[lead].tolerance() {
 		unlock()
@@ -71,14 +74,31 @@ func (m *meeting) holdAll(ctx context.Context, order []int, start time.Time) (St
 	return StackDecision{}, false, nil
 }
 
+// observe tells the stack's memory whether gate b, learnt to bind these
+// subjects, still bound this job, whose lead turn was held first, no
+// earlier than now: b's turn, held no earlier than it, came later than
+// the lead's tolerance from now and later than the lead's. (Held first,
+// b's turn tells nothing: the turns given back to meet push its bucket's
+// own turns back, so it comes no earlier than the lead's however little
+// it binds.) Redeemed turns say nothing of the load, and are not counted.
+func (m *meeting) observe(b int) {
+	d, l := m.turns[b], m.turns[m.s.lead]
+	if d.Status != throttle.Granted || l.Status != throttle.Granted {
+		return
+	}
+	bound := d.Delay > m.s.gates[m.s.lead].tolerance() && d.Slot.After(l.Slot)
+	m.s.leads.observe(leadsKey(m.reqs), bound, time.Now())
+}
+
 // parkBehind parks a job that another gate holds back past its turn of
 // the lead's line. The lead's turn is not taken again later: its line
 // books a horizon of turns ahead, and a turn after them would stall it
 // (and push the other gate further). The lead's turn is given back, the
 // others kept, and the job parks until the latest, as before NotBefore.
 // If the other gate holds it back further than the lead's line reaches,
-// it binds: from now on the jobs of these subjects hold turns that meet,
-// that gate's first.
+// it binds: the jobs of these subjects hold turns that meet, that gate's
+// first, until it no longer binds them (stack_leads.go). The lead's turn
+// is given back under its limiter's own bound (as giveBack does).
 func (m *meeting) parkBehind(ctx context.Context, lead int, start time.Time) StackDecision {
 	s := m.s
 	if m.at.Sub(m.turns[lead].Slot) > s.gates[lead].opts.Horizon {

@@ -32,6 +32,8 @@ type stackBed struct {
 	ran    map[string]int
 	ranAll chan struct{}
 	n      int
+	first  int    // the number of run's first job
+	after  func() // if set, called after each admission
 }
 
 // newStackBed builds gates of rules on rdb, recording their parked jobs'
@@ -84,6 +86,9 @@ func (b *stackBed) admit(ctx context.Context, id string) {
 		reqs[i] = Request{Subject: s, Caller: throttle.Caller{ID: id, Waiter: member}}
 	}
 	d, err := b.stack.Admit(ctx, reqs)
+	if b.after != nil {
+		b.after()
+	}
 	if err != nil {
 		if ctx.Err() == nil {
 			b.t.Errorf("job %s: %v", id, err)
@@ -205,7 +210,7 @@ func (b *stackBed) run(p *Parking, want time.Duration) time.Duration {
 	}
 	start := time.Now()
 	for i := range b.n {
-		b.pend <- fmt.Sprintf("job-%05d", i)
+		b.pend <- fmt.Sprintf("job-%05d", b.first+i)
 	}
 	select {
 	case <-b.ranAll:
