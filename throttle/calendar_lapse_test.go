@@ -124,3 +124,45 @@ func TestCalendarLapsedTurnsAcrossMidnight(t *testing.T) {
 		}
 	})
 }
+
+// A booking whose turn falls inside a pause is not redeemed: it lapses,
+// and its quota unit goes back for the caller's new turn after the pause.
+func TestCalendarLapsedTurnInPause(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := context.Background()
+		sleepUntil(t, time.Date(2000, 6, 3, 10, 0, 0, 0, time.UTC))
+		l := mustNew(t, rdb, Options{},
+			Rule{Name: "second", Algorithm: GCRA, Limit: PerSecond(10).WithBurst(1)},
+			Rule{Name: "daily", Algorithm: CalendarWindow, Limit: Limit{Count: 3}, Calendar: Daily(nil)})
+		req := func(id string) AdmitRequest {
+			return AdmitRequest{Subject: "acct", N: 1, Caller: Caller{ID: id}, Wait: 0, Tolerance: 50 * ms}
+		}
+		for i, want := range []AdmitStatus{Granted, Booked, Booked} {
+			if a, err := l.Admit(ctx, req(fmt.Sprint("t", i))); err != nil || a.Status != want {
+				t.Fatalf("t%d: %+v, %v; want %v", i, a, err, want)
+			}
+		}
+		if _, err := l.PauseFor(ctx, "acct", 250*ms); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * ms)
+		a, err := l.Admit(ctx, req("t1"))
+		if err != nil || a.Status != Booked || a.Delay < 150*ms || a.Delay > time.Second {
+			t.Fatalf("t1 at its turn inside the pause: %+v, %v; want a new turn today, after the pause", a, err)
+		}
+		time.Sleep(a.Delay)
+		if a, err := l.Admit(ctx, req("t1")); err != nil || a.Status != Redeemed {
+			t.Fatalf("t1 at its new turn: %+v, %v; want redeemed", a, err)
+		}
+		// t2 never came back: its turn, in the pause too, lapsed with t1's
+		// return, and its unit is the day's last.
+		time.Sleep(time.Second)
+		if res := allow(t, l, "acct", 1); !res.Allowed || res.Remaining != 0 {
+			t.Errorf("t2's unit: %+v; want allowed, the quota's last", res)
+		}
+		time.Sleep(time.Second)
+		if res := allow(t, l, "acct", 1); res.Allowed || res.Rule != "daily" {
+			t.Errorf("after the quota: %+v; want denied by the quota", res)
+		}
+	})
+}
