@@ -112,6 +112,16 @@
 // at its end. Rules() reports the rule with Period the unit's nominal
 // length (24h, 168h, 744h) and Burst its Count.
 //
+// A turn of Admit booked under a quota and never redeemed (its caller came
+// back later than its Tolerance, or its slot fell inside a pause) gives
+// its permits back to the quota's window at the subject's next Admit (or
+// PrepayN) of the same rules, if that window is still the current one: a
+// lapsed turn of a rate rule is only time gone by, but a quota's is
+// capacity the window would lose. So the caller's new turn does not cost
+// the window a second unit, and a subject's line waiting for the quota is
+// served again at once. The bookings are kept as long as the quota's
+// window for that.
+//
 // # Concurrency
 //
 // A Concurrency rule limits how many holders of a subject run at once,

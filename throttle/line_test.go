@@ -38,6 +38,9 @@ type lineSim struct {
 	serves  int
 	calls   *redistest.ScriptCalls
 	maxLead time.Duration // the furthest ahead of its serving a handed slot was
+	// late, if not nil, is how long after its turn a booked caller comes
+	// back (0: at its turn), asked once per turn.
+	late func(id string) time.Duration
 }
 
 func newLineSim(t *testing.T, rdb *redis.Client, lim *Limiter, horizon time.Duration) *lineSim {
@@ -77,9 +80,20 @@ func (s *lineSim) admit(id string) {
 			s.t.Fatalf("%s booked %v ahead, past the horizon %v", id, a.Delay, s.horizon)
 		}
 		s.returns[id] = a.At
+		if a.Status == Booked {
+			s.returns[id] = a.At.Add(s.lateBy(id))
+		}
 	default:
 		s.t.Fatalf("Admit %s: %+v", id, a)
 	}
+}
+
+// lateBy is how late id comes back for the turn just booked for it.
+func (s *lineSim) lateBy(id string) time.Duration {
+	if s.late == nil {
+		return 0
+	}
+	return s.late(id)
 }
 
 // serveLine serves the line once, as a worker's wake-up loop does.
@@ -96,7 +110,7 @@ func (s *lineSim) serveLine() {
 		if lead := slot.Sub(now); lead > s.maxLead {
 			s.maxLead = lead
 		}
-		s.returns[id] = slot
+		s.returns[id] = slot.Add(s.lateBy(id))
 		got = append(got, id)
 	}
 	// Handed in slot order (ties by id, which is arrival order here).

@@ -134,14 +134,20 @@ end
 local function wait_place()
   return cc.reply(c, {QUEUED, c.rule, 0, cc.queue(c), 0, now}, nrules)
 end
--- Stale bookings go; a turn paid for and waiting for a place of the
--- concurrency rule (a negative score, see below) stays.
-redis.call('ZREMRANGEBYSCORE', rkey, '0', '(' .. string.format('%d', now - tol))
+-- Stale bookings go, a calendar quota's share of their turns back to it
+-- (rules.lua: drop_lapsed), and a line that may wait for that share is
+-- served when the next caller joins or stays (line.lua: 'g'); a turn paid
+-- for and waiting for a place of the concurrency rule (a negative score,
+-- see below) stays.
+local tkey = KEYS[nrules + 3]
+local function gave_back()
+  if redis.call('EXISTS', KEYS[nrules + 4]) == 1 then redis.call('HSET', KEYS[nrules + 6], 'g', '1') end
+end
+if drop_lapsed(rkey, tkey, now - tol, nrules) then gave_back() end
 -- A booking whose turn falls inside a pause (the upstream said stop) is
--- not redeemed: it is dropped and its caller takes a new turn, which the
+-- not redeemed: it lapses and its caller takes a new turn, which the
 -- pause has moved past its end.
 local pause_end = tonumber(redis.call('GET', KEYS[nrules + 2])) or 0
-local tkey = KEYS[nrules + 3]
 local early = tonumber(ARGV[b + 3])
 local line = not c and tonumber(ARGV[b + 2]) >= 0 and (booking ~= '' or n == 0) and line_open(n, nrules, b, rkey, tkey, tol, ns)
 if line and n == 0 then return line.serve() end
@@ -154,6 +160,7 @@ for i = b + 11, #ARGV do
   end
   if slot and slot >= 0 and slot < pause_end then
     redis.call('ZREM', rkey, ARGV[i])
+    if lapse_turn(tkey, ARGV[i], nrules) then gave_back() end
     slot = nil
   end
   if slot then

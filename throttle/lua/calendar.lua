@@ -13,7 +13,8 @@
 -- State: the fixed window's hash (fixedwindow.lua), w = the start of the
 -- latest window holding permits, c = its count, pu = a pause's end, and
 -- e = that window's end; TTL: until e (or the pause's end, if later). So
--- the fixed window's refund, settle and pause serve it unchanged.
+-- the fixed window's refund, settle and pause serve it (given the window
+-- of a ticket, which also carries the permits: commit below).
 --
 -- Booking ahead: a request that does not fit goes into the next window if
 -- the caller sent it; a later one is not known, and the request is denied
@@ -69,23 +70,41 @@ end
 
 -- commit counts n more permits in the window starting at w, which held c
 -- (nil if the key held an earlier window or nothing: the window starts
--- here, with its end and TTL); the ticket is w.
+-- here, with its end and TTL); the ticket is 'w n', the window and the
+-- permits, so that a turn that lapses gives them back by itself (lapse).
 local function commit_calendar(key, count, period, extra, n, delay, w, c)
   local s = string.format('%d', w)
+  local tk = s .. ' ' .. string.format('%d', n)
   if c then
     redis.call('HSET', key, 'c', string.format('%d', c + n))
-    return s
+    return tk
   end
   local _, b1, b2 = calendar_windows(key, period, extra)
   local e = b1
   if w >= b1 then e = b2 end
   redis.call('HSET', key, 'w', s, 'c', string.format('%d', n), 'e', string.format('%d', e))
   redis.call('PEXPIRE', key, ttl_ms(e - now))
-  return s
+  return tk
 end
 
 if rare then
-  refund['calendar'] = refund['fixed_window']
-  settle['calendar'] = settle['fixed_window']
+  -- The fixed window's refund and settle, given the ticket's window (a
+  -- ticket written before tickets carried the permits is the window alone).
+  local fw_refund, fw_settle = refund['fixed_window'], settle['fixed_window']
+  local function window_of(ticket) return string.match(ticket, '^%S*') end
+  refund['calendar'] = function(key, count, period, extra, n, ticket, ...)
+    fw_refund(key, count, period, extra, n, window_of(ticket), ...)
+  end
+  settle['calendar'] = function(key, count, period, extra, n, actual, ticket, ...)
+    fw_settle(key, count, period, extra, n, actual, window_of(ticket), ...)
+  end
   pause['calendar'] = pause['fixed_window']
+  -- A turn that lapsed (never redeemed, rules.lua: lapse_turn) gives its
+  -- permits back to its window if that is still the one held: a quota's
+  -- unit is capacity, which would otherwise be lost until the window ends.
+  -- Once the window has ended there is nothing to give back.
+  lapse['calendar'] = function(key, count, period, extra, ticket)
+    local w, n = string.match(ticket, '^(%S+) (%d+)$')
+    if n then fw_refund(key, count, period, extra, tonumber(n), w) end
+  end
 end

@@ -10,7 +10,9 @@
 --             number, or one per rule, per_rule in rules.lua) and waiter
 --   KEYS[r+6] :!line:f, a hash: 's' .. share -> the place of the share's
 --             last member; 'v' -> the place of the last member served;
---             't' -> the Redis time (µs) of the last serving
+--             't' -> the Redis time (µs) of the last serving; 'g' -> set
+--             when a lapsed turn gave a quota back (admit.lua), so that the
+--             next caller to join or stay has the line served at once
 --   with share caps (ARGV[b + 8] > 0), KEYS[r+7] ... KEYS[r+10]:
 --             :!line:h (a sorted set: the shares served, by the place of
 --             their first member), :!line:q (the members by share, ordered
@@ -164,7 +166,8 @@ local function line_base(n, nrules, b, rkey, tkey, tol)
   function l.join(serve, asleep)
     local sh = ARGV[b + 6]
     local served, share = line_fields(l.level, sh)
-    local f = redis.call('HMGET', l.fkey, served, share)
+    local f = redis.call('HMGET', l.fkey, served, share, 'g')
+    if f[3] and not serve then serve = 0 end
     local place = math.max(tonumber(f[1]) or 0, tonumber(f[2]) or 0) + n / l.weight
     local ahead = redis.call('ZCARD', l.key)
     redis.call('ZADD', l.key, fmt(place - l.level * place_band), ARGV[b])
@@ -200,7 +203,8 @@ local function line_base(n, nrules, b, rkey, tkey, tol)
     local back = fallback(ahead, (per_rule(m)), l.ci and sh)
     keep(back + l.horizon + tol)
     local serve = -1
-    if now - (tonumber(redis.call('HGET', l.fkey, 't')) or 0) > 2 * l.horizon then serve = 0 end
+    local f = redis.call('HMGET', l.fkey, 't', 'g')
+    if f[2] or now - (tonumber(f[1]) or 0) > 2 * l.horizon then serve = 0 end
     return {IN_LINE, 1, redis.call('ZCARD', l.key), back, serve, now}
   end
   -- take books m permits under every rule (and share sh's cap, if given)

@@ -186,6 +186,7 @@ local function line_open(n, nrules, b, rkey, tkey, tol, ns)
     local reply = {DENIED, 1, 0, 0, 0, now}
     for i = 1, nrules do reply[6 + i] = '' end
     redis.call('HSET', l.fkey, 't', string.format('%d', now))
+    redis.call('HDEL', l.fkey, 'g')
     local next_us
     if l.ci and (redis.call('EXISTS', l.hkey) == 1 or redis.call('EXISTS', l.skey) == 1) then
       next_us = serve_capped(reply)

@@ -91,6 +91,12 @@ end
 -- It only ever holds a key back longer, never releases it earlier, so it
 -- may be applied again (refund.lua and settle.lua do so).
 --
+-- An algorithm whose turn that lapses (booked, never redeemed: rules.lua,
+-- lapse_turn) is capacity lost, not only time, registers a lapse function:
+-- lapse(key, count, period, extra, ticket) gives back what commit took
+-- (ticket: its refund ticket) if the rule still holds it. Only calendar
+-- does (calendar.lua); for the others a lapsed turn is time gone by.
+--
 -- Cost per call. Redis runs the whole script body on every EVALSHA, so
 -- each function or table it defines is allocated (and later collected) on
 -- every call, allow included; the benchmark counts what that costs in
@@ -98,14 +104,17 @@ end
 -- and reserve, the hot path, define only the check and commit functions of
 -- the algorithms in the script and the num/ttl_ms helpers; everything else
 -- is defined inside `if rare`.
-local refund, pause, settle
-if rare then refund, pause, settle = {}, {}, {} end
+local refund, pause, settle, lapse
+if rare then refund, pause, settle, lapse = {}, {}, {}, {} end
 
 -- cc holds the helpers of concurrency rules (concurrency.lua), in the
 -- scripts that include it and for rare operations only; nil otherwise.
 local cc
 
-local keep_ttl, keep_tickets, cancelled_add, cancelled_pop, rint
+-- lapse_keys, if set (rules.lua: drop_lapsed), are the keys of the
+-- policy's rules that register lapse: keep_tickets keeps a booking as long
+-- as they live, so that it is there to give back if it lapses.
+local keep_ttl, keep_tickets, cancelled_add, cancelled_pop, rint, lapse_keys
 if rare then
 
 -- rint formats a number that may have a fraction as the nearest integer.
@@ -129,8 +138,18 @@ end
 -- field '#' (never a member: members hold a space) counts the fields
 -- written since the last sweep, and when it passes twice the members of
 -- rkey, the fields whose member is gone are dropped (rarely, so at a small
--- cost per booking; with the commands of the minimal ACL).
+-- cost per booking; with the commands of the minimal ACL). Under a rule
+-- that gives a lapsed turn back (lapse_keys) rkey and tkey are kept as
+-- long as its key (its window), so that a booking that lapses is there to
+-- give back when the next call comes, not expired with its slot.
 function keep_tickets(tkey, rkey, member, tickets, us)
+  for _, k in ipairs(lapse_keys or {}) do
+    local ttl = redis.call('PTTL', k) * 1000
+    if ttl > us then
+      us = ttl
+      keep_ttl(rkey, us)
+    end
+  end
   redis.call('HSET', tkey, member, tickets)
   keep_ttl(tkey, us)
   local h = redis.call('HINCRBY', tkey, '#', 1)

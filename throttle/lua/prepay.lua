@@ -59,7 +59,7 @@ local reply, final = decide(n, true, max_wait, nrules, ns)
 if unshift then reply = unshift(reply) end
 if final or reply[1] ~= 1 then return reply end
 local rkey, keep = KEYS[nrules + 1], tonumber(ARGV[5 + 5 * nrules])
-redis.call('ZREMRANGEBYSCORE', rkey, '0', '(' .. string.format('%d', now - keep))
+drop_lapsed(rkey, KEYS[nrules + 2], now - keep, nrules)
 redis.call('ZADD', rkey, string.format('%d', now + reply[4]), ARGV[4 + 5 * nrules])
 keep_ttl(rkey, reply[4] + keep)
 if n > 0 then keep_tickets(KEYS[nrules + 2], rkey, ARGV[4 + 5 * nrules], table.concat(reply, '\n', 7, 6 + nrules) .. '\n' .. string.format('%d', now), reply[4] + keep) end

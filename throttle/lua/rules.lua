@@ -69,3 +69,55 @@ if rare then
     return rs
   end
 end
+
+-- lapse_turn forgets the tickets (in the hash tkey: prelude.lua,
+-- keep_tickets) of member, a booking or receipt taken out of the receipt
+-- set that will never be redeemed: its slot passed more than its
+-- tolerance ago, or fell inside a pause (admit.lua). What its turn took
+-- under a rule that registers lapse (prelude.lua: a calendar quota) goes
+-- back, once, if member was booked under this policy's rules (its name
+-- ends with them, throttle/prepay.go: member); under the other rules a
+-- lapsed turn is only time gone by. drop_lapsed takes the members slotted
+-- before upto (µs of Redis time) out of rkey, and lapses each if a rule
+-- of the policy registers lapse (else it reads nothing more); those
+-- rules' keys are then lapse_keys (prelude.lua: keep_tickets). Each
+-- returns whether it gave a turn back (or one that has ended).
+local lapse_turn, drop_lapsed
+if rare then
+  lapse_turn = function(tkey, member, nrules)
+    local names = {}
+    for i = 1, nrules do names[i] = string.match(KEYS[i], ':([^:]*)$') end
+    local own = ' ' .. table.concat(names, ',')
+    local tks = redis.call('HGET', tkey, member)
+    if not tks or string.sub(member, -#own) ~= own then return false end
+    redis.call('HDEL', tkey, member)
+    local i, gave = 0, false
+    for tk in string.gmatch(tks, '([^\n]*)\n') do
+      i = i + 1
+      if i > nrules then break end
+      local algo, count, period, extra = rule(i)
+      if lapse[algo] and tk ~= '' then
+        lapse[algo](KEYS[i], count, period, extra, tk)
+        gave = true
+      end
+    end
+    return gave
+  end
+  drop_lapsed = function(rkey, tkey, upto, nrules)
+    local lo, hi = '0', '(' .. string.format('%d', upto)
+    for i = 1, nrules do
+      if lapse[(rule(i))] then
+        lapse_keys = lapse_keys or {}
+        lapse_keys[#lapse_keys + 1] = KEYS[i]
+      end
+    end
+    local gave = false
+    if lapse_keys then
+      for _, m in ipairs(redis.call('ZRANGEBYSCORE', rkey, lo, hi)) do
+        if lapse_turn(tkey, m, nrules) then gave = true end
+      end
+    end
+    redis.call('ZREMRANGEBYSCORE', rkey, lo, hi)
+    return gave
+  end
+end
