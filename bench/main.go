@@ -139,6 +139,10 @@ func main() {
 	md := flag.String("md", "../BENCHMARKS.md", "where to write the report")
 	flag.IntVar(&rateOverride, "rate", 0, "override the Wait scenarios' rate R (permits per second; 0: 200), e.g. 5000 for the hot-key check of issue 11")
 	leased := flag.Bool("leased", false, "run the leased part (issue 14, about 2 minutes): one hot key in 4 processes, plain path, Options.LocalLease and redis_rate; results/<date>-leased.json, then the report")
+	leasedBurn := flag.Int("leased-burn", 0, "with -leased: run a process of this many spinning goroutines (its own session, nice 0) through the part, as other work on the machine")
+	leasedBurnSame := flag.Bool("leased-burn-same", false, "with -leased-burn: run the burners in the bench's own session at its priority, as another benchmark beside it would (default: another session at nice 0)")
+	leasedCases := flag.String("leased-cases", "", "with -leased: run only the cases whose name matches this regexp (the fallback check is named \"low rate\")")
+	leasedOut := flag.String("leased-out", "", "with -leased: write results/<date>-<this>.json, and leave BENCHMARKS.md (default: leased, and regenerate the report)")
 	leasedRate := flag.Int("leased-rate", 0, "the leased part's limit on the hot key, per second (0: 200000; burst: a thousandth)")
 	learn := flag.Bool("learn", false, "run the learn part (issue 19, about 30 minutes): a fleet of Transports against a fake API with an untold limit, every header style, with and without a Redis stall; results/<date>-learn.json")
 	learnWorkers := flag.Bool("learn-workers", false, "run the learn part through built cmd/worker processes (issue 19, about 25 minutes): 3 and 10 workers with an http handler against the fake API, 1,500 tasks via asynq; results/<date>-learn-workers.json")
@@ -178,6 +182,7 @@ func main() {
 		if *dur > 0 {
 			cfg.DurationS = dur.Seconds()
 		}
+		cfg.Burners, cfg.BurnSame, cfg.Cases, cfg.Out = *leasedBurn, *leasedBurnSame, *leasedCases, *leasedOut
 		if *nice != 0 {
 			restore, rerr := renice(*nice)
 			defer restore()
