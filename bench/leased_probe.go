@@ -230,9 +230,7 @@ func startBurners(exe string, n int, start time.Time, d time.Duration, same bool
 	}
 	cmd := exec.Command(exe, "-child", string(spec))
 	cmd.Env = append(os.Environ(), fmt.Sprintf("GOMAXPROCS=%d", n))
-	if !same {
-		apart(cmd)
-	}
+	apart(cmd, !same)
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("bench: start burners: %w", err)
 	}

@@ -43,8 +43,9 @@ func renice(n int) (restore func(), err error) {
 	return restore, nil
 }
 
-// apart makes cmd run as another session's work: its own session, so its
-// own autogroup, which renice(0) in the child then leaves at nice 0.
-func apart(cmd *exec.Cmd) {
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
+// apart makes cmd die with the bench and, if session, run as another
+// session's work: its own session, so its own autogroup, which renice(0)
+// in the child then leaves at nice 0.
+func apart(cmd *exec.Cmd, session bool) {
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: session, Pdeathsig: syscall.SIGKILL}
 }

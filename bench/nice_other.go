@@ -11,4 +11,4 @@ func renice(int) (func(), error) {
 	return func() {}, errors.New("bench: -nice is only supported on Linux")
 }
 
-func apart(*exec.Cmd) {}
+func apart(*exec.Cmd, bool) {}
