@@ -33,6 +33,8 @@ type workload struct {
 	File    string        `json:"file,omitempty"`        // where admissions are recorded
 	Linger  time.Duration `json:"linger,omitempty"`      // stay alive this long after Duration
 	PaceNs  time.Duration `json:"pace,omitempty"`        // sleep after each admission
+	// Apart: a burn process run as another session's work (nice 0).
+	Apart bool `json:"apart,omitempty"`
 }
 
 // procResult is what one process reports back.
@@ -58,6 +60,9 @@ type procResult struct {
 	// ScriptOps counts the driver script's calls by operation (the leased
 	// part's children only).
 	ScriptOps map[string]int64 `json:"script_ops,omitempty"`
+	// Lease is what a leased part's child saw of its leases and its
+	// scheduler (leased_probe.go).
+	Lease *leaseStats `json:"lease,omitempty"`
 }
 
 // childMain runs one workload given as JSON and writes the result as JSON.
@@ -213,6 +218,9 @@ func runWorkload(w workload) (*procResult, error) {
 func burn(w workload) *procResult {
 	start := time.Unix(0, w.StartUnixNano)
 	end := start.Add(w.Duration)
+	if w.Apart {
+		_, _ = renice(0)
+	}
 	time.Sleep(time.Until(start))
 	var wg sync.WaitGroup
 	var sink atomic.Int64

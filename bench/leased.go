@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -9,6 +10,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -43,6 +45,20 @@ type leasedConfig struct {
 	// LowRate times a second, one permit at a time, for LowS seconds.
 	LowRate int     `json:"low_rate_per_proc"`
 	LowS    float64 `json:"low_s"`
+	// Burners, if above 0, runs a process of that many spinning
+	// goroutines through the whole part, as another session's work
+	// (-leased-burn): the load of a busy machine.
+	Burners int `json:"burners,omitempty"`
+	// BurnSame runs the burners in the bench's session at its priority
+	// (-leased-burn-same), not as another session's work.
+	BurnSame bool `json:"burn_same,omitempty"`
+	// Cases, if set, runs only the cases whose name matches it
+	// (-leased-cases), and skips the fallback check unless it matches
+	// "low rate".
+	Cases string `json:"cases,omitempty"`
+	// Out names the results file: results/<date>-<Out>.json (-leased-out;
+	// default leased).
+	Out string `json:"-"`
 }
 
 func defaultLeasedConfig() leasedConfig {
@@ -75,6 +91,11 @@ type leasedCase struct {
 	Ops         map[string]int64 `json:"script_ops,omitempty"` // the driver's ops, by name; killed children's uncounted
 	Errors      int64            `json:"errors"`
 	FirstErr    string           `json:"first_error,omitempty"`
+	// Load is the 1-minute load average at the end of the case.
+	Load float64 `json:"load_1m"`
+	// Lease is the children's own record of their leases and scheduler
+	// (leased_probe.go), every process together.
+	Lease *leaseStats `json:"lease,omitempty"`
 }
 
 // leasedLow is the fallback check's result.
@@ -155,7 +176,19 @@ func runLeasedPart(cfg leasedConfig, mdPath string, logf func(string, ...any)) e
 		{leasedCase{Name: "jobthrottle/gcra, leased Allow", Impl: "jobthrottle/gcra", Op: "allow", LeaseMs: cfg.LeaseMs}, steady},
 		{leasedCase{Name: "jobthrottle/gcra, leased Wait, churn", Impl: "jobthrottle/gcra", Op: "wait", LeaseMs: cfg.LeaseMs, Events: churnEvents}, churn},
 	}
+	match, err := regexp.Compile(cfg.Cases)
+	if err != nil {
+		return fmt.Errorf("bench: -leased-cases: %w", err)
+	}
+	stopBurners, err := leasedBurners(exe, cfg, logf)
+	if err != nil {
+		return err
+	}
+	defer stopBurners()
 	for i, tc := range cases {
+		if !match.MatchString(tc.c.Name) {
+			continue
+		}
 		logf("leased: %s", tc.c.Name)
 		c := tc.c
 		ws := make([]workload, len(tc.children))
@@ -168,29 +201,41 @@ func runLeasedPart(cfg leasedConfig, mdPath string, logf func(string, ...any)) e
 		if err := runHotCase(ctx, exe, rdb, &c, tc.children, ws, cfg, lease, d); err != nil {
 			return fmt.Errorf("bench: leased %s: %w", c.Name, err)
 		}
-		logf("leased: %s: %.0f permits/s, max 1 s %d (over %+d, %.2f %%), Redis CPU %.3f µs/permit, %.4f scripts/permit, Jain %.4f",
-			c.Name, c.SteadyPS, c.Max1s, c.Over1s, c.OverPct, c.RedisCPU, c.Scripts, c.Jain)
+		logLeasedCase(logf, &c)
 		run.Cases = append(run.Cases, &c)
 	}
-	low, err := runLowRate(ctx, exe, rdb, cfg, dir)
-	if err != nil {
-		return err
+	if match.MatchString("low rate") {
+		low, err := runLowRate(ctx, exe, rdb, cfg, dir)
+		if err != nil {
+			return err
+		}
+		run.Low = low
+		logf("leased: low rate: %d permits, %d script calls", low.Admitted, low.Scripts)
 	}
-	run.Low = low
-	logf("leased: low rate: %d permits, %d script calls", low.Admitted, low.Scripts)
 	run.RuntimeS = time.Since(t0).Seconds()
 	run.Machine.LoadEnd = loadavg()
+	return writeLeasedRun(run, t0, cfg.Out, mdPath, logf)
+}
+
+// writeLeasedRun writes run to results/<date>-<out>.json (out: leased if
+// empty) and its plot, then, for the report's own file (leased), the
+// report.
+func writeLeasedRun(run *leasedRun, t0 time.Time, out, mdPath string, logf func(string, ...any)) error {
 	b, err := json.MarshalIndent(run, "", "  ")
 	if err != nil {
 		return err
 	}
-	path := filepath.Join("results", t0.UTC().Format("2006-01-02")+"-leased.json")
+	out = cmp.Or(out, "leased")
+	path := filepath.Join("results", t0.UTC().Format("2006-01-02")+"-"+out+".json")
 	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
 		return err
 	}
 	logf("leased: wrote %s", path)
 	if err := writeLeasedPlot(run, path); err != nil {
 		return err
+	}
+	if out != "leased" {
+		return nil // not the report's file
 	}
 	full, err := latestFullResults()
 	if err != nil {
@@ -237,17 +282,8 @@ func runHotCase(ctx context.Context, exe string, rdb *redis.Client, c *leasedCas
 		all = append(all, ts...)
 		c.PerProc = append(c.PerProc, len(ts))
 		if p := procs[j]; p != nil {
-			for op, n := range p.ScriptOps {
-				if c.Ops == nil {
-					c.Ops = map[string]int64{}
-				}
-				c.Ops[op] += n
-			}
+			c.add(p)
 			cpu += p.CPUNs
-			c.Errors += p.Errors
-			if c.FirstErr == "" {
-				c.FirstErr = p.FirstError
-			}
 		}
 	}
 	slices.Sort(all)
@@ -273,6 +309,11 @@ func runHotCase(ctx context.Context, exe string, rdb *redis.Client, c *leasedCas
 	if len(whole) > 1 {
 		c.Jain = jain(whole)
 	}
+	if c.Lease != nil {
+		c.Lease.summarize()
+		c.Lease.RTTs, c.Lease.Sleeps = nil, nil
+	}
+	c.Load = load1()
 	if n := float64(max(c.Admitted, 1)); c.Admitted > 0 {
 		c.RedisCPU = (after.CPU - before.CPU) * 1e6 / n
 		_, scripts := callDelta(before, after)
@@ -280,6 +321,26 @@ func runHotCase(ctx context.Context, exe string, rdb *redis.Client, c *leasedCas
 		c.ClientCPU = float64(cpu) / 1e3 / n
 	}
 	return nil
+}
+
+// add counts a child's script calls, lease record and errors in c.
+func (c *leasedCase) add(p *procResult) {
+	for op, n := range p.ScriptOps {
+		if c.Ops == nil {
+			c.Ops = map[string]int64{}
+		}
+		c.Ops[op] += n
+	}
+	if p.Lease != nil {
+		if c.Lease == nil {
+			c.Lease = &leaseStats{}
+		}
+		c.Lease.merge(p.Lease)
+	}
+	c.Errors += p.Errors
+	if c.FirstErr == "" {
+		c.FirstErr = p.FirstError
+	}
 }
 
 // readRecords reads a child's admission times (ns after its start; the
@@ -350,6 +411,8 @@ func runHot(w workload) (*procResult, error) {
 	rdb.AddHook(&rt)
 	ops := &opHook{n: map[string]int64{}}
 	rdb.AddHook(ops)
+	probe := &leaseProbe{}
+	rdb.AddHook(probe)
 	ctx0 := context.Background()
 	rdb.Ping(ctx0)
 	capacity := int(float64(w.Rate)*(w.Duration.Seconds()+2)) + w.Burst + 1000
@@ -397,6 +460,7 @@ func runHot(w workload) (*procResult, error) {
 		res.LateNs = -d.Nanoseconds()
 	}
 	cpu0 := cpuTime()
+	finish := probe.start(w)
 	var mu sync.Mutex
 	fail := func(err error) {
 		mu.Lock()
@@ -433,6 +497,7 @@ func runHot(w workload) (*procResult, error) {
 	res.RoundTrips = rt.n.Load()
 	res.Allowed = rec.n.Load()
 	res.ScriptOps = ops.counts()
+	res.Lease = finish()
 	if w.Linger > 0 {
 		time.Sleep(w.Linger)
 	}

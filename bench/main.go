@@ -139,6 +139,7 @@ func main() {
 	md := flag.String("md", "../BENCHMARKS.md", "where to write the report")
 	flag.IntVar(&rateOverride, "rate", 0, "override the Wait scenarios' rate R (permits per second; 0: 200), e.g. 5000 for the hot-key check of issue 11")
 	leased := flag.Bool("leased", false, "run the leased part (issue 14, about 2 minutes): one hot key in 4 processes, plain path, Options.LocalLease and redis_rate; results/<date>-leased.json, then the report")
+	applyLeased := hotpathFlags()
 	leasedRate := flag.Int("leased-rate", 0, "the leased part's limit on the hot key, per second (0: 200000; burst: a thousandth)")
 	learn := flag.Bool("learn", false, "run the learn part (issue 19, about 30 minutes): a fleet of Transports against a fake API with an untold limit, every header style, with and without a Redis stall; results/<date>-learn.json")
 	learnWorkers := flag.Bool("learn-workers", false, "run the learn part through built cmd/worker processes (issue 19, about 25 minutes): 3 and 10 workers with an http handler against the fake API, 1,500 tasks via asynq; results/<date>-learn-workers.json")
@@ -178,6 +179,7 @@ func main() {
 		if *dur > 0 {
 			cfg.DurationS = dur.Seconds()
 		}
+		applyLeased(&cfg)
 		if *nice != 0 {
 			restore, rerr := renice(*nice)
 			defer restore()
@@ -257,6 +259,53 @@ var niceness int
 // rateOverride, if above 0, replaces the Wait scenarios' rate (-rate).
 var rateOverride int
 
+// tpRoundsOverride, if above 0, replaces the throughput part's number of
+// interleaved rounds (-tp-rounds); outName, if set, names the results
+// file results/<date>-<outName>.json (-out), so that a branch's run does
+// not overwrite the day's run.
+var (
+	tpRoundsOverride int
+	outName          string
+)
+
+// hotpathFlags registers the flags of issue 25's hot-path measurements:
+// -tp-rounds and -out for a full run, and the leased part's load and
+// selection, which the returned function sets in its config.
+func hotpathFlags() (applyLeased func(*leasedConfig)) {
+	flag.IntVar(&tpRoundsOverride, "tp-rounds", 0, "override the throughput part's number of interleaved rounds (0: 5 in a full run), e.g. 9 for issue 25's unbatched target")
+	flag.StringVar(&outName, "out", "", "with -full or -quick: write results/<date>-<this>.json instead of results/<date>.json, and leave BENCHMARKS.md")
+	burn := flag.Int("leased-burn", 0, "with -leased: run a process of this many spinning goroutines (its own session, nice 0) through the part, as other work on the machine")
+	same := flag.Bool("leased-burn-same", false, "with -leased-burn: run the burners in the bench's own session at its priority, as another benchmark beside it would (default: another session at nice 0)")
+	cases := flag.String("leased-cases", "", "with -leased: run only the cases whose name matches this regexp (the fallback check is named \"low rate\")")
+	out := flag.String("leased-out", "", "with -leased: write results/<date>-<this>.json, and leave BENCHMARKS.md (default: leased, and regenerate the report)")
+	return func(cfg *leasedConfig) {
+		cfg.Burners, cfg.BurnSame, cfg.Cases, cfg.Out = *burn, *same, *cases, *out
+	}
+}
+
+// applyOverrides applies -rate and -tp-rounds to a full or quick run.
+func applyOverrides(cfg *runConfig) {
+	if rateOverride > 0 {
+		cfg.Rate = rateOverride
+	}
+	if tpRoundsOverride > 0 {
+		cfg.TPRounds = tpRoundsOverride
+	}
+}
+
+// resultsName is a full or quick run's results file name, without .json:
+// <date>, <date>-quick, or <date>-<outName> (-out).
+func resultsName(t0 time.Time, mode string) string {
+	name := t0.UTC().Format("2006-01-02")
+	switch {
+	case outName != "":
+		return name + "-" + outName
+	case mode != "full":
+		return name + "-" + mode
+	}
+	return name
+}
+
 func run(full bool, only string, dur time.Duration, skip, mdPath string, budget time.Duration, logf func(string, ...any)) error {
 	t0 := time.Now()
 	var filter *regexp.Regexp
@@ -284,9 +333,7 @@ func run(full bool, only string, dur time.Duration, skip, mdPath string, budget 
 	if dur > 0 {
 		cfg.DurationS = dur.Seconds()
 	}
-	if rateOverride > 0 {
-		cfg.Rate = rateOverride
-	}
+	applyOverrides(&cfg)
 	exe, err := os.Executable()
 	if err != nil {
 		return err
@@ -392,15 +439,14 @@ func run(full bool, only string, dur time.Duration, skip, mdPath string, budget 
 	res.RuntimeS = time.Since(t0).Seconds()
 	res.Targets = evaluate(res)
 
-	name := t0.UTC().Format("2006-01-02")
-	if mode != "full" {
-		name += "-" + mode
-	}
-	jsonPath := filepath.Join("results", name+".json")
+	jsonPath := filepath.Join("results", resultsName(t0, mode)+".json")
 	if err := writeJSON(jsonPath, res); err != nil {
 		return err
 	}
 	logf("wrote %s", jsonPath)
+	if outName != "" {
+		return nil // a named run is quoted by hand, not the report's
+	}
 	if err := writeReport(res, jsonPath, mdPath); err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ package main
 
 import (
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"syscall"
@@ -40,4 +41,11 @@ func renice(n int) (restore func(), err error) {
 		}
 	}
 	return restore, nil
+}
+
+// apart makes cmd die with the bench and, if session, run as another
+// session's work: its own session, so its own autogroup, which renice(0)
+// in the child then leaves at nice 0.
+func apart(cmd *exec.Cmd, session bool) {
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: session, Pdeathsig: syscall.SIGKILL}
 }

@@ -2,8 +2,13 @@
 
 package main
 
-import "errors"
+import (
+	"errors"
+	"os/exec"
+)
 
 func renice(int) (func(), error) {
 	return func() {}, errors.New("bench: -nice is only supported on Linux")
 }
+
+func apart(*exec.Cmd, bool) {}

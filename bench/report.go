@@ -48,6 +48,9 @@ func writeReport(res *runResult, jsonPath, mdPath string) error {
 	}
 	if ls, path := readLeased(); ls != nil {
 		md += renderLeased(ls, filepath.ToSlash(filepath.Join("bench", path)))
+		if notes, err := os.ReadFile("leased-notes.md"); err == nil {
+			md += "\n" + string(notes) // hand-written, after the generated section
+		}
 	}
 	if fr, path := readFleet(); fr != nil {
 		md += "\n" + renderFleet(fr, filepath.ToSlash(filepath.Join("bench", path)))

@@ -290,11 +290,15 @@
 // the last 100ms) and the rate R: the least of 2δ·R, δ·r/(1 − r/R) (what
 // arrivals at r can take before a slot is δ late) and δ·√(r·R)/4 (which
 // keeps processes that use the key even: their parts of the rate converge), or
-// what arrives during one run's call's round trip if that is more. A run
+// what arrives during two refills if that is more (a refill: from deciding
+// a run's call to serving the callers queued for it, which on a loaded
+// machine is mostly waiting for a CPU); and it is at least what the
+// process's callers waiting on Redis's exact answers asked for, so that a
+// loaded process whose runs ran dry takes runs again. A run
 // of fewer than 4 permits is not taken: at a few permits a second, every
 // call is one exact decision in Redis, as without LocalLease. A process
-// asks for its next run when it holds less than one (or than two round
-// trips of its demand), and gives back the unused tail of its runs once
+// asks for its next run when it holds less than one (or than two refills
+// of its demand), and gives back the unused tail of its runs once
 // its requests stop; the bucket takes back what no later reservation has
 // followed, as for a cancelled reservation, so under contention a refund
 // may give back nothing.

@@ -44,7 +44,7 @@ func TestFastBucketScriptAgreesWithDriver(t *testing.T) {
 			now = now.Add(step)
 			m.SetTime(now)
 			m.FastForward(step)
-			op := []string{"allow", "reserve"}[rng.IntN(2)]
+			opName := []string{"allow", "reserve"}[rng.IntN(2)]
 			n := rng.Int64N(burst + 2)
 			maxWait := []int64{-1, 0, rng.Int64N(3 * T * burst)}[rng.IntN(3)]
 			if !fastRule(algo, 1, T, burst) {
@@ -53,7 +53,7 @@ func TestFastBucketScriptAgreesWithDriver(t *testing.T) {
 				}
 				continue
 			}
-			line := evalLine([]string{kf}, []any{op, n, maxWait, T, burst})
+			line := fastLine(kf, op(opName), int(n), maxWait, T, burst)
 			if fastScript(scripts[algo].allow, line) != fastBucketScript {
 				t.Fatalf("fastScript(%v) did not choose the fast script", line)
 			}

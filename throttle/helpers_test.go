@@ -135,7 +135,7 @@ func takeLease(t *testing.T, q *leaser, subject string, n int) *lease {
 	t.Helper()
 	k := q.lock(subject)
 	k.mu.Unlock()
-	q.call(context.Background(), subject, k, n)
+	q.call(context.Background(), subject, k, n, time.Now())
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if len(k.leases) != 1 || k.leases[0].k != n {

@@ -77,7 +77,7 @@ type leaser struct {
 	maxLease int
 	horizon  time.Duration
 	clock    leaseClock
-	rtt      atomic.Int64 // lease calls' round trip, ns, a moving average
+	refill   atomic.Int64 // a lease call's refill latency, ns, a moving average (refillLatency)
 
 	keys     sync.Map // subject → *leasedKey
 	sweeping atomic.Bool
@@ -162,6 +162,7 @@ type leasedKey struct {
 	last      time.Time // the last request
 	back      time.Time // the latest moment a denied Allow was told to come back
 	sleeping  int       // waits holding slots, not yet woken
+	exactOut  int       // permits asked for by callers on the exact path, not yet answered
 	idle      *time.Timer
 	gone      bool // swept: callers look the subject up again
 }
@@ -327,23 +328,39 @@ func note(k *leasedKey, n int, t time.Time) {
 //   - δ·r / (1 − r/R), the most that arrivals at r can take from a run of
 //     slots 1/R apart before the last is δ late: a larger lease would
 //     drop slots unused;
-//   - δ·√(r·R) / 4, or what arrives during one lease call's round trip
-//     if more (so that one call at a time keeps up), which keeps the
-//     processes that share a key even.
+//   - δ·√(r·R) / 4, or what arrives during two refills (2·r·L, L the
+//     refill latency) if more, which keeps the processes that share a key
+//     even.
 //     Under contention a process's arrivals (its waiters coming back)
 //     follow what it got, and it gets in proportion to its lease size, so
 //     a size that grew faster than r would let whoever got more lease
 //     more; a size that grows as √r gives the smaller share the larger
 //     lease for its demand, and the shares converge. Up to about 16
 //     processes on a key this term is the smaller of the last two.
+//
+// The refill term keeps one call at a time ahead of demand on a loaded
+// machine, where a refill takes far longer than the network (the call's
+// goroutine, and then the callers it serves, wait for a CPU): r is the
+// demand served, so a lease of r·L would only repeat it, with callers
+// queued behind every call; a lease of 2·r·L lasts until the next one,
+// started at the low-water mark, arrives, and lets r grow to the callers'
+// demand.
+//
+// The size is at least what callers on the exact path asked for (up to
+// maxLease): they are a queue, not arrivals at r. Without it a process
+// whose leases ran dry on a loaded machine stays on the exact path, every
+// request a Redis round trip that is slow under load, so that the demand
+// served stays below what justifies a lease (δ·r under 4) however many
+// callers wait (BENCHMARKS.md, issue 25).
 func (q *leaser) size(k *leasedKey, t time.Time) int {
 	r := demand(k, t)
 	d := q.slack.Seconds()
-	n := max(d*math.Sqrt(r*q.rate)/4, r*q.roundTrip().Seconds())
+	n := max(d*math.Sqrt(r*q.rate)/4, 2*r*q.refillLatency().Seconds())
 	n = min(n, float64(q.maxLease))
 	if r < q.rate {
 		n = min(n, d*r/(1-r/q.rate))
 	}
+	n = max(n, float64(min(k.exactOut, q.maxLease)))
 	if n < minLocalLease {
 		return 0
 	}
@@ -355,8 +372,17 @@ func demand(k *leasedKey, t time.Time) float64 {
 	return float64(k.prev+k.cur) / (demandWindow + t.Sub(k.win)).Seconds()
 }
 
-// roundTrip is the recent round trip of lease calls (a moving average).
-func (q *leaser) roundTrip() time.Duration { return time.Duration(q.rtt.Load()) }
+// refillLatency is how long recent lease calls took from the moment one
+// was decided to the moment its reply served the queue (a moving
+// average): the round trip, and on a loaded machine the waits for a CPU
+// before the call is sent and after its reply came.
+func (q *leaser) refillLatency() time.Duration { return time.Duration(q.refill.Load()) }
+
+// noteRefill adds a lease call decided at from and served at to to the
+// refill latency's moving average.
+func (q *leaser) noteRefill(from, to time.Time) {
+	q.refill.Store((7*q.refill.Load() + int64(to.Sub(from))) / 8)
+}
 
 // lock returns subject's state, created if new, locked.
 func (q *leaser) lock(subject string) *leasedKey {
@@ -441,6 +467,7 @@ func (q *leaser) allow(ctx context.Context, subject string, n int) (Result, erro
 	if res, ok, err := q.allowLocal(ctx, subject, n); ok {
 		return res, err
 	}
+	defer q.onExact(subject, n)()
 	return q.exact.allow(ctx, subject, n)
 }
 
@@ -448,7 +475,25 @@ func (q *leaser) wait(ctx context.Context, subject string, n int) (*Place, error
 	if ok, err := q.waitLocal(ctx, subject, n); ok {
 		return nil, err
 	}
+	defer q.onExact(subject, n)()
 	return q.exact.wait(ctx, subject, n)
+}
+
+// onExact counts n permits of subject asked for on the exact path until
+// done is called, if a lease could serve them: callers waiting on Redis
+// are demand that the count of arrivals does not show (size).
+func (q *leaser) onExact(subject string, n int) (done func()) {
+	if !q.leasable(n) {
+		return func() {}
+	}
+	k := q.lock(subject)
+	k.exactOut += n
+	k.mu.Unlock()
+	return func() {
+		k.mu.Lock()
+		k.exactOut -= n
+		k.mu.Unlock()
+	}
 }
 
 func (q *leaser) forget(subject string) { q.drop(subject) }
@@ -677,11 +722,11 @@ func (q *leaser) await(ctx context.Context, k *leasedKey, r *leaseReq) error {
 // renewIfLow starts a lease call if k holds less than one lease.
 func (q *leaser) renewIfLow(ctx context.Context, subject string, k *leasedKey, t time.Time) {
 	if !k.renewing {
-		// One lease, or what two round trips of lease calls take at the
+		// One lease, or what two refills of lease calls take at the
 		// current demand, if more (at most maxLease, so that a process
 		// never holds more than 2 × maxLease): the next lease comes before
 		// these run out.
-		low := max(float64(q.size(k, t)), min(2*demand(k, t)*q.roundTrip().Seconds(), float64(q.maxLease)))
+		low := max(float64(q.size(k, t)), min(2*demand(k, t)*q.refillLatency().Seconds(), float64(q.maxLease)))
 		if low >= minLocalLease && float64(free(k)) < low {
 			q.renew(ctx, subject, k, t)
 		}
@@ -696,13 +741,15 @@ func (q *leaser) renew(ctx context.Context, subject string, k *leasedKey, t time
 		return false
 	}
 	ctx = context.WithoutCancel(ctx)
-	k.renewing = q.lim.bg.start(func() { q.call(ctx, subject, k, n) }) // not after Close
+	from := time.Now()
+	k.renewing = q.lim.bg.start(func() { q.call(ctx, subject, k, n, from) }) // not after Close
 	return k.renewing
 }
 
 // call leases n slots of subject: a reservation of n permits whose last
-// slot is at most the horizon away, then serves the queued requests.
-func (q *leaser) call(ctx context.Context, subject string, k *leasedKey, n int) {
+// slot is at most the horizon away, then serves the queued requests. The
+// call was decided at from.
+func (q *leaser) call(ctx context.Context, subject string, k *leasedKey, n int, from time.Time) {
 	ctx, cancel := ownTimeout(ctx, leaseCallTimeout)
 	defer cancel()
 	l := q.lim
@@ -716,7 +763,6 @@ func (q *leaser) call(ctx context.Context, subject string, k *leasedKey, n int) 
 		// caller, here the requests that then go to Redis on their own.
 		cmd, err = l.exec(ctx, opReserve, l.scripts.allow, keys, args)
 		recv := time.Now()
-		q.rtt.Store((7*q.rtt.Load() + int64(recv.Sub(send))) / 8)
 		var raw []any
 		if err == nil {
 			raw, err = cmd.Slice()
@@ -730,8 +776,9 @@ func (q *leaser) call(ctx context.Context, subject string, k *leasedKey, n int) 
 			}
 		}
 	}
-	t := time.Now()
 	k.mu.Lock()
+	t := time.Now()
+	q.noteRefill(from, t)
 	k.renewing = false
 	if ls == nil {
 		k.backoff = t.Add(leaseBackoff)

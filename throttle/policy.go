@@ -128,11 +128,7 @@ func (p *policy) build(o op, subject string, n int, bound int64, fast bool) ([]a
 	}
 	k := len(p.rules)
 	if fast && p.fast && (o == opAllow || o == opReserve) {
-		line := newLine(1, fastArgs)
-		line[lineHead] = key(p.prefix, enc, p.keyRules[0])
-		args := line[lineHead+1:]
-		args[0], args[1], args[2], args[3], args[4] = o.arg(), n, boundArg(bound), p.ruleArgs[2], p.ruleArgs[3]
-		return line, nil
+		return fastLine(key(p.prefix, enc, p.keyRules[0]), o, n, bound, p.ruleArgs[2], p.ruleArgs[3]), nil
 	}
 	line := newLine(k, 3+5*k)
 	args := line[lineHead+k:]
@@ -143,6 +139,25 @@ func (p *policy) build(o op, subject string, n int, bound int64, fast bool) ([]a
 		args[3+5*i+4] = ""
 	}
 	return line, nil
+}
+
+// fastLine is the line of a call of the fast bucket script (scripts.go)
+// on key: op, n, the rule's interval in µs and its burst, then a
+// reserve's bound. An allow sends no bound: it never waits, and each
+// argument costs Redis an object and a Lua string per call.
+func fastLine(key string, o op, n int, bound int64, interval, burst any) []any {
+	nargs := fastArgs
+	if o == opAllow {
+		nargs--
+	}
+	line := newLine(1, nargs)
+	line[lineHead] = key
+	args := line[lineHead+1:]
+	args[0], args[1], args[2], args[3] = o.arg(), n, interval, burst
+	if o != opAllow {
+		args[4] = boundArg(bound)
+	}
+	return line
 }
 
 // check validates a request of n permits for subject and returns the

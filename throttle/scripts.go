@@ -117,9 +117,9 @@ func scriptsFor(rules []Rule) *scriptSet {
 // under 2^40 − 1 µs (fastRule), with allow.lua's reply. It is a small
 // script, which is most of why it costs Redis less per call: the Lua
 // collector walks every loaded script about every 50 calls (BENCHMARKS.md,
-// server cost). Its ARGV are the five it reads (op, n, max wait, period
-// in µs, burst), not allow.lua's eight: each argument costs Redis an
-// object and a Lua string per call. A call whose state it cannot read it
+// server cost). Its ARGV are the ones it reads (op, n, period in µs,
+// burst, and a reserve's max wait), not allow.lua's eight: each argument
+// costs Redis an object and a Lua string per call. A call whose state it cannot read it
 // hands back (handedBack), unchanged, and the runner sends allow.lua's
 // form of it (allowLine) to the limiter's own script.
 var fastBucketScript = buildScript("bucket_fast.lua")
@@ -129,8 +129,9 @@ var fastBucketScript = buildScript("bucket_fast.lua")
 // for no reservation on record).
 const fastBurstLimit = 1<<40 - 1
 
-// fastArgs is how many arguments a call of fastBucketScript has; a
-// call of allow.lua has 3 + 5 per rule, never 5.
+// fastArgs is how many arguments a reserve of fastBucketScript has, an
+// allow one fewer (fastLine, policy.go); a call of allow.lua has 3 + 5
+// per rule, never 4 or 5.
 const fastArgs = 5
 
 // fastRule reports whether allow and reserve calls of a policy of one rule
@@ -141,12 +142,12 @@ func fastRule(a Algorithm, count, period, extra int64) bool {
 }
 
 // fastScript returns fastBucketScript if line (run.go) is a call of it to
-// one of the one-rule bucket scripts: one key, and fastArgs arguments (op,
-// n, max wait, period, extra) that only the policy of a fastRule builds;
-// nil otherwise.
+// one of the one-rule bucket scripts: one key, and fastArgs arguments, or
+// one fewer (op, n, period, extra, and a reserve's max wait: fastLine)
+// that only the policy of a fastRule builds; nil otherwise.
 func fastScript(script *redis.Script, line []any) *redis.Script {
 	nkeys, args := lineArgs(line)
-	if nkeys != 1 || len(args) != fastArgs || (script != scripts[TokenBucket].allow && script != scripts[GCRA].allow) {
+	if nkeys != 1 || len(args) < fastArgs-1 || len(args) > fastArgs || (script != scripts[TokenBucket].allow && script != scripts[GCRA].allow) {
 		return nil
 	}
 	return fastBucketScript
@@ -161,9 +162,13 @@ func allowLine(script *redis.Script, line []any) []any {
 		a = TokenBucket
 	}
 	_, args := lineArgs(line)
+	bound := noBound
+	if len(args) == fastArgs {
+		bound = args[4]
+	}
 	d := newLine(1, 8)
 	d[lineHead] = line[lineHead]
-	copy(d[lineHead+1:], []any{args[0], args[1], args[2], string(a), int64(1), args[3], args[4], ""})
+	copy(d[lineHead+1:], []any{args[0], args[1], bound, string(a), int64(1), args[2], args[3], ""})
 	return d
 }
 

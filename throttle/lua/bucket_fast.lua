@@ -7,12 +7,12 @@
 -- KEYS[1] -> the rule's key (bucket.lua's state)
 -- ARGV[1] -> op: 'allow' or 'reserve'
 -- ARGV[2] -> n, the permits asked for
--- ARGV[3] -> max wait of a reserve, µs; -1 for none
--- ARGV[4] -> T, the rule's interval (its period, count being 1), µs
--- ARGV[5] -> burst
--- (allow.lua's ARGV less the algorithm, the count and the ticket: each
--- argument costs Redis an object and a Lua string per call.) The reply is
--- allow.lua's but for the ticket (below).
+-- ARGV[3] -> T, the rule's interval (its period, count being 1), µs
+-- ARGV[4] -> burst
+-- ARGV[5] -> a reserve's max wait, µs; -1 for none (an allow sends none)
+-- (allow.lua's ARGV less the algorithm, the count and the ticket, and an
+-- allow's unused max wait: each argument costs Redis an object and a Lua
+-- string per call.) The reply is allow.lua's but for the ticket (below).
 --
 -- Its decisions, state, TTL and reply are those the general script
 -- (bk_check, bk_commit and bk_store in bucket.lua, decide.lua and allow.lua) gives
@@ -37,8 +37,8 @@
 local A = ARGV
 local n = A[2]
 if n == '1' then n = 1 else n = n + 0 end
-local T = A[4] + 0
-local B = A[5] * T -- burst * T, the bucket's depth in µs
+local T = A[3] + 0
+local B = A[4] * T -- burst * T, the bucket's depth in µs
 local call = redis.call
 local key = KEYS[1]
 local v = call('GET', key)
@@ -61,7 +61,7 @@ local delay = 0
 local ok = true
 if x > now then
   delay = x - now
-  local max_wait = A[3]
+  local max_wait = A[5]
   ok = A[1] == 'reserve' and (max_wait == '-1' or delay <= max_wait + 0)
 end
 -- remaining and reset are read at the new TAT if admitted, else at the
