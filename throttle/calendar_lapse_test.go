@@ -166,3 +166,39 @@ func TestCalendarLapsedTurnInPause(t *testing.T) {
 		}
 	})
 }
+
+// A Prepay receipt that lapses (never redeemed within its keep) gives its
+// quota unit back when the next Prepay of the policy sees it; the producer
+// that then cancels it (a failed enqueue slower than the keep) gives
+// nothing back a second time: the day admits its quota, no more.
+func TestCalendarLapsedReceiptCancelled(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := context.Background()
+		const quota = 3
+		sleepUntil(t, time.Date(2000, 6, 3, 10, 0, 0, 0, time.UTC))
+		l := mustNew(t, rdb, Options{},
+			Rule{Name: "second", Algorithm: GCRA, Limit: PerSecond(10).WithBurst(1)},
+			Rule{Name: "daily", Algorithm: CalendarWindow, Limit: Limit{Count: quota}, Calendar: Daily(nil)})
+		lapsed, err := l.PrepayN(ctx, "acct", 1, 100*ms)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(300 * ms)
+		if _, err := l.PrepayN(ctx, "acct", 1, 100*ms); err != nil { // sees the lapse: the unit comes back
+			t.Fatal(err)
+		}
+		if err := lapsed.Cancel(ctx); err != nil {
+			t.Fatal(err)
+		}
+		admitted := 1 // the second receipt
+		for range quota + 2 {
+			time.Sleep(200 * ms)
+			if allow(t, l, "acct", 1).Allowed {
+				admitted++
+			}
+		}
+		if admitted != quota {
+			t.Errorf("%d admitted today (a receipt among them); want the quota, %d", admitted, quota)
+		}
+	})
+}
