@@ -202,3 +202,47 @@ func TestCalendarLapsedReceiptCancelled(t *testing.T) {
 		}
 	})
 }
+
+// A turn booked again (Rebook: a worker draining for shutdown) that its
+// caller never redeems lapses and gives its quota unit back, like any
+// booking: kept as long as the quota's window, not only until its slot
+// and tolerance, so that the next Admit still finds it.
+func TestCalendarLapsedRebookedTurn(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := context.Background()
+		const quota = 3
+		sleepUntil(t, time.Date(2000, 6, 3, 10, 0, 0, 0, time.UTC))
+		l := mustNew(t, rdb, Options{},
+			Rule{Name: "second", Algorithm: GCRA, Limit: PerSecond(10).WithBurst(1)},
+			Rule{Name: "daily", Algorithm: CalendarWindow, Limit: Limit{Count: quota}, Calendar: Daily(nil)})
+		req := func(id string) AdmitRequest {
+			return AdmitRequest{Subject: "acct", N: 1, Caller: Caller{ID: id}, Wait: time.Second, Tolerance: 50 * ms}
+		}
+		started := 0
+		if a, err := l.Admit(ctx, req("t0")); err != nil || a.Status != Granted {
+			t.Fatalf("t0: %+v, %v; want granted", a, err)
+		}
+		started++
+		a, err := l.Admit(ctx, req("t1"))
+		if err != nil || a.Status != Granted || a.Delay <= 0 {
+			t.Fatalf("t1: %+v, %v; want granted later", a, err)
+		}
+		if ok, err := a.Reservation.Rebook(ctx); !ok || err != nil {
+			t.Fatalf("t1's Rebook: %v, %v; want booked", ok, err)
+		}
+		time.Sleep(time.Second) // t1 never comes back
+		if a, err := l.Admit(ctx, req("t2")); err != nil || a.Status != Granted {
+			t.Fatalf("t2: %+v, %v; want granted", a, err)
+		}
+		started++
+		for range quota {
+			time.Sleep(200 * ms)
+			if allow(t, l, "acct", 1).Allowed {
+				started++
+			}
+		}
+		if started != quota {
+			t.Errorf("%d started today, t1's booked turn lapsed; want the quota, %d", started, quota)
+		}
+	})
+}
