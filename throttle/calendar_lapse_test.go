@@ -175,10 +175,7 @@ func TestCalendarLapsedReceiptCancelled(t *testing.T) {
 	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
 		ctx := context.Background()
 		const quota = 3
-		sleepUntil(t, time.Date(2000, 6, 3, 10, 0, 0, 0, time.UTC))
-		l := mustNew(t, rdb, Options{},
-			Rule{Name: "second", Algorithm: GCRA, Limit: PerSecond(10).WithBurst(1)},
-			Rule{Name: "daily", Algorithm: CalendarWindow, Limit: Limit{Count: quota}, Calendar: Daily(nil)})
+		l := quotaAt10(t, rdb, quota)
 		lapsed, err := l.PrepayN(ctx, "acct", 1, 100*ms)
 		if err != nil {
 			t.Fatal(err)
@@ -211,10 +208,7 @@ func TestCalendarLapsedRebookedTurn(t *testing.T) {
 	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
 		ctx := context.Background()
 		const quota = 3
-		sleepUntil(t, time.Date(2000, 6, 3, 10, 0, 0, 0, time.UTC))
-		l := mustNew(t, rdb, Options{},
-			Rule{Name: "second", Algorithm: GCRA, Limit: PerSecond(10).WithBurst(1)},
-			Rule{Name: "daily", Algorithm: CalendarWindow, Limit: Limit{Count: quota}, Calendar: Daily(nil)})
+		l := quotaAt10(t, rdb, quota)
 		req := func(id string) AdmitRequest {
 			return AdmitRequest{Subject: "acct", N: 1, Caller: Caller{ID: id}, Wait: time.Second, Tolerance: 50 * ms}
 		}
@@ -245,4 +239,13 @@ func TestCalendarLapsedRebookedTurn(t *testing.T) {
 			t.Errorf("%d started today, t1's booked turn lapsed; want the quota, %d", started, quota)
 		}
 	})
+}
+
+// quotaAt10 moves to 10:00 UTC and returns a limiter of 10 a second
+// (GCRA, burst 1) and a daily quota of quota, UTC.
+func quotaAt10(t *testing.T, rdb *redis.Client, quota int) *Limiter {
+	sleepUntil(t, time.Date(2000, 6, 3, 10, 0, 0, 0, time.UTC))
+	return mustNew(t, rdb, Options{},
+		Rule{Name: "second", Algorithm: GCRA, Limit: PerSecond(10).WithBurst(1)},
+		Rule{Name: "daily", Algorithm: CalendarWindow, Limit: Limit{Count: quota}, Calendar: Daily(nil)})
 }
