@@ -44,7 +44,7 @@ func TestStackTenant(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			for _, n := range []int{300, 3000} {
 				t.Run(fmt.Sprint(n), func(t *testing.T) {
-					stackTenant(t, n, c.key, c.tenant, c.parks, c.calls)
+					stackTenant(t, n, 1, c.key, c.tenant, c.parks, c.calls, 4*time.Second)
 				})
 			}
 		})
@@ -54,7 +54,7 @@ func TestStackTenant(t *testing.T) {
 // stackTenant runs TestStackTenant's backlog of n jobs over three keys of
 // key per second each, within tenant per second, checking at most
 // maxParks parks and maxCalls limiter calls per job.
-func stackTenant(t *testing.T, n, key, tenant int, maxParks, maxCalls float64) {
+func stackTenant(t *testing.T, n, stacks, key, tenant int, maxParks, maxCalls float64, slack time.Duration) {
 	const keys = 3
 	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
 		ledger := redistest.PipeClient(m)
@@ -63,9 +63,15 @@ func stackTenant(t *testing.T, n, key, tenant int, maxParks, maxCalls float64) {
 			i, _ := strconv.Atoi(id[len("job-"):])
 			return []string{fmt.Sprintf("key-%d", i%keys), "acme"}
 		}
-		b, p := newStackBed(t, rdb, ledger, n, subsOf,
-			throttle.Rule{Name: "key", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(key).WithBurst(1)},
-			throttle.Rule{Name: "tenant", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(tenant).WithBurst(1)})
+		rules := []throttle.Rule{
+			{Name: "key", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(key).WithBurst(1)},
+			{Name: "tenant", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(tenant).WithBurst(1)},
+		}
+		b, p := newStackBed(t, rdb, ledger, n, subsOf, rules...)
+		b.addStacks(rdb, p, stacks-1, rules...)
+		if stacks > 1 {
+			b.late = 2 * slack // (one stack: run's own bound)
+		}
 		if !b.stack.Meets() {
 			t.Fatal("two GCRA gates: the stack does not meet")
 		}
@@ -85,13 +91,13 @@ func stackTenant(t *testing.T, n, key, tenant int, maxParks, maxCalls float64) {
 		}
 		// (Turns given back while later ones are booked are lost to a
 		// bucket: a few of the tenant's, when its jobs start to meet.)
-		if took > want*108/100+4*time.Second {
+		if took > want*108/100+slack {
 			t.Errorf("the backlog took %v, want about %v (the binding limit's)", took, want)
 		}
 		per := float64(b.calls.Load()) / float64(n)
 		parks := float64(b.parks) / float64(n)
-		t.Logf("%d jobs in %v (the binding limit alone: %v): %.3f parks and %.3f limiter calls per job",
-			n, took, want, parks, per)
+		t.Logf("%d jobs on %d stacks in %v (the binding limit alone: %v, %.0f %%): %.3f parks and %.3f limiter calls per job",
+			n, stacks, took, want, 100*want.Seconds()/took.Seconds(), parks, per)
 		if parks > maxParks {
 			t.Errorf("%.3f parks per job, want at most %.2f", parks, maxParks)
 		}
@@ -99,4 +105,20 @@ func stackTenant(t *testing.T, n, key, tenant int, maxParks, maxCalls float64) {
 			t.Errorf("%.3f limiter calls per job, want at most %.1f", per, maxCalls)
 		}
 	})
+}
+
+// TestStackTenantProcesses is TestStackTenant's tenant-binds case, 300
+// jobs, on three stacks over the same limits, as in three worker
+// processes, the workers shared out among them: their holds reach the
+// limits in any order, and still every job runs once and each key and
+// the tenant hold limit + burst in every second on the Redis clock. The
+// pace is not yet the tenant's (issue 24: measured 62-89 % of its rate
+// over the backlog, asserted within 30 s of it): a job's tenant turn and
+// key turn are two calls, and another process's job of the same key
+// between them pushes the key's turn past the tenant's, which is given
+// back behind later ones (lost) and taken again later; and a key whose
+// turns run ahead of the tenant's is left with a tail of jobs at the
+// key's rate at the end.
+func TestStackTenantProcesses(t *testing.T) {
+	stackTenant(t, 300, 3, 10, 15, 2.6, 9, 30*time.Second)
 }

@@ -1,6 +1,7 @@
 package admission
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"sync"
@@ -21,6 +22,7 @@ import (
 type stackBed struct {
 	t      *testing.T
 	stack  *Stack
+	others []*Stack                 // more stacks over the same limits (as in other processes): the workers share them out
 	subsOf func(id string) []string // a job's subject under each gate
 	calls  *redistest.ScriptCalls
 	pend   chan string
@@ -32,8 +34,9 @@ type stackBed struct {
 	ran    map[string]int
 	ranAll chan struct{}
 	n      int
-	first  int    // the number of run's first job
-	after  func() // if set, called after each admission
+	first  int           // the number of run's first job
+	after  func()        // if set, called after each admission
+	late   time.Duration // if set, how long past want run waits for every job (else want/10 + 10s)
 }
 
 // newStackBed builds gates of rules on rdb, recording their parked jobs'
@@ -56,6 +59,23 @@ func newStackBed(t *testing.T, rdb, ledger *redis.Client, n int, subsOf func(id 
 	return b, p
 }
 
+// addStacks adds k more stacks over gates of the same rules on rdb, as
+// other processes would have, parking in p (whose wake-ups any worker
+// serves).
+func (b *stackBed) addStacks(rdb *redis.Client, p *Parking, k int, rules ...throttle.Rule) {
+	for range k {
+		gates := make([]*Gate, len(rules))
+		for i, r := range rules {
+			gates[i] = newGate(b.t, rdb, Options{Parking: p, Name: r.Name}, r)
+		}
+		s, err := NewStack(gates...)
+		if err != nil {
+			b.t.Fatal(err)
+		}
+		b.others = append(b.others, s)
+	}
+}
+
 // wake moves a parked job back to the pending queue, once per park.
 func (b *stackBed) wake(id string, park int) {
 	b.mu.Lock()
@@ -66,26 +86,26 @@ func (b *stackBed) wake(id string, park int) {
 	}
 }
 
-// work admits jobs from the pending queue until ctx ends.
-func (b *stackBed) work(ctx context.Context) {
+// work admits jobs from the pending queue on s until ctx ends.
+func (b *stackBed) work(ctx context.Context, s *Stack) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case id := <-b.pend:
-			b.admit(ctx, id)
+			b.admit(ctx, s, id)
 		}
 	}
 }
 
-func (b *stackBed) admit(ctx context.Context, id string) {
+func (b *stackBed) admit(ctx context.Context, s *Stack, id string) {
 	member := JobEntry{Queue: "q", ID: id}.Member()
 	subs := b.subsOf(id)
 	reqs := make([]Request, len(subs))
 	for i, s := range subs {
 		reqs[i] = Request{Subject: s, Caller: throttle.Caller{ID: id, Waiter: member}}
 	}
-	d, err := b.stack.Admit(ctx, reqs)
+	d, err := s.Admit(ctx, reqs)
 	if b.after != nil {
 		b.after()
 	}
@@ -205,8 +225,9 @@ func (b *stackBed) run(p *Parking, want time.Duration) time.Duration {
 			return nil
 		})
 	})
-	for range 8 {
-		wg.Go(func() { b.work(ctx) })
+	stacks := append([]*Stack{b.stack}, b.others...)
+	for w := range 8 {
+		wg.Go(func() { b.work(ctx, stacks[w%len(stacks)]) })
 	}
 	start := time.Now()
 	for i := range b.n {
@@ -214,7 +235,7 @@ func (b *stackBed) run(p *Parking, want time.Duration) time.Duration {
 	}
 	select {
 	case <-b.ranAll:
-	case <-time.After(want*11/10 + 10*time.Second):
+	case <-time.After(want + cmp.Or(b.late, want/10+10*time.Second)):
 		t.Errorf("after %v: %d of %d jobs ran", time.Since(start), len(b.ran), b.n)
 	}
 	took := time.Since(start)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -31,10 +32,7 @@ import (
 
 // featuresResult is the part's JSON: results/<date>-features.json.
 type featuresResult struct {
-	Date     string         `json:"date"`
-	Command  string         `json:"command"`
-	Machine  machine        `json:"machine"`
-	Library  library        `json:"library"`
+	partHead
 	Config   featuresConfig `json:"config"`
 	RuntimeS float64        `json:"runtime_s"`
 	Runs     []*featureRun  `json:"runs"`
@@ -53,7 +51,9 @@ type featuresConfig struct {
 	QuietS float64 `json:"quiet_s"`
 	// Only, if set, is the one feature run.
 	Only string `json:"only,omitempty"`
-	Nice int    `json:"nice"`
+	// MaxRate, if above 0, bounds each case's rate (else N/20 a second).
+	MaxRate int `json:"max_rate,omitempty"`
+	Nice    int `json:"nice"`
 }
 
 // featureSize is one case: N tasks of a feature, Rate the binding limit's
@@ -110,11 +110,15 @@ type featureRun struct {
 }
 
 // defaultFeaturesConfig is the part's configuration for backlogs of each
-// of sizes, each at size/20 tasks a second (about 20 s a case).
-func defaultFeaturesConfig(sizes ...int) featuresConfig {
+// of sizes, each at size/20 tasks a second (about 20 s a case), at most
+// maxRate if it is above 0 (a larger backlog then takes longer).
+func defaultFeaturesConfig(maxRate int, sizes ...int) featuresConfig {
 	var cases []featureSize
 	for _, n := range sizes {
 		rate := max(n/20, 3)
+		if maxRate > 0 {
+			rate = min(rate, max(maxRate, 3))
+		}
 		cases = append(cases,
 			featureSize{featWithinTenant, n, rate}, featureSize{featWithinKey, n, rate},
 			featureSize{featPriority, n, rate}, featureSize{featCalendar, n, rate})
@@ -125,14 +129,12 @@ func defaultFeaturesConfig(sizes ...int) featuresConfig {
 // runFeaturesPart runs the part and writes results/<date>-features.json.
 func runFeaturesPart(logf func(string, ...any), cfg featuresConfig) error {
 	t0 := time.Now()
-	res := &featuresResult{Date: t0.UTC().Format(time.RFC3339), Command: "cd bench && go run . " + strings.Join(os.Args[1:], " "),
-		Machine: readMachine(), Library: readLibrary(), Config: cfg}
-	srv, err := startRedis(logf)
+	head, srv, err := startPart(logf, t0)
 	if err != nil {
 		return err
 	}
 	defer srv.Stop()
-	res.Machine.RedisVersion = srv.version
+	res := &featuresResult{partHead: head, Config: cfg}
 	for _, c := range cfg.Cases {
 		if cfg.Only != "" && c.Feature != cfg.Only {
 			continue
@@ -150,7 +152,31 @@ func runFeaturesPart(logf func(string, ...any), cfg featuresConfig) error {
 	}
 	res.Machine.LoadEnd = loadavg()
 	res.RuntimeS = time.Since(t0).Seconds()
-	return writePart(logf, t0, "features", res)
+	return writePart(logf, t0, featuresName(t0, cfg), res)
+}
+
+// featuresName is the part's name in its results file: features, then
+// the one feature run and the sizes if not the default; with the time of
+// day too if a file of that name exists, so that no run overwrites
+// another's.
+func featuresName(t0 time.Time, cfg featuresConfig) string {
+	name := "features"
+	if cfg.Only != "" {
+		name += "-" + cfg.Only
+	}
+	var sizes []string
+	for _, c := range cfg.Cases {
+		if s := fmt.Sprint(c.N); !slices.Contains(sizes, s) {
+			sizes = append(sizes, s)
+		}
+	}
+	if s := strings.Join(sizes, "-"); s != "300-3000" {
+		name += "-" + s
+	}
+	if _, err := os.Stat(filepath.Join("results", t0.UTC().Format("2006-01-02")+"-"+name+".json")); err == nil {
+		name += t0.UTC().Format("-150405")
+	}
+	return name
 }
 
 // featureRules returns the rules of case c, built on limRDB under prefix.
@@ -318,14 +344,15 @@ func (r *featureRun) priorityOrder(f *fleet, starts []taskStart) {
 }
 
 // runFeatures runs the features part for sizes ("300,3000"), only one
-// feature if only is not empty.
-func runFeatures(logf func(string, ...any), sizes, only string) error {
+// feature if only is not empty, each size's rate at most maxRate (0: no
+// bound).
+func runFeatures(logf func(string, ...any), sizes, only string, maxRate int) error {
 	ns, err := parseSizes(sizes)
 	if err != nil {
 		return err
 	}
-	cfg := defaultFeaturesConfig(ns...)
-	cfg.Only = only
+	cfg := defaultFeaturesConfig(maxRate, ns...)
+	cfg.Only, cfg.MaxRate = only, maxRate
 	return runFeaturesPart(logf, cfg)
 }
 

@@ -166,3 +166,86 @@ func TestCalendarLapsedTurnInPause(t *testing.T) {
 		}
 	})
 }
+
+// A Prepay receipt that lapses (never redeemed within its keep) gives its
+// quota unit back when the next Prepay of the policy sees it; the producer
+// that then cancels it (a failed enqueue slower than the keep) gives
+// nothing back a second time: the day admits its quota, no more.
+func TestCalendarLapsedReceiptCancelled(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := context.Background()
+		const quota = 3
+		l := quotaAt10(t, rdb, quota)
+		lapsed, err := l.PrepayN(ctx, "acct", 1, 100*ms)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(300 * ms)
+		if _, err := l.PrepayN(ctx, "acct", 1, 100*ms); err != nil { // sees the lapse: the unit comes back
+			t.Fatal(err)
+		}
+		if err := lapsed.Cancel(ctx); err != nil {
+			t.Fatal(err)
+		}
+		admitted := 1 // the second receipt
+		for range quota + 2 {
+			time.Sleep(200 * ms)
+			if allow(t, l, "acct", 1).Allowed {
+				admitted++
+			}
+		}
+		if admitted != quota {
+			t.Errorf("%d admitted today (a receipt among them); want the quota, %d", admitted, quota)
+		}
+	})
+}
+
+// A turn booked again (Rebook: a worker draining for shutdown) that its
+// caller never redeems lapses and gives its quota unit back, like any
+// booking: kept as long as the quota's window, not only until its slot
+// and tolerance, so that the next Admit still finds it.
+func TestCalendarLapsedRebookedTurn(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := context.Background()
+		const quota = 3
+		l := quotaAt10(t, rdb, quota)
+		req := func(id string) AdmitRequest {
+			return AdmitRequest{Subject: "acct", N: 1, Caller: Caller{ID: id}, Wait: time.Second, Tolerance: 50 * ms}
+		}
+		started := 0
+		if a, err := l.Admit(ctx, req("t0")); err != nil || a.Status != Granted {
+			t.Fatalf("t0: %+v, %v; want granted", a, err)
+		}
+		started++
+		a, err := l.Admit(ctx, req("t1"))
+		if err != nil || a.Status != Granted || a.Delay <= 0 {
+			t.Fatalf("t1: %+v, %v; want granted later", a, err)
+		}
+		if ok, err := a.Reservation.Rebook(ctx); !ok || err != nil {
+			t.Fatalf("t1's Rebook: %v, %v; want booked", ok, err)
+		}
+		time.Sleep(time.Second) // t1 never comes back
+		if a, err := l.Admit(ctx, req("t2")); err != nil || a.Status != Granted {
+			t.Fatalf("t2: %+v, %v; want granted", a, err)
+		}
+		started++
+		for range quota {
+			time.Sleep(200 * ms)
+			if allow(t, l, "acct", 1).Allowed {
+				started++
+			}
+		}
+		if started != quota {
+			t.Errorf("%d started today, t1's booked turn lapsed; want the quota, %d", started, quota)
+		}
+	})
+}
+
+// quotaAt10 moves to 10:00 UTC and returns a limiter of 10 a second
+// (GCRA, burst 1) and a daily quota of quota, UTC.
+func quotaAt10(t *testing.T, rdb *redis.Client, quota int) *Limiter {
+	sleepUntil(t, time.Date(2000, 6, 3, 10, 0, 0, 0, time.UTC))
+	return mustNew(t, rdb, Options{},
+		Rule{Name: "second", Algorithm: GCRA, Limit: PerSecond(10).WithBurst(1)},
+		Rule{Name: "daily", Algorithm: CalendarWindow, Limit: Limit{Count: quota}, Calendar: Daily(nil)})
+}

@@ -112,9 +112,15 @@ func (r *Reservation) Receipt() (id string, slot time.Time) {
 	return r.receipt, r.slot
 }
 
-// dropReceipt forgets a receipt, so that it can no longer be redeemed.
-func (l *Limiter) dropReceipt(ctx context.Context, subject, receipt string) error {
-	return l.result(ctx, opDropReceipt, l.rdb.ZRem(ctx, l.receiptsKey(subject), l.member(receipt)).Err())
+// dropReceipt forgets a receipt, so that it can no longer be redeemed,
+// and reports whether it was already gone (lapsed, redeemed or expired);
+// false with an error.
+func (l *Limiter) dropReceipt(ctx context.Context, subject, receipt string) (gone bool, err error) {
+	n, err := l.rdb.ZRem(ctx, l.receiptsKey(subject), l.member(receipt)).Result()
+	if err = l.result(ctx, opDropReceipt, err); err != nil {
+		return false, err
+	}
+	return n == 0, nil
 }
 
 // maxReceiptLen bounds the receipts Admit looks up; ours are 32 bytes.

@@ -13,7 +13,10 @@ import (
 // whose turns of several limiters meet later): the caller then redeems
 // the same turn when it comes back within the request's Tolerance of the
 // slot, instead of taking a new one and leaving this one unused. It
-// reports whether the turn was booked: false for a reservation that is
+// A booking under a calendar quota is kept as long as the quota's window,
+// so that if its caller never redeems it, the policy's next Admit or
+// Prepay finds it lapsed and gives its unit back (as a booking of Admit's
+// own). It reports whether the turn was booked: false for a reservation that is
 // not such a turn with an ID to book under (nor one under a ShareLimit),
 // a Granted turn due at once, one whose slot has passed, or one whose ID already holds a booking. Of Rebook and Cancel, only the first call acts (a Redeemed
 // turn's Cancel gives nothing back), and a second returns its error.
@@ -32,6 +35,12 @@ func (r *Reservation) rebook(ctx context.Context) (bool, error) {
 	}
 	l := r.lim
 	keys := []string{l.receiptsKey(r.subject), l.ticketsKey(r.subject)}
+	for i, rule := range l.rules {
+		if rule.Algorithm == CalendarWindow {
+			// So that a booking that lapses is kept to give its unit back.
+			keys = append(keys, key(l.prefix, escape(r.subject), l.keyRules[i]))
+		}
+	}
 	tickets := strings.Join(r.tickets, "\n") + "\n" + strconv.FormatInt(r.booked, 10)
 	args := []any{opRebook.arg(), r.rebookAs, r.slot.UnixMicro(), r.tol, tickets}
 	cmd, err := l.exec(ctx, opRebook, rebookScript, keys, args)

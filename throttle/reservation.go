@@ -81,11 +81,15 @@ func (r *Reservation) cancel(ctx context.Context, undo bool) error {
 		for _, p := range r.parts {
 			r.cancelErr = errors.Join(r.cancelErr, p.cancel(ctx, undo))
 		}
+		gone := false
 		if r.receipt != "" {
-			// First, so that the receipt can no longer be redeemed.
-			r.cancelErr = r.lim.dropReceipt(ctx, r.subject, r.receipt)
+			// First, so that the receipt can no longer be redeemed. One
+			// no longer there lapsed (and gave back what a lapse gives:
+			// a calendar quota's unit, rules.lua) or was redeemed: it
+			// gives nothing back a second time.
+			gone, r.cancelErr = r.lim.dropReceipt(ctx, r.subject, r.receipt)
 		}
-		if r.tickets != nil && !r.spent {
+		if r.tickets != nil && !r.spent && !gone {
 			r.cancelErr = errors.Join(r.cancelErr, r.lim.refund(ctx, r.subject, refundEntry{n: r.n, per: r.per, booked: r.booked, tickets: r.tickets, share: r.share}, undo))
 		}
 	})
