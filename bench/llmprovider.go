@@ -10,7 +10,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"os"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -79,28 +79,32 @@ type llmProviderRun struct {
 }
 
 type llmProviderResult struct {
-	Date     string            `json:"date"`
-	Command  string            `json:"command"`
-	Machine  machine           `json:"machine"`
-	Library  library           `json:"library"`
+	partHead
 	Config   llmProviderConfig `json:"config"`
 	RuntimeS float64           `json:"runtime_s"`
 	Runs     []*llmProviderRun `json:"runs"`
 	Errors   []string          `json:"errors,omitempty"`
 }
 
-func runLLMProviderPart(logf func(string, ...any), cfg llmProviderConfig) error {
+// runLLMProviderPart runs the part's cases whose name ("<style> <mode>")
+// matches only (all if empty) and writes results/<date>-<out>.json.
+func runLLMProviderPart(logf func(string, ...any), cfg llmProviderConfig, only, out string) error {
+	match, err := regexp.Compile(only)
+	if err != nil {
+		return fmt.Errorf("-learn-only: %w", err)
+	}
 	t0 := time.Now()
-	res := &llmProviderResult{Date: t0.UTC().Format(time.RFC3339), Command: "cd bench && go run . " + strings.Join(os.Args[1:], " "),
-		Machine: readMachine(), Library: readLibrary(), Config: cfg}
-	srv, err := startRedis(logf)
+	head, srv, err := startPart(logf, t0)
 	if err != nil {
 		return err
 	}
 	defer srv.Stop()
-	res.Machine.RedisVersion = srv.version
+	res := &llmProviderResult{partHead: head, Config: cfg}
 	for _, style := range []llmfake.Style{llmfake.OpenAI, llmfake.Anthropic} {
 		for _, mode := range []string{modeConfigured, modeLearned, modeXRate} {
+			if !match.MatchString(string(style) + " " + mode) {
+				continue
+			}
 			r, err := runLLMProvider(context.Background(), srv.Addr, cfg, style, mode)
 			if err != nil {
 				res.Errors = append(res.Errors, fmt.Sprintf("%s %s: %v", style, mode, err))
@@ -114,7 +118,7 @@ func runLLMProviderPart(logf func(string, ...any), cfg llmProviderConfig) error 
 	}
 	res.Machine.LoadEnd = loadavg()
 	res.RuntimeS = time.Since(t0).Seconds()
-	return writePart(logf, t0, "llm-provider", res)
+	return writePart(logf, t0, out, res)
 }
 
 // providerLimits are the fake's limits in style.
