@@ -115,6 +115,13 @@ local cc
 -- policy's rules that register lapse: keep_tickets keeps a booking as long
 -- as they live, so that it is there to give back if it lapses.
 local keep_ttl, keep_tickets, cancelled_add, cancelled_pop, rint, lapse_keys
+
+-- settled_key, if set, returns rule i's record of give-backs (the key
+-- settle.lua declares as KEYS[r+1+i]), declared by the script: a lapsed
+-- turn of a bucket rule is then given back (rules.lua: lapse_turn).
+-- bucket_lapse names the algorithms that give back so.
+local settled_key
+local bucket_lapse = {gcra = true, token_bucket = true}
 if rare then
 
 -- rint formats a number that may have a fraction as the nearest integer.
