@@ -46,8 +46,13 @@ const maxLearnedSubjects = 1024
 // rule settles each call to its usage and needs no margin below a limit
 // it was told (at 95 %, the configured run used 92-94 % of the provider's
 // limit, issue 23); only what is left is still taken at LearnedShare. A
-// lesson is sent to Redis only when its limits differ from the last one
-// this process sent for the subject.
+// lesson is sent to Redis when its limits differ from the last one this
+// process sent for the subject, and, so that a budget spent by other
+// clients of the same key shows as fewer admissions rather than as 429s,
+// when the provider says less than half of a limit is left (only then can
+// the cap bind before the provider refuses), at most once per
+// window/leftEvery per subject: a bounded number of Redis calls per
+// process and window, at most one per answer.
 type providerLearner struct {
 	lim    *throttle.Limiter
 	rule   string
@@ -57,9 +62,15 @@ type providerLearner struct {
 	window time.Duration    // the provider's window
 	log    *slog.Logger
 
-	mu   sync.Mutex
-	last map[string]map[string]throttle.LearnedLimit // by subject
+	mu     sync.Mutex
+	last   map[string]map[string]throttle.LearnedLimit // by subject
+	leftAt map[string]time.Time                        // by subject: when what is left was last sent
 }
+
+// leftEvery bounds how often a process sends what the provider says is
+// left of a subject's limits, when nothing else changed: leftEvery times
+// per window (every 3 s for a minute's).
+const leftEvery = 20
 
 // costKind is what a limit of a rule counts, as a provider's headers name
 // it.
@@ -76,7 +87,8 @@ const (
 // newProviderLearner returns the learner of rule rc's limits, or nil if
 // none of them counts what a provider announces.
 func newProviderLearner(lim *throttle.Limiter, rc rules.RuleConfig, window time.Duration, log *slog.Logger) *providerLearner {
-	p := &providerLearner{lim: lim, rule: rc.Name, window: cmp.Or(window, DefaultLimitWindow), log: log, last: map[string]map[string]throttle.LearnedLimit{}}
+	p := &providerLearner{lim: lim, rule: rc.Name, window: cmp.Or(window, DefaultLimitWindow), log: log,
+		last: map[string]map[string]throttle.LearnedLimit{}, leftAt: map[string]time.Time{}}
 	some := false
 	for i, l := range rc.Limits {
 		k := kindOf(rc.LimitCost(i))
@@ -157,23 +169,38 @@ func sameLimits(a, b map[string]throttle.LearnedLimit) bool {
 	return maps.EqualFunc(a, b, func(x, y throttle.LearnedLimit) bool { return x.Limit == y.Limit })
 }
 
+// lowLeft reports whether the provider says less than half of one of
+// the limits learned is left.
+func lowLeft(learned map[string]throttle.LearnedLimit) bool {
+	for _, l := range learned {
+		if l.HasRemaining && l.Remaining < l.Limit.Count/2 {
+			return true
+		}
+	}
+	return false
+}
+
 // learn records for subject what the answer's headers h say of the
 // provider's limits, if that differs from the last lesson this process
-// recorded for it. A failure is logged: the rule's own limits still hold.
+// recorded for it, or if little is left of a limit and this process has
+// not said so for a while (see providerLearner). A failure is logged:
+// the rule's own limits still hold.
 func (p *providerLearner) learn(ctx context.Context, subject string, h http.Header) {
-	learned := p.limits(h, time.Now())
+	now := time.Now()
+	learned := p.limits(h, now)
 	if len(learned) == 0 {
 		return
 	}
 	p.mu.Lock()
-	if sameLimits(p.last[subject], learned) {
+	if sameLimits(p.last[subject], learned) && (!lowLeft(learned) || now.Sub(p.leftAt[subject]) < p.window/leftEvery) {
 		p.mu.Unlock()
 		return
 	}
 	if len(p.last) >= maxLearnedSubjects {
 		clear(p.last)
+		clear(p.leftAt)
 	}
-	p.last[subject] = learned
+	p.last[subject], p.leftAt[subject] = learned, now
 	p.mu.Unlock()
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), learnTimeout)
 	defer cancel()
