@@ -50,9 +50,13 @@ const maxLearnedSubjects = 1024
 // process sent for the subject, and, so that a budget spent by other
 // clients of the same key shows as fewer admissions rather than as 429s,
 // when the provider says less than half of a limit is left (only then can
-// the cap bind before the provider refuses), at most once per
-// window/leftEvery per subject: a bounded number of Redis calls per
-// process and window, at most one per answer.
+// the cap bind before the provider refuses): at most once per
+// window/leftEvery per subject, and, while every answer finds little
+// left, twice as seldom after each such lesson, down to twice a window
+// (a fleet that keeps its provider busy on its own hears the same from
+// every answer: the cap does not bind it); an answer with more than half
+// left starts again at window/leftEvery. At most one Redis call per
+// answer, and a bounded number per process and window.
 type providerLearner struct {
 	lim    *throttle.Limiter
 	rule   string
@@ -64,13 +68,20 @@ type providerLearner struct {
 
 	mu     sync.Mutex
 	last   map[string]map[string]throttle.LearnedLimit // by subject
-	leftAt map[string]time.Time                        // by subject: when what is left was last sent
+	leftAt map[string]leftSent                         // by subject: what is left, last sent
 }
 
 // leftEvery bounds how often a process sends what the provider says is
 // left of a subject's limits, when nothing else changed: leftEvery times
-// per window (every 3 s for a minute's).
+// per window (every 3 s for a minute's) at most.
 const leftEvery = 20
+
+// leftSent is when a process last sent what is left of a subject's
+// limits, and how long it waits before it sends it again.
+type leftSent struct {
+	at  time.Time
+	gap time.Duration
+}
 
 // costKind is what a limit of a rule counts, as a provider's headers name
 // it.
@@ -88,7 +99,7 @@ const (
 // none of them counts what a provider announces.
 func newProviderLearner(lim *throttle.Limiter, rc rules.RuleConfig, window time.Duration, log *slog.Logger) *providerLearner {
 	p := &providerLearner{lim: lim, rule: rc.Name, window: cmp.Or(window, DefaultLimitWindow), log: log,
-		last: map[string]map[string]throttle.LearnedLimit{}, leftAt: map[string]time.Time{}}
+		last: map[string]map[string]throttle.LearnedLimit{}, leftAt: map[string]leftSent{}}
 	some := false
 	for i, l := range rc.Limits {
 		k := kindOf(rc.LimitCost(i))
@@ -180,6 +191,34 @@ func lowLeft(learned map[string]throttle.LearnedLimit) bool {
 	return false
 }
 
+// due reports whether a lesson learned of subject now is to be sent,
+// and if so records it as sent (see providerLearner). p.mu is held.
+func (p *providerLearner) due(subject string, learned map[string]throttle.LearnedLimit, now time.Time) bool {
+	base := p.window / leftEvery
+	left, low := p.leftAt[subject], lowLeft(learned)
+	switch {
+	case !sameLimits(p.last[subject], learned):
+		left.gap = max(left.gap, base)
+	case !low:
+		if left.gap > base {
+			left.gap = base
+			p.leftAt[subject] = left
+		}
+		return false
+	case now.Sub(left.at) < left.gap:
+		return false
+	default:
+		left.gap = min(2*max(left.gap, base), p.window/2)
+	}
+	if len(p.last) >= maxLearnedSubjects {
+		clear(p.last)
+		clear(p.leftAt)
+	}
+	left.at = now
+	p.last[subject], p.leftAt[subject] = learned, left
+	return true
+}
+
 // learn records for subject what the answer's headers h say of the
 // provider's limits, if that differs from the last lesson this process
 // recorded for it, or if little is left of a limit and this process has
@@ -192,15 +231,10 @@ func (p *providerLearner) learn(ctx context.Context, subject string, h http.Head
 		return
 	}
 	p.mu.Lock()
-	if sameLimits(p.last[subject], learned) && (!lowLeft(learned) || now.Sub(p.leftAt[subject]) < p.window/leftEvery) {
+	if !p.due(subject, learned, now) {
 		p.mu.Unlock()
 		return
 	}
-	if len(p.last) >= maxLearnedSubjects {
-		clear(p.last)
-		clear(p.leftAt)
-	}
-	p.last[subject], p.leftAt[subject] = learned, now
 	p.mu.Unlock()
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), learnTimeout)
 	defer cancel()
