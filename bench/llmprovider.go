@@ -76,6 +76,10 @@ type llmProviderRun struct {
 	BindingUsed  float64            `json:"binding_used"`
 	ParksPerTask float64            `json:"parks_per_task"`
 	CallsPerTask float64            `json:"limiter_calls_per_task"`
+	// CallsByOp splits CallsPerTask by the script's operation (its
+	// ARGV[1], opHook: admit, settle, depart, learn limits …; other, the
+	// pause read of a task that waited for its slot, which has none).
+	CallsByOp map[string]float64 `json:"limiter_calls_per_task_by_op,omitempty"`
 }
 
 type llmProviderResult struct {
@@ -111,6 +115,7 @@ func runLLMProviderPart(logf func(string, ...any), cfg llmProviderConfig, only, 
 				logf("llm-provider %s %s: %v", style, mode, err)
 				continue
 			}
+			logf("llm-provider %-9s %-11s limiter calls per task by operation: %v", r.Style, r.Mode, r.CallsByOp)
 			logf("llm-provider %-9s %-11s %d/%d done in %.1fs: %s binds, %.1f %% used; 429s %d (%.2f %%); %.2f parks, %.2f limiter calls per task",
 				r.Style, r.Mode, r.Done, cfg.Tasks, r.SpanS, r.Binding, 100*r.BindingUsed, r.Rejected, r.RejectedPct, r.ParksPerTask, r.CallsPerTask)
 			res.Runs = append(res.Runs, r)
@@ -162,6 +167,7 @@ type llmProviderFleet struct {
 	rc           *rules.Config
 	hs           *handler.Config
 	calls, parks atomic.Int64
+	ops          *opHook // the limiters' script calls by operation
 	closers      []func()
 }
 
@@ -170,6 +176,7 @@ type llmProviderFleet struct {
 func (f *llmProviderFleet) startServer() error {
 	limRDB := redis.NewClient(&redis.Options{Addr: f.addr})
 	limRDB.AddHook(scriptCount{&f.calls})
+	limRDB.AddHook(f.ops)
 	rdb := redis.NewClient(&redis.Options{Addr: f.addr})
 	f.closers = append(f.closers, func() { limRDB.Close(); rdb.Close() })
 	var h asynq.Handler
@@ -249,7 +256,7 @@ func runLLMProvider(ctx context.Context, addr string, cfg llmProviderConfig, sty
 	hsrv := &http.Server{Handler: fake, ReadHeaderTimeout: 5 * time.Second}
 	go hsrv.Serve(ln)
 	defer hsrv.Close()
-	f := &llmProviderFleet{cfg: cfg, addr: addr, url: "http://" + ln.Addr().String(), mode: mode, style: style}
+	f := &llmProviderFleet{cfg: cfg, addr: addr, url: "http://" + ln.Addr().String(), mode: mode, style: style, ops: &opHook{n: map[string]int64{}}}
 	scale := 1
 	if mode == modeLearned {
 		scale = 10
@@ -283,7 +290,14 @@ func runLLMProvider(ctx context.Context, addr string, cfg llmProviderConfig, sty
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	return llmProviderSummary(cfg, style, mode, done, fake.Stats(), f.calls.Load(), f.parks.Load()), nil
+	r := llmProviderSummary(cfg, style, mode, done, fake.Stats(), f.calls.Load(), f.parks.Load())
+	if mode != modeXRate {
+		r.CallsByOp = map[string]float64{}
+		for op, n := range f.ops.counts() {
+			r.CallsByOp[op] = float64(n) / float64(cfg.Tasks)
+		}
+	}
+	return r, nil
 }
 
 // llmProviderSummary measures a run from what the provider saw.
