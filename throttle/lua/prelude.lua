@@ -95,7 +95,10 @@ end
 -- lapse_turn) is capacity lost, not only time, registers a lapse function:
 -- lapse(key, count, period, extra, ticket) gives back what commit took
 -- (ticket: its refund ticket) if the rule still holds it. Only calendar
--- does (calendar.lua); for the others a lapsed turn is time gone by.
+-- does (calendar.lua). A bucket rule (GCRA, token bucket) gives a lapsed
+-- turn back through its settle instead, where the script declares the
+-- records of give-backs (settled_key, below; rules.lua: lapse_turn); for
+-- the windows a lapsed turn is time gone by.
 --
 -- Cost per call. Redis runs the whole script body on every EVALSHA, so
 -- each function or table it defines is allocated (and later collected) on
