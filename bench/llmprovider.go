@@ -10,7 +10,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"os"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -76,37 +76,46 @@ type llmProviderRun struct {
 	BindingUsed  float64            `json:"binding_used"`
 	ParksPerTask float64            `json:"parks_per_task"`
 	CallsPerTask float64            `json:"limiter_calls_per_task"`
+	// CallsByOp splits CallsPerTask by the script's operation (its
+	// ARGV[1], opHook: admit, settle, depart, learn limits …; other, the
+	// pause read of a task that waited for its slot, which has none).
+	CallsByOp map[string]float64 `json:"limiter_calls_per_task_by_op,omitempty"`
 }
 
 type llmProviderResult struct {
-	Date     string            `json:"date"`
-	Command  string            `json:"command"`
-	Machine  machine           `json:"machine"`
-	Library  library           `json:"library"`
+	partHead
 	Config   llmProviderConfig `json:"config"`
 	RuntimeS float64           `json:"runtime_s"`
 	Runs     []*llmProviderRun `json:"runs"`
 	Errors   []string          `json:"errors,omitempty"`
 }
 
-func runLLMProviderPart(logf func(string, ...any), cfg llmProviderConfig) error {
+// runLLMProviderPart runs the part's cases whose name ("<style> <mode>")
+// matches only (all if empty) and writes results/<date>-<out>.json.
+func runLLMProviderPart(logf func(string, ...any), cfg llmProviderConfig, only, out string) error {
+	match, err := regexp.Compile(only)
+	if err != nil {
+		return fmt.Errorf("-learn-only: %w", err)
+	}
 	t0 := time.Now()
-	res := &llmProviderResult{Date: t0.UTC().Format(time.RFC3339), Command: "cd bench && go run . " + strings.Join(os.Args[1:], " "),
-		Machine: readMachine(), Library: readLibrary(), Config: cfg}
-	srv, err := startRedis(logf)
+	head, srv, err := startPart(logf, t0)
 	if err != nil {
 		return err
 	}
 	defer srv.Stop()
-	res.Machine.RedisVersion = srv.version
+	res := &llmProviderResult{partHead: head, Config: cfg}
 	for _, style := range []llmfake.Style{llmfake.OpenAI, llmfake.Anthropic} {
 		for _, mode := range []string{modeConfigured, modeLearned, modeXRate} {
+			if !match.MatchString(string(style) + " " + mode) {
+				continue
+			}
 			r, err := runLLMProvider(context.Background(), srv.Addr, cfg, style, mode)
 			if err != nil {
 				res.Errors = append(res.Errors, fmt.Sprintf("%s %s: %v", style, mode, err))
 				logf("llm-provider %s %s: %v", style, mode, err)
 				continue
 			}
+			logf("llm-provider %-9s %-11s limiter calls per task by operation: %v", r.Style, r.Mode, r.CallsByOp)
 			logf("llm-provider %-9s %-11s %d/%d done in %.1fs: %s binds, %.1f %% used; 429s %d (%.2f %%); %.2f parks, %.2f limiter calls per task",
 				r.Style, r.Mode, r.Done, cfg.Tasks, r.SpanS, r.Binding, 100*r.BindingUsed, r.Rejected, r.RejectedPct, r.ParksPerTask, r.CallsPerTask)
 			res.Runs = append(res.Runs, r)
@@ -114,7 +123,7 @@ func runLLMProviderPart(logf func(string, ...any), cfg llmProviderConfig) error 
 	}
 	res.Machine.LoadEnd = loadavg()
 	res.RuntimeS = time.Since(t0).Seconds()
-	return writePart(logf, t0, "llm-provider", res)
+	return writePart(logf, t0, out, res)
 }
 
 // providerLimits are the fake's limits in style.
@@ -158,6 +167,7 @@ type llmProviderFleet struct {
 	rc           *rules.Config
 	hs           *handler.Config
 	calls, parks atomic.Int64
+	ops          *opHook // the limiters' script calls by operation
 	closers      []func()
 }
 
@@ -166,6 +176,7 @@ type llmProviderFleet struct {
 func (f *llmProviderFleet) startServer() error {
 	limRDB := redis.NewClient(&redis.Options{Addr: f.addr})
 	limRDB.AddHook(scriptCount{&f.calls})
+	limRDB.AddHook(f.ops)
 	rdb := redis.NewClient(&redis.Options{Addr: f.addr})
 	f.closers = append(f.closers, func() { limRDB.Close(); rdb.Close() })
 	var h asynq.Handler
@@ -245,7 +256,7 @@ func runLLMProvider(ctx context.Context, addr string, cfg llmProviderConfig, sty
 	hsrv := &http.Server{Handler: fake, ReadHeaderTimeout: 5 * time.Second}
 	go hsrv.Serve(ln)
 	defer hsrv.Close()
-	f := &llmProviderFleet{cfg: cfg, addr: addr, url: "http://" + ln.Addr().String(), mode: mode, style: style}
+	f := &llmProviderFleet{cfg: cfg, addr: addr, url: "http://" + ln.Addr().String(), mode: mode, style: style, ops: &opHook{n: map[string]int64{}}}
 	scale := 1
 	if mode == modeLearned {
 		scale = 10
@@ -279,7 +290,14 @@ func runLLMProvider(ctx context.Context, addr string, cfg llmProviderConfig, sty
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	return llmProviderSummary(cfg, style, mode, done, fake.Stats(), f.calls.Load(), f.parks.Load()), nil
+	r := llmProviderSummary(cfg, style, mode, done, fake.Stats(), f.calls.Load(), f.parks.Load())
+	if mode != modeXRate {
+		r.CallsByOp = map[string]float64{}
+		for op, n := range f.ops.counts() {
+			r.CallsByOp[op] = float64(n) / float64(cfg.Tasks)
+		}
+	}
+	return r, nil
 }
 
 // llmProviderSummary measures a run from what the provider saw.

@@ -144,9 +144,9 @@ func main() {
 	leasedRate := flag.Int("leased-rate", 0, "the leased part's limit on the hot key, per second (0: 200000; burst: a thousandth)")
 	learn := flag.Bool("learn", false, "run the learn part (issue 19, about 30 minutes): a fleet of Transports against a fake API with an untold limit, every header style, with and without a Redis stall; results/<date>-learn.json")
 	learnWorkers := flag.Bool("learn-workers", false, "run the learn part through built cmd/worker processes (issue 19, about 25 minutes): 3 and 10 workers with an http handler against the fake API, 1,500 tasks via asynq; results/<date>-learn-workers.json")
-	learnOnly := flag.String("learn-only", "", "with -learn or -learn-workers: only the cases whose name (\"<style>, <n> workers[, stall]\") matches this regexp")
-	learnTasks := flag.Int("learn-tasks", 0, "with -learn or -learn-workers: tasks per case (0: 1500)")
-	learnOut := flag.String("learn-out", "", "with -learn or -learn-workers: the results file is results/<date>-<this>.json (default: learn, learn-workers)")
+	learnOnly := flag.String("learn-only", "", "with -learn or -learn-workers: only the cases whose name (\"<style>, <n> workers[, stall]\") matches this regexp; with -llm-provider, whose \"<style> <mode>\" (openai configured, anthropic learned, openai x/time/rate …) matches it")
+	learnTasks := flag.Int("learn-tasks", 0, "with -learn or -learn-workers: tasks per case (0: 1500); with -llm-provider, calls per run (0: 2000)")
+	learnOut := flag.String("learn-out", "", "with -learn, -learn-workers or -llm-provider: the results file is results/<date>-<this>.json (default: learn, learn-workers, llm-provider)")
 	upstream := flag.Bool("upstream", false, "run the upstream part (about 1 minute): limits learned from a fake API's headers beside the plain Retry-After pause; results/<date>-upstream.json, then the report")
 	fleet := fleetFlags()
 	flag.Parse()
@@ -216,7 +216,7 @@ func main() {
 			if *learnTasks > 0 {
 				cfg.Tasks = *learnTasks
 			}
-			err = runLLMProviderPart(logf, cfg)
+			err = runLLMProviderPart(logf, cfg, *learnOnly, cmp.Or(*learnOut, "llm-provider"))
 			break
 		}
 		if *features {

@@ -147,7 +147,9 @@ type AdmitRequest struct {
 	// Tolerance is how late a caller may come back for its booking or
 	// receipt: one that comes later takes a new turn, and its old slot
 	// (long past) is not redeemed, so a fleet that was down does not run
-	// its overdue work in one burst. (A booking whose slot falls inside a
+	// its overdue work in one burst; a GCRA or TokenBucket rule gets the
+	// unused turn back, as a settle to nothing gives it back (so a task
+	// late on asynq's schedule costs the rule one turn, not two). (A booking whose slot falls inside a
 	// pause, PauseFor, is not redeemed either.) If zero, the length of the
 	// caller's turn under the tightest rate rule it charges (its cost ×
 	// Period / Count: the interval for N = 1; 150ms for 600 tokens of a

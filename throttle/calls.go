@@ -162,6 +162,8 @@ func (l *Limiter) admitCall(req *AdmitRequest) (admitArgs, error) {
 	keys = append(keys, l.receiptsKey(req.Subject), l.pauseKey(req.Subject), l.ticketsKey(req.Subject))
 	keys = append(keys, l.lineKeys(req.Subject)...)
 	keys = append(keys, l.upstreamKey(req.Subject), l.limitsKey(req.Subject), l.departuresKey(req.Subject)) // lua/upstream_pace.lua, lua/limits_pace.lua, lua/upstream_rate.lua
+	// Each rule's record of give-backs: a lapsed turn's (lua/rules.lua: lapse_turn).
+	keys = append(keys, l.settledKeys(req.Subject)...)
 	early := wait
 	if req.EarlyWait > 0 {
 		early = req.EarlyWait.Microseconds()

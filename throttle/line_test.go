@@ -41,6 +41,9 @@ type lineSim struct {
 	// late, if not nil, is how long after its turn a booked caller comes
 	// back (0: at its turn), asked once per turn.
 	late func(id string) time.Duration
+	// costs, if not nil, are each caller's costs per rule (AdmitRequest.Costs)
+	// in place of N = 1.
+	costs Costs
 }
 
 func newLineSim(t *testing.T, rdb *redis.Client, lim *Limiter, horizon time.Duration) *lineSim {
@@ -55,7 +58,11 @@ func (s *lineSim) admit(id string) {
 	if s.prio != nil {
 		c.Priority = s.prio(id)
 	}
-	a, err := s.lim.Admit(context.Background(), AdmitRequest{Subject: "acct", N: 1, Caller: c, Horizon: s.horizon, ShareLimit: s.cap, MaxAge: s.maxAge, Tolerance: 50 * ms})
+	req := AdmitRequest{Subject: "acct", N: 1, Caller: c, Horizon: s.horizon, ShareLimit: s.cap, MaxAge: s.maxAge, Tolerance: 50 * ms}
+	if s.costs != nil {
+		req.N, req.Costs = 0, s.costs
+	}
+	a, err := s.lim.Admit(context.Background(), req)
 	if err != nil {
 		s.t.Fatalf("Admit %s: %v", id, err)
 	}

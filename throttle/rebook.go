@@ -41,7 +41,13 @@ func (r *Reservation) rebook(ctx context.Context) (bool, error) {
 			keys = append(keys, key(l.prefix, escape(r.subject), l.keyRules[i]))
 		}
 	}
-	tickets := strings.Join(r.tickets, "\n") + "\n" + strconv.FormatInt(r.booked, 10)
+	// As admit.lua keeps a booking's: its costs last, which a lapse gives
+	// back (lua/rules.lua: lapse_turn).
+	costs := strconv.Itoa(r.n)
+	if r.per != nil {
+		costs = r.per.arg()
+	}
+	tickets := strings.Join(r.tickets, "\n") + "\n" + strconv.FormatInt(r.booked, 10) + " " + costs
 	args := []any{opRebook.arg(), r.rebookAs, r.slot.UnixMicro(), r.tol, tickets}
 	cmd, err := l.exec(ctx, opRebook, rebookScript, keys, args)
 	if err != nil {

@@ -133,6 +133,13 @@ func (l *Limiter) refundNow(subject string, batch []*refundEntry, undo bool) err
 // (cancelledSuffix, settledSuffix); and each rule's record of its latest
 // Reset, so that a reservation made before it gives nothing back into the
 // new state (state.go).
+// settledKeys are subject's records of give-backs, one per rule
+// (settledSuffix, bucket_rare.lua: bk_settle), as settle.lua declares
+// them after the pause key.
+func (p *policy) settledKeys(subject string) []string {
+	return p.givebackKeys(subject, settledSuffix)[1 : 1+len(p.keyRules)]
+}
+
 func (p *policy) givebackKeys(subject, suffix string) []string {
 	enc := escape(subject)
 	keys := make([]string, 0, 2*len(p.keyRules)+1)

@@ -211,7 +211,7 @@ func handed(raw []any, nrules int) map[string]time.Time {
 
 // redeemedTickets returns the tickets admit's reply carries for a redeemed
 // booking or receipt (one string: a line per rule, then the Redis time of
-// the booking), and that time; nil if it has none (recorded before tickets
+// the booking and, after a space, its costs), and that time; nil if it has none (recorded before tickets
 // were kept, or under other rules).
 func redeemedTickets(raw []any, rules int) ([]string, int64) {
 	if len(raw) < 7 {
@@ -225,7 +225,9 @@ func redeemedTickets(raw []any, rules int) ([]string, int64) {
 	if len(t) != rules+1 {
 		return nil, 0
 	}
-	booked, err := strconv.ParseInt(t[rules], 10, 64)
+	// The booking's Redis time, then (if booked by this version) its costs.
+	at, _, _ := strings.Cut(t[rules], " ")
+	booked, err := strconv.ParseInt(at, 10, 64)
 	if err != nil {
 		return nil, 0
 	}

@@ -63,7 +63,10 @@
 --                rule paces that rule
 -- KEYS[r+13]  -> the departures booked at the learned rate,
 --                <prefix>{<subject>}:!departures(<rules>) (upstream_rate.lua)
--- r is #KEYS - 13.
+-- KEYS[r+13+i] -> rule i's record of give-backs, <prefix>{<subject>}:<rule>!settled
+--                (settle.lua's): a stale booking of a bucket rule gives its
+--                turn back, as a settle to nothing (rules.lua: lapse_turn)
+-- r is (#KEYS - 13) / 2.
 --
 -- Returns {status, deciding rule index, remaining, delay µs, reset µs,
 -- Redis now µs, ticket 1, ..., ticket r}, the status one of those above
@@ -91,7 +94,7 @@
 -- waiter 2, ...}.
 local n, ns = per_rule(ARGV[2])
 local wait_here = tonumber(ARGV[3])
-local nrules = #KEYS - 13
+local nrules = (#KEYS - 13) / 2
 -- A limit learned of the resource for a rule (a provider's requests or
 -- tokens) paces that rule; the learned rate of requests (issue 19) the
 -- other rules a request counts once (all of them for a single n: a
@@ -143,11 +146,14 @@ local tkey = KEYS[nrules + 3]
 local function gave_back()
   if redis.call('EXISTS', KEYS[nrules + 4]) == 1 then redis.call('HSET', KEYS[nrules + 6], 'g', '1') end
 end
-if drop_lapsed(rkey, tkey, now - tol, nrules) then gave_back() end
 -- A booking whose turn falls inside a pause (the upstream said stop) is
 -- not redeemed: it lapses and its caller takes a new turn, which the
--- pause has moved past its end.
+-- pause has moved past its end. A stale one gives a bucket rule its turn
+-- back, but not inside a pause, which that would undo.
 local pause_end = tonumber(redis.call('GET', KEYS[nrules + 2])) or 0
+if pause_end <= now then settled_key = function(i) return KEYS[nrules + 13 + i] end end
+if drop_lapsed(rkey, tkey, now - tol, nrules) then gave_back() end
+settled_key = nil
 local early = tonumber(ARGV[b + 3])
 local line = not c and tonumber(ARGV[b + 2]) >= 0 and (booking ~= '' or n == 0) and line_open(n, nrules, b, rkey, tkey, tol, ns)
 if line and n == 0 then return line.serve() end
@@ -242,7 +248,9 @@ if reply[1] == 1 and later then
   -- Later than the caller can wait: book the slot under its id.
   redis.call('ZADD', rkey, string.format('%d', now + reply[4]), booking)
   keep_ttl(rkey, reply[4] + tol)
-  if n > 0 then keep_tickets(KEYS[nrules + 3], rkey, booking, table.concat(reply, '\n', 7, 6 + nrules) .. '\n' .. string.format('%d', now), reply[4] + tol) end
+  -- The tickets, then the booking's Redis time and costs (a lapse gives
+  -- them back: rules.lua, lapse_turn).
+  if n > 0 then keep_tickets(KEYS[nrules + 3], rkey, booking, table.concat(reply, '\n', 7, 6 + nrules) .. '\n' .. string.format('%d', now) .. ' ' .. ARGV[2], reply[4] + tol) end
   reply = {BOOKED, reply[2], reply[3], reply[4], reply[5], now}
 end
 if c then return cc.reply(c, reply, nrules) end

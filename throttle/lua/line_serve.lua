@@ -18,23 +18,24 @@
 local function line_open(n, nrules, b, rkey, tkey, tol, ns)
   local l, h = line_base(n, nrules, b, rkey, tkey, tol)
   local fmt, qhead, sleep, take = h.fmt, h.qhead, h.sleep, h.take
-  -- book records member's turn, taken with delay and tickets tks.
-  local function book(member, delay, tks)
+  -- book records member's turn, taken with delay and tickets tks for
+  -- costs (ARGV[2]'s form; a lapse gives them back: rules.lua, lapse_turn).
+  local function book(member, delay, tks, costs)
     local slot = now + delay
     redis.call('ZADD', rkey, string.format('%d', slot), member)
     keep_ttl(rkey, delay + tol)
-    keep_tickets(tkey, rkey, member, table.concat(tks, '\n') .. '\n' .. string.format('%d', now), delay + tol)
+    keep_tickets(tkey, rkey, member, table.concat(tks, '\n') .. '\n' .. string.format('%d', now) .. ' ' .. costs, delay + tol)
     return slot
   end
   -- hand takes member out of the line, books the turn taken for it (ok,
-  -- delay, tks) and adds its waiter and slot to reply. A member that can
-  -- never be admitted now (the rules changed under it) is woken with
-  -- nothing booked: it asks again, and is told why.
-  local function hand(reply, member, waiter, ok, delay, tks)
+  -- delay, tks; costs as book's) and adds its waiter and slot to reply. A
+  -- member that can never be admitted now (the rules changed under it) is
+  -- woken with nothing booked: it asks again, and is told why.
+  local function hand(reply, member, waiter, ok, delay, tks, costs)
     redis.call('ZREM', l.key, member)
     redis.call('HDEL', l.ekey, member)
     local slot = now
-    if ok then slot = book(member, delay, tks) end
+    if ok then slot = book(member, delay, tks, costs) end
     if waiter then
       reply[#reply + 1] = waiter
       reply[#reply + 1] = string.format('%d', slot)
@@ -82,7 +83,7 @@ local function line_open(n, nrules, b, rkey, tkey, tol, ns)
       local member, score, lv = pick(heads)
       if not member then break end
       local m, _, waiter = line_entry(redis.call('HGET', l.ekey, member))
-      local ms
+      local ms, costs = nil, m
       if m then m, ms = per_rule(m) end
       local ok, delay, tks = false, max_us, nil
       if m then ok, delay, tks = take(m, nil, nil, nil, ms) end
@@ -92,7 +93,7 @@ local function line_open(n, nrules, b, rkey, tkey, tol, ns)
       end
       heads[lv] = nil
       redis.call('HSET', l.fkey, (line_fields(lv, '')), fmt(score + lv * place_band))
-      hand(reply, member, waiter, ok, delay, tks)
+      hand(reply, member, waiter, ok, delay, tks, costs)
     end
     return next_us
   end
@@ -138,7 +139,7 @@ local function line_open(n, nrules, b, rkey, tkey, tol, ns)
       local member, entry, place = qhead(sh)
       local e = member and redis.call('HGET', l.ekey, member)
       local m, _, waiter = line_entry(e)
-      local ms
+      local ms, costs = nil, m
       if m then m, ms = per_rule(m) end
       if not member then
         redis.call('ZREM', l.hkey, sh)
@@ -168,7 +169,7 @@ local function line_open(n, nrules, b, rkey, tkey, tol, ns)
         else
           redis.call('ZREM', l.qkey, entry)
           if place > v then v = place end
-          hand(reply, member, waiter, ok, delay, tks)
+          hand(reply, member, waiter, ok, delay, tks, costs)
           local _, _, p = qhead(sh)
           if p then redis.call('ZADD', l.hkey, fmt(p), sh) else redis.call('ZREM', l.hkey, sh) end
         end
@@ -228,7 +229,7 @@ local function line_open(n, nrules, b, rkey, tkey, tol, ns)
     end
     local wait = tonumber(ARGV[3])
     if wait >= 0 and delay > wait then
-      book(ARGV[b], delay, x)
+      book(ARGV[b], delay, x, ARGV[2])
       return {BOOKED, 1, 0, delay, 0, now}
     end
     local reply = {GRANTED, 1, 0, delay, 0, now}

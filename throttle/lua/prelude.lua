@@ -95,7 +95,10 @@ end
 -- lapse_turn) is capacity lost, not only time, registers a lapse function:
 -- lapse(key, count, period, extra, ticket) gives back what commit took
 -- (ticket: its refund ticket) if the rule still holds it. Only calendar
--- does (calendar.lua); for the others a lapsed turn is time gone by.
+-- does (calendar.lua). A bucket rule (GCRA, token bucket) gives a lapsed
+-- turn back through its settle instead, where the script declares the
+-- records of give-backs (settled_key, below; rules.lua: lapse_turn); for
+-- the windows a lapsed turn is time gone by.
 --
 -- Cost per call. Redis runs the whole script body on every EVALSHA, so
 -- each function or table it defines is allocated (and later collected) on
@@ -115,6 +118,13 @@ local cc
 -- policy's rules that register lapse: keep_tickets keeps a booking as long
 -- as they live, so that it is there to give back if it lapses.
 local keep_ttl, keep_tickets, cancelled_add, cancelled_pop, rint, lapse_keys
+
+-- settled_key, if set, returns rule i's record of give-backs (the key
+-- settle.lua declares as KEYS[r+1+i]), declared by the script: a lapsed
+-- turn of a bucket rule is then given back (rules.lua: lapse_turn).
+-- bucket_lapse names the algorithms that give back so.
+local settled_key
+local bucket_lapse = {gcra = true, token_bucket = true}
 if rare then
 
 -- rint formats a number that may have a fraction as the nearest integer.

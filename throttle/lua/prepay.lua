@@ -9,7 +9,9 @@
 -- KEYS[r+2]  -> the subject's tickets of booked turns and receipts,
 --               <prefix>{<subject>}:!tickets, a hash: member -> the refund
 --               tickets of its rules and the Redis time (µs) of the call
---               that booked them, one a line (prelude.lua: keep_tickets)
+--               that booked them, one a line (prelude.lua: keep_tickets);
+--               a turn booked by admit adds its costs after that time,
+--               "<µs> <costs>", which a lapse gives back (rules.lua)
 -- ARGV[1]    -> 'prepay'
 -- ARGV[2]    -> n, the number of permits (or one per rule, per_rule in
 --               rules.lua); 0 charges nothing

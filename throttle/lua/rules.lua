@@ -82,6 +82,17 @@ end
 -- of the policy registers lapse (else it reads nothing more); those
 -- rules' keys are then lapse_keys (prelude.lua: keep_tickets). Each
 -- returns whether it gave a turn back (or one that has ended).
+--
+-- A bucket rule (GCRA, token bucket) gives a lapsed turn back too, where
+-- the script declared the rules' records of give-backs (settled_key,
+-- prelude.lua: admit.lua does) and the booking recorded its costs (after
+-- its Redis time, "<µs> <costs>", as ARGV[2] of admit: admit.lua and
+-- line_serve.lua book so): the turn is settled to nothing, as a settle
+-- gives back (settle[algo], bucket_rare.lua, with its bound on how far
+-- the state may move back), so that a caller back later than its
+-- tolerance (a parked task on asynq's whole-second schedule) does not
+-- cost the rule that turn's permits as well as its new one's. Not while
+-- the subject is paused: admit.lua leaves settled_key unset then.
 local lapse_turn, drop_lapsed
 if rare then
   lapse_turn = function(tkey, member, nrules)
@@ -91,6 +102,10 @@ if rare then
     local tks = redis.call('HGET', tkey, member)
     if not tks or string.sub(member, -#own) ~= own then return false end
     redis.call('HDEL', tkey, member)
+    -- The line after the tickets: the booking's Redis time and its costs.
+    local booked, costs = string.match(tks, '\n(%d+) ([%d,]+)$')
+    local n, ns
+    if booked and settled_key then n, ns = per_rule(costs) end
     local i, gave = 0, false
     for tk in string.gmatch(tks, '([^\n]*)\n') do
       i = i + 1
@@ -99,20 +114,26 @@ if rare then
       if lapse[algo] and tk ~= '' then
         lapse[algo](KEYS[i], count, period, extra, tk)
         gave = true
+      elseif n and bucket_lapse[algo] and tk ~= '' then
+        local m = ns and ns[i] or n
+        if m > 0 then settle[algo](KEYS[i], count, period, extra, m, 0, tk, tonumber(booked), settled_key(i)) end
       end
     end
     return gave
   end
   drop_lapsed = function(rkey, tkey, upto, nrules)
     local lo, hi = '0', '(' .. string.format('%d', upto)
+    local buckets = false
     for i = 1, nrules do
-      if lapse[(rule(i))] then
+      local algo = rule(i)
+      if lapse[algo] then
         lapse_keys = lapse_keys or {}
         lapse_keys[#lapse_keys + 1] = KEYS[i]
       end
+      buckets = buckets or (settled_key and bucket_lapse[algo])
     end
     local gave = false
-    if lapse_keys then
+    if lapse_keys or buckets then
       for _, m in ipairs(redis.call('ZRANGEBYSCORE', rkey, lo, hi)) do
         if lapse_turn(tkey, m, nrules) then gave = true end
       end
