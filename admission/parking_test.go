@@ -95,6 +95,41 @@ func TestParkingPassesOtherLines(t *testing.T) {
 	})
 }
 
+// A line whose gate the process holding its shard has not (another fleet
+// with other rules on the same Redis) goes to a process that has it: the
+// holder puts it back and releases the shard, and the other takes both.
+// Without the release, the holder would take it back every time and drop
+// it after maxPassed tries.
+func TestParkingPassesToAnotherFleet(t *testing.T) {
+	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
+		served := make(chan string, 10)
+		other := newParking(t, redistest.PipeClient(m), ParkingOptions{})
+		other.Serve(map[string]*Gate{"other": nil})
+		stopOther := runParking(t, other)
+		defer stopOther()
+		time.Sleep(100 * ms) // other holds the ledger's watch
+		a := redistest.PipeClient(m)
+		p := newParking(t, a, ParkingOptions{OnServe: func(name, subject string, _ Served) { served <- name + "/" + subject }})
+		p.Serve(map[string]*Gate{"api": newGate(t, a, Options{Name: "api"}, gcra5)})
+		stop := runParking(t, p)
+		defer stop()
+		time.Sleep(100 * ms) // p is a standby
+		start := time.Now()
+		if err := p.Ledger().Add(context.Background(), LineEntry{Rule: "api", Subject: "s"}.Member(), start); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case got := <-served:
+			if got != "api/s" {
+				t.Errorf("served %s, want api/s", got)
+			}
+			t.Logf("served by the process with the gate %v after it was added", time.Since(start))
+		case <-time.After(10 * time.Second):
+			t.Fatal("the line was not served within 10 s by the process that has its gate")
+		}
+	})
+}
+
 // TestParkingRetired: a rule Serve no longer has is retired: its servings
 // are dropped at once, not passed on; one given again is served again.
 func TestParkingRetired(t *testing.T) {

@@ -11,7 +11,8 @@
 --
 -- Returns 1. The ledger's TTL covers its latest wake-up plus ARGV[3]; it is
 -- only ever lengthened. If an added member is now the ledger's first, its
--- time (µs) is published on the channel named like the ledger's key, so
+-- time (µs) is published on the channel named like the ledger's key (a
+-- shard channel where the server has them), so
 -- that the processes waking jobs, which sleep until the first wake-up they
 -- know of (wake.go, Run), look again now instead.
 local t = redis.call('TIME')
@@ -34,8 +35,11 @@ local cur = redis.call('PTTL', KEYS[1])
 if cur < want then redis.call('PEXPIRE', KEYS[1], string.format('%d', want)) end
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if first[2] and tonumber(first[2]) >= earliest then
-  -- pcall: a user whose ACL grants no channels still adds wake-ups (its
-  -- wakers look every tick instead, wake.go).
-  redis.pcall('PUBLISH', KEYS[1], string.format('%d', earliest))
+  -- Sharded pub/sub (Redis 7) keeps the message on the shard's master;
+  -- older servers have only PUBLISH. pcall: a user whose ACL grants no
+  -- channels still adds wake-ups (its wakers look every tick instead).
+  local msg = string.format('%d', earliest)
+  local r = redis.pcall('SPUBLISH', KEYS[1], msg)
+  if type(r) == 'table' and r.err then redis.pcall('PUBLISH', KEYS[1], msg) end
 end
 return 1
