@@ -115,10 +115,19 @@ func (w *Wakeups) Keys() []string { return slices.Clone(w.keys) }
 // keyOf returns the key of the shard that keeps member.
 func (w *Wakeups) keyOf(member string) string { return w.keys[shardOf(member, len(w.keys))] }
 
+// addKeys returns the keys wake_add.lua is given for shard i: the shard's,
+// and its watch's if it has one (the standby to tell of a new first).
+func (w *Wakeups) addKeys(i int) []string {
+	if l := w.watch(i); l != "" {
+		return []string{w.keys[i], l}
+	}
+	return []string{w.keys[i]}
+}
+
 // Add schedules member to be woken at slot, a time on the Redis clock
 // (Decision.Slot). Adding a member again moves it.
 func (w *Wakeups) Add(ctx context.Context, member string, slot time.Time) error {
-	if err := wakeAddScript.Run(ctx, w.rdb, []string{w.keyOf(member)}, member, slot.UnixMicro(), ledgerKeepMs).Err(); err != nil {
+	if err := wakeAddScript.Run(ctx, w.rdb, w.addKeys(shardOf(member, len(w.keys))), member, slot.UnixMicro(), ledgerKeepMs).Err(); err != nil {
 		return fmt.Errorf("admission: wakeups: add: %w", err)
 	}
 	return nil
@@ -127,7 +136,7 @@ func (w *Wakeups) Add(ctx context.Context, member string, slot time.Time) error 
 // AddIfAbsent schedules member to be woken at slot, unless it is in the
 // ledger already: then it stays where it is.
 func (w *Wakeups) AddIfAbsent(ctx context.Context, member string, slot time.Time) error {
-	if err := wakeAddScript.Run(ctx, w.rdb, []string{w.keyOf(member)}, member, slot.UnixMicro(), ledgerKeepMs, "NX").Err(); err != nil {
+	if err := wakeAddScript.Run(ctx, w.rdb, w.addKeys(shardOf(member, len(w.keys))), member, slot.UnixMicro(), ledgerKeepMs, "NX").Err(); err != nil {
 		return fmt.Errorf("admission: wakeups: add: %w", err)
 	}
 	return nil
@@ -136,17 +145,17 @@ func (w *Wakeups) AddIfAbsent(ctx context.Context, member string, slot time.Time
 // AddAll schedules each member of wakes to be woken at its time, as Add
 // does: one call per shard the members fall in.
 func (w *Wakeups) AddAll(ctx context.Context, wakes map[string]time.Time) error {
-	byShard := map[string][]any{}
+	byShard := map[int][]any{}
 	for m, at := range wakes {
-		k := w.keyOf(m)
-		args := append(byShard[k], m, at.UnixMicro())
+		i := shardOf(m, len(w.keys))
+		args := append(byShard[i], m, at.UnixMicro())
 		if len(args) == 2 {
 			args = append(args, ledgerKeepMs, "")
 		}
-		byShard[k] = args
+		byShard[i] = args
 	}
-	for k, args := range byShard {
-		if err := wakeAddScript.Run(ctx, w.rdb, []string{k}, args...).Err(); err != nil {
+	for i, args := range byShard {
+		if err := wakeAddScript.Run(ctx, w.rdb, w.addKeys(i), args...).Err(); err != nil {
 			return fmt.Errorf("admission: wakeups: add: %w", err)
 		}
 	}

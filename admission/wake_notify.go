@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,21 +27,32 @@ const (
 )
 
 // noticeOf decodes a message of a shard's channel: "released", "taken",
-// or else the time of an added wake-up.
-func noticeOf(payload string) notice {
+// or else an added wake-up, its time and, if the shard's watch named a
+// standby, the standby's ID and how long from the message until the
+// wake-up's time (wake_add.lua): in then, for that standby (standby).
+func noticeOf(payload string) (what notice, standby string, in time.Duration) {
 	switch payload {
 	case "released":
-		return noticeReleased
+		return noticeReleased, "", 0
 	case "taken":
-		return noticeTaken
+		return noticeTaken, "", 0
 	}
-	return noticeAdded
+	f := strings.Fields(payload)
+	if len(f) == 3 {
+		if us, err := strconv.ParseInt(f[2], 10, 64); err == nil {
+			return noticeAdded, f[1], time.Duration(us) * time.Microsecond
+		}
+	}
+	return noticeAdded, "", 0
 }
 
 // signals holds, per shard, what its channel said since Run last took it,
-// and one pending signal on any for Run's sleep.
+// and one pending signal on any for Run's sleep; and, per shard, the
+// earliest time of a wake-up added while this process was the standby to
+// tell (wake_add.lua), in UnixNano of the local clock (0: none).
 type signals struct {
 	pending []atomic.Uint32
+	due     []atomic.Int64
 	any     chan struct{}
 }
 
@@ -49,6 +61,34 @@ func (s *signals) take(i int) notice {
 		return 0
 	}
 	return notice(s.pending[i].Swap(0))
+}
+
+// takeDue returns, and forgets, the earliest time of a wake-up added to
+// shard i that this process was told of as its standby (zero if none).
+func (s *signals) takeDue(i int) time.Time {
+	if s.due == nil {
+		return time.Time{}
+	}
+	if ns := s.due[i].Swap(0); ns != 0 {
+		return time.Unix(0, ns)
+	}
+	return time.Time{}
+}
+
+// putDue records a wake-up added to shard i, due at at, for this process
+// as its standby: the earliest of those not yet taken.
+func (s *signals) putDue(i int, at time.Time) {
+	ns := at.UnixNano()
+	for {
+		cur := s.due[i].Load()
+		if cur != 0 && cur <= ns {
+			return
+		}
+		if s.due[i].CompareAndSwap(cur, ns) {
+			s.put(i, noticeAdded)
+			return
+		}
+	}
 }
 
 func (s *signals) put(i int, what notice) {
@@ -75,7 +115,7 @@ func (s *signals) put(i int, what notice) {
 // holds every Tick, as nothing will tell it of an earlier wake-up. Other
 // errors (Redis unreachable now) are reported and the subscription kept:
 // go-redis subscribes again when it reconnects.
-func (w *Wakeups) subscribe(ctx context.Context, report func(error)) (sig *signals, stop func(), ok bool) {
+func (w *Wakeups) subscribe(ctx context.Context, id string, report func(error)) (sig *signals, stop func(), ok bool) {
 	sig = &signals{any: make(chan struct{}, 1)}
 	groups := [][]string{w.keys}
 	if _, cluster := w.rdb.(*redis.ClusterClient); cluster {
@@ -99,6 +139,7 @@ func (w *Wakeups) subscribe(ctx context.Context, report func(error)) (sig *signa
 		report(fmt.Errorf("admission: wakeups: subscribing to %s: %w", w.keys[0], err))
 	}
 	sig.pending = make([]atomic.Uint32, len(w.keys))
+	sig.due = make([]atomic.Int64, len(w.keys))
 	shard := make(map[string]int, len(w.keys))
 	for i, k := range w.keys {
 		shard[k] = i
@@ -107,9 +148,16 @@ func (w *Wakeups) subscribe(ctx context.Context, report func(error)) (sig *signa
 	for _, sub := range subs {
 		done.Go(func() {
 			for msg := range sub.Channel(redis.WithChannelHealthCheckInterval(subscriptionCheck)) {
-				if i, ok := shard[msg.Channel]; ok {
-					sig.put(i, noticeOf(msg.Payload))
+				i, ok := shard[msg.Channel]
+				if !ok {
+					continue
 				}
+				what, standby, in := noticeOf(msg.Payload)
+				if standby == id {
+					sig.putDue(i, time.Now().Add(in))
+					continue
+				}
+				sig.put(i, what)
 			}
 		})
 	}

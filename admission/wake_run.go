@@ -49,8 +49,11 @@ type RunOptions struct {
 // shard's first), and, while nothing is due, at one shard per Idle. Every
 // other process checks the watch when Redis tells it to, the fleet's
 // checks of a shard half an Idle apart, and takes the shard if the watch
-// has lapsed (its holder died): so a fleet of a thousand processes looks
-// at a busy ledger about as often as one process does (runSchedule). When
+// has lapsed or if the shard's first wake-up is overdue by a grace (its
+// holder died or stalled with work due): so a fleet of a thousand
+// processes looks at a busy ledger about as often as one process does,
+// and a holder killed before a wake-up is replaced when that wake-up is
+// overdue, not when its watch lapses (runSchedule). When
 // ctx ends, Run releases the watches it holds, and another process takes
 // each shard at once. A process killed takes nothing more; the wake-ups of
 // a look it was killed in, taken from the ledger and not yet woken, come
@@ -62,15 +65,18 @@ func (w *Wakeups) Run(ctx context.Context, opts RunOptions, wake func(ctx contex
 			opts.OnError(err)
 		}
 	}
-	sig, stop, ok := w.subscribe(ctx, report)
+	id := runID()
+	sig, stop, ok := w.subscribe(ctx, id, report)
 	defer stop()
 	s := newRunSchedule(len(w.keys), opts, ok, time.Now())
-	id := runID()
 	for ctx.Err() == nil {
 		now := time.Now()
 		for i := range w.keys {
 			if what := sig.take(i); what != 0 {
 				s.notified(i, what, now)
+			}
+			if at := sig.takeDue(i); !at.IsZero() {
+				s.probe(i, at)
 			}
 		}
 		for _, i := range s.due(now) {
@@ -226,7 +232,7 @@ func (w *Wakeups) look(ctx context.Context, i int, id string, lead time.Duration
 		longest, spacing, least, slack := s.watchTerms()
 		keys = append(keys, l)
 		args = append(args, id, longest.Microseconds(), spacing.Microseconds(), least.Microseconds(), watchCheckMost.Microseconds(),
-			s.tick.Microseconds(), slack.Microseconds())
+			s.tick.Microseconds(), slack.Microseconds(), s.grace().Microseconds())
 	}
 	v, err := wakePopScript.Run(ctx, w.rdb, keys, args...).Slice()
 	if err != nil {

@@ -15,10 +15,22 @@ import (
 // gives each the time of its next check of the watch, the fleet's checks
 // of one shard a spacing apart (watchTerms), so that a thousand
 // processes check a shard as often as a few do. A check after the watch
-// has lapsed (its holder died) takes the shard over; a holder that stops
-// releases its watches, and the standbys, told on the shard's channel, race
-// for it after a random pause, the first to take it telling the others.
+// has lapsed takes the shard over; a holder that stops releases its
+// watches, and the standbys, told on the shard's channel, race for it after
+// a random pause, the first to take it telling the others.
+//
+// A holder is judged alive by the work it does, not only by its watch: a
+// check that finds the shard's first wake-up due a grace ago or more takes
+// the shard over, and a standby whose next check would come after the
+// first wake-up is due plus the grace is told to check then instead (a
+// probe, the fleet's probes of a shard a spacing apart). A wake-up added
+// after the latest check, and so unknown to the standbys, is told to the
+// latest standby to check (the shard's channel names it), which probes
+// then too. So a holder killed before a wake-up is replaced a grace after
+// that wake-up is due (a spacing more if the shard is so busy that the
+// fleet's probes are spaced), not a watch's life later.
 type runSchedule struct {
+	lead     time.Duration
 	tick     time.Duration
 	idle     time.Duration // one shard's idle look per idle, in turn
 	idleEach time.Duration // so each shard's once per idleEach
@@ -30,13 +42,14 @@ type shardSchedule struct {
 	at    time.Time // the next look
 	held  bool      // this process holds the shard's watch (its last look said so)
 	check time.Time // a standby's next check, as Redis gave it out
+	last  time.Time // the last look or check
 }
 
 // newRunSchedule returns the schedule of n shards, each looked at at once.
 // Without notifications (notify false), nothing tells Run of an earlier
 // wake-up, so it looks at every shard it holds every Tick.
 func newRunSchedule(n int, opts RunOptions, notify bool, now time.Time) *runSchedule {
-	s := &runSchedule{tick: opts.Tick, idle: opts.Idle, idleEach: opts.Idle * time.Duration(n), start: now, shards: make([]shardSchedule, n)}
+	s := &runSchedule{lead: opts.Lead, tick: opts.Tick, idle: opts.Idle, idleEach: opts.Idle * time.Duration(n), start: now, shards: make([]shardSchedule, n)}
 	if !notify {
 		s.idle, s.idleEach = opts.Tick, opts.Tick
 	}
@@ -111,9 +124,37 @@ func (s *runSchedule) released(i int, now time.Time) {
 // whose watch was released.
 func (s *runSchedule) releaseRace() time.Duration { return max(s.idle/4, time.Millisecond) }
 
+// probe records that a wake-up of shard i is to be woken at at (local
+// clock), told to this process as the shard's standby: unless it holds the
+// shard, it checks the shard when that wake-up is overdue by the grace,
+// but no sooner than a spacing after its last call on the shard, so that
+// a stream of new firsts costs at most one check a spacing.
+func (s *runSchedule) probe(i int, at time.Time) {
+	sh := &s.shards[i]
+	if sh.held {
+		return
+	}
+	_, spacing, _, _ := s.watchTerms()
+	p := at.Add(s.grace() - s.lead)
+	if floor := sh.last.Add(spacing); p.Before(floor) {
+		p = floor
+	}
+	if p.Before(sh.at) {
+		sh.at = p
+	}
+}
+
+// grace is how long a shard's first wake-up may be overdue before a
+// standby takes the shard from its holder (wake_pop.lua): a quarter Idle
+// (500 ms with the defaults), and at least two Ticks, as a live holder
+// looks once a Tick. A live holder stalled that long loses the shard to a
+// standby, which is what the fleet needs of it then.
+func (s *runSchedule) grace() time.Duration { return max(s.idle/4, 2*s.tick) }
+
 // looked records a look at shard i: what it took and said (r), or err.
 func (s *runSchedule) looked(i int, now time.Time, r lookReply, err error) {
 	sh := &s.shards[i]
+	sh.last = now
 	switch {
 	case err != nil:
 		sh.at = now.Add(s.tick)

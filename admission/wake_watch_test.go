@@ -139,3 +139,104 @@ func killableClient(m *miniredis.Miniredis) (*redis.Client, func()) {
 		}
 	}
 }
+
+// A holder killed before a wake-up is due (its connections cut and its
+// loop cancelled, so it releases nothing) is replaced when that wake-up is
+// overdue by the grace, not when its watch lapses: the standbys judge it by
+// the work it missed. The holder is killed a second before the wake-up is
+// due; the standbys learned of the wake-up either at their first check of
+// the shard (it was in the ledger when they started; due 8.5 s after) or,
+// added 2 s after their checks, from the shard's channel, which names the
+// latest standby to check (due 5 s after, before any checks again). Either
+// way the wake-up is woken once, a grace (500 ms) after it was due, where
+// the watch (ending half an Idle after the holder's planned look) and the
+// standbys' next checks (6 s apart each, with the defaults: at 6, 7, 12
+// and 13 s) made it 3.5 s and 1 s late. On virtual time, so the instants
+// are exact.
+func TestWakeupsHolderKilledBeforeDue(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		addedAt, due time.Duration // after the standbys start; added < 0: before
+	}{
+		{"seen at a check", -time.Second, 8500 * ms},
+		// Due before any standby checks again: only the channel tells.
+		{"told on the channel", 2 * time.Second, 5 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
+				holderKilledBeforeDue(t, m, rdb, tc.addedAt, tc.due)
+			})
+		})
+	}
+}
+
+// holderKilledBeforeDue runs a holder and, from start, two standbys over a
+// ledger of three shards; adds a wake-up due at start+dueIn at addedAt
+// (before start if < 0), kills the holder a second before it is due, and
+// fails t unless the wake-up is woken once, within the grace and a Tick of
+// when it was due.
+func holderKilledBeforeDue(t *testing.T, m *miniredis.Miniredis, rdb *redis.Client, addedAt, dueIn time.Duration) {
+	const key, member = "test:{wakeups}", "task-1"
+	opts := RunOptions{}.withDefaults()
+	ledger, _ := NewShardedWakeups(rdb, key, 3)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	start := time.Now().Add(time.Second) // the standbys start
+	due := start.Add(dueIn)              // the member's slot less the lead
+	add := func() {
+		if err := ledger.Add(ctx, member, due.Add(opts.Lead)); err != nil {
+			t.Error(err)
+		}
+	}
+	if addedAt < 0 {
+		add()
+	}
+	var mu sync.Mutex
+	woken := map[string][]time.Time{}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	run := func(c *redis.Client, ctx context.Context) {
+		w, _ := NewShardedWakeups(c, key, 3)
+		wg.Go(func() {
+			_ = w.Run(ctx, RunOptions{}, func(_ context.Context, m string) error {
+				mu.Lock()
+				defer mu.Unlock()
+				woken[m] = append(woken[m], time.Now())
+				return nil
+			})
+		})
+	}
+	holder, kill := killableClient(m)
+	defer holder.Close()
+	holderCtx, stopHolder := context.WithCancel(ctx)
+	defer stopHolder()
+	run(holder, holderCtx) // first: it takes every shard's watch
+	time.Sleep(time.Until(start))
+	for range 2 {
+		c := redistest.PipeClient(m)
+		defer c.Close()
+		run(c, ctx)
+	}
+	if addedAt >= 0 {
+		time.Sleep(time.Until(start.Add(addedAt)))
+		add()
+	}
+	time.Sleep(time.Until(due.Add(-time.Second)))
+	kill()
+	stopHolder()
+	time.Sleep(time.Until(due.Add(10 * time.Second)))
+	cancel()
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	got := woken[member]
+	if len(got) != 1 {
+		t.Fatalf("%s woken %d times, want once", member, len(got))
+	}
+	grace := newRunSchedule(3, opts, true, time.Now()).grace()
+	if late, most := got[0].Sub(due), grace+opts.Tick; late > most {
+		t.Errorf("%s woken %v after it was due, want at most %v (the grace and a Tick)", member, late, most)
+	}
+	t.Logf("holder killed 1 s before the wake-up was due: woken %v after it was due (grace %v)", got[0].Sub(due), grace)
+}

@@ -23,6 +23,13 @@
 -- ARGV[9] -> how long past its next look the holder's watch lasts, µs: a
 --            holder that misses its look by this long (stalled, or dead)
 --            loses the watch to the next standby check
+-- ARGV[10] -> grace, µs (optional; 0 or absent for none): a standby that
+--            finds the shard's first wake-up due (its score less ARGV[1])
+--            at least this long ago takes the watch, whatever its end: the
+--            holder missed work it had to do, so it is dead or stalled.
+--            A standby whose next check would come after the first
+--            wake-up is due plus the grace checks then instead (a probe),
+--            the fleet's probes of a shard at least ARGV[5] apart
 --
 -- Returns {members taken, microseconds from now until the next wake-up is
 -- due (its score less the lead; 0 if due already) or -1 if none is left,
@@ -31,7 +38,9 @@
 -- holder) or until the caller's next check (a standby)}. Taking a watch
 -- another held, or none did, publishes 'taken' on the channel named like
 -- the ledger, so that standbys told of its release (wake_release.lua) stop
--- racing for it.
+-- racing for it. The watch names (field s) the latest standby to check:
+-- wake_add.lua tells it of a wake-up that became the shard's first, so
+-- that it probes when that is due (wake_sched.go).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local upto = now + tonumber(ARGV[1])
@@ -52,12 +61,23 @@ local function publish(msg)
   if type(r) == 'table' and r.err then redis.pcall('PUBLISH', KEYS[1], msg) end
 end
 
+-- firstDue returns when the shard's first wake-up is due (its score less
+-- the lead, µs), or nil if there is none.
+local function firstDue()
+  local nxt = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  if not nxt[2] then return nil end
+  return tonumber(nxt[2]) - tonumber(ARGV[1])
+end
+
 local watchFor, holder = 0, nil
 if KEYS[2] then
-  local l = redis.call('HMGET', KEYS[2], 'o', 'e', 'c', 'l')
+  local l = redis.call('HMGET', KEYS[2], 'o', 'e', 'c', 'l', 'q', 's')
   local ends
   holder, ends = l[1], tonumber(l[2] or 0)
-  if holder and holder ~= ARGV[3] and ends > now then
+  local grace, first = tonumber(ARGV[10] or 0), firstDue()
+  -- Work overdue by the grace: the holder is dead or stalled; take over.
+  local overdue = grace > 0 and first ~= nil and first + grace <= now
+  if holder and holder ~= ARGV[3] and ends > now and not overdue then
     -- A standby: the next check of this shard by the fleet is a spacing
     -- after the latest given out, but no sooner than the least time for
     -- this caller. If no check came for long, the processes given the
@@ -67,11 +87,22 @@ if KEYS[2] then
     if c < now or now - last > 2 * least then c = now end
     local at = math.max(c + gap, now + least)
     if at > now + most then at = now + most end
-    redis.call('HSET', KEYS[2], 'c', string.format('%d', at), 'l', string.format('%d', now))
+    -- A wake-up due before then: probe when it is overdue, the fleet's
+    -- probes a spacing apart (so a busy shard costs one a spacing).
+    local probe = nil
+    if grace > 0 and first ~= nil then probe = math.max(first + grace, tonumber(l[5] or 0) + gap) end
+    if probe ~= nil and probe < at then
+      at = probe
+      redis.call('HSET', KEYS[2], 'q', string.format('%d', at), 'l', string.format('%d', now), 's', ARGV[3])
+    else
+      redis.call('HSET', KEYS[2], 'c', string.format('%d', at), 'l', string.format('%d', now), 's', ARGV[3])
+    end
     local keep = math.ceil((math.max(at, ends) - now) / 1000) + 60000
     if redis.call('PTTL', KEYS[2]) < keep then redis.call('PEXPIRE', KEYS[2], keep) end
     return {{}, nextDue(), now, 0, at - now}
   end
+  -- The caller holds the watch from here on: no longer a standby to tell.
+  if l[6] == ARGV[3] then redis.call('HDEL', KEYS[2], 's') end
 end
 
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', upto), 'LIMIT', 0, tonumber(ARGV[2]))
