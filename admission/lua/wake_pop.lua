@@ -36,8 +36,8 @@
 -- Redis now (microseconds of Redis TIME), 1 if the caller holds the watch
 -- (always, without KEYS[2]) else 0, microseconds until the watch ends (the
 -- holder) or until the caller's next check (a standby)}. Taking a watch
--- another held, or none did, publishes 'taken' on the channel named like
--- the ledger, so that standbys told of its release (wake_release.lua) stop
+-- its holder released publishes 'taken' on the channel named like the
+-- ledger, so that standbys told of its release (wake_release.lua) stop
 -- racing for it. The watch names (field s) the latest standby to check:
 -- wake_add.lua tells it of a wake-up that became the shard's first, so
 -- that it probes when that is due (wake_sched.go).
@@ -69,10 +69,9 @@ local function firstDue()
   return tonumber(nxt[2]) - tonumber(ARGV[1])
 end
 
-local watchFor, holder = 0, nil
+local watchFor, holder, ends = 0, nil, nil
 if KEYS[2] then
   local l = redis.call('HMGET', KEYS[2], 'o', 'e', 'c', 'l', 'q', 's')
-  local ends
   holder, ends = l[1], tonumber(l[2] or 0)
   local grace, first = tonumber(ARGV[10] or 0), firstDue()
   -- Work overdue by the grace: the holder is dead or stalled; take over.
@@ -121,6 +120,9 @@ if KEYS[2] then
   redis.call('HSET', KEYS[2], 'o', ARGV[3], 'e', string.format('%d', now + watchFor))
   local keep = math.ceil(watchFor / 1000) + 60000
   if redis.call('PTTL', KEYS[2]) < keep then redis.call('PEXPIRE', KEYS[2], keep) end
-  if holder ~= ARGV[3] then publish('taken') end
+  -- Only a released watch has standbys racing for it; a watch taken
+  -- from a dead or stalled holder is news to nobody, and a message to every
+  -- process of a large fleet would only load a stalled Redis more.
+  if holder and holder ~= ARGV[3] and ends == 0 then publish('taken') end
 end
 return {due, wait, now, 1, watchFor}
