@@ -6,6 +6,7 @@ import (
 	"net"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
@@ -239,4 +240,58 @@ func holderKilledBeforeDue(t *testing.T, m *miniredis.Miniredis, rdb *redis.Clie
 		t.Errorf("%s woken %v after it was due, want at most %v (the grace and a Tick)", member, late, most)
 	}
 	t.Logf("holder killed 1 s before the wake-up was due: woken %v after it was due (grace %v)", got[0].Sub(due), grace)
+}
+
+// Only a released watch's taking is announced ("taken" ends the standbys'
+// race after a release): a watch taken first, or from a holder whose work
+// is overdue (dead or stalled), says nothing, so that a stalled machine's
+// takeovers do not each reach every process of the fleet.
+func TestWakeupsTakenOnlyAfterRelease(t *testing.T) {
+	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
+		ctx := context.Background()
+		w, _ := NewShardedWakeups(rdb, "test:{wakeups}", 1)
+		sub := rdb.Subscribe(ctx, w.keys[0])
+		defer sub.Close()
+		if _, err := sub.Receive(ctx); err != nil {
+			t.Fatal(err)
+		}
+		msgs := sub.Channel()
+		opts := RunOptions{}.withDefaults()
+		s := newRunSchedule(1, opts, true, time.Now())
+		look := func(id string) lookReply {
+			r, err := w.look(ctx, 0, id, opts.Lead, s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r
+		}
+		said := func() (taken int) {
+			synctest.Wait() // every message published is delivered
+			for {
+				select {
+				case msg := <-msgs:
+					if msg.Payload == "taken" {
+						taken++
+					}
+				default:
+					return taken
+				}
+			}
+		}
+		if r := look("a"); !r.held || said() != 0 {
+			t.Fatalf("first look: held %v; want the watch taken without a word", r.held)
+		}
+		if err := w.Add(ctx, "job", time.Now().Add(opts.Lead)); err != nil {
+			t.Fatal(err)
+		}
+		said()
+		time.Sleep(s.grace()) // "a" does not look: the wake-up is overdue
+		if r := look("b"); !r.held || len(r.members) != 1 || said() != 0 {
+			t.Fatalf("a look with the wake-up overdue: held %v, took %v; want the watch and the wake-up taken without a word", r.held, r.members)
+		}
+		w.release(ctx, []int{0}, "b", func(err error) { t.Error(err) })
+		if r := look("a"); !r.held || said() != 1 {
+			t.Fatalf("a look after the release: held %v; want the watch taken and said so once", r.held)
+		}
+	})
 }
