@@ -225,8 +225,13 @@ func (p *Parking) line(ctx context.Context, e LineEntry) error {
 			p.opts.Logger.Debug("admission: dropped the serving of a line no gate here has", "rule", e.Rule, "passed", e.Passed)
 			return nil
 		}
+		// The shard it goes back to is released too (passedOn), so that
+		// another process, not this one again, takes the next try.
 		e.Passed++
-		return p.ledger.Add(ctx, e.Member(), time.Now().Add(DefaultLead+passAfter))
+		if err := p.ledger.Add(ctx, e.Member(), time.Now().Add(DefaultLead+passAfter)); err != nil {
+			return err
+		}
+		return passedOn{member: e.Member()}
 	case g == nil:
 		return nil // a limiter that cannot book has no line nor places
 	case g.leased:

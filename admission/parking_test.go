@@ -95,6 +95,41 @@ func TestParkingPassesOtherLines(t *testing.T) {
 	})
 }
 
+// A line whose gate the process holding its shard has not (another fleet
+// with other rules on the same Redis) goes to a process that has it: the
+// holder puts it back and releases the shard, and the other takes both.
+// Without the release, the holder would take it back every time and drop
+// it after maxPassed tries.
+func TestParkingPassesToAnotherFleet(t *testing.T) {
+	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
+		served := make(chan string, 10)
+		other := newParking(t, redistest.PipeClient(m), ParkingOptions{})
+		other.Serve(map[string]*Gate{"other": nil})
+		stopOther := runParking(t, other)
+		defer stopOther()
+		time.Sleep(100 * ms) // other holds the ledger's watch
+		a := redistest.PipeClient(m)
+		p := newParking(t, a, ParkingOptions{OnServe: func(name, subject string, _ Served) { served <- name + "/" + subject }})
+		p.Serve(map[string]*Gate{"api": newGate(t, a, Options{Name: "api"}, gcra5)})
+		stop := runParking(t, p)
+		defer stop()
+		time.Sleep(100 * ms) // p is a standby
+		start := time.Now()
+		if err := p.Ledger().Add(context.Background(), LineEntry{Rule: "api", Subject: "s"}.Member(), start); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case got := <-served:
+			if got != "api/s" {
+				t.Errorf("served %s, want api/s", got)
+			}
+			t.Logf("served by the process with the gate %v after it was added", time.Since(start))
+		case <-time.After(10 * time.Second):
+			t.Fatal("the line was not served within 10 s by the process that has its gate")
+		}
+	})
+}
+
 // TestParkingRetired: a rule Serve no longer has is retired: its servings
 // are dropped at once, not passed on; one given again is served again.
 func TestParkingRetired(t *testing.T) {
@@ -277,4 +312,116 @@ func TestParkingEmptyLineForgotten(t *testing.T) {
 			t.Error("a line joined again was not served")
 		}
 	})
+}
+
+// A process killed while it holds a Concurrency rule's place and the
+// watch of the ledger shard where that rule's sweep waits does not stall
+// the sweep: the other process, a standby of that shard told of the sweep
+// when it was booked, takes the shard over when the sweep is overdue by the
+// grace, sweeps, and hands the dead process's place, whose lease has
+// expired, to the job waiting for it. Two processes, one place, a lease of
+// 2 s: the holder takes the place at 1.5 s and is killed at 2.1 s, before
+// it renews the lease; the other's job parks for the place at 2 s, its
+// sweep due when the lease expires, at 3.5 s. The place is handed on a
+// grace (500 ms) after the sweep was due; 1.5 s after it on the reverted
+// fleet2, where only the holder's watch lapsing let the standby take over.
+// On virtual time, so the instants are exact.
+func TestParkingSweepHolderKilled(t *testing.T) {
+	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
+		rule := throttle.Rule{Name: "running", Algorithm: throttle.Concurrency, Limit: throttle.Limit{Count: 1, Period: 2 * time.Second}}
+		var mu sync.Mutex
+		handed := map[string]time.Time{}
+		onHandoff := func(waiters []string) {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, w := range waiters {
+				handed[w] = time.Now()
+			}
+		}
+		var closers []*throttle.Limiter
+		defer func() {
+			for _, l := range closers {
+				_ = l.Close()
+			}
+			time.Sleep(time.Minute) // the killed client's dials give up
+		}()
+		process := func(c redis.UniversalClient) *Gate {
+			g := sweepProcess(t, c, rule, onHandoff)
+			closers = append(closers, g.Limiter())
+			return g
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		var wg sync.WaitGroup
+		defer wg.Wait()
+		defer cancel()
+		run := func(ctx context.Context, g *Gate) {
+			wg.Go(func() {
+				_ = g.opts.Parking.Run(ctx, RunOptions{}, func(context.Context, JobEntry) error { return nil })
+			})
+		}
+		t0 := time.Now()
+		holderRdb, kill := killableClient(m)
+		defer holderRdb.Close()
+		holder := process(holderRdb)
+		holderCtx, stopHolder := context.WithCancel(ctx)
+		defer stopHolder()
+		run(holderCtx, holder) // first: it takes every shard's watch
+		time.Sleep(time.Second)
+		otherRdb := redistest.PipeClient(m)
+		defer otherRdb.Close()
+		other := process(otherRdb)
+		run(ctx, other)
+
+		time.Sleep(time.Until(t0.Add(1500 * ms)))
+		d, err := holder.Admit(ctx, Request{Subject: "all", Caller: throttle.Caller{ID: JobEntry{Queue: "q", ID: "a"}.Member()}})
+		if err != nil || d.Outcome != Run {
+			t.Fatalf("holder's job: %+v, %v; want it to run", d, err)
+		}
+		time.Sleep(time.Until(t0.Add(2 * time.Second)))
+		waiter := JobEntry{Queue: "q", ID: "b"}.Member()
+		d, err = other.Admit(ctx, Request{Subject: "all", Caller: throttle.Caller{ID: waiter}})
+		if err != nil || d.Outcome != Park || !d.Woken {
+			t.Fatalf("other's job: %+v, %v; want it parked for the place, to be woken", d, err)
+		}
+		// Before the holder's first renewal of its lease (a third of it in).
+		time.Sleep(time.Until(t0.Add(2100 * ms)))
+		kill()
+		stopHolder()
+		time.Sleep(time.Until(t0.Add(15 * time.Second)))
+		cancel()
+		wg.Wait()
+
+		mu.Lock()
+		defer mu.Unlock()
+		at, ok := handed[waiter]
+		if !ok {
+			t.Fatalf("the place was never handed to the waiting job (handed: %v)", handed)
+		}
+		due := t0.Add(3500 * ms) // the sweep: when the holder's lease expires
+		opts := RunOptions{}.withDefaults()
+		grace := newRunSchedule(1, opts, true, t0).grace()
+		if late, most := at.Sub(due), grace+opts.Tick; late > most {
+			t.Errorf("place handed %v after the sweep was due, want at most %v (the grace and a Tick)", late, most)
+		}
+		t.Logf("holder killed 1.4 s before the sweep was due: the place handed %v after it was due", at.Sub(due))
+	})
+}
+
+// sweepProcess returns the gate of a process on c with a Parking of its
+// own over the default ledger, serving the gate, under rule, its limiter's
+// handed places reported to onHandoff. The caller closes its limiter.
+func sweepProcess(t *testing.T, c redis.UniversalClient, rule throttle.Rule, onHandoff func([]string)) *Gate {
+	t.Helper()
+	lim, err := throttle.New(c, throttle.Options{OnHandoff: onHandoff}, rule)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newParking(t, c, ParkingOptions{})
+	g, err := New(lim, Options{Parking: p, Name: rule.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Serve(map[string]*Gate{rule.Name: g})
+	return g
 }

@@ -26,8 +26,9 @@ import (
 // Members are opaque to the ledger: the adapter puts in them what its wake
 // function needs (for asynq, the queue and the task ID).
 type Wakeups struct {
-	rdb  redis.UniversalClient
-	keys []string // the shards' keys; keys[0] is the key given
+	rdb     redis.UniversalClient
+	keys    []string // the shards' keys; keys[0] is the key given
+	watches []string // each shard's watch key, in its slot; "" if none can be
 }
 
 var (
@@ -40,6 +41,9 @@ var (
 	//go:embed lua/wake_drop.lua
 	wakeDropSrc    string
 	wakeDropScript = redis.NewScript(wakeDropSrc)
+	//go:embed lua/wake_release.lua
+	wakeReleaseSrc    string
+	wakeReleaseScript = redis.NewScript(wakeReleaseSrc)
 )
 
 // Defaults of RunOptions.
@@ -52,13 +56,15 @@ const (
 	// time.
 	DefaultTick = 50 * time.Millisecond
 	// DefaultIdle is how often a process waiting for wake-ups looks at
-	// the ledger when nothing is due sooner (RunOptions.Idle). The look
-	// only catches what a notification missed (a subscription between
-	// reconnections) or a shard left to a process that died: the wake-ups
-	// a process knows of, and those it is told of, wake it on time. Two
-	// seconds keep an idle worker under one Redis call a second with its
-	// subscription's health check (subscriptionCheck) counted: 1,000 idle
-	// workers cost about 520 calls a second, not 1,333 (BENCHMARKS.md).
+	// a shard of the ledger it holds when nothing is due sooner
+	// (RunOptions.Idle). The look only catches what a notification missed
+	// (a subscription between reconnections) and renews the watch: the
+	// wake-ups a process knows of, and those it is told of, wake it on
+	// time. It also sets the watch terms (runSchedule.watchTerms): a
+	// holder's watch lasts a half Idle past its next look, and the fleet's
+	// standby checks of a shard are half an Idle apart, so a holder that
+	// stalls or dies while its shard is busy is replaced within about an
+	// Idle of the look it missed.
 	DefaultIdle = 2 * time.Second
 	// wakeBatch bounds the wake-ups one look takes.
 	wakeBatch = 256
@@ -94,7 +100,12 @@ func NewShardedWakeups(rdb redis.UniversalClient, key string, shards int) (*Wake
 	if shards < 0 || shards > maxWakeupShards {
 		return nil, fmt.Errorf("admission: wakeups: %d shards; give 1 to %d (0 for %d)", shards, maxWakeupShards, DefaultWakeupShards)
 	}
-	return &Wakeups{rdb: rdb, keys: shardKeys(key, shards)}, nil
+	keys := shardKeys(key, shards)
+	watches := make([]string, len(keys))
+	for i, k := range keys {
+		watches[i] = watchKey(k)
+	}
+	return &Wakeups{rdb: rdb, keys: keys, watches: watches}, nil
 }
 
 // Keys returns the keys of the ledger's shards, the key it was made with
@@ -104,10 +115,19 @@ func (w *Wakeups) Keys() []string { return slices.Clone(w.keys) }
 // keyOf returns the key of the shard that keeps member.
 func (w *Wakeups) keyOf(member string) string { return w.keys[shardOf(member, len(w.keys))] }
 
+// addKeys returns the keys wake_add.lua is given for shard i: the shard's,
+// and its watch's if it has one (the standby to tell of a new first).
+func (w *Wakeups) addKeys(i int) []string {
+	if l := w.watch(i); l != "" {
+		return []string{w.keys[i], l}
+	}
+	return []string{w.keys[i]}
+}
+
 // Add schedules member to be woken at slot, a time on the Redis clock
 // (Decision.Slot). Adding a member again moves it.
 func (w *Wakeups) Add(ctx context.Context, member string, slot time.Time) error {
-	if err := wakeAddScript.Run(ctx, w.rdb, []string{w.keyOf(member)}, member, slot.UnixMicro(), ledgerKeepMs).Err(); err != nil {
+	if err := wakeAddScript.Run(ctx, w.rdb, w.addKeys(shardOf(member, len(w.keys))), member, slot.UnixMicro(), ledgerKeepMs).Err(); err != nil {
 		return fmt.Errorf("admission: wakeups: add: %w", err)
 	}
 	return nil
@@ -116,7 +136,7 @@ func (w *Wakeups) Add(ctx context.Context, member string, slot time.Time) error 
 // AddIfAbsent schedules member to be woken at slot, unless it is in the
 // ledger already: then it stays where it is.
 func (w *Wakeups) AddIfAbsent(ctx context.Context, member string, slot time.Time) error {
-	if err := wakeAddScript.Run(ctx, w.rdb, []string{w.keyOf(member)}, member, slot.UnixMicro(), ledgerKeepMs, "NX").Err(); err != nil {
+	if err := wakeAddScript.Run(ctx, w.rdb, w.addKeys(shardOf(member, len(w.keys))), member, slot.UnixMicro(), ledgerKeepMs, "NX").Err(); err != nil {
 		return fmt.Errorf("admission: wakeups: add: %w", err)
 	}
 	return nil
@@ -125,17 +145,17 @@ func (w *Wakeups) AddIfAbsent(ctx context.Context, member string, slot time.Time
 // AddAll schedules each member of wakes to be woken at its time, as Add
 // does: one call per shard the members fall in.
 func (w *Wakeups) AddAll(ctx context.Context, wakes map[string]time.Time) error {
-	byShard := map[string][]any{}
+	byShard := map[int][]any{}
 	for m, at := range wakes {
-		k := w.keyOf(m)
-		args := append(byShard[k], m, at.UnixMicro())
+		i := shardOf(m, len(w.keys))
+		args := append(byShard[i], m, at.UnixMicro())
 		if len(args) == 2 {
 			args = append(args, ledgerKeepMs, "")
 		}
-		byShard[k] = args
+		byShard[i] = args
 	}
-	for k, args := range byShard {
-		if err := wakeAddScript.Run(ctx, w.rdb, []string{k}, args...).Err(); err != nil {
+	for i, args := range byShard {
+		if err := wakeAddScript.Run(ctx, w.rdb, w.addKeys(i), args...).Err(); err != nil {
 			return fmt.Errorf("admission: wakeups: add: %w", err)
 		}
 	}

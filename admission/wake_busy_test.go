@@ -23,7 +23,7 @@ func TestWakeupsBusyLooks(t *testing.T) {
 		t.Run(fmt.Sprintf("shards=%d", shards), func(t *testing.T) {
 			redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
 				const tasks, rate = 3000, 50
-				calls, woken := busyBacklog(t, m, shards, tasks, rate)
+				calls, woken := busyBacklog(t, m, shards, 3, tasks, rate)
 				looks, empty, _ := calls.Counts()
 				if len(woken) != tasks {
 					t.Errorf("%d of %d wake-ups woken", len(woken), tasks)
@@ -44,10 +44,10 @@ func TestWakeupsBusyLooks(t *testing.T) {
 }
 
 // busyBacklog adds tasks wake-ups at rate a second to a ledger of shards,
-// runs three wakers until all are due, and returns their looks and how
+// runs wakers wakers until all are due, and returns their looks and how
 // often each member was woken. A member woken outside [slot-Lead, slot]
 // fails t.
-func busyBacklog(t *testing.T, m *miniredis.Miniredis, shards, tasks, rate int) (*redistest.LedgerCalls, map[string]int) {
+func busyBacklog(t *testing.T, m *miniredis.Miniredis, shards, wakers, tasks, rate int) (*redistest.LedgerCalls, map[string]int) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	const key = "test:{wakeups}"
@@ -79,7 +79,7 @@ func busyBacklog(t *testing.T, m *miniredis.Miniredis, shards, tasks, rate int) 
 		return nil
 	}
 	var wg sync.WaitGroup
-	for range 3 {
+	for range wakers {
 		c := redistest.PipeClient(m)
 		defer c.Close()
 		c.AddHook(looks)
@@ -93,85 +93,104 @@ func busyBacklog(t *testing.T, m *miniredis.Miniredis, shards, tasks, rate int) 
 	return looks, woken
 }
 
-// A waker that stops while it takes a busy shard's wake-ups leaves them to
-// the others, which had left that shard to it: they look there once per
-// Idle, so they take over within an Idle. 600 wake-ups at 20/s over three
-// shards and two wakers, one of which stops after 10 s: every wake-up is
-// woken once, none later than an Idle after its slot, and all are on time
-// again by 2 s after the stop.
+// A waker that stops while it holds busy shards releases their watches and
+// says so on their channels: the other takes them over within the release
+// race (a quarter Idle). 600 wake-ups at 20/s over three shards and two
+// wakers, the busier of which stops after 10 s: every wake-up is woken
+// once, none later than an Idle after its slot, and all are on time again
+// by 2 s after the stop.
 func TestWakeupsBusyTakeover(t *testing.T) {
 	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
-		const key, tasks, rate = "test:{wakeups}", 600, 20
 		cfg := RunOptions{Lead: 250 * ms, Tick: 50 * ms, Idle: time.Second}
-		ledger, _ := NewShardedWakeups(rdb, key, 3)
-		start := time.Now().Add(time.Second)
-		slots := make(map[string]time.Time, tasks)
-		for i := range tasks {
-			slots[fmt.Sprintf("task-%d", i)] = start.Add(time.Duration(i) * time.Second / rate)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		if err := ledger.AddAll(ctx, slots); err != nil {
-			t.Fatal(err)
-		}
-		var mu sync.Mutex
-		woken := map[string]time.Time{}
-		var took [2]int // by each waker, in the second before the stop
-		var stops [2]context.CancelFunc
-		var wg sync.WaitGroup
-		for i := range 2 {
-			c := redistest.PipeClient(m)
-			defer c.Close()
-			w, _ := NewShardedWakeups(c, key, 3)
-			runCtx, stop := context.WithCancel(ctx)
-			defer stop()
-			stops[i] = stop
-			wake := func(_ context.Context, member string) error {
-				mu.Lock()
-				defer mu.Unlock()
-				if _, again := woken[member]; again {
-					t.Errorf("%s woken twice", member)
-				}
-				woken[member] = time.Now()
-				took[i]++
-				return nil
-			}
-			wg.Add(1)
-			go func() { defer wg.Done(); _ = w.Run(runCtx, cfg, wake) }()
-		}
-		stopAt := start.Add(10 * time.Second)
-		time.Sleep(time.Until(stopAt.Add(-time.Second)))
-		mu.Lock()
-		took = [2]int{}
-		mu.Unlock()
-		time.Sleep(time.Until(stopAt))
-		mu.Lock()
-		busiest := 0 // the waker taking most: the one the other left shards to
-		if took[1] > took[0] {
-			busiest = 1
-		}
-		t.Logf("in the second before the stop, the wakers took %v; stopping waker %d", took, busiest)
-		mu.Unlock()
-		stops[busiest]()
-		time.Sleep(time.Until(start.Add(tasks*time.Second/rate + time.Second)))
-		cancel()
-		wg.Wait()
-		mu.Lock()
-		defer mu.Unlock()
-		late := 0
-		for member, slot := range slots {
-			at, ok := woken[member]
-			switch {
-			case !ok:
-				t.Errorf("%s not woken", member)
-			case at.After(slot.Add(cfg.Idle)):
-				t.Errorf("%s woken %v after its slot, want at most an Idle (%v)", member, at.Sub(slot), cfg.Idle)
-			case at.After(slot) && slot.After(stopAt.Add(2*time.Second)):
-				t.Errorf("%s (slot %v after the stop) woken %v late, want on time", member, slot.Sub(stopAt), at.Sub(slot))
-			case at.After(slot):
-				late++
-			}
-		}
-		t.Logf("one of two wakers stopped: %d of %d wake-ups late, all within an Idle", late, tasks)
+		takeover(t, m, rdb, 2, cfg, cfg.Idle, 2*time.Second, func(_, stop func()) { stop() })
 	})
+}
+
+// takeover adds 600 wake-ups at 20/s to a ledger of three shards, runs
+// wakers wakers over it, each with its own client, and 10 s in ends the
+// one that took most in the second before with end (given the kill of
+// its client and the stop of its Run). Every wake-up must be woken once,
+// none later than bound after its slot, and those due settle after the
+// end on time.
+func takeover(t *testing.T, m *miniredis.Miniredis, rdb *redis.Client, wakers int, cfg RunOptions, bound, settle time.Duration, end func(kill, stop func())) {
+	const key, tasks, rate = "test:{wakeups}", 600, 20
+	ledger, _ := NewShardedWakeups(rdb, key, 3)
+	start := time.Now().Add(time.Second)
+	slots := make(map[string]time.Time, tasks)
+	for i := range tasks {
+		slots[fmt.Sprintf("task-%d", i)] = start.Add(time.Duration(i) * time.Second / rate)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := ledger.AddAll(ctx, slots); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	woken := map[string]time.Time{}
+	took := make([]int, wakers) // by each waker, in the second before the end
+	kills, stops := make([]func(), wakers), make([]context.CancelFunc, wakers)
+	var wg sync.WaitGroup
+	for i := range wakers {
+		c, kill := killableClient(m)
+		defer c.Close()
+		w, _ := NewShardedWakeups(c, key, 3)
+		runCtx, stop := context.WithCancel(ctx)
+		defer stop()
+		kills[i], stops[i] = kill, stop
+		wake := func(_ context.Context, member string) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if _, again := woken[member]; again {
+				t.Errorf("%s woken twice", member)
+			}
+			woken[member] = time.Now()
+			took[i]++
+			return nil
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = w.Run(runCtx, cfg, wake) }()
+	}
+	// Between two looks (the wake-ups fall due on a 50 ms grid): a kill
+	// during a look loses what that look took, which its queue's own
+	// schedule brings back (wake_run.go, Run).
+	endAt := start.Add(10*time.Second + 25*ms)
+	time.Sleep(time.Until(endAt.Add(-time.Second)))
+	mu.Lock()
+	clear(took)
+	mu.Unlock()
+	time.Sleep(time.Until(endAt))
+	mu.Lock()
+	busiest := 0 // the waker taking most: the holder of the busiest shards
+	for i := range took {
+		if took[i] > took[busiest] {
+			busiest = i
+		}
+	}
+	t.Logf("in the second before the end, the wakers took %v; ending waker %d", took, busiest)
+	mu.Unlock()
+	end(kills[busiest], stops[busiest])
+	time.Sleep(time.Until(start.Add(tasks*time.Second/rate + bound + time.Second)))
+	cancel()
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	late, worst := 0, time.Duration(0)
+	for member, slot := range slots {
+		at, ok := woken[member]
+		switch {
+		case !ok:
+			t.Errorf("%s not woken", member)
+		case at.After(slot.Add(bound)):
+			t.Errorf("%s woken %v after its slot, want at most %v", member, at.Sub(slot), bound)
+		case at.After(slot) && slot.After(endAt.Add(settle)):
+			t.Errorf("%s (slot %v after the end) woken %v late, want on time", member, slot.Sub(endAt), at.Sub(slot))
+		case at.After(slot):
+			late++
+			worst = max(worst, at.Sub(slot))
+		}
+	}
+	if left, _ := ledger.Len(context.Background()); left != 0 {
+		t.Errorf("%d wake-ups left in the ledger, want 0", left)
+	}
+	t.Logf("one of %d wakers ended: %d of %d wake-ups late, the latest by %v (bound %v)", wakers, late, tasks, worst, bound)
 }

@@ -2,14 +2,13 @@ package admission
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
-	"strings"
+	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // RunOptions tunes Run. The zero value uses every default.
@@ -25,9 +24,11 @@ type RunOptions struct {
 	// Idle is how often Run looks at the ledger while nothing is due: it
 	// sleeps until the next wake-up it knows of is due, or until a process
 	// adds an earlier one (Add publishes it); in case a notification was
-	// lost it looks at one shard per Idle in turn, so each shard at least
-	// once per Idle × shards. If zero, DefaultIdle. An idle process thus
-	// costs Redis one look per Idle, however many shards.
+	// lost it looks at one shard it holds per Idle in turn, so each at
+	// least once per Idle × shards, and checks the watch of each shard it
+	// does not hold no more often (runSchedule). If zero, DefaultIdle. An
+	// idle process thus costs Redis at most one call per Idle, however many
+	// shards; a fleet, about one per Idle per shard.
 	Idle time.Duration
 	// OnError, if set, is called with every error of a look or a wake,
 	// possibly from several goroutines at once.
@@ -40,15 +41,23 @@ type RunOptions struct {
 // error matching ErrWakeLater, it is put back to be tried again one Tick
 // later.
 //
-// Run looks at each shard when its next wake-up is due (at least a Tick
-// after its last look there), and at once when a process adds an earlier
-// one: it subscribes to the shards' channels, on which Add publishes a
-// wake-up that became its shard's first. While nothing is due it looks at
-// one shard per Idle. Several processes share the shards: one whose look at
-// a shard found nothing it expected (another process took it) leaves that
-// shard to the others and looks there only once per Idle until it finds
-// something again, so a busy ledger costs about one look per batch of
-// wake-ups, not one per process.
+// One process at a time looks at each shard: the one holding its watch,
+// taken by the first look and renewed by every look after it. The holder
+// looks when the shard's next wake-up is due (at least a Tick after its
+// last look), at once when a process adds an earlier one (it subscribes to
+// the shards' channels, on which Add publishes a wake-up that became its
+// shard's first), and, while nothing is due, at one shard per Idle. Every
+// other process checks the watch when Redis tells it to, the fleet's
+// checks of a shard half an Idle apart, and takes the shard if the watch
+// has lapsed or if the shard's first wake-up is overdue by a grace (its
+// holder died or stalled with work due): so a fleet of a thousand
+// processes looks at a busy ledger about as often as one process does,
+// and a holder killed before a wake-up is replaced when that wake-up is
+// overdue, not when its watch lapses (runSchedule). When
+// ctx ends, Run releases the watches it holds, and another process takes
+// each shard at once. A process killed takes nothing more; the wake-ups of
+// a look it was killed in, taken from the ledger and not yet woken, come
+// back only by their queue's own schedule.
 func (w *Wakeups) Run(ctx context.Context, opts RunOptions, wake func(ctx context.Context, member string) error) error {
 	opts = opts.withDefaults()
 	report := func(err error) {
@@ -56,27 +65,74 @@ func (w *Wakeups) Run(ctx context.Context, opts RunOptions, wake func(ctx contex
 			opts.OnError(err)
 		}
 	}
-	sig, stop, ok := w.subscribe(ctx, report)
+	id := runID()
+	sig, stop, ok := w.subscribe(ctx, id, report)
 	defer stop()
 	s := newRunSchedule(len(w.keys), opts, ok, time.Now())
 	for ctx.Err() == nil {
+		now := time.Now()
 		for i := range w.keys {
-			if sig.take(i) {
-				s.notified(i, time.Now())
+			if what := sig.take(i); what != 0 {
+				s.notified(i, what, now)
+			}
+			if at := sig.takeDue(i); !at.IsZero() {
+				s.probe(i, at)
 			}
 		}
-		now := time.Now()
 		for _, i := range s.due(now) {
-			members, next, redisNow, err := w.pop(ctx, w.keys[i], opts.Lead)
+			r, err := w.look(ctx, i, id, opts.Lead, s)
 			if err != nil {
 				report(err)
 			}
-			w.wakeAll(ctx, members, redisNow, opts, wake, report)
-			s.looked(i, time.Now(), len(members), next, err)
+			passed := w.wakeAll(ctx, r.members, r.now, opts, wake, report)
+			s.looked(i, time.Now(), r, err)
+			if held := s.held(); len(passed) > 0 {
+				passed = slices.DeleteFunc(passed, func(j int) bool { return !slices.Contains(held, j) })
+				w.release(ctx, passed, id, report)
+				for _, j := range passed {
+					s.released(j, time.Now())
+				}
+			}
 		}
 		w.sleep(ctx, s.next().Sub(time.Now()), sig.any)
 	}
+	w.release(context.WithoutCancel(ctx), s.held(), id, opts.OnError)
 	return nil
+}
+
+// runID returns a random ID for one Run, the holder's name in a watch.
+func runID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// release ends the watches of the shards held by the Run with id, so that
+// other processes take them at once; a stop that cannot (Redis unreachable,
+// the process killed) leaves them to lapse.
+func (w *Wakeups) release(ctx context.Context, shards []int, id string, onError func(error)) {
+	ctx, cancel := context.WithTimeout(ctx, releaseTimeout)
+	defer cancel()
+	for _, i := range shards {
+		if w.watch(i) == "" {
+			continue
+		}
+		err := wakeReleaseScript.Run(ctx, w.rdb, []string{w.keys[i], w.watch(i)}, id).Err()
+		if err != nil && onError != nil {
+			onError(fmt.Errorf("admission: wakeups: releasing shard %s; another process takes it when its watch lapses: %w", w.keys[i], err))
+		}
+	}
+}
+
+// releaseTimeout bounds the release of a stopping Run's watches.
+const releaseTimeout = 2 * time.Second
+
+// watch returns the key of shard i's watch, or "" if it has none.
+func (w *Wakeups) watch(i int) string {
+	if i < len(w.watches) {
+		return w.watches[i]
+	}
+	return ""
 }
 
 func (o RunOptions) withDefaults() RunOptions {
@@ -95,8 +151,11 @@ func (o RunOptions) withDefaults() RunOptions {
 // wakeAll passes members to wake, concurrently: at a high rate one look
 // takes many jobs, and waking them one round trip after another would
 // make the last late for its turn.
-func (w *Wakeups) wakeAll(ctx context.Context, members []string, redisNow time.Time, opts RunOptions, wake func(ctx context.Context, member string) error, report func(error)) {
+// It returns the shards in which a wake put a member back for another
+// process (passedOn).
+func (w *Wakeups) wakeAll(ctx context.Context, members []string, redisNow time.Time, opts RunOptions, wake func(ctx context.Context, member string) error, report func(error)) (passed []int) {
 	var wg sync.WaitGroup
+	var mu sync.Mutex
 	sem := make(chan struct{}, wakeParallel)
 	for _, m := range members {
 		wg.Add(1)
@@ -104,6 +163,14 @@ func (w *Wakeups) wakeAll(ctx context.Context, members []string, redisNow time.T
 		go func() {
 			defer func() { <-sem; wg.Done() }()
 			err := wake(ctx, m)
+			if p, ok := errors.AsType[passedOn](err); ok {
+				mu.Lock()
+				defer mu.Unlock()
+				if i := shardOf(p.member, len(w.keys)); !slices.Contains(passed, i) {
+					passed = append(passed, i)
+				}
+				return
+			}
 			if errors.Is(err, ErrWakeLater) {
 				// Not ready to be woken (still finishing its run,
 				// say): one tick later, on the Redis clock.
@@ -115,11 +182,22 @@ func (w *Wakeups) wakeAll(ctx context.Context, members []string, redisNow time.T
 		}()
 	}
 	wg.Wait()
+	return passed
 }
 
-// sleep waits d, or until ctx ends, or until a process adds a wake-up
-// that became its shard's first (from added): Run then looks at once.
-func (w *Wakeups) sleep(ctx context.Context, d time.Duration, added <-chan struct{}) {
+// passedOn is returned by a wake function that put a member back in the
+// ledger for another process (Parking: a line whose gate this process has
+// not): Run then releases the member's shard, if it holds it, so that
+// another process takes the member instead of this one again.
+type passedOn struct{ member string }
+
+func (p passedOn) Error() string {
+	return fmt.Sprintf("admission: wakeups: %q passed on to another process", p.member)
+}
+
+// sleep waits d, or until ctx ends, or until a shard's channel says
+// something (from said): Run then looks at what.
+func (w *Wakeups) sleep(ctx context.Context, d time.Duration, said <-chan struct{}) {
 	if d <= 0 {
 		return
 	}
@@ -128,101 +206,56 @@ func (w *Wakeups) sleep(ctx context.Context, d time.Duration, added <-chan struc
 	select {
 	case <-ctx.Done():
 	case <-t.C:
-	case <-added:
+	case <-said:
 	}
 }
-
-// signals holds, per shard, whether a notification came since Run last
-// took it, and one pending signal on any for Run's sleep.
-type signals struct {
-	pending []atomic.Bool
-	any     chan struct{}
-}
-
-func (s *signals) take(i int) bool { return s.pending != nil && s.pending[i].Swap(false) }
-
-// subscribe listens, in one subscription, on the channels of every shard
-// (named like its key), on which wake_add.lua publishes a wake-up that
-// became the shard's first. stop closes the subscription. If the user may
-// not subscribe (an ACL that grants no channels), it reports why and
-// returns ok false: Run must then look at every shard every Tick, as
-// nothing will tell it of an earlier wake-up. Other errors (Redis
-// unreachable now) are reported and the subscription kept: go-redis
-// subscribes again when it reconnects.
-func (w *Wakeups) subscribe(ctx context.Context, report func(error)) (sig *signals, stop func(), ok bool) {
-	sig = &signals{any: make(chan struct{}, 1)}
-	sub := w.rdb.Subscribe(ctx, w.keys...)
-	rctx, cancel := context.WithTimeout(ctx, subscribeTimeout)
-	_, err := sub.Receive(rctx) // the first subscription's confirmation
-	cancel()
-	if err != nil && strings.Contains(err.Error(), "NOPERM") {
-		_ = sub.Close()
-		report(fmt.Errorf("admission: wakeups: may not subscribe to %s (grant the user the channels &%s), so looking every tick: %w", w.keys[0], withTagSuffix(w.keys[0], "*"), err))
-		return sig, func() {}, false
-	}
-	if err != nil {
-		report(fmt.Errorf("admission: wakeups: subscribing to %s: %w", w.keys[0], err))
-	}
-	sig.pending = make([]atomic.Bool, len(w.keys))
-	shard := make(map[string]int, len(w.keys))
-	for i, k := range w.keys {
-		shard[k] = i
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for msg := range sub.Channel(redis.WithChannelHealthCheckInterval(subscriptionCheck)) {
-			if i, ok := shard[msg.Channel]; ok {
-				sig.pending[i].Store(true)
-			}
-			select {
-			case sig.any <- struct{}{}:
-			default: // a signal is pending already
-			}
-		}
-	}()
-	return sig, func() {
-		if err := sub.Close(); err != nil {
-			report(fmt.Errorf("admission: wakeups: closing the subscription: %w", err))
-		}
-		<-done
-	}, true
-}
-
-// subscribeTimeout bounds waiting for the ledger channels' subscription.
-const subscribeTimeout = 5 * time.Second
-
-// subscriptionCheck is how often a quiet subscription is pinged to find a
-// dead connection: go-redis's default, 3 s, was a third of an idle
-// worker's calls; a connection that dies unnoticed for a minute costs only
-// the notifications the idle looks catch up on.
-const subscriptionCheck = time.Minute
 
 // ErrWakeLater is returned (possibly wrapped) by a wake function that
 // could not wake its job yet; Run tries again one Tick later.
 var ErrWakeLater = errors.New("admission: wakeups: not ready; try again")
 
-// pop takes the due members of the shard at key and returns them with the
-// time until its next is due (-1 if none) and Redis's now.
-func (w *Wakeups) pop(ctx context.Context, key string, lead time.Duration) ([]string, time.Duration, time.Time, error) {
-	v, err := wakePopScript.Run(ctx, w.rdb, []string{key}, lead.Microseconds(), wakeBatch).Slice()
-	if err != nil {
-		return nil, -1, time.Time{}, fmt.Errorf("admission: wakeups: take due: %w", err)
+// lookReply is what a look at a shard took and said (wake_pop.lua).
+type lookReply struct {
+	members []string      // the wake-ups taken
+	next    time.Duration // until the shard's next is due; -1 if none
+	now     time.Time     // Redis's now
+	held    bool          // the caller holds the shard's watch
+	until   time.Duration // until the watch ends (held) or the caller's next check
+}
+
+// look takes the due members of shard i for the Run with id, if it holds
+// the shard's watch or takes it, on the watch terms of s.
+func (w *Wakeups) look(ctx context.Context, i int, id string, lead time.Duration, s *runSchedule) (lookReply, error) {
+	keys := []string{w.keys[i]}
+	args := []any{lead.Microseconds(), wakeBatch}
+	if l := w.watch(i); l != "" {
+		longest, spacing, least, slack := s.watchTerms()
+		keys = append(keys, l)
+		args = append(args, id, longest.Microseconds(), spacing.Microseconds(), least.Microseconds(), watchCheckMost.Microseconds(),
+			s.tick.Microseconds(), slack.Microseconds(), s.grace().Microseconds())
 	}
-	if len(v) != 3 {
-		return nil, -1, time.Time{}, fmt.Errorf("admission: wakeups: unexpected reply %v", v)
+	v, err := wakePopScript.Run(ctx, w.rdb, keys, args...).Slice()
+	if err != nil {
+		return lookReply{next: -1}, fmt.Errorf("admission: wakeups: take due: %w", err)
+	}
+	if len(v) != 5 {
+		return lookReply{next: -1}, fmt.Errorf("admission: wakeups: unexpected reply %v", v)
 	}
 	raw, _ := v[0].([]any)
-	members := make([]string, 0, len(raw))
+	r := lookReply{members: make([]string, 0, len(raw)), next: -1}
 	for _, m := range raw {
 		if s, ok := m.(string); ok {
-			members = append(members, s)
+			r.members = append(r.members, s)
 		}
 	}
-	next := time.Duration(-1)
 	if us, ok := v[1].(int64); ok && us >= 0 {
-		next = time.Duration(us) * time.Microsecond
+		r.next = time.Duration(us) * time.Microsecond
 	}
 	now, _ := v[2].(int64)
-	return members, next, time.UnixMicro(now), nil
+	r.now = time.UnixMicro(now)
+	held, _ := v[3].(int64)
+	r.held = held == 1
+	until, _ := v[4].(int64)
+	r.until = time.Duration(until) * time.Microsecond
+	return r, nil
 }

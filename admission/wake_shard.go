@@ -72,6 +72,20 @@ func shardKey(base string, i int) string {
 	return best
 }
 
+// watchKey returns the key of the watch of the shard at key (wake_pop.lua):
+// key with ":watch" added, in key's hash slot (for a key without a hash
+// tag, key itself becomes the tag), or "" if no such key keeps key's slot
+// (a key with braces but no tag, "a{}b"): that shard has no watch, and
+// every process looks at it.
+func watchKey(key string) string {
+	for _, k := range []string{key + ":watch", "{" + key + "}:watch"} {
+		if keySlot(k) == keySlot(key) {
+			return k
+		}
+	}
+	return ""
+}
+
 // vdc3 returns the i-th number of the base-3 van der Corput sequence (0,
 // 1/3, 2/3, 1/9, 4/9, 7/9, 2/9, ...): the first 3 (or 9) of them split
 // [0, 1) into equal thirds (ninths), whatever the number of shards.

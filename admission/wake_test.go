@@ -121,7 +121,7 @@ func testWakeupsIdle(t *testing.T, shards int) {
 		defer other.Close()
 		// The script loaded first: a first EVALSHA answered NOSCRIPT is
 		// sent again as EVAL, two calls for one look.
-		if _, _, _, err := (&Wakeups{rdb: rdb, keys: []string{"test:{wakeups}"}}).pop(ctx, "test:{wakeups}", 0); err != nil {
+		if err := wakePopScript.Load(ctx, rdb).Err(); err != nil {
 			t.Fatal(err)
 		}
 		looks := redistest.CountScripts(rdb)

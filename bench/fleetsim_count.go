@@ -12,7 +12,7 @@ import (
 
 // simCounts counts, in one fleet process, the commands its simulated
 // workers' clients send (a hook on each client): the limiter's script calls
-// by rule, the wake-up ledger's looks (wake_pop.lua's three-value replies),
+// by rule, the wake-up ledger's looks (wake_pop.lua's replies of three values or more),
 // the looks that took nothing and its writes, per shard, every other
 // command by name, and each worker's total. Commands a client sends
 // outside its hooks (a subscription's PING, the cluster client's CLUSTER
@@ -124,10 +124,10 @@ func (c *simCounts) count(w int, cmd redis.Cmder) {
 }
 
 // ledgerCall counts a script call on ledger shard i: a look if it answered
-// three values (wake_pop.lua), else a write.
+// three values or more (wake_pop.lua), else a write.
 func (c *simCounts) ledgerCall(i int, cmd redis.Cmder) {
 	if rc, ok := cmd.(*redis.Cmd); ok {
-		if reply, _ := rc.Val().([]any); len(reply) == 3 {
+		if reply, _ := rc.Val().([]any); len(reply) >= 3 {
 			c.looks[i].Add(1)
 			if due, _ := reply[0].([]any); len(due) == 0 {
 				c.empty[i].Add(1)

@@ -36,11 +36,11 @@ type fleetShard struct {
 
 // fleetNode is what one master did in a phase: its commands as clients
 // sent them (clientCommand: scripts' own calls left out), by name, its
-// scripts' PUBLISHes, CPU, connections.
+// scripts' PUBLISHes and SPUBLISHes, CPU, connections.
 type fleetNode struct {
 	Calls     int64            `json:"calls"`
 	ByCommand map[string]int64 `json:"by_command"`
-	Publishes int64            `json:"publishes"`
+	Publishes int64            `json:"publishes"` // PUBLISH and SPUBLISH
 	CPUS      float64          `json:"cpu_s"`
 	Clients   int64            `json:"clients"`
 	Memory    int64            `json:"used_memory"`
@@ -66,7 +66,7 @@ func nodeDelta(a, b map[string]serverStats) map[string]fleetNode {
 	for addr, sb := range b {
 		sa := a[addr]
 		n := fleetNode{ByCommand: map[string]int64{}, CPUS: sb.CPU - sa.CPU, Clients: sb.Clients, Memory: sb.Memory,
-			Publishes: sb.Calls["publish"] - sa.Calls["publish"]}
+			Publishes: sb.Calls["publish"] - sa.Calls["publish"] + sb.Calls["spublish"] - sa.Calls["spublish"]}
 		for name, c := range sb.Calls {
 			if d := c - sa.Calls[name]; d > 0 && clientCommand(name) {
 				n.ByCommand[name] = d

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -216,7 +217,7 @@ func renderFleetNodes(p func(string, ...any), r *fleetResult) {
 		addrs = append(addrs, a)
 	}
 	slices.Sort(addrs)
-	p("Per master: the ledger's load per shard (each master holds one shard; looks and writes are the workers' own counts on that shard's key), and every client command as INFO commandstats counts it (a script's own calls left out; PUBLISH is the scripts' own):\n\n")
+	p("Per master: the ledger's load per shard (each master holds one shard; looks and writes are the workers' own counts on that shard's key), and every client command as INFO commandstats counts it (a script's own calls left out; PUBLISH counts the scripts' PUBLISH and SPUBLISH):\n\n")
 	p("| master | ledger shard | idle calls/s | connections |")
 	for _, b := range r.Busy {
 		p(" %s: calls | EVALSHA | PUBLISH | CPU s | ledger looks / writes |", b.Rule)
@@ -248,15 +249,21 @@ func renderFleetExtrapolation(p func(string, ...any), r *fleetResult) {
 	idle, c := r.Idle, r.Config
 	scale := 10_000 / float64(c.Workers)
 	var busiestIdle, conns float64
+	minConns := math.Inf(1)
 	for _, n := range idle.Nodes {
 		busiestIdle = max(busiestIdle, float64(n.Calls)/idle.DurationS)
 		conns = max(conns, float64(n.Clients))
+		minConns = min(minConns, float64(n.Clients))
 	}
 	p("**Extrapolation to 10,000 workers** (×%.0f the workers; from the measured costs, not run):\n\n", scale)
-	p("- *Idle grows with workers:* %.3f calls per worker per second is %.0f calls/s for 10,000 idle workers; the busiest master took %.0f/s here, so about %.0f/s. "+
-		"Connections: the master with the most had %.0f for %d workers (%.1f per worker: every subscription is on the master of the ledger's first shard), so about %.0f at 10,000, "+
-		"beyond Redis's default maxclients of 10,000.\n",
-		idle.PerWorkerPerS, idle.PerWorkerPerS*10_000, busiestIdle, busiestIdle*scale, conns, c.Workers, conns/float64(c.Workers), conns*scale)
+	fleetPerS := idle.PerWorkerPerS * float64(c.Workers)
+	pings := float64(c.Shards) / 60 // a subscription per shard, pinged once a minute when quiet
+	p("- *Idle does not grow with workers:* the fleet made %.1f calls/s (%.3f per worker per second), the holders' idle looks and the standbys' checks of the shards' watches, "+
+		"a number per shard whatever the workers (with the defaults at most 0.5 holders' looks and one check per shard a second, %d); the busiest master took %.1f/s. Add each subscription's PING, once a minute when it hears nothing "+
+		"(a subscription per shard and worker on a cluster: %.3f per worker per second, after this 30-s window), so 10,000 idle workers cost about %.0f calls/s. "+
+		"Connections: %.0f to %.0f per master for %d workers (%.1f per worker: each worker's client and one subscription per master), so about %.0f per master at 10,000, "+
+		"beyond Redis's default maxclients of 10,000, which the clients' own connections alone reach.\n",
+		fleetPerS, idle.PerWorkerPerS, c.Shards, busiestIdle, pings, fleetPerS+pings*10_000, minConns, conns, c.Workers, conns/float64(c.Workers), conns*scale)
 	for _, b := range r.Busy {
 		renderFleetBusyScale(p, r, b, scale)
 	}
@@ -276,11 +283,13 @@ func renderFleetBusyScale(p func(string, ...any), r *fleetResult, b *fleetBusy, 
 		}
 	}
 	w, d := float64(r.Config.Workers), max(b.DurationS, 1)
-	looksPerW := float64(sum64(b.Looks)) / w / d
-	p("- *Busy, %s:* the limiter calls (%.3f per parked task) and the ledger writes (%.3f) grow with the tasks, not the workers. The looks grow with both: %.2f per worker per second here "+
-		"(%.3f per parked task); a loop that left a shard to another still looks there once a second, so at 10,000 workers about %.0f looks/s for the same tasks, %.1f per parked task. "+
-		"A wake-up a script publishes (one that became its shard's first) goes to every worker's subscription: %d publishes reached %.0f subscribers each, %.0f deliveries, ×%.0f at 10,000. ",
-		b.Rule, b.PerParked, b.WritesPer, looksPerW, b.LooksPer, looksPerW*10_000, b.LooksPer*scale, pubs, w, float64(pubs)*w, scale)
+	looksPerS := float64(sum64(b.Looks)) / d
+	p("- *Busy, %s:* the limiter calls (%.3f per parked task) and the ledger writes (%.3f) grow with the tasks, not the workers, and so do the looks: the holder of each shard's watch "+
+		"looks as its wake-ups come due (at most one a Tick) and the others check each watch about once a second between them, so the fleet's %.1f looks/s here (%.3f per parked task) "+
+		"stay about the same at 10,000 workers for the same tasks. "+
+		"A message a script publishes (a wake-up that became its shard's first, a watch taken) goes to every worker's subscription of that shard, on the shard's master: "+
+		"%d publishes reached %.0f subscribers each, %.0f deliveries, ×%.0f at 10,000. ",
+		b.Rule, b.PerParked, b.WritesPer, looksPerS, b.LooksPer, pubs, w, float64(pubs)*w, scale)
 	if cpuPerCall > 0 {
 		p("One master: the busiest spent %.1f CPU s, %.1f µs per client call on this shared machine (the scripts' work included), so one core serves about %.0f calls/s.",
 			busiestCPU, cpuPerCall*1e6, 1/cpuPerCall)

@@ -12,10 +12,12 @@ import (
 )
 
 // Three idle workers with wake-ups (Options.Asynq), each on its own Redis
-// client, cost Redis one call every two seconds each (admission.DefaultIdle),
-// not one a tick (20 a second each before): their wake-up loops sleep until
-// the next wake-up, at most two seconds, and are told of an earlier one
-// when it is added. On virtual time, so the count is exact.
+// client, cost Redis at most one call every two seconds each
+// (admission.DefaultIdle), not one a tick (20 a second each before): the
+// loop keeping a shard's watch sleeps until its next wake-up, at most two
+// seconds a shard in turn, and is told of an earlier one when it is added;
+// the others check the watch no more often. On virtual time, so the count
+// is exact.
 func TestIdleWorkersCostHalfACallASecond(t *testing.T) {
 	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
 		lim, err := throttle.New(rdb, throttle.Options{}, throttle.Rule{Name: "api", Algorithm: throttle.GCRA, Limit: throttle.PerSecond(10)})

@@ -8,12 +8,17 @@
 -- ARGV[4] -> 'NX' to leave a member already in the ledger where it is (optional;
 --            '' for none)
 -- ARGV[5], ARGV[6], ... -> more members and their times, in pairs (optional)
+-- KEYS[2] -> the shard's watch (optional; see wake_pop.lua)
 --
 -- Returns 1. The ledger's TTL covers its latest wake-up plus ARGV[3]; it is
 -- only ever lengthened. If an added member is now the ledger's first, its
--- time (µs) is published on the channel named like the ledger's key, so
+-- time (µs) is published on the channel named like the ledger's key (a
+-- shard channel where the server has them), so
 -- that the processes waking jobs, which sleep until the first wake-up they
--- know of (wake.go, Run), look again now instead.
+-- know of (wake.go, Run), look again now instead. If the watch names a
+-- standby (the latest to check it), the message goes on with its ID and
+-- the µs from now to that time: '<time> <ID> <µs>', so that the standby
+-- probes the shard when the wake-up is overdue, in case its holder died.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local latest = tonumber(ARGV[2])
@@ -34,8 +39,13 @@ local cur = redis.call('PTTL', KEYS[1])
 if cur < want then redis.call('PEXPIRE', KEYS[1], string.format('%d', want)) end
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if first[2] and tonumber(first[2]) >= earliest then
-  -- pcall: a user whose ACL grants no channels still adds wake-ups (its
-  -- wakers look every tick instead, wake.go).
-  redis.pcall('PUBLISH', KEYS[1], string.format('%d', earliest))
+  -- Sharded pub/sub (Redis 7) keeps the message on the shard's master;
+  -- older servers have only PUBLISH. pcall: a user whose ACL grants no
+  -- channels still adds wake-ups (its wakers look every tick instead).
+  local msg = string.format('%d', earliest)
+  local standby = KEYS[2] and redis.call('HGET', KEYS[2], 's')
+  if standby then msg = string.format('%s %s %d', msg, standby, earliest - now) end
+  local r = redis.pcall('SPUBLISH', KEYS[1], msg)
+  if type(r) == 'table' and r.err then redis.pcall('PUBLISH', KEYS[1], msg) end
 end
 return 1

@@ -10,7 +10,7 @@ import (
 
 // LedgerCalls counts the calls that the clients it hooks make to a
 // wake-up ledger (package admission) kept at the given keys: looks (the
-// wake loops' takes, scripts on a ledger key that answer three values),
+// wake loops' takes, scripts on a ledger key that answer three values or more),
 // the looks that took nothing, and writes (other scripts on a ledger key,
 // ZREMs).
 type LedgerCalls struct {
@@ -70,7 +70,7 @@ func (l *LedgerCalls) count(cmd redis.Cmder) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if c, ok := cmd.(*redis.Cmd); ok {
-		if reply, _ := c.Val().([]any); len(reply) == 3 {
+		if reply, _ := c.Val().([]any); len(reply) >= 3 {
 			l.looks++
 			if due, _ := reply[0].([]any); len(due) == 0 {
 				l.empty++
