@@ -140,7 +140,7 @@ var aclCommands = []string{
 	"evalsha", "script|load",
 	"time", "get", "set", "del", "exists", "pexpire", "pttl",
 	"hget", "hmget", "hset", "hgetall", "hdel", "hexists", "hincrby",
-	"zadd", "zrem", "zcard", "zrange", "zrevrange", "zscore", "zremrangebyscore",
+	"zadd", "zrem", "zcard", "zrange", "zrevrange", "zscore", "zrangebyscore", "zremrangebyscore",
 }
 
 // setUser creates (or resets) the ACL user name with password pw, keys
