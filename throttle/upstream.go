@@ -86,7 +86,11 @@ import (
 // a faster pace, before the rate was learned or lowered, that late
 // departures have overtaken) is not redeemed: its caller takes a new
 // turn. Other callers of the rule (Allow, Reserve, Wait) keep its own
-// rate.
+// rate. For 3 s after a rate is first learned, a process may not know yet
+// that Admit booked its turn as its request's departure, and departs on
+// the schedule: Depart's first booking then hands it that departure, if
+// one booked by Admit lies within DepartureTolerance of now, instead of
+// a second slot (the first would leave a hole).
 //
 // The first departure after nothing is known of the resource (a new
 // subject, or its state expired) probes: the others wait for its answer,
