@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -150,6 +151,22 @@ func runWorkerCase(addr, bin, dir string, cfg learnConfig, c learnCase) (*worker
 	}
 	mon := startMonitor(ctx, addr)
 	defer mon.stop()
+	if dir := os.Getenv("BENCH_LEARN_TRACE"); dir != "" {
+		// A reduced run's log, for reading where the turns and departures
+		// go: the API's answers and the limiter's script calls.
+		name := filepath.Join(dir, strings.NewReplacer(", ", "-", " ", "").Replace(c.String()))
+		af, err1 := os.Create(name + ".api")
+		mf, err2 := os.Create(name + ".monitor")
+		if err := errors.Join(err1, err2); err != nil {
+			return nil, err
+		}
+		defer af.Close()
+		defer mf.Close()
+		api.trace = af
+		mon.mu.Lock()
+		mon.trace = mf
+		mon.mu.Unlock()
+	}
 	procs, err := startWorkers(bin, rules, addr, c.Workers)
 	defer stopWorkers(procs)
 	if err != nil {
@@ -157,8 +174,14 @@ func runWorkerCase(addr, bin, dir string, cfg learnConfig, c learnCase) (*worker
 	}
 	cli := asynq.NewClientFromRedisClient(admin)
 	for i := range cfg.Tasks {
-		if _, err := cli.Enqueue(asynq.NewTask("learn:call", []byte(`{"n": `+strconv.Itoa(i)+`}`)), asynq.MaxRetry(3), asynq.Retention(time.Hour)); err != nil {
+		info, err := cli.Enqueue(asynq.NewTask("learn:call", []byte(`{"n": `+strconv.Itoa(i)+`}`)), asynq.MaxRetry(3), asynq.Retention(time.Hour))
+		if err != nil {
 			return nil, err
+		}
+		if api.trace != nil {
+			api.mu.Lock()
+			fmt.Fprintf(api.trace, "# task %d %s\n", i, info.ID)
+			api.mu.Unlock()
 		}
 	}
 	capD := time.Duration(cfg.CapFactor*float64(cfg.Tasks)/float64(cfg.Limit)*float64(time.Second)) + 20*time.Second
@@ -335,11 +358,17 @@ type pathAPI struct {
 	mu       sync.Mutex
 	accepted map[string]int
 	n        atomic.Int64
+	trace    io.Writer // with BENCH_LEARN_TRACE: every answer, "<unix µs> <status> <path>"
 }
 
 func (a *pathAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	sw := &statusWriter{ResponseWriter: w}
 	a.limitedAPI.ServeHTTP(sw, r)
+	if a.trace != nil {
+		a.mu.Lock()
+		fmt.Fprintf(a.trace, "%d %d %s\n", time.Now().UnixMicro(), sw.status, r.URL.Path)
+		a.mu.Unlock()
+	}
 	if sw.status == http.StatusOK {
 		a.mu.Lock()
 		a.accepted[r.URL.Path]++
@@ -383,6 +412,7 @@ type monitor struct {
 	done           chan struct{}
 	mu             sync.Mutex
 	kinds          map[string]int64 // script calls by SHA, key count and first key
+	trace          io.Writer        // with BENCH_LEARN_TRACE: every line on jobthrottle's keys
 }
 
 func startMonitor(ctx context.Context, addr string) *monitor {
@@ -414,6 +444,11 @@ func (m *monitor) count(line string) {
 	if i < 0 || !strings.Contains(line, `"jobthrottle:`) {
 		return
 	}
+	m.mu.Lock()
+	if m.trace != nil {
+		_, _ = io.WriteString(m.trace, line)
+	}
+	m.mu.Unlock()
 	rest := line[i+3:]
 	cmd, args, _ := strings.Cut(rest, `" `)
 	switch strings.ToLower(cmd) {

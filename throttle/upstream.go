@@ -86,7 +86,11 @@ import (
 // a faster pace, before the rate was learned or lowered, that late
 // departures have overtaken) is not redeemed: its caller takes a new
 // turn. Other callers of the rule (Allow, Reserve, Wait) keep its own
-// rate.
+// rate. For 3 s after a rate is first learned, a process may not know yet
+// that Admit booked its turn as its request's departure, and departs on
+// the schedule: Depart's first booking then hands it that departure, if
+// one booked by Admit lies within DepartureTolerance of now, instead of
+// a second slot (the first would leave a hole).
 //
 // The first departure after nothing is known of the resource (a new
 // subject, or its state expired) probes: the others wait for its answer,
@@ -312,7 +316,9 @@ func (u *Upstream) Depart(ctx context.Context, subject string, maxWait time.Dura
 	for {
 		if d == nil {
 			var err error
-			if d, err = u.book(ctx, keys, maxWait); err != nil || d.seq < 0 {
+			// Only the first booking may claim the departure of the
+			// caller's turn: a re-booking is late for it.
+			if d, err = u.book(ctx, keys, maxWait, rebooked == 0); err != nil || d.seq < 0 {
 				return d, err
 			}
 		}
@@ -353,11 +359,19 @@ func (u *Upstream) Depart(ctx context.Context, subject string, maxWait time.Dura
 const maxLate = 3
 
 // book books a departure, waiting while the first departure's answer is
-// awaited.
-func (u *Upstream) book(ctx context.Context, keys []string, maxWait time.Duration) (*Departure, error) {
+// awaited. If claim, the departure may be one Admit booked for the
+// caller's turn near now (lua/upstream_rate.lua: up_claim): a request
+// sent on its turn from a process that did not know yet that the turn
+// was its departure. Not after waiting for the first answer: the turn
+// was then not at a learned rate.
+func (u *Upstream) book(ctx context.Context, keys []string, maxWait time.Duration, claim bool) (*Departure, error) {
 	for {
 		bound, byDeadline := u.bound(ctx, maxWait)
-		raw, recv, err := u.call(ctx, keys, u.args(opDepart, micros(bound), probeWait.Microseconds()))
+		mayClaim := 0
+		if claim {
+			mayClaim = 1
+		}
+		raw, recv, err := u.call(ctx, keys, u.args(opDepart, micros(bound), probeWait.Microseconds(), mayClaim))
 		if err != nil {
 			return u.failed(ctx, opDepart, err)
 		}
@@ -365,6 +379,7 @@ func (u *Upstream) book(ctx context.Context, keys []string, maxWait time.Duratio
 		if err != nil || d != nil {
 			return d, err
 		}
+		claim = false
 		if err := sleep(ctx, wait); err != nil {
 			return nil, err
 		}
@@ -397,7 +412,7 @@ func (u *Upstream) confirm(ctx context.Context, keys []string, d *Departure, max
 	if err := sleep(ctx, wait); err != nil {
 		return nil, err
 	}
-	return u.book(ctx, keys, maxWait)
+	return u.book(ctx, keys, maxWait, false)
 }
 
 // giveBack cancels a departure that will not leave: the schedule's end

@@ -25,4 +25,4 @@ if pause <= slot and g == s.g and now <= slot + late then return {3} end
 -- Void: paused over, slowed down since, or too late: given back, then
 -- booked again.
 give_back(tonumber(ARGV[14]), tonumber(ARGV[15]), ARGV[16], ARGV[11])
-return depart(tonumber(ARGV[9]), tonumber(ARGV[10]))
+return depart(tonumber(ARGV[9]), tonumber(ARGV[10]), false)

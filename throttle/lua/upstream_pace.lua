@@ -81,8 +81,11 @@ local function upstream_turn(ukey, dkey, slot, iv, force)
   if force then bound = nil end
   local dep = up_gap(dkey, math.max(slot, now), iv, bound)
   if not dep then return nil end
-  up_book(dkey, dep, now, iv, up_ttl)
-  local v = redis.call('HMGET', ukey, 'ls', 'n')
+  local v = redis.call('HMGET', ukey, 'ls', 'n', 'f')
+  -- While the rate is new, the caller's process may not know that the
+  -- turn is its departure: booked open, for it to claim (up_claim).
+  local f = tonumber(v[3])
+  up_book(dkey, dep, now, iv, up_ttl, f and now - f < up_claimable)
   local f = function(x) return string.format('%d', x) end
   redis.call('HSET', ukey, 'ls', f(math.max(tonumber(v[1]) or dep, dep)), 'n', (tonumber(v[2]) or 0) + 1)
   redis.call('PEXPIRE', ukey, up_ttl)

@@ -77,10 +77,44 @@ local function up_gap(dkey, from, iv, bound)
 end
 
 -- up_book books a departure at slot (µs, whole) in dkey, forgets those an
--- interval iv and a second before now, and keeps dkey for ttl ms.
-local function up_book(dkey, slot, now, iv, ttl)
+-- interval iv and a second before now, and keeps dkey for ttl ms. A
+-- departure admit books for a turn while the rate is new (up_claimable)
+-- is a member '<slot>' .. up_open: its request may come from a process
+-- that does not know yet that its turn is its departure, and departs on
+-- the schedule; depart hands it that same slot (up_claim) instead of a
+-- second one, which would leave a hole. Every other member is '<slot>'.
+local up_open = ':open'
+local function up_book(dkey, slot, now, iv, ttl, open)
   local v = string.format('%d', slot)
-  redis.call('ZADD', dkey, v, v)
+  local member = v
+  if open then member = v .. up_open end
+  redis.call('ZADD', dkey, v, member)
   redis.call('ZREMRANGEBYSCORE', dkey, '-inf', '(' .. string.format('%d', math.floor(now - iv - 1e6)))
   redis.call('PEXPIRE', dkey, ttl)
+end
+
+-- up_claimable is how long after the rate was first learned (the hash's
+-- f, µs) admit books its departures open (up_book): longer than a
+-- worker process takes to hear of the rate from its first departure
+-- (httpthrottle's paced Transport departs on the schedule until it has,
+-- at most its wait for a departure, a second, after it). After that, a
+-- request that departs on the schedule is late for its turn, or was
+-- turned at another pace: not the owner of a departure near now.
+local up_claimable = 3e6
+
+-- up_claim hands the caller of depart, at now, the open departure within
+-- tol of now, if there is one (its own turn's, which admit booked while
+-- the caller's process did not know): it is no longer open, and its slot
+-- (µs) is returned; else nil.
+local function up_claim(dkey, now, tol)
+  local near = redis.call('ZRANGEBYSCORE', dkey, string.format('%d', math.ceil(now - tol)), string.format('%d', math.floor(now + tol)), 'WITHSCORES')
+  for i = 1, #near, 2 do
+    local m = near[i]
+    if string.sub(m, -#up_open) == up_open then
+      redis.call('ZREM', dkey, m)
+      redis.call('ZADD', dkey, near[i + 1], near[i + 1])
+      return tonumber(near[i + 1])
+    end
+  end
+  return nil
 end

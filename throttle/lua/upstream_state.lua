@@ -26,6 +26,8 @@
 --          departures until it resets, between wa and wb (µs); wk the
 --          number of the departure whose answer said so
 --   p      while the first departure's answer is awaited: until when (µs)
+--   f      when a rate was first learned (µs): admit books its turns'
+--          departures open for a while after (upstream_rate.lua: up_book)
 --   The TTL is ARGV[4] ms from the last call that wrote it. Admit reads r
 --   (upstream_pace.lua).
 -- KEYS[2] -> <prefix>{<subject>}:!pause (read only): the Redis time (µs)
@@ -48,7 +50,7 @@ local key, pkey, dkey = KEYS[1], KEYS[2], KEYS[3]
 local ceil_iv, ceil_b, ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local k_start, k_gentle, k_lower, k_discover = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 
-local names = {'t', 'n', 'ls', 'gap', 'r', 'u', 'hi', 'd', 'g', 'q', 'w', 'l', 'lw', 'wl', 'wa', 'wb', 'wk', 'p'}
+local names = {'t', 'n', 'ls', 'gap', 'r', 'u', 'hi', 'd', 'g', 'q', 'w', 'l', 'lw', 'wl', 'wa', 'wb', 'wk', 'p', 'f'}
 local raw = redis.call('HMGET', key, unpack(names))
 local s = {}
 for i, f in ipairs(names) do s[f] = tonumber(raw[i]) end
@@ -86,6 +88,7 @@ local function lowered()
 end
 
 local function save()
+  if s.r and not s.f then set('f', now) end
   local args = {}
   for f in pairs(dirty) do
     if s[f] ~= nil then
@@ -110,8 +113,11 @@ end
 -- new rate holds from the next departure on, faster or slower); or
 -- without one on the
 -- ceiling (a GCRA with its burst); after the subject's pause; and within
--- the window an answer described.
-local function depart(max_wait, probe_wait)
+-- the window an answer described. A caller that may claim (claim true:
+-- its first call, not after waiting for the first answer) is handed an
+-- open departure admit booked within the tolerance of now (its turn's,
+-- up_claim) instead, if the subject's pause does not cover it.
+local function depart(max_wait, probe_wait, claim)
   local probe = 0
   if not known then
     probe = 1
@@ -121,6 +127,16 @@ local function depart(max_wait, probe_wait)
   end
   grow()
   local pause = tonumber(redis.call('GET', pkey)) or 0
+  if claim and s.r and pause <= now then
+    local iv = 1e6 / least(s.r, cap())
+    local c = up_claim(dkey, now, math.min(math.max(iv / 40, 2000), 5000))
+    if c then
+      save()
+      local ls_text, t_text = '', fmt(s.t or now)
+      if s.ls then ls_text = fmt(s.ls) end
+      return {1, math.max(math.ceil(c - now), 0), fmt(c), s.n, s.g, now, t_text, t_text, math.ceil(iv), rate_text(), s.q or 0, s.w or 0, 0, ls_text}
+    end
+  end
   local before = s.t or now
   local slot, after, iv = math.max(now, pause), before, 0
   if s.r then
