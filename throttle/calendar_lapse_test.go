@@ -33,16 +33,7 @@ func TestCalendarLapsedTurnsInLine(t *testing.T) {
 		l := mustNew(t, rdb, Options{}, lapseRules(quota)...)
 		warm(t, l)
 		s := newLineSim(t, rdb, l, time.Second)
-		lapsed := map[string]bool{}
-		s.late = func(id string) time.Duration {
-			var i int
-			fmt.Sscanf(id, "task-%d", &i)
-			if i%4 != 0 || lapsed[id] {
-				return 0
-			}
-			lapsed[id] = true
-			return 100 * ms // past lineSim's tolerance of 50ms
-		}
+		lapsed := s.lateOnce(4, 100*ms) // past lineSim's tolerance of 50ms
 		start := time.Now()
 		for i := range quota + extra {
 			s.admit(fmt.Sprintf("task-%04d", i))

@@ -32,16 +32,7 @@ func TestBucketLapsedTurnsGiveBack(t *testing.T) {
 				warm(t, l)
 				s := newLineSim(t, rdb, l, time.Second)
 				s.costs = Costs{1, perCall}
-				lapsed := map[string]bool{}
-				s.late = func(id string) time.Duration {
-					var i int
-					fmt.Sscanf(id, "task-%d", &i)
-					if i%3 != 0 || lapsed[id] {
-						return 0
-					}
-					lapsed[id] = true
-					return 300 * ms // past lineSim's tolerance of 50ms
-				}
+				lapsed := s.lateOnce(3, 300*ms) // past lineSim's tolerance of 50ms
 				start := time.Now()
 				for i := range calls {
 					s.admit(fmt.Sprintf("task-%04d", i))

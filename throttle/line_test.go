@@ -52,6 +52,23 @@ func newLineSim(t *testing.T, rdb *redis.Client, lim *Limiter, horizon time.Dura
 		inLine: map[string]bool{}, calls: countScripts(rdb)}
 }
 
+// lateOnce makes every nth task (by the number in its ID, "task-%d") come
+// back late by d for its first turn only, so that turn lapses; it returns
+// the set of the tasks it made late.
+func (s *lineSim) lateOnce(every int, d time.Duration) map[string]bool {
+	lapsed := map[string]bool{}
+	s.late = func(id string) time.Duration {
+		var i int
+		fmt.Sscanf(id, "task-%d", &i)
+		if i%every != 0 || lapsed[id] {
+			return 0
+		}
+		lapsed[id] = true
+		return d
+	}
+	return lapsed
+}
+
 func (s *lineSim) admit(id string) {
 	s.t.Helper()
 	c := Caller{ID: id, Share: s.share(id), Weight: s.weight(id)}
