@@ -25,7 +25,7 @@ import (
 // through asynq's own recovery, the only failures counted), no turn of one
 // tenant passes 20 + 1 in any second on the Redis clock (a task's result
 // carries its turn), nor the key's its limit + 1, and the cold tenant's
-// tasks get their turns within 2s of being enqueued although the hot ones
+// tasks get their turns within 3s of being enqueued although the hot ones
 // were ahead of them in the queue. Two rule files: a limit per tenant (300
 // hot tasks), and one API key at 40/s shared by the tenants (fair_by), each
 // also limited to 20/s of it (share_limit; two hot tenants of 300 tasks).
@@ -179,9 +179,16 @@ rules:
 		t.Errorf("the key: %d turns in one second on the Redis clock, want at most %d", most, keyAt+1)
 	}
 	slices.SortFunc(turns["cold"], time.Time.Compare)
-	if late := turns["cold"][len(turns["cold"])-1].Sub(coldEnqueued); late > 2*time.Second {
-		t.Errorf("the last cold task's turn came %v after it was enqueued, want within 2s", late)
+	// The cold tenant's 10 turns take under a second of its fair share;
+	// before them the workers must dequeue the hot backlog ahead of them
+	// in asynq's queue (each a park decision: 0.5-1.3 s measured on a quiet
+	// 2-core machine, main and the commit before alike). Waiting behind the
+	// hot backlog, the failure guarded against, would take 15 s.
+	late := turns["cold"][len(turns["cold"])-1].Sub(coldEnqueued)
+	if late > 3*time.Second {
+		t.Errorf("the last cold task's turn came %v after it was enqueued, want within 3s", late)
 	}
+	t.Logf("the last cold task's turn came %v after it was enqueued", late.Round(time.Millisecond))
 	stats, _ := rdb.Info(context.Background(), "stats").Result()
 	for _, l := range strings.Split(stats, "\n") {
 		if strings.HasPrefix(l, "total_commands_processed:") {
