@@ -16,11 +16,15 @@ import (
 // TestBatch runs the README's command (the fake provider enforcing
 // rules.yaml's limits, about 15s) in both provider styles and checks what
 // the example promises: every call done once, no 429, the usage of every
-// answer read, and the binding limit (input tokens) mostly used: over
-// 70 % of what it allowed from the first call to the last (the example
-// prints about 85 %; a loaded machine starts calls late, which lowers it
-// and never causes a 429, the provider's buckets holding 12 seconds of
-// each rate where the workers' bursts hold 10).
+// answer read, and the binding limit (input tokens) used: over 50 % of
+// what it allowed from the first call to the last. The example prints
+// 65-91 % (eight runs on a quiet 2-core machine, 2026-11-26: 12-21 s for
+// the batch, the spread in the parked tasks' tail; the same on the
+// commit before the day's merges); a loaded machine starts calls late,
+// which lowers it and never causes a 429, the provider's buckets holding
+// 12 seconds of each rate where the workers' bursts hold 10. 50 % still
+// fails a pacing that collapses (a defect once paced the token limits at
+// the request rate: 171 s instead of 18 s, under 10 %).
 func TestBatch(t *testing.T) {
 	for _, style := range []llmfake.Style{llmfake.OpenAI, llmfake.Anthropic} {
 		t.Run(string(style), func(t *testing.T) {
@@ -47,8 +51,8 @@ func TestBatch(t *testing.T) {
 			if res.Input == 0 || res.Output == 0 {
 				t.Errorf("usage read: %d input, %d output tokens; want both above 0", res.Input, res.Output)
 			}
-			if res.Binding != "llm.input" || res.Used[1] < 0.7 {
-				t.Errorf("%s binds, input tokens used %.0f%% of what the limit allowed; want llm.input, at least 70%%", res.Binding, 100*res.Used[1])
+			if res.Binding != "llm.input" || res.Used[1] < 0.5 {
+				t.Errorf("%s binds, input tokens used %.0f%% of what the limit allowed; want llm.input, at least 50%%", res.Binding, 100*res.Used[1])
 			}
 		})
 	}
