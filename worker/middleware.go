@@ -456,10 +456,15 @@ func (m *Middleware) Wrap(next asynq.Handler) asynq.Handler {
 		for _, h := range t.held(r) {
 			m.settle(ctx, h.rule, task, h.turn, rep)
 		}
-		if te := (*admission.ThrottledError)(nil); !r.stacked.Load() && errors.As(err, &te) {
-			// A middleware inside this one throttled the task: from now
-			// on, this rule books its tasks' turns however far ahead
-			// (admit.go, stacked rules).
+		if te := (*admission.ThrottledError)(nil); !r.stacked.Load() && errors.As(err, &te) && rep.wasSkipped() {
+			// A middleware inside this one throttled the task (it did
+			// not run the handler): from now on, this rule books its
+			// tasks' turns however far ahead (admit.go, stacked rules).
+			// A handler's own ThrottledError (an upstream's 429, a
+			// pause) is no such middleware: taken for one, it took the
+			// rule out of its line for good, and the tasks already in
+			// line waited there behind turns booked past the horizon
+			// (issue 19's header-less tail).
 			r.stacked.Store(true)
 		}
 		return err

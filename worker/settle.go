@@ -103,6 +103,14 @@ func (r *costReport) notRun() {
 	r.skipped = true
 }
 
+// wasSkipped reports whether a middleware did not run the handler this
+// time (notRun): one inside the caller's, if the caller's ran it.
+func (r *costReport) wasSkipped() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.skipped
+}
+
 // actual returns the cost to settle a turn of rule r to (with
 // TaskRule.Costs, the costs per rule if SetCosts gave them), and false to
 // keep the turn as charged.

@@ -157,6 +157,18 @@ settled_key = nil
 local early = tonumber(ARGV[b + 3])
 local line = not c and tonumber(ARGV[b + 2]) >= 0 and (booking ~= '' or n == 0) and line_open(n, nrules, b, rkey, tkey, tol, ns)
 if line and n == 0 then return line.serve() end
+if not line and not c and booking ~= '' then
+  -- A caller that books without the line (no horizon: admission's
+  -- BookAhead, a rule found stacked while its job waited in line) leaves
+  -- it, under its booking or the id it waited as: a serving would else
+  -- book a turn for a job that took its own, and wake it for nothing (a
+  -- turn lost at the line's pace: issue 19).
+  local function leave(id)
+    if redis.call('ZREM', KEYS[nrules + 4], id) == 1 then redis.call('HDEL', KEYS[nrules + 5], id) end
+  end
+  leave(booking)
+  for i = b + 11, #ARGV do leave(ARGV[i]) end
+end
 for i = b + 11, #ARGV do
   local slot = tonumber(redis.call('ZSCORE', rkey, ARGV[i]))
   if slot and slot < 0 and c and not cc.free(c) then
