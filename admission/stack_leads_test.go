@@ -75,7 +75,14 @@ func TestStackForgets(t *testing.T) {
 		if forgotAfter < 0 {
 			t.Fatal("phase 2: key-0's jobs are still held to meet the tenant's turns, though the key binds")
 		}
-		if most := probeEvery + forgetMisses + 8; forgotAfter > most {
+		// Forgotten after 10-14 admissions in most runs, 20-22 in about
+		// a third (40 runs on virtual time, 2026-11-26, the same on the
+		// code before that day's merges: CI failed it at 21 against the
+		// old bound of one probe period): the 8 workers' admissions
+		// interleave differently, and then one more probe period passes
+		// before the misses are counted in a row (not broken down).
+		// Held for good, the defect this test is for, fails above.
+		if most := 2*probeEvery + forgetMisses + 8; forgotAfter > most {
 			t.Errorf("the tenant forgotten after %d admissions, want at most %d", forgotAfter, most)
 		}
 		if forgotAt > 2*time.Second {
