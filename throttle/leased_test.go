@@ -41,7 +41,11 @@ func newProc(t *testing.T, m *miniredis.Miniredis, rule Rule) *proc {
 	t.Cleanup(func() { rdb.Close() })
 	c := &opCount{ops: map[string]int{}}
 	rdb.AddHook(c)
-	return &proc{rdb: rdb, lim: mustNew(t, rdb, Options{LocalLease: leaseSlack}, rule), calls: c}
+	lim := mustNew(t, rdb, Options{LocalLease: leaseSlack}, rule)
+	// Before rdb and the miniredis close (cleanups run last in, first
+	// out): a leased limiter gives its unused lease back as it closes.
+	t.Cleanup(func() { lim.Close() })
+	return &proc{rdb: rdb, lim: lim, calls: c}
 }
 
 // opCount counts script calls by the scripts' op (ARGV[1]).
@@ -447,12 +451,7 @@ func TestLeasedBesidePlain(t *testing.T) {
 		var adm admissions
 		var wg sync.WaitGroup
 		end := at() + time.Second
-		leased := newProc(t, m, leasedRule)
-		// Closed while miniredis still runs: the leased process's idle
-		// check may give its tail back as the test ends, and a give-back
-		// retrying against a closed miniredis outlives the bubble's main
-		// goroutine ("deadlock", seen once under -race in CI).
-		defer leased.lim.Close()
+		leased := newProc(t, m, leasedRule) // closed before m (newProc)
 		waitLoop(t, &wg, leased, 0, 16, end, &adm)
 		plain := &proc{lim: mustNew(t, rdb, Options{}, leasedRule)}
 		waitLoop(t, &wg, plain, 1, 16, end, &adm)

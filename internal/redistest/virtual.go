@@ -15,15 +15,18 @@ import (
 // every timer follow the bubble's fake clock: a 90-second wait takes no
 // real time, and every instant is exact. The clock starts at
 // 2000-01-01T00:00:00Z, on every window boundary. rdb and m are closed
-// when f returns.
+// when f returns, after the cleanups f registered with t.Cleanup: a
+// limiter or client f closes in a cleanup still has its Redis while it
+// closes (a limiter's last give-back, say, does not retry against a
+// closed server until the bubble's goroutines deadlock).
 func Virtual(t *testing.T, f func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis)) {
 	t.Helper()
 	synctest.Test(t, func(t *testing.T) {
 		m := miniredis.NewMiniRedis()
-		defer m.Close()
+		t.Cleanup(m.Close)
 		m.ClockTTL(true)
 		rdb := PipeClient(m)
-		defer rdb.Close()
+		t.Cleanup(func() { rdb.Close() })
 		f(t, rdb, m)
 	})
 }
