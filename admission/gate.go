@@ -266,8 +266,9 @@ func (o Outcome) String() string {
 // admitted (after its wait), and Reservation is nil for Park. Status is
 // Granted or Redeemed for Run, Booked or Held for Park (Label and Reason
 // say what the worker calls each; admission/status.go has the table of
-// statuses from Redis up); Handed and Waiting, which only a serving of the
-// line sets, stay zero.
+// statuses from Redis up); Waiting, which only a serving of the line sets,
+// stays zero; Handed, with Options.Parking, are the wake-ups Admit
+// recorded for the line (throttle.AdmitRequest.HeadServes).
 type Decision struct {
 	// Outcome is what the job does: Run or Park.
 	Outcome Outcome
@@ -279,12 +280,15 @@ type Decision struct {
 	Waited time.Duration
 	// Woken, for Park, is true when the job will be woken for its turn
 	// through Options.Parking: its wake-up is in the ledger, or (InLine)
-	// the serving that books its turn will record it. False without a
+	// the serving that books its turn will record it (or the job ahead
+	// of it in line, whose return serves the line). False without a
 	// Parking, or if the ledger could not be written (ParkErr): the job
 	// then comes back by its queue's own schedule, for At.
 	Woken bool
 	// ParkErr, for Park, says which wake-ups Admit could not record in
-	// Options.Parking (Redis failed); the decision stands. Nil otherwise.
+	// Options.Parking (Redis failed); the decision stands. For Run, the
+	// same of the jobs its call booked in its subject's line (they come
+	// back at their fallbacks). Nil otherwise.
 	ParkErr error
 }
 
@@ -340,7 +344,13 @@ func (g *Gate) admit(ctx context.Context, req Request, bound time.Duration) (Dec
 		return Decision{}, err
 	}
 	d := Decision{Admission: a}
-	switch d.Outcome = d.row().outcome; d.Outcome { // status.go
+	d.Outcome = d.row().outcome // status.go
+	if g.opts.Parking != nil && (d.Outcome == Park || d.Handed != nil || !d.Serve.IsZero()) {
+		// Before a Run's wait: the jobs its call booked in its line are
+		// woken on time, whatever becomes of it.
+		d.Woken, d.ParkErr = g.opts.Parking.park(ctx, g.opts.Name, req, d)
+	}
+	switch d.Outcome {
 	case Park:
 		d.Reservation = nil
 	case Run:
@@ -351,9 +361,6 @@ func (g *Gate) admit(ctx context.Context, req Request, bound time.Duration) (Dec
 		d.At, d.Due = time.Now(), a.At
 	default: // throttle.Denied: no ID to book under
 		return Decision{}, &throttle.DelayError{Rule: a.Rule, RetryAfter: a.Delay, Deadline: byDeadline}
-	}
-	if d.Outcome == Park && g.opts.Parking != nil {
-		d.Woken, d.ParkErr = g.opts.Parking.park(ctx, g.opts.Name, req, d)
 	}
 	d.Waited = time.Since(start)
 	return d, nil
@@ -404,6 +411,9 @@ func (g *Gate) limiterRequest(req Request, wait, early time.Duration) throttle.A
 		Subject: req.Subject, N: n, Costs: req.Costs, Caller: req.Caller,
 		Wait: wait, EarlyWait: max(early, time.Microsecond), Tolerance: g.opts.Tolerance,
 		Horizon: horizon, ShareLimit: g.opts.ShareLimit, MaxAge: g.opts.MaxAge,
+		// With a Parking, each member of the line is woken by the ledger,
+		// and so can serve it: no serving, nor its guard, per member.
+		HeadServes: g.opts.Parking != nil,
 	}
 }
 

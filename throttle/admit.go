@@ -167,6 +167,22 @@ type AdmitRequest struct {
 	// Horizon and no ShareLimit. A bucket cannot hold a gap: a turn booked
 	// after its latest one leaves the time between them unused by anyone.
 	NotBefore time.Time
+	// HeadServes, with a Horizon, has the members of the subject's line
+	// serve it, for a caller whose queue wakes each member itself
+	// (admission.Parking): a caller that starts the line is not told to
+	// have it served (Serve) but to come back for its own turn, which
+	// Admission.Handed names it for; a caller that comes back still in
+	// line serves it in its own call, as ServeLine does: its own turn,
+	// if within the horizon, is booked and then redeemed (or Held) at
+	// once. The members that serving booked, and while some are left the
+	// line's next head at its turn (whose return serves the line next),
+	// are in Admission.Handed, whatever the Status: wake each at its time.
+	// So a member of a line costs two calls (the Admit that joins, the
+	// one that takes its turn) and one wake-up, where a serving costs a
+	// call and wake-ups of its own. A caller whose head never comes back
+	// is served when it comes back itself (at Admission.At), as is every
+	// member. Ignored with a ShareLimit or a Concurrency rule.
+	HeadServes bool
 }
 
 // Admission is Admit's answer.
@@ -220,7 +236,11 @@ type Admission struct {
 	// name (Caller.WaitAs, or Waiter, BookAs, ID: the first set) with its
 	// slot on the Redis clock. Status is Booked while callers remain in
 	// line, with Serve when to serve it next; Denied once the line is
-	// empty.
+	// empty. With AdmitRequest.HeadServes, whatever the Status: the
+	// members to wake, each at its time on the Redis clock (the caller
+	// may be one): those the caller's call booked, at their slots, and
+	// the line's head, at its turn, whose return serves the line; Serve
+	// is then set only if the line needs a serving all the same.
 	Handed map[string]time.Time
 	// Waiting is, for a serving of the line (as for Handed), how many
 	// callers still wait in the line after it; 0 otherwise.

@@ -181,6 +181,9 @@ func (l *Limiter) decodeAdmit(req AdmitRequest, rep reply, recv time.Time, servi
 			a.Serve = time.UnixMicro(rep.redisNow + serve)
 		}
 	}
+	if !serving && l.headsServe(req) {
+		a.Handed, a.Serve = memberWakes(rep.raw, len(l.rules), a.Serve)
+	}
 	if serving {
 		a.Handed = handed(rep.raw, len(l.rules))
 		if a.Status == Booked {
@@ -207,6 +210,19 @@ func handed(raw []any, nrules int) map[string]time.Time {
 		}
 	}
 	return h
+}
+
+// memberWakes reads what a caller's serving of its line left to wake
+// (AdmitRequest.HeadServes; lua/line_serve.lua, tail): the members, each
+// at its time, and serve, or in its place the serving the line still
+// needs (the name ”).
+func memberWakes(raw []any, nrules int, serve time.Time) (map[string]time.Time, time.Time) {
+	h := handed(raw, nrules)
+	if at, ok := h[""]; ok {
+		delete(h, "")
+		serve = at
+	}
+	return h, serve
 }
 
 // redeemedTickets returns the tickets admit's reply carries for a redeemed
