@@ -266,9 +266,10 @@ func (o Outcome) String() string {
 // admitted (after its wait), and Reservation is nil for Park. Status is
 // Granted or Redeemed for Run, Booked or Held for Park (Label and Reason
 // say what the worker calls each; admission/status.go has the table of
-// statuses from Redis up); Waiting, which only a serving of the line sets,
-// stays zero; Handed, with Options.Parking, are the wake-ups Admit
-// recorded for the line (throttle.AdmitRequest.HeadServes).
+// statuses from Redis up); Handed, Waiting and Head, which only a serving
+// of the line sets, are the serving's that the job's return made, with
+// Options.Parking (throttle.AdmitRequest.HeadServes), and Admit recorded
+// its wake-ups.
 type Decision struct {
 	// Outcome is what the job does: Run or Park.
 	Outcome Outcome
@@ -345,7 +346,7 @@ func (g *Gate) admit(ctx context.Context, req Request, bound time.Duration) (Dec
 	}
 	d := Decision{Admission: a}
 	d.Outcome = d.row().outcome // status.go
-	if g.opts.Parking != nil && (d.Outcome == Park || d.Handed != nil || !d.Serve.IsZero()) {
+	if g.opts.Parking != nil && (d.Outcome == Park || d.Handed != nil || !d.Serve.IsZero() || d.Waiting > 0) {
 		// Before a Run's wait: the jobs its call booked in its line are
 		// woken on time, whatever becomes of it.
 		d.Woken, d.ParkErr = g.opts.Parking.park(ctx, g.opts.Name, req, d)

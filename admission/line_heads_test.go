@@ -15,19 +15,21 @@ import (
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
-// ledgerWrites counts a client's writes to the wake-up ledger: the calls
-// of wake_add.lua and wake_drop.lua that went through (the looks are
-// wake_pop.lua's, not counted).
-type ledgerWrites struct{ n atomic.Int64 }
+// scriptCalls counts a client's script calls that went through and that
+// count says to: on the ledger's client, its writes (wake_add.lua and
+// wake_drop.lua; the looks are wake_pop.lua's); on the limiter's, all.
+type scriptCalls struct {
+	count func(script string) bool
+	n     atomic.Int64
+}
 
-func (h *ledgerWrites) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *scriptCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
 
-func (h *ledgerWrites) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (h *scriptCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
-		if err == nil && len(cmd.Args()) > 1 {
-			switch s, _ := cmd.Args()[1].(string); s {
-			case wakeAddScript.Hash(), wakeDropScript.Hash(), wakeAddSrc, wakeDropSrc:
+		if name := cmd.Name(); err == nil && (name == "evalsha" || name == "eval") {
+			if s, _ := cmd.Args()[1].(string); h.count(s) {
 				h.n.Add(1)
 			}
 		}
@@ -35,8 +37,17 @@ func (h *ledgerWrites) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 
-func (h *ledgerWrites) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (h *scriptCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
+}
+
+// ledgerWrite says whether script (its SHA or source) writes the ledger.
+func ledgerWrite(script string) bool {
+	switch script {
+	case wakeAddScript.Hash(), wakeDropScript.Hash(), wakeAddSrc, wakeDropSrc:
+		return true
+	}
+	return false
 }
 
 // lineJobs is a queue of jobs over one gate and its Parking, in virtual
@@ -47,7 +58,6 @@ type lineJobs struct {
 	g *Gate
 
 	mu     sync.Mutex
-	admits int                      // limiter calls of the jobs' Admits
 	wakes  map[string]int           // wake-ups taken, by job ID
 	lose   map[string]int           // wake-ups of a job a killed process takes and never acts on
 	starts map[string][]time.Time   // when each job ran
@@ -80,9 +90,6 @@ func (j *lineJobs) wake(_ context.Context, e JobEntry) error {
 
 // admit admits job id once, and reports the decision.
 func (j *lineJobs) admit(ctx context.Context, id string) (Decision, bool) {
-	j.mu.Lock()
-	j.admits++
-	j.mu.Unlock()
 	d, err := j.g.Admit(ctx, Request{Subject: "tenant", Caller: throttle.Caller{ID: id, Waiter: JobEntry{Queue: "q", ID: id}.Member()}})
 	if err != nil {
 		j.t.Errorf("job %s: %v", id, err)
@@ -115,16 +122,16 @@ func (j *lineJobs) until(ctx context.Context, id string, d Decision) {
 // runLine admits jobs 1..5 of one tenant together under a rule of one job
 // per 2 s and the default horizon (1 s): job 1 runs, the others wait in the
 // tenant's line. It returns the jobs once all ran, the limiter's calls (the
-// jobs' and the servings'), the ledger's writes and the parked jobs.
+// jobs' and the servings') and the ledger's writes.
 func runLine(t *testing.T, lose map[string]int) (j *lineJobs, calls, writes int64) {
 	ids := []string{"1", "2", "3", "4", "5"}
 	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
-		var servings atomic.Int64
 		lrdb := redistest.PipeClient(m) // the ledger's client, counted
 		defer lrdb.Close()
-		var w ledgerWrites
-		lrdb.AddHook(&w)
-		p := newParking(t, lrdb, ParkingOptions{OnServe: func(string, string, Served) { servings.Add(1) }})
+		w, c := &scriptCalls{count: ledgerWrite}, &scriptCalls{count: func(string) bool { return true }}
+		lrdb.AddHook(w)
+		rdb.AddHook(c) // the limiter's: the jobs' admits, and the servings
+		p := newParking(t, lrdb, ParkingOptions{})
 		rule := throttle.Rule{Name: "tenant", Algorithm: throttle.GCRA, Limit: throttle.Limit{Count: 1, Period: 2 * time.Second, Burst: 1}}
 		g := newGate(t, rdb, Options{Parking: p, Name: "lined"}, rule)
 		p.Serve(map[string]*Gate{"lined": g})
@@ -151,7 +158,7 @@ func runLine(t *testing.T, lose map[string]int) (j *lineJobs, calls, writes int6
 		wg.Wait()
 		cancel()
 		<-done
-		calls, writes = int64(j.admits)+servings.Load(), w.n.Load()
+		calls, writes = c.n.Load(), w.n.Load()
 	})
 	return j, calls, writes
 }

@@ -153,10 +153,10 @@ func (p *Parking) peerWith(name string) *Parking {
 
 // park records the wake-ups that gate name's decision d for a job leaves
 // to the ledger: the sweep of its subject's places within a lease if it
-// waits for one, the serving of its line if d.Serve says, the jobs its
-// call booked in its line and the line's next head (d.Handed:
-// throttle.AdmitRequest.HeadServes), and the job itself at its slot
-// unless it runs or waits in line. It returns whether a parked job will
+// waits for one, the serving of its line if d.Serve says (by a process,
+// or by d.Head's return: throttle.AdmitRequest.HeadServes), the jobs its
+// call booked in its line (d.Handed, reported to OnServe), and the job
+// itself at its slot unless it runs or waits in line. It returns whether a parked job will
 // be woken, and what could not be recorded.
 func (p *Parking) park(ctx context.Context, name string, req Request, d Decision) (woken bool, err error) {
 	line := LineEntry{Rule: name, Subject: req.Subject}.Member()
@@ -171,7 +171,7 @@ func (p *Parking) park(ctx context.Context, name string, req Request, d Decision
 			errs = append(errs, fmt.Errorf("admission: cannot schedule the sweep of a concurrency limit; waiting jobs come back at their fallbacks: %w", err))
 		}
 	}
-	if !d.Serve.IsZero() {
+	if !d.Serve.IsZero() && d.Head == "" {
 		// Moved, not added if absent: a serving's guard (serveGuard) may
 		// still be in the ledger from a line that emptied, later than this
 		// one needs.
@@ -183,6 +183,15 @@ func (p *Parking) park(ctx context.Context, name string, req Request, d Decision
 	// (throttle.AdmitRequest.HeadServes: perhaps this job); and the job
 	// itself at its slot, unless it runs or waits in line: one write.
 	wakes := maps.Clone(d.Handed)
+	if d.Head != "" {
+		if wakes == nil {
+			wakes = map[string]time.Time{}
+		}
+		wakes[d.Head] = d.Serve
+	}
+	if (len(d.Handed) > 0 || d.Waiting > 0) && p.opts.OnServe != nil {
+		p.opts.OnServe(name, req.Subject, Served{Handed: d.Handed, Next: d.Serve, Waiting: d.Waiting}) // its call served the line
+	}
 	switch {
 	case d.Outcome == Run:
 		delete(wakes, req.name())

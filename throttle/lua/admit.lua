@@ -256,7 +256,7 @@ if line and reply[1] == 0 then
   -- turn comes within half the horizon.
   if not heads or line.ci then return line.join(reply[4] - line.horizon / 2) end
   -- With heads serving, it serves it itself, woken for its turn.
-  line.served = {ARGV[b + 5], string.format('%d', now + reply[4])}
+  line.served = {0, ARGV[b + 5], string.format('%d', now + reply[4])}
   return out(line.join(nil))
 end
 if final then return out(reply) end

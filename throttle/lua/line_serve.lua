@@ -187,19 +187,18 @@ local function line_open(n, nrules, b, rkey, tkey, tol, ns)
     return next_us
   end
   -- heads_served keeps, for l.tail, what a serving by a member of the
-  -- line (l.heads) leaves to wake: the members it booked and, while some
-  -- are left, the next head at its turn (its return serves the line), or
-  -- if none was found (256 booked), a serving ('' at its time).
+  -- line (l.heads) did: the members left, the next head's waiter and
+  -- when its turn comes (µs of Redis time; its return serves the line),
+  -- or '' and when to serve the line if none was found (256 booked), ''
+  -- and '' once the line is empty; then the members booked, as a
+  -- serving's reply has them.
   local function heads_served(reply, left, next_us)
-    local w = {unpack(reply, 7 + nrules)}
-    if left > 0 then
-      local nh = l.next_head or {'', string.format('%d', now + math.max(next_us, 0))}
-      w[#w + 1], w[#w + 2] = nh[1], nh[2]
-    end
-    l.served = w
+    local nh = {'', ''}
+    if left > 0 then nh = l.next_head or {'', string.format('%d', now + math.max(next_us, 0))} end
+    l.served = {left, nh[1], nh[2], unpack(reply, 7 + nrules)}
   end
   -- tail ends reply with the tickets' places ('' where it has none) and
-  -- what a serving by the caller left to wake (heads_served), if any.
+  -- what a serving by the caller did (heads_served), if any.
   function l.tail(reply)
     if not l.served then return reply end
     for i = 7, 6 + nrules do reply[i] = reply[i] or '' end
