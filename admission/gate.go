@@ -43,7 +43,12 @@
 // default) waits in the subject's line in Redis, booked nothing, until a
 // serving of the line books its turn; so a deep backlog books a second of
 // turns, not all of them, and a limit that changes applies within about a
-// second. Request.Share divides the line among tenants.
+// second. Request.Share divides the line among tenants. With a Parking
+// (and no ShareLimit) the line's members serve it: its head is woken for
+// its turn, and its Admit books that turn and those after it within the
+// horizon and names the next head (Decision.Head), in its one call; a
+// Parking serves a line itself only when asked (Decision.Serve without a
+// Head: a line whose head never came back).
 //
 // A turn is booked once. A job that comes back early waits for it in place
 // (up to Options.EarlyWait); one that comes back later than the tolerance
