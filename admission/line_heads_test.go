@@ -2,6 +2,7 @@ package admission
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -18,15 +19,23 @@ import (
 // scriptCalls counts a client's script calls that went through and that
 // count says to: on the ledger's client, its writes (wake_add.lua and
 // wake_drop.lua; the looks are wake_pop.lua's); on the limiter's, all.
+// With cut set, the next such call fails instead, unsent (its process
+// killed before it).
 type scriptCalls struct {
 	count func(script string) bool
 	n     atomic.Int64
+	cut   atomic.Bool
 }
 
 func (h *scriptCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (h *scriptCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
+		if s, _ := cmd.Args()[min(1, len(cmd.Args())-1)].(string); h.count(s) && h.cut.CompareAndSwap(true, false) {
+			err := errors.New("killed")
+			cmd.SetErr(err)
+			return err
+		}
 		err := next(ctx, cmd)
 		if name := cmd.Name(); err == nil && (name == "evalsha" || name == "eval") {
 			if s, _ := cmd.Args()[1].(string); h.count(s) {
@@ -60,6 +69,7 @@ type lineJobs struct {
 	mu     sync.Mutex
 	wakes  map[string]int           // wake-ups taken, by job ID
 	lose   map[string]int           // wake-ups of a job a killed process takes and never acts on
+	cut    map[string]func()        // run when a job is woken: its call's wake-up writes are lost
 	starts map[string][]time.Time   // when each job ran
 	bell   map[string]chan struct{} // a parked job's wake-up
 }
@@ -77,6 +87,9 @@ func (j *lineJobs) wake(_ context.Context, e JobEntry) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	j.wakes[e.ID]++
+	if cut := j.cut[e.ID]; cut != nil {
+		cut()
+	}
 	if j.lose[e.ID] > 0 {
 		j.lose[e.ID]--
 		return nil
@@ -123,7 +136,7 @@ func (j *lineJobs) until(ctx context.Context, id string, d Decision) {
 // per 2 s and the default horizon (1 s): job 1 runs, the others wait in the
 // tenant's line. It returns the jobs once all ran, the limiter's calls (the
 // jobs' and the servings') and the ledger's writes.
-func runLine(t *testing.T, lose map[string]int) (j *lineJobs, calls, writes int64) {
+func runLine(t *testing.T, lose map[string]int, cut string) (j *lineJobs, calls, writes int64) {
 	ids := []string{"1", "2", "3", "4", "5"}
 	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
 		lrdb := redistest.PipeClient(m) // the ledger's client, counted
@@ -137,6 +150,7 @@ func runLine(t *testing.T, lose map[string]int) (j *lineJobs, calls, writes int6
 		p.Serve(map[string]*Gate{"lined": g})
 		j = newLineJobs(t, g, ids)
 		j.lose = lose
+		j.cut = map[string]func(){cut: func() { w.cut.Store(true) }}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() {
@@ -172,7 +186,7 @@ func runLine(t *testing.T, lose map[string]int) (j *lineJobs, calls, writes int6
 // wake-up, the next serving, the guard's removal). Each job is woken once
 // and runs once, on time, the limit held.
 func TestLineHeadsServe(t *testing.T) {
-	j, calls, writes := runLine(t, nil)
+	j, calls, writes := runLine(t, nil, "")
 	const parked = 4
 	t.Logf("%d parked jobs: %d limiter calls, %d ledger writes", parked, calls-1, writes)
 	if got := calls - 1; got > 2*parked {
@@ -201,7 +215,30 @@ func TestLineHeadsServe(t *testing.T) {
 // and serves the line from there; no job is lost or run twice, the limit
 // holds, and the jobs after it are woken as before.
 func TestLineHeadKilled(t *testing.T) {
-	j, _, _ := runLine(t, map[string]int{"3": 1})
+	j, _, _ := runLine(t, map[string]int{"3": 1}, "")
+	ranOnceApart(t, j)
+	if j.wakes["3"] != 1 || j.wakes["4"] != 1 || j.wakes["5"] != 1 {
+		t.Errorf("wake-ups taken %v; want one each of jobs 3 (lost), 4 and 5", j.wakes)
+	}
+}
+
+// TestLineHeadKilledBeforeWrites: the process of a line's head dies after
+// its call served the line and ran it, before it recorded the next head's
+// wake-up (job 2's call names job 3; the write is lost): job 3 comes back
+// at its fallback and serves the line from there; every job runs once, the
+// limit held, and job 3 was never woken.
+func TestLineHeadKilledBeforeWrites(t *testing.T) {
+	j, _, _ := runLine(t, nil, "2")
+	ranOnceApart(t, j)
+	if j.wakes["3"] != 0 || j.wakes["4"] != 1 || j.wakes["5"] != 1 {
+		t.Errorf("wake-ups taken %v; want none of job 3 (its write lost), one each of 4 and 5", j.wakes)
+	}
+}
+
+// ranOnceApart checks that jobs 1 to 5 ran once each, at least the rule's
+// 2 s apart, and job 3 after its turn (4 s after job 1) by its fallback.
+func ranOnceApart(t *testing.T, j *lineJobs) {
+	t.Helper()
 	var starts []time.Time
 	for _, id := range []string{"1", "2", "3", "4", "5"} {
 		if n := len(j.starts[id]); n != 1 {
@@ -214,9 +251,6 @@ func TestLineHeadKilled(t *testing.T) {
 		if gap := starts[i].Sub(starts[i-1]); gap < 2*time.Second {
 			t.Errorf("two jobs ran %v apart; the rule allows one per 2s", gap)
 		}
-	}
-	if j.wakes["3"] != 1 || j.wakes["4"] != 1 || j.wakes["5"] != 1 {
-		t.Errorf("wake-ups taken %v; want one each of jobs 3 (lost), 4 and 5", j.wakes)
 	}
 	if got := j.starts["3"][0].Sub(j.starts["1"][0]); got <= 4*time.Second || got > 10*time.Second {
 		t.Errorf("job 3, whose wake-up was lost, ran at %v; want after its turn (4s), by its fallback", got)
