@@ -43,7 +43,12 @@
 // default) waits in the subject's line in Redis, booked nothing, until a
 // serving of the line books its turn; so a deep backlog books a second of
 // turns, not all of them, and a limit that changes applies within about a
-// second. Request.Share divides the line among tenants.
+// second. Request.Share divides the line among tenants. With a Parking
+// (and no ShareLimit) the line's members serve it: its head is woken for
+// its turn, and its Admit books that turn and those after it within the
+// horizon and names the next head (Decision.Head), in its one call; a
+// Parking serves a line itself only when asked (Decision.Serve without a
+// Head: a line whose head never came back).
 //
 // A turn is booked once. A job that comes back early waits for it in place
 // (up to Options.EarlyWait); one that comes back later than the tolerance
@@ -266,8 +271,10 @@ func (o Outcome) String() string {
 // admitted (after its wait), and Reservation is nil for Park. Status is
 // Granted or Redeemed for Run, Booked or Held for Park (Label and Reason
 // say what the worker calls each; admission/status.go has the table of
-// statuses from Redis up); Handed and Waiting, which only a serving of the
-// line sets, stay zero.
+// statuses from Redis up); Handed, Waiting and Head, which only a serving
+// of the line sets, are the serving's that the job's return made, with
+// Options.Parking (throttle.AdmitRequest.HeadServes), and Admit recorded
+// its wake-ups.
 type Decision struct {
 	// Outcome is what the job does: Run or Park.
 	Outcome Outcome
@@ -279,12 +286,15 @@ type Decision struct {
 	Waited time.Duration
 	// Woken, for Park, is true when the job will be woken for its turn
 	// through Options.Parking: its wake-up is in the ledger, or (InLine)
-	// the serving that books its turn will record it. False without a
+	// the serving that books its turn will record it (or the job ahead
+	// of it in line, whose return serves the line). False without a
 	// Parking, or if the ledger could not be written (ParkErr): the job
 	// then comes back by its queue's own schedule, for At.
 	Woken bool
 	// ParkErr, for Park, says which wake-ups Admit could not record in
-	// Options.Parking (Redis failed); the decision stands. Nil otherwise.
+	// Options.Parking (Redis failed); the decision stands. For Run, the
+	// same of the jobs its call booked in its subject's line (they come
+	// back at their fallbacks). Nil otherwise.
 	ParkErr error
 }
 
@@ -340,7 +350,13 @@ func (g *Gate) admit(ctx context.Context, req Request, bound time.Duration) (Dec
 		return Decision{}, err
 	}
 	d := Decision{Admission: a}
-	switch d.Outcome = d.row().outcome; d.Outcome { // status.go
+	d.Outcome = d.row().outcome // status.go
+	if g.opts.Parking != nil && (d.Outcome == Park || d.Handed != nil || !d.Serve.IsZero() || d.Waiting > 0) {
+		// Before a Run's wait: the jobs its call booked in its line are
+		// woken on time, whatever becomes of it.
+		d.Woken, d.ParkErr = g.opts.Parking.park(ctx, g.opts.Name, req, d)
+	}
+	switch d.Outcome {
 	case Park:
 		d.Reservation = nil
 	case Run:
@@ -351,9 +367,6 @@ func (g *Gate) admit(ctx context.Context, req Request, bound time.Duration) (Dec
 		d.At, d.Due = time.Now(), a.At
 	default: // throttle.Denied: no ID to book under
 		return Decision{}, &throttle.DelayError{Rule: a.Rule, RetryAfter: a.Delay, Deadline: byDeadline}
-	}
-	if d.Outcome == Park && g.opts.Parking != nil {
-		d.Woken, d.ParkErr = g.opts.Parking.park(ctx, g.opts.Name, req, d)
 	}
 	d.Waited = time.Since(start)
 	return d, nil
@@ -404,6 +417,9 @@ func (g *Gate) limiterRequest(req Request, wait, early time.Duration) throttle.A
 		Subject: req.Subject, N: n, Costs: req.Costs, Caller: req.Caller,
 		Wait: wait, EarlyWait: max(early, time.Microsecond), Tolerance: g.opts.Tolerance,
 		Horizon: horizon, ShareLimit: g.opts.ShareLimit, MaxAge: g.opts.MaxAge,
+		// With a Parking, each member of the line is woken by the ledger,
+		// and so can serve it: no serving, nor its guard, per member.
+		HeadServes: g.opts.Parking != nil,
 	}
 }
 

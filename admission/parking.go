@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -150,11 +151,13 @@ func (p *Parking) peerWith(name string) *Parking {
 	return nil
 }
 
-// park records the wake-ups of a job that gate name parked with d: the
-// sweep of its subject's places within a lease if it waits for one, the
-// serving of its line if d.Serve says, and the job itself at its slot
-// unless it waits in line. It returns whether the job will be woken, and
-// what could not be recorded.
+// park records the wake-ups that gate name's decision d for a job leaves
+// to the ledger: the sweep of its subject's places within a lease if it
+// waits for one, the serving of its line if d.Serve says (by a process,
+// or by d.Head's return: throttle.AdmitRequest.HeadServes), the jobs its
+// call booked in its line (d.Handed, reported to OnServe), and the job
+// itself at its slot unless it runs or waits in line. It returns whether a parked job will
+// be woken, and what could not be recorded.
 func (p *Parking) park(ctx context.Context, name string, req Request, d Decision) (woken bool, err error) {
 	line := LineEntry{Rule: name, Subject: req.Subject}.Member()
 	var errs []error
@@ -168,7 +171,7 @@ func (p *Parking) park(ctx context.Context, name string, req Request, d Decision
 			errs = append(errs, fmt.Errorf("admission: cannot schedule the sweep of a concurrency limit; waiting jobs come back at their fallbacks: %w", err))
 		}
 	}
-	if !d.Serve.IsZero() {
+	if !d.Serve.IsZero() && d.Head == "" {
 		// Moved, not added if absent: a serving's guard (serveGuard) may
 		// still be in the ledger from a line that emptied, later than this
 		// one needs.
@@ -176,14 +179,38 @@ func (p *Parking) park(ctx context.Context, name string, req Request, d Decision
 			errs = append(errs, fmt.Errorf("admission: cannot schedule the serving of the subject's line; its jobs come back at their fallbacks: %w", err))
 		}
 	}
-	if d.InLine {
-		return true, errors.Join(errs...) // woken by the serving that books its turn
+	// The jobs its call booked in its line, and the line's next head
+	// (throttle.AdmitRequest.HeadServes: perhaps this job); and the job
+	// itself at its slot, unless it runs or waits in line: one write.
+	wakes := maps.Clone(d.Handed)
+	if d.Head != "" {
+		if wakes == nil {
+			wakes = map[string]time.Time{}
+		}
+		wakes[d.Head] = d.Serve
 	}
-	if err := p.ledger.Add(ctx, req.name(), d.Slot); err != nil {
-		errs = append(errs, fmt.Errorf("admission: cannot record the wake-up; the queue's own schedule brings the job back: %w", err))
+	if (len(d.Handed) > 0 || d.Waiting > 0) && p.opts.OnServe != nil {
+		p.opts.OnServe(name, req.Subject, Served{Handed: d.Handed, Next: d.Serve, Waiting: d.Waiting}) // its call served the line
+	}
+	switch {
+	case d.Outcome == Run:
+		delete(wakes, req.name())
+	case !d.InLine:
+		if wakes == nil {
+			wakes = map[string]time.Time{}
+		}
+		wakes[req.name()] = d.Slot
+	}
+	if len(wakes) == 0 {
+		// In line: woken by the serving that books its turn (or by the
+		// job ahead of it, whose return serves the line).
+		return d.InLine, errors.Join(errs...)
+	}
+	if err := p.ledger.AddAll(ctx, wakes); err != nil {
+		errs = append(errs, fmt.Errorf("admission: cannot record the wake-ups; the queue's own schedule brings the jobs back: %w", err))
 		return false, errors.Join(errs...)
 	}
-	return true, errors.Join(errs...)
+	return d.Outcome == Park, errors.Join(errs...)
 }
 
 // Run takes the ledger's due entries until ctx ends, as Wakeups.Run does

@@ -31,7 +31,8 @@ type Settings struct {
 	// subject wait, waits in the subject's line in Redis instead, charged
 	// nothing (Decision.InLine), and is booked when the horizon reaches it
 	// (Gate.Serve, which Parking runs, or the caller when Decision.Serve
-	// says). So a backlog of any depth holds at most a horizon of booked
+	// says; with a Parking, the line's head when it comes back for its
+	// turn). So a backlog of any depth holds at most a horizon of booked
 	// turns: a limit that changes is in force within about a horizon, and
 	// a subject's shares are served in turn. If zero, DefaultHorizon (1s);
 	// at most MaxHorizon. Negative: no bound and no line; every parked job

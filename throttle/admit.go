@@ -167,6 +167,22 @@ type AdmitRequest struct {
 	// Horizon and no ShareLimit. A bucket cannot hold a gap: a turn booked
 	// after its latest one leaves the time between them unused by anyone.
 	NotBefore time.Time
+	// HeadServes, with a Horizon, has the members of the subject's line
+	// serve it, for a caller whose queue wakes each member itself
+	// (admission.Parking): the line's next serving is its head's return
+	// (Admission.Head, at Admission.Serve), not a ServeLine. A caller that
+	// starts the line is its head, told to come back at its own turn; a
+	// caller that comes back still in line serves it in its own call, as
+	// ServeLine does, whatever its Status: its own turn, if within the
+	// horizon, is booked and then redeemed (or Held) at once, and the
+	// Admission says what the serving did (Handed, Waiting, and the next
+	// Head and Serve). So a member of a line costs two calls (the Admit
+	// that joins, the one that takes its turn) and one wake-up, where a
+	// serving costs a call and wake-ups of its own. A line whose head
+	// never comes back is served when another member comes back by
+	// itself (at its Admission.At). Ignored with a ShareLimit or a
+	// Concurrency rule.
+	HeadServes bool
 }
 
 // Admission is Admit's answer.
@@ -213,17 +229,25 @@ type Admission struct {
 	// ServeLine), on the Redis clock: set for the caller that starts the
 	// line, and for one that comes back still in it when nobody has served
 	// the line for two horizons (serve at once: whoever served it may have
-	// stopped). Other callers in line leave it zero.
+	// stopped). Other callers in line leave it zero. With Head, it is when
+	// Head's turn comes: wake it then, and its return serves the line.
 	Serve time.Time
+	// Head, with AdmitRequest.HeadServes, is the member of the line whose
+	// return serves it next (its name, as Handed's), woken at Serve: the
+	// caller, if it started the line, or the next head after the caller's
+	// serving. Empty otherwise, and then a Serve is for ServeLine.
+	Head string
 	// Handed is, for Admit with N = 0 and a Horizon (serving the line, as
 	// ServeLine does), the members of the line just booked: each one's
 	// name (Caller.WaitAs, or Waiter, BookAs, ID: the first set) with its
 	// slot on the Redis clock. Status is Booked while callers remain in
 	// line, with Serve when to serve it next; Denied once the line is
-	// empty.
+	// empty. With AdmitRequest.HeadServes, whatever the Status, the same
+	// of the serving the caller's return made (the caller may be one).
 	Handed map[string]time.Time
-	// Waiting is, for a serving of the line (as for Handed), how many
-	// callers still wait in the line after it; 0 otherwise.
+	// Waiting is, for a serving of the line (as for Handed, also the
+	// caller's with AdmitRequest.HeadServes), how many callers still wait
+	// in the line after it; 0 otherwise.
 	Waiting int
 }
 

@@ -168,7 +168,11 @@ func (l *Limiter) admitCall(req *AdmitRequest) (admitArgs, error) {
 	if req.EarlyWait > 0 {
 		early = req.EarlyWait.Microseconds()
 	}
-	args = append(args, w.booking, req.toleranceArg(), horizon, early, w.waiter, w.waitAs, req.Share, req.Caller.lineArg(req.maxAge(horizon)))
+	var hz any = horizon
+	if l.headsServe(*req) {
+		hz = fmt.Sprintf("%d h", horizon) // lua/admit.lua: the members serve the line
+	}
+	args = append(args, w.booking, req.toleranceArg(), hz, early, w.waiter, w.waitAs, req.Share, req.Caller.lineArg(req.maxAge(horizon)))
 	if sl := req.ShareLimit; sl != (Limit{}) && horizon != unbounded {
 		args = append(args, sl.Count, sl.Period.Microseconds(), sl.Burst)
 	} else {
@@ -178,6 +182,12 @@ func (l *Limiter) admitCall(req *AdmitRequest) (admitArgs, error) {
 		args = append(args, m)
 	}
 	return admitArgs{keys: keys, args: args, who: w, serving: serving}, nil
+}
+
+// headsServe reports whether req's line is served by its members
+// (AdmitRequest.HeadServes): not with a share limit, nor without a line.
+func (l *Limiter) headsServe(req AdmitRequest) bool {
+	return req.HeadServes && req.Horizon > 0 && !l.holders && req.ShareLimit == (Limit{})
 }
 
 // checkAdmit checks req's bounds and share limit, and returns whether it

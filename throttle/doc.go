@@ -29,9 +29,11 @@
 // horizon: a later caller joins the subject's line in Redis, charged
 // nothing (Admission.InLine), and ServeLine serves the line, booking its
 // head callers' turns as they come within the horizon and naming them in
-// LineServing.Handed. So a deep backlog holds at most a horizon of booked
-// turns: a rule whose limit changes (a new Limiter over the same rule
-// names) is in force within a horizon, and callers of different
+// LineServing.Handed (or, with AdmitRequest.HeadServes, the line's head
+// serves it when it comes back for its turn). So a deep backlog holds at
+// most a horizon of booked turns: a rule whose limit changes (a new
+// Limiter over the same rule names) is in force within a horizon, and
+// callers of different
 // shares (Caller.Share: tenants of one key) take turns by Weight instead of
 // waiting behind whoever came first; AdmitRequest.ShareLimit also limits
 // each share on its own (each tenant's 10/s inside the key's 100/s), in the

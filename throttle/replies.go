@@ -181,6 +181,9 @@ func (l *Limiter) decodeAdmit(req AdmitRequest, rep reply, recv time.Time, servi
 			a.Serve = time.UnixMicro(rep.redisNow + serve)
 		}
 	}
+	if !serving && l.headsServe(req) {
+		memberServed(&a, rep.raw, len(l.rules))
+	}
 	if serving {
 		a.Handed = handed(rep.raw, len(l.rules))
 		if a.Status == Booked {
@@ -207,6 +210,26 @@ func handed(raw []any, nrules int) map[string]time.Time {
 		}
 	}
 	return h
+}
+
+// memberServed reads into a what the caller's serving of its line did
+// (AdmitRequest.HeadServes; lua/line_serve.lua, tail), after the
+// tickets' places: the members left in line (Waiting), the next head
+// (Head; its return serves the line) and when (Serve), or ” and when to
+// serve the line, and the members booked (Handed). A reply without it
+// (no serving, and the caller did not start the line) leaves a as it is.
+func memberServed(a *Admission, raw []any, nrules int) {
+	i := 6 + nrules
+	if len(raw) < i+3 {
+		return
+	}
+	left, _ := raw[i].(int64)
+	a.Waiting = int(left)
+	a.Head, _ = raw[i+1].(string)
+	if us, err := strconv.ParseInt(fmt.Sprint(raw[i+2]), 10, 64); err == nil {
+		a.Serve = time.UnixMicro(us)
+	}
+	a.Handed = handed(raw, nrules+3)
 }
 
 // redeemedTickets returns the tickets admit's reply carries for a redeemed

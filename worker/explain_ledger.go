@@ -164,6 +164,25 @@ func readLine(ctx context.Context, rdb redis.UniversalClient, ledger *admission.
 	}
 	rs.InLine, rs.Position, rs.LineLength = true, int(rank)+1, int(n)
 	rs.LineServing, err = wakeupTime(ctx, ledger, admission.LineEntry{Rule: rs.Name, Subject: rs.Subject}.Member())
+	if err != nil || rs.LineServing != nil {
+		return err
+	}
+	// Served by its head's return (throttle.AdmitRequest.HeadServes): the
+	// head's wake-up, under its waiter's name (lua/line.lua: :e holds
+	// "n\nwaiter").
+	head, err := rdb.ZRange(ctx, k.line(), 0, 0).Result()
+	if err != nil || len(head) == 0 {
+		return err
+	}
+	e, err := rdb.HGet(ctx, k.line()+":e", head[0]).Result()
+	if errors.Is(err, redis.Nil) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	_, waiter, _ := strings.Cut(e, "\n")
+	rs.LineServing, err = wakeupTime(ctx, ledger, waiter)
 	return err
 }
 

@@ -180,8 +180,13 @@ func checkLined(t *testing.T, parked []*Explanation) {
 	var places []int
 	for _, e := range parked {
 		r := e.Rule
-		if r == nil || !r.InLine || r.Turn != nil || r.LineLength != 2 || r.LineServing == nil || e.Wakeup != nil {
-			t.Fatalf("lined task: rule %+v, wake-up %v: want in a line of 2 with a serving, no turn, no wake-up", r, e.Wakeup)
+		if r == nil || !r.InLine || r.Turn != nil || r.LineLength != 2 || r.LineServing == nil {
+			t.Fatalf("lined task: rule %+v: want in a line of 2 with a serving, no turn", r)
+		}
+		// The line's head is woken for its turn, and its return serves
+		// the line (throttle.AdmitRequest.HeadServes); the other waits.
+		if head := r.Position == 1; head != (e.Wakeup != nil) || head && !e.Wakeup.Equal(*r.LineServing) {
+			t.Errorf("lined task at %d: wake-up %v, the line served at %v; want the head's at the serving, none else", r.Position, e.Wakeup, r.LineServing)
 		}
 		checkLastWait(t, e, "lined", "b1", ErrParkedInLine)
 		checkText(t, e, fmt.Sprintf("waiting in its subject's line, no turn booked yet: position %d of 2; the line is next served at ", r.Position),

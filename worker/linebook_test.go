@@ -18,7 +18,7 @@ import (
 // TestLineWaiting: with a horizon of 1s, a backlog of 10 tasks at 1/s
 // waits in its subject's line; after each serving jobthrottle_line_waiting
 // (and the activity's LineWaiting) is the line's length in Redis, which
-// falls by one a second, and is 0 once the line is empty.
+// falls to 0 once the line is empty.
 func TestLineWaiting(t *testing.T) {
 	t.Parallel()
 	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
@@ -51,7 +51,9 @@ func TestLineWaiting(t *testing.T) {
 			}
 			seen[want] = true
 		}
-		if !seen[5] || !seen[0] {
+		// Falling by one or two at each serving: a head back for its turn
+		// books it and the next, at the horizon (throttle.AdmitRequest.HeadServes).
+		if len(seen) < 5 || !seen[0] {
 			t.Errorf("line lengths seen %v; want a backlog falling to 0", seen)
 		}
 		eventually(t, 15*time.Second, "10 tasks ran", func() bool { return len(b.runs()) == 10 })

@@ -155,8 +155,19 @@ if pause_end <= now then settled_key = function(i) return KEYS[nrules + 13 + i] 
 if drop_lapsed(rkey, tkey, now - tol, nrules) then gave_back() end
 settled_key = nil
 local early = tonumber(ARGV[b + 3])
+-- 'horizon h': the line's members serve it (ARGV[b+2]).
+local hz, heads = string.match(ARGV[b + 2], '^(-?%d+) (h)$')
+if heads then ARGV[b + 2] = hz end
 local line = not c and tonumber(ARGV[b + 2]) >= 0 and (booking ~= '' or n == 0) and line_open(n, nrules, b, rkey, tkey, tol, ns)
 if line and n == 0 then return line.serve() end
+-- out ends a reply with what a serving by the caller left to wake.
+local function out(reply) return line and line.tail(reply) or reply end
+if line and heads and not line.ci and ARGV[b + 11] and redis.call('ZSCORE', line.key, ARGV[b + 11]) then
+  -- A member back in line serves it: its own turn, if within the horizon,
+  -- is booked now and redeemed below.
+  line.heads = true
+  line.serve()
+end
 if not line and not c and booking ~= '' then
   -- A caller that books without the line (no horizon: admission's
   -- BookAhead, a rule found stacked while its job waited in line) leaves
@@ -185,7 +196,7 @@ for i = b + 11, #ARGV do
     local d = slot - now
     if d < 0 then d = 0 end
     if early >= 0 and d > early then
-      if not c then return {HELD, 1, 0, d, 0, now} end
+      if not c then return out({HELD, 1, 0, d, 0, now}) end
       if c.holding then cc.give(c) end
       return cc.reply(c, {HELD, 1, 0, d, 0, now}, nrules)
     end
@@ -211,7 +222,7 @@ for i = b + 11, #ARGV do
         redis.call('HDEL', tkey, ARGV[i])
         reply[7] = tk
       end
-      if not c then return reply end
+      if not c then return out(reply) end
       -- cc.reply pads the tickets after tk with '': the redeemed tickets
       -- stay one string in reply[7], where admit.go reads them.
       cc.take(c)
@@ -226,8 +237,8 @@ if line then
   -- A caller still in line keeps its place; one that comes while
   -- others wait joins them.
   local place = ARGV[b + 11] and redis.call('ZSCORE', line.key, ARGV[b + 11])
-  if place then return line.stay(ARGV[b + 11], place) end
-  if redis.call('EXISTS', line.key) == 1 then return line.join(nil) end
+  if place then return out(line.stay(ARGV[b + 11], place)) end
+  if redis.call('EXISTS', line.key) == 1 then return out(line.join(nil)) end
   if line.ci and n > 0 then return line.direct() end
 end
 -- A new turn, booked as far as the horizon allows; without a booking id,
@@ -243,9 +254,12 @@ local reply, final = decide(n, true, max_wait, nrules, ns)
 if line and reply[1] == 0 then
   -- Past the horizon: the caller starts the line, which is served when its
   -- turn comes within half the horizon.
-  return line.join(reply[4] - line.horizon / 2)
+  if not heads or line.ci then return line.join(reply[4] - line.horizon / 2) end
+  -- With heads serving, it serves it itself, woken for its turn.
+  line.served = {0, ARGV[b + 5], string.format('%d', now + reply[4])}
+  return out(line.join(nil))
 end
-if final then return reply end
+if final then return out(reply) end
 local later = wait_here >= 0 and reply[4] > wait_here
 if paced > 0 and reply[1] == 1 and not later then
   -- At the learned pace, the caller runs at its request's departure.
@@ -266,4 +280,4 @@ if reply[1] == 1 and later then
   reply = {BOOKED, reply[2], reply[3], reply[4], reply[5], now}
 end
 if c then return cc.reply(c, reply, nrules) end
-return reply
+return out(reply)

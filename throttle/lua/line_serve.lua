@@ -89,6 +89,9 @@ local function line_open(n, nrules, b, rkey, tkey, tol, ns)
       if m then ok, delay, tks = take(m, nil, nil, nil, ms) end
       if not ok and m and delay < max_us / 2 then
         next_us = math.max(delay - l.horizon / 2, 0)
+        -- With heads serving (l.heads), this member serves the line next,
+        -- woken for its own turn.
+        l.next_head = {waiter, string.format('%d', now + delay)}
         break
       end
       heads[lv] = nil
@@ -183,6 +186,25 @@ local function line_open(n, nrules, b, rkey, tkey, tol, ns)
     end
     return next_us
   end
+  -- heads_served keeps, for l.tail, what a serving by a member of the
+  -- line (l.heads) did: the members left, the next head's waiter and
+  -- when its turn comes (µs of Redis time; its return serves the line),
+  -- or '' and when to serve the line if none was found (256 booked), ''
+  -- and '' once the line is empty; then the members booked, as a
+  -- serving's reply has them.
+  local function heads_served(reply, left, next_us)
+    local nh = {'', ''}
+    if left > 0 then nh = l.next_head or {'', string.format('%d', now + math.max(next_us, 0))} end
+    l.served = {left, nh[1], nh[2], unpack(reply, 7 + nrules)}
+  end
+  -- tail ends reply with the tickets' places ('' where it has none) and
+  -- what a serving by the caller did (heads_served), if any.
+  function l.tail(reply)
+    if not l.served then return reply end
+    for i = 7, 6 + nrules do reply[i] = reply[i] or '' end
+    for _, v in ipairs(l.served) do reply[#reply + 1] = v end
+    return reply
+  end
   function l.serve()
     local reply = {DENIED, 1, 0, 0, 0, now}
     for i = 1, nrules do reply[6 + i] = '' end
@@ -196,6 +218,7 @@ local function line_open(n, nrules, b, rkey, tkey, tol, ns)
       next_us = serve_plain(reply)
     end
     local left = redis.call('ZCARD', l.key)
+    if l.heads then heads_served(reply, left, next_us) end
     if left == 0 then
       redis.call('DEL', l.ekey, l.fkey)
       if l.ci then redis.call('DEL', l.hkey, l.qkey, l.skey) end
