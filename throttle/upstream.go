@@ -90,7 +90,9 @@ import (
 // that Admit booked its turn as its request's departure, and departs on
 // the schedule: Depart's first booking then hands it that departure, if
 // one booked by Admit lies within DepartureTolerance of now, instead of
-// a second slot (the first would leave a hole).
+// a second slot (the first would leave a hole); not if it lies closer
+// than the learned interval to another departure (booked at a faster
+// pace, before a lowering).
 //
 // The first departure after nothing is known of the resource (a new
 // subject, or its state expired) probes: the others wait for its answer,

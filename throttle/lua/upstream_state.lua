@@ -129,7 +129,7 @@ local function depart(max_wait, probe_wait, claim)
   local pause = tonumber(redis.call('GET', pkey)) or 0
   if claim and s.r and pause <= now then
     local iv = 1e6 / least(s.r, cap())
-    local c = up_claim(dkey, now, math.min(math.max(iv / 40, 2000), 5000))
+    local c = up_claim(dkey, now, math.min(math.max(iv / 40, 2000), 5000), iv)
     if c then
       save()
       local ls_text, t_text = '', fmt(s.t or now)
