@@ -212,18 +212,7 @@ func TestUpstreamPaceTTL(t *testing.T) {
 // turned at another pace, and the departure near it is someone else's.
 func TestDepartClaimsItsTurn(t *testing.T) {
 	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
-		ctx := context.Background()
-		lim := mustNew(t, rdb, Options{}, Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(100).WithBurst(1)})
-		u := lim.Upstream()
-		first, _ := depart(t, u, "s", 0)
-		learn(t, u, "s", first, Answer{Quota: 20, Window: time.Second})
-		admit := func(id string) Admission {
-			a, err := lim.Admit(ctx, AdmitRequest{Subject: "s", N: 1, Caller: Caller{ID: id}, Tolerance: time.Second})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return a
-		}
+		u, admit := newlyLearned(t, rdb)
 		turn := map[string]time.Time{}
 		for _, id := range []string{"a", "b"} {
 			turn[id] = admit(id).Slot // both park: a, then b an interval later
@@ -261,18 +250,7 @@ func TestDepartClaimsItsTurn(t *testing.T) {
 // turn, 52.6ms after a's, under the new 58.5ms.)
 func TestDepartClaimsNoTurnOfAnOldPace(t *testing.T) {
 	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
-		ctx := context.Background()
-		lim := mustNew(t, rdb, Options{}, Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(100).WithBurst(1)})
-		u := lim.Upstream()
-		first, _ := depart(t, u, "s", 0)
-		learn(t, u, "s", first, Answer{Quota: 20, Window: time.Second})
-		admit := func(id string) Admission {
-			a, err := lim.Admit(ctx, AdmitRequest{Subject: "s", N: 1, Caller: Caller{ID: id}, Tolerance: time.Second})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return a
-		}
+		u, admit := newlyLearned(t, rdb)
 		turn := map[string]time.Time{}
 		for _, id := range []string{"a", "b"} {
 			turn[id] = admit(id).Slot // both park, an interval (52.6ms) apart
@@ -297,4 +275,23 @@ func TestDepartClaimsNoTurnOfAnOldPace(t *testing.T) {
 			t.Errorf("b's request departs %v after b's turn (slot %s); want a slot at the new pace, at least %v after every departure", got, d.slot, newIv)
 		}
 	})
+}
+
+// newlyLearned returns the upstream of a limiter of 100/s whose subject
+// "s" has just learned a policy of 20/s (a rate of 19/s, new: Admit books
+// its turns' departures open), and a function that admits a caller of s
+// with a second's tolerance for its booking.
+func newlyLearned(t *testing.T, rdb *redis.Client) (*Upstream, func(id string) Admission) {
+	t.Helper()
+	lim := mustNew(t, rdb, Options{}, Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(100).WithBurst(1)})
+	u := lim.Upstream()
+	first, _ := depart(t, u, "s", 0)
+	learn(t, u, "s", first, Answer{Quota: 20, Window: time.Second})
+	return u, func(id string) Admission {
+		a, err := lim.Admit(context.Background(), AdmitRequest{Subject: "s", N: 1, Caller: Caller{ID: id}, Tolerance: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
 }
