@@ -67,7 +67,12 @@ import (
 // It then recovers at 10 % a second of the rate the 429 came at, to 98 %
 // of it, and past that grows by 0.02 % a second: slowly towards the
 // policy (never above it, nor above the slowest rule), so that a steady
-// fleet settles where the 429s stop.
+// fleet settles where the 429s stop. A resource that announces nothing
+// refuses a rate above its limit again and again, and one under it only
+// now and then (a request that reached it late, closer than its limit to
+// the next): so, once a 429 has shown where its limit is, a 429 near
+// that rate lowers it only if another came within 200 departures before
+// it; one alone lowers nothing.
 //
 // # Admissions
 //
