@@ -70,9 +70,9 @@ import (
 // fleet settles where the 429s stop. A resource that announces nothing
 // refuses a rate above its limit again and again, and one under it only
 // now and then (a request that reached it late, closer than its limit to
-// the next): so, once a 429 has shown where its limit is, a 429 near
-// that rate lowers it only if another came within 200 departures before
-// it; one alone lowers nothing.
+// the next): so, once a 429 has lowered the rate, a 429 lowers it again
+// only if another came within 200 departures before it; one alone lowers
+// nothing.
 //
 // # Admissions
 //
