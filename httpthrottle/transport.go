@@ -41,7 +41,10 @@
 // never above the configured rules). The rate then recovers at 10 % of
 // that rate a second to 98 % of it, and grows by 0.02 % a second past it,
 // never above the announced policy: a steady fleet settles where the 429s
-// stop. An isolated 429 delays only its own request: its Retry-After is
+// stop. From an upstream that announces nothing, once a 429 has lowered
+// the rate, a 429 lowers it again only if another came within 200
+// requests before it: one alone is a request that arrived late, not a
+// rate too high. An isolated 429 delays only its own request: its Retry-After is
 // the caller's to wait (the worker's http handler defers its task by it).
 // The subject is paused for every process (Limiter.PauseFor) only while
 // no rate is learned, or when the 429 lowered the rate less than its

@@ -67,7 +67,12 @@ import (
 // It then recovers at 10 % a second of the rate the 429 came at, to 98 %
 // of it, and past that grows by 0.02 % a second: slowly towards the
 // policy (never above it, nor above the slowest rule), so that a steady
-// fleet settles where the 429s stop.
+// fleet settles where the 429s stop. A resource that announces nothing
+// refuses a rate above its limit again and again, and one under it only
+// now and then (a request that reached it late, closer than its limit to
+// the next): so, once a 429 has lowered the rate, a 429 lowers it again
+// only if another came within 200 departures before it; one alone lowers
+// nothing.
 //
 // # Admissions
 //
@@ -90,7 +95,9 @@ import (
 // that Admit booked its turn as its request's departure, and departs on
 // the schedule: Depart's first booking then hands it that departure, if
 // one booked by Admit lies within DepartureTolerance of now, instead of
-// a second slot (the first would leave a hole).
+// a second slot (the first would leave a hole); not if it lies closer
+// than the learned interval to another departure (booked at a faster
+// pace, before a lowering).
 //
 // The first departure after nothing is known of the resource (a new
 // subject, or its state expired) probes: the others wait for its answer,

@@ -212,18 +212,7 @@ func TestUpstreamPaceTTL(t *testing.T) {
 // turned at another pace, and the departure near it is someone else's.
 func TestDepartClaimsItsTurn(t *testing.T) {
 	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
-		ctx := context.Background()
-		lim := mustNew(t, rdb, Options{}, Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(100).WithBurst(1)})
-		u := lim.Upstream()
-		first, _ := depart(t, u, "s", 0)
-		learn(t, u, "s", first, Answer{Quota: 20, Window: time.Second})
-		admit := func(id string) Admission {
-			a, err := lim.Admit(ctx, AdmitRequest{Subject: "s", N: 1, Caller: Caller{ID: id}, Tolerance: time.Second})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return a
-		}
+		u, admit := newlyLearned(t, rdb)
 		turn := map[string]time.Time{}
 		for _, id := range []string{"a", "b"} {
 			turn[id] = admit(id).Slot // both park: a, then b an interval later
@@ -249,4 +238,60 @@ func TestDepartClaimsItsTurn(t *testing.T) {
 			t.Errorf("4 s after the rate was learned, a request departs at a turn's departure (%s); want a slot of its own", d.slot)
 		}
 	})
+}
+
+// A lowering of the learned rate closes the departures Admit booked open
+// at the old pace: a request that departs on the schedule near one that
+// now lies closer than the new interval to the departure before it is
+// handed a slot at the new pace, not that one. (A 3-worker header-less
+// run claimed an open departure 36ms after the request before it, under
+// the API's 50ms; its 429, counted at the new pace, pinned the rate at
+// 75 % of the limit. Before the fix, b's request here departs at b's
+// turn, 52.6ms after a's, under the new 58.5ms.)
+func TestDepartClaimsNoTurnOfAnOldPace(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		u, admit := newlyLearned(t, rdb)
+		turn := map[string]time.Time{}
+		for _, id := range []string{"a", "b"} {
+			turn[id] = admit(id).Slot // both park, an interval (52.6ms) apart
+		}
+		// Both run on their turns while the rate is new: their
+		// departures are booked open.
+		for _, id := range []string{"a", "b"} {
+			time.Sleep(time.Until(turn[id]))
+			if a := admit(id); a.Status != Redeemed || !a.Slot.Equal(turn[id]) {
+				t.Fatalf("%s back at its turn: %s at %v; want redeemed at its turn, %v", id, a.Status, a.Slot, turn[id])
+			}
+		}
+		l := learn(t, u, "s", nil, Answer{TooMany: true})
+		if !l.Lowered {
+			t.Fatalf("a 429: %+v; want the rate lowered", l)
+		}
+		newIv := time.Duration(float64(time.Second) / l.Rate) // 58.5ms: 1/(90 % of 19/s)
+		time.Sleep(time.Millisecond)                          // b's request, sent a little after its turn
+		d, _ := depart(t, u, "s", 0)
+		// (The rate grows by 0.02 % a second meanwhile.)
+		if got := d.At.Sub(turn["b"]); got < newIv-10*time.Microsecond {
+			t.Errorf("b's request departs %v after b's turn (slot %s); want a slot at the new pace, at least %v after every departure", got, d.slot, newIv)
+		}
+	})
+}
+
+// newlyLearned returns the upstream of a limiter of 100/s whose subject
+// "s" has just learned a policy of 20/s (a rate of 19/s, new: Admit books
+// its turns' departures open), and a function that admits a caller of s
+// with a second's tolerance for its booking.
+func newlyLearned(t *testing.T, rdb *redis.Client) (*Upstream, func(id string) Admission) {
+	t.Helper()
+	lim := mustNew(t, rdb, Options{}, Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(100).WithBurst(1)})
+	u := lim.Upstream()
+	first, _ := depart(t, u, "s", 0)
+	learn(t, u, "s", first, Answer{Quota: 20, Window: time.Second})
+	return u, func(id string) Admission {
+		a, err := lim.Admit(context.Background(), AdmitRequest{Subject: "s", N: 1, Caller: Caller{ID: id}, Tolerance: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
 }

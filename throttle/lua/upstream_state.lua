@@ -15,6 +15,9 @@
 --   r      the learned rate, requests per second (absent: none learned)
 --   u      when r last grew (µs)
 --   hi     the rate at which the last 429 came (absent: none yet)
+--   lone, lo  n when a 429 from a resource that announces nothing came
+--          after hi was set and was not counted, for coming alone
+--          (upstream_learn.lua), and the rate it came at
 --   d      when the rate was last lowered (µs): a 429 to a departure booked
 --          before it is not counted again
 --   g      how many times the rate was lowered: a departure booked under
@@ -50,7 +53,7 @@ local key, pkey, dkey = KEYS[1], KEYS[2], KEYS[3]
 local ceil_iv, ceil_b, ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local k_start, k_gentle, k_lower, k_discover = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 
-local names = {'t', 'n', 'ls', 'gap', 'r', 'u', 'hi', 'd', 'g', 'q', 'w', 'l', 'lw', 'wl', 'wa', 'wb', 'wk', 'p', 'f'}
+local names = {'t', 'n', 'ls', 'gap', 'r', 'u', 'hi', 'lone', 'lo', 'd', 'g', 'q', 'w', 'l', 'lw', 'wl', 'wa', 'wb', 'wk', 'p', 'f'}
 local raw = redis.call('HMGET', key, unpack(names))
 local s = {}
 for i, f in ipairs(names) do s[f] = tonumber(raw[i]) end
@@ -129,7 +132,7 @@ local function depart(max_wait, probe_wait, claim)
   local pause = tonumber(redis.call('GET', pkey)) or 0
   if claim and s.r and pause <= now then
     local iv = 1e6 / least(s.r, cap())
-    local c = up_claim(dkey, now, math.min(math.max(iv / 40, 2000), 5000))
+    local c = up_claim(dkey, now, math.min(math.max(iv / 40, 2000), 5000), iv)
     if c then
       save()
       local ls_text, t_text = '', fmt(s.t or now)
