@@ -236,7 +236,9 @@ func (b *stackBed) run(p *Parking, want time.Duration) time.Duration {
 	select {
 	case <-b.ranAll:
 	case <-time.After(want + cmp.Or(b.late, want/10+10*time.Second)):
+		b.mu.Lock()
 		t.Errorf("after %v: %d of %d jobs ran", time.Since(start), len(b.ran), b.n)
+		b.mu.Unlock()
 	}
 	took := time.Since(start)
 	cancel()
