@@ -196,13 +196,18 @@ func (l *Limiter) Upstream() *Upstream {
 // departure would reach Redis a round trip (SCRIPT LOAD) late, and that
 // departure is often the one Admit booked for its turn (see Upstream),
 // which it may claim only within DepartureTolerance of it. A failure is
-// left to the first call, which loads the script again.
+// left to the first call, which loads the script again. It does not take
+// the lock a first call loads under (runner.load): a call is never held up
+// behind it, at the cost of loading a script twice if they meet.
 func (l *Limiter) loadUpstream() {
 	l.bg.start(func() { // not after Close
 		ctx, cancel := context.WithTimeout(l.bg.context(), probeWait)
 		defer cancel()
 		for _, o := range []op{opDepart, opConfirm, opLearn, opCancel} {
-			l.ensureLoaded(ctx, upstreamScripts[o])
+			s := upstreamScripts[o]
+			if _, ok := l.cache.loaded.Load(s); !ok && s.Load(ctx, l.rdb).Err() == nil {
+				l.cache.loaded.Store(s, any(s.Hash()))
+			}
 		}
 	})
 }
