@@ -166,17 +166,14 @@ func (h *httpHandler) send(ctx context.Context, task *asynq.Task) error {
 		if w, ok := admission.WaitedFrom(ctx); ok && !w.At.IsZero() {
 			// The turn may be the request's departure too (Admit books
 			// it so at a learned upstream rate): sent on time, it needs
-			// no call.
+			// no departure of its own.
 			ctx = httpthrottle.WithTurn(ctx, httpthrottle.Turn{At: w.At, Decided: time.Now().Add(-w.Duration)})
 		}
-		// A task that slept until its slot may have been overtaken by a
-		// pause another worker recorded meanwhile: then it does not send.
-		if w, ok := admission.WaitedFrom(ctx); ok && w.Duration > 0 {
-			if left, err := h.lim.PauseFor(ctx, subject, 0); err == nil && left > 0 {
-				return &admission.ThrottledError{Rule: h.rule, Subject: subject, RetryAt: time.Now().Add(left),
-					Err: fmt.Errorf("handler: %s is paused: its upstream asked every worker to slow down", h.url.origin)}
-			}
-		}
+		// A pause another worker recorded since the task's turn was
+		// decided holds the request back in the transport (Options.Paced),
+		// which reads it only for a request that leaves without a
+		// departure: a read here would make every request late for its
+		// departure by one round trip.
 	}
 	rctx, cancel := context.WithTimeout(ctx, h.spec.HTTP.Timeout)
 	defer cancel()
@@ -188,8 +185,8 @@ func (h *httpHandler) send(ctx context.Context, task *asynq.Task) error {
 	resp, err := h.client.Do(req)
 	var de *throttle.DelayError
 	if errors.As(err, &de) {
-		// The upstream's learned limit has no slot for this request soon
-		// enough: nothing was sent; come back at its slot.
+		// The upstream's learned limit, or a pause, has no slot for this
+		// request soon enough: nothing was sent; come back at its slot.
 		return &admission.ThrottledError{Rule: h.rule, Subject: subject, RetryAt: time.Now().Add(de.RetryAfter), Err: de}
 	}
 	if err != nil {

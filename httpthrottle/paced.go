@@ -36,10 +36,15 @@ func (p *pacedSubjects) now(subject string) (*throttle.Departure, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	s, ok := p.seen[subject]
-	if !ok || s.learned.Rate > 0 || time.Since(s.at) > PacedRecheck {
+	if !ok || !p.nowOK(s) {
 		return nil, false
 	}
 	return throttle.DepartNow(s.learned), true
+}
+
+// nowOK is now's condition on what is known of the subject, s.
+func (p *pacedSubjects) nowOK(s pacedSubject) bool {
+	return s.learned.Rate <= 0 && time.Since(s.at) <= PacedRecheck
 }
 
 // saw records a departure booked for subject, with what it carried. The
@@ -111,8 +116,9 @@ type turnKey struct{}
 // paced Transport (Options.Paced). Limiter.Admit books the departure of
 // a request it lets run on a turn at the subject's learned upstream rate
 // in the same call, at the turn (throttle.Upstream): sent within
-// throttle.DepartureTolerance of it, the request leaves with no call to
-// Redis; later, it departs on the upstream schedule as any request does.
+// throttle.DepartureTolerance of it, the request leaves with no
+// departure of its own (after reading the subject's pause); later, it
+// departs on the upstream schedule as any request does.
 func WithTurn(ctx context.Context, t Turn) context.Context {
 	return context.WithValue(ctx, turnKey{}, t)
 }
@@ -123,6 +129,18 @@ func WithTurn(ctx context.Context, t Turn) context.Context {
 // to Redis and the time from a decision to its handler.
 const turnDecidedMargin = 50 * time.Millisecond
 
+// mayLeaveNow reports whether onTurn or now would return a departure
+// for a request of subject sent on turn, without taking it.
+func (p *pacedSubjects) mayLeaveNow(subject string, turn Turn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s, ok := p.seen[subject]
+	if !ok {
+		return false
+	}
+	return p.onTurnOK(s, turn) || p.nowOK(s)
+}
+
 // onTurn returns a departure that leaves at once for a request sent on
 // turn (zero: none) of a subject whose upstream taught a rate: if the
 // turn was decided after this process learned the rate (so Admit booked
@@ -130,21 +148,23 @@ const turnDecidedMargin = 50 * time.Millisecond
 // enough to trust, and the request is within the tolerance of its turn.
 // Else false: the request departs on the schedule.
 func (p *pacedSubjects) onTurn(subject string, turn Turn) (*throttle.Departure, bool) {
-	if turn.At.IsZero() {
-		return nil, false
-	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	s, ok := p.seen[subject]
-	l := s.learned
-	if !ok || l.Rate <= 0 || !turn.Decided.After(s.since.Add(turnDecidedMargin)) || time.Since(s.at) > throttle.UpstreamTTL/2 {
-		return nil, false
-	}
-	iv := time.Duration(float64(time.Second) / l.Rate)
-	if time.Since(turn.At) > throttle.DepartureTolerance(iv) {
+	if !ok || !p.onTurnOK(s, turn) {
 		return nil, false
 	}
 	s.at = time.Now()
 	p.seen[subject] = s
-	return throttle.DepartNow(l), true
+	return throttle.DepartNow(s.learned), true
+}
+
+// onTurnOK is onTurn's condition on what is known of the subject, s.
+func (p *pacedSubjects) onTurnOK(s pacedSubject, turn Turn) bool {
+	l := s.learned
+	if turn.At.IsZero() || l.Rate <= 0 || !turn.Decided.After(s.since.Add(turnDecidedMargin)) || time.Since(s.at) > throttle.UpstreamTTL/2 {
+		return false
+	}
+	iv := time.Duration(float64(time.Second) / l.Rate)
+	return time.Since(turn.At) <= throttle.DepartureTolerance(iv)
 }

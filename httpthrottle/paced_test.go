@@ -107,11 +107,8 @@ func runPaced(t *testing.T, lim *throttle.Limiter, c *http.Client, id string, ad
 		if a.Status != throttle.Granted && a.Status != throttle.Redeemed {
 			continue
 		}
-		// As the worker's http handler does: a task that waited for its
-		// turn does not send if a pause overtook it.
-		if left, err := lim.PauseFor(context.Background(), "api.example", 0); err != nil || left > 0 {
-			continue
-		}
+		// A pause that overtook the turn holds the request back in the
+		// transport (TestPacedTurnAfterPause).
 		ctx := WithTurn(context.Background(), Turn{At: a.At, Decided: decided})
 		return getCtx(t, ctx, c, "http://api.example/") == http.StatusOK
 	}
@@ -141,4 +138,58 @@ func getCtx(t *testing.T, ctx context.Context, c *http.Client, url string) int {
 	}
 	_ = resp.Body.Close()
 	return resp.StatusCode
+}
+
+// A paced request leaves on its admitted turn without a departure of its
+// own (with a rate learned, the departure Admit booked for the turn; with
+// none, at once): but a pause another process recorded while the turn was
+// waiting holds it back until the pause ends, as a departure would be.
+// Before, the transport sent it at its turn, into the pause (the worker's
+// http handler read the pause itself, before every request).
+func TestPacedTurnAfterPause(t *testing.T) {
+	for _, c := range []struct {
+		name, style string
+	}{
+		{"a rate learned", styleIETF},
+		{"nothing learned", styleBare},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
+				ctx := context.Background()
+				up := &limitedUpstream{limit: 20, style: c.style}
+				tr := fleet(t, m, up, 1, fast, Options{NoWait: true, Paced: true})[0]
+				client := &http.Client{Transport: tr}
+				if code := getCtx(t, ctx, client, "http://api.example/"); code != http.StatusOK {
+					t.Fatalf("the first request: %d", code)
+				}
+				time.Sleep(time.Second)
+				var a throttle.Admission
+				decided := time.Now()
+				for _, id := range []string{"a", "b"} { // b's turn comes after a's
+					var err error
+					if a, err = tr.lim.Admit(ctx, throttle.AdmitRequest{Subject: "api.example", N: 1, Caller: throttle.Caller{ID: id}, Wait: time.Second}); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if a.Delay <= 0 {
+					t.Fatalf("b's turn in %v; want later than now", a.Delay)
+				}
+				// Another process is told to pause the subject meanwhile.
+				other := mustNew(t, rdb, throttle.Options{}, fast)
+				if _, err := other.PauseFor(ctx, "api.example", 500*time.Millisecond); err != nil {
+					t.Fatal(err)
+				}
+				end := at() + 500*time.Millisecond
+				time.Sleep(time.Until(a.At))
+				tctx := WithTurn(ctx, Turn{At: a.At, Decided: decided})
+				if code := getCtx(t, tctx, client, "http://api.example/"); code != http.StatusOK {
+					t.Errorf("b's request answered %d; want 200", code)
+				}
+				calls, _ := up.log()
+				if got := calls[len(calls)-1]; got < end {
+					t.Errorf("b's request reached the API at %v, within the pause (until %v); want after it", got, end)
+				}
+			})
+		})
+	}
 }

@@ -170,9 +170,12 @@ type Options struct {
 	// call, at its turn: a request whose context carries the turn
 	// (WithTurn, as the worker's http handler does) and that is sent
 	// within throttle.DepartureTolerance of it leaves at once, with no
-	// call to Redis (Stats.OnTurn); any other departs as without Paced,
-	// which keeps each one within the tolerance of its slot at the
-	// upstream.
+	// departure of its own (Stats.OnTurn); any other departs as without
+	// Paced, which keeps each one within the tolerance of its slot at the
+	// upstream. A paced request that leaves without a departure reads the
+	// subject's pause first (one call): if a pause was recorded since its
+	// turn was decided, it departs on the schedule, after the pause (or
+	// fails with a *throttle.DelayError past MaxLearnedWait).
 	Paced bool
 	// MaxLearnedWait bounds how long a request waits for its departure on
 	// the upstream schedule: a request whose departure is further away
@@ -207,7 +210,7 @@ type Stats struct {
 	Rebooked int64
 	// OnTurn is the requests that left on their admitted turns, which
 	// Limiter.Admit booked as their departures (Options.Paced, WithTurn),
-	// with no call to Redis of their own.
+	// with no departure of their own.
 	OnTurn int64
 	// LeftLate is the requests that left later than
 	// throttle.DepartureTolerance after their slots, on a machine too busy
@@ -371,17 +374,10 @@ func fleetPause(l throttle.Lesson, learned bool, retry time.Duration) bool {
 }
 
 // depart returns req's departure: booked on the upstream schedule, or,
-// for a paced request (Options.Paced), one that leaves now: on its turn,
-// which Admit booked as its departure (WithTurn), or for a subject whose
-// upstream taught no rate.
+// for a paced request (Options.Paced), one that leaves now (leaveNow).
 func (t *Transport) depart(ctx context.Context, subject string) (*throttle.Departure, error) {
 	if t.paced {
-		turn, _ := ctx.Value(turnKey{}).(Turn)
-		if d, ok := t.seen.onTurn(subject, turn); ok {
-			t.stats.onTurn.Add(1)
-			return d, nil
-		}
-		if d, ok := t.seen.now(subject); ok {
+		if d, ok := t.leaveNow(ctx, subject); ok {
 			return d, nil
 		}
 	}
@@ -390,6 +386,33 @@ func (t *Transport) depart(ctx context.Context, subject string) (*throttle.Depar
 		t.seen.saw(subject, d)
 	}
 	return d, err
+}
+
+// leaveNow returns a departure that leaves now, with no slot of its own,
+// for a paced request (Options.Paced): on its turn, which Admit booked as
+// its departure (WithTurn), or for a subject whose upstream taught no
+// rate; false for any other, which departs on the schedule. Such a
+// request reads the subject's pause first (one call): its turn was
+// decided before it came, and a pause recorded meanwhile holds it back
+// (false: Depart books it after the pause). A request that departs on
+// the schedule reads no pause of its own (Depart honours it): the read
+// would make it late for the departure its turn may hold
+// (throttle.DepartureTolerance), which it would then leave as a hole.
+func (t *Transport) leaveNow(ctx context.Context, subject string) (*throttle.Departure, bool) {
+	turn, _ := ctx.Value(turnKey{}).(Turn)
+	if !t.seen.mayLeaveNow(subject, turn) {
+		return nil, false
+	}
+	// A failed read sends, as the worker's handler always has: Depart
+	// would fail on the same Redis.
+	if left, err := t.lim.PauseFor(ctx, subject, 0); err == nil && left > 0 {
+		return nil, false
+	}
+	if d, ok := t.seen.onTurn(subject, turn); ok {
+		t.stats.onTurn.Add(1)
+		return d, true
+	}
+	return t.seen.now(subject)
 }
 
 // serverNow is the time to read a response's dates against: the local

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -99,6 +100,7 @@ type Limiter struct {
 	mode    mode         // how it decides, chosen by New (modes.go)
 	closed  atomic.Bool  // Close was called (close.go)
 	bg      goroutines   // its own goroutines, which Close ends (close.go)
+	upLoad  sync.Once    // the upstream scripts loaded ahead (Upstream)
 }
 
 // New returns a Limiter that applies every rule to each subject. It returns

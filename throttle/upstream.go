@@ -85,7 +85,7 @@ import (
 // in the same call: on its own turn (now, if the turn passed) when no
 // departure is booked within an interval of it, else at the next slot
 // that is, if that is at most an interval later; and Admit's delay is
-// until it. Its request then leaves with no call of its own (DepartNow),
+// until it. Its request then leaves with no departure of its own (DepartNow),
 // or, later than DepartureTolerance, departs as any other (Depart). A
 // redeemed booking whose departure would be later still (a turn booked at
 // a faster pace, before the rate was learned or lowered, that late
@@ -181,6 +181,7 @@ const (
 // while nothing is learned departures are paced at it, with its burst (a
 // window rule's burst is its Count).
 func (l *Limiter) Upstream() *Upstream {
+	l.upLoad.Do(l.loadUpstream)
 	u := &Upstream{lim: l, burst: 1}
 	for _, r := range l.rules {
 		if r.Algorithm.spec().holders {
@@ -195,6 +196,27 @@ func (l *Limiter) Upstream() *Upstream {
 		}
 	}
 	return u
+}
+
+// loadUpstream loads the upstream scripts in the background, once a
+// limiter has an Upstream: loaded on first use instead, a process's first
+// departure would reach Redis a round trip (SCRIPT LOAD) late, and that
+// departure is often the one Admit booked for its turn (see Upstream),
+// which it may claim only within DepartureTolerance of it. A failure is
+// left to the first call, which loads the script again. It does not take
+// the lock a first call loads under (runner.load): a call is never held up
+// behind it, at the cost of loading a script twice if they meet.
+func (l *Limiter) loadUpstream() {
+	l.bg.start(func() { // not after Close
+		ctx, cancel := context.WithTimeout(l.bg.context(), probeWait)
+		defer cancel()
+		for _, o := range []op{opDepart, opConfirm, opLearn, opCancel} {
+			s := upstreamScripts[o]
+			if _, ok := l.cache.loaded.Load(s); !ok && s.Load(ctx, l.rdb).Err() == nil {
+				l.cache.loaded.Store(s, any(s.Hash()))
+			}
+		}
+	})
 }
 
 // keys are the script's KEYS for subject, which has passed encodeSubject.

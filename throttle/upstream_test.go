@@ -256,6 +256,7 @@ func TestUpstreamLateProbeLeaves(t *testing.T) {
 		}})
 		defer slowRDB.Close()
 		lim := mustNew(t, slowRDB, Options{}, tenPerSecond)
+		defer lim.Close() // its goroutines (Upstream's script loading) end in the bubble
 		// A reservation's reply gives the clock a fast reply to go by.
 		if err := lim.Wait(context.Background(), "warm-up"); err != nil {
 			t.Fatal(err)
