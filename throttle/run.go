@@ -265,6 +265,13 @@ func lostScript(cmd *redis.Cmd) bool {
 func (l *runner) load(ctx context.Context, script *redis.Script) {
 	l.cache.mu.Lock()
 	defer l.cache.mu.Unlock()
+	l.loadUnlocked(ctx, script)
+}
+
+// loadUnlocked is load without its lock, for a load ahead of use that
+// must not hold up a call (Limiter.loadUpstream): two that meet may both
+// send SCRIPT LOAD, which is harmless.
+func (l *runner) loadUnlocked(ctx context.Context, script *redis.Script) {
 	if _, ok := l.cache.loaded.Load(script); ok {
 		return
 	}

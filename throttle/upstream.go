@@ -211,10 +211,7 @@ func (l *Limiter) loadUpstream() {
 		ctx, cancel := context.WithTimeout(l.bg.context(), probeWait)
 		defer cancel()
 		for _, o := range []op{opDepart, opConfirm, opLearn, opCancel} {
-			s := upstreamScripts[o]
-			if _, ok := l.cache.loaded.Load(s); !ok && s.Load(ctx, l.rdb).Err() == nil {
-				l.cache.loaded.Store(s, any(s.Hash()))
-			}
+			l.loadUnlocked(ctx, upstreamScripts[o])
 		}
 	})
 }
