@@ -37,7 +37,7 @@ func TestLineWaiting(t *testing.T) {
 			}
 			return int(rdb.ZCard(ctx, keys[0]).Val())
 		}
-		seen := map[int]bool{}
+		var seen []int
 		for sec := 3; sec <= 12; sec++ {
 			// A serving books the next turn half a second before it; the
 			// line does not change between servings.
@@ -49,12 +49,24 @@ func TestLineWaiting(t *testing.T) {
 			if got := m.Activity().Rule("api").LineWaiting; got != want {
 				t.Errorf("at %ds: activity LineWaiting = %d; the line holds %d", sec, got, want)
 			}
-			seen[want] = true
+			seen = append(seen, want)
 		}
-		// Falling by one or two at each serving: a head back for its turn
-		// books it and the next, at the horizon (throttle.AdmitRequest.HeadServes).
-		if len(seen) < 5 || !seen[0] {
-			t.Errorf("line lengths seen %v; want a backlog falling to 0", seen)
+		// Falling by one or two at each serving (a head back for its turn
+		// books it and the next, at the horizon: throttle.AdmitRequest.HeadServes;
+		// which of the two happens at an instant depends on the order the
+		// bubble's goroutines run in), never rising, to 0.
+		falling := seen[0] >= 3 && seen[len(seen)-1] == 0
+		steps := 0
+		for i := 1; i < len(seen); i++ {
+			if seen[i] > seen[i-1] {
+				falling = false
+			}
+			if seen[i] < seen[i-1] {
+				steps++
+			}
+		}
+		if !falling || steps < 3 {
+			t.Errorf("line lengths seen each second %v; want a backlog of at least 3 falling to 0 in at least 3 steps, never rising", seen)
 		}
 		eventually(t, 15*time.Second, "10 tasks ran", func() bool { return len(b.runs()) == 10 })
 		if got := testutil.ToFloat64(m.lines); got != 0 {
