@@ -200,9 +200,14 @@ func TestFleetSharesOneLimit(t *testing.T) {
 	if most > rate+burst {
 		t.Errorf("%d tasks admitted within one second; the limit is %d/s, burst %d", most, rate, burst)
 	}
+	// Not faster than the limit; not much slower either, which a limiter
+	// losing slots would be. The upper bound is loose: slots are granted
+	// when workers ask, and on a loaded 2-core machine (CI with other
+	// test binaries beside this one) a worker asks up to ~10 % late; the
+	// pace itself is the benchmarks' to measure.
 	want := time.Duration(tasks-burst) * time.Second / rate // the last slot after the first
-	if took := at[len(at)-1].Sub(at[0]); took < want*9/10 || took > want*11/10 {
-		t.Errorf("%d tasks took %v from the first admission to the last, want %v ± 10%%", tasks, took, want)
+	if took := at[len(at)-1].Sub(at[0]); took < want*9/10 || took > want*3/2 {
+		t.Errorf("%d tasks took %v from the first admission to the last, want %v (-10 %%, +50 %%)", tasks, took, want)
 	}
 	if runs[0].Before(at[0]) {
 		t.Errorf("a task started %v before the first slot", at[0].Sub(runs[0]))

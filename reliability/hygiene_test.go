@@ -110,9 +110,16 @@ func exerciseErr(rdb redis.UniversalClient, prefix string) (err error) {
 		must(err, rule.Name, " PauseFor(0), the read")
 		// Admit: turns granted, then booked ahead under task IDs; one
 		// booking redeemed, one held (early), the rest left to lapse.
+		// Until one is booked: a window that ends between the calls
+		// admits more (on a loaded machine, TLS round trips are slow).
 		var booked throttle.Admission
-		for i := range 6 {
-			a, err := l.Admit(ctx, throttle.AdmitRequest{Subject: "admit", N: 1, Caller: throttle.Caller{ID: fmt.Sprint("task-", i)}, Wait: 0, Tolerance: 100 * time.Millisecond})
+		var bookedID string
+		for i := 0; i < 6 || booked.Status != throttle.Booked; i++ {
+			if i == 30 {
+				must(fmt.Errorf("30 Admits in a row and none booked ahead (last %v)", booked.Status), rule.Name, " Admit")
+			}
+			bookedID = fmt.Sprint("task-", i)
+			a, err := l.Admit(ctx, throttle.AdmitRequest{Subject: "admit", N: 1, Caller: throttle.Caller{ID: bookedID}, Wait: 0, Tolerance: 100 * time.Millisecond})
 			must(err, rule.Name, " Admit")
 			booked = a
 		}
@@ -121,7 +128,7 @@ func exerciseErr(rdb redis.UniversalClient, prefix string) (err error) {
 			// may be a few ms away: only a turn still well ahead must be
 			// Held.
 			ahead := time.Until(booked.At) > 100*time.Millisecond
-			a, err := l.Admit(ctx, throttle.AdmitRequest{Subject: "admit", N: 1, Caller: throttle.Caller{ID: "task-5"}, Wait: wait, Tolerance: 100 * time.Millisecond})
+			a, err := l.Admit(ctx, throttle.AdmitRequest{Subject: "admit", N: 1, Caller: throttle.Caller{ID: bookedID}, Wait: wait, Tolerance: 100 * time.Millisecond})
 			must(err, rule.Name, " Admit again")
 			want := map[time.Duration]throttle.AdmitStatus{0: throttle.Held, -1: throttle.Redeemed}[wait]
 			if a.Status != want && (ahead || a.Status != throttle.Redeemed) {
