@@ -79,13 +79,15 @@ func startJob(t *testing.T, script, grace string) runningJob {
 }
 
 // At the timeout, the command's whole process group is stopped, its
-// grandchild with it, not only the program the handler started.
+// grandchild with it, not only the program the handler started. The
+// timeout leaves the script time to write its PIDs on a loaded machine
+// (at 2 s, a CI run at load 14 under -race killed it before it had).
 func TestCommandTimeoutStopsItsGroup(t *testing.T) {
 	t.Parallel()
-	mux := commandMux(t, spawn, "2s", "10m")
+	mux := commandMux(t, spawn, "6s", "10m")
 	task, dir := job(t)
 	err := mux.ProcessTask(context.Background(), task)
-	if err == nil || !strings.Contains(err.Error(), "killed after the timeout of 2s") {
+	if err == nil || !strings.Contains(err.Error(), "killed after the timeout of 6s") {
 		t.Errorf("got %v; want the timeout", err)
 	}
 	cmdtest.ReadPID(t, filepath.Join(dir, "grandchild")).WaitGone(t, "the grandchild")
