@@ -151,17 +151,15 @@ func TestTransportPausesFleet(t *testing.T) {
 		t.Errorf("calls after the pause by worker: %v; want all three workers", after)
 	}
 	// The pause ends when the API said: the first call after it comes
-	// within 1.5 s of the gate (a pause held twice over: 2 s late), and
-	// the backlog is done within twice its time at the limit after the
-	// gate, and a second (slack for a loaded machine: a CI run at load
-	// 10 needed 5.46 s, and one at load 14 8.4 s, where 2 s + 24 calls at 10/s alone is 4.4 s).
+	// within 1.5 s of the gate (a pause held twice over: 2 s late). How
+	// fast the backlog drains after it is machine speed, not the pause's
+	// (beside six spinning processes the 24 calls took 6-8 s after the
+	// gate, each on the 10/s grid, departures missed by owners woken
+	// late): the 40 s above is its liveness bound.
 	if len(api.calls) > 1 {
 		if first := api.calls[1].at.Sub(gate); first > 1500*time.Millisecond {
 			t.Errorf("first call after the pause %v after the gate: the pause held the workers longer than the API asked", first)
 		}
-	}
-	if last := api.calls[len(api.calls)-1].at.Sub(api.first); last > 2*time.Second+2*tasks*100*time.Millisecond+time.Second {
-		t.Errorf("last call at %v: the pause held the workers longer than it should", last)
 	}
 }
 
