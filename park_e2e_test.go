@@ -260,9 +260,13 @@ func TestParkBacklog(t *testing.T) {
 	// BENCHMARKS.md); here, under -race on a shared machine, a late
 	// return costs a new turn now and then, so the bounds leave room for
 	// a few: what they catch is a design that spins (25 per task before).
+	// The bounds are loose enough for a machine with two spinning
+	// processes per core beside the test (20.2 s, 1.17 parks and 2.17
+	// calls per task there) and still tell a spinning design, or one
+	// that drains at half the limit, from this one.
 	want := time.Duration(n-1) * time.Second / rate
-	if limit := want*105/100 + 3*time.Second; took > limit {
-		t.Errorf("the backlog took %v, want at most %v (N/R × 1.05 + 3s)", took, limit)
+	if limit := want*3/2 + 3*time.Second; took > limit {
+		t.Errorf("the backlog took %v, want at most %v (N/R × 1.5 + 3s)", took, limit)
 	}
 	if most := maxTurnsPerWindow(starts, "acme", time.Second); most > rate+1 {
 		t.Errorf("%d turns in one second on the Redis clock, want at most %d (limit + burst)", most, rate+1)
@@ -271,11 +275,11 @@ func TestParkBacklog(t *testing.T) {
 	parks := f.parks
 	f.mu.Unlock()
 	calls := f.calls.Load()
-	if per := float64(parks) / n; per > 1.15 {
-		t.Errorf("%.3f parks per task, want at most 1.15", per)
+	if per := float64(parks) / n; per > 1.5 {
+		t.Errorf("%.3f parks per task, want at most 1.5", per)
 	}
-	if per := float64(calls) / n; per > 2.15 {
-		t.Errorf("%.3f limiter calls per task, want at most 2.15", per)
+	if per := float64(calls) / n; per > 2.5 {
+		t.Errorf("%.3f limiter calls per task, want at most 2.5", per)
 	}
 	t.Logf("%d tasks in %v (ideal %v): %.3f parks and %.3f limiter calls per task; at most %d turns in a second",
 		n, took.Round(time.Millisecond), want, float64(parks)/n, float64(calls)/n, maxTurnsPerWindow(starts, "acme", time.Second))
@@ -530,28 +534,30 @@ func TestParkFairShares(t *testing.T) {
 	first, last, n := map[string]time.Time{}, map[string]time.Time{}, map[string]int{}
 	for _, s := range starts {
 		all = append(all, s.wait.Turn)
-		who := s.tenant
-		if s.at.Before(from) {
+		who, turn := s.tenant, s.wait.Turn
+		if turn.Before(from) {
 			continue
 		}
 		n[who]++
-		if first[who].IsZero() || s.at.Before(first[who]) {
-			first[who] = s.at
+		if first[who].IsZero() || turn.Before(first[who]) {
+			first[who] = turn
 		}
-		if s.at.After(last[who]) {
-			last[who] = s.at
+		if turn.After(last[who]) {
+			last[who] = turn
 		}
 	}
 	// Each share is counted against the key's turns in the same span, not
 	// against 100/s: a loaded machine takes the key's turns late for every
 	// tenant alike (at load 11 on 2 cores the key ran at 84/s), and what
 	// fair_by promises is the division. The span is each tenant's own, up
-	// to its last start: one that got ahead before the span began finishes
-	// first, and the turns after it are no longer its to take.
+	// to its last turn: one that got ahead before the span began finishes
+	// first, and the turns after it are no longer its to take. Turns on
+	// the Redis clock, not handler starts, which a loaded machine
+	// delays unevenly (C 26.3 % by starts beside two spinners a core).
 	for _, who := range []string{"B", "C"} {
 		inSpan := 0
 		for _, s := range starts {
-			if !s.at.Before(from) && !s.at.After(last[who]) {
+			if !s.wait.Turn.Before(from) && !s.wait.Turn.After(last[who]) {
 				inSpan++
 			}
 		}
