@@ -16,10 +16,11 @@ import (
 type meeting struct {
 	s     *Stack
 	reqs  []Request
-	turns []Decision // each gate's turn, in NewStack's order
-	at    time.Time  // the latest turn (Redis clock)
-	by    int        // the gate whose turn it is
-	moved bool       // the lead's turn was taken again, later
+	turns []Decision    // each gate's turn, in NewStack's order: Granted or Redeemed (a reservation), or Booked or Held (under the job's ID)
+	at    time.Time     // the latest turn (Redis clock)
+	by    int           // the gate whose turn it is
+	moved bool          // the lead's turn was taken again, later
+	wait  time.Duration // how long the job may wait here for a new turn: a later one is booked under its ID
 }
 
 // admitMeeting is Admit for a stack that Meets; order is the gates to ask,
@@ -36,6 +37,9 @@ func (s *Stack) admitMeeting(ctx context.Context, reqs []Request, order []int, r
 		m.turns[lead], m.at = d, d.Slot
 		order = order[1:]
 	}
+	wait, release := s.gates[lead].stackWait(ctx, reqs[lead].Subject, false, lined)
+	defer release()
+	m.wait = wait
 	s.holding.Lock()
 	unlock := sync.OnceFunc(s.holding.Unlock)
 	defer unlock()
@@ -52,21 +56,78 @@ func (s *Stack) admitMeeting(ctx context.Context, reqs []Request, order []int, r
 	return m.decide(ctx, lead, lined, unlock, start)
 }
 
+// Turns that book. A job whose turns of the gates are not soon enough
+// books each in the one call that takes it (hold with a wait: a turn
+// later than the job can wait here is Booked under its ID, in the gate's
+// bucket, as far ahead as the backlog reaches), rather than holding it
+// and booking it again before it parks (Reservation.Rebook): the job
+// parks once, until the latest, and comes back to redeem each turn in one
+// call. The bucket's order of booked turns is the line of held jobs: a
+// job booked behind others is not asked again until its turn, so a
+// backlog of any depth costs a job the same calls.
+//
+// A tenant's subject and its keys' live in different hash slots, so a
+// job's turns are several script calls, each atomic in its own slot. No
+// window of any limit admits more than its limit + burst: each turn is
+// taken by its own bucket's script, which counts it whether granted or
+// booked, and a turn is used only within its gate's tolerance of its slot
+// (a job runs once its latest turn comes, and only if every other turn
+// is no earlier than that by more than its own tolerance). The binding
+// gate is booked first, each other gate no earlier than the turns before
+// it (NotBefore), so the others meet it unless their own buckets already
+// reach past it; a turn that does not meet the latest is given back
+// (unbook) and taken again no earlier than it, at most maxMeetRounds
+// times, and turns that still do not meet are taken anew when the job
+// comes back (the earlier one lapses and gives its turn back). A turn
+// given back while later ones are booked behind it is lost to its bucket
+// (unused, never over the limit).
+
+// unbook gives back the turn d the job of req holds at the gate: a
+// reservation is settled to nothing; a booking (Booked, Held) is redeemed
+// and then settled, two calls (throttle keeps a booking under the job's
+// ID, not in a reservation). Its place, if any, is released.
+func (g *Gate) unbook(ctx context.Context, req Request, d Decision) {
+	if d.Reservation == nil && (d.Status == throttle.Booked || d.Status == throttle.Held) {
+		a, err := g.hold(ctx, req, time.Time{}, -1, unbookEarly)
+		if err != nil {
+			return // the booking lapses: its turn goes back when it is found stale
+		}
+		d = Decision{Admission: a}
+	}
+	giveBackTurn(ctx, d)
+}
+
+// unbookEarly is the wait for a booking that unbook passes: any booking
+// is redeemed, however far ahead.
+const unbookEarly = 100 * 365 * 24 * time.Hour
+
+// booked reports whether one of the turns is booked for later (the job
+// parks).
+func (m *meeting) booked() bool {
+	for _, d := range m.turns {
+		if d.Outcome == Run && (d.Status == throttle.Booked || d.Status == throttle.Held) {
+			return true
+		}
+	}
+	return false
+}
+
 // holdAll holds a turn of each gate of order, each no earlier than the
 // turns before it, and reports done with the job's decision if one failed
 // or holds a turn the job came back too early for (it parks on it).
 func (m *meeting) holdAll(ctx context.Context, order []int, start time.Time) (StackDecision, bool, error) {
 	s := m.s
-	for _, i := range order {
+	for k, i := range order {
 		g := s.gates[i]
-		a, err := g.hold(ctx, m.reqs[i], m.at, g.opts.EarlyWait)
+		a, err := g.hold(ctx, m.reqs[i], m.at, m.wait, g.opts.EarlyWait)
 		if err != nil {
 			s.giveBack(ctx, m.turns)
 			return StackDecision{Gate: i}, true, err
 		}
-		if a.Status == throttle.Held {
-			// Back early for a turn booked for it before: park on it.
-			s.giveBack(ctx, m.turns)
+		if a.Status == throttle.Held && k == 0 && m.at.IsZero() {
+			// Back early for a turn booked for it before, and nothing
+			// taken yet: park on it. (Held later, it is a booked turn
+			// like the others: the turns before it are booked too.)
 			return StackDecision{Decision: g.parkOn(ctx, m.reqs[i], heldDecision(a), start), Gate: i}, true, nil
 		}
 		m.take(i, a)
@@ -83,7 +144,7 @@ func (m *meeting) holdAll(ctx context.Context, order []int, start time.Time) (St
 // it binds.) Redeemed turns say nothing of the load, and are not counted.
 func (m *meeting) observe(b int) {
 	d, l := m.turns[b], m.turns[m.s.lead]
-	if d.Status != throttle.Granted || l.Status != throttle.Granted {
+	if d.Status == throttle.Redeemed || l.Status == throttle.Redeemed {
 		return
 	}
 	bound := d.Delay > m.s.gates[m.s.lead].tolerance() && d.Slot.After(l.Slot)
@@ -119,10 +180,12 @@ func (m *meeting) decide(ctx context.Context, lead int, lined bool, unlock func(
 	// A job that runs now uses each turn within its gate's tolerance; one
 	// that parks comes back a little after the latest turn, so its turns
 	// must meet within half of it.
-	wait, release := s.gates[lead].stackWait(ctx, m.reqs[lead].Subject, m.redeemed(), lined)
-	defer release()
+	wait := m.wait
+	if !lined && m.redeemed() {
+		wait = max(wait, s.gates[lead].opts.EarlyWait)
+	}
 	err := m.meet(ctx, lead, 1)
-	parks := err == nil && time.Until(m.latestAt()) > wait
+	parks := err == nil && (m.booked() || time.Until(m.latestAt()) > wait)
 	if parks {
 		err = m.meet(ctx, lead, 2)
 	}
@@ -205,9 +268,9 @@ func (m *meeting) meet(ctx context.Context, lead int, div time.Duration) error {
 				continue
 			}
 			m.moved = m.moved || i == lead
-			giveBackTurn(rctx, d)
+			g.unbook(rctx, m.reqs[i], d)
 			m.turns[i] = Decision{}
-			a, err := g.hold(ctx, m.reqs[i], m.at, 0)
+			a, err := g.hold(ctx, m.reqs[i], m.at, m.wait, 0)
 			if err != nil {
 				m.by = i
 				return err
@@ -241,6 +304,7 @@ func (m *meeting) park(ctx context.Context, start time.Time) StackDecision {
 	rctx, cancel := m.s.gates[m.by].lim.Detach(ctx)
 	defer cancel()
 	for _, d := range m.turns {
+		// (A Booked or Held turn is booked under the job's ID already.)
 		if d.Reservation != nil {
 			if ok, _ := d.Reservation.Rebook(rctx); !ok {
 				_ = d.Reservation.Settle(rctx, 0)
@@ -271,11 +335,15 @@ func (g *Gate) parkOn(ctx context.Context, req Request, d Decision, start time.T
 // hold takes a turn of the gate for req no earlier than notBefore (Redis
 // clock; the zero time for now), however far ahead and outside the
 // subject's line, without waiting for it: Granted with a reservation to
-// Rebook or give back; Redeemed if the job has a booking due within
-// early; Held if it has a later one.
-func (g *Gate) hold(ctx context.Context, req Request, notBefore time.Time, early time.Duration) (throttle.Admission, error) {
+// Rebook or give back if within wait (a negative wait: however far);
+// else Booked under the job's ID; Redeemed if the job has a booking due
+// within early; Held if it has a later one.
+func (g *Gate) hold(ctx context.Context, req Request, notBefore time.Time, wait, early time.Duration) (throttle.Admission, error) {
 	req.BookAhead = true
-	lr := g.limiterRequest(req, -1, early)
+	if req.ID == "" && req.BookAs == "" {
+		wait = -1 // nothing to book under: held however far, as a reservation
+	}
+	lr := g.limiterRequest(req, wait, early)
 	lr.Horizon, lr.NotBefore = 0, notBefore
 	return g.lim.Admit(ctx, lr)
 }

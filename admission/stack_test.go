@@ -20,23 +20,24 @@ import (
 // when the parking's wake-up loop wakes it, or at its fallback time, as a
 // queue's retry would bring it.
 type stackBed struct {
-	t      *testing.T
-	stack  *Stack
-	others []*Stack                 // more stacks over the same limits (as in other processes): the workers share them out
-	subsOf func(id string) []string // a job's subject under each gate
-	calls  *redistest.ScriptCalls
-	pend   chan string
-	mu     sync.Mutex
-	parked map[string]int // job -> its park's number, while parked
-	parks  int
-	starts [][]time.Time          // per gate, its turns' slots (Redis clock)
-	bySub  map[string][]time.Time // per gate and subject ("gate/subject"), its turns' slots
-	ran    map[string]int
-	ranAll chan struct{}
-	n      int
-	first  int           // the number of run's first job
-	after  func()        // if set, called after each admission
-	late   time.Duration // if set, how long past want run waits for every job (else want/10 + 10s)
+	t       *testing.T
+	stack   *Stack
+	others  []*Stack                 // more stacks over the same limits (as in other processes): the workers share them out
+	subsOf  func(id string) []string // a job's subject under each gate
+	calls   *redistest.ScriptCalls
+	pend    chan string
+	mu      sync.Mutex
+	parked  map[string]int // job -> its park's number, while parked
+	parks   int
+	starts  [][]time.Time          // per gate, its turns' slots (Redis clock)
+	bySub   map[string][]time.Time // per gate and subject ("gate/subject"), its turns' slots
+	ran     map[string]int
+	ranAll  chan struct{}
+	n       int
+	first   int           // the number of run's first job
+	after   func()        // if set, called after each admission
+	late    time.Duration // if set, how long past want run waits for every job (else want/10 + 10s)
+	workers int           // if set, how many workers run shares out among the stacks (else 8)
 }
 
 // newStackBed builds gates of rules on rdb, recording their parked jobs'
@@ -209,7 +210,7 @@ func stackBacklog(t *testing.T, n, inner, outer int, maxParks, maxCalls float64)
 	return per
 }
 
-// run admits the bed's n jobs, given at once, with 8 workers and the
+// run admits the bed's n jobs, given at once, with 8 workers (workers) and the
 // parking's wake-up loop, until every job ran or about want has passed;
 // it checks that each ran once and returns how long they took.
 func (b *stackBed) run(p *Parking, want time.Duration) time.Duration {
@@ -226,7 +227,7 @@ func (b *stackBed) run(p *Parking, want time.Duration) time.Duration {
 		})
 	})
 	stacks := append([]*Stack{b.stack}, b.others...)
-	for w := range 8 {
+	for w := range cmp.Or(b.workers, 8) {
 		wg.Go(func() { b.work(ctx, stacks[w%len(stacks)]) })
 	}
 	start := time.Now()
