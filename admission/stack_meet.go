@@ -49,9 +49,18 @@ func (s *Stack) admitMeeting(ctx context.Context, reqs []Request, order []int, r
 	if r.watch >= 0 {
 		m.observe(r.watch)
 	}
-	if lined && m.by != lead && m.at.Sub(m.turns[lead].Slot) > s.gates[lead].tolerance() {
-		unlock()
-		return m.parkBehind(ctx, lead, start), nil
+	if behind := m.at.Sub(m.turns[lead].Slot); lined && m.by != lead && behind > s.gates[lead].tolerance() {
+		if s.gates[lead].opts.Horizon <= 0 {
+			unlock()
+			return m.parkBehind(ctx, lead, start), nil
+		}
+		// The lead's turn is taken again at the other's, and both are
+		// booked: a job that parked with only the other gate's turn would
+		// find, back at it, the lead's bucket moved past it by the jobs
+		// booked meanwhile, and lose that turn (it cannot be used late).
+		if behind > s.gates[lead].opts.Horizon {
+			s.learnLead(m.reqs, m.by)
+		}
 	}
 	return m.decide(ctx, lead, lined, unlock, start)
 }
