@@ -277,9 +277,16 @@ func (m *meeting) meet(ctx context.Context, lead int, div time.Duration) error {
 				continue
 			}
 			m.moved = m.moved || i == lead
-			g.unbook(rctx, m.reqs[i], d)
+			req := m.reqs[i]
+			if d.Reservation == nil && req.ID != "" && req.BookAs == "" {
+				// A booking is replaced in the call that takes the new
+				// turn, booked under the same ID (rebooked).
+				req.ID, req.BookAs = "", req.ID
+			} else {
+				giveBackTurn(rctx, d)
+			}
 			m.turns[i] = Decision{}
-			a, err := g.hold(ctx, m.reqs[i], m.at, m.wait, 0)
+			a, err := g.hold(ctx, req, m.at, m.wait, 0)
 			if err != nil {
 				m.by = i
 				return err
