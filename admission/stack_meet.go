@@ -84,31 +84,16 @@ func (s *Stack) admitMeeting(ctx context.Context, reqs []Request, order []int, r
 // is no earlier than that by more than its own tolerance). The binding
 // gate is booked first, each other gate no earlier than the turns before
 // it (NotBefore), so the others meet it unless their own buckets already
-// reach past it; a turn that does not meet the latest is given back
-// (unbook) and taken again no earlier than it, at most maxMeetRounds
-// times, and turns that still do not meet are taken anew when the job
-// comes back (the earlier one lapses and gives its turn back). A turn
-// given back while later ones are booked behind it is lost to its bucket
-// (unused, never over the limit).
-
-// unbook gives back the turn d the job of req holds at the gate: a
-// reservation is settled to nothing; a booking (Booked, Held) is redeemed
-// and then settled, two calls (throttle keeps a booking under the job's
-// ID, not in a reservation). Its place, if any, is released.
-func (g *Gate) unbook(ctx context.Context, req Request, d Decision) {
-	if d.Reservation == nil && (d.Status == throttle.Booked || d.Status == throttle.Held) {
-		a, err := g.hold(ctx, req, time.Time{}, -1, unbookEarly)
-		if err != nil {
-			return // the booking lapses: its turn goes back when it is found stale
-		}
-		d = Decision{Admission: a}
-	}
-	giveBackTurn(ctx, d)
-}
-
-// unbookEarly is the wait for a booking that unbook passes: any booking
-// is redeemed, however far ahead.
-const unbookEarly = 100 * 365 * 24 * time.Hour
+// reach past it (another process booked a later turn between the two
+// calls); a turn that does not meet the latest is taken again no earlier
+// than it, at most maxMeetRounds times: a reservation is settled to
+// nothing first, a booking is replaced by the call that books the new
+// turn under the same ID (one call, where redeeming and settling it would
+// take two and give nothing back: a race leaves it behind the other
+// process's later turn). Turns that still do not meet are taken anew when
+// the job comes back (the earlier one lapses and gives its turn back). A
+// turn given back or replaced while later ones are booked behind it is
+// lost to its bucket: unused, never over the limit.
 
 // booked reports whether one of the turns is booked for later (the job
 // parks).
@@ -161,10 +146,10 @@ func (m *meeting) observe(b int) {
 }
 
 // parkBehind parks a job that another gate holds back past its turn of
-// the lead's line. The lead's turn is not taken again later: its line
-// books a horizon of turns ahead, and a turn after them would stall it
-// (and push the other gate further). The lead's turn is given back, the
-// others kept, and the job parks until the latest, as before NotBefore.
+// the lead's, for a lead without a line (a negative Horizon; with one,
+// the lead's turn is taken again at the other's: see Stack). The lead's
+// turn is given back, the others kept, and the job parks until the
+// latest, as before NotBefore.
 // If the other gate holds it back further than the lead's line reaches,
 // it binds: the jobs of these subjects hold turns that meet, that gate's
 // first, until it no longer binds them (stack_leads.go). The lead's turn
@@ -277,16 +262,19 @@ func (m *meeting) meet(ctx context.Context, lead int, div time.Duration) error {
 				continue
 			}
 			m.moved = m.moved || i == lead
-			req := m.reqs[i]
+			req, wait := m.reqs[i], m.wait
 			if d.Reservation == nil && req.ID != "" && req.BookAs == "" {
 				// A booking is replaced in the call that takes the new
-				// turn, booked under the same ID (rebooked).
-				req.ID, req.BookAs = "", req.ID
+				// turn, booked under the same ID, unless it is due at
+				// once: a turn granted to wait for here would leave the
+				// old booking in place, and if the job then parked, its
+				// Rebook would find the ID taken.
+				req.ID, req.BookAs, wait = "", req.ID, 0
 			} else {
 				giveBackTurn(rctx, d)
 			}
 			m.turns[i] = Decision{}
-			a, err := g.hold(ctx, req, m.at, m.wait, 0)
+			a, err := g.hold(ctx, req, m.at, wait, 0)
 			if err != nil {
 				m.by = i
 				return err
