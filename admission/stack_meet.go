@@ -1,6 +1,7 @@
 package admission
 
 import (
+	"cmp"
 	"context"
 	"sync"
 	"time"
@@ -263,13 +264,14 @@ func (m *meeting) meet(ctx context.Context, lead int, div time.Duration) error {
 			}
 			m.moved = m.moved || i == lead
 			req, wait := m.reqs[i], m.wait
-			if d.Reservation == nil && req.ID != "" && req.BookAs == "" {
+			if as := cmp.Or(req.BookAs, req.ID); d.Reservation == nil && as != "" {
 				// A booking is replaced in the call that takes the new
-				// turn, booked under the same ID, unless it is due at
-				// once: a turn granted to wait for here would leave the
-				// old booking in place, and if the job then parked, its
-				// Rebook would find the ID taken.
-				req.ID, req.BookAs, wait = "", req.ID, 0
+				// turn, booked under the same name (BookAs, else ID) and
+				// redeeming nothing, unless it is due at once: a turn
+				// granted to wait for here would leave the old booking
+				// in place, and if the job then parked, its Rebook would
+				// find the name taken.
+				req.ID, req.Receipt, req.BookAs, wait = "", "", as, 0
 			} else {
 				giveBackTurn(rctx, d)
 			}

@@ -107,7 +107,8 @@ func (b *stackBed) admit(ctx context.Context, s *Stack, id string) {
 	subs := b.subsOf(id)
 	reqs := make([]Request, len(subs))
 	for i, s := range subs {
-		reqs[i] = Request{Subject: s, Caller: throttle.Caller{ID: id, Waiter: member}}
+		// (BookAs as the worker sets it: a task books under its own ID.)
+		reqs[i] = Request{Subject: s, Caller: throttle.Caller{ID: id, BookAs: id, Waiter: member}}
 	}
 	d, err := s.Admit(ctx, reqs)
 	if b.after != nil {
