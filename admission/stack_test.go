@@ -21,26 +21,27 @@ import (
 // when the parking's wake-up loop wakes it, or at its fallback time, as a
 // queue's retry would bring it.
 type stackBed struct {
-	t        *testing.T
-	stack    *Stack
-	others   []*Stack                 // more stacks over the same limits (as in other processes): the workers share them out
-	subsOf   func(id string) []string // a job's subject under each gate
-	calls    *redistest.ScriptCalls
-	pend     chan string
-	mu       sync.Mutex
-	parked   map[string]int // job -> its park's number, while parked
-	parks    int
-	starts   [][]time.Time          // per gate, its turns' slots (Redis clock)
-	bySub    map[string][]time.Time // per gate and subject ("gate/subject"), its turns' slots
-	ran      map[string]int
-	ranAll   chan struct{}
-	n        int
-	first    int           // the number of run's first job
-	after    func()        // if set, called after each admission
-	late     time.Duration // if set, how long past want run waits for every job (else want/10 + 10s)
-	workers  int           // if set, how many workers run shares out among the stacks (else 8)
-	kill     time.Duration // if set, when the last stack's workers stop, as if its process were killed
-	requeued atomic.Int32  // jobs whose admission the kill ended, given to another worker
+	t         *testing.T
+	stack     *Stack
+	others    []*Stack                 // more stacks over the same limits (as in other processes): the workers share them out
+	subsOf    func(id string) []string // a job's subject under each gate
+	calls     *redistest.ScriptCalls
+	pend      chan string
+	mu        sync.Mutex
+	parked    map[string]int // job -> its park's number, while parked
+	parks     int
+	starts    [][]time.Time          // per gate, its turns' slots (Redis clock)
+	bySub     map[string][]time.Time // per gate and subject ("gate/subject"), its turns' slots
+	ran       map[string]int
+	ranAll    chan struct{}
+	n         int
+	first     int           // the number of run's first job
+	after     func()        // if set, called after each admission
+	late      time.Duration // if set, how long past want run waits for every job (else want/10 + 10s)
+	workers   int           // if set, how many workers run shares out among the stacks (else 8)
+	kill      time.Duration // if set, when the last stack's workers stop, as if its process were killed
+	requeued  atomic.Int32  // jobs whose admission the kill ended, given to another worker
+	lastParks atomic.Int32  // jobs the last stack (the one kill stops) parked
 }
 
 // newStackBed builds gates of rules on rdb, recording their parked jobs'
@@ -126,6 +127,9 @@ func (b *stackBed) admit(ctx context.Context, s *Stack, id string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if d.Outcome == Park {
+		if len(b.others) > 0 && s == b.others[len(b.others)-1] {
+			b.lastParks.Add(1)
+		}
 		b.parks++
 		park := b.parks
 		b.parked[id] = park
