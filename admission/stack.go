@@ -45,13 +45,20 @@ import (
 // no earlier than the latest (a bucket gives the time asked for unless its
 // own turns reach past it, so they meet after one round but under a race;
 // at most maxMeetRounds); turns that meet soon enough run the job, later
-// ones are booked under its ID (Rebook) and the job parks once, until the
-// latest, where it redeems them all. A gate other than the lead that holds
-// such a job back past the lead's turn becomes the lead of those subjects.
-// A job costs one park and about three calls per gate, whatever the
-// backlog (and those parked in the first lead's line before, one park
-// more); its turns are booked as far ahead as the backlog reaches (as a
-// BookAhead turn is), so a changed limit applies to turns booked after it.
+// ones are booked under its ID by the calls that take them (stack_meet.go:
+// "Turns that book") and the job parks once, until the latest, where it
+// redeems them all. A gate other than the lead that holds such a job back
+// past the lead's turn becomes the lead of those subjects. A job costs
+// one park and about two calls per gate (one that books, one that
+// redeems), whatever the backlog, plus the calls of turns that did not
+// meet (a race with another process: one more each); those parked in the
+// first lead's line before park once more. Its turns are booked as far
+// ahead as the backlog reaches (as a BookAhead turn is), so a changed
+// limit applies to turns booked after it. A job of the lead's line that
+// another gate holds back past the lead's tolerance takes the lead's turn
+// again no earlier than the other's, both booked, rather than parking
+// with the other's alone: back at it, it would find the lead's bucket
+// moved past it by the turns booked meanwhile (NotBefore), and lose it.
 //
 // Holding turns that meet needs gates whose limiters are all of the bucket
 // algorithms (GCRA, TokenBucket), with no concurrency rule, no share

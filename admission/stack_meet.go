@@ -1,6 +1,7 @@
 package admission
 
 import (
+	"cmp"
 	"context"
 	"sync"
 	"time"
@@ -16,10 +17,11 @@ import (
 type meeting struct {
 	s     *Stack
 	reqs  []Request
-	turns []Decision // each gate's turn, in NewStack's order
-	at    time.Time  // the latest turn (Redis clock)
-	by    int        // the gate whose turn it is
-	moved bool       // the lead's turn was taken again, later
+	turns []Decision    // each gate's turn, in NewStack's order: Granted or Redeemed (a reservation), or Booked or Held (under the job's ID)
+	at    time.Time     // the latest turn (Redis clock)
+	by    int           // the gate whose turn it is
+	moved bool          // the lead's turn was taken again, later
+	wait  time.Duration // how long the job may wait here for a new turn: a later one is booked under its ID
 }
 
 // admitMeeting is Admit for a stack that Meets; order is the gates to ask,
@@ -36,6 +38,9 @@ func (s *Stack) admitMeeting(ctx context.Context, reqs []Request, order []int, r
 		m.turns[lead], m.at = d, d.Slot
 		order = order[1:]
 	}
+	wait, release := s.gates[lead].stackWait(ctx, reqs[lead].Subject, false, lined)
+	defer release()
+	m.wait = wait
 	s.holding.Lock()
 	unlock := sync.OnceFunc(s.holding.Unlock)
 	defer unlock()
@@ -45,11 +50,61 @@ func (s *Stack) admitMeeting(ctx context.Context, reqs []Request, order []int, r
 	if r.watch >= 0 {
 		m.observe(r.watch)
 	}
-	if lined && m.by != lead && m.at.Sub(m.turns[lead].Slot) > s.gates[lead].tolerance() {
-		unlock()
-		return m.parkBehind(ctx, lead, start), nil
+	if behind := m.at.Sub(m.turns[lead].Slot); lined && m.by != lead && behind > s.gates[lead].tolerance() {
+		if s.gates[lead].opts.Horizon <= 0 {
+			unlock()
+			return m.parkBehind(ctx, lead, start), nil
+		}
+		// The lead's turn is taken again at the other's, and both are
+		// booked: a job that parked with only the other gate's turn would
+		// find, back at it, the lead's bucket moved past it by the jobs
+		// booked meanwhile, and lose that turn (it cannot be used late).
+		if behind > s.gates[lead].opts.Horizon {
+			s.learnLead(m.reqs, m.by)
+		}
 	}
 	return m.decide(ctx, lead, lined, unlock, start)
+}
+
+// Turns that book. A job whose turns of the gates are not soon enough
+// books each in the one call that takes it (hold with a wait: a turn
+// later than the job can wait here is Booked under its ID, in the gate's
+// bucket, as far ahead as the backlog reaches), rather than holding it
+// and booking it again before it parks (Reservation.Rebook): the job
+// parks once, until the latest, and comes back to redeem each turn in one
+// call. The bucket's order of booked turns is the line of held jobs: a
+// job booked behind others is not asked again until its turn, so a
+// backlog of any depth costs a job the same calls.
+//
+// A tenant's subject and its keys' live in different hash slots, so a
+// job's turns are several script calls, each atomic in its own slot. No
+// window of any limit admits more than its limit + burst: each turn is
+// taken by its own bucket's script, which counts it whether granted or
+// booked, and a turn is used only within its gate's tolerance of its slot
+// (a job runs once its latest turn comes, and only if every other turn
+// is no earlier than that by more than its own tolerance). The binding
+// gate is booked first, each other gate no earlier than the turns before
+// it (NotBefore), so the others meet it unless their own buckets already
+// reach past it (another process booked a later turn between the two
+// calls); a turn that does not meet the latest is taken again no earlier
+// than it, at most maxMeetRounds times: a reservation is settled to
+// nothing first, a booking is replaced by the call that books the new
+// turn under the same ID (one call, where redeeming and settling it would
+// take two and give nothing back: a race leaves it behind the other
+// process's later turn). Turns that still do not meet are taken anew when
+// the job comes back (the earlier one lapses and gives its turn back). A
+// turn given back or replaced while later ones are booked behind it is
+// lost to its bucket: unused, never over the limit.
+
+// booked reports whether one of the turns is booked for later (the job
+// parks).
+func (m *meeting) booked() bool {
+	for _, d := range m.turns {
+		if d.Outcome == Run && (d.Status == throttle.Booked || d.Status == throttle.Held) {
+			return true
+		}
+	}
+	return false
 }
 
 // holdAll holds a turn of each gate of order, each no earlier than the
@@ -57,16 +112,17 @@ func (s *Stack) admitMeeting(ctx context.Context, reqs []Request, order []int, r
 // or holds a turn the job came back too early for (it parks on it).
 func (m *meeting) holdAll(ctx context.Context, order []int, start time.Time) (StackDecision, bool, error) {
 	s := m.s
-	for _, i := range order {
+	for k, i := range order {
 		g := s.gates[i]
-		a, err := g.hold(ctx, m.reqs[i], m.at, g.opts.EarlyWait)
+		a, err := g.hold(ctx, m.reqs[i], m.at, m.wait, g.opts.EarlyWait)
 		if err != nil {
 			s.giveBack(ctx, m.turns)
 			return StackDecision{Gate: i}, true, err
 		}
-		if a.Status == throttle.Held {
-			// Back early for a turn booked for it before: park on it.
-			s.giveBack(ctx, m.turns)
+		if a.Status == throttle.Held && k == 0 && m.at.IsZero() {
+			// Back early for a turn booked for it before, and nothing
+			// taken yet: park on it. (Held later, it is a booked turn
+			// like the others: the turns before it are booked too.)
 			return StackDecision{Decision: g.parkOn(ctx, m.reqs[i], heldDecision(a), start), Gate: i}, true, nil
 		}
 		m.take(i, a)
@@ -83,7 +139,7 @@ func (m *meeting) holdAll(ctx context.Context, order []int, start time.Time) (St
 // it binds.) Redeemed turns say nothing of the load, and are not counted.
 func (m *meeting) observe(b int) {
 	d, l := m.turns[b], m.turns[m.s.lead]
-	if d.Status != throttle.Granted || l.Status != throttle.Granted {
+	if d.Status == throttle.Redeemed || l.Status == throttle.Redeemed {
 		return
 	}
 	bound := d.Delay > m.s.gates[m.s.lead].tolerance() && d.Slot.After(l.Slot)
@@ -91,10 +147,10 @@ func (m *meeting) observe(b int) {
 }
 
 // parkBehind parks a job that another gate holds back past its turn of
-// the lead's line. The lead's turn is not taken again later: its line
-// books a horizon of turns ahead, and a turn after them would stall it
-// (and push the other gate further). The lead's turn is given back, the
-// others kept, and the job parks until the latest, as before NotBefore.
+// the lead's, for a lead without a line (a negative Horizon; with one,
+// the lead's turn is taken again at the other's: see Stack). The lead's
+// turn is given back, the others kept, and the job parks until the
+// latest, as before NotBefore.
 // If the other gate holds it back further than the lead's line reaches,
 // it binds: the jobs of these subjects hold turns that meet, that gate's
 // first, until it no longer binds them (stack_leads.go). The lead's turn
@@ -119,10 +175,12 @@ func (m *meeting) decide(ctx context.Context, lead int, lined bool, unlock func(
 	// A job that runs now uses each turn within its gate's tolerance; one
 	// that parks comes back a little after the latest turn, so its turns
 	// must meet within half of it.
-	wait, release := s.gates[lead].stackWait(ctx, m.reqs[lead].Subject, m.redeemed(), lined)
-	defer release()
+	wait := m.wait
+	if !lined && m.redeemed() {
+		wait = max(wait, s.gates[lead].opts.EarlyWait)
+	}
 	err := m.meet(ctx, lead, 1)
-	parks := err == nil && time.Until(m.latestAt()) > wait
+	parks := err == nil && (m.booked() || time.Until(m.latestAt()) > wait)
 	if parks {
 		err = m.meet(ctx, lead, 2)
 	}
@@ -205,9 +263,20 @@ func (m *meeting) meet(ctx context.Context, lead int, div time.Duration) error {
 				continue
 			}
 			m.moved = m.moved || i == lead
-			giveBackTurn(rctx, d)
+			req, wait := m.reqs[i], m.wait
+			if as := cmp.Or(req.BookAs, req.ID); d.Reservation == nil && as != "" {
+				// A booking is replaced in the call that takes the new
+				// turn, booked under the same name (BookAs, else ID) and
+				// redeeming nothing, unless it is due at once: a turn
+				// granted to wait for here would leave the old booking
+				// in place, and if the job then parked, its Rebook would
+				// find the name taken.
+				req.ID, req.Receipt, req.BookAs, wait = "", "", as, 0
+			} else {
+				giveBackTurn(rctx, d)
+			}
 			m.turns[i] = Decision{}
-			a, err := g.hold(ctx, m.reqs[i], m.at, 0)
+			a, err := g.hold(ctx, req, m.at, wait, 0)
 			if err != nil {
 				m.by = i
 				return err
@@ -241,6 +310,7 @@ func (m *meeting) park(ctx context.Context, start time.Time) StackDecision {
 	rctx, cancel := m.s.gates[m.by].lim.Detach(ctx)
 	defer cancel()
 	for _, d := range m.turns {
+		// (A Booked or Held turn is booked under the job's ID already.)
 		if d.Reservation != nil {
 			if ok, _ := d.Reservation.Rebook(rctx); !ok {
 				_ = d.Reservation.Settle(rctx, 0)
@@ -271,11 +341,15 @@ func (g *Gate) parkOn(ctx context.Context, req Request, d Decision, start time.T
 // hold takes a turn of the gate for req no earlier than notBefore (Redis
 // clock; the zero time for now), however far ahead and outside the
 // subject's line, without waiting for it: Granted with a reservation to
-// Rebook or give back; Redeemed if the job has a booking due within
-// early; Held if it has a later one.
-func (g *Gate) hold(ctx context.Context, req Request, notBefore time.Time, early time.Duration) (throttle.Admission, error) {
+// Rebook or give back if within wait (a negative wait: however far);
+// else Booked under the job's ID; Redeemed if the job has a booking due
+// within early; Held if it has a later one.
+func (g *Gate) hold(ctx context.Context, req Request, notBefore time.Time, wait, early time.Duration) (throttle.Admission, error) {
 	req.BookAhead = true
-	lr := g.limiterRequest(req, -1, early)
+	if req.ID == "" && req.BookAs == "" {
+		wait = -1 // nothing to book under: held however far, as a reservation
+	}
+	lr := g.limiterRequest(req, wait, early)
 	lr.Horizon, lr.NotBefore = 0, notBefore
 	return g.lim.Admit(ctx, lr)
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,23 +21,27 @@ import (
 // when the parking's wake-up loop wakes it, or at its fallback time, as a
 // queue's retry would bring it.
 type stackBed struct {
-	t      *testing.T
-	stack  *Stack
-	others []*Stack                 // more stacks over the same limits (as in other processes): the workers share them out
-	subsOf func(id string) []string // a job's subject under each gate
-	calls  *redistest.ScriptCalls
-	pend   chan string
-	mu     sync.Mutex
-	parked map[string]int // job -> its park's number, while parked
-	parks  int
-	starts [][]time.Time          // per gate, its turns' slots (Redis clock)
-	bySub  map[string][]time.Time // per gate and subject ("gate/subject"), its turns' slots
-	ran    map[string]int
-	ranAll chan struct{}
-	n      int
-	first  int           // the number of run's first job
-	after  func()        // if set, called after each admission
-	late   time.Duration // if set, how long past want run waits for every job (else want/10 + 10s)
+	t         *testing.T
+	stack     *Stack
+	others    []*Stack                 // more stacks over the same limits (as in other processes): the workers share them out
+	subsOf    func(id string) []string // a job's subject under each gate
+	calls     *redistest.ScriptCalls
+	pend      chan string
+	mu        sync.Mutex
+	parked    map[string]int // job -> its park's number, while parked
+	parks     int
+	starts    [][]time.Time          // per gate, its turns' slots (Redis clock)
+	bySub     map[string][]time.Time // per gate and subject ("gate/subject"), its turns' slots
+	ran       map[string]int
+	ranAll    chan struct{}
+	n         int
+	first     int           // the number of run's first job
+	after     func()        // if set, called after each admission
+	late      time.Duration // if set, how long past want run waits for every job (else want/10 + 10s)
+	workers   int           // if set, how many workers run shares out among the stacks (else 8)
+	kill      time.Duration // if set, when the last stack's workers stop, as if its process were killed
+	requeued  atomic.Int32  // jobs whose admission the kill ended, given to another worker
+	lastParks atomic.Int32  // jobs the last stack (the one kill stops) parked
 }
 
 // newStackBed builds gates of rules on rdb, recording their parked jobs'
@@ -103,7 +108,8 @@ func (b *stackBed) admit(ctx context.Context, s *Stack, id string) {
 	subs := b.subsOf(id)
 	reqs := make([]Request, len(subs))
 	for i, s := range subs {
-		reqs[i] = Request{Subject: s, Caller: throttle.Caller{ID: id, Waiter: member}}
+		// (BookAs as the worker sets it: a task books under its own ID.)
+		reqs[i] = Request{Subject: s, Caller: throttle.Caller{ID: id, BookAs: id, Waiter: member}}
 	}
 	d, err := s.Admit(ctx, reqs)
 	if b.after != nil {
@@ -112,12 +118,18 @@ func (b *stackBed) admit(ctx context.Context, s *Stack, id string) {
 	if err != nil {
 		if ctx.Err() == nil {
 			b.t.Errorf("job %s: %v", id, err)
+		} else if b.kill > 0 {
+			b.requeued.Add(1)
+			b.pend <- id // the queue gives a dead worker's task to another (asynq: after its lease)
 		}
 		return
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if d.Outcome == Park {
+		if len(b.others) > 0 && s == b.others[len(b.others)-1] {
+			b.lastParks.Add(1)
+		}
 		b.parks++
 		park := b.parks
 		b.parked[id] = park
@@ -209,7 +221,7 @@ func stackBacklog(t *testing.T, n, inner, outer int, maxParks, maxCalls float64)
 	return per
 }
 
-// run admits the bed's n jobs, given at once, with 8 workers and the
+// run admits the bed's n jobs, given at once, with 8 workers (workers) and the
 // parking's wake-up loop, until every job ran or about want has passed;
 // it checks that each ran once and returns how long they took.
 func (b *stackBed) run(p *Parking, want time.Duration) time.Duration {
@@ -226,8 +238,18 @@ func (b *stackBed) run(p *Parking, want time.Duration) time.Duration {
 		})
 	})
 	stacks := append([]*Stack{b.stack}, b.others...)
-	for w := range 8 {
-		wg.Go(func() { b.work(ctx, stacks[w%len(stacks)]) })
+	killed := ctx
+	if b.kill > 0 {
+		var kill context.CancelFunc
+		killed, kill = context.WithCancel(ctx)
+		time.AfterFunc(b.kill, kill)
+	}
+	for w := range cmp.Or(b.workers, 8) {
+		wctx := ctx
+		if w%len(stacks) == len(stacks)-1 {
+			wctx = killed
+		}
+		wg.Go(func() { b.work(wctx, stacks[w%len(stacks)]) })
 	}
 	start := time.Now()
 	for i := range b.n {

@@ -32,11 +32,13 @@ func TestAsynqWithin(t *testing.T) {
 // whose tasks together ask more than the tenant allows: 10/s a key within
 // 15/s, 150 tasks of the keys in turn. Every task runs once, no failure,
 // each key at most 10 + 1 and the tenant at most 15 + 1 in a second, at
-// the tenant's pace, parking at most 2.4 times and costing at most 9.5 limiter
-// calls a task (admission's TestStackTenant measures 300 and 3,000).
+// the tenant's pace, parking at most 2.2 times and costing at most 6.5 limiter
+// calls a task (measured 1.6-1.9 and 5.0-5.6; about 2.25 and 9 before a held
+// task's turns were booked by the calls that take them; admission's
+// TestStackTenant measures 300 and 3,000).
 func TestAsynqWithinTenant(t *testing.T) {
 	t.Parallel()
-	asynqWithin(t, 3, 10, 15, 150, 2.4, 9.5)
+	asynqWithin(t, 3, 10, 15, 150, 2.2, 6.5)
 }
 
 // asynqWithin runs n tasks of keys keys in turn, each under a per-key rule
