@@ -392,10 +392,12 @@ func (t *Transport) depart(ctx context.Context, subject string) (*throttle.Depar
 // for a paced request (Options.Paced): on its turn, which Admit booked as
 // its departure (WithTurn), or for a subject whose upstream taught no
 // rate; false for any other, which departs on the schedule. Such a
-// request reads the subject's pause first (one call): its turn was
-// decided before it came, and a pause recorded meanwhile holds it back
-// (false: Depart books it after the pause). A request that departs on
-// the schedule reads no pause of its own (Depart honours it): the read
+// request says it leaves first (throttle.Upstream.Leave, one call): its
+// turn was decided before it came, and a pause recorded meanwhile holds
+// it back (false: Depart books it after the pause); and it leaves no
+// sooner than the learned interval after the latest request (one late for
+// its turn pushes it). A request that departs on the schedule makes no
+// such call (Depart honours the pause and the latest leave): the call
 // would make it late for the departure its turn may hold
 // (throttle.DepartureTolerance), which it would then leave as a hole.
 func (t *Transport) leaveNow(ctx context.Context, subject string) (*throttle.Departure, bool) {
@@ -403,10 +405,20 @@ func (t *Transport) leaveNow(ctx context.Context, subject string) (*throttle.Dep
 	if !t.seen.mayLeaveNow(subject, turn) {
 		return nil, false
 	}
-	// A failed read sends, as the worker's handler always has: Depart
+	// A failed call sends, as the worker's handler always has: Depart
 	// would fail on the same Redis.
-	if left, err := t.lim.PauseFor(ctx, subject, 0); err == nil && left > 0 {
+	wait, ok, err := t.up.Leave(ctx, subject)
+	if err == nil && !ok {
 		return nil, false
+	}
+	if wait > 0 {
+		tm := time.NewTimer(wait)
+		select {
+		case <-tm.C:
+		case <-ctx.Done():
+			tm.Stop()
+			return nil, false // Depart fails with ctx's error
+		}
 	}
 	if d, ok := t.seen.onTurn(subject, turn); ok {
 		t.stats.onTurn.Add(1)

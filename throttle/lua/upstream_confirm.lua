@@ -21,7 +21,11 @@
 -- first departure's answer is awaited; nothing booked).
 local slot, g, late = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
 local pause = tonumber(redis.call('GET', pkey)) or 0
-if pause <= slot and g == s.g and now <= slot + late then return {3} end
+if pause <= slot and g == s.g and now <= slot + late then
+  -- It leaves at its slot: the latest leave (upstream_leave.lua).
+  if s.al == nil or slot > s.al then redis.call('HSET', key, 'al', ARGV[11]) end
+  return {3}
+end
 -- Void: paused over, slowed down since, or too late: given back, then
 -- booked again.
 give_back(tonumber(ARGV[14]), tonumber(ARGV[15]), ARGV[16], ARGV[11])
