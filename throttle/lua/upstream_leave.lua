@@ -8,9 +8,9 @@
 -- it. So the latest leave is kept (al), and a request leaves no sooner
 -- than the learned interval after it: the lateness of one pushes the
 -- next, instead of coming out of the room below the resource's limit.
--- A leave after now (al: a departure's slot about to come, upstream_depart.lua,
--- upstream_confirm.lua) is one booked after this request's turn: it pushes
--- nothing, and stays the latest.
+-- The latest leave may be to come: a request pushed so, or a departure
+-- whose slot is a few ms away (upstream_depart.lua, upstream_confirm.lua);
+-- each leave is an interval after it all the same.
 --
 -- No ARGV of its own.
 --
@@ -24,6 +24,6 @@ if not s.r then return {0, 0} end
 local r = up_grown(s, now, ceil_rate)
 local at = now
 -- The interval as admit spaces the turns (upstream_pace.lua).
-if s.al and s.al <= now then at = math.max(now, s.al + math.ceil(1e6 / least(r, cap()))) end
+if s.al then at = math.max(now, s.al + math.ceil(1e6 / least(r, cap()))) end
 if not s.al or at > s.al then redis.call('HSET', key, 'al', fmt(at)) end
 return {0, math.ceil(at - now)}

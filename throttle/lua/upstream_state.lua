@@ -159,8 +159,8 @@ local function depart(max_wait, probe_wait, claim)
   local slot, after, iv = math.max(now, pause), before, 0
   if s.r then
     iv = 1e6 / least(s.r, cap())
-    -- An interval after the latest request left (al), if it has.
-    if s.al and s.al <= now then slot = math.max(slot, s.al + iv) end
+    -- An interval after the latest leave (al).
+    if s.al then slot = math.max(slot, s.al + iv) end
     slot = up_gap(dkey, slot, iv, nil)
     after = slot + iv
   elseif ceil_iv > 0 then
