@@ -3,12 +3,14 @@ package httpthrottle
 import (
 	"context"
 	"net/http"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
@@ -65,4 +67,54 @@ func TestPacedLateTurnPushesTheNext(t *testing.T) {
 			t.Errorf("the requests reached the API %v apart; want at least the learned interval, %v", got, iv)
 		}
 	})
+}
+
+// A paced request whose handler started late for its turn, on a busy
+// machine where each call to Redis takes 0.8ms, still leaves on its turn
+// (the departure Admit booked for it), pushed by nothing: the call that
+// says it leaves does not make it late, and a lateness of 1.5ms, or of
+// 4ms, only holds the next request back. Before, the lateness was checked
+// after the call (1.5ms + 0.8ms, past the 2ms tolerance) and the request
+// departed on the schedule, an interval or more after its turn, which it
+// left a hole (traced at 10 workers: 2-6ms late owners, holes in the
+// first seconds that put convergence past 1 s).
+func TestPacedLateOwnerLeavesOnItsTurn(t *testing.T) {
+	for _, late := range []time.Duration{1500 * time.Microsecond, 4 * ms} {
+		t.Run(late.String(), func(t *testing.T) {
+			virtual(t, func(t *testing.T, _ *redis.Client, m *miniredis.Miniredis) {
+				ctx := context.Background()
+				up := &limitedUpstream{limit: 20, style: styleIETF}
+				rdb := redistest.PipeClient(m)
+				t.Cleanup(func() { _ = rdb.Close() })
+				rtt := new(atomic.Int64)
+				rdb.AddHook(redistest.Slow{RTT: rtt})
+				tr, err := New(mustNew(t, rdb, throttle.Options{}, fast), Options{NoWait: true, Paced: true, Base: up})
+				if err != nil {
+					t.Fatal(err)
+				}
+				client := &http.Client{Transport: tr}
+				if code := getCtx(t, ctx, client, "http://api.example/"); code != http.StatusOK {
+					t.Fatalf("the first request: %d", code)
+				}
+				time.Sleep(time.Second)
+				rtt.Store(int64(800 * time.Microsecond))
+				decided := time.Now()
+				a, err := tr.lim.Admit(ctx, throttle.AdmitRequest{Subject: "api.example", N: 1, Caller: throttle.Caller{ID: "a"}, Wait: time.Second})
+				if err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(time.Until(a.At) + late)
+				if code := getCtx(t, WithTurn(ctx, Turn{At: a.At, Decided: decided}), client, "http://api.example/"); code != http.StatusOK {
+					t.Errorf("the request answered %d; want 200", code)
+				}
+				calls, _ := up.log()
+				if got, want := calls[len(calls)-1]-a.At.Sub(epoch), late+2*ms; got > want {
+					t.Errorf("the request reached the API %v after its turn; want at most %v (on its turn, late as its handler)", got, want)
+				}
+				if st := tr.Stats(); st.OnTurn != 1 {
+					t.Errorf("%d requests left on their turns; want 1", st.OnTurn)
+				}
+			})
+		})
+	}
 }

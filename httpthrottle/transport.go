@@ -171,13 +171,16 @@ type Options struct {
 	// the departure of each request it lets run at that rate in the same
 	// call, at its turn: a request whose context carries the turn
 	// (WithTurn, as the worker's http handler does) and that is sent
-	// within throttle.DepartureTolerance of it leaves at once, with no
-	// departure of its own (Stats.OnTurn); any other departs as without
-	// Paced, which keeps each one within the tolerance of its slot at the
-	// upstream. A paced request that leaves without a departure reads the
-	// subject's pause first (one call): if a pause was recorded since its
-	// turn was decided, it departs on the schedule, after the pause (or
-	// fails with a *throttle.DelayError past MaxLearnedWait).
+	// within an eighth of the learned interval of it (at least
+	// throttle.DepartureTolerance) leaves then, with no departure of its
+	// own (Stats.OnTurn), an interval after the latest request that left
+	// (throttle.Upstream.Leave: one late for its turn holds the next
+	// back); any other departs as without Paced, which keeps each one
+	// within the tolerance of its slot at the upstream. A paced request
+	// that leaves without a departure says so first (one call, which
+	// reads the subject's pause): if a pause was recorded since its turn
+	// was decided, it departs on the schedule, after the pause (or fails
+	// with a *throttle.DelayError past MaxLearnedWait).
 	Paced bool
 	// MaxLearnedWait bounds how long a request waits for its departure on
 	// the upstream schedule: a request whose departure is further away
@@ -404,13 +407,17 @@ func (t *Transport) depart(ctx context.Context, subject string) (*throttle.Depar
 // (throttle.DepartureTolerance), which it would then leave as a hole.
 func (t *Transport) leaveNow(ctx context.Context, subject string) (*throttle.Departure, bool) {
 	turn, _ := ctx.Value(turnKey{}).(Turn)
-	if !t.seen.mayLeaveNow(subject, turn) {
+	ref := time.Now()
+	late, ok := t.seen.mayLeaveNow(subject, turn, ref)
+	if !ok {
 		return nil, false
 	}
 	// A failed call sends, as the worker's handler always has: Depart
-	// would fail on the same Redis.
+	// would fail on the same Redis. A call that took longer than the
+	// request may be late for its turn (Redis stalled) departs: the leave
+	// it recorded holds the next request back by an interval at most.
 	wait, ok, err := t.up.Leave(ctx, subject)
-	if err == nil && !ok {
+	if err == nil && (!ok || time.Since(ref) > late) {
 		return nil, false
 	}
 	if wait > 0 {
@@ -422,7 +429,7 @@ func (t *Transport) leaveNow(ctx context.Context, subject string) (*throttle.Dep
 			return nil, false // Depart fails with ctx's error
 		}
 	}
-	if d, ok := t.seen.onTurn(subject, turn); ok {
+	if d, ok := t.seen.onTurn(subject, turn, ref); ok {
 		t.stats.onTurn.Add(1)
 		return d, true
 	}

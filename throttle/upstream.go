@@ -89,8 +89,10 @@ import (
 // after Leave, which reads the pause and holds it back to the learned
 // interval after the latest request that left (what the resource sees is
 // when requests leave: one late for its turn pushes the next instead of
-// coming closer to it), or, later than DepartureTolerance, departs as any
-// other (Depart, whose departures keep the same interval after it). A
+// coming closer to it), or, later for its turn than its caller allows
+// (httpthrottle: an eighth of the interval, at least DepartureTolerance),
+// departs as any other (Depart, whose departures keep the same interval
+// after it). A
 // redeemed booking whose departure would be later still (a turn booked at
 // a faster pace, before the rate was learned or lowered, that late
 // departures have overtaken) is not redeemed: its caller takes a new
@@ -313,8 +315,8 @@ func DepartNow(l Learned) *Departure {
 // long the request must still wait: what the resource sees is when
 // requests leave, so a request leaves no sooner than the learned interval
 // after the latest one left (a request on its turn, or a departure at its
-// slot), whatever their turns: a request late for its turn (within
-// DepartureTolerance) pushes the next by its lateness instead of leaving
+// slot), whatever their turns: a request late for its turn pushes the
+// next by its lateness instead of leaving
 // it closer than the interval to it. A request whose wait ctx cuts short
 // must not leave. While no rate is learned it only reads the pause. A
 // Redis failure is an error matching ErrRedis (the pause is not known).
