@@ -111,7 +111,7 @@ type HTTPSpec struct {
 	// (httpthrottle.ParseProviderHeaders); if zero, DefaultLimitWindow.
 	// Each announced limit binds the limit of the handler's rule that
 	// counts the same thing, fleet-wide, where it is slower (a minute's
-	// limit read as 95 % of it per LimitWindow).
+	// limit read as LearnedShare of it per LimitWindow).
 	LimitWindow time.Duration
 
 	url *urlTemplate

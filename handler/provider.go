@@ -29,14 +29,6 @@ const learnTimeout = 2 * time.Second
 // last lesson of; past it, it forgets them all and records each again.
 const maxLearnedSubjects = 1024
 
-// providerShare is the share of a provider's announced limits (and of
-// what it says is left) the fleet is paced at: a bucket with a burst of
-// as much, whose room below the limit absorbs the calls' spread, measured
-// at this share in issue 23. It was throttle.LearnedShare, which became
-// the share of an upstream schedule that keeps the interval after the
-// latest leave, and rose.
-const providerShare = 0.95
-
 // providerLearner binds the limits an LLM provider announces in its
 // headers (httpthrottle.ParseProviderHeaders) to the limits of an http
 // handler's rule that count the same thing: the provider's requests
@@ -44,8 +36,8 @@ const providerShare = 0.95
 // to the limit whose cost is the input estimate, and so on (its token
 // limit, input and output together, to a total_tokens limit, and to an
 // input or output one where the provider names none of its own). Each is
-// recorded for the fleet (throttle.Limiter.LearnLimits) at providerShare
-// of the announced rate, with a burst of as much,
+// recorded for the fleet (throttle.Limiter.LearnLimits) at
+// throttle.LearnedShare of the announced rate, with a burst of as much,
 // so that Admit paces the rule at it where it is slower than configured,
 // and with as much of what the provider says is left, which caps what
 // the rule has available then. A limit configured at or below the
@@ -53,7 +45,7 @@ const providerShare = 0.95
 // recorded at the announced rate, which does not tighten it, since the
 // rule settles each call to its usage and needs no margin below a limit
 // it was told (at 95 %, the configured run used 92-94 % of the provider's
-// limit, issue 23); only what is left is still taken at providerShare. A
+// limit, issue 23); only what is left is still taken at LearnedShare. A
 // lesson is sent to Redis when its limits differ from the last one this
 // process sent for the subject, and, so that a budget spent by other
 // clients of the same key shows as fewer admissions rather than as 429s,
@@ -158,7 +150,7 @@ func (p *providerLearner) limits(h http.Header, now time.Time) map[string]thrott
 		if l.Limit <= 0 {
 			continue
 		}
-		share := func(n int) int { return int(math.Floor(float64(n) * providerShare)) }
+		share := func(n int) int { return int(math.Floor(float64(n) * throttle.LearnedShare)) }
 		c := max(share(l.Limit), 1)
 		if p.trusts(i, l.Limit) {
 			c = l.Limit

@@ -11,7 +11,7 @@ import (
 )
 
 // A limit the rules file configures at the provider's (or below it) is
-// not tightened to providerShare of the announced limit: the configured
+// not tightened to LearnedShare of the announced limit: the configured
 // run of issue 23's bench was paced at 95 % of the provider's limits and
 // used 92-94 % of them. A limit configured above the announced one still
 // learns 95 % of it; what is left is taken at 95 % either way.

@@ -20,16 +20,14 @@
 // of 1 once learned. Two exceptions, both counted: a request booked again
 // three times for lateness leaves late (Stats.LeftLate), and the first
 // request after nothing is known of the upstream leaves however late its
-// slot came. A request that leaves on its turn, late within the
-// tolerance, holds the next back by as much (throttle.Upstream.Leave): the
-// requests leave at least an interval apart. What the upstream sees adds
-// the variation of the path after the departure (the HTTP client, the
-// network), which the schedule's 3 % room below a learned rate absorbs.
+// slot came. What the upstream sees adds the variation of the path after
+// the departure (the HTTP client, the network), which the schedule's 5 %
+// room below a learned rate absorbs.
 //
 // What the upstream says is learned in Redis, for the whole fleet, from
 // the first answer: every departure reads it in the script call that
 // books it. An announced policy (RateLimit-Policy, or X-RateLimit-Limit
-// over the longest reset seen) is a rate, followed at 97 % of it; the
+// over the longest reset seen) is a rate, followed at 95 % of it; the
 // remaining requests and the reset describe one window (at most that many
 // more until it resets), never a new rate. The first request after
 // nothing is known of an upstream goes alone; the others wait for its

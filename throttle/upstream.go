@@ -47,7 +47,7 @@ import (
 // # Learning
 //
 // An announced policy (Quota per Window) is a rate: the schedule starts at
-// LearnedShare (97 %) of it, or of the limiter's slowest rule if that is
+// LearnedShare (95 %) of it, or of the limiter's slowest rule if that is
 // slower. A limit without a window (X-RateLimit-Limit) is a policy over
 // the longest reset seen, rounded up to whole seconds. Remaining and the
 // reset describe one window, not a rate: at most Remaining more
@@ -124,11 +124,9 @@ const UpstreamTTL = 10 * time.Minute
 const probeWait = 2 * time.Second
 
 // LearnedShare is the share of an announced policy an Upstream's
-// schedule starts at: the rest is room for the jitter of the path after
-// a request leaves (the HTTP client, the network), which an upstream with
-// no burst answers with 429s. A request's lateness before it leaves is
-// not taken from it: the next leaves an interval after it (Leave).
-const LearnedShare = 0.97
+// schedule starts at: the rest is room for the jitter of departures and
+// arrivals, which an upstream with no burst answers with 429s.
+const LearnedShare = 0.95
 
 // The learning controller (see Upstream): the first four are the
 // upstream scripts' ARGV (lua/upstream_state.lua); the growth, which admit
@@ -358,10 +356,9 @@ func (d *Departure) Interval() time.Duration { return d.interval }
 // DepartureTolerance is how late a departure booked at interval may
 // leave: a fortieth of the interval, at least 2ms and at most 5ms;
 // without an interval (nothing paces the departures) a second. A
-// departure that leaves late within it delays the next request by as
-// much (Leave), so that the room below an upstream's rate a schedule at
-// LearnedShare keeps is left to what follows the departure (the HTTP
-// client, the network, the upstream's own clock); 2ms
+// fortieth is half the room a schedule at LearnedShare of an upstream's
+// rate keeps before the next departure (the other half is for what
+// follows: the HTTP client, the network, the upstream's own clock); 2ms
 // is about what a busy machine's timers and scheduler make a departure
 // late by (BENCHMARKS.md): tighter, its departures would be booked again
 // so often that the holes they leave in the schedule cost a tenth of the

@@ -125,7 +125,7 @@ func TestLearnedRatePacesRequestsOnly(t *testing.T) {
 		u := lim.Upstream()
 		first, _ := depart(t, u, "s", 0)
 		learn(t, u, "s", first, Answer{Quota: 20, Window: time.Second})
-		iv := learnedInterval(20)
+		iv := 52632 * time.Microsecond // 1/(95 % of 20/s), in whole µs up
 		for i := range 4 {
 			a, err := lim.Admit(ctx, AdmitRequest{Subject: "s", Costs: Costs{1, 300}, Caller: Caller{ID: fmt.Sprint(i)}})
 			if err != nil {

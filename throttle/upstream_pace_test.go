@@ -3,7 +3,6 @@ package throttle
 import (
 	"context"
 	"fmt"
-	"math"
 	"regexp"
 	"slices"
 	"strconv"
@@ -27,7 +26,7 @@ func TestAdmitPacedByLearnedRate(t *testing.T) {
 		u := lim.Upstream()
 		first, _ := depart(t, u, "s", 0)
 		learn(t, u, "s", first, Answer{Quota: 20, Window: time.Second})
-		iv := learnedInterval(20)
+		iv := 52632 * time.Microsecond // 1/(95 % of 20/s), in whole µs up
 		slots := func(subject string) []time.Duration {
 			var got []time.Duration
 			for i := range 6 {
@@ -45,7 +44,7 @@ func TestAdmitPacedByLearnedRate(t *testing.T) {
 		for i, d := range slots("s") {
 			// The probe left at 0: the next departure's slot is iv.
 			if want := time.Duration(i+1) * iv; d < want-2*time.Microsecond || d > want+2*time.Microsecond {
-				t.Errorf("task %d's turn is %v away; want %v (one learned interval, 1/(LearnedShare of 20/s), apart, no burst)", i, d, want)
+				t.Errorf("task %d's turn is %v away; want %v (one learned interval, 1/(95 %% of 20/s), apart, no burst)", i, d, want)
 			}
 		}
 		// Coming back at its turn, a task redeems it: one park, two calls.
@@ -98,7 +97,7 @@ func TestAdmitTurnIsDeparture(t *testing.T) {
 		ctx := context.Background()
 		lim := mustNew(t, rdb, Options{}, Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(100).WithBurst(1)})
 		u := lim.Upstream()
-		iv := learnedInterval(20)
+		iv := 52632 * time.Microsecond
 		admit := func(id string) Admission {
 			// A booking is honoured up to a second late (the worker's
 			// tolerance is of that order).
@@ -295,10 +294,4 @@ func newlyLearned(t *testing.T, rdb *redis.Client) (*Upstream, func(id string) A
 		}
 		return a
 	}
-}
-
-// learnedInterval is the interval of LearnedShare of an announced
-// perSecond, in whole µs up, as admit spaces the turns.
-func learnedInterval(perSecond float64) time.Duration {
-	return time.Duration(math.Ceil(1e6/(LearnedShare*perSecond))) * time.Microsecond
 }

@@ -57,7 +57,7 @@ func TestUpstreamProbeThenPolicy(t *testing.T) {
 		_, third := depart(t, u, "s", 0)
 		rate := LearnedShare * 5
 		if want := when + time.Duration(float64(time.Second)/rate); third < want-time.Millisecond || third > want+time.Millisecond {
-			t.Errorf("the third departure left at %v; want %v (one interval of LearnedShare of 5/s later)", third, want)
+			t.Errorf("the third departure left at %v; want %v (one interval of 95 %% of 5/s later)", third, want)
 		}
 	})
 }
@@ -116,7 +116,7 @@ func TestUpstreamWindow(t *testing.T) {
 	}{
 		{"exact reset, nothing left", Answer{Remaining: 0, HasRemaining: true, ResetMin: 400 * time.Millisecond, ResetMax: 400 * time.Millisecond, HasReset: true}, 400 * time.Millisecond},
 		{"whole seconds, no policy: its latest moment", Answer{Remaining: 0, HasRemaining: true, ResetMin: 0, ResetMax: time.Second, HasReset: true}, time.Second},
-		{"whole seconds, a policy: its earliest", Answer{Quota: 100, Window: time.Second, Remaining: 0, HasRemaining: true, ResetMin: 0, ResetMax: time.Second, HasReset: true}, time.Second / time.Duration(LearnedShare*100)},
+		{"whole seconds, a policy: its earliest", Answer{Quota: 100, Window: time.Second, Remaining: 0, HasRemaining: true, ResetMin: 0, ResetMax: time.Second, HasReset: true}, time.Second / 95},
 		{"requests left", Answer{Remaining: 3, HasRemaining: true, ResetMin: time.Second, ResetMax: time.Second, HasReset: true}, 0},
 	}
 	for _, c := range cases {
