@@ -311,11 +311,11 @@ func DepartNow(l Learned) *Departure {
 // false if the subject is paused: the request then departs on the
 // schedule (Depart), which waits for the pause's end. Else it returns how
 // long the request must still wait: what the resource sees is when
-// requests leave, so a request leaves no sooner than the learned interval
-// after the latest one left (a request on its turn, or a departure at its
-// slot), whatever their turns: a request late for its turn pushes the
-// next by its lateness instead of leaving
-// it closer than the interval to it. A request whose wait ctx cuts short
+// requests leave, so a request leaves no sooner than 98 % of the learned
+// interval after the latest one left (a request on its turn, or a
+// departure at its slot), whatever their turns: a request late for its
+// turn pushes the next by its lateness (past a fiftieth of the interval)
+// instead of leaving it closer to it. A request whose wait ctx cuts short
 // must not leave. While no rate is learned it only reads the pause. A
 // Redis failure is an error matching ErrRedis (the pause is not known).
 func (u *Upstream) Leave(ctx context.Context, subject string) (time.Duration, bool, error) {
