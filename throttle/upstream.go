@@ -86,8 +86,8 @@ import (
 // departure is booked within an interval of it, else at the next slot
 // that is, if that is at most an interval later; and Admit's delay is
 // until it. Its request then leaves with no departure of its own (DepartNow),
-// after Leave, which reads the pause and holds it back to the learned
-// interval after the latest request that left (what the resource sees is
+// after Leave, which reads the pause and holds it back to 98 % of the
+// learned interval after the latest request that left (what the resource sees is
 // when requests leave: one late for its turn pushes the next instead of
 // coming closer to it), or, later for its turn than its caller allows
 // (httpthrottle: an eighth of the interval, at least DepartureTolerance),
