@@ -67,8 +67,9 @@ type workerRun struct {
 	// DecisionCallsPerTask is the script calls of the decisions alone per
 	// task: on the rule's key (admit, one per decision) and on the
 	// upstream hash (departures, learning); PauseCallsPerTask the pause
-	// checks (a task that waited for its turn asks before it sends) and
-	// pauses. The rest of LimiterCalls is the worker's wake-up ledger.
+	// checks (a task that waited for its turn asks before it sends: since
+	// branch share, Upstream.Leave, which reads the pause) and pauses.
+	// The rest of LimiterCalls is the worker's wake-up ledger.
 	DecisionCallsPerTask float64 `json:"decision_calls_per_task"`
 	PauseCallsPerTask    float64 `json:"pause_calls_per_task"`
 }
@@ -457,7 +458,11 @@ func (m *monitor) count(line string) {
 		f := strings.SplitN(args, `" "`, 5)
 		if len(f) >= 3 && strings.HasPrefix(f[2], "jobthrottle:") {
 			m.scripts.Add(1)
-			m.note(f[0][1:min(9, len(f[0]))] + " " + f[1] + " " + hashTag.ReplaceAllString(f[2], "{}"))
+			kind := f[0][1:min(9, len(f[0]))] + " " + f[1] + " " + hashTag.ReplaceAllString(f[2], "{}")
+			if strings.Contains(f[2], ":!upstream(") && strings.Contains(args, `" "leave" "`) {
+				kind += leaveKind // the pause read of a request on its turn
+			}
+			m.note(kind)
 		}
 	case "eval":
 		m.scripts.Add(1) // after a NOSCRIPT: the script's text is in the line
@@ -467,6 +472,11 @@ func (m *monitor) count(line string) {
 }
 
 var hashTag = regexp.MustCompile(`\{[^}]*\}`)
+
+// leaveKind marks the upstream script calls of throttle.Upstream.Leave,
+// which replaced the pause read before a request on its turn: counted as
+// pause calls, not decisions.
+const leaveKind = " leave"
 
 // note counts a script call by its SHA's start, key count and first key.
 func (m *monitor) note(kind string) {
@@ -491,6 +501,8 @@ func (m *monitor) stop() {
 func (r *workerRun) split(kinds map[string]int64) {
 	for k, n := range kinds {
 		switch {
+		case strings.HasSuffix(k, leaveKind):
+			r.PauseCallsPerTask += float64(n) / float64(r.Tasks)
 		case strings.HasSuffix(k, ":partner"), strings.Contains(k, ":!upstream("):
 			r.DecisionCallsPerTask += float64(n) / float64(r.Tasks)
 		case strings.Contains(k, ":!pause"):

@@ -38,24 +38,6 @@ handlers:
       url: "http://api.example/v1/call"
 `
 
-// slowRedis makes every command of a client take rtt on the (virtual)
-// clock before Redis sees it: a round trip on a loaded machine.
-type slowRedis struct{ rtt *atomic.Int64 }
-
-func (slowRedis) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (s slowRedis) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		time.Sleep(time.Duration(s.rtt.Load()))
-		return next(ctx, cmd)
-	}
-}
-func (s slowRedis) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		time.Sleep(time.Duration(s.rtt.Load()))
-		return next(ctx, cmds)
-	}
-}
-
 // sentAt records when each request reached the base transport.
 type sentAt struct {
 	mu sync.Mutex
@@ -106,7 +88,7 @@ func TestHTTPDepartsOnItsTurn(t *testing.T) {
 		slow := redistest.PipeClient(m)
 		defer slow.Close()
 		rtt := new(atomic.Int64)
-		slow.AddHook(slowRedis{rtt: rtt})
+		slow.AddHook(redistest.Slow{RTT: rtt})
 		base := &sentAt{}
 		spec, _ := hs.Handler("api:call")
 		h, err := newHTTPHandler(spec, Options{Rules: cfg, Redis: slow, Base: base}, slog.New(slog.DiscardHandler))

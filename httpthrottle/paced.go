@@ -115,10 +115,12 @@ type turnKey struct{}
 // WithTurn returns ctx carrying the turn its request is sent on, for a
 // paced Transport (Options.Paced). Limiter.Admit books the departure of
 // a request it lets run on a turn at the subject's learned upstream rate
-// in the same call, at the turn (throttle.Upstream): sent within
-// throttle.DepartureTolerance of it, the request leaves with no
-// departure of its own (after reading the subject's pause); later, it
-// departs on the upstream schedule as any request does.
+// in the same call, at the turn (throttle.Upstream): sent within an
+// eighth of the learned interval of it (at least
+// throttle.DepartureTolerance), the request leaves with no departure of
+// its own (after throttle.Upstream.Leave, which reads the subject's pause
+// and holds it an interval after the latest request that left); later,
+// it departs on the upstream schedule as any request does.
 func WithTurn(ctx context.Context, t Turn) context.Context {
 	return context.WithValue(ctx, turnKey{}, t)
 }
@@ -129,29 +131,46 @@ func WithTurn(ctx context.Context, t Turn) context.Context {
 // to Redis and the time from a decision to its handler.
 const turnDecidedMargin = 50 * time.Millisecond
 
-// mayLeaveNow reports whether onTurn or now would return a departure
-// for a request of subject sent on turn, without taking it.
-func (p *pacedSubjects) mayLeaveNow(subject string, turn Turn) bool {
+// mayLeaveNow reports whether onTurn (at ref) or now would return a
+// departure for a request of subject sent on turn, without taking it,
+// and how long the call before it leaves may take (turnLate).
+func (p *pacedSubjects) mayLeaveNow(subject string, turn Turn, ref time.Time) (time.Duration, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	s, ok := p.seen[subject]
 	if !ok {
-		return false
+		return 0, false
 	}
-	return p.onTurnOK(s, turn) || p.nowOK(s)
+	return turnLate(s.learned), p.onTurnOK(s, turn, ref) || p.nowOK(s)
+}
+
+// turnLate is how late for its turn a request may leave on it, when the
+// subject's upstream taught the rate l: an eighth of its interval, at
+// least throttle.DepartureTolerance. Such a request holds the next back
+// by its lateness (throttle.Upstream.Leave), so what bounds it is only
+// how far the turns behind it are pushed; a tighter bound left the turns
+// of handlers that start 2-6ms late on a busy machine as holes (their
+// requests departed on the schedule, an interval or more later).
+func turnLate(l throttle.Learned) time.Duration {
+	if l.Rate <= 0 {
+		return throttle.DepartureTolerance(0)
+	}
+	iv := time.Duration(float64(time.Second) / l.Rate)
+	return max(throttle.DepartureTolerance(iv), iv/8)
 }
 
 // onTurn returns a departure that leaves at once for a request sent on
 // turn (zero: none) of a subject whose upstream taught a rate: if the
 // turn was decided after this process learned the rate (so Admit booked
 // it as the request's departure), what this process knows is recent
-// enough to trust, and the request is within the tolerance of its turn.
-// Else false: the request departs on the schedule.
-func (p *pacedSubjects) onTurn(subject string, turn Turn) (*throttle.Departure, bool) {
+// enough to trust, and the request came within turnLate of its turn, at
+// ref (before the call that says it leaves: that call does not make it
+// late). Else false: the request departs on the schedule.
+func (p *pacedSubjects) onTurn(subject string, turn Turn, ref time.Time) (*throttle.Departure, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	s, ok := p.seen[subject]
-	if !ok || !p.onTurnOK(s, turn) {
+	if !ok || !p.onTurnOK(s, turn, ref) {
 		return nil, false
 	}
 	s.at = time.Now()
@@ -160,11 +179,10 @@ func (p *pacedSubjects) onTurn(subject string, turn Turn) (*throttle.Departure, 
 }
 
 // onTurnOK is onTurn's condition on what is known of the subject, s.
-func (p *pacedSubjects) onTurnOK(s pacedSubject, turn Turn) bool {
+func (p *pacedSubjects) onTurnOK(s pacedSubject, turn Turn, ref time.Time) bool {
 	l := s.learned
-	if turn.At.IsZero() || l.Rate <= 0 || !turn.Decided.After(s.since.Add(turnDecidedMargin)) || time.Since(s.at) > throttle.UpstreamTTL/2 {
+	if turn.At.IsZero() || l.Rate <= 0 || !turn.Decided.After(s.since.Add(turnDecidedMargin)) || ref.Sub(s.at) > throttle.UpstreamTTL/2 {
 		return false
 	}
-	iv := time.Duration(float64(time.Second) / l.Rate)
-	return time.Since(turn.At) <= throttle.DepartureTolerance(iv)
+	return ref.Sub(turn.At) <= turnLate(l)
 }

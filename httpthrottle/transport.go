@@ -169,13 +169,16 @@ type Options struct {
 	// the departure of each request it lets run at that rate in the same
 	// call, at its turn: a request whose context carries the turn
 	// (WithTurn, as the worker's http handler does) and that is sent
-	// within throttle.DepartureTolerance of it leaves at once, with no
-	// departure of its own (Stats.OnTurn); any other departs as without
-	// Paced, which keeps each one within the tolerance of its slot at the
-	// upstream. A paced request that leaves without a departure reads the
-	// subject's pause first (one call): if a pause was recorded since its
-	// turn was decided, it departs on the schedule, after the pause (or
-	// fails with a *throttle.DelayError past MaxLearnedWait).
+	// within an eighth of the learned interval of it (at least
+	// throttle.DepartureTolerance) leaves then, with no departure of its
+	// own (Stats.OnTurn), an interval after the latest request that left
+	// (throttle.Upstream.Leave: one late for its turn holds the next
+	// back); any other departs as without Paced, which keeps each one
+	// within the tolerance of its slot at the upstream. A paced request
+	// that leaves without a departure says so first (one call, which
+	// reads the subject's pause): if a pause was recorded since its turn
+	// was decided, it departs on the schedule, after the pause (or fails
+	// with a *throttle.DelayError past MaxLearnedWait).
 	Paced bool
 	// MaxLearnedWait bounds how long a request waits for its departure on
 	// the upstream schedule: a request whose departure is further away
@@ -392,23 +395,39 @@ func (t *Transport) depart(ctx context.Context, subject string) (*throttle.Depar
 // for a paced request (Options.Paced): on its turn, which Admit booked as
 // its departure (WithTurn), or for a subject whose upstream taught no
 // rate; false for any other, which departs on the schedule. Such a
-// request reads the subject's pause first (one call): its turn was
-// decided before it came, and a pause recorded meanwhile holds it back
-// (false: Depart books it after the pause). A request that departs on
-// the schedule reads no pause of its own (Depart honours it): the read
+// request says it leaves first (throttle.Upstream.Leave, one call): its
+// turn was decided before it came, and a pause recorded meanwhile holds
+// it back (false: Depart books it after the pause); and it leaves no
+// sooner than the learned interval after the latest request (one late for
+// its turn pushes it). A request that departs on the schedule makes no
+// such call (Depart honours the pause and the latest leave): the call
 // would make it late for the departure its turn may hold
 // (throttle.DepartureTolerance), which it would then leave as a hole.
 func (t *Transport) leaveNow(ctx context.Context, subject string) (*throttle.Departure, bool) {
 	turn, _ := ctx.Value(turnKey{}).(Turn)
-	if !t.seen.mayLeaveNow(subject, turn) {
+	ref := time.Now()
+	late, ok := t.seen.mayLeaveNow(subject, turn, ref)
+	if !ok {
 		return nil, false
 	}
-	// A failed read sends, as the worker's handler always has: Depart
-	// would fail on the same Redis.
-	if left, err := t.lim.PauseFor(ctx, subject, 0); err == nil && left > 0 {
+	// A failed call sends, as the worker's handler always has: Depart
+	// would fail on the same Redis. A call that took longer than the
+	// request may be late for its turn (Redis stalled) departs: the leave
+	// it recorded holds the next request back by an interval at most.
+	wait, ok, err := t.up.Leave(ctx, subject)
+	if err == nil && (!ok || time.Since(ref) > late) {
 		return nil, false
 	}
-	if d, ok := t.seen.onTurn(subject, turn); ok {
+	if wait > 0 {
+		tm := time.NewTimer(wait)
+		select {
+		case <-tm.C:
+		case <-ctx.Done():
+			tm.Stop()
+			return nil, false // Depart fails with ctx's error
+		}
+	}
+	if d, ok := t.seen.onTurn(subject, turn, ref); ok {
 		t.stats.onTurn.Add(1)
 		return d, true
 	}

@@ -86,7 +86,13 @@ import (
 // departure is booked within an interval of it, else at the next slot
 // that is, if that is at most an interval later; and Admit's delay is
 // until it. Its request then leaves with no departure of its own (DepartNow),
-// or, later than DepartureTolerance, departs as any other (Depart). A
+// after Leave, which reads the pause and holds it back to 98 % of the
+// learned interval after the latest request that left (what the resource sees is
+// when requests leave: one late for its turn pushes the next instead of
+// coming closer to it), or, later for its turn than its caller allows
+// (httpthrottle: an eighth of the interval, at least DepartureTolerance),
+// departs as any other (Depart, whose departures keep the same interval
+// after it). A
 // redeemed booking whose departure would be later still (a turn booked at
 // a faster pace, before the rate was learned or lowered, that late
 // departures have overtaken) is not redeemed: its caller takes a new
@@ -157,6 +163,7 @@ const (
 	opConfirm op = "confirm"
 	opLearn   op = "learn"
 	opCancel  op = "cancel"
+	opLeave   op = "leave"
 )
 
 // upstreamScripts are one script per operation, lua/upstream_<op>.lua
@@ -164,8 +171,10 @@ const (
 // ARGV and reply.
 var upstreamScripts = map[op]*redis.Script{}
 
+var upstreamOps = []op{opDepart, opConfirm, opLearn, opCancel, opLeave}
+
 func init() {
-	for _, o := range []op{opDepart, opConfirm, opLearn, opCancel} {
+	for _, o := range upstreamOps {
 		upstreamScripts[o] = buildScript("upstream_rate.lua", "upstream_state.lua", "upstream_"+string(o)+".lua")
 	}
 }
@@ -210,7 +219,7 @@ func (l *Limiter) loadUpstream() {
 	l.bg.start(func() { // not after Close
 		ctx, cancel := context.WithTimeout(l.bg.context(), probeWait)
 		defer cancel()
-		for _, o := range []op{opDepart, opConfirm, opLearn, opCancel} {
+		for _, o := range upstreamOps {
 			l.loadUnlocked(ctx, upstreamScripts[o])
 		}
 	})
@@ -294,6 +303,50 @@ type Departure struct {
 func DepartNow(l Learned) *Departure {
 	now := time.Now()
 	return &Departure{At: now, est: now, Learned: l, booked: -1, seq: -1}
+}
+
+// Leave is called as a request of subject leaves with no departure of its
+// own (DepartNow): on a turn Limiter.Admit booked as its departure. In one
+// call it reads the subject's pause and records the leave. It returns
+// false if the subject is paused: the request then departs on the
+// schedule (Depart), which waits for the pause's end. Else it returns how
+// long the request must still wait: what the resource sees is when
+// requests leave, so a request leaves no sooner than 98 % of the learned
+// interval after the latest one left (a request on its turn, or a
+// departure at its slot), whatever their turns: a request late for its
+// turn pushes the next by its lateness (past a fiftieth of the interval)
+// instead of leaving it closer to it. A request whose wait ctx cuts short
+// must not leave. While no rate is learned it only reads the pause. A
+// Redis failure is an error matching ErrRedis (the pause is not known).
+func (u *Upstream) Leave(ctx context.Context, subject string) (time.Duration, bool, error) {
+	if _, err := encodeSubject(subject); err != nil {
+		return 0, false, err
+	}
+	raw, _, err := u.call(ctx, u.keys(subject), u.args(opLeave))
+	if err != nil {
+		return 0, false, u.lim.result(ctx, opLeave, err)
+	}
+	if len(raw) != 2 {
+		return 0, false, fmt.Errorf("throttle: upstream: unexpected reply %v", raw)
+	}
+	if replyInt(raw[0]) == 1 {
+		return 0, false, nil
+	}
+	// The subjects a limiter over several charges too (PauseFor reads
+	// them all).
+	for _, p := range u.lim.mode.parts() {
+		if p.lim == u.lim && p.of(subject) == subject {
+			continue
+		}
+		left, err := p.lim.pause(ctx, p.of(subject), 0)
+		if err != nil {
+			return 0, false, err
+		}
+		if left > 0 {
+			return 0, false, nil
+		}
+	}
+	return time.Duration(replyInt(raw[1])) * time.Microsecond, true, nil
 }
 
 // Interval is the spacing the departure was booked at: the learned

@@ -268,3 +268,37 @@ func TestUpstreamLateProbeLeaves(t *testing.T) {
 		}
 	})
 }
+
+// A departure booked on the schedule is booked again, before it leaves,
+// if a request left on its turn (Leave) since, closer than the learned
+// interval before its slot: what the resource sees is when requests
+// leave. Without the check in confirm, both left at the same moment (the
+// request on its turn pushed to an interval after the first departure,
+// the second departure on its slot there).
+func TestUpstreamDepartureAfterLeave(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		u := mustNew(t, rdb, Options{}, tenPerSecond).Upstream()
+		probe, _ := depart(t, u, "s", 0)
+		learn(t, u, "s", probe, Answer{Quota: 5, Window: time.Second})
+		time.Sleep(time.Second)
+		share := LearnedShare
+		iv := time.Duration(float64(time.Second) / (share * 5))
+		first, _ := depart(t, u, "s", 0)
+		left := make(chan time.Duration, 1)
+		go func() {
+			// A request on a turn of its own, between the two.
+			time.Sleep(first.Interval() / 2)
+			wait, ok, err := u.Leave(context.Background(), "s")
+			if err != nil || !ok {
+				t.Errorf("Leave: %v, %v", ok, err)
+			}
+			time.Sleep(wait)
+			left <- at()
+		}()
+		_, second := depart(t, u, "s", 0)
+		other := <-left
+		if second-other < iv-time.Millisecond {
+			t.Errorf("the departure left %v after the request on its turn; want at least the learned interval %v", second-other, iv)
+		}
+	})
+}

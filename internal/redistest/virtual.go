@@ -3,8 +3,10 @@ package redistest
 import (
 	"context"
 	"net"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
@@ -59,3 +61,27 @@ func PipeClient(m *miniredis.Miniredis) *redis.Client {
 // never waits for a connection never takes a timer from that pool, and
 // never puts one there.
 const BubblePoolSize = 4096
+
+// Slow is a client hook that makes every command (and pipeline) wait rtt
+// on the clock before Redis sees it: a round trip on a loaded machine, in
+// a synctest bubble. rtt may change while the client is in use.
+type Slow struct{ RTT *atomic.Int64 }
+
+// DialHook dials as before.
+func (Slow) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+// ProcessHook waits RTT before the command.
+func (s Slow) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		time.Sleep(time.Duration(s.RTT.Load()))
+		return next(ctx, cmd)
+	}
+}
+
+// ProcessPipelineHook waits RTT before the pipeline.
+func (s Slow) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		time.Sleep(time.Duration(s.RTT.Load()))
+		return next(ctx, cmds)
+	}
+}

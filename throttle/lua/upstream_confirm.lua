@@ -1,8 +1,10 @@
 -- confirm (after upstream_rate.lua and upstream_state.lua, whose KEYS and
 -- ARGV[1..8] it takes): does a departure that waited for its slot still
 -- stand? Not if a pause now covers its slot, the rate was lowered since it
--- was booked (g), or it is later than it may leave: it is then given back
--- and a new departure booked, as upstream_depart.lua does.
+-- was booked (g), a request left closer than the learned interval before
+-- its slot since (al, upstream_leave.lua), or it is later than it may
+-- leave: it is then given back and a new departure booked, as
+-- upstream_depart.lua does.
 --
 -- ARGV[9], ARGV[10] -> as for depart (for the booking that replaces it)
 -- ARGV[11] -> the slot (µs)
@@ -21,7 +23,17 @@
 -- first departure's answer is awaited; nothing booked).
 local slot, g, late = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
 local pause = tonumber(redis.call('GET', pkey)) or 0
-if pause <= slot and g == s.g and now <= slot + late then return {3} end
+-- A request left (or is about to) since it was booked, closer than the
+-- learned interval before this slot (upstream_leave.lua).
+local after_leave = true
+if s.r and s.al then
+  after_leave = slot >= s.al + math.ceil(1e6 / least(up_grown(s, now, ceil_rate), cap()))
+end
+if pause <= slot and g == s.g and now <= slot + late and after_leave then
+  -- It leaves at its slot: the latest leave (upstream_leave.lua).
+  if s.al == nil or slot > s.al then redis.call('HSET', key, 'al', ARGV[11]) end
+  return {3}
+end
 -- Void: paused over, slowed down since, or too late: given back, then
 -- booked again.
 give_back(tonumber(ARGV[14]), tonumber(ARGV[15]), ARGV[16], ARGV[11])

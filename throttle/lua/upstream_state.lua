@@ -5,7 +5,8 @@
 -- rule. Every process books its departures here, so what one of them
 -- learned paces the next departure of every other. One script per
 -- operation follows this file: upstream_depart.lua, upstream_confirm.lua,
--- upstream_cancel.lua, upstream_learn.lua, each with its own ARGV and reply.
+-- upstream_cancel.lua, upstream_learn.lua, upstream_leave.lua, each with its
+-- own ARGV and reply.
 --
 -- KEYS[1] -> <prefix>{<subject>}:!upstream(<rules>), a hash:
 --   t      the schedule's theoretical arrival time (GCRA): µs of Redis TIME
@@ -31,6 +32,9 @@
 --   p      while the first departure's answer is awaited: until when (µs)
 --   f      when a rate was first learned (µs): admit books its turns'
 --          departures open for a while after (upstream_rate.lua: up_book)
+--   al     when the latest request left (µs): a request on its turn says so
+--          as it leaves (upstream_leave.lua), a departure when its slot is
+--          about to come; the next leaves no sooner than an interval after
 --   The TTL is ARGV[4] ms from the last call that wrote it. Admit reads r
 --   (upstream_pace.lua).
 -- KEYS[2] -> <prefix>{<subject>}:!pause (read only): the Redis time (µs)
@@ -53,7 +57,7 @@ local key, pkey, dkey = KEYS[1], KEYS[2], KEYS[3]
 local ceil_iv, ceil_b, ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local k_start, k_gentle, k_lower, k_discover = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 
-local names = {'t', 'n', 'ls', 'gap', 'r', 'u', 'hi', 'lone', 'lo', 'd', 'g', 'q', 'w', 'l', 'lw', 'wl', 'wa', 'wb', 'wk', 'p', 'f'}
+local names = {'t', 'n', 'ls', 'gap', 'r', 'u', 'hi', 'lone', 'lo', 'd', 'g', 'q', 'w', 'l', 'lw', 'wl', 'wa', 'wb', 'wk', 'p', 'f', 'al'}
 local raw = redis.call('HMGET', key, unpack(names))
 local s = {}
 for i, f in ipairs(names) do s[f] = tonumber(raw[i]) end
@@ -111,6 +115,16 @@ local function rate_text()
   return ''
 end
 
+-- left_at records a departure's slot as the latest leave (al, see
+-- upstream_leave.lua) if it comes within confirm_after of now (µs;
+-- throttle's confirmAfter): a later one is confirmed near its slot
+-- (upstream_confirm.lua), which records it then.
+local confirm_after = 5000
+local function left_at(slot)
+  slot = math.ceil(slot)
+  if slot - now <= confirm_after and (not s.al or slot > s.al) then set('al', slot) end
+end
+
 -- depart books the next departure: on the learned rate, at the first
 -- slot at least one interval from every departure booked (up_gap, so a
 -- new rate holds from the next departure on, faster or slower); or
@@ -134,6 +148,7 @@ local function depart(max_wait, probe_wait, claim)
     local iv = 1e6 / least(s.r, cap())
     local c = up_claim(dkey, now, math.min(math.max(iv / 40, 2000), 5000), iv)
     if c then
+      left_at(c)
       save()
       local ls_text, t_text = '', fmt(s.t or now)
       if s.ls then ls_text = fmt(s.ls) end
@@ -144,6 +159,8 @@ local function depart(max_wait, probe_wait, claim)
   local slot, after, iv = math.max(now, pause), before, 0
   if s.r then
     iv = 1e6 / least(s.r, cap())
+    -- An interval after the latest leave (al).
+    if s.al then slot = math.max(slot, s.al + iv) end
     slot = up_gap(dkey, slot, iv, nil)
     after = slot + iv
   elseif ceil_iv > 0 then
@@ -181,6 +198,7 @@ local function depart(max_wait, probe_wait, claim)
   end
   set('ls', math.max(ls or slot, slot))
   if iv > 0 then up_book(dkey, math.ceil(slot), now, iv, ttl) end
+  if s.r then left_at(slot) end
   save()
   local pq, pw = s.q or 0, s.w or 0
   if pq == 0 and s.l and s.lw then pq, pw = s.l, s.lw end
