@@ -132,16 +132,12 @@ func WithTurn(ctx context.Context, t Turn) context.Context {
 const turnDecidedMargin = 50 * time.Millisecond
 
 // mayLeaveNow reports whether onTurn (at ref) or now would return a
-// departure for a request of subject sent on turn, without taking it,
-// and how long the call before it leaves may take (turnLate).
-func (p *pacedSubjects) mayLeaveNow(subject string, turn Turn, ref time.Time) (time.Duration, bool) {
+// departure for a request of subject sent on turn, without taking it.
+func (p *pacedSubjects) mayLeaveNow(subject string, turn Turn, ref time.Time) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	s, ok := p.seen[subject]
-	if !ok {
-		return 0, false
-	}
-	return turnLate(s.learned), p.onTurnOK(s, turn, ref) || p.nowOK(s)
+	return ok && (p.onTurnOK(s, turn, ref) || p.nowOK(s))
 }
 
 // turnLate is how late for its turn a request may leave on it, when the

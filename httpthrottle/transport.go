@@ -406,16 +406,19 @@ func (t *Transport) depart(ctx context.Context, subject string) (*throttle.Depar
 func (t *Transport) leaveNow(ctx context.Context, subject string) (*throttle.Departure, bool) {
 	turn, _ := ctx.Value(turnKey{}).(Turn)
 	ref := time.Now()
-	late, ok := t.seen.mayLeaveNow(subject, turn, ref)
-	if !ok {
+	if !t.seen.mayLeaveNow(subject, turn, ref) {
 		return nil, false
 	}
 	// A failed call sends, as the worker's handler always has: Depart
 	// would fail on the same Redis. A call that took longer than the
-	// request may be late for its turn (Redis stalled) departs: the leave
-	// it recorded holds the next request back by an interval at most.
+	// request may be late for its turn (Redis stalled, a starved process)
+	// leaves all the same, after the wait it returned: the leave it
+	// recorded is when the next one may leave, so departing instead would
+	// leave a hole at the turn (and book a slot behind every turn booked
+	// meanwhile), and the leaves of requests held up together are spaced
+	// by the calls, one interval each, in the order Redis ran them.
 	wait, ok, err := t.up.Leave(ctx, subject)
-	if err == nil && (!ok || time.Since(ref) > late) {
+	if err == nil && !ok {
 		return nil, false
 	}
 	if wait > 0 {

@@ -479,7 +479,12 @@ func (u *Upstream) confirm(ctx context.Context, keys []string, d *Departure, max
 	if err != nil {
 		return u.failed(ctx, opConfirm, err)
 	}
-	if len(raw) == 1 {
+	if len(raw) == 2 {
+		// It stands, pushed by the lateness of a request that left before
+		// it (lua/upstream_confirm.lua).
+		if push := time.Duration(replyInt(raw[1])) * time.Microsecond; push > 0 {
+			d.At, d.est = d.At.Add(push), d.est.Add(push)
+		}
 		return d, nil
 	}
 	next, wait, err := u.departure(raw, recv, byDeadline)
