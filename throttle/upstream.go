@@ -374,7 +374,10 @@ func DepartureTolerance(interval time.Duration) time.Duration {
 // when the request may leave: at its slot, within DepartureTolerance of
 // it. A departure that would leave later (its reply, or this goroutine,
 // was held up), or whose wait a pause or a lowering of the learned rate
-// overtook, is booked again; after maxLate such re-bookings in a row for
+// overtook, is booked again; one that a request leaving before it (late
+// for its own turn, Leave) came closer to than the learned interval is
+// pushed to an interval after that leave instead, keeping its place in the
+// schedule; after maxLate such re-bookings in a row for
 // lateness on the local clock alone (a machine so loaded that no reply
 // comes back in time) it leaves late rather than never.
 //
