@@ -27,21 +27,9 @@ func TestPacedLateTurnPushesTheNext(t *testing.T) {
 	virtual(t, func(t *testing.T, _ *redis.Client, m *miniredis.Miniredis) {
 		ctx := context.Background()
 		up := &limitedUpstream{limit: 20, style: styleIETF}
-		trs := fleet(t, m, up, 2, fast, Options{NoWait: true, Paced: true})
-		for _, tr := range trs { // both learn the rate
-			if code := getCtx(t, ctx, &http.Client{Transport: tr}, "http://api.example/"); code != http.StatusOK {
-				t.Fatalf("a first request: %d", code)
-			}
-		}
-		time.Sleep(time.Second)
+		trs := learnedFleet(t, m, up, 2)
 		decided := time.Now()
-		var turns [2]throttle.Admission
-		for i, id := range []string{"a", "b"} {
-			var err error
-			if turns[i], err = trs[i].lim.Admit(ctx, throttle.AdmitRequest{Subject: "api.example", N: 1, Caller: throttle.Caller{ID: id}, Wait: time.Second}); err != nil {
-				t.Fatal(err)
-			}
-		}
+		turns := [2]throttle.Admission{admitTurn(t, trs[0], "a"), admitTurn(t, trs[1], "b")}
 		iv := turns[1].At.Sub(turns[0].At)
 		if iv <= 50*ms {
 			t.Fatalf("turns %v apart; want the learned interval, above the API's 50ms", iv)
@@ -110,10 +98,7 @@ func TestPacedLateOwnerLeavesOnItsTurn(t *testing.T) {
 				time.Sleep(time.Second)
 				rtt.Store(int64(c.rtt))
 				decided := time.Now()
-				a, err := tr.lim.Admit(ctx, throttle.AdmitRequest{Subject: "api.example", N: 1, Caller: throttle.Caller{ID: "a"}, Wait: time.Second})
-				if err != nil {
-					t.Fatal(err)
-				}
+				a := admitTurn(t, tr, "a")
 				time.Sleep(time.Until(a.At) + late)
 				if code := getCtx(t, WithTurn(ctx, Turn{At: a.At, Decided: decided}), client, "http://api.example/"); code != http.StatusOK {
 					t.Errorf("the request answered %d; want 200", code)
@@ -143,22 +128,9 @@ func TestDepartureBehindLateOwnerKeepsItsSlot(t *testing.T) {
 	virtual(t, func(t *testing.T, _ *redis.Client, m *miniredis.Miniredis) {
 		ctx := context.Background()
 		up := &limitedUpstream{limit: 20, style: styleIETF}
-		trs := fleet(t, m, up, 3, fast, Options{NoWait: true, Paced: true})
-		for _, tr := range trs { // all learn the rate
-			if code := getCtx(t, ctx, &http.Client{Transport: tr}, "http://api.example/"); code != http.StatusOK {
-				t.Fatalf("a first request: %d", code)
-			}
-		}
-		time.Sleep(time.Second)
+		trs := learnedFleet(t, m, up, 3)
 		decided := time.Now()
-		admit := func(tr *Transport, id string) throttle.Admission {
-			a, err := tr.lim.Admit(ctx, throttle.AdmitRequest{Subject: "api.example", N: 1, Caller: throttle.Caller{ID: id}, Wait: time.Second})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return a
-		}
-		a := admit(trs[0], "a")
+		a := admitTurn(t, trs[0], "a")
 		late := 5 * ms // within turnLate (an eighth of the interval)
 		// b comes after a's turn, too late to claim it (the tolerance,
 		// 2ms), before a's request leaves.
@@ -171,7 +143,7 @@ func TestDepartureBehindLateOwnerKeepsItsSlot(t *testing.T) {
 			done <- at()
 		}()
 		time.Sleep(ms)
-		c := admit(trs[2], "c")
+		c := admitTurn(t, trs[2], "c")
 		iv := c.At.Sub(a.At) / 2
 		if iv <= 50*ms {
 			t.Fatalf("a's and c's turns %v apart; want two learned intervals (b's slot between)", c.At.Sub(a.At))
@@ -206,4 +178,29 @@ func TestDepartureBehindLateOwnerKeepsItsSlot(t *testing.T) {
 			}
 		}
 	})
+}
+
+// learnedFleet returns n paced transports (Options.Paced) over up, each of
+// which has had one request answered, a second ago: the fleet has learned
+// the API's rate, and each process knows it.
+func learnedFleet(t *testing.T, m *miniredis.Miniredis, up *limitedUpstream, n int) []*Transport {
+	t.Helper()
+	trs := fleet(t, m, up, n, fast, Options{NoWait: true, Paced: true})
+	for _, tr := range trs {
+		if code := getCtx(t, context.Background(), &http.Client{Transport: tr}, "http://api.example/"); code != http.StatusOK {
+			t.Fatalf("a first request: %d", code)
+		}
+	}
+	time.Sleep(time.Second)
+	return trs
+}
+
+// admitTurn takes a turn of api.example for the caller id on tr's limiter.
+func admitTurn(t *testing.T, tr *Transport, id string) throttle.Admission {
+	t.Helper()
+	a, err := tr.lim.Admit(context.Background(), throttle.AdmitRequest{Subject: "api.example", N: 1, Caller: throttle.Caller{ID: id}, Wait: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
 }
