@@ -104,15 +104,21 @@ import (
 // rate. For 3 s after a rate is first learned, a process may not know yet
 // that Admit booked its turn as its request's departure, and departs on
 // the schedule: Depart's first booking then hands it that departure, if
-// one booked by Admit lies within DepartureTolerance of now, instead of
-// a second slot (the first would leave a hole); not if it lies closer
-// than the learned interval to another departure (booked at a faster
-// pace, before a lowering).
+// one booked by Admit lies within DepartureTolerance ahead of now or less
+// than the learned interval behind it (its owner late), instead of a
+// second slot (the first would leave a hole); not if it lies closer than
+// the learned interval to another departure (booked at a faster pace,
+// before a lowering). One claimed late leaves at once, an interval after
+// the latest leave at the soonest; so does a departure whose confirmation
+// comes less than an interval after its slot (its process held up): the
+// departures after it are pushed, as behind a late owner.
 //
 // The first departure after nothing is known of the resource (a new
 // subject, or its state expired) probes: the others wait for its answer,
 // at most probeWait, so that they do not all learn the limit by being
-// refused.
+// refused; the next departure leaves an interval after that answer at the
+// soonest (the probe may have reached the resource as late as its answer
+// came: on a cold connection, well after its slot).
 type Upstream struct {
 	lim      *Limiter
 	interval float64 // the slowest rule's interval, µs; 0 if no rule sets a rate
@@ -168,6 +174,7 @@ const (
 	opLearn   op = "learn"
 	opCancel  op = "cancel"
 	opLeave   op = "leave"
+	opLeft    op = "left"
 )
 
 // upstreamScripts are one script per operation, lua/upstream_<op>.lua
@@ -175,7 +182,7 @@ const (
 // ARGV and reply.
 var upstreamScripts = map[op]*redis.Script{}
 
-var upstreamOps = []op{opDepart, opConfirm, opLearn, opCancel, opLeave}
+var upstreamOps = []op{opDepart, opConfirm, opLearn, opCancel, opLeave, opLeft}
 
 func init() {
 	for _, o := range upstreamOps {
@@ -215,7 +222,7 @@ func (l *Limiter) Upstream() *Upstream {
 // limiter has an Upstream: loaded on first use instead, a process's first
 // departure would reach Redis a round trip (SCRIPT LOAD) late, and that
 // departure is often the one Admit booked for its turn (see Upstream),
-// which it may claim only within DepartureTolerance of it. A failure is
+// which it claims late, pushing the departures after it. A failure is
 // left to the first call, which loads the script again. It does not take
 // the lock a first call loads under (runner.load): a call is never held up
 // behind it, at the cost of loading a script twice if they meet.
@@ -295,7 +302,8 @@ type Departure struct {
 	gen      int64         // the lowerings before it was booked
 	tat      [2]string     // the schedule's end before and after it was booked
 	last     string        // the latest slot before it was booked ("" if none)
-	delay    time.Duration // from the booking to the slot
+	delay    time.Duration // from the booking to when it leaves: its slot, or pushed
+	pushed   time.Duration // how long after its slot it was booked to leave (a turn's, claimed late or behind a late leave)
 	est      time.Time     // the slot's local time, unclamped (redisClock.slot)
 }
 
@@ -352,6 +360,32 @@ func (u *Upstream) Leave(ctx context.Context, subject string) (time.Duration, bo
 	}
 	return time.Duration(replyInt(raw[1])) * time.Microsecond, true, nil
 }
+
+// Left records that a request of subject reached the wire at at (the
+// local clock), later than the departure or Leave that let it go: a
+// connection dialled after its slot, a process held up. What the resource
+// sees is when requests arrive, so the next departure or leave is pushed
+// to an interval after at, instead of coming closer than that to it. Call
+// it only for such a request (httpthrottle does, when its headers were
+// written more than LateWrite after it left): one call each. It reports
+// whether at is now the latest leave known (false if a later one was, or
+// no rate is learned). A Redis failure is an error matching ErrRedis.
+func (u *Upstream) Left(ctx context.Context, subject string, at time.Time) (bool, error) {
+	if _, err := encodeSubject(subject); err != nil {
+		return false, err
+	}
+	raw, _, err := u.call(ctx, u.keys(subject), u.args(opLeft, max(time.Since(at), 0).Microseconds()))
+	if err != nil {
+		return false, u.lim.result(ctx, opLeft, err)
+	}
+	return len(raw) == 1 && replyInt(raw[0]) == 1, nil
+}
+
+// LateWrite is how late after its departure a request may reach the wire
+// before Left is called for it: under a fiftieth of the interval at the
+// rates APIs announce (20/s: 50 ms), which the schedule's room above the
+// learned rate (LearnedShare) covers several times.
+const LateWrite = time.Millisecond
 
 // Interval is the spacing the departure was booked at: the learned
 // rate's, or the ceiling's while nothing is learned; 0 if nothing paced it.
@@ -488,9 +522,10 @@ func (u *Upstream) confirm(ctx context.Context, keys []string, d *Departure, max
 	}
 	if len(raw) == 2 {
 		// It stands, pushed by the lateness of a request that left before
-		// it (lua/upstream_confirm.lua).
-		if push := time.Duration(replyInt(raw[1])) * time.Microsecond; push > 0 {
-			d.At, d.est = d.At.Add(push), d.est.Add(push)
+		// it (lua/upstream_confirm.lua): by what it was not pushed already.
+		if push := time.Duration(replyInt(raw[1])) * time.Microsecond; push > d.pushed {
+			d.At, d.est = d.At.Add(push-d.pushed), d.est.Add(push-d.pushed)
+			d.pushed = push
 		}
 		return d, nil
 	}
@@ -580,6 +615,9 @@ func (u *Upstream) departure(raw []any, recv time.Time, byDeadline bool) (*Depar
 		interval: time.Duration(replyInt(raw[8])) * time.Microsecond,
 		delay:    delay,
 		last:     replyText(raw[13]),
+	}
+	if slot, err := strconv.ParseInt(d.slot, 10, 64); err == nil && now+delay.Microseconds() > slot {
+		d.pushed = time.Duration(now+delay.Microseconds()-slot) * time.Microsecond
 	}
 	d.Learned = learned(raw[9], raw[10], raw[11])
 	return d, 0, nil

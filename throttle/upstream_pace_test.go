@@ -164,11 +164,15 @@ func TestAdmitTurnIsDeparture(t *testing.T) {
 			t.Errorf("the schedule's latest departure is %d; want the last turn's, %d", ls, deps[len(deps)-1].UnixMicro())
 		}
 		// A departure of another kind comes an interval after the last
-		// turn. (One within the tolerance of the turn, while the rate is
-		// new, would be taken for the turn's own request:
-		// TestDepartClaimsItsTurn.)
+		// turn. (A first booking less than an interval after a turn,
+		// while the rate is new, would be taken for the turn's own
+		// request, late: TestDepartClaimsItsTurn; a re-booking claims
+		// nothing.)
 		time.Sleep(3 * time.Millisecond)
-		d, _ := depart(t, u, "s", 0)
+		d, err := u.book(context.Background(), u.keys("s"), 0, false)
+		if err != nil {
+			t.Fatal(err)
+		}
 		if got := d.At.Sub(deps[len(deps)-1]); got < iv-time.Millisecond || got > iv+time.Millisecond {
 			t.Errorf("a departure booked after the turns leaves %v after the last; want %v", got, iv)
 		}
@@ -200,6 +204,38 @@ func TestUpstreamPaceTTL(t *testing.T) {
 	}
 }
 
+// A request sent late on its turn (less than an interval after it) from
+// a process that does not know yet that Admit booked the turn as its
+// departure still takes that departure, and leaves at once; the next
+// turn's departure is pushed by its lateness. Before, it booked a slot
+// after every turn (b's) and left its own as a hole: ten worker processes
+// starting on two cores came 2-4 ms late for their first turns, and a
+// 10-worker run's first second had four such holes.
+func TestDepartClaimsItsTurnLate(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		u, admit := newlyLearned(t, rdb)
+		turn := parkAB(admit) // a, then b an interval later
+		iv := turn["b"].Sub(turn["a"])
+		late := 10 * time.Millisecond // past the tolerance, within the interval
+		time.Sleep(time.Until(turn["a"]))
+		if a := admit("a"); a.Status != Redeemed {
+			t.Fatalf("a back at its turn: %s; want redeemed", a.Status)
+		}
+		time.Sleep(late)
+		d, when := depart(t, u, "s", 0)
+		if want := turn["a"].Add(late).Sub(epoch); when != want || d.Rebooked != 0 {
+			t.Errorf("a's request, %v late, left at %v (rebooked %d); want at once, %v", late, when, d.Rebooked, want)
+		}
+		time.Sleep(time.Until(turn["b"]))
+		if b := admit("b"); b.Status != Redeemed {
+			t.Fatalf("b back at its turn: %s; want redeemed", b.Status)
+		}
+		if _, when := depart(t, u, "s", 0); (when-turn["a"].Add(late+iv).Sub(epoch)).Abs() > 100*time.Microsecond {
+			t.Errorf("b's request left %v after its turn; want %v, pushed by a's lateness", when-turn["b"].Sub(epoch), late)
+		}
+	})
+}
+
 // A request sent on its turn from a process that does not know yet that
 // Admit booked the turn as its departure (its process has not heard of
 // the learned rate) departs on the schedule: Depart hands it that same
@@ -213,10 +249,7 @@ func TestUpstreamPaceTTL(t *testing.T) {
 func TestDepartClaimsItsTurn(t *testing.T) {
 	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
 		u, admit := newlyLearned(t, rdb)
-		turn := map[string]time.Time{}
-		for _, id := range []string{"a", "b"} {
-			turn[id] = admit(id).Slot // both park: a, then b an interval later
-		}
+		turn := parkAB(admit) // a, then b an interval later
 		time.Sleep(time.Until(turn["a"]))
 		if a := admit("a"); a.Status != Redeemed || !a.Slot.Equal(turn["a"]) {
 			t.Fatalf("a back at its turn: %s at %v; want redeemed at its turn, %v", a.Status, a.Slot, turn["a"])
@@ -275,6 +308,16 @@ func TestDepartClaimsNoTurnOfAnOldPace(t *testing.T) {
 			t.Errorf("b's request departs %v after b's turn (slot %s); want a slot at the new pace, at least %v after every departure", got, d.slot, newIv)
 		}
 	})
+}
+
+// parkAB parks a, then b, on admit's learned schedule, and returns their
+// turns.
+func parkAB(admit func(id string) Admission) map[string]time.Time {
+	turn := map[string]time.Time{}
+	for _, id := range []string{"a", "b"} {
+		turn[id] = admit(id).Slot
+	}
+	return turn
 }
 
 // newlyLearned returns the upstream of a limiter of 100/s whose subject

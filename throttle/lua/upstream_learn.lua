@@ -26,7 +26,18 @@ local dep_iv = tonumber(ARGV[18])
 local changed, down, from = 0, 0, ''
 local since = -1
 if s.d then since = now - s.d end
-if s.p then set('p', nil) end
+-- The first answer (the probe's, awaited while p is set) says when the
+-- next request may leave: no sooner than an interval after now. The probe
+-- reached the resource at some moment between its slot and its answer,
+-- and on a cold connection (the process's first request: a dial, a TLS
+-- handshake) that may be well after its slot: traced, 5.6 ms after it on
+-- loopback, and the next request, booked an interval after the slot,
+-- reached the resource 48 ms after the probe, under its 50 ms interval
+-- (a 429 in the first second). Costs the fleet one round trip, once.
+if s.p then
+  set('p', nil)
+  if not s.al or now > s.al then set('al', now) end
+end
 
 -- adopt follows a new policy: a faster one starts again at k_start of
 -- it; a slower one lowers the rate to that at once.

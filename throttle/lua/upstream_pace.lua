@@ -24,9 +24,9 @@
 --         not a rule of tokens charged hundreds a request (Costs).
 -- Returns the learned interval applied (µs), or 0 if none was.
 local function upstream_pace(ukey, nrules, counts)
-  local v = redis.call('HMGET', ukey, 'r', 'u', 'hi', 'q', 'w', 'l', 'lw', 'ls')
+  local v = redis.call('HMGET', ukey, 'r', 'u', 'hi', 'q', 'w', 'l', 'lw', 'ls', 'al')
   local s = {r = tonumber(v[1]), u = tonumber(v[2]), hi = tonumber(v[3]), q = tonumber(v[4]),
-    w = tonumber(v[5]), l = tonumber(v[6]), lw = tonumber(v[7]), ls = tonumber(v[8])}
+    w = tonumber(v[5]), l = tonumber(v[6]), lw = tonumber(v[7]), ls = tonumber(v[8]), al = tonumber(v[9])}
   if not s.r then return 0 end
   -- The ceiling, as Limiter.Upstream computes it: the slowest rule that
   -- sets a rate.
@@ -51,9 +51,11 @@ local function upstream_pace(ukey, nrules, counts)
       ARGV[b + 1], ARGV[b + 2], ARGV[b + 3] = '1', string.format('%d', iv), '1'
       applied = iv
       -- No turn before the next departure's slot (one interval after the
-      -- latest, upstream_depart.lua): a request sent on the turn then
-      -- departs at it, without waiting (and asking again).
-      if s.ls and s.ls + iv > now then pause[algo](KEYS[i], 1, iv, 1, s.ls + iv) end
+      -- latest slot and the latest leave, upstream_depart.lua): a request
+      -- sent on the turn then departs at it, without waiting (and asking
+      -- again).
+      local last = math.max(s.ls or 0, s.al or 0)
+      if last + iv > now then pause[algo](KEYS[i], 1, iv, 1, last + iv) end
     end
   end
   return applied

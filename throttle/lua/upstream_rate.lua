@@ -102,19 +102,20 @@ end
 -- turned at another pace: not the owner of a departure near now.
 local up_claimable = 3e6
 
--- up_claim hands the caller of depart, at now, the open departure within
--- tol of now, if there is one (its own turn's, which admit booked while
--- the caller's process did not know) and it is at least iv (µs, the
--- learned interval now) from every other departure booked: it is no
--- longer open, and its slot (µs) is returned; else nil. An open departure
+-- up_claim hands the caller of depart, at now, the earliest open
+-- departure from late µs before now to tol after, if there is one (its
+-- own turn's, which admit booked while the caller's process did not know)
+-- and it is at least iv (µs, the learned interval now) from every other
+-- departure booked: it is no longer open, and its slot (µs) is returned;
+-- else nil. An open departure
 -- closer than that to another was booked at a faster pace, before the
 -- rate was lowered: its caller takes a slot at the new pace instead (a
 -- 3-worker run claimed one 36ms after the last request under a 50ms
 -- limit, and its 429, counted at the new pace, pinned the rate at 75 %
 -- of the limit). It stays booked: its turn's request may still leave on
 -- it from a process that knows the rate.
-local function up_claim(dkey, now, tol, iv)
-  local near = redis.call('ZRANGEBYSCORE', dkey, string.format('%d', math.ceil(now - tol)), string.format('%d', math.floor(now + tol)), 'WITHSCORES')
+local function up_claim(dkey, now, late, tol, iv)
+  local near = redis.call('ZRANGEBYSCORE', dkey, string.format('%d', math.ceil(now - late)), string.format('%d', math.floor(now + tol)), 'WITHSCORES')
   for i = 1, #near, 2 do
     local m, slot = near[i], tonumber(near[i + 1])
     if string.sub(m, -#up_open) == up_open and #redis.call('ZRANGEBYSCORE', dkey, string.format('%d', math.floor(slot - iv) + 1), string.format('%d', math.ceil(slot + iv) - 1), 'LIMIT', 0, 2) == 1 then

@@ -132,8 +132,13 @@ end
 -- ceiling (a GCRA with its burst); after the subject's pause; and within
 -- the window an answer described. A caller that may claim (claim true:
 -- its first call, not after waiting for the first answer) is handed an
--- open departure admit booked within the tolerance of now (its turn's,
--- up_claim) instead, if the subject's pause does not cover it.
+-- open departure admit booked near now (its turn's, up_claim) instead, if
+-- the subject's pause does not cover it: within the tolerance ahead, or
+-- less than an interval behind (its owner late: ten worker processes
+-- starting on two cores came 2-4 ms late for their first turns, and each
+-- turn left unclaimed was a hole). It leaves at its slot, or now if that
+-- passed more than the tolerance ago, and no sooner than an interval
+-- after the latest leave (al), which it becomes.
 local function depart(max_wait, probe_wait, claim)
   local probe = 0
   if not known then
@@ -146,13 +151,20 @@ local function depart(max_wait, probe_wait, claim)
   local pause = tonumber(redis.call('GET', pkey)) or 0
   if claim and s.r and pause <= now then
     local iv = 1e6 / least(s.r, cap())
-    local c = up_claim(dkey, now, math.min(math.max(iv / 40, 2000), 5000), iv)
+    local tol = math.min(math.max(iv / 40, 2000), 5000)
+    local c = up_claim(dkey, now, iv - 1, tol, iv)
     if c then
-      left_at(c)
+      local at = c
+      if now > c + tol then at = now end
+      if s.al then at = math.max(at, s.al + iv) end
+      -- The schedule keeps its slot (the next turn's departure is an
+      -- interval from it, and pushed by al); the leave is recorded.
+      at = math.ceil(at)
+      left_at(at)
       save()
       local ls_text, t_text = '', fmt(s.t or now)
       if s.ls then ls_text = fmt(s.ls) end
-      return {1, math.max(math.ceil(c - now), 0), fmt(c), s.n, s.g, now, t_text, t_text, math.ceil(iv), rate_text(), s.q or 0, s.w or 0, 0, ls_text}
+      return {1, math.max(at - now, 0), fmt(c), s.n, s.g, now, t_text, t_text, math.ceil(iv), rate_text(), s.q or 0, s.w or 0, 0, ls_text}
     end
   end
   local before = s.t or now
