@@ -3,6 +3,7 @@ package httpthrottle
 import (
 	"context"
 	"net/http"
+	"net/http/httptrace"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -129,6 +130,10 @@ func TestDepartureBehindLateOwnerKeepsItsSlot(t *testing.T) {
 		ctx := context.Background()
 		up := &limitedUpstream{limit: 20, style: styleIETF}
 		trs := learnedFleet(t, m, up, 3)
+		// Past the first seconds after the rate was learned, when a turn's
+		// departure is open to a request on the schedule that comes less
+		// than an interval after it (b would take a's).
+		time.Sleep(3 * time.Second)
 		decided := time.Now()
 		a := admitTurn(t, trs[0], "a")
 		late := 5 * ms // within turnLate (an eighth of the interval)
@@ -180,10 +185,70 @@ func TestDepartureBehindLateOwnerKeepsItsSlot(t *testing.T) {
 	})
 }
 
+// A request that reaches the wire late after its departure (a process's
+// first request dials a connection after its slot: traced 4.8 ms on
+// loopback while ten worker processes start) says when it did, and the
+// next request, on the schedule, leaves an interval after that rather
+// than an interval after the slot. Before, the second reached the API the
+// first one's lateness closer than the learned interval to it, under the
+// API's interval: a 429.
+func TestLateWritePushesTheNext(t *testing.T) {
+	virtual(t, func(t *testing.T, _ *redis.Client, m *miniredis.Miniredis) {
+		ctx := context.Background()
+		up := &limitedUpstream{limit: 20, style: styleIETF}
+		cold := &coldDial{next: up}
+		trs := learnedFleet(t, m, cold, 2)
+		const dial = 8 * ms
+		cold.delay.Store(int64(dial))
+		var wg sync.WaitGroup
+		for i, tr := range trs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				time.Sleep(time.Duration(i) * ms) // the second is booked after the first
+				if code := getCtx(t, ctx, &http.Client{Transport: tr}, "http://api.example/"); code != http.StatusOK {
+					t.Errorf("request %d answered %d; want 200", i, code)
+				}
+			}()
+		}
+		wg.Wait()
+		calls, _ := up.log()
+		n := len(calls)
+		iv := time.Duration(float64(time.Second) / trs[1].LearnedRate())
+		if gap := calls[n-1] - calls[n-2]; gap < iv-100*time.Microsecond {
+			t.Errorf("the request after one %v late reached the API %v after it; want at least the learned interval, %v", dial, gap, iv)
+		}
+		if got := trs[0].Stats().WroteLate; got != 1 {
+			t.Errorf("WroteLate = %d; want 1", got)
+		}
+		if got := trs[1].Stats().WroteLate; got != 0 {
+			t.Errorf("the second transport's WroteLate = %d; want 0", got)
+		}
+	})
+}
+
+// coldDial is a base transport whose next request reaches the wire delay
+// after RoundTrip is called, as over a connection dialled first, and says
+// so to the request's httptrace hooks, as http.Transport does.
+type coldDial struct {
+	next  http.RoundTripper
+	delay atomic.Int64 // ns, for the next request only
+}
+
+func (c *coldDial) RoundTrip(req *http.Request) (*http.Response, error) {
+	if d := time.Duration(c.delay.Swap(0)); d > 0 {
+		time.Sleep(d)
+	}
+	if tr := httptrace.ContextClientTrace(req.Context()); tr != nil && tr.WroteHeaders != nil {
+		tr.WroteHeaders()
+	}
+	return c.next.RoundTrip(req)
+}
+
 // learnedFleet returns n paced transports (Options.Paced) over up, each of
 // which has had one request answered, a second ago: the fleet has learned
 // the API's rate, and each process knows it.
-func learnedFleet(t *testing.T, m *miniredis.Miniredis, up *limitedUpstream, n int) []*Transport {
+func learnedFleet(t *testing.T, m *miniredis.Miniredis, up http.RoundTripper, n int) []*Transport {
 	t.Helper()
 	trs := fleet(t, m, up, n, fast, Options{NoWait: true, Paced: true})
 	for _, tr := range trs {

@@ -61,8 +61,10 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"net/http/httptrace"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -219,15 +221,22 @@ type Stats struct {
 	// throttle.DepartureTolerance after their slots, on a machine too busy
 	// to leave in time.
 	LeftLate int64
+	// WroteLate is the requests whose headers reached the wire more than
+	// throttle.LateWrite after they left (a connection dialled after the
+	// slot, a process held up): each told the fleet when
+	// (throttle.Upstream.Left), so that the next request leaves an
+	// interval after it.
+	WroteLate int64
 }
 
 // counters are a Transport's Stats.
-type counters struct{ sent, tooMany, lowered, paused, rebooked, onTurn, leftLate atomic.Int64 }
+type counters struct{ sent, tooMany, lowered, paused, rebooked, onTurn, leftLate, wroteLate atomic.Int64 }
 
 // Stats returns the transport's counts so far.
 func (t *Transport) Stats() Stats {
 	return Stats{Sent: t.stats.sent.Load(), TooMany: t.stats.tooMany.Load(), Lowered: t.stats.lowered.Load(),
-		Paused: t.stats.paused.Load(), Rebooked: t.stats.rebooked.Load(), OnTurn: t.stats.onTurn.Load(), LeftLate: t.stats.leftLate.Load()}
+		Paused: t.stats.paused.Load(), Rebooked: t.stats.rebooked.Load(), OnTurn: t.stats.onTurn.Load(), LeftLate: t.stats.leftLate.Load(),
+		WroteLate: t.stats.wroteLate.Load()}
 }
 
 // LearnedRate returns the rate, in requests per second, that the fleet
@@ -317,7 +326,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if d.Late > throttle.DepartureTolerance(d.Interval()) {
 		t.stats.leftLate.Add(1)
 	}
-	resp, err := t.base.RoundTrip(req)
+	resp, err := t.base.RoundTrip(t.traceWrite(req, subject, d))
 	if err != nil {
 		if d.Probe {
 			// The fleet waits for the first answer: there is none.
@@ -328,6 +337,39 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	t.listen(ctx, subject, d, resp)
 	return resp, nil
 }
+
+// traceWrite returns req with a hook that notes when its headers reached
+// the wire, if a rate is learned for it: one that did more than
+// throttle.LateWrite after its departure (a connection dialled after the
+// slot: the first request of a process; a process held up) tells the
+// fleet when, in the background, so that the next request leaves an
+// interval after it rather than reaching the API closer than that.
+func (t *Transport) traceWrite(req *http.Request, subject string, d *throttle.Departure) *http.Request {
+	if d.Learned.Rate <= 0 || d.At.IsZero() {
+		return req
+	}
+	left := d.At
+	var once sync.Once
+	trace := &httptrace.ClientTrace{WroteHeaders: func() {
+		wrote := time.Now()
+		if wrote.Sub(left) <= throttle.LateWrite {
+			return
+		}
+		once.Do(func() {
+			t.stats.wroteLate.Add(1)
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(req.Context()), leftTimeout)
+			go func() {
+				defer cancel()
+				_, _ = t.up.Left(ctx, subject, wrote)
+			}()
+		})
+	}}
+	return req.WithContext(httptrace.WithClientTrace(req.Context(), trace))
+}
+
+// leftTimeout bounds the call that says a request reached the wire late:
+// past its interval it would push nothing.
+const leftTimeout = time.Second
 
 // listen applies what a response says: what it teaches the fleet about
 // the upstream's limit, and a pause for a window with nothing left for a
@@ -421,6 +463,10 @@ func (t *Transport) leaveNow(ctx context.Context, subject string) (*throttle.Dep
 	if err == nil && !ok {
 		return nil, false
 	}
+	// When the leave recorded is, on this clock: the request's At, which
+	// its write is measured against (traceWrite), so that a timer that
+	// fires late on a busy machine counts as lateness too.
+	leave := time.Now().Add(wait)
 	if wait > 0 {
 		tm := time.NewTimer(wait)
 		select {
@@ -430,11 +476,16 @@ func (t *Transport) leaveNow(ctx context.Context, subject string) (*throttle.Dep
 			return nil, false // Depart fails with ctx's error
 		}
 	}
-	if d, ok := t.seen.onTurn(subject, turn, ref); ok {
+	d, ok := t.seen.onTurn(subject, turn, ref)
+	if ok {
 		t.stats.onTurn.Add(1)
-		return d, true
+	} else if d, ok = t.seen.now(subject); !ok {
+		return nil, false
 	}
-	return t.seen.now(subject)
+	if err == nil {
+		d.At = leave
+	}
+	return d, true
 }
 
 // serverNow is the time to read a response's dates against: the local
