@@ -13,7 +13,13 @@
 // promises at it: a request leaves within throttle.DepartureTolerance of
 // its slot (a fortieth of the interval, 2–5ms) or takes a new slot, also
 // after a Redis stall, a process pause or a busy machine, so that late
-// requests are spread instead of leaving together. In any window of
+// requests are spread instead of leaving together; once a rate is learned,
+// one held up less than an interval leaves at once instead, and pushes
+// the ones after it, each an interval after the one before (its slot
+// would be a hole). A request whose headers reach the wire more than
+// throttle.LateWrite after its departure (a connection dialled first: a
+// process's first request) records when (Stats.WroteLate), and the next
+// leaves an interval after that. In any window of
 // length W, at most burst + (W + tolerance) × rate requests leave: the
 // configured rule's rate and burst while nothing is learned (at most
 // limit + burst in any period of the rule), the learned rate with a burst
@@ -31,7 +37,7 @@
 // remaining requests and the reset describe one window (at most that many
 // more until it resets), never a new rate. The first request after
 // nothing is known of an upstream goes alone; the others wait for its
-// answer.
+// answer, and the next leaves an interval after that answer.
 //
 // The 429 rule. A 429 lowers the learned rate for every process, and says
 // so in a log line (Options.Logger) and in Stats.Lowered: from the rate
@@ -454,20 +460,25 @@ func (t *Transport) leaveNow(ctx context.Context, subject string) (*throttle.Dep
 	// A failed call sends, as the worker's handler always has: Depart
 	// would fail on the same Redis. A call that took longer than the
 	// request may be late for its turn (Redis stalled, a starved process)
-	// leaves all the same, after the wait it returned: the leave it
-	// recorded is when the next one may leave, so departing instead would
-	// leave a hole at the turn (and book a slot behind every turn booked
-	// meanwhile), and the leaves of requests held up together are spaced
-	// by the calls, one interval each, in the order Redis ran them.
-	wait, ok, err := t.up.Leave(ctx, subject)
+	// leaves all the same, at the leave it recorded: that is when the next
+	// one may leave, so departing instead would leave a hole at the turn
+	// (and book a slot behind every turn booked meanwhile), and the leaves
+	// of requests held up together are spaced by the calls, one interval
+	// each, in the order Redis ran them.
+	// leave is the leave Redis recorded, on this clock: the request's At,
+	// which its write is measured against (traceWrite), so that a reply
+	// read late or a timer fired late on a busy machine counts as
+	// lateness too (traced: requests that reached the API 3-5 ms after
+	// the leave Redis recorded, their process held up around the call,
+	// each a 429 for the next request).
+	leave, ok, err := t.up.LeaveAt(ctx, subject)
 	if err == nil && !ok {
 		return nil, false
 	}
-	// When the leave recorded is, on this clock: the request's At, which
-	// its write is measured against (traceWrite), so that a timer that
-	// fires late on a busy machine counts as lateness too.
-	leave := time.Now().Add(wait)
-	if wait > 0 {
+	if err != nil {
+		leave = time.Now()
+	}
+	if wait := time.Until(leave); wait > 0 {
 		tm := time.NewTimer(wait)
 		select {
 		case <-tm.C:
@@ -482,9 +493,7 @@ func (t *Transport) leaveNow(ctx context.Context, subject string) (*throttle.Dep
 	} else if d, ok = t.seen.now(subject); !ok {
 		return nil, false
 	}
-	if err == nil {
-		d.At = leave
-	}
+	d.At = leave
 	return d, true
 }
 

@@ -331,18 +331,31 @@ func DepartNow(l Learned) *Departure {
 // must not leave. While no rate is learned it only reads the pause. A
 // Redis failure is an error matching ErrRedis (the pause is not known).
 func (u *Upstream) Leave(ctx context.Context, subject string) (time.Duration, bool, error) {
+	at, ok, err := u.LeaveAt(ctx, subject)
+	if !ok || err != nil {
+		return 0, ok, err
+	}
+	return max(time.Until(at), 0), true, nil
+}
+
+// LeaveAt is Leave, and returns when the request leaves on this process's
+// clock instead of how long it waits: the leave Redis recorded, mapped
+// through the clock its replies keep (a reply read late does not make the
+// request later still). A caller that measures how late its request
+// reached the wire compares with it (httpthrottle: Left).
+func (u *Upstream) LeaveAt(ctx context.Context, subject string) (time.Time, bool, error) {
 	if _, err := encodeSubject(subject); err != nil {
-		return 0, false, err
+		return time.Time{}, false, err
 	}
-	raw, _, err := u.call(ctx, u.keys(subject), u.args(opLeave))
+	raw, recv, err := u.call(ctx, u.keys(subject), u.args(opLeave))
 	if err != nil {
-		return 0, false, u.lim.result(ctx, opLeave, err)
+		return time.Time{}, false, u.lim.result(ctx, opLeave, err)
 	}
-	if len(raw) != 2 {
-		return 0, false, fmt.Errorf("throttle: upstream: unexpected reply %v", raw)
+	if len(raw) != 3 {
+		return time.Time{}, false, fmt.Errorf("throttle: upstream: unexpected reply %v", raw)
 	}
 	if replyInt(raw[0]) == 1 {
-		return 0, false, nil
+		return time.Time{}, false, nil
 	}
 	// The subjects a limiter over several charges too (PauseFor reads
 	// them all).
@@ -352,13 +365,13 @@ func (u *Upstream) Leave(ctx context.Context, subject string) (time.Duration, bo
 		}
 		left, err := p.lim.pause(ctx, p.of(subject), 0)
 		if err != nil {
-			return 0, false, err
+			return time.Time{}, false, err
 		}
 		if left > 0 {
-			return 0, false, nil
+			return time.Time{}, false, nil
 		}
 	}
-	return time.Duration(replyInt(raw[1])) * time.Microsecond, true, nil
+	return u.lim.clock.wake(recv, replyInt(raw[2]), time.Duration(replyInt(raw[1]))*time.Microsecond), true, nil
 }
 
 // Left records that a request of subject reached the wire at at (the
