@@ -152,8 +152,8 @@ func TestStackTenantProcesses(t *testing.T) {
 // 3,000 jobs. Every job runs once and each key and the tenant hold limit
 // + burst in every second on the Redis clock (stackTenant). A held job
 // books its turns in the calls that take them and redeems them when it
-// comes back, so the limiter calls per job are the same for 3,000 jobs as
-// for 300 (within 10 %) and at most 6 (measured 5.1-5.7; 8.4 and 7.3
+// comes back, so the limiter calls per job do not grow from 300 jobs to
+// 3,000 (at most 10 % more) and are at most 6 (measured 5.1-5.7; 8.4 and 7.3
 // before turns were booked by the calls that take them), and the backlog
 // is served at 80 % of the tenant's rate or more (measured 85-94 % for
 // 300, 94-99 % for 3,000: the first second or two, while the keys' lines
@@ -170,8 +170,12 @@ func TestStackTenantHeld(t *testing.T) {
 	if len(calls) != 2 {
 		return // a backlog failed (its subtest says why)
 	}
-	if d := calls[1]/calls[0] - 1; d > 0.1 || d < -0.1 {
-		t.Errorf("limiter calls per job: %.3f for 300 jobs, %.3f for 3,000: want within 10 %%", calls[0], calls[1])
+	// Flat as the backlog grows: no more than 10 % more a job for ten
+	// times the jobs. Fewer is not a cost that grows (the 300-job run's
+	// first seconds weigh more in it: 5.73 against 5.12 once under the
+	// race detector in CI, which the two-sided bound failed).
+	if d := calls[1]/calls[0] - 1; d > 0.1 {
+		t.Errorf("limiter calls per job: %.3f for 300 jobs, %.3f for 3,000: want at most 10 %% more", calls[0], calls[1])
 	}
 	for i, p := range paces {
 		if p < 0.8 {
