@@ -230,7 +230,7 @@ func TestDepartClaimsItsTurnLate(t *testing.T) {
 		if b := admit("b"); b.Status != Redeemed {
 			t.Fatalf("b back at its turn: %s; want redeemed", b.Status)
 		}
-		if _, when := depart(t, u, "s", 0); (when-turn["a"].Add(late+iv).Sub(epoch)).Abs() > 100*time.Microsecond {
+		if _, when := depart(t, u, "s", 0); (when - turn["a"].Add(late+iv).Sub(epoch)).Abs() > 100*time.Microsecond {
 			t.Errorf("b's request left %v after its turn; want %v, pushed by a's lateness", when-turn["b"].Sub(epoch), late)
 		}
 	})
