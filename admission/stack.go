@@ -36,8 +36,10 @@ import (
 // come back from the booked turn to the back of the lead's line, and park
 // again, without end. So in a stack that Meets, once such a gate's turn is
 // further than the lead's horizon past the lead's turn, the jobs of
-// those subjects are decided by holding turns that meet (stack_meet.go),
-// in this process, until that gate no longer binds them (stack_leads.go):
+// those subjects, and of any others with that gate's subject (the
+// tenant's other keys), are decided by holding turns that meet
+// (stack_meet.go), in this process, until that gate no longer binds them
+// (stack_leads.go):
 // each gate is held, however far ahead and outside its line, the binding
 // gate first and each other no earlier than the turns before it
 // (throttle.AdmitRequest.NotBefore); a turn earlier
@@ -222,7 +224,7 @@ func (s *Stack) route(reqs []Request) route {
 	if !s.meets {
 		return route{first: s.lead, watch: -1}
 	}
-	i, probe, ok := s.leads.lookup(leadsKey(reqs), time.Now())
+	i, probe, ok := s.leads.lookup(leadsKey(reqs), func() []string { return binderKeys(reqs) }, time.Now())
 	switch {
 	case !ok:
 		return route{first: s.lead, watch: -1}
@@ -235,7 +237,19 @@ func (s *Stack) route(reqs []Request) route {
 // learnLead decides the jobs of reqs' subjects by turns that meet, gate i
 // held first.
 func (s *Stack) learnLead(reqs []Request, i int) {
-	s.leads.learn(leadsKey(reqs), i, time.Now())
+	s.leads.learn(leadsKey(reqs), i, binderKey(i, reqs[i].Subject), time.Now())
+}
+
+// binderKeys returns the binderKey of each gate and its subject in reqs
+// (leadMemory.lookup).
+func binderKeys(reqs []Request) []string {
+	ks := make([]string, 0, len(reqs))
+	for i, r := range reqs {
+		if r.Subject != "" {
+			ks = append(ks, binderKey(i, r.Subject))
+		}
+	}
+	return ks
 }
 
 // giveBack gives back the turns a job took before a gate parked it or

@@ -137,12 +137,14 @@ func TestStackForgets(t *testing.T) {
 // job probe (each one after a miss), forgets a tuple after forgetMisses
 // probes in a row that it did not bind (a bound job starts
 // the count again), after forgetIdle without binding, and the least
-// recently used tuple when full.
+// recently used tuple when full; a tuple whose subject under a gate that
+// gate binds in another tuple is learnt at its first job, unless its own
+// probes forgot it.
 func TestLeadMemory(t *testing.T) {
 	t0 := time.Date(2026, 11, 26, 0, 0, 0, 0, time.UTC)
 	t.Run("misses", func(t *testing.T) {
 		l := newLeadMemory(4)
-		l.learn("a", 1, t0)
+		l.learn("a", 1, binderKey(1, "a"), t0)
 		for i := range forgetMisses - 1 {
 			if l.observe("a", false, t0) {
 				t.Fatalf("forgotten after %d misses, want %d", i+1, forgetMisses)
@@ -155,47 +157,80 @@ func TestLeadMemory(t *testing.T) {
 				t.Fatalf("miss %d: forgot %v, want %v", i+1, forgot, want)
 			}
 		}
-		if _, _, ok := l.lookup("a", t0); ok {
+		if _, _, ok := l.lookup("a", nil, t0); ok {
 			t.Error("a forgotten tuple is still held")
 		}
 	})
 	t.Run("probes", func(t *testing.T) {
 		l := newLeadMemory(4)
-		l.learn("a", 1, t0)
+		l.learn("a", 1, binderKey(1, "a"), t0)
 		for i := 1; i <= 2*probeEvery; i++ {
-			_, probe, _ := l.lookup("a", t0)
+			_, probe, _ := l.lookup("a", nil, t0)
 			if want := i%probeEvery == 0; probe != want {
 				t.Errorf("job %d: probe %v, want %v", i, probe, want)
 			}
 		}
 		l.observe("a", false, t0) // one probe found it not binding: each job probes
 		for i := range 2 {
-			if _, probe, _ := l.lookup("a", t0); !probe {
+			if _, probe, _ := l.lookup("a", nil, t0); !probe {
 				t.Errorf("job %d after a miss: no probe", i+1)
 			}
 		}
 	})
 	t.Run("idle", func(t *testing.T) {
 		l := newLeadMemory(4)
-		l.learn("a", 1, t0)
-		if g, _, ok := l.lookup("a", t0.Add(forgetIdle)); !ok || g != 1 {
+		l.learn("a", 1, binderKey(1, "a"), t0)
+		if g, _, ok := l.lookup("a", nil, t0.Add(forgetIdle)); !ok || g != 1 {
 			t.Errorf("at forgetIdle: got %d, %v, want 1, true", g, ok)
 		}
-		if _, _, ok := l.lookup("a", t0.Add(forgetIdle+time.Millisecond)); ok {
+		if _, _, ok := l.lookup("a", nil, t0.Add(forgetIdle+time.Millisecond)); ok {
 			t.Error("past forgetIdle without binding: still held")
 		}
 		if got := l.len(); got != 0 {
 			t.Errorf("%d tuples held, want 0", got)
 		}
 	})
+	t.Run("binders", func(t *testing.T) {
+		l := newLeadMemory(4)
+		acme, other := binderKey(1, "acme"), binderKey(1, "other")
+		l.learn("key-1/acme", 1, acme, t0)
+		if _, _, ok := l.lookup("key-0/other", func() []string { return []string{binderKey(0, "key-0"), other} }, t0); ok {
+			t.Error("a tuple of another tenant learnt from key-1's")
+		}
+		binders := func() []string { return []string{binderKey(0, "key-0"), acme} }
+		if g, probe, ok := l.lookup("key-0/acme", binders, t0); !ok || g != 1 || probe {
+			t.Fatalf("key-0/acme: got %d, probe %v, %v; want gate 1 learnt from key-1/acme, no probe", g, probe, ok)
+		}
+		for range forgetMisses {
+			l.observe("key-0/acme", false, t0)
+		}
+		if _, _, ok := l.lookup("key-0/acme", binders, t0.Add(time.Second)); ok {
+			t.Error("key-0/acme, forgotten by its probes, learnt again from key-1/acme")
+		}
+		if !l.has("key-1/acme") || l.has("key-0/acme") {
+			t.Errorf("held: key-1/acme %v, key-0/acme %v; want true, false", l.has("key-1/acme"), l.has("key-0/acme"))
+		}
+		// forgetIdle after: key-1/acme bound at t0, too long ago to teach.
+		late := t0.Add(forgetIdle + time.Millisecond)
+		if _, _, ok := l.lookup("key-2/acme", func() []string { return []string{acme} }, late); ok {
+			t.Error("key-2/acme learnt from a binder idle past forgetIdle")
+		}
+		l.observe("key-1/acme", true, late) // key-1's probe finds the tenant binding
+		if _, _, ok := l.lookup("key-2/acme", func() []string { return []string{acme} }, late); !ok {
+			t.Error("key-2/acme not learnt from key-1/acme, which just bound")
+		}
+		if got := l.len(); got != 2 {
+			t.Errorf("%d tuples held, want 2 (key-1 and key-2)", got)
+		}
+	})
 	t.Run("lru", func(t *testing.T) {
 		l := newLeadMemory(2)
-		l.learn("a", 1, t0)
-		l.learn("b", 1, t0)
-		l.lookup("a", t0) // a used last: b goes first
-		l.learn("c", 1, t0)
+		l.learn("a", 1, binderKey(1, "a"), t0)
+		l.learn("b", 1, binderKey(1, "b"), t0)
+		l.lookup("a", nil, t0) // a used last: b goes first
+		l.learn("c", 1, binderKey(1, "c"), t0)
 		for k, want := range map[string]bool{"a": true, "b": false, "c": true} {
-			if _, _, ok := l.lookup(k, t0); ok != want {
+			if _, _, ok := l.lookup(k, nil, t0); ok != want {
 				t.Errorf("%s held: %v, want %v", k, ok, want)
 			}
 		}
