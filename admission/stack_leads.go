@@ -3,7 +3,6 @@ package admission
 import (
 	"container/list"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 )
@@ -62,9 +61,11 @@ type learnt struct {
 	off    bool      // forgotten by its probes: not learnt again from its binder until forgetIdle after
 }
 
-// binder is what a memory knows of one gate's subject that binds: how
-// many tuples it binds (learnt, not off), and when it last bound one.
+// binder is what a memory knows of one gate's subject that binds: the
+// gate, how many tuples it binds (learnt, not off), and when it last
+// bound one.
 type binder struct {
+	gate   int
 	tuples int
 	bound  time.Time
 }
@@ -107,9 +108,8 @@ func (l *leadMemory) lookup(key string, binders func() []string, now time.Time) 
 	if !ok && binders != nil && len(l.binders) > 0 {
 		for _, bk := range binders() {
 			if b := l.binders[bk]; b != nil && now.Sub(b.bound) <= forgetIdle {
-				i, _ := strconv.Atoi(bk[:strings.IndexByte(bk, 0)])
-				l.add(key, i, bk, now)
-				return i, false, true
+				l.add(key, b.gate, bk, now)
+				return b.gate, false, true
 			}
 		}
 	}
@@ -157,7 +157,7 @@ func (l *leadMemory) add(key string, gate int, bk string, now time.Time) {
 	}
 	b := l.binders[bk]
 	if b == nil {
-		b = &binder{}
+		b = &binder{gate: gate}
 		l.binders[bk] = b
 	}
 	b.tuples++
