@@ -503,6 +503,10 @@ func TestLeasedBackends(t *testing.T) {
 			c := &opCount{ops: map[string]int{}}
 			b.Client.AddHook(c)
 			l := mustNew(t, b.Client, Options{Prefix: redistest.Prefix(t), LocalLease: leaseSlack}, rule)
+			// Closed before the backend's client (cleanups run last in,
+			// first out): else its idle check gives the lease back after
+			// the test, and TestCloseEndsGoroutines finds that goroutine.
+			t.Cleanup(func() { l.Close() })
 			var n atomic.Int64
 			var wg sync.WaitGroup
 			start := time.Now()
