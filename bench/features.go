@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobthrottle/jobthrottle/admission"
@@ -68,6 +69,7 @@ type featureSize struct {
 const (
 	featWithinTenant = "within-tenant"
 	featWithinKey    = "within-key"
+	featWithinNested = "within-nested" // within-tenant, the key's rule nested in the tenant's (throttle.Nest)
 	featPriority     = "priority"
 	featCalendar     = "calendar"
 )
@@ -120,7 +122,7 @@ func defaultFeaturesConfig(maxRate int, sizes ...int) featuresConfig {
 			rate = min(rate, max(maxRate, 3))
 		}
 		cases = append(cases,
-			featureSize{featWithinTenant, n, rate}, featureSize{featWithinKey, n, rate},
+			featureSize{featWithinTenant, n, rate}, featureSize{featWithinNested, n, rate}, featureSize{featWithinKey, n, rate},
 			featureSize{featPriority, n, rate}, featureSize{featCalendar, n, rate})
 	}
 	return featuresConfig{Servers: 3, Concurrency: 20, MaxWaitS: 1, Cases: cases, CapFactor: 2, CapSlackS: 10, QuietS: 5, Nice: niceness}
@@ -190,9 +192,26 @@ func featureRules(c featureSize, limRDB *redis.Client, prefix string) ([]worker.
 	}
 	var err error
 	switch c.Feature {
-	case featWithinTenant, featWithinKey:
+	case featWithinTenant, featWithinKey, featWithinNested:
 		key, tenant := withinLimits(c)
-		err = add(worker.TaskRule{Name: "key", Tasks: []string{"job:*"}, Subject: worker.PayloadField("key"), Within: "tenant"}, gcraRule("key", key))
+		if c.Feature == featWithinNested {
+			// As the rules file does for a rule within another
+			// (rules.RuleConfig.Nested): one limiter over both limits.
+			outer := gcraRule("tenant", tenant)
+			outer.Outer = true
+			keyOf, tenantOf := worker.PayloadField("key"), worker.PayloadField("tenant")
+			subject := func(t *asynq.Task) (string, error) {
+				k, err := keyOf(t)
+				if err != nil {
+					return "", err
+				}
+				tn, err := tenantOf(t)
+				return throttle.Nest(tn, k), err
+			}
+			err = add(worker.TaskRule{Name: "key", Tasks: []string{"job:*"}, Subject: subject}, gcraRule("key", key), outer)
+		} else {
+			err = add(worker.TaskRule{Name: "key", Tasks: []string{"job:*"}, Subject: worker.PayloadField("key"), Within: "tenant"}, gcraRule("key", key))
+		}
 		if err == nil {
 			err = add(worker.TaskRule{Name: "tenant", Tasks: []string{"tenant:*"}, Subject: worker.PayloadField("tenant")}, gcraRule("tenant", tenant))
 		}
@@ -214,7 +233,7 @@ func featureRules(c featureSize, limRDB *redis.Client, prefix string) ([]worker.
 func featurePayload(c featureSize, n int) func(i int) []byte {
 	return func(i int) []byte {
 		switch c.Feature {
-		case featWithinTenant, featWithinKey:
+		case featWithinTenant, featWithinKey, featWithinNested:
 			return fmt.Appendf(nil, `{"tenant":"acme","key":"k%d"}`, i%withinKeys)
 		case featPriority:
 			p := 0
@@ -267,7 +286,7 @@ func runFeatureCase(ctx context.Context, addr string, c featureSize, cfg feature
 	}
 	r.MaxStarts1s, r.MaxTurns1s = mostInSecond(starts, "", time.Time{})
 	switch c.Feature {
-	case featWithinTenant, featWithinKey:
+	case featWithinTenant, featWithinKey, featWithinNested:
 		r.withinKeys(starts)
 	case featPriority:
 		r.priorityOrder(f, starts)
@@ -295,7 +314,7 @@ func nthStart(starts []taskStart, k int) time.Time {
 // Rate, the keys together asking twice that; within-key, the three keys
 // together Rate, within a tenant of twice that.
 func withinLimits(c featureSize) (key, tenant int) {
-	if c.Feature == featWithinTenant {
+	if c.Feature == featWithinTenant || c.Feature == featWithinNested {
 		return max(2*c.Rate/withinKeys, 1), c.Rate
 	}
 	return max(c.Rate/withinKeys, 1), 2 * c.Rate

@@ -3,6 +3,7 @@ package rules
 import (
 	"cmp"
 	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"strconv"
@@ -91,7 +92,64 @@ func (p *parser) config(root *yaml.Node) (*Config, error) {
 		}
 		c.Rules = append(c.Rules, r)
 	}
-	return c, p.checkWithin(rules, c.Rules)
+	if err := p.checkWithin(rules, c.Rules); err != nil {
+		return c, err
+	}
+	return c, p.nest(rules, c.Rules)
+}
+
+// nest gives each nested rule of rs (RuleConfig.Nested) the limits of the
+// rule it is within and its subject, or fails with the reason it cannot
+// be nested.
+func (p *parser) nest(rules *yaml.Node, rs []RuleConfig) error {
+	byName := map[string]int{}
+	for i, r := range rs {
+		byName[r.Name] = i
+	}
+	for i := range rs {
+		r := &rs[i]
+		if !r.Nested {
+			continue
+		}
+		fail := func(reason string) error {
+			p.rule = r.Name
+			return p.Failf(yamlfile.Resolve(rules.Content[i]), "nested", "%s", reason)
+		}
+		if r.Within == "" {
+			return fail("needs within: the rule whose subject this rule's subjects belong to")
+		}
+		o := rs[byName[r.Within]]
+		if reason := notNestable(*r, o); reason != "" {
+			return fail(reason + "; without nested: true, within stacks the two rules (admission.Stack)")
+		}
+		outer := o.Subject
+		r.Subject.Outer = &outer
+		r.Limits = slices.Clip(r.Limits)
+		for _, l := range o.Limits {
+			l.Outer = true
+			r.Limits = append(r.Limits, l)
+		}
+	}
+	return nil
+}
+
+// notNestable says why r, within o, cannot be decided under both rules'
+// limits in one call (RuleConfig.Nested), or "" if it can.
+func notNestable(r, o RuleConfig) string {
+	switch {
+	case o.Within != "":
+		return fmt.Sprintf("rule %q is within another rule in turn; a nested rule's outer rule is within none", o.Name)
+	case r.LimitCosts != nil || o.LimitCosts != nil || r.Cost != o.Cost:
+		return fmt.Sprintf("this rule's cost and rule %q's differ or are per limit; a nested rule takes one cost under both", o.Name)
+	case o.FairBy != (SubjectConfig{}) || o.Priority.PayloadField != "" || o.Priority.Queues != nil:
+		return fmt.Sprintf("rule %q has fair_by or priority, which order its own subject's line", o.Name)
+	}
+	for _, l := range slices.Concat(r.Limits, o.Limits) {
+		if l.Algorithm == throttle.Concurrency {
+			return "a concurrency limit cannot be nested"
+		}
+	}
+	return ""
 }
 
 // checkWithin checks each rule's within (rs, read from the nodes of
@@ -203,6 +261,7 @@ func (p *parser) ruleFields(n *yaml.Node, r *RuleConfig, names map[string]int, o
 		{Key: "horizon", Read: duration(&r.Horizon, time.Millisecond, admission.MaxHorizon)},
 		{Key: "fair_by", Read: subject(&r.FairBy)},
 		{Key: "within", Read: p.StrTo(&r.Within)},
+		{Key: "nested", Read: p.BoolTo(&r.Nested)},
 		{Key: "priority", Read: yamlfile.Into(&r.Priority, func(v *yaml.Node, _ string) (PriorityConfig, error) { return p.priority(v, &r.MaxAge) })},
 		{Key: "weights", Read: yamlfile.Into(&r.Weights, func(v *yaml.Node, _ string) (map[string]int, error) { return p.weights(v, fair()) })},
 		{Key: "share_limit", Read: yamlfile.Into(&r.ShareLimit, func(v *yaml.Node, _ string) (throttle.Limit, error) { return p.shareLimit(v, fair()) })},

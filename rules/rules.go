@@ -107,6 +107,20 @@ type RuleConfig struct {
 	// hold for this rule's tasks, over that rule's own subject and cost (a
 	// per-key rule within a per-tenant one, worker.TaskRule.Within).
 	Within string
+	// Nested (nested: true, with Within) says that each subject of the
+	// rule belongs to one subject of the rule it is within (an API key to
+	// its tenant). Its tasks are then decided in one atomic call under
+	// both rules' limits: its Limits hold the outer rule's after its own
+	// (throttle.Rule.Outer), and its Subject nests the task's subject in
+	// the outer rule's (throttle.Nest), so its state lives in the outer
+	// subject's Redis slot and a task parks once, in its subject's line,
+	// on a turn of both limits. A subject is limited within its outer
+	// subject: a key that two tenants' tasks name has a limit under each.
+	// The outer rule must be within none, neither rule may have a
+	// concurrency limit or per-limit costs, both take the same cost, and
+	// the outer rule has no fair_by and no priority. Without it, Within
+	// stacks the rules (admission.Stack).
+	Nested bool
 	// Settings are how the rule's tasks are admitted, as the workers give
 	// them to admission: max_wait, wait_slots, horizon, weights and
 	// share_limit (admission.Settings, whose zero fields are defaults).
@@ -119,14 +133,31 @@ type RuleConfig struct {
 type SubjectConfig struct {
 	Fixed        string // one subject for every task
 	PayloadField string // a top-level field of the task's JSON payload
+	// Outer, set on a nested rule's subject (RuleConfig.Nested), is the
+	// subject of the rule it is within: Of nests the task's subject in it.
+	Outer *SubjectConfig
 }
 
 // Of returns the subject of a task whose payload is payload: Fixed, or
 // the value of the field PayloadField (a string, or a number as written).
 // An error means the task can never be admitted: a payload that is not a
 // JSON object, a missing field, or a value that is null, empty, or not a
-// string or number.
+// string or number. A nested rule's subject (Outer set) is the task's
+// subject nested in its outer one (throttle.Nest).
 func (s SubjectConfig) Of(payload []byte) (string, error) {
+	if s.Outer != nil {
+		outer, err := s.Outer.Of(payload)
+		if err != nil {
+			return "", err
+		}
+		inner := s
+		inner.Outer = nil
+		own, err := inner.Of(payload)
+		if err != nil || outer == "" || own == "" {
+			return "", err
+		}
+		return throttle.Nest(outer, own), nil
+	}
 	if s.PayloadField != "" {
 		return jsonpayload.Field(payload, s.PayloadField)
 	}

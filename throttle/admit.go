@@ -464,7 +464,7 @@ const lineCapsKey = 6
 // one subject (two rules drawing on one budget, each with a limit of its
 // own) have a line each, and neither books the other's members.
 func (p *policy) lineKeys(subject string) []string {
-	k := key(p.prefix, escape(subject), lineSuffix+"("+strings.Join(p.keyRules, ",")+")")
+	k := key(p.prefix, subjectKey(subject), lineSuffix+"("+strings.Join(p.keyRules, ",")+")")
 	return []string{k, k + ":e", k + ":f", k + ":h", k + ":q", k + ":s", k + ":c"}
 }
 

@@ -34,7 +34,11 @@ func newLimiterKeys(prefix, subject string, limits []throttle.Rule) limiterKeys 
 	for i, l := range limits {
 		names[i] = keyEscape(l.Name)
 	}
-	return limiterKeys{tag: prefix + "{" + keyEscape(subject) + "}:", rules: strings.Join(names, ",")}
+	enc := keyEscape(subject)
+	if outer, inner, nested := strings.Cut(subject, "\x00"); nested { // throttle.Nest
+		enc = keyEscape(outer) + "}{" + keyEscape(inner)
+	}
+	return limiterKeys{tag: prefix + "{" + enc + "}:", rules: strings.Join(names, ",")}
 }
 
 // member is a booking's or receipt's member under the limiter's rules, in

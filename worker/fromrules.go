@@ -103,6 +103,9 @@ func (s *ruleSource) taskRules(cfg *rules.Config) ([]TaskRule, error) {
 			Subject:  func(t *asynq.Task) (string, error) { return r.Subject.Of(t.Payload()) },
 			Cost:     func(t *asynq.Task) (int, error) { return r.Cost.Of(t.Payload()) },
 			Settings: r.Settings, Within: r.Within}
+		if r.Nested {
+			tr.Within = "" // decided under both rules' limits by its own limiter (rules.RuleConfig.Nested)
+		}
 		if r.LimitCosts != nil {
 			tr.Cost, tr.Costs = nil, func(t *asynq.Task) (throttle.Costs, error) { return r.Costs(t.Payload()) }
 		}

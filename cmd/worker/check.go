@@ -36,7 +36,10 @@ func check(w io.Writer, cfg *rules.Config, handlers *handler.Config) {
 		if d.Waiting != "" {
 			fmt.Fprintf(w, "  line: %s\n", d.Waiting)
 		}
-		if r.Within != "" {
+		switch {
+		case r.Nested:
+			fmt.Fprintf(w, "  within rule %q, nested: one atomic call takes a turn of its limits and of this rule's, under its subject (this rule's subject is limited within it); a task parks once\n", r.Within)
+		case r.Within != "":
 			fmt.Fprintf(w, "  within rule %q: its tasks also take a turn of it, and park once, on the slower of the two\n", r.Within)
 		}
 	}
@@ -64,10 +67,7 @@ type ruleWords struct {
 
 // describeRule is r in words.
 func describeRule(r rules.RuleConfig) ruleWords {
-	d := ruleWords{Tasks: strings.Join(r.Tasks, ", "), Subject: fmt.Sprintf("payload field %q", r.Subject.PayloadField), Waiting: describeLine(r)}
-	if r.Subject.PayloadField == "" {
-		d.Subject = fmt.Sprintf("fixed %q", r.Subject.Fixed)
-	}
+	d := ruleWords{Tasks: strings.Join(r.Tasks, ", "), Subject: describeSubject(r.Subject), Waiting: describeLine(r)}
 	// A rule's limiter is a *throttle.Limiter, which books turns: an
 	// unset max_wait is the admission gate's default.
 	d.MaxWait = admission.DefaultMaxWait.String() + " (the default)"
@@ -79,7 +79,24 @@ func describeRule(r rules.RuleConfig) ruleWords {
 		if r.LimitCosts != nil {
 			s += "; cost " + describeCost(r.LimitCost(i))
 		}
+		if l.Outer {
+			s += fmt.Sprintf(" (rule %q's, over its subject)", r.Within)
+		}
 		d.Limits = append(d.Limits, s)
+	}
+	return d
+}
+
+// describeSubject is a rule's subject in words: `payload field "key"`,
+// `fixed "all"`, or a nested one's `payload field "key" within payload
+// field "tenant"`.
+func describeSubject(s rules.SubjectConfig) string {
+	d := fmt.Sprintf("payload field %q", s.PayloadField)
+	if s.PayloadField == "" {
+		d = fmt.Sprintf("fixed %q", s.Fixed)
+	}
+	if s.Outer != nil {
+		d += " within " + describeSubject(*s.Outer)
 	}
 	return d
 }
