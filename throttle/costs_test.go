@@ -366,3 +366,28 @@ func TestPrepayCosts(t *testing.T) {
 		}
 	})
 }
+
+// Two buckets over one subject, where each binds in turn (costs per rule:
+// requests and tokens): every turn is charged to both when it acts, so
+// neither rule's turns come closer than its own limit allows.
+func TestTurnChargedToEveryRuleWhenItActs(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := context.Background()
+		l := mustNew(t, rdb, Options{},
+			Rule{Name: "requests", Algorithm: GCRA, Limit: PerSecond(10).WithBurst(1)},
+			Rule{Name: "tokens", Algorithm: TokenBucket, Limit: PerSecond(100).WithBurst(100)})
+		var turns []time.Duration
+		for i, tokens := range []int{100, 1, 100, 1, 1} {
+			a, err := l.Admit(ctx, AdmitRequest{Subject: "s", Costs: Costs{1, tokens}, Caller: Caller{ID: fmt.Sprint(i)}, Wait: 0, Tolerance: 10 * ms})
+			if err != nil {
+				t.Fatal(err)
+			}
+			turns = append(turns, a.Delay)
+		}
+		for i := 1; i < len(turns); i++ {
+			if gap := turns[i] - turns[i-1]; gap < 100*ms-ms {
+				t.Errorf("turns %v: %v and %v are %v apart, under the requests' 10/s", turns, turns[i-1], turns[i], gap)
+			}
+		}
+	})
+}

@@ -134,3 +134,30 @@ func TestNestReset(t *testing.T) {
 		}
 	})
 }
+
+// A turn is charged to every rule at the time it acts. Key a's backlog
+// is held back by its own limit (2/s), not its tenant's (3/s); key b's
+// turns, after a's, come the tenant's interval after the last of a's,
+// then b's own interval apart (before, the tenant was charged at its own
+// earliest times, 0, 333 and 667 ms, while a's turns acted at 0, 500 and
+// 1000 ms, and b's first turn took 1000 ms again).
+func TestNestTurnChargedWhenItActs(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := context.Background()
+		l := mustNew(t, rdb, Options{}, nestRules()...)
+		var turns []time.Duration
+		for _, k := range []string{"a", "a", "a", "b", "b", "b"} {
+			a, err := l.Admit(ctx, AdmitRequest{Subject: Nest("t", k), N: 1, Caller: Caller{ID: fmt.Sprint(k, len(turns))}, Wait: 0, Tolerance: 10 * ms})
+			if err != nil {
+				t.Fatal(err)
+			}
+			turns = append(turns, a.Delay)
+		}
+		want := []time.Duration{0, 500 * ms, time.Second, 1333333 * time.Microsecond, 1833333 * time.Microsecond, 2333333 * time.Microsecond}
+		for i := range want {
+			if d := turns[i] - want[i]; d < -ms || d > ms {
+				t.Fatalf("turns %v, want %v: the tenant's turns its interval apart when they act", turns, want)
+			}
+		}
+	})
+}

@@ -67,6 +67,7 @@ if rare or #ARGV > 8 then decide = function(n, reserve, max_wait, nrules, ns)
   end
   local reply = {ok and 1 or 0, decider, rems[decider], delay, reset, now}
   if ok and n > 0 then
+    meet_at(nrules, n, ns, delay, delays, s1s, s2s)
     for i = 1, nrules do
       local algo, count, period, extra = rule(i)
       local m = ns and ns[i] or n

@@ -239,6 +239,7 @@ local function line_base(n, nrules, b, rkey, tkey, tol)
       if dc > delay then return false, delay, dc end
       cap_take(sh, m, delay)
     end
+    meet_at(nrules, m, ms, delay, delays, s1s, s2s)
     for i = 1, nrules do
       local algo, count, period, extra = rule(i)
       local mi = ms and ms[i] or m

@@ -28,6 +28,36 @@ if rare or #ARGV > 8 then
   end
 end
 
+-- meet_at charges a turn of several rules to each bucket rule at the
+-- turn, delay µs from now, not at the bucket's own earliest: a bucket
+-- whose own turn (delays[i]) comes earlier is checked again from the turn
+-- (not_before, bucket.lua), so that its state records the permit when it
+-- is used. Else the bucket would hold it at its own earlier time, and
+-- callers that the bucket limits without the other rules (a tenant's limit
+-- beside each key's: throttle.Nest) could take the same moment again: one
+-- permit too many in a window for each turn that another rule held back.
+-- ms is each rule's permits (nil: n for each); delays, s1s and s2s are
+-- decide's per-rule check results, updated in place. Window rules keep
+-- their own delays (their checks have no not_before).
+local meet_at
+if rare or #ARGV > 8 then
+  meet_at = function(nrules, n, ms, delay, delays, s1s, s2s)
+    local nb = not_before
+    not_before = now + delay
+    for i = 1, nrules do
+      local m = ms and ms[i] or n
+      if delays[i] < delay and m > 0 then
+        local algo, count, period, extra = rule(i)
+        if algo == 'gcra' or algo == 'token_bucket' then
+          local ok, d, _, _, s1, s2 = (one_check or checks[algo])(KEYS[i], count, period, extra, m, true, -1)
+          if ok then delays[i], s1s[i], s2s[i] = d, s1, s2 end
+        end
+      end
+    end
+    not_before = nb
+  end
+end
+
 -- per_rule reads a count of permits in either form of ARGV[2] (a number,
 -- or 'n1,n2,...,nr': refund.lua's and settle.lua's counts too, and a line
 -- member's, line.lua) and returns the largest and, for the second form,
