@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/jobthrottle/jobthrottle/admission"
@@ -50,7 +49,7 @@ type featuresConfig struct {
 	// QuietS is how long the calendar case watches the tasks past the
 	// quota wait, counting the limiter calls.
 	QuietS float64 `json:"quiet_s"`
-	// Only, if set, is the one feature run.
+	// Only, if set, is the features run, comma-separated.
 	Only string `json:"only,omitempty"`
 	// MaxRate, if above 0, bounds each case's rate (else N/20 a second).
 	MaxRate int `json:"max_rate,omitempty"`
@@ -69,7 +68,7 @@ type featureSize struct {
 const (
 	featWithinTenant = "within-tenant"
 	featWithinKey    = "within-key"
-	featWithinNested = "within-nested" // within-tenant, the key's rule nested in the tenant's (throttle.Nest)
+	featWithinNested = "within-nested" // within-tenant, nested: true (the tenant's rule, each key a share limited by the key's)
 	featPriority     = "priority"
 	featCalendar     = "calendar"
 )
@@ -138,7 +137,7 @@ func runFeaturesPart(logf func(string, ...any), cfg featuresConfig) error {
 	defer srv.Stop()
 	res := &featuresResult{partHead: head, Config: cfg}
 	for _, c := range cfg.Cases {
-		if cfg.Only != "" && c.Feature != cfg.Only {
+		if cfg.Only != "" && !slices.Contains(strings.Split(cfg.Only, ","), c.Feature) {
 			continue
 		}
 		r, err := runFeatureCase(context.Background(), srv.Addr, c, cfg)
@@ -195,20 +194,13 @@ func featureRules(c featureSize, limRDB *redis.Client, prefix string) ([]worker.
 	case featWithinTenant, featWithinKey, featWithinNested:
 		key, tenant := withinLimits(c)
 		if c.Feature == featWithinNested {
-			// As the rules file does for a rule within another
-			// (rules.RuleConfig.Nested): one limiter over both limits.
-			outer := gcraRule("tenant", tenant)
-			outer.Outer = true
-			keyOf, tenantOf := worker.PayloadField("key"), worker.PayloadField("tenant")
-			subject := func(t *asynq.Task) (string, error) {
-				k, err := keyOf(t)
-				if err != nil {
-					return "", err
-				}
-				tn, err := tenantOf(t)
-				return throttle.Nest(tn, k), err
-			}
-			err = add(worker.TaskRule{Name: "key", Tasks: []string{"job:*"}, Subject: subject}, gcraRule("key", key), outer)
+			// As the rules file builds a rule with nested: true
+			// (rules.RuleConfig.Nested): the tenant's limit, in a line of
+			// the key rule's own, each key a share limited by the key's.
+			lim, lerr := throttle.New(limRDB, throttle.Options{Prefix: prefix, Line: "key"}, gcraRule("tenant", tenant))
+			rules = append(rules, worker.TaskRule{Name: "key", Tasks: []string{"job:*"}, Subject: worker.PayloadField("tenant"), FairBy: worker.PayloadField("key"),
+				Limiter: lim, Settings: admission.Settings{ShareLimit: throttle.PerSecond(key).WithBurst(1)}})
+			err = lerr
 		} else {
 			err = add(worker.TaskRule{Name: "key", Tasks: []string{"job:*"}, Subject: worker.PayloadField("key"), Within: "tenant"}, gcraRule("key", key))
 		}
@@ -224,7 +216,7 @@ func featureRules(c featureSize, limRDB *redis.Client, prefix string) ([]worker.
 		err = fmt.Errorf("no feature %q", c.Feature)
 	}
 	for i := range rules {
-		rules[i].Settings = admission.Settings{MaxWait: admission.DefaultMaxWait}
+		rules[i].Settings.MaxWait = admission.DefaultMaxWait
 	}
 	return rules, err
 }
@@ -328,7 +320,19 @@ func (r *featureRun) withinKeys(starts []taskStart) {
 	r.Bound1s = min(tenant+1, withinKeys*(key+1))
 	r.KeyBound1s = key + 1
 	for k := range withinKeys {
-		_, most := mostInSecond(starts, fmt.Sprintf("k%d", k), time.Time{})
+		subject := fmt.Sprintf("k%d", k)
+		of := starts
+		switch r.Feature {
+		case featWithinNested: // one subject, the tenant: a key is a share
+			of = nil
+			for _, s := range starts {
+				if s.key == subject {
+					of = append(of, s)
+				}
+			}
+			subject = ""
+		}
+		_, most := mostInSecond(of, subject, time.Time{})
 		r.MaxKeyTurns1s = max(r.MaxKeyTurns1s, most)
 	}
 }

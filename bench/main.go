@@ -133,7 +133,7 @@ func main() {
 	llmProvider := flag.Bool("llm-provider", false, "run the llm-provider part (issue 23, about 3 minutes): 2,000 LLM calls by cmd/worker's llm handler against a fake provider in OpenAI's and Anthropic's styles, with its limits configured, learned from its headers, or a per-process x/time/rate limiter; results/<date>-llm-provider.json")
 	features := flag.Bool("features", false, "run the features part (issue 24, about 4 minutes): backlogs of 300 and 3,000 tasks under a per-key rule within a per-tenant one (the tenant binding, the keys binding), a priority and a calendar quota, through asynq; results/<date>-features.json")
 	featureSizes := flag.String("feature-sizes", "300,3000", "with -features: the backlog sizes, comma-separated; each runs at size/20 tasks a second")
-	featureOnly := flag.String("feature", "", "with -features: run only this feature (within-tenant, within-key, priority, calendar)")
+	featureOnly := flag.String("feature", "", "with -features: run only these features, comma-separated (within-tenant, within-nested, within-key, priority, calendar)")
 	featureMaxRate := flag.Int("feature-max-rate", 0, "with -features: at most this many tasks a second for any size (0: size/20; a larger backlog then takes longer than 20 s)")
 	llmBacklog := flag.Bool("llm-backlog", false, "run the llm-backlog part (issue 23, about 4 minutes): a parked backlog of 2,000 LLM calls charged requests, input and output tokens in one decision, settled to their real counts or not; results/<date>-llm-backlog.json")
 	shares := flag.Bool("shares", false, "run the shares part (about 2.5 minutes): one key shared fairly by tenants, each with a share_limit, beside fair_by alone; results/<date>-shares.json")

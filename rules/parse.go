@@ -98,9 +98,8 @@ func (p *parser) config(root *yaml.Node) (*Config, error) {
 	return c, p.nest(rules, c.Rules)
 }
 
-// nest gives each nested rule of rs (RuleConfig.Nested) the limits of the
-// rule it is within and its subject, or fails with the reason it cannot
-// be nested.
+// nest makes each nested rule of rs (RuleConfig.Nested) a share of the
+// rule it is within, or fails with the reason it cannot be.
 func (p *parser) nest(rules *yaml.Node, rs []RuleConfig) error {
 	byName := map[string]int{}
 	for i, r := range rs {
@@ -116,37 +115,38 @@ func (p *parser) nest(rules *yaml.Node, rs []RuleConfig) error {
 			return p.Failf(yamlfile.Resolve(rules.Content[i]), "nested", "%s", reason)
 		}
 		if r.Within == "" {
-			return fail("needs within: the rule whose subject this rule's subjects belong to")
+			return fail("needs within: the rule whose subjects this rule's subjects belong to")
 		}
 		o := rs[byName[r.Within]]
 		if reason := notNestable(*r, o); reason != "" {
-			return fail(reason + "; without nested: true, within stacks the two rules (admission.Stack)")
+			return fail(reason + "; without nested: true, within stacks the two rules")
 		}
-		outer := o.Subject
-		r.Subject.Outer = &outer
-		r.Limits = slices.Clip(r.Limits)
-		for _, l := range o.Limits {
-			l.Outer = true
-			r.Limits = append(r.Limits, l)
-		}
+		r.FairBy, r.Subject = r.Subject, o.Subject
+		r.ShareLimit = r.Limits[0].Limit
+		r.Limits = slices.Clone(o.Limits)
 	}
 	return nil
 }
 
-// notNestable says why r, within o, cannot be decided under both rules'
-// limits in one call (RuleConfig.Nested), or "" if it can.
+// notNestable says why r, within o, cannot be nested (RuleConfig.Nested),
+// or "" if it can.
 func notNestable(r, o RuleConfig) string {
+	bucket := func(l throttle.Rule) bool { return l.Algorithm == throttle.GCRA || l.Algorithm == throttle.TokenBucket }
 	switch {
+	case len(r.Limits) != 1 || !bucket(r.Limits[0]):
+		return "a nested rule has one limit, gcra or token_bucket: each of its subjects' share of the outer rule's line"
+	case r.FairBy != (SubjectConfig{}) || r.ShareLimit != (throttle.Limit{}) || r.Priority.PayloadField != "" || r.Priority.Queues != nil:
+		return "a nested rule's subjects are the shares of the outer rule's line: it has no fair_by, share_limit or priority of its own"
 	case o.Within != "":
 		return fmt.Sprintf("rule %q is within another rule in turn; a nested rule's outer rule is within none", o.Name)
+	case o.FairBy != (SubjectConfig{}) || o.ShareLimit != (throttle.Limit{}) || o.Priority.PayloadField != "" || o.Priority.Queues != nil:
+		return fmt.Sprintf("rule %q has fair_by, share_limit or priority, which order its own line", o.Name)
 	case r.LimitCosts != nil || o.LimitCosts != nil || r.Cost != o.Cost:
-		return fmt.Sprintf("this rule's cost and rule %q's differ or are per limit; a nested rule takes one cost under both", o.Name)
-	case o.FairBy != (SubjectConfig{}) || o.Priority.PayloadField != "" || o.Priority.Queues != nil:
-		return fmt.Sprintf("rule %q has fair_by or priority, which order its own subject's line", o.Name)
+		return fmt.Sprintf("this rule's cost and rule %q's differ or are per limit; a nested rule's tasks take one cost under both", o.Name)
 	}
-	for _, l := range slices.Concat(r.Limits, o.Limits) {
-		if l.Algorithm == throttle.Concurrency {
-			return "a concurrency limit cannot be nested"
+	for _, l := range o.Limits {
+		if !bucket(l) {
+			return fmt.Sprintf("rule %q has a limit of %s; a line with shares needs gcra or token_bucket limits", o.Name, l.Algorithm)
 		}
 	}
 	return ""

@@ -109,17 +109,18 @@ type RuleConfig struct {
 	Within string
 	// Nested (nested: true, with Within) says that each subject of the
 	// rule belongs to one subject of the rule it is within (an API key to
-	// its tenant). Its tasks are then decided in one atomic call under
-	// both rules' limits: its Limits hold the outer rule's after its own
-	// (throttle.Rule.Outer), and its Subject nests the task's subject in
-	// the outer rule's (throttle.Nest), so its state lives in the outer
-	// subject's Redis slot and a task parks once, in its subject's line,
-	// on a turn of both limits. A subject is limited within its outer
-	// subject: a key that two tenants' tasks name has a limit under each.
-	// The outer rule must be within none, neither rule may have a
-	// concurrency limit or per-limit costs, both take the same cost, and
-	// the outer rule has no fair_by and no priority. Without it, Within
-	// stacks the rules (admission.Stack).
+	// its tenant). Parse then makes its tasks the outer rule's, shared out
+	// by this rule's subject: Subject becomes the outer rule's, FairBy
+	// this rule's own, ShareLimit its one limit (gcra or token_bucket) and
+	// Limits the outer rule's (the same keys: the tenant's limit is the
+	// one its own tasks use). Each key is then a share of the tenant's
+	// line, limited on its own there, and one atomic call decides a task
+	// under both limits (throttle.AdmitRequest.ShareLimit): a task parks
+	// once. Its limiter keeps a line of its own (throttle.Options.Line:
+	// the rule's name), apart from the outer rule's tasks'. A key is
+	// limited within its tenant: a key that two tenants' tasks name has a
+	// limit under each. Within is kept, for --check; the worker does not
+	// stack a nested rule.
 	Nested bool
 	// Settings are how the rule's tasks are admitted, as the workers give
 	// them to admission: max_wait, wait_slots, horizon, weights and
@@ -133,31 +134,14 @@ type RuleConfig struct {
 type SubjectConfig struct {
 	Fixed        string // one subject for every task
 	PayloadField string // a top-level field of the task's JSON payload
-	// Outer, set on a nested rule's subject (RuleConfig.Nested), is the
-	// subject of the rule it is within: Of nests the task's subject in it.
-	Outer *SubjectConfig
 }
 
 // Of returns the subject of a task whose payload is payload: Fixed, or
 // the value of the field PayloadField (a string, or a number as written).
 // An error means the task can never be admitted: a payload that is not a
 // JSON object, a missing field, or a value that is null, empty, or not a
-// string or number. A nested rule's subject (Outer set) is the task's
-// subject nested in its outer one (throttle.Nest).
+// string or number.
 func (s SubjectConfig) Of(payload []byte) (string, error) {
-	if s.Outer != nil {
-		outer, err := s.Outer.Of(payload)
-		if err != nil {
-			return "", err
-		}
-		inner := s
-		inner.Outer = nil
-		own, err := inner.Of(payload)
-		if err != nil || outer == "" || own == "" {
-			return "", err
-		}
-		return throttle.Nest(outer, own), nil
-	}
 	if s.PayloadField != "" {
 		return jsonpayload.Field(payload, s.PayloadField)
 	}
@@ -347,6 +331,9 @@ func (c *Config) Limiter(rdb redis.UniversalClient, rule string, base throttle.O
 		return nil, fmt.Errorf("rules: %s: no rule named %q", c.File, rule)
 	}
 	opts := throttle.Options{Prefix: c.Prefix, FailOpen: c.FailOpen, Logger: base.Logger, OnRedisError: base.OnRedisError, OnHandoff: base.OnHandoff, PrepayAfter: base.PrepayAfter}
+	if r.Nested {
+		opts.Line = r.Name // its shares' limits are kept in its line (RuleConfig.Nested)
+	}
 	lim, err := throttle.New(rdb, opts, r.Limits...)
 	if err != nil {
 		return nil, fmt.Errorf("rules: %s:%d: rule %q: %w", c.File, r.Line, r.Name, err)

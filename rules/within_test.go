@@ -45,10 +45,10 @@ func TestWithin(t *testing.T) {
 }
 
 // TestWithinNested: a per-key rule within a per-tenant one, nested: its
-// limiter holds both rules' limits (the tenant's Outer) and its subject is
-// the key's nested in the tenant's, so one atomic call decides both. A
-// rule that cannot be nested is refused with the reason; without nested,
-// within stacks the rules.
+// tasks become the tenant's, each key a share of the tenant's line limited
+// by the key's limit, under the tenant's limits (the same keys) in a line
+// of its own. A rule that cannot be nested is refused with the reason;
+// without nested, within stacks the rules.
 func TestWithinNested(t *testing.T) {
 	const file = `rules:
   - name: key
@@ -57,6 +57,7 @@ func TestWithinNested(t *testing.T) {
     algorithm: gcra
     limit: 7
     period: 1s
+    burst: 2
     within: tenant
     nested: true
   - name: tenant
@@ -71,29 +72,27 @@ func TestWithinNested(t *testing.T) {
 		t.Fatal(err)
 	}
 	key, tenant := cfg.Rules[0], cfg.Rules[1]
-	if len(key.Limits) != 2 || key.Limits[0].Name != "key" || key.Limits[0].Outer ||
-		key.Limits[1].Name != "tenant" || !key.Limits[1].Outer || key.Limits[1].Limit != tenant.Limits[0].Limit {
-		t.Errorf("key's limits %+v, want its own, then the tenant's as Outer", key.Limits)
+	if !key.Nested || key.Subject != tenant.Subject || key.FairBy != (SubjectConfig{PayloadField: "api_key"}) {
+		t.Errorf("nested rule: subject %+v, fair_by %+v; want the tenant's subject, its own as fair_by", key.Subject, key.FairBy)
 	}
-	if len(tenant.Limits) != 1 || tenant.Limits[0].Outer || tenant.Subject.Outer != nil {
-		t.Errorf("tenant's limits %+v, subject %+v: changed", tenant.Limits, tenant.Subject)
+	if want := throttle.PerSecond(7).WithBurst(2); key.ShareLimit != want {
+		t.Errorf("share_limit %+v, want its own limit %+v", key.ShareLimit, want)
 	}
-	got, err := key.Subject.Of([]byte(`{"api_key": "k1", "tenant": "t1"}`))
-	if want := throttle.Nest("t1", "k1"); err != nil || got != want {
-		t.Errorf("key's subject %q, %v; want %q", got, err, want)
+	if len(key.Limits) != 1 || key.Limits[0] != tenant.Limits[0] {
+		t.Errorf("limits %+v, want the tenant's %+v", key.Limits, tenant.Limits)
 	}
-	if _, err := key.Subject.Of([]byte(`{"api_key": "k1"}`)); err == nil {
-		t.Errorf("a task without the tenant's field: no error")
+	if tenant.FairBy != (SubjectConfig{}) || tenant.ShareLimit != (throttle.Limit{}) {
+		t.Errorf("the tenant's rule changed: %+v", tenant)
 	}
 	stacked, err := Parse("rules.yaml", []byte(strings.Replace(strings.Replace(file, "    nested: true\n", "", 1), "%s", "", 1)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := stacked.Rules[0]; r.Nested || len(r.Limits) != 1 || r.Subject.Outer != nil {
+	if r := stacked.Rules[0]; r.Nested || r.FairBy != (SubjectConfig{}) || r.Limits[0].Name != "key" {
 		t.Errorf("within without nested: %+v, want the rule as written", r)
 	}
 	for _, tc := range []struct{ tail, want string }{
-		{"    fair_by: {payload_field: user}\n", `rules.yaml:2: rule "key": nested: rule "tenant" has fair_by or priority`},
+		{"    fair_by: {payload_field: user}\n", `rules.yaml:2: rule "key": nested: rule "tenant" has fair_by, share_limit or priority`},
 		{"    cost: 2\n", `rules.yaml:2: rule "key": nested: this rule's cost and rule "tenant"'s differ`},
 		{"    within: key\n", `comes back to it`},
 	} {
@@ -101,6 +100,10 @@ func TestWithinNested(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("the tenant with %q: %v, want an error with %q", tc.tail, err, tc.want)
 		}
+	}
+	window := strings.Replace(strings.Replace(file, "    algorithm: gcra\n", "    algorithm: fixed_window\n", 1), "    burst: 2\n", "", 1)
+	if _, err := Parse("rules.yaml", []byte(strings.Replace(window, "%s", "", 1))); err == nil || !strings.Contains(err.Error(), "one limit, gcra or token_bucket") {
+		t.Errorf("a nested fixed window: %v, want an error", err)
 	}
 	_, err = Parse("rules.yaml", []byte(strings.Replace(strings.Replace(file, "    within: tenant\n", "", 1), "%s", "", 1)))
 	if want := `rule "key": nested: needs within`; err == nil || !strings.Contains(err.Error(), want) {

@@ -463,8 +463,13 @@ const lineCapsKey = 6
 // its members' turns under the serving limiter's rules: two limiters over
 // one subject (two rules drawing on one budget, each with a limit of its
 // own) have a line each, and neither books the other's members.
+// Options.Line names the line in place of the rules.
 func (p *policy) lineKeys(subject string) []string {
-	k := key(p.prefix, subjectKey(subject), lineSuffix+"("+strings.Join(p.keyRules, ",")+")")
+	name := p.lineName
+	if name == "" {
+		name = strings.Join(p.keyRules, ",")
+	}
+	k := key(p.prefix, escape(subject), lineSuffix+"("+name+")")
 	return []string{k, k + ":e", k + ":f", k + ":h", k + ":q", k + ":s", k + ":c"}
 }
 

@@ -253,7 +253,7 @@ func (s *leases) call(ctx context.Context, o op, subject string, ids []string) (
 	}
 	ctx, cancel := ownTimeout(ctx, renewTimeout)
 	defer cancel()
-	cmd, err := l.exec(ctx, o, leaseScript, []string{l.ruleKey(enc, s.rule, "")}, args)
+	cmd, err := l.exec(ctx, o, leaseScript, []string{key(l.prefix, enc, l.keyRules[s.rule])}, args)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -13,11 +13,7 @@
 // time it acts, not at that rule's own earliest; a rule may name
 // its own subject (Rule.Subject: a global limit beside per-tenant ones),
 // and the subjects are then acquired one after another, a refused request
-// keeping nothing. A subject that belongs to another (an API key to its
-// tenant) can be nested in it (Nest): the limiter then keeps its state in
-// the outer subject's Redis Cluster slot, and a rule marked Rule.Outer
-// limits the outer subject, at the key the outer subject's own limiter
-// uses, in the same atomic call as the rules over the key.
+// keeping nothing.
 //
 // Allow answers now. Wait blocks until the request is admitted: for
 // TokenBucket and GCRA it reserves the earliest free slot in one round trip
@@ -199,14 +195,9 @@
 // inspect or clean up keys: ASCII letters, digits and -._~@/+=, stay as
 // they are; every other byte is written %XX (upper-case hex). The encoding
 // is injective, so two subjects never share a key, and has no '{' or '}',
-// so a subject never ends the hash tag early. A nested subject (Nest) is
-// <outer>}{<inner>, each part encoded so: its keys are
-// <prefix>{<outer>}{<inner>}:<rule>, hashed on the outer part, and an
-// Outer rule's is <prefix>{<outer>}:<rule>. A subject with a NUL byte is
-// read as nested at its first NUL. An empty subject, or one longer than
-// 1024 bytes, is an error matching ErrInvalidSubject (hash long ones
-// first), as is a nested one with either part so or nested twice;
-// Rule.Validate checks a fixed Rule.Subject this way.
+// so a subject never ends the hash tag early. An empty subject, or one
+// longer than 1024 bytes, is an error matching ErrInvalidSubject (hash long
+// ones first); Rule.Validate checks a fixed Rule.Subject this way.
 //
 // For a cost known only afterwards (the tokens an LLM call used), reserve
 // an estimate (ReserveN, PrepayN or Admit, which LocalLease never serves

@@ -11,7 +11,7 @@ import (
 func TestEncodeSubject(t *testing.T) {
 	seen := map[string]string{}
 	for _, s := range []string{
-		"tenant-42", "a:b", "a%3Ab", "{x}", "x}", "}{", "a b", "line\nbreak",
+		"tenant-42", "a:b", "a%3Ab", "{x}", "x}", "}{", "a b", "a\x00b", "line\nbreak",
 		"\xff\xfe", "ünïcode", "%", "%25", "host.example.com:443", strings.Repeat("z", maxSubjectLen),
 	} {
 		enc, err := encodeSubject(s)
@@ -32,30 +32,6 @@ func TestEncodeSubject(t *testing.T) {
 	for _, bad := range []string{"", strings.Repeat("z", maxSubjectLen+1), strings.Repeat("z", 1<<20)} {
 		if _, err := encodeSubject(bad); !errors.Is(err, ErrInvalidSubject) {
 			t.Errorf("encodeSubject(%d bytes): %v, want ErrInvalidSubject", len(bad), err)
-		}
-	}
-}
-
-// A nested subject (Nest) is encoded as its outer part, "}{", and its
-// inner part, each as a subject: its keys hash on the outer part, and an
-// Outer rule's key is the outer subject's own.
-func TestEncodeNestedSubject(t *testing.T) {
-	for _, c := range []struct{ outer, inner, want string }{
-		{"t", "k", "t}{k"}, {"{t}", "k:1", "%7Bt%7D}{k%3A1"}, {"a b", "}{", "a%20b}{%7D%7B"},
-	} {
-		enc, err := encodeSubject(Nest(c.outer, c.inner))
-		if err != nil || enc != c.want {
-			t.Errorf("encodeSubject(Nest(%q, %q)) = %q, %v; want %q", c.outer, c.inner, enc, err, c.want)
-			continue
-		}
-		outer, _ := encodeSubject(c.outer)
-		if k := key("p:", enc, "r"); hashTag(k) != outer || outerKey(enc) != outer {
-			t.Errorf("Nest(%q, %q): key %q hashes on %q, outer part %q; want %q", c.outer, c.inner, k, hashTag(k), outerKey(enc), outer)
-		}
-	}
-	for _, bad := range []string{Nest("", "k"), Nest("t", ""), Nest("t", Nest("k", "x")), Nest(strings.Repeat("z", maxSubjectLen+1), "k")} {
-		if _, err := encodeSubject(bad); !errors.Is(err, ErrInvalidSubject) {
-			t.Errorf("encodeSubject(%q): %v, want ErrInvalidSubject", bad, err)
 		}
 	}
 }

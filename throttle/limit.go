@@ -154,13 +154,6 @@ type Rule struct {
 	// PrepayN or AllowAtMost, and its Admit books nothing (a turn later
 	// than the request's Wait is Denied).
 	Subject string
-	// Outer, on a limiter called with a nested subject (Nest), limits the
-	// outer subject alone: a per-tenant rule beside a per-key one, held
-	// in the same atomic call, at the key a limiter called with the outer
-	// subject itself keeps (<prefix>{<outer>}:<name>). Called with a
-	// subject that is not nested, the rule limits that subject, as any.
-	// A rule cannot be both Outer and over its own Subject.
-	Outer bool
 	// Calendar places the windows of a CalendarWindow rule on a time
 	// zone's calendar (Daily, Weekly, Monthly); such a rule's Limit needs
 	// only Count. Other algorithms must leave it zero.
@@ -197,9 +190,6 @@ func (r Rule) Validate() error {
 	if err := r.normal().Limit.validate(); err != nil {
 		err.(*ConfigError).Rule = r.Name
 		return err
-	}
-	if r.Outer && r.Subject != "" {
-		return &ConfigError{Rule: r.Name, Field: "outer", Reason: "is for a rule over the caller's subject; a rule over its own Subject already names what it limits"}
 	}
 	if r.Subject != "" {
 		if _, err := encodeSubject(r.Subject); err != nil {

@@ -80,6 +80,15 @@ type Options struct {
 	// with another rule ignores it. If zero (the default), a slot may be
 	// now. At most maxPeriod.
 	PrepayAfter time.Duration
+	// Line, if set, names the subject's line (AdmitRequest.Horizon) in its
+	// keys, <prefix>{<subject>}:!line(<Line>), instead of the rules' names:
+	// two limiters over the same rules then keep a line each, as two
+	// limiters over different rules do. A limiter whose callers' shares
+	// have limits of their own (AdmitRequest.ShareLimit: each API key of a
+	// tenant) keeps them in its line, so it needs a line no caller without
+	// them serves (the worker's rules file: nested). The characters of a
+	// rule name (Rule.Name), at most 256 bytes.
+	Line string
 }
 
 // A Limiter decides, through Redis, whether a subject (a tenant, an API
@@ -125,10 +134,14 @@ func New(rdb redis.UniversalClient, opts Options, rules ...Rule) (*Limiter, erro
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if len(opts.Line) > 256 {
+		return nil, &ConfigError{Field: "line", Reason: fmt.Sprintf("%d bytes long, at most 256", len(opts.Line))}
+	}
 	p, err := newPolicy(opts.Prefix, rules)
 	if err != nil {
 		return nil, err
 	}
+	p.lineName = escape(opts.Line)
 	run := opts
 	run.Prefix = p.prefix // for log entries
 	l := &Limiter{policy: p, runner: runner{rdb: rdb, opts: run, calendar: newCalendarStamp(p.rules)}, opts: opts}

@@ -594,3 +594,31 @@ func TestServeLine(t *testing.T) {
 		}
 	})
 }
+
+// Options.Line names a limiter's line: two limiters over one rule keep a
+// line each, both booking the rule's turns.
+func TestLineNamed(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
+		ctx := context.Background()
+		rule := Rule{Name: "r", Algorithm: GCRA, Limit: PerSecond(1).WithBurst(1)}
+		plain := mustNew(t, rdb, Options{Prefix: "p:"}, rule)
+		named := mustNew(t, rdb, Options{Prefix: "p:", Line: "key rule"}, rule)
+		for i, l := range []*Limiter{plain, plain, named} {
+			a, err := l.Admit(ctx, AdmitRequest{Subject: "s", N: 1, Caller: Caller{ID: fmt.Sprint("c", i)}, Horizon: 500 * ms})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if i > 0 && !a.InLine {
+				t.Fatalf("caller %d: %+v, want in line (the rule's next turn is a second away)", i, a)
+			}
+		}
+		for _, k := range []string{"p:{s}:!line(r)", "p:{s}:!line(key%20rule)"} {
+			if n, _ := m.ZMembers(k); len(n) != 1 {
+				t.Errorf("line %s: members %q, want one", k, n)
+			}
+		}
+		if _, err := New(rdb, Options{Line: strings.Repeat("x", 257)}, rule); err == nil {
+			t.Error("a line name of 257 bytes: no error")
+		}
+	})
+}

@@ -25,7 +25,7 @@ const maxPause = maxPeriod
 // (microseconds) at which the subject's current pause ends, with a TTL of
 // the pause. The subject must have passed encodeSubject.
 func (p *policy) pauseKey(subject string) string {
-	return key(p.prefix, subjectKey(subject), pauseSuffix)
+	return key(p.prefix, escape(subject), pauseSuffix)
 }
 
 // PauseFor holds back every rule of the limiter for subject so that no

@@ -12,7 +12,7 @@ type policy struct {
 	rules     []Rule
 	prefix    string
 	keyRules  []string      // escaped rule names, the last part of each key
-	outer     []bool        // per rule: Rule.Outer (ruleKey)
+	lineName  string        // escaped Options.Line: the line's name, if not the rules' (lineKeys)
 	ruleArgs  []any         // per rule: algorithm, count, period µs, extra; a ticket follows each
 	scripts   *scriptSet    // one per operation (scripts.go)
 	tolerance time.Duration // Admit's default: the tightest rate rule's interval, in [1ms, 1s]
@@ -49,7 +49,6 @@ func newPolicy(prefix string, rules []Rule) (policy, error) {
 			count, period = lowestTerms(count, period) // bucket.lua: exact times
 		}
 		p.keyRules = append(p.keyRules, escape(r.Name))
-		p.outer = append(p.outer, r.Outer)
 		p.ruleArgs = append(p.ruleArgs, string(r.Algorithm), count, period, extra)
 		p.buckets = p.buckets && spec.bucket
 		p.holders = p.holders || spec.holders
@@ -130,27 +129,17 @@ func (p *policy) build(o op, subject string, n int, bound int64, fast bool) ([]a
 	}
 	k := len(p.rules)
 	if fast && p.fast && (o == opAllow || o == opReserve) {
-		return fastLine(p.ruleKey(enc, 0, ""), o, n, bound, p.ruleArgs[2], p.ruleArgs[3]), nil
+		return fastLine(key(p.prefix, enc, p.keyRules[0]), o, n, bound, p.ruleArgs[2], p.ruleArgs[3]), nil
 	}
 	line := newLine(k, 3+5*k)
 	args := line[lineHead+k:]
 	args[0], args[1], args[2] = o.arg(), n, boundArg(bound)
 	for i := range k {
-		line[lineHead+i] = p.ruleKey(enc, i, "")
+		line[lineHead+i] = key(p.prefix, enc, p.keyRules[i])
 		copy(args[3+5*i:], p.ruleArgs[4*i:4*i+4])
 		args[3+5*i+4] = ""
 	}
 	return line, nil
-}
-
-// ruleKey returns the key of rule i for a subject encoded as enc
-// (encodeSubject), with suffix after the rule's name: an Outer rule's is
-// the outer subject's.
-func (p *policy) ruleKey(enc string, i int, suffix string) string {
-	if p.outer[i] {
-		enc = outerKey(enc)
-	}
-	return key(p.prefix, enc, p.keyRules[i]+suffix)
 }
 
 // fastLine is the line of a call of the fast bucket script (scripts.go)

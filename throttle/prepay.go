@@ -25,7 +25,7 @@ const defaultReceiptKeep = 24 * time.Hour
 // receiptsKey returns <prefix>{<subject>}:!receipts. The subject must have
 // passed encodeSubject.
 func (p *policy) receiptsKey(subject string) string {
-	return key(p.prefix, subjectKey(subject), receiptsSuffix)
+	return key(p.prefix, escape(subject), receiptsSuffix)
 }
 
 // member is the receipt set's member for id under this limiter's rules:

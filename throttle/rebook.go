@@ -38,7 +38,7 @@ func (r *Reservation) rebook(ctx context.Context) (bool, error) {
 	for i, rule := range l.rules {
 		if rule.Algorithm == CalendarWindow {
 			// So that a booking that lapses is kept to give its unit back.
-			keys = append(keys, l.ruleKey(subjectKey(r.subject), i, ""))
+			keys = append(keys, key(l.prefix, escape(r.subject), l.keyRules[i]))
 		}
 	}
 	// As admit.lua keeps a booking's: its costs last, which a lapse gives

@@ -33,7 +33,7 @@ func (l *Limiter) refund(ctx context.Context, subject string, r refundEntry, und
 	// Cancels and undos of one subject go in separate batches (one op per
 	// call). An escaped subject holds no NUL, so the undo key, with a NUL
 	// in front, is never another subject's.
-	batchKey := subjectKey(subject)
+	batchKey := escape(subject)
 	if undo {
 		batchKey = "\x00" + batchKey
 	}
@@ -141,14 +141,14 @@ func (p *policy) settledKeys(subject string) []string {
 }
 
 func (p *policy) givebackKeys(subject, suffix string) []string {
-	enc := subjectKey(subject)
+	enc := escape(subject)
 	keys := make([]string, 0, 2*len(p.keyRules)+1)
 	keys = append(keys, p.pauseKey(subject))
-	for i := range p.keyRules {
-		keys = append(keys, p.ruleKey(enc, i, suffix))
+	for _, r := range p.keyRules {
+		keys = append(keys, key(p.prefix, enc, r+suffix))
 	}
-	for i := range p.keyRules {
-		keys = append(keys, p.ruleKey(enc, i, resetSuffix))
+	for _, r := range p.keyRules {
+		keys = append(keys, key(p.prefix, enc, r+resetSuffix))
 	}
 	return keys
 }

@@ -32,7 +32,7 @@ var errSettled = errors.New("throttle: settle: the reservation was already settl
 // ticketsKey returns <prefix>{<subject>}:!tickets. The subject must have
 // passed encodeSubject.
 func (p *policy) ticketsKey(subject string) string {
-	return key(p.prefix, subjectKey(subject), ticketsSuffix)
+	return key(p.prefix, escape(subject), ticketsSuffix)
 }
 
 // Settle corrects the reservation, once the caller has acted, to the

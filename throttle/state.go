@@ -84,8 +84,6 @@ func (l *Limiter) AllowAtMost(ctx context.Context, subject string, n int) (grant
 // redeemable. It is one script call: it deletes the subject's keys and
 // records, per rule, the Redis time of the Reset, kept as long as a
 // reservation made before it could give something back (lua/reset.lua).
-// Of a nested subject (Nest), it forgets the state of the rules over the
-// subject itself, not of the Outer rules: theirs is the outer subject's.
 // Errors: ErrInvalidSubject, or an error matching ErrRedis (FailOpen does
 // not apply).
 func (l *Limiter) Reset(ctx context.Context, subject string) error {
@@ -105,17 +103,13 @@ func (l *Limiter) reset(ctx context.Context, subject string) error {
 	if err != nil {
 		return err
 	}
-	_, _, nested := splitNest(subject)
 	keys := make([]string, 0, 4*len(l.rules)+1)
 	keys = append(keys, l.pauseKey(subject))
-	args := make([]any, 0, len(l.rules))
-	for i := range l.keyRules {
-		if nested && l.outer[i] {
-			continue // the outer subject's state, which Reset of it forgets
-		}
-		keys = append(keys, l.ruleKey(enc, i, ""), l.ruleKey(enc, i, cancelledSuffix),
-			l.ruleKey(enc, i, settledSuffix), l.ruleKey(enc, i, resetSuffix))
-		args = append(args, afterlife(l.rules[i]))
+	args := make([]any, len(l.rules))
+	for i, r := range l.keyRules {
+		keys = append(keys, key(l.prefix, enc, r), key(l.prefix, enc, r+cancelledSuffix),
+			key(l.prefix, enc, r+settledSuffix), key(l.prefix, enc, r+resetSuffix))
+		args[i] = afterlife(l.rules[i])
 	}
 	l.mode.forget(subject)
 	_, err = l.exec(ctx, opReset, resetScript, keys, args)

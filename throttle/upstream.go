@@ -245,14 +245,14 @@ func (u *Upstream) keys(subject string) []string {
 // upstreamKey is subject's upstream hash under this limiter's rules, which
 // Admit reads too (lua/upstream_pace.lua).
 func (p *policy) upstreamKey(subject string) string {
-	return key(p.prefix, subjectKey(subject), upstreamSuffix+"("+strings.Join(p.keyRules, ",")+")")
+	return key(p.prefix, escape(subject), upstreamSuffix+"("+strings.Join(p.keyRules, ",")+")")
 }
 
 // departuresKey is subject's departures booked at a learned rate under
 // this limiter's rules (lua/upstream_rate.lua), which Admit books into
 // too.
 func (p *policy) departuresKey(subject string) string {
-	return key(p.prefix, subjectKey(subject), departuresSuffix+"("+strings.Join(p.keyRules, ",")+")")
+	return key(p.prefix, escape(subject), departuresSuffix+"("+strings.Join(p.keyRules, ",")+")")
 }
 
 // args are the script's ARGV for o, before the operation's own.

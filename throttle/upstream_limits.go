@@ -25,7 +25,7 @@ const opLearnLimits op = "learn limits"
 // limitsKey is subject's hash of learned limits under this limiter's
 // rules.
 func (p *policy) limitsKey(subject string) string {
-	return key(p.prefix, subjectKey(subject), limitsSuffix+"("+strings.Join(p.keyRules, ",")+")")
+	return key(p.prefix, escape(subject), limitsSuffix+"("+strings.Join(p.keyRules, ",")+")")
 }
 
 // A LearnedLimit is a limit learned of the resource behind a limiter for

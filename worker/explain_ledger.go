@@ -27,6 +27,7 @@ import (
 type limiterKeys struct {
 	tag   string // <prefix>{<encoded subject>}:
 	rules string // the limits' encoded names, joined by ","
+	line  string // the line's encoded name: rules, or the limiter's Options.Line
 }
 
 func newLimiterKeys(prefix, subject string, limits []throttle.Rule) limiterKeys {
@@ -34,11 +35,9 @@ func newLimiterKeys(prefix, subject string, limits []throttle.Rule) limiterKeys 
 	for i, l := range limits {
 		names[i] = keyEscape(l.Name)
 	}
-	enc := keyEscape(subject)
-	if outer, inner, nested := strings.Cut(subject, "\x00"); nested { // throttle.Nest
-		enc = keyEscape(outer) + "}{" + keyEscape(inner)
-	}
-	return limiterKeys{tag: prefix + "{" + enc + "}:", rules: strings.Join(names, ",")}
+	k := limiterKeys{tag: prefix + "{" + keyEscape(subject) + "}:", rules: strings.Join(names, ",")}
+	k.line = k.rules
+	return k
 }
 
 // member is a booking's or receipt's member under the limiter's rules, in
@@ -49,9 +48,9 @@ func (k limiterKeys) member(id string) string { return id + " " + k.rules }
 // slots (µs of Redis time; negated while a paid turn waits for a place).
 func (k limiterKeys) receipts() string { return k.tag + "!receipts" }
 
-// line is the subject's line under the limiter's rules: a sorted set of
-// members by their places.
-func (k limiterKeys) line() string { return k.tag + "!line(" + k.rules + ")" }
+// lineKey is the subject's line under the limiter's rules (or its
+// Options.Line): a sorted set of members by their places.
+func (k limiterKeys) lineKey() string { return k.tag + "!line(" + k.line + ")" }
 
 // limit is the key of one limit; a concurrency limit's is a sorted set of
 // holders (scored by their leases' ends, > 0) and waiters (< 0, first
@@ -111,6 +110,9 @@ func readRule(ctx context.Context, rdb redis.UniversalClient, ledger *admission.
 		return fmt.Errorf("worker: explain: reading %s under rule %q: %w", what, rc.Name, err)
 	}
 	k := newLimiterKeys(cmp.Or(prefix, throttle.DefaultPrefix), subject, rc.Limits)
+	if rc.Nested {
+		k.line = keyEscape(rc.Name) // its line of its own (rules.RuleConfig.Nested)
+	}
 	if rs.Turn, rs.TurnPaid, err = readSlot(ctx, rdb, k.receipts(), k.member(info.ID)); err != nil {
 		return nil, fail("the task's booking", err)
 	}
@@ -155,14 +157,14 @@ func readSlot(ctx context.Context, rdb redis.UniversalClient, key, member string
 // readLine reads the task's position in its subject's line, the line's length
 // and when it is next served (its entry in ledger).
 func readLine(ctx context.Context, rdb redis.UniversalClient, ledger *admission.Wakeups, k limiterKeys, id string, rs *RuleState) error {
-	rank, err := rdb.ZRank(ctx, k.line(), k.member(id)).Result()
+	rank, err := rdb.ZRank(ctx, k.lineKey(), k.member(id)).Result()
 	if errors.Is(err, redis.Nil) {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	n, err := rdb.ZCard(ctx, k.line()).Result()
+	n, err := rdb.ZCard(ctx, k.lineKey()).Result()
 	if err != nil {
 		return err
 	}
@@ -174,11 +176,11 @@ func readLine(ctx context.Context, rdb redis.UniversalClient, ledger *admission.
 	// Served by its head's return (throttle.AdmitRequest.HeadServes): the
 	// head's wake-up, under its waiter's name (lua/line.lua: :e holds
 	// "n\nwaiter").
-	head, err := rdb.ZRange(ctx, k.line(), 0, 0).Result()
+	head, err := rdb.ZRange(ctx, k.lineKey(), 0, 0).Result()
 	if err != nil || len(head) == 0 {
 		return err
 	}
-	e, err := rdb.HGet(ctx, k.line()+":e", head[0]).Result()
+	e, err := rdb.HGet(ctx, k.lineKey()+":e", head[0]).Result()
 	if errors.Is(err, redis.Nil) {
 		return nil
 	}

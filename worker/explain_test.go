@@ -377,6 +377,36 @@ func TestExplainKeys(t *testing.T) {
 	})
 }
 
+// Explain reads a nested rule's line (rules.RuleConfig.Nested): the
+// limiter's own, named after the rule, not after its limits.
+func TestExplainKeysNested(t *testing.T) {
+	t.Parallel()
+	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := context.Background()
+		prefix := redistest.Prefix(t)
+		limits := []throttle.Rule{{Name: "tenant", Algorithm: throttle.GCRA, Limit: throttle.Limit{Count: 1, Period: 10 * time.Second, Burst: 1}}}
+		lim, err := throttle.New(rdb, throttle.Options{Prefix: prefix, Line: "key"}, limits...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		share := throttle.PerSecond(1).WithBurst(1)
+		for _, id := range []string{"t0", "t1"} {
+			if _, err := lim.Admit(ctx, throttle.AdmitRequest{Subject: keysSubject, N: 1, Caller: throttle.Caller{ID: id, Share: "k1"}, Horizon: time.Second, ShareLimit: share}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rc := rules.RuleConfig{Name: "key", Nested: true, Subject: rules.SubjectConfig{Fixed: keysSubject}, Limits: limits}
+		ledger, _ := admission.NewShardedWakeups(rdb, admission.WakeupsKey, 0)
+		rs, err := readRule(ctx, rdb, ledger, prefix, rc, &asynq.TaskInfo{ID: "t1", Queue: "q"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !rs.InLine || rs.Position != 1 || rs.LineLength != 1 {
+			t.Errorf("in the nested rule's line: %+v", rs)
+		}
+	})
+}
+
 // keysSubject is a subject whose every odd byte the key encoding escapes.
 const keysSubject = "acct 1/{é}:x"
 

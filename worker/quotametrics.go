@@ -129,14 +129,10 @@ func (c *QuotaCollector) SetRules(cfg *rules.Config) error {
 	var sources []quotaSource
 	for _, r := range cfg.Rules {
 		for _, l := range r.Limits {
-			if l.Algorithm != throttle.CalendarWindow || l.Outer {
-				continue // an outer rule's limit is its own rule's quota
+			if l.Algorithm != throttle.CalendarWindow {
+				continue
 			}
-			field, subject := r.Subject.PayloadField, r.Subject.Fixed
-			if o := r.Subject.Outer; o != nil && field == "" { // a nested rule (rules.RuleConfig.Nested)
-				field, subject = o.PayloadField, throttle.Nest(o.Fixed, subject)
-			}
-			s := quotaSource{Quota: Quota{Rule: r.Name, Limit: l.Name, Count: l.Limit.Count, Calendar: l.Calendar, PayloadField: field}}
+			s := quotaSource{Quota: Quota{Rule: r.Name, Limit: l.Name, Count: l.Limit.Count, Calendar: l.Calendar, PayloadField: r.Subject.PayloadField}}
 			if s.PayloadField == "" {
 				// Neither FailOpen nor OnRedisError: a failed read is an
 				// error of the read, not an allowed task.
@@ -145,7 +141,7 @@ func (c *QuotaCollector) SetRules(cfg *rules.Config) error {
 					closeQuotas(sources)
 					return fmt.Errorf("worker: rule %q: reading its quota %q: %w", r.Name, l.Name, err)
 				}
-				s.subject, s.lim = subject, lim
+				s.subject, s.lim = r.Subject.Fixed, lim
 			}
 			sources = append(sources, s)
 		}

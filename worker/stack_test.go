@@ -13,6 +13,7 @@ import (
 
 	"github.com/jobthrottle/jobthrottle/admission"
 	"github.com/jobthrottle/jobthrottle/internal/redistest"
+	"github.com/jobthrottle/jobthrottle/rules"
 	"github.com/jobthrottle/jobthrottle/throttle"
 )
 
@@ -133,5 +134,92 @@ func TestWithinErrors(t *testing.T) {
 				t.Errorf("%s: %v, want an error with %q", tc.name, err, tc.want)
 			}
 		}
+	})
+}
+
+// TestAsynqNested: the per-key rule within the tenant's with nested: true,
+// from a rules file, through asynq: 150 tasks of three keys (10/s each)
+// within the tenant's 15/s, each task once, the tenant and every key
+// within limit + burst in every second on the Redis clock, in about the
+// tenant's time, parked about once, at about two limiter calls a task.
+func TestAsynqNested(t *testing.T) {
+	t.Parallel()
+	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
+		b := bedOn(t, rdb)
+		cfg, err := rules.Parse("rules.yaml", []byte(fmt.Sprintf(`prefix: %q
+rules:
+  - name: key
+    tasks: ["api:*"]
+    subject: {payload_field: key}
+    algorithm: gcra
+    limit: 10
+    period: 1s
+    burst: 1
+    within: tenant
+    nested: true
+  - name: tenant
+    tasks: ["other"]
+    subject: {payload_field: tenant}
+    algorithm: gcra
+    limit: 15
+    period: 1s
+    burst: 1
+`, b.prefix)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		limRDB := redistest.PipeClient(m)
+		defer limRDB.Close()
+		calls := redistest.CountScripts(limRDB)
+		mw, err := FromRules(cfg, limRDB, Options{Asynq: rdb, Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := b.serve(mw, asynq.Config{Concurrency: 8})
+		defer srv.Shutdown()
+		defer mw.Drain()
+		const n = 150
+		keyOf := map[string]string{}
+		for i := range n {
+			info := b.enqueue("api:call", fmt.Sprintf(`{"key": "k%d", "tenant": "acme"}`, i%3), asynq.MaxRetry(2))
+			keyOf[info.ID] = fmt.Sprint("k", i%3)
+		}
+		start := time.Now()
+		want := n * time.Second / 15
+		eventually(t, want*2+10*time.Second, "all tasks run", func() bool { return len(b.runs()) == n })
+		took := time.Since(start)
+		seen, turns := map[string]bool{}, map[string][]time.Time{}
+		var all []time.Time
+		for _, r := range b.runs() {
+			if seen[r.id] {
+				t.Errorf("task %s ran twice", r.id)
+			}
+			seen[r.id] = true
+			turns[keyOf[r.id]] = append(turns[keyOf[r.id]], r.wait.Turn)
+			all = append(all, r.wait.Turn)
+		}
+		for k, ts := range turns {
+			if most := redistest.MaxInWindow(ts, time.Second); most > 11 {
+				t.Errorf("%d turns of key %s in one second on the Redis clock, want at most 10 + 1", most, k)
+			}
+		}
+		if most := redistest.MaxInWindow(all, time.Second); most > 16 {
+			t.Errorf("%d turns of the tenant in one second on the Redis clock, want at most 15 + 1", most)
+		}
+		parks := 0
+		for _, err := range b.seenErrors() {
+			if te := (*admission.ThrottledError)(nil); errors.As(err, &te) && errors.Is(te, ErrParked) {
+				parks++
+			}
+		}
+		per := float64(calls.Load()) / n
+		t.Logf("%d tasks in %v (the tenant's limit alone: %v): %.2f parks and %.2f limiter calls per task", n, took, want, float64(parks)/n, per)
+		if parks > n*11/10 || per > 2.5 {
+			t.Errorf("%d parks and %.2f limiter calls for %d tasks, want at most 1.1 and 2.5 each", parks, per, n)
+		}
+		if took > want*11/10+2*time.Second {
+			t.Errorf("the backlog took %v, want about %v", took, want)
+		}
+		b.noFailures()
 	})
 }

@@ -38,7 +38,7 @@ func check(w io.Writer, cfg *rules.Config, handlers *handler.Config) {
 		}
 		switch {
 		case r.Nested:
-			fmt.Fprintf(w, "  within rule %q, nested: one atomic call takes a turn of its limits and of this rule's, under its subject (this rule's subject is limited within it); a task parks once\n", r.Within)
+			fmt.Fprintf(w, "  within rule %q, nested: its tasks take turns of that rule's limits, each %s a share of its line limited by this rule's limit, in one atomic call; a task parks once\n", r.Within, describeSubject(r.FairBy))
 		case r.Within != "":
 			fmt.Fprintf(w, "  within rule %q: its tasks also take a turn of it, and park once, on the slower of the two\n", r.Within)
 		}
@@ -79,26 +79,21 @@ func describeRule(r rules.RuleConfig) ruleWords {
 		if r.LimitCosts != nil {
 			s += "; cost " + describeCost(r.LimitCost(i))
 		}
-		if l.Outer {
-			s += fmt.Sprintf(" (rule %q's, over its subject)", r.Within)
+		if r.Nested {
+			s += fmt.Sprintf(" (rule %q's)", r.Within)
 		}
 		d.Limits = append(d.Limits, s)
 	}
 	return d
 }
 
-// describeSubject is a rule's subject in words: `payload field "key"`,
-// `fixed "all"`, or a nested one's `payload field "key" within payload
-// field "tenant"`.
+// describeSubject is a rule's subject in words: `payload field "key"` or
+// `fixed "all"`.
 func describeSubject(s rules.SubjectConfig) string {
-	d := fmt.Sprintf("payload field %q", s.PayloadField)
 	if s.PayloadField == "" {
-		d = fmt.Sprintf("fixed %q", s.Fixed)
+		return fmt.Sprintf("fixed %q", s.Fixed)
 	}
-	if s.Outer != nil {
-		d += " within " + describeSubject(*s.Outer)
-	}
-	return d
+	return fmt.Sprintf("payload field %q", s.PayloadField)
 }
 
 // describeCost is a cost in words: `payload field "input_tokens"`, or a

@@ -32,13 +32,13 @@ end
 -- turn, delay µs from now, not at the bucket's own earliest: a bucket
 -- whose own turn (delays[i]) comes earlier is checked again from the turn
 -- (not_before, bucket.lua), so that its state records the permit when it
--- is used. Else the bucket would hold it at its own earlier time, and
--- callers that the bucket limits without the other rules (a tenant's limit
--- beside each key's: throttle.Nest) could take the same moment again: one
--- permit too many in a window for each turn that another rule held back.
--- ms is each rule's permits (nil: n for each); delays, s1s and s2s are
--- decide's per-rule check results, updated in place. Window rules keep
--- their own delays (their checks have no not_before).
+-- is used. Else the bucket would hold it at its own earlier time, and a
+-- later caller whose other rules bind less (a request of few tokens after
+-- one of many, under a requests limit beside a tokens bucket) could take
+-- the moment the permit is really used: turns closer than the bucket
+-- allows. ms is each rule's permits (nil: n for each); delays, s1s and
+-- s2s are decide's per-rule check results, updated in place. Window rules
+-- keep their own delays (their checks have no not_before).
 local meet_at
 if rare or #ARGV > 8 then
   meet_at = function(nrules, n, ms, delay, delays, s1s, s2s)
