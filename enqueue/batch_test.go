@@ -579,3 +579,47 @@ func TestPacerCosts(t *testing.T) {
 		}
 	})
 }
+
+// A rule whose shares have limits of their own (share_limit, and so a
+// nested rule) is not paced: its receipts would be turns of the rule's
+// limits only, and a paced batch of one share would pass the share's.
+func TestPacerRefusesShareLimits(t *testing.T) {
+	for name, file := range map[string]string{
+		"share_limit": `rules:
+  - name: crm
+    tasks: ["crm:*"]
+    subject: {fixed: crm-key}
+    fair_by: {payload_field: tenant}
+    share_limit: {limit: 5, period: 1s}
+    algorithm: gcra
+    limit: 20
+    period: 1s
+`,
+		"nested": `rules:
+  - name: key
+    tasks: ["crm:*"]
+    subject: {payload_field: api_key}
+    algorithm: gcra
+    limit: 5
+    period: 1s
+    within: tenant
+    nested: true
+  - name: tenant
+    tasks: ["tenant:*"]
+    subject: {payload_field: tenant}
+    algorithm: gcra
+    limit: 20
+    period: 1s
+`,
+	} {
+		cfg, err := rules.Parse("rules.yaml", []byte(file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		spec := PaceSpec{Rules: cfg}
+		_, err = spec.Pacer(redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), "crm:sync", throttle.Options{})
+		if err == nil || !strings.Contains(err.Error(), "a limit of its own in the workers' line") || !strings.Contains(err.Error(), "enqueue these tasks without pacing") {
+			t.Errorf("%s: %v, want the rule refused for pacing, saying what to do", name, err)
+		}
+	}
+}

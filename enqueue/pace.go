@@ -170,8 +170,22 @@ func (s *PaceSpec) rule(taskType string) (rules.RuleConfig, error) {
 		return rc, fmt.Errorf("enqueue: %s: no rule applies to tasks of type %q: the workers do not limit them, so there is nothing to pace against", s.Rules.File, taskType)
 	case s.Rule != "" && s.Rule != rc.Name:
 		return rc, fmt.Errorf("enqueue: %s: the workers apply rule %q to tasks of type %q, not %q; pacing under %q would charge every task twice", s.Rules.File, rc.Name, taskType, s.Rule, s.Rule)
+	case rc.ShareLimit != (throttle.Limit{}):
+		// A receipt is a turn of the rule's limits; the share's own limit
+		// is kept in the workers' line, which a booking made here does not
+		// pass through: a paced batch of one share would go past it.
+		return rc, fmt.Errorf("enqueue: %s: rule %q holds each share (its %s) to a limit of its own in the workers' line, which a paced booking cannot hold: enqueue these tasks without pacing, and the workers park them at the rule's pace", s.Rules.File, rc.Name, shareWords(rc))
 	}
 	return rc, nil
+}
+
+// shareWords names what a rule's shares are: "fair_by payload field
+// \"api_key\"" (a nested rule's own subject, rules.RuleConfig.Nested).
+func shareWords(rc rules.RuleConfig) string {
+	if rc.FairBy.PayloadField != "" {
+		return fmt.Sprintf("fair_by payload field %q", rc.FairBy.PayloadField)
+	}
+	return fmt.Sprintf("fair_by %q", rc.FairBy.Fixed)
 }
 
 // ParseRate parses a rate written count/period, such as "20/s", "100/m",
