@@ -86,8 +86,8 @@ type Options struct {
 	// limiters over different rules do. A limiter whose callers' shares
 	// have limits of their own (AdmitRequest.ShareLimit: each API key of a
 	// tenant) keeps them in its line, so it needs a line no caller without
-	// them serves (the worker's rules file: nested). The characters of a
-	// rule name (Rule.Name), at most 256 bytes.
+	// them serves (the worker's rules file: nested). At most 256 bytes,
+	// escaped in the key as a rule's name is.
 	Line string
 }
 
