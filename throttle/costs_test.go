@@ -11,6 +11,8 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/jobthrottle/jobthrottle/internal/redistest"
 )
 
 // llmRules are an LLM provider's limits as one policy: requests, input
@@ -387,6 +389,65 @@ func TestTurnChargedToEveryRuleWhenItActs(t *testing.T) {
 		for i := 1; i < len(turns); i++ {
 			if gap := turns[i] - turns[i-1]; gap < 100*ms-ms {
 				t.Errorf("turns %v: %v and %v are %v apart, under the requests' 10/s", turns, turns[i-1], turns[i], gap)
+			}
+		}
+	})
+}
+
+// A sliding log or window beside a token bucket: a request the bucket
+// holds back is recorded when it acts, so no window of the rule's period
+// holds more than its count of the requests as they act (before, one
+// recorded at the log's own earlier time left room for a third).
+func TestTurnRecordedInTheSlidingWindowItActsIn(t *testing.T) {
+	for _, algo := range []Algorithm{SlidingLog, SlidingWindow} {
+		t.Run(string(algo), func(t *testing.T) {
+			virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+				ctx := context.Background()
+				l := mustNew(t, rdb, Options{},
+					Rule{Name: "window", Algorithm: algo, Limit: Limit{Count: 2, Period: time.Second, Burst: 2}, Precision: 10 * ms},
+					Rule{Name: "tokens", Algorithm: TokenBucket, Limit: PerSecond(10).WithBurst(10)})
+				var acts []time.Time
+				for i, c := range []Costs{{0, 10}, {1, 5}, {1, 0}, {1, 0}, {1, 0}} {
+					a, err := l.Admit(ctx, AdmitRequest{Subject: "s", Costs: c, Caller: Caller{ID: fmt.Sprint(i)}, Wait: 0, Tolerance: 10 * ms})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if c[0] > 0 {
+						acts = append(acts, time.Now().Add(a.Delay))
+					}
+				}
+				if got := redistest.MaxInWindow(acts, time.Second); got > 2 {
+					t.Errorf("%d requests act within one second, the rule's count is 2", got)
+				}
+			})
+		})
+	}
+}
+
+// A fixed window beside a token bucket: a request the bucket holds back
+// into the next window is counted in the window it acts in, so no window
+// admits more than its count (before, it was counted in the window of the
+// fixed window's own earliest time, and the next window took two more).
+func TestTurnChargedToTheWindowItActsIn(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := context.Background()
+		l := mustNew(t, rdb, Options{},
+			Rule{Name: "window", Algorithm: FixedWindow, Limit: Limit{Count: 2, Period: time.Second, Burst: 2}},
+			Rule{Name: "tokens", Algorithm: TokenBucket, Limit: PerSecond(10).WithBurst(10)})
+		time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(900 * ms)))
+		acts := map[int64]int{}
+		for i, c := range []Costs{{0, 10}, {1, 5}, {1, 0}, {1, 0}, {1, 0}} {
+			a, err := l.Admit(ctx, AdmitRequest{Subject: "s", Costs: c, Caller: Caller{ID: fmt.Sprint(i)}, Wait: 0, Tolerance: 10 * ms})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c[0] > 0 {
+				acts[time.Now().Add(a.Delay).Unix()]++
+			}
+		}
+		for sec, n := range acts {
+			if n > 2 {
+				t.Errorf("%d requests act in the window of second %d, the window's count is 2 (%v)", n, sec, acts)
 			}
 		}
 	})

@@ -38,6 +38,7 @@ local function check_calendar(key, count, period, extra, n, reserve, max_wait)
   local from = now
   local pu = tonumber(v[3])
   if pu and pu > now then from = pu end
+  if not_before > from then from = not_before end -- (rules.lua: meet_at)
   if from >= b2 then return false, from - now, 0, from - now end
   -- cs, ce: the window holding from; w, c, e: the latest window holding
   -- permits if it is that one or a later one, else that one, empty.

@@ -15,6 +15,7 @@ local function check_fixed_window(key, count, period, extra, n, reserve, max_wai
   local from = now
   local pu = tonumber(v[3])
   if pu and pu > now then from = pu end
+  if not_before > from then from = not_before end -- (rules.lua: meet_at)
   local w0 = math.floor(from / period)
   local w, c = tonumber(v[1]), tonumber(v[2])
   if not w or w < w0 or not c then w, c = w0, nil end

@@ -28,17 +28,21 @@ if rare or #ARGV > 8 then
   end
 end
 
--- meet_at charges a turn of several rules to each bucket rule at the
--- turn, delay µs from now, not at the bucket's own earliest: a bucket
--- whose own turn (delays[i]) comes earlier is checked again from the turn
--- (not_before, bucket.lua), so that its state records the permit when it
--- is used. Else the bucket would hold it at its own earlier time, and a
+-- meet_at charges a turn of several rules to each rule at the turn, delay
+-- µs from now, not at the rule's own earliest. Else a rule that did not
+-- bind would hold the permit at its own earlier time: a bucket, and a
 -- later caller whose other rules bind less (a request of few tokens after
--- one of many, under a requests limit beside a tokens bucket) could take
--- the moment the permit is really used: turns closer than the bucket
--- allows. ms is each rule's permits (nil: n for each); delays, s1s and
--- s2s are decide's per-rule check results, updated in place. Window rules
--- keep their own delays (their checks have no not_before).
+-- one of many, under a requests limit beside a tokens bucket) takes the
+-- moment the permit is really used, turns closer than the bucket allows;
+-- a window, and the permit counts in a window before the one it acts in.
+-- A bucket, a fixed window or a calendar window whose own turn
+-- (delays[i]) comes earlier is checked again from the turn (not_before:
+-- bucket.lua, fixedwindow.lua, calendar.lua), which admits it there (the
+-- later window holds no more than the earlier one); a sliding window's or
+-- log's permit is recorded at the turn (their checks count every permit
+-- booked, so a later one never fills a window more). ms is each rule's
+-- permits (nil: n for each); delays, s1s and s2s are decide's per-rule
+-- check results, updated in place.
 local meet_at
 if rare or #ARGV > 8 then
   meet_at = function(nrules, n, ms, delay, delays, s1s, s2s)
@@ -48,9 +52,13 @@ if rare or #ARGV > 8 then
       local m = ms and ms[i] or n
       if delays[i] < delay and m > 0 then
         local algo, count, period, extra = rule(i)
-        if algo == 'gcra' or algo == 'token_bucket' then
+        if algo == 'gcra' or algo == 'token_bucket' or algo == 'fixed_window' or algo == 'calendar' then
           local ok, d, _, _, s1, s2 = (one_check or checks[algo])(KEYS[i], count, period, extra, m, true, -1)
-          if ok then delays[i], s1s[i], s2s[i] = d, s1, s2 end
+          if ok and d == delay then delays[i], s1s[i], s2s[i] = d, s1, s2 end
+        elseif algo == 'sliding_window' then
+          delays[i], s1s[i] = delay, now + delay
+        elseif algo == 'sliding_log' then
+          delays[i] = delay
         end
       end
     end

@@ -7,6 +7,7 @@
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 -- not_before is the earliest Redis time (µs) a new turn may take: 0, or
--- what admit.lua reads (AdmitRequest.NotBefore); bucket.lua's check and
--- commit honour it.
+-- what admit.lua reads (AdmitRequest.NotBefore), or a turn of several
+-- rules (rules.lua: meet_at); bucket.lua's check and commit, and the
+-- fixed and calendar windows' checks, honour it.
 local not_before = 0
