@@ -102,7 +102,12 @@ func (b *asynqBed) startServer() {
 // (payload(i) if non-nil) in the default queue, kept an hour once done.
 func (b *asynqBed) enqueue(n int, typ func(i int) string, payload func(i int) string) {
 	b.t.Helper()
-	c := asynq.NewClientFromRedisClient(b.rdb)
+	// The producer is the test's, not what it tests: its own client, whose
+	// reads wait longer than the bed's 1s (a write with appendfsync always
+	// on a loaded machine took longer once, and failed the test there).
+	prod := redis.NewClient(&redis.Options{Addr: b.srv.Addr(), ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second})
+	defer prod.Close()
+	c := asynq.NewClientFromRedisClient(prod)
 	for i := range n {
 		p := fmt.Sprintf(`{"n": %d, "tenant": "t%d"}`, i, i%4)
 		if payload != nil {
