@@ -34,6 +34,7 @@ func mustNew(t testing.TB, rdb redis.UniversalClient, opts Options, rules ...Rul
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
+	t.Cleanup(func() { _ = l.Close() }) // no goroutine outlives its test
 	return l
 }
 
