@@ -538,3 +538,50 @@ func eachBucketBackend(t *testing.T, f func(t *testing.T, b redistest.Backend, a
 		})
 	}
 }
+
+// Rules over several subjects on real servers (a cluster's subjects in
+// different slots): a request the global subject holds back is charged to
+// the tenant's at the turn it acts, so the tenant's acts keep its own
+// rule. Hour-long periods make the turns independent of the test's own
+// duration.
+func TestBackendsSubjectsMeet(t *testing.T) {
+	for _, b := range redistest.Backends(t) {
+		for _, tenant := range []throttle.Rule{
+			{Name: "tenant", Algorithm: throttle.GCRA, Limit: throttle.Limit{Count: 4, Period: time.Hour, Burst: 1}},
+			{Name: "tenant", Algorithm: throttle.SlidingLog, Limit: throttle.Limit{Count: 2, Period: time.Hour}},
+		} {
+			t.Run(b.Name+"/"+string(tenant.Algorithm), func(t *testing.T) {
+				ctx := context.Background()
+				l, err := throttle.New(b.Client, throttle.Options{Prefix: redistest.Prefix(t)}, tenant,
+					throttle.Rule{Name: "global", Algorithm: throttle.GCRA, Limit: throttle.Limit{Count: 10, Period: time.Hour, Burst: 1}, Subject: "all"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer l.Close()
+				act := func(subject string) time.Duration {
+					r, err := l.ReserveN(ctx, subject, 1)
+					if err != nil {
+						t.Fatalf("ReserveN(%s): %v", subject, err)
+					}
+					return r.Delay()
+				}
+				acts := []time.Duration{act("a")}
+				for i := range 9 { // the global rule booked an hour ahead
+					act(fmt.Sprintf("b%d", i))
+				}
+				for range 3 {
+					acts = append(acts, act("a"))
+				}
+				const slack = time.Second // the test's own running time
+				for i := 1; i < len(acts); i++ {
+					if tenant.Algorithm == throttle.GCRA && acts[i]-acts[i-1] < 15*time.Minute-slack {
+						t.Fatalf("tenant acts at %v: two %v apart, under its 15m", acts, acts[i]-acts[i-1])
+					}
+					if i >= 2 && tenant.Algorithm == throttle.SlidingLog && acts[i]-acts[i-2] < time.Hour-slack {
+						t.Fatalf("tenant acts at %v: 3 within %v, over its 2 an hour", acts, acts[i]-acts[i-2])
+					}
+				}
+			})
+		}
+	}
+}

@@ -9,11 +9,11 @@
 // midnight in a time zone (see below); or Concurrency, at most Count
 // holders at once (see below). All rules of a Limiter over one subject are
 // checked and charged in one round trip, all or nothing, a turn that one
-// rule holds back charged to every bucket rule (TokenBucket, GCRA) at the
-// time it acts, not at that rule's own earliest; a rule may name
-// its own subject (Rule.Subject: a global limit beside per-tenant ones),
-// and the subjects are then acquired one after another, a refused request
-// keeping nothing.
+// rule holds back charged to every rule at the time it acts, not at that
+// rule's own earliest; a rule may name its own subject (Rule.Subject: a
+// global limit beside per-tenant ones), and the subjects are then
+// acquired one after another, a refused request keeping nothing, and a
+// reserved turn charged to each subject at the time it acts too.
 //
 // Allow answers now. Wait blocks until the request is admitted: for
 // TokenBucket and GCRA it reserves the earliest free slot in one round trip

@@ -150,7 +150,13 @@ type Rule struct {
 	// checked and charged together in one atomic call. Rules over
 	// different subjects are acquired one subject after another, in the
 	// order of their first rule, and a request that one refuses gives
-	// back what the others took: it keeps nothing. Such a limiter cannot
+	// back what the others took: it keeps nothing. A request one subject
+	// holds back is charged to the others at the turn it acts, not at
+	// their own earlier one (a subject booked before a later subject's
+	// turn is given back and booked again at it: two more calls; the
+	// subject that set the last turn is asked first, so a busy shared one
+	// mostly leaves none to move). Admit does so for bucket rules without
+	// a Horizon or ShareLimit (AdmitRequest.NotBefore). Such a limiter cannot
 	// PrepayN or AllowAtMost, and its Admit books nothing (a turn later
 	// than the request's Wait is Denied).
 	Subject string

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -251,6 +252,30 @@ func (l *Limiter) reserveCosts(ctx context.Context, subject string, n int, per C
 	return r, nil
 }
 
+// reserveAt is reserve of n permits at a turn no earlier than notBefore
+// (µs of Redis time), charged to every rule at that turn (lua/allow.lua:
+// meet): a part of a limiter over several subjects meeting the others'
+// turn (subjects.go). Its bound and failures are reserve's.
+func (l *Limiter) reserveAt(ctx context.Context, subject string, n int, notBefore int64) (*Reservation, error) {
+	bound, byDeadline := l.waitBound(ctx, time.Now())
+	line, err := l.line(opMeet, subject, n, micros(bound))
+	if err != nil {
+		return nil, err
+	}
+	line[lineHead+len(l.rules)+2] = strconv.FormatInt(micros(bound), 10) + " " + strconv.FormatInt(notBefore, 10)
+	res, r, err := l.askLine(ctx, opMeet, subject, n, true, nil, line)
+	if re, ok := err.(*redisError); ok {
+		return l.failOpenOr(ctx, opMeet, subject, n, re.err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if !res.Allowed {
+		return nil, &DelayError{Rule: res.Rule, RetryAfter: res.RetryAfter, Deadline: byDeadline}
+	}
+	return r, nil
+}
+
 // Wait blocks until one permit for subject is granted. It is
 // WaitN(ctx, subject, 1).
 func (l *Limiter) Wait(ctx context.Context, subject string) error {
@@ -404,6 +429,12 @@ func (l *Limiter) ask(ctx context.Context, o op, subject string, n int, bound in
 	if err != nil {
 		return Result{}, nil, err
 	}
+	return l.askLine(ctx, o, subject, n, keep, per, line)
+}
+
+// askLine is ask of a line already built.
+func (l *Limiter) askLine(ctx context.Context, o op, subject string, n int, keep bool, per Costs, line []any) (Result, *Reservation, error) {
+	var err error
 	var rep reply
 	var recv time.Time
 	if o == opAllow && !keep {

@@ -1,6 +1,9 @@
 package throttle
 
-import "context"
+import (
+	"context"
+	"sync/atomic"
+)
 
 // A Limiter decides in one of four modes, chosen once by New from its
 // rules and options, and its methods dispatch through it:
@@ -57,7 +60,11 @@ func chooseMode(l *Limiter) (mode, error) {
 				return nil, &ConfigError{Rule: r.Name, Field: "subject", Reason: "a concurrency rule needs every rule of its limiter over the caller's subject (no Rule.Subject): its places are decided in one call with the rate rules"}
 			}
 		}
-		return severalSubjects{l: l, ps: parts}, nil
+		buckets := true
+		for _, r := range l.rules {
+			buckets = buckets && (r.Algorithm == GCRA || r.Algorithm == TokenBucket)
+		}
+		return severalSubjects{l: l, ps: parts, lead: new(atomic.Int32), buckets: buckets}, nil
 	}
 	l.scripts = scriptsFor(l.rules)
 	ex := exact{l: l, self: []part{{lim: l}}}

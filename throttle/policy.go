@@ -71,6 +71,7 @@ type op string
 const (
 	opAllow   op = "allow"   // take n now, or nothing
 	opReserve op = "reserve" // book the earliest slot within a bound
+	opMeet    op = "meet"    // reserve at a given turn or later (subjects.go)
 	opPrepay  op = "prepay"  // reserve, and record a receipt for it
 	opAdmit   op = "admit"   // redeem a booking or receipt, or take a new turn (admit.go)
 	opAtMost  op = "atmost"  // take what there is, up to n (state.go)
@@ -88,7 +89,9 @@ const (
 
 // failsOpen reports whether a failed call for o may be admitted anyway
 // (Options.FailOpen): its caller decides, and reports the error then.
-func (o op) failsOpen() bool { return o == opAllow || o == opReserve || o == opAdmit || o == opAtMost }
+func (o op) failsOpen() bool {
+	return o == opAllow || o == opReserve || o == opMeet || o == opAdmit || o == opAtMost
+}
 
 // unbounded is the bound (ARGV[3]) the scripts read as none: a reserve
 // may book any slot.

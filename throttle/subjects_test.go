@@ -3,6 +3,8 @@ package throttle
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -129,4 +131,104 @@ func TestRulesOverSeveralSubjects(t *testing.T) {
 			t.Fatal("AllowAtMost over several subjects succeeded, want an error")
 		}
 	})
+}
+
+// A request over several subjects is charged to every part at the turn it
+// acts, the latest of the parts' own: a tenant's part booked at its own
+// earlier slot, while the busier global part holds the request back, would
+// let the tenant's next requests act closer together than its rule
+// allows (here 4 within 300ms under 4 a second, burst 1).
+func TestSubjectsChargedAtTheTurnTheyAct(t *testing.T) {
+	// spaced checks that the tenant's acts are at least d apart.
+	spaced := func(d time.Duration) func([]time.Duration) string {
+		return func(acts []time.Duration) string {
+			for i := 1; i < len(acts); i++ {
+				if acts[i]-acts[i-1] < d {
+					return fmt.Sprintf("two %v apart, under its %v", acts[i]-acts[i-1], d)
+				}
+			}
+			return ""
+		}
+	}
+	// perWindow checks that no fixed second holds more than two acts.
+	perWindow := func(acts []time.Duration) string {
+		in := map[time.Duration]int{}
+		for _, a := range acts {
+			if in[a.Truncate(time.Second)]++; in[a.Truncate(time.Second)] > 2 {
+				return fmt.Sprintf("3 in the window at %v, over its 2", a.Truncate(time.Second))
+			}
+		}
+		return ""
+	}
+	// sliding checks that no second, from any act, holds more than two.
+	sliding := func(acts []time.Duration) string {
+		for i := 2; i < len(acts); i++ {
+			if acts[i]-acts[i-2] < time.Second {
+				return fmt.Sprintf("3 within %v, over its 2 a second", acts[i]-acts[i-2])
+			}
+		}
+		return ""
+	}
+	for _, tc := range []struct {
+		name   string
+		tenant Rule
+		check  func(acts []time.Duration) string
+	}{
+		{"gcra", Rule{Name: "tenant", Algorithm: GCRA, Limit: PerSecond(4).WithBurst(1)}, spaced(250 * ms)},
+		{"token bucket", Rule{Name: "tenant", Algorithm: TokenBucket, Limit: PerSecond(4).WithBurst(1)}, spaced(250 * ms)},
+		{"fixed window", Rule{Name: "tenant", Algorithm: FixedWindow, Limit: Limit{Count: 2, Period: time.Second}}, perWindow},
+		{"sliding log", Rule{Name: "tenant", Algorithm: SlidingLog, Limit: Limit{Count: 2, Period: time.Second}}, sliding},
+	} {
+		for _, admit := range []bool{false, true} {
+			if admit && tc.tenant.Algorithm != GCRA && tc.tenant.Algorithm != TokenBucket {
+				continue // Admit meets bucket parts only (AdmitRequest.NotBefore)
+			}
+			t.Run(fmt.Sprintf("%s, admit %v", tc.name, admit), func(t *testing.T) {
+				virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+					ctx := context.Background()
+					calls := countScripts(rdb)
+					g := mustNew(t, rdb, Options{}, tc.tenant,
+						Rule{Name: "global", Algorithm: GCRA, Limit: PerSecond(10).WithBurst(1), Subject: "all"})
+					act := func(subject string) time.Duration {
+						if admit {
+							a, err := g.Admit(ctx, AdmitRequest{Subject: subject, N: 1, Caller: Caller{ID: "c"}, Wait: time.Minute})
+							if err != nil || a.Status != Granted {
+								t.Fatalf("Admit(%s): %+v, %v; want Granted", subject, a, err)
+							}
+							return a.At.Sub(epoch)
+						}
+						r, err := g.ReserveN(ctx, subject, 1)
+						if err != nil {
+							t.Fatalf("ReserveN(%s): %v", subject, err)
+						}
+						return at() + r.Delay()
+					}
+					acts := []time.Duration{act("a")}
+					var all []time.Duration
+					for i := range 9 { // the global rule booked a second ahead
+						all = append(all, act(fmt.Sprintf("b%d", i)))
+					}
+					before := calls.Load()
+					for range 4 {
+						acts = append(acts, act("a"))
+					}
+					all = append(all, acts...)
+					slices.Sort(all)
+					for i := 1; i < len(all); i++ {
+						if d := all[i] - all[i-1]; d < 100*ms {
+							t.Fatalf("acts at %v: two %v apart, under the global 10/s", all, d)
+						}
+					}
+					if msg := tc.check(acts); msg != "" {
+						t.Fatalf("tenant a acts at %v: %s", acts, msg)
+					}
+					// Each request meets in at most two passes: 4 calls (2
+					// parts, one given back and booked again), not more.
+					if got := calls.Load() - before; got > 4*4 {
+						t.Errorf("%d script calls for 4 requests; want at most 16", got)
+					}
+				})
+			})
+		}
+	}
 }

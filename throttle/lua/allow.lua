@@ -4,13 +4,16 @@
 -- use_*.lua file, rules.lua, decide.lua, allow.lua (throttle/scripts.go).
 --
 -- KEYS[i]   -> the key of rule i: <prefix>{<subject>}:<rule>, i = 1..r
--- ARGV[1]   -> 'allow', 'reserve' or 'atmost'
+-- ARGV[1]   -> 'allow', 'reserve', 'meet' or 'atmost'
 -- ARGV[2]   -> n, the number of permits; 0 (allow, reserve) reads the
 --              state and charges nothing. Under several rules, allow and
 --              reserve also take one per rule, 'n1,n2,...,nr' (per_rule,
 --              rules.lua)
 -- ARGV[3]   -> reserve: the longest delay accepted, microseconds (-1: no
---              bound); allow and atmost: -1
+--              bound); allow and atmost: -1; meet: 'bound not_before', a
+--              reserve whose turn is at not_before (µs of Redis time) or
+--              later, charged to every rule at that turn (rules.lua:
+--              meet_at)
 -- ARGV[4 + 5 * (i - 1)] ... -> rule i, five values (rules.lua), its
 --              ticket ''
 -- r is floor((#ARGV - 3) / 5).
@@ -53,6 +56,13 @@ if not decide then
 end
 local ns
 if not n then n, ns = per_rule(ARGV[2]) end
-local reply = decide(n, op == 'reserve', tonumber(ARGV[3]), nrules, ns)
+local max_wait = ARGV[3]
+if op == 'meet' then
+  -- reserve at a turn no earlier than not_before (a limiter over several
+  -- subjects meets its parts at one turn, throttle/subjects.go).
+  local b, nb = string.match(max_wait, '^(%-?%d+) (%d+)$')
+  max_wait, not_before = b, tonumber(nb)
+end
+local reply = decide(n, op == 'reserve' or op == 'meet', tonumber(max_wait), nrules, ns)
 if atmost and reply[1] == 1 then reply[#reply + 1] = n end
 return reply

@@ -26,7 +26,7 @@
 -- redis-server instructions per Allow of a window (BENCHMARKS.md).
 local decide
 if rare or #ARGV > 8 then decide = function(n, reserve, max_wait, nrules, ns)
-  if nrules == 1 then
+  if nrules == 1 and not_before == 0 then
     -- One rule, the common case: no per-rule arrays, one reply table.
     local algo, count, period, extra = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
     local ok, delay, remaining, reset, s1, s2 =
@@ -64,6 +64,13 @@ if rare or #ARGV > 8 then decide = function(n, reserve, max_wait, nrules, ns)
       -- admits now still admits then.
       decider, delay = i, delays[i]
     end
+  end
+  if not_before > now + delay then
+    -- A turn asked for no earlier than not_before (allow.lua: meet) that
+    -- no rule's own check put there (a sliding window or log does not
+    -- read not_before): the turn is then, within the bound.
+    delay = not_before - now
+    if ok and not (reserve and (max_wait < 0 or delay <= max_wait)) then ok = false end
   end
   local reply = {ok and 1 or 0, decider, rems[decider], delay, reset, now}
   if ok and n > 0 then
