@@ -176,7 +176,11 @@ type AdmitRequest struct {
 	// ServeLine does, whatever its Status: its own turn, if within the
 	// horizon, is booked and then redeemed (or Held) at once, and the
 	// Admission says what the serving did (Handed, Waiting, and the next
-	// Head and Serve). So a member of a line costs two calls (the Admit
+	// Head and Serve). The last member a serving booked serves the line
+	// again when it comes back for its turn, in the same call: turns its
+	// predecessors' settles gave back (Reservation.Settle) are booked
+	// then, where the head, woken at the turn it was named for, would
+	// find them passed. So a member of a line costs two calls (the Admit
 	// that joins, the one that takes its turn) and one wake-up, where a
 	// serving costs a call and wake-ups of its own. A line whose head
 	// never comes back is served when another member comes back by

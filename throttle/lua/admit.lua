@@ -167,6 +167,17 @@ if line and heads and not line.ci and ARGV[b + 11] and redis.call('ZSCORE', line
   -- is booked now and redeemed below.
   line.heads = true
   line.serve()
+elseif line and heads and not line.ci and ARGV[b + 11] and redis.call('HGET', line.fkey, 'last') == ARGV[b + 11]
+    and redis.call('ZSCORE', rkey, ARGV[b + 11]) then
+  -- The member a serving chose, back for its turn, serves the line
+  -- (line_serve.lua: serve_plain): the turns it books start where the
+  -- settles so far have moved the schedule back to, before the head named
+  -- then is woken.
+  redis.call('HDEL', line.fkey, 'last')
+  if redis.call('EXISTS', line.key) == 1 then
+    line.heads = true
+    line.serve()
+  end
 end
 if not line and not c and booking ~= '' then
   -- A caller that books without the line (no horizon: admission's

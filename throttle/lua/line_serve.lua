@@ -79,6 +79,7 @@ local function line_open(n, nrules, b, rkey, tkey, tol, ns)
   local function serve_plain(reply)
     local next_us = -1
     local heads = {}
+    local booked = {} -- the members booked, each {member, delay}
     for _ = 1, 256 do
       local member, score, lv = pick(heads)
       if not member then break end
@@ -97,6 +98,23 @@ local function line_open(n, nrules, b, rkey, tkey, tol, ns)
       heads[lv] = nil
       redis.call('HSET', l.fkey, (line_fields(lv, '')), fmt(score + lv * place_band))
       hand(reply, member, waiter, ok, delay, tks, costs)
+      if ok then booked[#booked + 1] = {member, delay} end
+    end
+    if l.heads and l.next_head and booked[1] then
+      -- With heads serving, a member booked here serves the line again
+      -- when it comes back for its turn (admit.lua: 'last'): the one
+      -- whose turn is the latest at least half the horizon before the
+      -- next head's (else the first). By then the settles of the members
+      -- before it have moved the rules' schedule back, and the head, woken
+      -- at the turn it was named for here (and late by its wake-up's
+      -- latency), would find the room they gave back passed: a bucket
+      -- cannot hold a gap. Half a horizon ahead, as ServeLine's servings
+      -- come, absorbs both.
+      local by, pick = tonumber(l.next_head[2]) - now - l.horizon / 2, booked[1][1]
+      for _, bk in ipairs(booked) do
+        if bk[2] <= by then pick = bk[1] end
+      end
+      redis.call('HSET', l.fkey, 'last', pick)
     end
     return next_us
   end
