@@ -430,3 +430,44 @@ func TestUpstreamLonePolicy429(t *testing.T) {
 		}
 	})
 }
+
+// Requests that all leave at once (a catch-up: after a stall every
+// request is late, and each says it leaves as its turn is long past)
+// leave a whole learned interval apart, as the schedule spaces them: at
+// 98 % of it, the fiftieth kept for a request pushed a little, the
+// catch-up at 20/s ran 1.6ms above the resource's interval, and arrivals'
+// jitter took that (429s within 0.25 s of a stall's end, BENCHMARKS). A
+// request pushed a little, by the one before it leaving late, still
+// keeps the fiftieth, so that one lateness is not carried by every
+// request after it.
+func TestUpstreamCatchUpLeavesAnIntervalApart(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		u := mustNew(t, rdb, Options{}, tenPerSecond).Upstream()
+		iv := learnedFive(t, u)
+		time.Sleep(2 * iv)
+		leave := func() time.Duration {
+			t.Helper()
+			wait, ok, err := u.Leave(context.Background(), "s")
+			if err != nil || !ok {
+				t.Fatalf("Leave: %v, %v", ok, err)
+			}
+			return at() + wait
+		}
+		var leaves []time.Duration
+		for range 4 {
+			leaves = append(leaves, leave())
+		}
+		for i := 1; i < len(leaves); i++ {
+			// (The learned rate grows by 0.02 % a second: 0.1 % of room.)
+			if gap := leaves[i] - leaves[i-1]; gap < iv*999/1000 {
+				t.Errorf("leaves at %v: %v apart; want the learned interval %v", leaves, gap, iv)
+			}
+		}
+		// One more, called a little before 98 % of the interval after the
+		// last: pushed to 98 %, not to the whole interval.
+		time.Sleep(leaves[3] + iv*97/100 - at())
+		if got, want := leave()-leaves[3], iv*49/50; got > want+10*time.Microsecond {
+			t.Errorf("a request pushed a little leaves %v after the last; want %v (98 %% of the interval)", got, want)
+		}
+	})
+}

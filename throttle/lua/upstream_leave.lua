@@ -30,6 +30,17 @@ local r = up_grown(s, now, ceil_rate)
 -- busy machine nobody sees, so only lateness above that (about 1ms at
 -- 20/s; a schedule at 95 % of a policy leaves 2.6ms) is pushed.
 local at = now
-if s.al then at = math.max(now, s.al + math.ceil(1e6 / least(r, cap())) * leave_share) end
+if s.al then
+  local iv = math.ceil(1e6 / least(r, cap()))
+  at = math.max(now, s.al + iv * leave_share)
+  -- A request queued behind another's push (pushed by more than half an
+  -- interval: after a stall every request is late and each is pushed)
+  -- leaves a whole interval after it: at the fiftieth less, a catch-up
+  -- ran 1.6ms above the resource's interval at 20/s, which the jitter of
+  -- arrival took (429s within 0.25s of a stall's end, traced). A request
+  -- pushed a little (the one before it late by a few ms) keeps the
+  -- fiftieth, so that one lateness is not carried by every request after.
+  if at - now > iv / 2 then at = s.al + iv end
+end
 if not s.al or at > s.al then redis.call('HSET', key, 'al', fmt(at)) end
 return {0, math.ceil(at - now), now}
