@@ -327,7 +327,9 @@ func DepartNow(l Learned) *Departure {
 // interval after the latest one left (a request on its turn, or a
 // departure at its slot), whatever their turns: a request late for its
 // turn pushes the next by its lateness (past a fiftieth of the interval)
-// instead of leaving it closer to it. A request whose wait ctx cuts short
+// instead of leaving it closer to it; a request pushed by more than half
+// an interval (queued behind another's push: every request after a
+// stall) leaves a whole interval after the latest. A request whose wait ctx cuts short
 // must not leave. While no rate is learned it only reads the pause. A
 // Redis failure is an error matching ErrRedis (the pause is not known).
 func (u *Upstream) Leave(ctx context.Context, subject string) (time.Duration, bool, error) {
