@@ -42,10 +42,13 @@
 // The 429 rule. A 429 lowers the learned rate for every process, and says
 // so in a log line (Options.Logger) and in Stats.Lowered: from the rate
 // its request was sent at, to 90 % of it near where the rate was meant to
-// settle, to 80 % well under it, to half while an upstream that announces
-// nothing is discovered (additive increase, multiplicative decrease,
-// never above the configured rules). The rate then recovers at 10 % of
-// that rate a second to 98 % of it, and grows by 0.02 % a second past it,
+// settle, to 80 % well under it, to half with no 429 before or well under
+// the last one's rate (additive increase, multiplicative decrease, never above the configured
+// rules). The limit of an upstream that announces nothing is discovered
+// first, from the gaps between the requests it accepted and refused
+// (throttle.Upstream: while the fleet discovers, every answer is learned,
+// one more Redis call each, for well under a second). The rate then
+// recovers at 10 % of that rate a second to 98 % of it, and grows by 0.02 % a second past it,
 // never above the announced policy: a steady fleet settles where the 429s
 // stop. From an upstream that announces nothing, once a 429 has lowered
 // the rate, a 429 lowers it again only if another came within 200
@@ -98,7 +101,9 @@ import (
 // when the schedule cannot be trusted to space the requests: while no
 // rate is learned (nothing but the rules paces the fleet), or when the
 // 429 lowered the rate less than its Retry-After after the last lowering
-// (the 429s repeat although the rate went down). An isolated 429 under a
+// (the 429s repeat although the rate went down; not while the limit of an
+// upstream that announces nothing is discovered, whose 429s are the
+// steps: see fleetPause). An isolated 429 under a
 // learned rate, the usual see-saw of a fleet near its limit, lowers the
 // rate and nothing more: its request alone waits out the Retry-After,
 // which is the caller's to honour (the worker's http handler defers its
@@ -398,30 +403,43 @@ func (t *Transport) listen(ctx context.Context, subject string, d *throttle.Depa
 		pause = a.ResetMin
 	}
 	lesson, learned := throttle.Lesson{}, false
-	if tooMany || d.Probe || informative(info, d.Learned) {
+	if tooMany || d.Probe || d.Learned.Discovering || informative(info, d.Learned) {
 		lesson, learned = t.learn(ctx, subject, d, info, tooMany)
 	}
-	if retry > 0 && (!tooMany || fleetPause(lesson, learned, retry)) {
+	if retry > 0 && !tooMany {
 		pause = max(pause, retry)
+	} else if retry > 0 {
+		pause = max(pause, fleetPause(lesson, learned, retry))
 	}
 	if pause > 0 {
 		t.pauseFor(ctx, subject, pause)
 	}
 }
 
-// fleetPause reports whether a 429 whose Retry-After is retry pauses
+// fleetPause returns how long a 429 whose Retry-After is retry pauses
 // every process (see Transport), given what Learn made of it (learned
-// false if Learn failed): when no rate is learned, so that nothing spaces
-// the fleet's requests but the rules, or when the 429 lowered the rate
-// within retry of the last lowering, so that the lowerings are not
-// stopping the 429s. An isolated 429 under a learned rate only lowers it:
-// its request waits its Retry-After alone (the caller's retry), and the
-// schedule, slower now, goes on.
-func fleetPause(l throttle.Lesson, learned bool, retry time.Duration) bool {
-	if !learned || l.Rate <= 0 {
-		return true
+// false if Learn failed); zero for no pause. The whole Retry-After when
+// no rate is learned, so that nothing spaces the fleet's requests but the
+// rules, or when the 429 lowered the rate within retry of the last
+// lowering, so that the lowerings are not stopping the 429s. An isolated
+// 429 under a learned rate only lowers it: its request waits its
+// Retry-After alone (the caller's retry), and the schedule, slower now,
+// goes on. While the limit of a resource that announces nothing is
+// discovered (Lesson.Discovery), the 429s are its steps, each of
+// which backs off by itself: the fleet pauses only for the least the
+// Retry-After can mean, a second less than it says (whole seconds,
+// rounded up: "1" is any wait under a second, which the slower schedule
+// already keeps).
+func fleetPause(l throttle.Lesson, learned bool, retry time.Duration) time.Duration {
+	switch {
+	case !learned || l.Rate <= 0:
+		return retry
+	case !l.Lowered || l.Since < 0 || l.Since >= retry:
+		return 0
+	case l.Discovery:
+		return max(retry-time.Second, 0)
 	}
-	return l.Lowered && l.Since >= 0 && l.Since < retry
+	return retry
 }
 
 // depart returns req's departure: booked on the upstream schedule, or,
@@ -432,7 +450,11 @@ func (t *Transport) depart(ctx context.Context, subject string) (*throttle.Depar
 			return d, nil
 		}
 	}
-	d, err := t.up.Depart(ctx, subject, t.maxWait)
+	depart := t.up.Depart
+	if t.paced {
+		depart = t.up.DepartPaced
+	}
+	d, err := depart(ctx, subject, t.maxWait)
 	if err == nil {
 		t.seen.saw(subject, d)
 	}
@@ -471,12 +493,16 @@ func (t *Transport) leaveNow(ctx context.Context, subject string) (*throttle.Dep
 	// lateness too (traced: requests that reached the API 3-5 ms after
 	// the leave Redis recorded, their process held up around the call,
 	// each a 429 for the next request).
-	leave, ok, err := t.up.LeaveAt(ctx, subject)
-	if err == nil && !ok {
-		return nil, false
+	// The departure the call returns carries the leave on Redis's clock,
+	// for Learn (while a limit is discovered, every answer is learned
+	// with its leave), and whether the fleet is discovering.
+	left, ok, err := t.up.LeaveDeparture(ctx, subject)
+	if err == nil && !ok || ctx.Err() != nil {
+		return nil, false // Depart fails with ctx's error
 	}
-	if err != nil {
-		leave = time.Now()
+	leave := time.Now()
+	if err == nil {
+		leave = left.At
 	}
 	if wait := time.Until(leave); wait > 0 {
 		tm := time.NewTimer(wait)
@@ -493,8 +519,14 @@ func (t *Transport) leaveNow(ctx context.Context, subject string) (*throttle.Dep
 	} else if d, ok = t.seen.now(subject); !ok {
 		return nil, false
 	}
-	d.At = leave
-	return d, true
+	if err != nil {
+		d.At = leave
+		return d, true
+	}
+	disc := left.Learned.Discovering
+	left.Learned = d.Learned
+	left.Learned.Discovering = disc
+	return left, true
 }
 
 // serverNow is the time to read a response's dates against: the local

@@ -169,7 +169,7 @@ func TestAdmitTurnIsDeparture(t *testing.T) {
 		// request, late: TestDepartClaimsItsTurn; a re-booking claims
 		// nothing.)
 		time.Sleep(3 * time.Millisecond)
-		d, err := u.book(context.Background(), u.keys("s"), 0, false)
+		d, err := u.book(context.Background(), u.keys("s"), 0, false, true)
 		if err != nil {
 			t.Fatal(err)
 		}

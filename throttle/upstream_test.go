@@ -329,10 +329,10 @@ func TestUpstreamLateConfirmIsPushed(t *testing.T) {
 				u := mustNew(t, rdb, Options{}, tenPerSecond).Upstream()
 				iv := learnedFive(t, u)
 				keys := u.keys("s")
-				if _, err := u.book(ctx, keys, 0, false); err != nil {
+				if _, err := u.book(ctx, keys, 0, false, true); err != nil {
 					t.Fatal(err)
 				}
-				d, err := u.book(ctx, keys, 0, false)
+				d, err := u.book(ctx, keys, 0, false, true)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -351,7 +351,7 @@ func TestUpstreamLateConfirmIsPushed(t *testing.T) {
 				if push := next.At.Sub(slot); push < tc.late-time.Millisecond || push > tc.late+time.Millisecond {
 					t.Errorf("pushed by %v; want its lateness, %v", push, tc.late)
 				}
-				after, err := u.book(ctx, keys, 0, false)
+				after, err := u.book(ctx, keys, 0, false, true)
 				if err != nil {
 					t.Fatal(err)
 				}

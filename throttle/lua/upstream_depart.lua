@@ -7,13 +7,20 @@
 -- ARGV[10] -> how long the first departure's answer is waited for, µs
 -- ARGV[11] -> 1 if the caller may claim an open departure near now (its
 --             turn's, which admit booked: upstream_rate.lua), else 0
+-- ARGV[12] -> 1 if, while a limit is discovered, the caller comes back
+--             for a slot more than an interval away (status 2) rather
+--             than book it, else 0 (a request on a turn admit spaced)
 --
 -- Reply {status, delay, slot, n, g, now, t before, t after, interval, rate,
--- q, w, probe, ls before}: status 1 booked (delay µs from now, at slot; n
+-- q, w, probe, ls before, discovering}: status 1 booked (delay µs from now, at slot; n
 -- its number; interval the spacing it was booked at, µs; rate the learned
 -- rate as text, '' for none; q and w the policy, 0 0 for none; probe 1 if
 -- it is the first departure, whose answer the others await; a claimed
 -- one's t before and after are both the schedule's end), 0 too far
 -- (delay: when it would be; nothing booked), 2 come back in delay (the
--- first departure's answer is awaited; nothing booked).
-return depart(tonumber(ARGV[9]), tonumber(ARGV[10]), ARGV[11] == '1')
+-- first departure's answer is awaited, or, while a limit is discovered,
+-- the slot is more than an interval away and ARGV[12] is 1; nothing
+-- booked); discovering 1
+-- while the limit of a resource that announces nothing is being found
+-- (every answer is then worth a learn: upstream_learn.lua).
+return depart(tonumber(ARGV[9]), tonumber(ARGV[10]), ARGV[11] == '1', ARGV[12] == '1')

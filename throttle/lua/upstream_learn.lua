@@ -13,16 +13,21 @@
 --             not said)
 -- ARGV[18] -> the interval the departure was booked at, µs (0: unknown, or
 --             none)
+-- ARGV[19] -> when the request left (µs of Redis TIME; -1: unknown)
 --
--- Reply {lowered, from, rate, changed, q, w, since}: lowered 1 if a 429
--- lowered the rate from `from`; rate the learned rate after (text); changed
--- 1 if the policy changed; since how long before now the rate was last
--- lowered before this answer (µs; -1: never).
+-- Reply {lowered, from, rate, changed, q, w, since, discovering, step}:
+-- lowered 1 if a 429 lowered the rate from `from`; rate the learned rate
+-- after (text); changed 1 if the policy changed; since how long before now
+-- the rate was last lowered before this answer (µs; -1: never);
+-- discovering 1 while the limit of a resource that announces nothing is
+-- being discovered (below), after this answer; step 1 if this answer was
+-- a step of that discovery (the last one too).
 grow()
 local too_many, booked, dep = ARGV[9] == '1', tonumber(ARGV[10]), tonumber(ARGV[11])
 local quota, window, limit = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
 local remaining, reset_min, reset_max = tonumber(ARGV[15]), tonumber(ARGV[16]), tonumber(ARGV[17])
 local dep_iv = tonumber(ARGV[18])
+local left = tonumber(ARGV[19])
 local changed, down, from = 0, 0, ''
 local since = -1
 if s.d then since = now - s.d end
@@ -109,9 +114,163 @@ local alone_after = 200
 -- (0.2 % of its requests, the most a steady run should see) is lowered
 -- for good.
 local alone_policy = 500
+-- Discovery. A resource that announces nothing says only, of each
+-- request, whether it came too soon after the last one it accepted: one
+-- with no burst (a GCRA with burst 1, as most per-second limits are
+-- enforced) accepts a request no sooner than its interval T after the
+-- last one it accepted. So the leaves of the answers, in order, bound T
+-- from both sides: every gap between two accepted requests is at least
+-- T (hi, the least), every refused request came less than T after the
+-- last accepted one (lo, the most). While the fleet discovers (no policy,
+-- dv unset), every answer comes here with its leave (ARGV[19]); they are
+-- kept in ob for disc_span, at most disc_keep of them. The interval:
+--   a 429 before any two requests were accepted (hi unknown): twice the
+--     largest refused gap (2 lo), unless longer already (a back-off that
+--     passes T in log2 steps);
+--   both bounds, hi > disc_close lo: the interval tried is kept while it
+--     lies well between them (its answers are to come), else it goes to
+--     their midpoint (a bisection: a step a request on either side);
+--   hi <= disc_close lo: found, disc_room times the larger bound (hi, or
+--     lo when jitter crossed them): 89-98 % of the limit; dv is set, the
+--     rate is held there (hi, the rate a 429 came at, just above it), and
+--     from here on a 429 is answered as for any learned rate (below).
+-- The fleet is not paused while discovering (httpthrottle: fleetPause):
+-- each step backs off by itself. Through cmd/worker processes (3 and 10,
+-- a 20/s API under a 100/s rule) it found the limit with 3-4 429s and
+-- converged in 0.2-0.7 s, where halving on 429s and recovering at 10 % a
+-- second took 2.4-3.3 s (BENCHMARKS.md).
+-- Discovery ends unfound, and the 429s are answered as before, when the
+-- bounds disagree (hi < disc_apart lo: a resource with a burst, or a
+-- window; crossed by less, they are the jitter between leaves and
+-- arrivals, and the larger is the limit found), when they bound a limit
+-- within disc_near of the rules' interval (a resource with a burst or a
+-- window: its first 429 comes at the rules' pace), when disc_keep answers
+-- did not settle it, and once disc_quiet answers came with no 429 (the
+-- rules bind, not the resource).
+-- What was sent while discovering counts against the limit found: the
+-- next request leaves no sooner than each kept leave plus as many
+-- intervals as requests left from it on, so that no window holds more
+-- than its share of the limit, 429s included, however close together
+-- the steps were.
+local disc_keep, disc_span, disc_quiet = 64, 3e6, 20
+local disc_close, disc_room, disc_apart, disc_near, disc_untried = 1.1, 1.02, 0.8, 1.25, 1.03
+local disc_step = 0
+local disc_done = false
+
+local function disc_hold(obs, iv)
+  local at = 0
+  for i, o in ipairs(obs) do at = math.max(at, o[1] + (#obs - i + 1) * iv) end
+  at = math.ceil(at - iv)
+  if not s.al or at > s.al then set('al', at) end
+end
+
+-- keep writes the answers kept back to ob.
+local function keep(obs)
+  local parts = {}
+  for i, o in ipairs(obs) do
+    local b = '0'
+    if o[2] then b = '1' end
+    parts[i] = string.format('%d', o[1]) .. ':' .. b
+  end
+  redis.call('HSET', key, 'ob', table.concat(parts, ','))
+end
+
+local function discover()
+  local obs = {}
+  for t, ok in string.gmatch(redis.call('HGET', key, 'ob') or '', '(%d+):(%d)') do
+    t = tonumber(t)
+    if t >= now - disc_span then obs[#obs + 1] = {t, ok == '1'} end
+  end
+  obs[#obs + 1] = {left, not too_many}
+  table.sort(obs, function(a, b) return a[1] < b[1] end)
+  while #obs > disc_keep do table.remove(obs, 1) end
+  local last, lo, hi, refused, ok = nil, nil, nil, 0, 0
+  for _, o in ipairs(obs) do
+    if o[2] then
+      ok = ok + 1
+      if last then hi = math.min(hi or math.huge, o[1] - last) end
+      last = o[1]
+    else
+      refused = refused + 1
+      if last then lo = math.max(lo or 0, o[1] - last) end
+    end
+  end
+  local cur = ceil_iv
+  if s.r then cur = 1e6 / s.r end
+  local iv
+  if refused == 0 then
+    if ok >= disc_quiet then disc_done = true end
+  elseif too_many and not lo then
+    -- A 429 with no request accepted before it says only "wait", which
+    -- its Retry-After does: answered as before (a lone request's pauses
+    -- the fleet).
+    keep(obs)
+    return false
+  elseif (hi and lo and (hi < disc_apart * lo or hi <= disc_close * lo and math.max(hi, lo) < disc_near * ceil_iv)) or #obs >= disc_keep then
+    -- The bounds disagree (not a resource this reads), or bound a limit
+    -- at the rules' pace (a resource with a burst or a window refuses
+    -- its first 429 there), or too many answers did not settle it: the
+    -- 429s are answered as before.
+    redis.call('HDEL', key, 'ob')
+    set('dv', 1)
+    return false
+  elseif hi and lo then
+    if hi <= disc_close * lo then
+      -- Found; bounds crossed by less than disc_apart are the leaves'
+      -- jitter at the resource, and the larger is taken.
+      iv, disc_done = math.max(hi, lo) * disc_room, true
+    elseif not (cur > lo * disc_untried and cur < hi / disc_untried) then
+      iv = (lo + hi) / 2
+    end
+    -- else the interval tried is well between the bounds (not tried yet:
+    -- its answers are to come)
+  elseif too_many and lo then
+    iv = math.max(cur, 2 * lo)
+  end
+  if iv and iv > 0 then
+    local r = 1e6 / iv
+    local c = cap()
+    if c and r > c then r = c end
+    if s.r and r < s.r or not s.r and cur > 0 and r < 1e6 / cur then
+      lowered()
+      -- The departures booked at the faster pace are forgotten: each
+      -- would keep the next booked at this one an interval (the longer
+      -- one) away until its owner came to book again (traced: a 680 ms
+      -- hole after the second 429). Their requests leave an interval
+      -- after the latest leave all the same (al).
+      redis.call('ZREMRANGEBYSCORE', dkey, '(' .. string.format('%d', math.floor(now)), '+inf')
+      if too_many then
+        from = fmt(s.r or 1e6 / cur)
+        down = 1
+      end
+    end
+    set('r', r)
+    set('u', now)
+    if disc_done then
+      -- held where it is found: no recovery past it
+      set('hi', r / up_below)
+      disc_hold(obs, 1e6 / r)
+    elseif lo then
+      -- the slowest rate refused
+      set('hi', 1e6 / lo)
+    end
+  end
+  if disc_done then
+    redis.call('HDEL', key, 'ob')
+    set('dv', 1)
+  else
+    keep(obs)
+  end
+  disc_step = 1
+  return true
+end
+
+local handled = false
+if disc_flag() == 1 and left >= 0 then handled = discover() end
+
 local fresh = booked >= (s.d or 0)
 if booked < 0 then fresh = now >= (s.d or 0) + 1e6 end
-if too_many and fresh and (s.r or s.gap or booked < 0) then
+if too_many and not handled and fresh and (s.r or s.gap or booked < 0) then
   -- The rate the resource saw: the one the departure was booked at (the
   -- learned rate may have grown since, departures booked ahead keep
   -- theirs), else the learned one, else the gaps between departures.
@@ -178,4 +337,4 @@ end
 save()
 local pq, pw = s.q or 0, s.w or 0
 if pq == 0 and s.l and s.lw then pq, pw = s.l, s.lw end
-return {down, from, rate_text(), changed, pq, pw, since}
+return {down, from, rate_text(), changed, pq, pw, since, disc_flag(), disc_step}

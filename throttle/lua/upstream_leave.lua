@@ -14,16 +14,17 @@
 --
 -- No ARGV of its own.
 --
--- Reply {paused, wait, now}: paused 1 when the subject's pause runs (wait:
--- µs until it ends; nothing recorded: the request departs on the
--- schedule, after it), else 0 and wait the µs the request waits before it
+-- Reply {paused, wait, now, discovering}: paused 1 when the subject's
+-- pause runs (wait: µs until it ends; nothing recorded: the request
+-- departs on the schedule, after it), else 0 and wait the µs the request waits before it
 -- leaves (0 while no rate is learned: nothing recorded); now the Redis
 -- time it counts from (µs), so that the caller leaves at the moment
--- recorded whenever it reads the reply.
+-- recorded whenever it reads the reply; discovering as depart's
+-- (upstream_depart.lua).
 local leave_share = 0.98
 local pause = tonumber(redis.call('GET', pkey)) or 0
-if pause > now then return {1, math.ceil(pause - now), now} end
-if not s.r then return {0, 0, now} end
+if pause > now then return {1, math.ceil(pause - now), now, disc_flag()} end
+if not s.r then return {0, 0, now, disc_flag()} end
 local r = up_grown(s, now, ceil_rate)
 -- The interval as admit spaces the turns (upstream_pace.lua), less a
 -- fiftieth: a request pushed waits on its own timer, whose lateness on a
@@ -43,4 +44,4 @@ if s.al then
   if at - now > iv / 2 then at = s.al + iv end
 end
 if not s.al or at > s.al then redis.call('HSET', key, 'al', fmt(at)) end
-return {0, math.ceil(at - now), now}
+return {0, math.ceil(at - now), now, disc_flag()}

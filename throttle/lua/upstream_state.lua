@@ -35,6 +35,11 @@
 --   al     when the latest request left (µs): a request on its turn says so
 --          as it leaves (upstream_leave.lua), a departure when its slot is
 --          about to come; the next leaves no sooner than an interval after
+--   dv     1 once the limit of a resource that announces nothing was
+--          discovered, or found not to bind (upstream_learn.lua); absent
+--          while it is being discovered, when every answer is learned
+--   ob     while discovering: the answers' leaves and outcomes (read by
+--          upstream_learn.lua only)
 --   The TTL is ARGV[4] ms from the last call that wrote it. Admit reads r
 --   (upstream_pace.lua).
 -- KEYS[2] -> <prefix>{<subject>}:!pause (read only): the Redis time (µs)
@@ -57,7 +62,7 @@ local key, pkey, dkey = KEYS[1], KEYS[2], KEYS[3]
 local ceil_iv, ceil_b, ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local k_start, k_gentle, k_lower, k_discover = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 
-local names = {'t', 'n', 'ls', 'gap', 'r', 'u', 'hi', 'lone', 'lo', 'd', 'g', 'q', 'w', 'l', 'lw', 'wl', 'wa', 'wb', 'wk', 'p', 'f', 'al'}
+local names = {'t', 'n', 'ls', 'gap', 'r', 'u', 'hi', 'lone', 'lo', 'd', 'g', 'q', 'w', 'l', 'lw', 'wl', 'wa', 'wb', 'wk', 'p', 'f', 'al', 'dv'}
 local raw = redis.call('HMGET', key, unpack(names))
 local s = {}
 for i, f in ipairs(names) do s[f] = tonumber(raw[i]) end
@@ -110,6 +115,14 @@ local function save()
   redis.call('PEXPIRE', key, ttl)
 end
 
+-- disc_flag is 1 while the fleet discovers the limit of a resource that
+-- announces nothing (no policy, and dv not set): every answer is then
+-- worth a learn (upstream_learn.lua), 200s too.
+local function disc_flag()
+  if policy() or s.dv then return 0 end
+  return 1
+end
+
 local function rate_text()
   if s.r then return fmt(s.r) end
   return ''
@@ -138,14 +151,16 @@ end
 -- starting on two cores came 2-4 ms late for their first turns, and each
 -- turn left unclaimed was a hole). It leaves at its slot, or now if that
 -- passed more than the tolerance ago, and no sooner than an interval
--- after the latest leave (al), which it becomes.
-local function depart(max_wait, probe_wait, claim)
+-- after the latest leave (al), which it becomes. A caller that asks near
+-- (near true) is, while a limit is discovered, booked no more than an
+-- interval ahead (below).
+local function depart(max_wait, probe_wait, claim, near)
   local probe = 0
   if not known then
     probe = 1
     set('p', now + probe_wait)
   elseif s.p and s.p > now and not s.r and not policy() then
-    return {2, math.ceil(math.min(s.p - now, 20000)), '', 0, 0, now, '', '', 0, '', 0, 0, 0, ''}
+    return {2, math.ceil(math.min(s.p - now, 20000)), '', 0, 0, now, '', '', 0, '', 0, 0, 0, '', 0}
   end
   grow()
   local pause = tonumber(redis.call('GET', pkey)) or 0
@@ -164,7 +179,7 @@ local function depart(max_wait, probe_wait, claim)
       save()
       local ls_text, t_text = '', fmt(s.t or now)
       if s.ls then ls_text = fmt(s.ls) end
-      return {1, math.max(at - now, 0), fmt(c), s.n, s.g, now, t_text, t_text, math.ceil(iv), rate_text(), s.q or 0, s.w or 0, 0, ls_text}
+      return {1, math.max(at - now, 0), fmt(c), s.n, s.g, now, t_text, t_text, math.ceil(iv), rate_text(), s.q or 0, s.w or 0, 0, ls_text, disc_flag()}
     end
   end
   local before = s.t or now
@@ -196,8 +211,16 @@ local function depart(max_wait, probe_wait, claim)
       end
     end
   end
+  -- While a limit is discovered (upstream_learn.lua), a departure asked
+  -- near is booked at most an interval ahead, and the caller comes back
+  -- for a later one: departures booked further ahead at the interval tried
+  -- would hold every faster one tried after back until they had left
+  -- (a fleet of goroutines books one each: 12 of them, 0.7 s).
+  if near and s.r and iv > 0 and slot - now > iv and disc_flag() == 1 then
+    return {2, math.ceil(math.min(slot - now - iv, 20000)), '', 0, 0, now, '', '', 0, '', 0, 0, 0, '', 1}
+  end
   if max_wait >= 0 and slot - now > max_wait then
-    return {0, math.ceil(slot - now), '', 0, 0, now, '', '', 0, rate_text(), s.q or 0, s.w or 0, 0, ''}
+    return {0, math.ceil(slot - now), '', 0, 0, now, '', '', 0, rate_text(), s.q or 0, s.w or 0, 0, '', disc_flag()}
   end
   local ls = s.ls
   set('t', after)
@@ -216,7 +239,7 @@ local function depart(max_wait, probe_wait, claim)
   if pq == 0 and s.l and s.lw then pq, pw = s.l, s.lw end
   local ls_text = ''
   if ls then ls_text = fmt(ls) end
-  return {1, math.ceil(slot - now), fmt(slot), s.n, s.g, now, fmt(before), fmt(after), math.ceil(iv), rate_text(), pq, pw, probe, ls_text}
+  return {1, math.ceil(slot - now), fmt(slot), s.n, s.g, now, fmt(before), fmt(after), math.ceil(iv), rate_text(), pq, pw, probe, ls_text, disc_flag()}
 end
 
 
