@@ -443,21 +443,7 @@ func TestTransportDiscoversHeaderlessWithinASecond(t *testing.T) {
 					up := &limitedUpstream{limit: 20, style: style}
 					backlog(t, fleet(t, m, up, procs, fast, Options{}), 4, 200)
 					calls, ok := up.log()
-					conv := -1
-					for lo := range calls {
-						accepted, refused := 0, 0
-						for hi := lo; hi < len(calls) && calls[hi]-calls[lo] < time.Second; hi++ {
-							if ok[hi] {
-								accepted++
-							} else {
-								refused++
-							}
-						}
-						if accepted >= 17 && refused == 0 {
-							conv = lo
-							break
-						}
-					}
+					conv := convergedAt(calls, ok, 17)
 					if conv < 0 {
 						t.Fatalf("no 1 s window with 17 accepted and no 429 in %d requests", len(calls))
 					}
@@ -468,6 +454,25 @@ func TestTransportDiscoversHeaderlessWithinASecond(t *testing.T) {
 			})
 		}
 	}
+}
+
+// convergedAt is the index of the first call that starts a 1 s window of
+// at least goal accepted calls and no refused one; -1 if none does.
+func convergedAt(calls []time.Duration, ok []bool, goal int) int {
+	for lo := range calls {
+		accepted, refused := 0, 0
+		for hi := lo; hi < len(calls) && calls[hi]-calls[lo] < time.Second; hi++ {
+			if ok[hi] {
+				accepted++
+			} else {
+				refused++
+			}
+		}
+		if accepted >= goal && refused == 0 {
+			return lo
+		}
+	}
+	return -1
 }
 
 // A new, higher policy is followed as soon as an answer announces it, up

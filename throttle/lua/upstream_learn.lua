@@ -175,7 +175,9 @@ local function keep(obs)
   redis.call('HSET', key, 'ob', table.concat(parts, ','))
 end
 
-local function discover()
+-- disc_answers returns the answers kept, this one among them, in the
+-- order their requests left.
+local function disc_answers()
   local obs = {}
   for t, ok in string.gmatch(redis.call('HGET', key, 'ob') or '', '(%d+):(%d)') do
     t = tonumber(t)
@@ -184,6 +186,12 @@ local function discover()
   obs[#obs + 1] = {left, not too_many}
   table.sort(obs, function(a, b) return a[1] < b[1] end)
   while #obs > disc_keep do table.remove(obs, 1) end
+  return obs
+end
+
+-- disc_bounds returns lo and hi (µs; nil if none yet) and how many of
+-- the answers were refused and accepted.
+local function disc_bounds(obs)
   local last, lo, hi, refused, ok = nil, nil, nil, 0, 0
   for _, o in ipairs(obs) do
     if o[2] then
@@ -195,6 +203,45 @@ local function discover()
       if last then lo = math.max(lo or 0, o[1] - last) end
     end
   end
+  return lo, hi, refused, ok
+end
+
+-- disc_apply sets the rate to the interval iv (µs), lo the largest
+-- refused gap (nil: none), obs the answers kept (for disc_hold).
+local function disc_apply(iv, lo, cur, obs)
+  local r = 1e6 / iv
+  local c = cap()
+  if c and r > c then r = c end
+  if s.r and r < s.r or not s.r and cur > 0 and r < 1e6 / cur then
+    lowered()
+    -- The departures booked at the faster pace are forgotten: each
+    -- would keep the next booked at this one an interval (the longer
+    -- one) away until its owner came to book again (traced: a 680 ms
+    -- hole after the second 429). Their requests leave an interval
+    -- after the latest leave all the same (al).
+    redis.call('ZREMRANGEBYSCORE', dkey, '(' .. string.format('%d', math.floor(now)), '+inf')
+    if too_many then
+      from = fmt(s.r or 1e6 / cur)
+      down = 1
+    end
+  end
+  set('r', r)
+  set('u', now)
+  if disc_done then
+    -- held where it is found: no recovery past it
+    set('hi', r / up_below)
+    disc_hold(obs, 1e6 / r)
+  elseif lo then
+    -- the slowest rate refused
+    set('hi', 1e6 / lo)
+  end
+end
+
+-- discover takes the answer as a step of the discovery; false if it is
+-- to be answered as any 429 (below) instead.
+local function discover()
+  local obs = disc_answers()
+  local lo, hi, refused, ok = disc_bounds(obs)
   local cur = ceil_iv
   if s.r then cur = 1e6 / s.r end
   local iv
@@ -227,34 +274,7 @@ local function discover()
   elseif too_many and lo then
     iv = math.max(cur, 2 * lo)
   end
-  if iv and iv > 0 then
-    local r = 1e6 / iv
-    local c = cap()
-    if c and r > c then r = c end
-    if s.r and r < s.r or not s.r and cur > 0 and r < 1e6 / cur then
-      lowered()
-      -- The departures booked at the faster pace are forgotten: each
-      -- would keep the next booked at this one an interval (the longer
-      -- one) away until its owner came to book again (traced: a 680 ms
-      -- hole after the second 429). Their requests leave an interval
-      -- after the latest leave all the same (al).
-      redis.call('ZREMRANGEBYSCORE', dkey, '(' .. string.format('%d', math.floor(now)), '+inf')
-      if too_many then
-        from = fmt(s.r or 1e6 / cur)
-        down = 1
-      end
-    end
-    set('r', r)
-    set('u', now)
-    if disc_done then
-      -- held where it is found: no recovery past it
-      set('hi', r / up_below)
-      disc_hold(obs, 1e6 / r)
-    elseif lo then
-      -- the slowest rate refused
-      set('hi', 1e6 / lo)
-    end
-  end
+  if iv and iv > 0 then disc_apply(iv, lo, cur, obs) end
   if disc_done then
     redis.call('HDEL', key, 'ob')
     set('dv', 1)
