@@ -1,6 +1,8 @@
 package throttle
 
 import (
+	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -27,7 +29,7 @@ func (r *noBurst) answer() Answer {
 
 // A resource that announces nothing is discovered from the gaps between
 // the requests it accepted and refused: every answer is learned while
-// Learned.Discovering, and the rate found under a 100/s rule is 89-100 %
+// Learned.Discovering, and the rate found under a 100/s rule is 86-93 %
 // of its 20/s within a few 429s, in under a second. Halving the rate on
 // 429s and recovering at 10 % a second took 2.4-3.3 s (BENCHMARKS.md).
 func TestUpstreamDiscoversLimitFromGaps(t *testing.T) {
@@ -59,8 +61,11 @@ func TestUpstreamDiscoversLimitFromGaps(t *testing.T) {
 		if refused > 8 {
 			t.Errorf("%d 429s while discovering; want at most 8", refused)
 		}
-		if l.Rate < 0.89*20 || l.Rate > 20 {
-			t.Errorf("the rate found is %v/s; want 89-100 %% of the resource's 20/s", l.Rate)
+		// The bounds close here 3 % over the interval; the rate found keeps
+		// 5 % below them (at 2 %, 95 % of the limit, a loaded machine's
+		// jitter brought 429s for a second after it was found).
+		if l.Rate < 0.86*20 || l.Rate > 0.93*20 {
+			t.Errorf("the rate found is %v/s; want 86-93 %% of the resource's 20/s", l.Rate)
 		}
 		// Found: held there, and the answers no longer learned.
 		time.Sleep(10 * time.Second)
@@ -107,6 +112,62 @@ func TestUpstreamDiscoveryEndsWhenRulesBind(t *testing.T) {
 		}
 		if d, _ := depart(t, u, "s", 0); d.Learned.Discovering {
 			t.Errorf("the next departure: %+v; want no discovery", d.Learned)
+		}
+	})
+}
+
+// While a resource's limit is discovered, Admit books a subject's turns
+// no further ahead than 250 ms (or four intervals) at the rate tried,
+// however long the Horizon: the rest wait in the subject's line, so that
+// a faster step applies within that, not after a second of turns booked
+// at the slower rate (a 10-worker run held the old pace 0.8 s, its
+// convergence 1.2-2.4 s). A rate the resource announced books the whole
+// Horizon.
+func TestAdmitBooksCloseWhileDiscovering(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := context.Background()
+		lim := mustNew(t, rdb, Options{}, Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(100).WithBurst(1)})
+		u := lim.Upstream()
+		api := &noBurst{interval: 50 * time.Millisecond}
+		// A 200, then a 429 10 ms after it (the rule's pace): discovering,
+		// at a rate tried.
+		for i := 0; ; i++ {
+			d, wait := depart(t, u, "s", 0)
+			time.Sleep(wait)
+			if l := learn(t, u, "s", d, api.answer()); l.Rate > 0 {
+				if !l.Discovering {
+					t.Fatalf("after the first 429: %+v; want a rate tried while discovering", l)
+				}
+				break
+			}
+			if i > 5 {
+				t.Fatal("no rate learned after 5 requests")
+			}
+		}
+		furthest := func(subject string) (time.Duration, int) {
+			var far time.Duration
+			inLine := 0
+			for i := range 40 {
+				a, err := lim.Admit(ctx, AdmitRequest{Subject: subject, N: 1, Horizon: time.Second,
+					Caller: Caller{ID: fmt.Sprintf("%s-%d", subject, i)}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if a.InLine {
+					inLine++
+				} else {
+					far = max(far, a.Delay)
+				}
+			}
+			return far, inLine
+		}
+		if far, inLine := furthest("s"); far > 250*time.Millisecond || inLine == 0 {
+			t.Errorf("discovering: turns booked up to %v ahead, %d of 40 in line; want none past 250 ms, the rest in line", far, inLine)
+		}
+		first, _ := depart(t, u, "t", 0)
+		learn(t, u, "t", first, Answer{Quota: 20, Window: time.Second})
+		if far, _ := furthest("t"); far < 900*time.Millisecond {
+			t.Errorf("a rate announced: turns booked up to %v ahead; want the Horizon's second", far)
 		}
 	})
 }

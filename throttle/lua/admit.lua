@@ -92,6 +92,9 @@
 -- still wait) or DENIED, 1, members left, µs until the line should be
 -- served again, 0, now, '' x r, waiter 1, slot 1 (µs of Redis time),
 -- waiter 2, ...}.
+-- disc_horizon (µs) bounds how far ahead turns are booked while an
+-- upstream's limit is discovered (below).
+local disc_horizon = 250000
 local n, ns = per_rule(ARGV[2])
 local wait_here = tonumber(ARGV[3])
 local nrules = (#KEYS - 13) / 2
@@ -101,7 +104,7 @@ local nrules = (#KEYS - 13) / 2
 -- serving of the line too).
 local learned = limits_pace(KEYS[nrules + 12], nrules, function(i) return ns and ns[i] or n end)
 local ukey, dkey = KEYS[nrules + 11], KEYS[nrules + 13]
-local paced = upstream_pace(ukey, nrules, function(i) return not learned[i] and (not ns or ns[i] == 1) end)
+local paced, discovering = upstream_pace(ukey, nrules, function(i) return not learned[i] and (not ns or ns[i] == 1) end)
 local rkey, b = KEYS[nrules + 1], 4 + 5 * nrules
 local booking, tol, nb = ARGV[b], string.match(ARGV[b + 1], '^(%d+) (%d+)$')
 if nb then not_before = tonumber(nb) end
@@ -158,6 +161,15 @@ local early = tonumber(ARGV[b + 3])
 -- 'horizon h': the line's members serve it (ARGV[b+2]).
 local hz, heads = string.match(ARGV[b + 2], '^(-?%d+) (h)$')
 if heads then ARGV[b + 2] = hz end
+-- While an upstream's limit is discovered (upstream_pace), its next
+-- answers may step the rate faster: turns are booked no further ahead
+-- than disc_horizon, or four intervals if longer, so that a faster step
+-- applies within it, not once the turns booked at the slower rate tried
+-- have run (traced: 0.8 s behind a second of them, at 10 workers).
+if discovering then
+  local h = math.max(disc_horizon, 4 * paced)
+  if tonumber(ARGV[b + 2]) > h then ARGV[b + 2] = string.format('%d', h) end
+end
 local line = not c and tonumber(ARGV[b + 2]) >= 0 and (booking ~= '' or n == 0) and line_open(n, nrules, b, rkey, tkey, tol, ns)
 if line and n == 0 then return line.serve() end
 -- out ends a reply with what a serving by the caller left to wake.

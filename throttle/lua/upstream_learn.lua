@@ -131,7 +131,9 @@ local alone_policy = 500
 --     lies well between them (its answers are to come), else it goes to
 --     their midpoint (a bisection: a step a request on either side);
 --   hi <= disc_close lo: found, disc_room times the larger bound (hi, or
---     lo when jitter crossed them): 89-98 % of the limit; dv is set, the
+--     lo when jitter crossed them): 86-95 % of the limit (at 98 %, the
+--     requests' jitter on a busy machine brought 429s every few hundred
+--     ms for a second after it was found: traced); dv is set, the
 --     rate is held there (hi, the rate a 429 came at, just above it), and
 --     from here on a 429 is answered as for any learned rate (below).
 -- The fleet is not paused while discovering (httpthrottle: fleetPause):
@@ -153,7 +155,7 @@ local alone_policy = 500
 -- than its share of the limit, 429s included, however close together
 -- the steps were.
 local disc_keep, disc_span, disc_quiet = 64, 3e6, 20
-local disc_close, disc_room, disc_apart, disc_near, disc_untried = 1.1, 1.02, 0.8, 1.25, 1.03
+local disc_close, disc_room, disc_apart, disc_near, disc_untried = 1.1, 1.05, 0.8, 1.25, 1.03
 local disc_step = 0
 local disc_done = false
 

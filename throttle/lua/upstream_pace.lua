@@ -22,12 +22,15 @@
 -- counts(i) -> whether rule i counts this request as requests do (one
 --         permit a request): a learned rate of requests paces only those,
 --         not a rule of tokens charged hundreds a request (Costs).
--- Returns the learned interval applied (µs), or 0 if none was.
+-- Returns the learned interval applied (µs), or 0 if none was, and
+-- whether the rate is a step of a discovery (upstream_learn.lua: no
+-- policy, dv unset), which the next answers may change.
 local function upstream_pace(ukey, nrules, counts)
-  local v = redis.call('HMGET', ukey, 'r', 'u', 'hi', 'q', 'w', 'l', 'lw', 'ls', 'al')
+  local v = redis.call('HMGET', ukey, 'r', 'u', 'hi', 'q', 'w', 'l', 'lw', 'ls', 'al', 'dv')
   local s = {r = tonumber(v[1]), u = tonumber(v[2]), hi = tonumber(v[3]), q = tonumber(v[4]),
     w = tonumber(v[5]), l = tonumber(v[6]), lw = tonumber(v[7]), ls = tonumber(v[8]), al = tonumber(v[9])}
-  if not s.r then return 0 end
+  if not s.r then return 0, false end
+  local discovering = not up_policy(s) and not v[10]
   -- The ceiling, as Limiter.Upstream computes it: the slowest rule that
   -- sets a rate.
   local ceil_iv = 0
@@ -41,7 +44,7 @@ local function upstream_pace(ukey, nrules, counts)
   local ceil_rate = nil
   if ceil_iv > 0 then ceil_rate = 1e6 / ceil_iv end
   local r = up_grown(s, now, ceil_rate)
-  if not r or r <= 0 then return 0 end
+  if not r or r <= 0 then return 0, false end
   local iv = math.ceil(1e6 / r)
   local applied = 0
   for i = 1, nrules do
@@ -58,7 +61,7 @@ local function upstream_pace(ukey, nrules, counts)
       if last + iv > now then pause[algo](KEYS[i], 1, iv, 1, last + iv) end
     end
   end
-  return applied
+  return applied, applied > 0 and discovering
 end
 
 -- up_ttl is the upstream hash's TTL in ms (throttle.UpstreamTTL; a test
