@@ -423,7 +423,8 @@ func (u *Upstream) LeaveDeparture(ctx context.Context, subject string) (*Departu
 // sees is when requests arrive, so the next departure or leave is pushed
 // to an interval after at, instead of coming closer than that to it. Call
 // it only for such a request (httpthrottle does, when its headers were
-// written more than LateWrite after it left): one call each. It reports
+// written more than DepartureTolerance after it left, the lateness a
+// departure is let leave with): one call each. It reports
 // whether at is now the latest leave known (false if a later one was, or
 // no rate is learned). A Redis failure is an error matching ErrRedis.
 func (u *Upstream) Left(ctx context.Context, subject string, at time.Time) (bool, error) {
@@ -436,12 +437,6 @@ func (u *Upstream) Left(ctx context.Context, subject string, at time.Time) (bool
 	}
 	return len(raw) == 1 && replyInt(raw[0]) == 1, nil
 }
-
-// LateWrite is how late after its departure a request may reach the wire
-// before Left is called for it: under a fiftieth of the interval at the
-// rates APIs announce (20/s: 50 ms), which the schedule's room above the
-// learned rate (LearnedShare) covers several times.
-const LateWrite = time.Millisecond
 
 // Interval is the spacing the departure was booked at: the learned
 // rate's, or the ceiling's while nothing is learned; 0 if nothing paced it.

@@ -171,3 +171,31 @@ func TestAdmitBooksCloseWhileDiscovering(t *testing.T) {
 		}
 	})
 }
+
+// A step of a discovery holds its rate until answers judge it: no
+// recovery towards the slowest rate refused. Recovering, a step tried at
+// 12.4/s crept to 16.9/s in 1.1 s of a 10-worker run, always just inside
+// the bounds its own answers had set, so never judged and never stepped.
+func TestUpstreamDiscoveryStepHolds(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		u := mustNew(t, rdb, Options{}, Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(100).WithBurst(1)}).Upstream()
+		api := &noBurst{interval: 50 * time.Millisecond}
+		var l Lesson
+		for i := 0; l.Rate == 0; i++ {
+			d, wait := depart(t, u, "s", 0)
+			time.Sleep(wait)
+			l = learn(t, u, "s", d, api.answer())
+			if i > 5 {
+				t.Fatal("no rate learned after 5 requests")
+			}
+		}
+		if !l.Discovering {
+			t.Fatalf("after a 200 and a 429: %+v; want a step of a discovery", l)
+		}
+		time.Sleep(time.Second)
+		d, _ := depart(t, u, "s", 0)
+		if d.Learned.Rate > l.Rate*1.001 {
+			t.Errorf("a second after the step to %.2f/s, with no answer, the rate is %.2f/s; want the step's", l.Rate, d.Learned.Rate)
+		}
+	})
+}

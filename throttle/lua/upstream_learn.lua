@@ -228,14 +228,20 @@ local function disc_apply(iv, lo, cur, obs)
     end
   end
   set('r', r)
-  set('u', now)
   if disc_done then
     -- held where it is found: no recovery past it
+    set('u', now)
     set('hi', r / up_below)
     disc_hold(obs, 1e6 / r)
-  elseif lo then
+  else
+    -- A step holds its rate until its answers judge it, for as long as
+    -- they are kept at most (u, when the rate may grow again, is then
+    -- ahead): recovering towards the slowest rate refused, a step drifted
+    -- into the bounds it had set and was never judged (traced: a rate
+    -- tried at 12.4/s crept to 16.9/s in 1.1 s, and no step came).
+    set('u', now + disc_span)
     -- the slowest rate refused
-    set('hi', 1e6 / lo)
+    if lo then set('hi', 1e6 / lo) end
   end
 end
 

@@ -4,7 +4,8 @@
 -- departures both book at that rate (up_gap, up_book).
 --
 -- The hash's fields read here (upstream_state.lua lists them all): r the
--- learned rate, requests per second; u when it last grew (µs); hi the rate
+-- learned rate, requests per second; u when it last grew (µs; ahead of
+-- now while a discovery's step holds it, upstream_learn.lua); hi the rate
 -- at which the last 429 came; q, w the announced policy (q per w µs); l, lw
 -- the policy inferred from a limit without a window.
 --

@@ -89,7 +89,8 @@ local function grow()
   if not r then return end
   if hi then set('hi', hi) end
   set('r', r)
-  set('u', now)
+  -- (u ahead of now: a discovery's step holds the rate until then)
+  if not s.u or s.u < now then set('u', now) end
 end
 
 -- lowered notes that the rate went down: departures booked before now
