@@ -233,8 +233,8 @@ type Stats struct {
 	// to leave in time.
 	LeftLate int64
 	// WroteLate is the requests whose headers reached the wire more than
-	// throttle.DepartureTolerance after they left (a connection dialled after the
-	// slot, a process held up): each told the fleet when
+	// throttle.DepartureTolerance after they left (a connection dialled
+	// after the slot, a process held up): each told the fleet when
 	// (throttle.Upstream.Left), so that the next request leaves an
 	// interval after it.
 	WroteLate int64
@@ -352,9 +352,10 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // traceWrite returns req with a hook that notes when its headers reached
 // the wire, if a rate is learned for it: one that did more than
 // throttle.DepartureTolerance after its departure (a connection dialled
-// after the slot: the first request of a process; a process held up) tells the
-// fleet when, in the background, so that the next request leaves an
-// interval after it rather than reaching the API closer than that.
+// after the slot: the first request of a process; a process held up)
+// tells the fleet when, in the background, so that the next request
+// leaves an interval after it rather than reaching the API closer than
+// that.
 func (t *Transport) traceWrite(req *http.Request, subject string, d *throttle.Departure) *http.Request {
 	if d.Learned.Rate <= 0 || d.At.IsZero() {
 		return req

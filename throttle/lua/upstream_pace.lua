@@ -24,7 +24,8 @@
 --         not a rule of tokens charged hundreds a request (Costs).
 -- Returns the learned interval applied (µs), or 0 if none was, and
 -- whether the rate is a step of a discovery (upstream_learn.lua: no
--- policy, dv unset), which the next answers may change.
+-- policy, dv unset, as upstream_state.lua's disc_flag reads it), which
+-- the next answers may change.
 local function upstream_pace(ukey, nrules, counts)
   local v = redis.call('HMGET', ukey, 'r', 'u', 'hi', 'q', 'w', 'l', 'lw', 'ls', 'al', 'dv')
   local s = {r = tonumber(v[1]), u = tonumber(v[2]), hi = tonumber(v[3]), q = tonumber(v[4]),
