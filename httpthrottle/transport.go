@@ -43,13 +43,13 @@
 // so in a log line (Options.Logger) and in Stats.Lowered: from the rate
 // its request was sent at, to 90 % of it near where the rate was meant to
 // settle, to 80 % well under it, to half with no 429 before or well under
-// the last one's rate (additive increase, multiplicative decrease, never above the configured
-// rules). The limit of an upstream that announces nothing is discovered
-// first, from the gaps between the requests it accepted and refused
-// (throttle.Upstream: while the fleet discovers, every answer is learned,
-// one more Redis call each, for well under a second). The rate then
-// recovers at 10 % of that rate a second to 98 % of it, and grows by 0.02 % a second past it,
-// never above the announced policy: a steady fleet settles where the 429s
+// the last one's rate (additive increase, multiplicative decrease, never
+// above the configured rules). The limit of an upstream that announces
+// nothing is discovered first, from the gaps between the requests it
+// accepted and refused (throttle.Upstream: while the fleet discovers,
+// every answer is learned, one more Redis call each, for about a second).
+// The rate then recovers at 10 % of that rate a second to 98 % of it, and
+// grows by 0.02 % a second past it, never above the announced policy: a steady fleet settles where the 429s
 // stop. From an upstream that announces nothing, once a 429 has lowered
 // the rate, a 429 lowers it again only if another came within 200
 // requests before it: one alone is a request that arrived late, not a

@@ -63,8 +63,8 @@ import (
 // the last one (the usual see-saw of a fleet at its limit) or, with no
 // 429 before, under a policy; to 80 % when it came well under it (under
 // 95 %: the limit is lower than thought); to half when it came under 70 %
-// of it. It then recovers at 10 % a second of the rate the 429 came at, to 98 %
-// of it, and past that grows by 0.02 % a second: slowly towards the
+// of it. It then recovers at 10 % a second of the rate the 429 came at,
+// to 98 % of it, and past that grows by 0.02 % a second: slowly towards the
 // policy (never above it, nor above the slowest rule), so that a steady
 // fleet settles where the 429s stop. A resource that announces nothing
 // refuses a rate above its limit again and again, and one under it only
@@ -85,15 +85,18 @@ import (
 // least gap between two accepted requests, more than the largest gap
 // from an accepted request to a refused one after it. A 429 with no
 // accepted pair after it doubles the interval from that gap; with both
-// bounds, the interval tries their midpoint (a bisection); once they are
-// within 10 % of each other the rate is found: 1/(1.02 × the upper
-// bound), at least 89 % of the limit, held there, and a 429 from then on
-// is answered as above. The requests sent while discovering, 429s too,
+// bounds, the interval tries their midpoint (a bisection), each step's
+// rate held until its answers judge it, and turns are booked no more than
+// 250 ms ahead (Limiter.Admit) so that a step applies within that; once
+// the bounds are within 10 % of each other the rate is found: 1/(1.05 ×
+// the upper bound), 86-95 % of the limit, held there, and a 429 from then
+// on is answered as above. The requests sent while discovering, 429s too,
 // count against the rate found: the next leaves no sooner than each of
 // them plus as many intervals as requests left from it on. The fleet
-// found a 20/s limit under a 100/s rule with 3-4 429s and converged in
-// 0.2-0.7 s (BENCHMARKS.md), where halving on 429s and recovering took
-// 2.4-3.3 s. Discovery ends with nothing found when the bounds disagree
+// found a 20/s limit under a 100/s rule with 3-5 429s and converged
+// within a second in 10 of 12 runs of 3 and 10 worker processes, 1.35-1.51
+// s in the other two (BENCHMARKS.md), where halving on 429s and
+// recovering took 2.4-3.3 s. Discovery ends with nothing found when the bounds disagree
 // (a resource with a burst or a window: its 429s are then answered as
 // above, halving the rate at first) or when 20 answers came with no 429
 // (the rules bind, not the resource).
@@ -559,11 +562,7 @@ const maxLate = 3
 func (u *Upstream) book(ctx context.Context, keys []string, maxWait time.Duration, claim, near bool) (*Departure, error) {
 	for {
 		bound, byDeadline := u.bound(ctx, maxWait)
-		mayClaim := 0
-		if claim {
-			mayClaim = 1
-		}
-		raw, recv, err := u.call(ctx, keys, u.args(opDepart, micros(bound), probeWait.Microseconds(), mayClaim, boolArg(near)))
+		raw, recv, err := u.call(ctx, keys, u.args(opDepart, micros(bound), probeWait.Microseconds(), boolArg(claim), boolArg(near)))
 		if err != nil {
 			return u.failed(ctx, opDepart, err)
 		}
