@@ -3,6 +3,7 @@ package throttle
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -117,7 +118,7 @@ func TestUpstreamDiscoveryEndsWhenRulesBind(t *testing.T) {
 }
 
 // While a resource's limit is discovered, Admit books a subject's turns
-// no further ahead than 250 ms (or four intervals) at the rate tried,
+// no further ahead than two intervals at the rate tried, at least 100 ms,
 // however long the Horizon: the rest wait in the subject's line, so that
 // a faster step applies within that, not after a second of turns booked
 // at the slower rate (a 10-worker run held the old pace 0.8 s, its
@@ -131,19 +132,7 @@ func TestAdmitBooksCloseWhileDiscovering(t *testing.T) {
 		api := &noBurst{interval: 50 * time.Millisecond}
 		// A 200, then a 429 10 ms after it (the rule's pace): discovering,
 		// at a rate tried.
-		for i := 0; ; i++ {
-			d, wait := depart(t, u, "s", 0)
-			time.Sleep(wait)
-			if l := learn(t, u, "s", d, api.answer()); l.Rate > 0 {
-				if !l.Discovering {
-					t.Fatalf("after the first 429: %+v; want a rate tried while discovering", l)
-				}
-				break
-			}
-			if i > 5 {
-				t.Fatal("no rate learned after 5 requests")
-			}
-		}
+		ahead := discoveringAt(t, u, api)
 		furthest := func(subject string) (time.Duration, int) {
 			var far time.Duration
 			inLine := 0
@@ -161,13 +150,69 @@ func TestAdmitBooksCloseWhileDiscovering(t *testing.T) {
 			}
 			return far, inLine
 		}
-		if far, inLine := furthest("s"); far > 250*time.Millisecond || inLine == 0 {
-			t.Errorf("discovering: turns booked up to %v ahead, %d of 40 in line; want none past 250 ms, the rest in line", far, inLine)
+		if far, inLine := furthest("s"); far > ahead || inLine == 0 {
+			t.Errorf("discovering: turns booked up to %v ahead, %d of 40 in line; want none past %v, the rest in line", far, inLine, ahead)
 		}
 		first, _ := depart(t, u, "t", 0)
 		learn(t, u, "t", first, Answer{Quota: 20, Window: time.Second})
 		if far, _ := furthest("t"); far < 900*time.Millisecond {
 			t.Errorf("a rate announced: turns booked up to %v ahead; want the Horizon's second", far)
+		}
+	})
+}
+
+// discoveringAt sends requests of subject "s" to api (a 100/s rule's
+// pace, so the second is refused) until a rate is learned, checks that it
+// is a step of a discovery, and returns how far ahead turns and paced
+// departures may then be booked: two intervals at the rate tried, at
+// least 100 ms.
+func discoveringAt(t *testing.T, u *Upstream, api *noBurst) time.Duration {
+	t.Helper()
+	for i := 0; ; i++ {
+		d, wait := depart(t, u, "s", 0)
+		time.Sleep(wait)
+		if l := learn(t, u, "s", d, api.answer()); l.Rate > 0 {
+			if !l.Discovering {
+				t.Fatalf("after the first 429: %+v; want a rate tried while discovering", l)
+			}
+			return max(100*time.Millisecond, 2*time.Duration(float64(time.Second)/l.Rate))
+		}
+		if i > 5 {
+			t.Fatal("no rate learned after 5 requests")
+		}
+	}
+}
+
+// While a limit is discovered, a departure asked on a paced turn
+// (DepartPaced) is booked no further ahead than Admit books the turns:
+// turns admitted at the rules' pace before a rate was learned, each
+// booking its departure wherever the schedule put it, held a faster step
+// back 0.7 s at 10 worker processes (the step's requests left only after
+// theirs). Each comes back instead, nearer to its slot.
+func TestUpstreamPacedDepartsCloseWhileDiscovering(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		u := mustNew(t, rdb, Options{}, Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(100).WithBurst(1)}).Upstream()
+		ahead := discoveringAt(t, u, &noBurst{interval: 50 * time.Millisecond})
+		// Twelve turns admitted at the rule's pace ask for their
+		// departures at once.
+		var mu sync.Mutex
+		var far time.Duration
+		var wg sync.WaitGroup
+		for range 12 {
+			wg.Go(func() {
+				d, err := u.DepartPaced(context.Background(), "s", 0)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				far = max(far, d.delay)
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
+		if far > ahead {
+			t.Errorf("paced departures booked up to %v ahead while discovering; want none past %v", far, ahead)
 		}
 	})
 }

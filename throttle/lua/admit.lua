@@ -92,9 +92,6 @@
 -- still wait) or DENIED, 1, members left, µs until the line should be
 -- served again, 0, now, '' x r, waiter 1, slot 1 (µs of Redis time),
 -- waiter 2, ...}.
--- disc_horizon (µs) bounds how far ahead turns are booked while an
--- upstream's limit is discovered (below).
-local disc_horizon = 250000
 local n, ns = per_rule(ARGV[2])
 local wait_here = tonumber(ARGV[3])
 local nrules = (#KEYS - 13) / 2
@@ -163,11 +160,11 @@ local hz, heads = string.match(ARGV[b + 2], '^(-?%d+) (h)$')
 if heads then ARGV[b + 2] = hz end
 -- While an upstream's limit is discovered (upstream_pace), its next
 -- answers may step the rate faster: turns are booked no further ahead
--- than disc_horizon, or four intervals if longer, so that a faster step
--- applies within it, not once the turns booked at the slower rate tried
--- have run (traced: 0.8 s behind a second of them, at 10 workers).
+-- than up_disc_ahead (upstream_rate.lua), so that a faster step applies
+-- within it, not once the turns booked at the slower rate tried have run
+-- (traced: 0.8 s behind a second of them, at 10 workers).
 if discovering then
-  local h = math.max(disc_horizon, 4 * paced)
+  local h = up_disc_ahead(paced)
   if tonumber(ARGV[b + 2]) > h then ARGV[b + 2] = string.format('%d', h) end
 end
 local line = not c and tonumber(ARGV[b + 2]) >= 0 and (booking ~= '' or n == 0) and line_open(n, nrules, b, rkey, tkey, tol, ns)

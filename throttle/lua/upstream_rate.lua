@@ -16,6 +16,16 @@
 -- (a test checks that they agree).
 local up_below, up_recover, up_grow = 0.98, 0.1, 0.0002
 
+-- While the limit of a resource that announces nothing is discovered
+-- (upstream_learn.lua), no turn or departure is booked further ahead than
+-- up_disc_ahead(iv) µs, iv the interval tried: the next answers may step
+-- the rate faster, and a step applies only once what was booked at the
+-- slower rate has left. Two intervals, at least 100 ms (a serving of the
+-- line and a round trip): at the 250 ms or four intervals this was, a
+-- step waited 0.35 s behind them, and a bisection of four steps up at 3
+-- workers took 1.3-1.5 s to converge (BENCHMARKS.md).
+local function up_disc_ahead(iv) return math.max(100000, 2 * iv) end
+
 -- up_least is the lower of two rates, either of which may be nil.
 local function up_least(a, b)
   if not a then return b end

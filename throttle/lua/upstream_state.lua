@@ -213,12 +213,19 @@ local function depart(max_wait, probe_wait, claim, near)
     end
   end
   -- While a limit is discovered (upstream_learn.lua), a departure asked
-  -- near is booked at most an interval ahead, and the caller comes back
-  -- for a later one: departures booked further ahead at the interval tried
-  -- would hold every faster one tried after back until they had left
-  -- (a fleet of goroutines books one each: 12 of them, 0.7 s).
-  if near and s.r and iv > 0 and slot - now > iv and disc_flag() == 1 then
-    return {2, math.ceil(math.min(slot - now - iv, 20000)), '', 0, 0, now, '', '', 0, '', 0, 0, 0, '', 1}
+  -- near is booked at most an interval ahead, one asked on a paced turn
+  -- up_disc_ahead (upstream_rate.lua), as admit books the turns; the
+  -- caller comes back for a later one: departures booked further ahead at
+  -- the interval tried would hold every faster one tried after back until
+  -- they had left (a fleet of goroutines books one each: 12 of them,
+  -- 0.7 s; turns admitted at the rules' pace before a rate was learned,
+  -- their departures booked 0.7 s ahead at the first step's).
+  if s.r and iv > 0 and disc_flag() == 1 then
+    local ahead = up_disc_ahead(iv)
+    if near then ahead = iv end
+    if slot - now > ahead then
+      return {2, math.ceil(math.min(slot - now - ahead, 20000)), '', 0, 0, now, '', '', 0, '', 0, 0, 0, '', 1}
+    end
   end
   if max_wait >= 0 and slot - now > max_wait then
     return {0, math.ceil(slot - now), '', 0, 0, now, '', '', 0, rate_text(), s.q or 0, s.w or 0, 0, '', disc_flag()}
