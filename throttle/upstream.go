@@ -71,11 +71,11 @@ import (
 // now and then (a request that reached it late, closer than its limit to
 // the next): so, once a 429 has lowered the rate, a 429 lowers it again
 // only if another came within 200 departures before it; one alone lowers
-// nothing. Under a policy every 429 lowers the rate, but one alone (no
-// other within 500 departures before it, 0.2 %) recovers to the rate it
-// came at, not to 98 % of it: the room kept below the policy is for such
-// late requests, and one of them would otherwise hold the fleet 2 % lower
-// for good.
+// nothing. Under a policy every 429 lowers the rate, but one alone (not
+// the third within 1,000 departures: more than 0.2 %) recovers to the rate
+// it came at, not to 98 % of it: the room kept below the policy is for
+// such late requests, and one of them (or two, 300 departures apart)
+// would otherwise hold the fleet 2 % lower for good.
 //
 // A resource that announces nothing is discovered first (Learned.Discovering,
 // from its first answer until its limit is found): every answer, 200s

@@ -16,9 +16,9 @@
 --   r      the learned rate, requests per second (absent: none learned)
 --   u      when r last grew (µs)
 --   hi     the rate at which the last 429 came (absent: none yet)
---   lone, lo  n when a 429 from a resource that announces nothing came
---          after hi was set and was not counted, for coming alone
---          (upstream_learn.lua), and the rate it came at
+--   lone, lo  n when a 429 came that was not counted for good, for
+--          coming alone (upstream_learn.lua), and the rate it came at
+--   lone2  under a policy, n of the alone 429 before lone
 --   d      when the rate was last lowered (µs): a 429 to a departure booked
 --          before it is not counted again
 --   g      how many times the rate was lowered: a departure booked under
@@ -62,7 +62,7 @@ local key, pkey, dkey = KEYS[1], KEYS[2], KEYS[3]
 local ceil_iv, ceil_b, ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local k_start, k_gentle, k_lower, k_discover = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 
-local names = {'t', 'n', 'ls', 'gap', 'r', 'u', 'hi', 'lone', 'lo', 'd', 'g', 'q', 'w', 'l', 'lw', 'wl', 'wa', 'wb', 'wk', 'p', 'f', 'al', 'dv'}
+local names = {'t', 'n', 'ls', 'gap', 'r', 'u', 'hi', 'lone', 'lone2', 'lo', 'd', 'g', 'q', 'w', 'l', 'lw', 'wl', 'wa', 'wb', 'wk', 'p', 'f', 'al', 'dv'}
 local raw = redis.call('HMGET', key, unpack(names))
 local s = {}
 for i, f in ipairs(names) do s[f] = tonumber(raw[i]) end
