@@ -338,3 +338,51 @@ func newlyLearned(t *testing.T, rdb *redis.Client) (*Upstream, func(id string) A
 		return a
 	}
 }
+
+// A 429 that lowers the learned rate forgets the departures booked at the
+// faster pace: a turn's departure Admit booked can no longer be claimed at
+// the slower interval, so its owner, coming at its turn, books again, and
+// it was booked behind every one of them (traced under a policy at 10
+// worker processes: eight turns' departures 52 ms apart, a 575 ms hole).
+// It departs an interval, at the slower rate, after the latest leave.
+func TestLoweringForgetsFasterDepartures(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := context.Background()
+		lim := mustNew(t, rdb, Options{}, Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(100).WithBurst(1)})
+		u := lim.Upstream()
+		first, _ := depart(t, u, "s", 0)
+		learn(t, u, "s", first, Answer{Quota: 20, Window: time.Second})
+		// Eight tasks are granted turns 1/19 s apart, to wait for where
+		// they are: each turn's departure is booked, open for its
+		// request to claim (the rate is new).
+		var turns []time.Duration
+		for i := range 8 {
+			a, err := lim.Admit(ctx, AdmitRequest{Subject: "s", N: 1, Caller: Caller{ID: fmt.Sprintf("s-%d", i)}, Wait: time.Second})
+			if err != nil || a.Status != Granted {
+				t.Fatalf("task %d: %+v, %v; want granted", i, a, err)
+			}
+			turns = append(turns, a.Delay)
+		}
+		// The first task's request is answered 429, as it leaves.
+		time.Sleep(turns[0])
+		d, _ := depart(t, u, "s", 0)
+		l := learn(t, u, "s", d, Answer{TooMany: true})
+		if !l.Lowered {
+			t.Fatalf("the 429: %+v; want the rate lowered", l)
+		}
+		// The second task comes at its turn and departs: an interval at
+		// the lowered rate after the first's leave, not after the turns.
+		time.Sleep(turns[1] - turns[0])
+		start := time.Now()
+		next, err := u.DepartPaced(ctx, "s", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if waited, iv := time.Since(start), time.Duration(float64(time.Second)/l.Rate); waited > iv {
+			t.Errorf("the second task departed %v after its turn (the last turn %v after it); want within the lowered interval %v", waited, turns[7]-turns[1], iv)
+		}
+		if next.Rebooked > 1 {
+			t.Errorf("the second task's departure was booked %d times more; want at most once", next.Rebooked)
+		}
+	})
+}

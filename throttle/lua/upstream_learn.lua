@@ -220,13 +220,8 @@ local function disc_apply(iv, lo, cur, obs)
   local c = cap()
   if c and r > c then r = c end
   if s.r and r < s.r or not s.r and cur > 0 and r < 1e6 / cur then
+    -- (the departures booked at the faster pace are forgotten)
     lowered()
-    -- The departures booked at the faster pace are forgotten: each
-    -- would keep the next booked at this one an interval (the longer
-    -- one) away until its owner came to book again (traced: a 680 ms
-    -- hole after the second 429). Their requests leave an interval
-    -- after the latest leave all the same (al).
-    redis.call('ZREMRANGEBYSCORE', dkey, '(' .. string.format('%d', math.floor(now)), '+inf')
     if too_many then
       from = fmt(s.r or 1e6 / cur)
       down = 1
