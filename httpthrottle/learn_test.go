@@ -573,3 +573,39 @@ func policyOf(up http.RoundTripper, quota int) http.RoundTripper {
 		return resp, err
 	})
 }
+
+// An answer goes to Learn only if it can change what the fleet knows. A
+// window left exactly as full as the schedule needs until its reset is
+// not news: at an API resetting at each second (a reset as a Unix time),
+// every request of one second in eight went to Learn once the learned rate
+// had grown a little past the quota's share. One request short of it is.
+func TestInformative(t *testing.T) {
+	known := throttle.Learned{Rate: 19.1, Quota: 20, Window: time.Second}
+	iv := time.Duration(float64(time.Second) / known.Rate)
+	// The fifth request of a second whose first left as it began: the
+	// schedule sends 15 more in the 0.79 s until the reset.
+	reset := time.Second - 4*iv - time.Millisecond
+	window := func(remaining int, reset time.Duration) RateLimitInfo {
+		return RateLimitInfo{Limit: 20, Remaining: remaining, HasRemaining: true, Reset: reset, HasReset: true}
+	}
+	for _, c := range []struct {
+		name    string
+		info    RateLimitInfo
+		learned throttle.Learned
+		want    bool
+	}{
+		{"the policy known", RateLimitInfo{Quota: 20, Window: time.Second}, known, false},
+		{"a new policy", RateLimitInfo{Quota: 10, Window: time.Second}, known, true},
+		{"a new limit", RateLimitInfo{Limit: 10}, known, true},
+		{"a reset past the window", window(19, 2*time.Second), known, true},
+		{"as many left as the schedule sends", window(15, reset), known, false},
+		{"one short of it", window(14, reset), known, true},
+		{"none left", window(0, 10*time.Millisecond), known, true},
+		{"the limit known, nothing said of its window", RateLimitInfo{Limit: 20}, known, false},
+		{"no rate learned", window(15, reset), throttle.Learned{}, true},
+	} {
+		if got := informative(c.info, c.learned); got != c.want {
+			t.Errorf("%s: informative(%+v) = %v; want %v", c.name, c.info, got, c.want)
+		}
+	}
+}
