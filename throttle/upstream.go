@@ -86,8 +86,9 @@ import (
 // from an accepted request to a refused one after it. A 429 with no
 // accepted pair after it doubles the interval from that gap; with both
 // bounds, the interval tries their midpoint (a bisection), each step's
-// rate held until its answers judge it, and turns are booked no more than
-// 250 ms ahead (Limiter.Admit) so that a step applies within that; once
+// rate held until its answers judge it, and turns and paced departures
+// are booked no more than two intervals ahead, 100 ms at least
+// (Limiter.Admit, DepartPaced), so that a step applies within that; once
 // the bounds are within 10 % of each other the rate is found: 1/(1.05 ×
 // the upper bound), 86-95 % of the limit, held there, and a 429 from then
 // on is answered as above. The requests sent while discovering, 429s too,
