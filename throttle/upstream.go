@@ -94,10 +94,10 @@ import (
 // on is answered as above. The requests sent while discovering, 429s too,
 // count against the rate found: the next leaves no sooner than each of
 // them plus as many intervals as requests left from it on. The fleet
-// found a 20/s limit under a 100/s rule with 3-5 429s and converged
-// within a second in 10 of 12 runs of 3 and 10 worker processes, 1.35-1.51
-// s in the other two (BENCHMARKS.md), where halving on 429s and
-// recovering took 2.4-3.3 s. Discovery ends with nothing found when the bounds disagree
+// found a 20/s limit under a 100/s rule with 2-6 429s and converged
+// within a second in 13 of 16 runs of 3 and 10 worker processes, 1.09-1.19
+// s in the other three, each a 429 just after the limit was found
+// (BENCHMARKS.md), where halving on 429s and recovering took 2.4-3.3 s. Discovery ends with nothing found when the bounds disagree
 // (a resource with a burst or a window: its 429s are then answered as
 // above, halving the rate at first) or when 20 answers came with no 429
 // (the rules bind, not the resource).
