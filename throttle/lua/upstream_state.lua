@@ -150,6 +150,24 @@ local function left_at(slot)
   if slot - now <= confirm_after and (not s.al or slot > s.al) then set('al', slot) end
 end
 
+-- disc_ahead_wait says how long (µs) a caller waits before asking again
+-- for a departure at slot, booked at interval iv, rather than have it
+-- booked now; nil to book it. While a limit is discovered
+-- (upstream_learn.lua), a departure asked near is booked at most an
+-- interval ahead, one asked on a paced turn up_disc_ahead
+-- (upstream_rate.lua), as admit books the turns: departures booked further
+-- ahead at the interval tried would hold every faster one tried after back
+-- until they had left (a fleet of goroutines books one each: 12 of them,
+-- 0.7 s; turns admitted at the rules' pace before a rate was learned,
+-- their departures booked 0.7 s ahead at the first step's).
+local function disc_ahead_wait(slot, iv, near)
+  if not s.r or iv <= 0 or disc_flag() ~= 1 then return nil end
+  local ahead = up_disc_ahead(iv)
+  if near then ahead = iv end
+  if slot - now <= ahead then return nil end
+  return math.ceil(math.min(slot - now - ahead, 20000))
+end
+
 -- depart books the next departure: on the learned rate, at the first
 -- slot at least one interval from every departure booked (up_gap, so a
 -- new rate holds from the next departure on, faster or slower); or
@@ -223,21 +241,8 @@ local function depart(max_wait, probe_wait, claim, near)
       end
     end
   end
-  -- While a limit is discovered (upstream_learn.lua), a departure asked
-  -- near is booked at most an interval ahead, one asked on a paced turn
-  -- up_disc_ahead (upstream_rate.lua), as admit books the turns; the
-  -- caller comes back for a later one: departures booked further ahead at
-  -- the interval tried would hold every faster one tried after back until
-  -- they had left (a fleet of goroutines books one each: 12 of them,
-  -- 0.7 s; turns admitted at the rules' pace before a rate was learned,
-  -- their departures booked 0.7 s ahead at the first step's).
-  if s.r and iv > 0 and disc_flag() == 1 then
-    local ahead = up_disc_ahead(iv)
-    if near then ahead = iv end
-    if slot - now > ahead then
-      return {2, math.ceil(math.min(slot - now - ahead, 20000)), '', 0, 0, now, '', '', 0, '', 0, 0, 0, '', 1}
-    end
-  end
+  local back = disc_ahead_wait(slot, iv, near)
+  if back then return {2, back, '', 0, 0, now, '', '', 0, '', 0, 0, 0, '', 1} end
   if max_wait >= 0 and slot - now > max_wait then
     return {0, math.ceil(slot - now), '', 0, 0, now, '', '', 0, rate_text(), s.q or 0, s.w or 0, 0, '', disc_flag()}
   end
