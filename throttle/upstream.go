@@ -170,6 +170,7 @@ const LearnedShare = 0.95
 const (
 	learnStart    = LearnedShare
 	learnGentle   = 0.9    // lowering by a 429 near the rate meant to settle at
+	learnAlone    = 0.97   // lowering by a 429 alone under a policy (lua/upstream_learn.lua's k_alone)
 	learnLower    = 0.8    // lowering by a 429 well under it
 	learnDiscover = 0.5    // lowering while discovering
 	learnBelow    = 0.98   // the share of the rate a 429 came at to recover to

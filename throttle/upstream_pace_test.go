@@ -63,8 +63,8 @@ func TestAdmitPacedByLearnedRate(t *testing.T) {
 	})
 }
 
-// lua/upstream_rate.lua grows a learned rate by the constants upstream.go
-// documents.
+// lua/upstream_rate.lua grows a learned rate, and lua/upstream_learn.lua
+// lowers it for a 429 alone, by the constants upstream.go documents.
 func TestUpstreamRateConstants(t *testing.T) {
 	src, err := luaFiles.ReadFile("lua/upstream_rate.lua")
 	if err != nil {
@@ -78,6 +78,17 @@ func TestUpstreamRateConstants(t *testing.T) {
 		if got, _ := strconv.ParseFloat(string(m[i+1]), 64); got != want {
 			t.Errorf("lua/upstream_rate.lua's constant %d is %v; upstream.go says %v", i, got, want)
 		}
+	}
+	src, err = luaFiles.ReadFile("lua/upstream_learn.lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m = regexp.MustCompile(`(?m)^local k_alone = ([0-9.]+)$`).FindSubmatch(src)
+	if m == nil {
+		t.Fatal("lua/upstream_learn.lua does not set k_alone")
+	}
+	if got, _ := strconv.ParseFloat(string(m[1]), 64); got != learnAlone {
+		t.Errorf("lua/upstream_learn.lua's k_alone is %v; upstream.go's learnAlone says %v", got, learnAlone)
 	}
 }
 
