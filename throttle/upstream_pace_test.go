@@ -397,3 +397,61 @@ func TestLoweringForgetsFasterDepartures(t *testing.T) {
 		}
 	})
 }
+
+// The owners of the turns a lowering forgot come back, one departure
+// each: a turn Admit grants meanwhile is booked after the slots they will
+// take, not among them (traced under a policy at 10 worker processes: a
+// turn admitted 16 ms after a 429 was booked at the rule's next turn;
+// three owners came back before it, two fitted, the third was booked
+// behind it: a 92 ms hole).
+func TestLoweringReservesForgottenTurns(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		ctx := context.Background()
+		lim := mustNew(t, rdb, Options{}, Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(100).WithBurst(1)})
+		u := lim.Upstream()
+		first, _ := depart(t, u, "s", 0)
+		learn(t, u, "s", first, Answer{Quota: 20, Window: time.Second})
+		admit := func(i int) time.Duration {
+			t.Helper()
+			a, err := lim.Admit(ctx, AdmitRequest{Subject: "s", N: 1, Caller: Caller{ID: fmt.Sprintf("s-%d", i)}, Wait: 2 * time.Second})
+			if err != nil || a.Status != Granted {
+				t.Fatalf("task %d: %+v, %v; want granted", i, a, err)
+			}
+			return at() + a.Delay
+		}
+		var turns []time.Duration
+		for i := range 8 {
+			turns = append(turns, admit(i))
+		}
+		// The first task's request leaves on its turn and is answered 429.
+		time.Sleep(turns[0] - at())
+		d, left := depart(t, u, "s", 0)
+		l := learn(t, u, "s", d, Answer{TooMany: true})
+		if !l.Lowered {
+			t.Fatalf("the 429: %+v; want the rate lowered", l)
+		}
+		// A ninth task is admitted 16 ms later, before the other seven come.
+		time.Sleep(16 * time.Millisecond)
+		turns = append(turns, admit(8))
+		leaves := []time.Duration{left}
+		for i := 1; i < len(turns); i++ {
+			if w := turns[i] - at(); w > 0 {
+				time.Sleep(w)
+			}
+			if _, err := u.DepartPaced(ctx, "s", 0); err != nil {
+				t.Fatal(err)
+			}
+			leaves = append(leaves, at())
+		}
+		// Each an interval after the one before, none left empty (the
+		// slots are reserved at the lowered rate, which recovers meanwhile:
+		// the ninth leaves a few ms more than an interval after the
+		// seventh).
+		iv := time.Duration(float64(time.Second) / l.Rate)
+		for i := 1; i < len(leaves); i++ {
+			if gap := leaves[i] - leaves[i-1]; gap >= iv*3/2 {
+				t.Errorf("task %d left %v after task %d (leaves %v, turns %v); want an interval (%v at the lowered rate), no slot left empty", i, gap, i-1, leaves, turns, iv)
+			}
+		}
+	})
+}
