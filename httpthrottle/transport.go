@@ -44,7 +44,9 @@
 // its request was sent at, to 90 % of it near where the rate was meant to
 // settle, to 80 % well under it, to half with no 429 before or well under
 // the last one's rate (additive increase, multiplicative decrease, never
-// above the configured rules). The limit of an upstream that announces
+// above the configured rules); under an announced policy, a 429 alone (not
+// the third within 1,000 requests) to 97 % of it, back in 0.3 s: a request
+// that arrived late, not a rate too high. The limit of an upstream that announces
 // nothing is discovered first, from the gaps between the requests it
 // accepted and refused (throttle.Upstream: while the fleet discovers,
 // every answer is learned, one more Redis call each, for about a second).

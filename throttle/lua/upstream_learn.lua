@@ -152,8 +152,9 @@ local k_alone = 0.97
 -- The fleet is not paused while discovering (httpthrottle: fleetPause):
 -- each step backs off by itself. Through cmd/worker processes (3 and 10,
 -- a 20/s API under a 100/s rule) it found the limit with 2-6 429s and
--- converged within a second in 13 of 16 runs (1.09-1.19 s in the other
--- three, each a 429 just after the limit was found), where halving on
+-- converged within a second in 20 of 24 runs (1.006-1.19 s in the other
+-- four, each a 429 late in the first second or just after the limit was
+-- found), where halving on
 -- 429s and recovering at 10 % a second took 2.4-3.3 s (BENCHMARKS.md).
 -- Discovery ends unfound, and the 429s are answered as before, when the
 -- bounds disagree (hi < disc_apart lo: a resource with a burst, or a
