@@ -40,28 +40,28 @@
 // answer, and the next leaves an interval after that answer.
 //
 // The 429 rule. A 429 lowers the learned rate for every process, and says
-// so in a log line (Options.Logger) and in Stats.Lowered: from the rate
-// its request was sent at, to 90 % of it near where the rate was meant to
+// so in a log line (Options.Logger) and in Stats.Lowered: from the rate its
+// request was sent at, to 90 % of it near where the rate was meant to
 // settle, to 80 % well under it, to half with no 429 before or well under
 // the last one's rate (additive increase, multiplicative decrease, never
 // above the configured rules); under an announced policy, a 429 alone (not
 // the third within 1,000 requests) to 97 % of it, back in 0.3 s: a request
-// that arrived late, not a rate too high. The limit of an upstream that announces
-// nothing is discovered first, from the gaps between the requests it
-// accepted and refused (throttle.Upstream: while the fleet discovers,
+// that arrived late, not a rate too high. The limit of an upstream that
+// announces nothing is discovered first, from the gaps between the requests
+// it accepted and refused (throttle.Upstream: while the fleet discovers,
 // every answer is learned, one more Redis call each, for about a second).
 // The rate then recovers at 10 % of that rate a second to 98 % of it, and
-// grows by 0.02 % a second past it, never above the announced policy: a steady fleet settles where the 429s
-// stop. From an upstream that announces nothing, once a 429 has lowered
-// the rate, a 429 lowers it again only if another came within 200
-// requests before it: one alone is a request that arrived late, not a
-// rate too high. An isolated 429 delays only its own request: its Retry-After is
-// the caller's to wait (the worker's http handler defers its task by it).
-// The subject is paused for every process (Limiter.PauseFor) only while
-// no rate is learned, or when the 429 lowered the rate less than its
-// Retry-After after the last lowering (the lowerings are not stopping the
-// 429s); a 503's Retry-After, and a window with nothing left for a second
-// or more, always pause it (see Transport).
+// grows by 0.02 % a second past it, never above the announced policy: a
+// steady fleet settles where the 429s stop. From an upstream that announces
+// nothing, once a 429 has lowered the rate, a 429 lowers it again only if
+// another came within 200 requests before it: one alone is a request that
+// arrived late, not a rate too high. An isolated 429 delays only its own
+// request: its Retry-After is the caller's to wait (the worker's http
+// handler defers its task by it). The subject is paused for every process
+// (Limiter.PauseFor) only while no rate is learned, or when the 429 lowered
+// the rate less than its Retry-After after the last lowering (the lowerings
+// are not stopping the 429s); a 503's Retry-After, and a window with
+// nothing left for a second or more, always pause it (see Transport).
 //
 // It is built only on throttle's public API. It imports throttle and the
 // standard library, and nothing else of jobthrottle.

@@ -80,30 +80,31 @@ import (
 // limit for the second after one (BENCHMARKS.md). The third within 1,000
 // is lowered as any, for good.
 //
-// A resource that announces nothing is discovered first (Learned.Discovering,
-// from its first answer until its limit is found): every answer, 200s
-// too, is learned with when its request left. A resource with no burst
-// accepts a request no sooner than its interval T after the last one it
-// accepted, so the answers in the order they left bound T: at most the
-// least gap between two accepted requests, more than the largest gap
-// from an accepted request to a refused one after it. A 429 with no
+// A resource that announces nothing is discovered first
+// (Learned.Discovering, from its first answer until its limit is found):
+// every answer, 200s too, is learned with when its request left. A resource
+// with no burst accepts a request no sooner than its interval T after the
+// last one it accepted, so the answers in the order they left bound T: at
+// most the least gap between two accepted requests, more than the largest
+// gap from an accepted request to a refused one after it. A 429 with no
 // accepted pair after it doubles the interval from that gap; with both
-// bounds, the interval tries their midpoint (a bisection), each step's
-// rate held until its answers judge it, and turns and paced departures
-// are booked no more than two intervals ahead, 100 ms at least
-// (Limiter.Admit, DepartPaced), so that a step applies within that; once
-// the bounds are within 10 % of each other the rate is found: 1/(1.05 ×
-// the upper bound), 86-95 % of the limit, held there, and a 429 from then
-// on is answered as above. The requests sent while discovering, 429s too,
-// count against the rate found: the next leaves no sooner than each of
-// them plus as many intervals as requests left from it on. The fleet
-// found a 20/s limit under a 100/s rule with 2-6 429s and converged
-// within a second in 20 of 24 runs of 3 and 10 worker processes,
-// 1.006-1.19 s in the other four, each a 429 late in the first second or
-// just after the limit was found (BENCHMARKS.md), where halving on 429s and recovering took 2.4-3.3 s. Discovery ends with nothing found when the bounds disagree
-// (a resource with a burst or a window: its 429s are then answered as
-// above, halving the rate at first) or when 20 answers came with no 429
-// (the rules bind, not the resource).
+// bounds, the interval tries their midpoint (a bisection), each step's rate
+// held until its answers judge it, and turns and paced departures are
+// booked no more than two intervals ahead, 100 ms at least (Limiter.Admit,
+// DepartPaced), so that a step applies within that; once the bounds are
+// within 10 % of each other the rate is found: 1/(1.05 × the upper bound),
+// 86-97 % of the limit, held there, and a 429 from then on is answered as
+// above. The requests sent while discovering, 429s too, count against the
+// rate found: the next leaves no sooner than each of them plus as many
+// intervals as requests left from it on. The fleet found a 20/s limit under
+// a 100/s rule with 2-6 429s and converged within a second in 20 of 24 runs
+// of 3 and 10 worker processes, 1.006-1.19 s in the other four, each a 429
+// late in the first second or just after the limit was found
+// (BENCHMARKS.md), where halving on 429s and recovering took 2.4-3.3 s.
+// Discovery ends with nothing found when the bounds disagree (a resource
+// with a burst or a window: its 429s are then answered as above, halving
+// the rate at first) or when 20 answers came with no 429 (the rules bind,
+// not the resource).
 //
 // # Admissions
 //

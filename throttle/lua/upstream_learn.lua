@@ -144,7 +144,7 @@ local k_alone = 0.97
 --     lies well between them (its answers are to come), else it goes to
 --     their midpoint (a bisection: a step a request on either side);
 --   hi <= disc_close lo: found, disc_room times the larger bound (hi, or
---     lo when jitter crossed them): 86-95 % of the limit (at 98 %, the
+--     lo when jitter crossed them): 86-97 % of the limit (at 98 %, the
 --     requests' jitter on a busy machine brought 429s every few hundred
 --     ms for a second after it was found: traced); dv is set, the
 --     rate is held there (hi, the rate a 429 came at, just above it), and
