@@ -350,6 +350,46 @@ func newlyLearned(t *testing.T, rdb *redis.Client) (*Upstream, func(id string) A
 	}
 }
 
+// lowering is a learned 20/s policy for subject s, eight tasks granted
+// turns 1/19 s apart (each turn's departure booked, open for its request
+// to claim: the rate is new), and the first task's request answered 429
+// as it leaves on its turn.
+type lowering struct {
+	lim   *Limiter
+	u     *Upstream
+	turns []time.Duration // on at()'s clock
+	left  time.Duration   // the 429's request's leave
+	l     Lesson          // what the 429 taught
+}
+
+func lowerAfterTurns(t *testing.T, rdb *redis.Client) *lowering {
+	t.Helper()
+	lim := mustNew(t, rdb, Options{}, Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(100).WithBurst(1)})
+	w := &lowering{lim: lim, u: lim.Upstream()}
+	first, _ := depart(t, w.u, "s", 0)
+	learn(t, w.u, "s", first, Answer{Quota: 20, Window: time.Second})
+	for i := range 8 {
+		w.turns = append(w.turns, w.admit(t, i))
+	}
+	time.Sleep(w.turns[0] - at())
+	var d *Departure
+	d, w.left = depart(t, w.u, "s", 0)
+	if w.l = learn(t, w.u, "s", d, Answer{TooMany: true}); !w.l.Lowered {
+		t.Fatalf("the 429: %+v; want the rate lowered", w.l)
+	}
+	return w
+}
+
+// admit grants task i a turn and returns it, on at()'s clock.
+func (w *lowering) admit(t *testing.T, i int) time.Duration {
+	t.Helper()
+	a, err := w.lim.Admit(context.Background(), AdmitRequest{Subject: "s", N: 1, Caller: Caller{ID: fmt.Sprintf("s-%d", i)}, Wait: 2 * time.Second})
+	if err != nil || a.Status != Granted {
+		t.Fatalf("task %d: %+v, %v; want granted", i, a, err)
+	}
+	return at() + a.Delay
+}
+
 // A 429 that lowers the learned rate forgets the departures booked at the
 // faster pace: a turn's departure Admit booked can no longer be claimed at
 // the slower interval, so its owner, coming at its turn, books again, and
@@ -358,39 +398,17 @@ func newlyLearned(t *testing.T, rdb *redis.Client) (*Upstream, func(id string) A
 // It departs an interval, at the slower rate, after the latest leave.
 func TestLoweringForgetsFasterDepartures(t *testing.T) {
 	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
-		ctx := context.Background()
-		lim := mustNew(t, rdb, Options{}, Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(100).WithBurst(1)})
-		u := lim.Upstream()
-		first, _ := depart(t, u, "s", 0)
-		learn(t, u, "s", first, Answer{Quota: 20, Window: time.Second})
-		// Eight tasks are granted turns 1/19 s apart, to wait for where
-		// they are: each turn's departure is booked, open for its
-		// request to claim (the rate is new).
-		var turns []time.Duration
-		for i := range 8 {
-			a, err := lim.Admit(ctx, AdmitRequest{Subject: "s", N: 1, Caller: Caller{ID: fmt.Sprintf("s-%d", i)}, Wait: time.Second})
-			if err != nil || a.Status != Granted {
-				t.Fatalf("task %d: %+v, %v; want granted", i, a, err)
-			}
-			turns = append(turns, a.Delay)
-		}
-		// The first task's request is answered 429, as it leaves.
-		time.Sleep(turns[0])
-		d, _ := depart(t, u, "s", 0)
-		l := learn(t, u, "s", d, Answer{TooMany: true})
-		if !l.Lowered {
-			t.Fatalf("the 429: %+v; want the rate lowered", l)
-		}
+		w := lowerAfterTurns(t, rdb)
 		// The second task comes at its turn and departs: an interval at
 		// the lowered rate after the first's leave, not after the turns.
-		time.Sleep(turns[1] - turns[0])
+		time.Sleep(w.turns[1] - at())
 		start := time.Now()
-		next, err := u.DepartPaced(ctx, "s", 0)
+		next, err := w.u.DepartPaced(context.Background(), "s", 0)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if waited, iv := time.Since(start), time.Duration(float64(time.Second)/l.Rate); waited > iv {
-			t.Errorf("the second task departed %v after its turn (the last turn %v after it); want within the lowered interval %v", waited, turns[7]-turns[1], iv)
+		if waited, iv := time.Since(start), time.Duration(float64(time.Second)/w.l.Rate); waited > iv {
+			t.Errorf("the second task departed %v after its turn (the last turn %v after it); want within the lowered interval %v", waited, w.turns[7]-w.turns[1], iv)
 		}
 		if next.Rebooked > 1 {
 			t.Errorf("the second task's departure was booked %d times more; want at most once", next.Rebooked)
@@ -406,48 +424,25 @@ func TestLoweringForgetsFasterDepartures(t *testing.T) {
 // behind it: a 92 ms hole).
 func TestLoweringReservesForgottenTurns(t *testing.T) {
 	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
-		ctx := context.Background()
-		lim := mustNew(t, rdb, Options{}, Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(100).WithBurst(1)})
-		u := lim.Upstream()
-		first, _ := depart(t, u, "s", 0)
-		learn(t, u, "s", first, Answer{Quota: 20, Window: time.Second})
-		admit := func(i int) time.Duration {
-			t.Helper()
-			a, err := lim.Admit(ctx, AdmitRequest{Subject: "s", N: 1, Caller: Caller{ID: fmt.Sprintf("s-%d", i)}, Wait: 2 * time.Second})
-			if err != nil || a.Status != Granted {
-				t.Fatalf("task %d: %+v, %v; want granted", i, a, err)
-			}
-			return at() + a.Delay
-		}
-		var turns []time.Duration
-		for i := range 8 {
-			turns = append(turns, admit(i))
-		}
-		// The first task's request leaves on its turn and is answered 429.
-		time.Sleep(turns[0] - at())
-		d, left := depart(t, u, "s", 0)
-		l := learn(t, u, "s", d, Answer{TooMany: true})
-		if !l.Lowered {
-			t.Fatalf("the 429: %+v; want the rate lowered", l)
-		}
+		w := lowerAfterTurns(t, rdb)
 		// A ninth task is admitted 16 ms later, before the other seven come.
 		time.Sleep(16 * time.Millisecond)
-		turns = append(turns, admit(8))
-		leaves := []time.Duration{left}
+		turns := append(w.turns, w.admit(t, 8))
+		leaves := []time.Duration{w.left}
 		for i := 1; i < len(turns); i++ {
-			if w := turns[i] - at(); w > 0 {
-				time.Sleep(w)
+			if wait := turns[i] - at(); wait > 0 {
+				time.Sleep(wait)
 			}
-			if _, err := u.DepartPaced(ctx, "s", 0); err != nil {
+			if _, err := w.u.DepartPaced(context.Background(), "s", 0); err != nil {
 				t.Fatal(err)
 			}
 			leaves = append(leaves, at())
 		}
 		// Each an interval after the one before, none left empty (the
 		// slots are reserved at the lowered rate, which recovers meanwhile:
-		// the ninth leaves a few ms more than an interval after the
-		// seventh).
-		iv := time.Duration(float64(time.Second) / l.Rate)
+		// the ninth task leaves a few ms more than an interval after the
+		// eighth).
+		iv := time.Duration(float64(time.Second) / w.l.Rate)
 		for i := 1; i < len(leaves); i++ {
 			if gap := leaves[i] - leaves[i-1]; gap >= iv*3/2 {
 				t.Errorf("task %d left %v after task %d (leaves %v, turns %v); want an interval (%v at the lowered rate), no slot left empty", i, gap, i-1, leaves, turns, iv)
