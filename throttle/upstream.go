@@ -169,17 +169,18 @@ const LearnedShare = 0.95
 // The learning controller (see Upstream): the first four are the
 // upstream scripts' ARGV (lua/upstream_state.lua); the growth, which admit
 // applies too (lua/upstream_pace.lua), is written in lua/upstream_rate.lua,
-// and a test checks that it says the same as learnBelow, learnRecover and
-// learnGrow.
+// and the lowering by a 429 alone in lua/upstream_learn.lua (k_alone): a
+// test checks that they say the same as learnBelow, learnRecover,
+// learnGrow and learnAlone.
 const (
 	learnStart    = LearnedShare
 	learnGentle   = 0.9    // lowering by a 429 near the rate meant to settle at
-	learnAlone    = 0.97   // lowering by a 429 alone under a policy (lua/upstream_learn.lua's k_alone)
 	learnLower    = 0.8    // lowering by a 429 well under it
 	learnDiscover = 0.5    // lowering while discovering
 	learnBelow    = 0.98   // the share of the rate a 429 came at to recover to
 	learnRecover  = 0.1    // recovery per second, a share of that rate
 	learnGrow     = 0.0002 // growth per second past it
+	learnAlone    = 0.97   // lowering by a 429 alone under a policy
 )
 
 // confirmAfter is how long a departure may wait for its slot and still

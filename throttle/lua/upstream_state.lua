@@ -82,6 +82,9 @@ local least = up_least
 local ceil_rate = nil
 if ceil_iv > 0 then ceil_rate = 1e6 / ceil_iv end
 local function cap() return least(ceil_rate, policy()) end
+-- learned_iv is the interval of the learned rate (µs; s.r must be set),
+-- never shorter than the cap's.
+local function learned_iv() return 1e6 / least(s.r, cap()) end
 
 -- grow raises the learned rate for the time since it last grew
 -- (upstream_rate.lua); never above the cap.
@@ -127,7 +130,7 @@ local function save()
   if forgot > 0 and s.r then
     -- (whole µs: each departure is booked a whole interval, rounded up,
     -- after the one before)
-    local iv = math.ceil(1e6 / least(s.r, cap()))
+    local iv = math.ceil(learned_iv())
     local last = math.ceil(math.max(now - iv, s.al or 0)) + forgot * iv
     if not s.ls or last > s.ls then set('ls', last) end
   end
@@ -213,7 +216,7 @@ local function depart(max_wait, probe_wait, claim, near)
   grow()
   local pause = tonumber(redis.call('GET', pkey)) or 0
   if claim and s.r and pause <= now then
-    local iv = 1e6 / least(s.r, cap())
+    local iv = learned_iv()
     local tol = math.min(math.max(iv / 40, 2000), 5000)
     local c = up_claim(dkey, now, iv - 1, tol, iv)
     if c then
@@ -233,7 +236,7 @@ local function depart(max_wait, probe_wait, claim, near)
   local before = s.t or now
   local slot, after, iv = math.max(now, pause), before, 0
   if s.r then
-    iv = 1e6 / least(s.r, cap())
+    iv = learned_iv()
     -- An interval after the latest leave (al).
     if s.al then slot = math.max(slot, s.al + iv) end
     slot = up_gap(dkey, slot, iv, nil)
