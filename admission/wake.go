@@ -46,6 +46,24 @@ var (
 	wakeReleaseScript = redis.NewScript(wakeReleaseSrc)
 )
 
+// ScriptName returns the name of the wake-up ledger's script whose SHA1 is
+// sha (in hex, as EVALSHA sends it): "wake_add", "wake_pop", "wake_drop"
+// or "wake_release"; false for any other. As throttle.ScriptName, for
+// counting calls by what they do (worker.Metrics.CountRedisCalls).
+func ScriptName(sha string) (string, bool) {
+	switch sha {
+	case wakeAddScript.Hash():
+		return "wake_add", true
+	case wakePopScript.Hash():
+		return "wake_pop", true
+	case wakeDropScript.Hash():
+		return "wake_drop", true
+	case wakeReleaseScript.Hash():
+		return "wake_release", true
+	}
+	return "", false
+}
+
 // Defaults of RunOptions.
 const (
 	// DefaultLead is how long before its turn a parked job is woken.

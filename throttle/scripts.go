@@ -85,9 +85,9 @@ func (s *scriptSet) of(o op) *redis.Script {
 }
 
 // buildScript concatenates time.lua (Redis's clock, read first by every
-// script) and embedded Lua files, in order, into one script. Script text
-// is only ever these constant files: user data reaches Redis as KEYS and
-// ARGV.
+// script) and embedded Lua files, in order, into one script, named after
+// the last (ScriptName). Script text is only ever these constant files:
+// user data reaches Redis as KEYS and ARGV.
 func buildScript(files ...string) *redis.Script {
 	var b strings.Builder
 	for _, f := range append([]string{"time.lua"}, files...) {
@@ -98,7 +98,25 @@ func buildScript(files ...string) *redis.Script {
 		b.Write(src)
 		b.WriteByte('\n')
 	}
-	return redis.NewScript(b.String())
+	s := redis.NewScript(b.String())
+	scriptNames[s.Hash()] = strings.TrimSuffix(files[len(files)-1], ".lua")
+	return s
+}
+
+// scriptNames maps the SHA1 of every script this package sends to its
+// name. Every script is built while the package initialises; nothing
+// writes it after.
+var scriptNames = map[string]string{}
+
+// ScriptName returns the name of the script whose SHA1 is sha (in hex, as
+// EVALSHA sends it), if this package sends it: the operation it serves,
+// the last of the Lua files it is made of ("admit", "allow", "bucket_fast",
+// "upstream_depart", "upstream_leave", …). Several scripts can share a
+// name (each algorithm has its own "allow"). For counting the calls a
+// process sends by what they do (worker.Metrics.CountRedisCalls).
+func ScriptName(sha string) (string, bool) {
+	name, ok := scriptNames[sha]
+	return name, ok
 }
 
 // scriptsFor returns the smallest scripts that cover every rule.

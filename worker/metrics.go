@@ -26,9 +26,13 @@ import (
 //	jobthrottle_booked_turns{rule}            turns this process booked for parked tasks (or serving a line) that have not come yet
 //	jobthrottle_furthest_turn_seconds{rule}   how far ahead of now the furthest of those turns is
 //	jobthrottle_line_waiting{rule}            tasks waiting in the lines this process serves, as its last serving of each counted them
+//	jobthrottle_redis_calls_total{kind,call}  commands this process sent to Redis for jobthrottle, by script or command (CountRedisCalls)
 //
-// The last three are kept in memory and computed when scraped: they cost
-// no Redis call (a serving's reply carries its line's length).
+// The booked turns, the furthest turn and the line waiting are kept in
+// memory and computed when scraped: they cost no Redis call (a serving's
+// reply carries its line's length). The Redis calls are counted only on
+// the clients given to CountRedisCalls; their label is a script's or a
+// command's name, never a key.
 //
 // A nil *Metrics records nothing. Pass one to the middleware with
 // Options.Metrics; FromRules also wires OnRedisError into the limiters
@@ -44,6 +48,7 @@ type Metrics struct {
 	redisErrors prometheus.Counter
 	places      *prometheus.GaugeVec
 	lineTurns   *prometheus.CounterVec
+	redisCalls  *prometheus.CounterVec
 	turns       *turnBook
 	lines       *lineBook
 }
@@ -103,9 +108,14 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		Name:      "line_turns_total",
 		Help:      "Turns this process booked, serving a subject's line, for tasks that waited in it past the rule's horizon, by rule.",
 	}, []string{"rule"})
+	m.redisCalls = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "jobthrottle",
+		Name:      "redis_calls_total",
+		Help:      "Commands this process sent to Redis for jobthrottle: kind script by the script's name (admit, bucket_fast, upstream_depart, wake_pop, ...), kind command (on a key under the prefix) by the command's name.",
+	}, []string{"kind", "call"})
 	m.turns, m.lines = &turnBook{}, &lineBook{}
 	m.activity = &Activity{turns: m.turns, lines: m.lines}
-	for _, c := range []prometheus.Collector{m.wait, m.delays, m.decisions, m.waiters, m.ahead, m.wakeups, m.redisErrors, m.places, m.lineTurns, m.turns, m.lines} {
+	for _, c := range []prometheus.Collector{m.wait, m.delays, m.decisions, m.waiters, m.ahead, m.wakeups, m.redisErrors, m.places, m.lineTurns, m.redisCalls, m.turns, m.lines} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("worker: registering metrics: %w", err)
 		}

@@ -105,6 +105,9 @@ func build(o options, cfg *rules.Config, hs *handler.Config, rdb redis.Universal
 	if err != nil {
 		return nil, err
 	}
+	// What reaches Redis for jobthrottle, by script and command
+	// (jobthrottle_redis_calls_total): rdb is this app's alone.
+	metrics.CountRedisCalls(rdb, cfg.Prefix)
 	// The queues' sizes are read from Redis when /metrics is scraped, never otherwise.
 	queues, err := worker.NewQueueCollector(rdb, slices.Sorted(maps.Keys(o.queues)), worker.LedgerShards(o.wakeupShards))
 	if err != nil {

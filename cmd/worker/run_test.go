@@ -197,7 +197,9 @@ handlers:
 		`jobthrottle_queue_tasks{queue="critical",state="completed"} 3`, `jobthrottle_queue_tasks{queue="default",state="completed"} 1`,
 		`jobthrottle_queue_tasks{queue="default",state="archived"} 1`, `jobthrottle_queue_read_errors_total 0`, `jobthrottle_wakeup_ledger_members `,
 		// the day's quota, untouched, read on the real Redis
-		`jobthrottle_quota_remaining{limit="quota",rule="quota"} 1000`, `jobthrottle_quota_reset_seconds{limit="quota",rule="quota"} `, `jobthrottle_quota_read_errors_total 0`} {
+		`jobthrottle_quota_remaining{limit="quota",rule="quota"} 1000`, `jobthrottle_quota_reset_seconds{limit="quota",rule="quota"} `, `jobthrottle_quota_read_errors_total 0`,
+		// what reached Redis for jobthrottle: the decisions' script, the ledger's look
+		`jobthrottle_redis_calls_total{call="admit",kind="script"} `, `jobthrottle_redis_calls_total{call="wake_pop",kind="script"} `} {
 		if !bytes.Contains(body, []byte(want)) {
 			t.Errorf("metrics lack %s", want)
 		}
