@@ -57,11 +57,14 @@ type workerRun struct {
 	Attempts         map[string]int `json:"handler_attempts"`
 	DecisionsPerTask float64        `json:"decisions_per_task"`
 	ParksPerTask     float64        `json:"parks_per_task"`
-	// LimiterCallsPerTask is the script calls on jobthrottle's keys (admit,
+	// LimiterCallsPerTask is the script calls the workers sent (admit,
 	// departures, learning, pauses, wake-ups) ÷ Tasks; OtherCallsPerTask
-	// the other commands on them (the wake-up ledger, status).
+	// the other commands they sent on jobthrottle's keys (the published
+	// limits). Both are the workers' jobthrottle_redis_calls_total (split);
+	// results before 2026-11-27 23:00 UTC counted them from MONITOR, whose
+	// other commands also held the scripts' own calls.
 	LimiterCalls        int64            `json:"limiter_calls"`
-	LimiterCallKinds    map[string]int64 `json:"limiter_call_kinds"` // by SHA, key count, first key`
+	LimiterCallKinds    map[string]int64 `json:"limiter_call_kinds"` // by kind and call (jobthrottle_redis_calls_total); before 2026-11-27 23:00 UTC by SHA, key count, first key, from MONITOR`
 	LimiterCallsPerTask float64          `json:"limiter_calls_per_task"`
 	OtherCallsPerTask   float64          `json:"other_calls_per_task"`
 	// DecisionCallsPerTask is the script calls of the decisions alone per
@@ -150,8 +153,6 @@ func runWorkerCase(addr, bin, dir string, cfg learnConfig, c learnCase) (*worker
 	if err := os.WriteFile(rules, []byte(workerRules(cfg, c.Style, hs.URL)), 0o600); err != nil {
 		return nil, err
 	}
-	mon := startMonitor(ctx, addr)
-	defer mon.stop()
 	if dir := os.Getenv("BENCH_LEARN_TRACE"); dir != "" {
 		// A reduced run's log, for reading where the turns and departures
 		// go: the API's answers and the limiter's script calls.
@@ -164,9 +165,11 @@ func runWorkerCase(addr, bin, dir string, cfg learnConfig, c learnCase) (*worker
 		defer af.Close()
 		defer mf.Close()
 		api.trace = af
-		mon.mu.Lock()
-		mon.trace = mf
-		mon.mu.Unlock()
+		mon, err := startTraceMonitor(ctx, addr, mf)
+		if err != nil {
+			return nil, err
+		}
+		defer mon.stop()
 	}
 	procs, err := startWorkers(bin, rules, addr, c.Workers)
 	defer stopWorkers(procs)
@@ -199,16 +202,16 @@ func runWorkerCase(addr, bin, dir string, cfg learnConfig, c learnCase) (*worker
 		r.Completed, r.Archived, r.Retry = info.Completed, info.Archived, info.Retry
 	}
 	r.Done = r.Completed
-	r.Decisions, r.Attempts = scrapeOutcomes(procs)
+	var calls map[string]int64
+	if r.Decisions, r.Attempts, calls, err = scrapeOutcomes(procs); err != nil {
+		return nil, err
+	}
 	r.ParksPerTask = float64(r.Decisions["parked"]+r.Decisions["deferred"]+r.Attempts["throttled"]) / float64(cfg.Tasks)
 	for _, n := range r.Decisions {
 		r.DecisionsPerTask += float64(n) / float64(cfg.Tasks)
 	}
-	scripts, other := mon.counts()
-	r.LimiterCalls, r.LimiterCallKinds = scripts, mon.kinds
-	r.LimiterCallsPerTask = float64(scripts) / float64(cfg.Tasks)
-	r.split(mon.kinds)
-	r.OtherCallsPerTask = float64(other) / float64(cfg.Tasks)
+	r.LimiterCallKinds = calls
+	r.split(calls)
 	r.AcceptedTwice, r.NeverAccepted = api.answeredOnce(cfg.Tasks)
 
 	return r, nil
@@ -318,18 +321,21 @@ func stopWorkers(procs []*workerProc) {
 }
 
 var (
-	counterLine  = regexp.MustCompile(`^(jobthrottle_decisions_total|jobthrottle_handler_attempts_total)\{([^}]*)\} ([0-9.e+]+)$`)
-	outcomeLabel = regexp.MustCompile(`outcome="([^"]*)"`)
+	counterLine  = regexp.MustCompile(`^(jobthrottle_decisions_total|jobthrottle_handler_attempts_total|jobthrottle_redis_calls_total)\{([^}]*)\} ([0-9.e+]+)$`)
+	outcomeLabel = regexp.MustCompile(`(?:outcome|call)="([^"]*)"`)
+	kindLabel    = regexp.MustCompile(`kind="([^"]*)"`)
 )
 
 // scrapeOutcomes sums the workers' jobthrottle_decisions_total and
-// jobthrottle_handler_attempts_total by outcome.
-func scrapeOutcomes(procs []*workerProc) (decisions, attempts map[string]int) {
-	decisions, attempts = map[string]int{}, map[string]int{}
+// jobthrottle_handler_attempts_total by outcome, and their
+// jobthrottle_redis_calls_total by kind and call ("script admit",
+// "command hset").
+func scrapeOutcomes(procs []*workerProc) (decisions, attempts map[string]int, calls map[string]int64, err error) {
+	decisions, attempts, calls = map[string]int{}, map[string]int{}, map[string]int64{}
 	for _, p := range procs {
 		resp, err := http.Get(p.metrics)
 		if err != nil {
-			continue
+			return nil, nil, nil, err
 		}
 		sc := bufio.NewScanner(resp.Body)
 		for sc.Scan() {
@@ -343,13 +349,17 @@ func scrapeOutcomes(procs []*workerProc) (decisions, attempts map[string]int) {
 			case o == nil:
 			case m[1] == "jobthrottle_decisions_total":
 				decisions[o[1]] += int(v)
+			case m[1] == "jobthrottle_redis_calls_total":
+				if k := kindLabel.FindStringSubmatch(m[2]); k != nil {
+					calls[k[1]+" "+o[1]] += int64(v)
+				}
 			default:
 				attempts[o[1]] += int(v)
 			}
 		}
 		_ = resp.Body.Close()
 	}
-	return decisions, attempts
+	return decisions, attempts, calls, nil
 }
 
 // pathAPI is the limitedAPI that also counts, by path (one per task), the
@@ -404,26 +414,26 @@ func (w *statusWriter) WriteHeader(code int) {
 	w.ResponseWriter.WriteHeader(code)
 }
 
-// monitor counts, from Redis's MONITOR stream, the script calls whose
-// first key is one of jobthrottle's (the default prefix) and the other
-// commands on its keys.
-type monitor struct {
-	conn           net.Conn
-	scripts, other atomic.Int64
-	done           chan struct{}
-	mu             sync.Mutex
-	kinds          map[string]int64 // script calls by SHA, key count and first key
-	trace          io.Writer        // with BENCH_LEARN_TRACE: every line on jobthrottle's keys
+// traceMonitor writes, in a traced run (BENCH_LEARN_TRACE), every line
+// of Redis's MONITOR stream on jobthrottle's keys to a file. Only a traced
+// run watches Redis so: MONITOR costs Redis every command again, each
+// script's own calls too, and its reader a share of the cores, which
+// moved the API's arrivals in the first seconds of a run (8 runs of x-unix
+// at 10 workers, 300 tasks: 23 gaps between accepted requests under 51 or
+// over 55 ms in the first two seconds with MONITOR, 5 without; its reader
+// in a process of its own at nice 19: 37 in 16 runs, 11 without). The
+// calls are counted by the workers (jobthrottle_redis_calls_total).
+type traceMonitor struct {
+	conn net.Conn
+	done chan struct{}
 }
 
-func startMonitor(ctx context.Context, addr string) *monitor {
-	m := &monitor{done: make(chan struct{}), kinds: map[string]int64{}}
+func startTraceMonitor(ctx context.Context, addr string, trace io.Writer) (*traceMonitor, error) {
 	conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
 	if err != nil {
-		close(m.done)
-		return m
+		return nil, err
 	}
-	m.conn = conn
+	m := &traceMonitor{conn: conn, done: make(chan struct{})}
 	_, _ = conn.Write([]byte("MONITOR\r\n"))
 	go func() {
 		defer close(m.done)
@@ -433,80 +443,42 @@ func startMonitor(ctx context.Context, addr string) *monitor {
 			if err != nil {
 				return
 			}
-			m.count(line)
+			if strings.Contains(line, `"jobthrottle:`) {
+				_, _ = io.WriteString(trace, line)
+			}
 		}
 	}()
-	return m
+	return m, nil
 }
 
-// count classifies one MONITOR line: +<time> [<db> <client>] "cmd" "arg"...
-func (m *monitor) count(line string) {
-	i := strings.Index(line, `] "`)
-	if i < 0 || !strings.Contains(line, `"jobthrottle:`) {
-		return
-	}
-	m.mu.Lock()
-	if m.trace != nil {
-		_, _ = io.WriteString(m.trace, line)
-	}
-	m.mu.Unlock()
-	rest := line[i+3:]
-	cmd, args, _ := strings.Cut(rest, `" `)
-	switch strings.ToLower(cmd) {
-	case "evalsha":
-		// "sha" "numkeys" "key1": the first key decides.
-		f := strings.SplitN(args, `" "`, 5)
-		if len(f) >= 3 && strings.HasPrefix(f[2], "jobthrottle:") {
-			m.scripts.Add(1)
-			kind := f[0][1:min(9, len(f[0]))] + " " + f[1] + " " + hashTag.ReplaceAllString(f[2], "{}")
-			if strings.Contains(f[2], ":!upstream(") && strings.Contains(args, `" "leave" "`) {
-				kind += leaveKind // the pause read of a request on its turn
-			}
-			m.note(kind)
-		}
-	case "eval":
-		m.scripts.Add(1) // after a NOSCRIPT: the script's text is in the line
-	default:
-		m.other.Add(1)
-	}
-}
-
-var hashTag = regexp.MustCompile(`\{[^}]*\}`)
-
-// leaveKind marks the upstream script calls of throttle.Upstream.Leave,
-// which replaced the pause read before a request on its turn: counted as
-// pause calls, not decisions.
-const leaveKind = " leave"
-
-// note counts a script call by its SHA's start, key count and first key.
-func (m *monitor) note(kind string) {
-	m.mu.Lock()
-	m.kinds[kind]++
-	m.mu.Unlock()
-}
-
-func (m *monitor) counts() (scripts, other int64) {
-	return m.scripts.Load(), m.other.Load()
-}
-
-func (m *monitor) stop() {
-	if m.conn != nil {
-		_ = m.conn.Close()
-	}
+func (m *traceMonitor) stop() {
+	_ = m.conn.Close()
 	<-m.done
 }
 
-// split sorts the script calls by kind (monitor.note) into decisions and
-// pause checks.
-func (r *workerRun) split(kinds map[string]int64) {
-	for k, n := range kinds {
+// split sorts the workers' calls (scrapeOutcomes) by what they are for:
+// the pause checks (a request on its turn asks whether the fleet paused,
+// Upstream.Leave's upstream_leave; pause and paused), the wake-up ledger
+// (wake_*), and every other script: the decisions (admit, settle, refund,
+// the upstream's departures and learning, …). Commands other than
+// scripts (the published limits, the status page's reads) are the other
+// calls.
+func (r *workerRun) split(calls map[string]int64) {
+	per := func(n int64) float64 { return float64(n) / float64(r.Tasks) }
+	for k, n := range calls {
+		kind, call, _ := strings.Cut(k, " ")
+		if kind != "script" {
+			r.OtherCallsPerTask += per(n)
+			continue
+		}
+		r.LimiterCalls += n
 		switch {
-		case strings.HasSuffix(k, leaveKind):
-			r.PauseCallsPerTask += float64(n) / float64(r.Tasks)
-		case strings.HasSuffix(k, ":partner"), strings.Contains(k, ":!upstream("):
-			r.DecisionCallsPerTask += float64(n) / float64(r.Tasks)
-		case strings.Contains(k, ":!pause"):
-			r.PauseCallsPerTask += float64(n) / float64(r.Tasks)
+		case call == "upstream_leave", call == "pause", call == "paused":
+			r.PauseCallsPerTask += per(n)
+		case strings.HasPrefix(call, "wake_"):
+		default:
+			r.DecisionCallsPerTask += per(n)
 		}
 	}
+	r.LimiterCallsPerTask = per(r.LimiterCalls)
 }
