@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -115,16 +116,16 @@ func TestScriptNames(t *testing.T) {
 	}
 	redistest.Virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
 		ctx := context.Background()
-		// Every script this client loads is named.
-		var loaded []string
-		rdb.AddHook(loadHook{&loaded})
+		// Every script this client loads is named (some load in the
+		// background: read once the limiter is closed).
+		loaded := &loads{}
+		rdb.AddHook(loadHook{loaded})
 		prefix := redistest.Prefix(t)
 		lim, err := throttle.New(rdb, throttle.Options{Prefix: prefix},
 			throttle.Rule{Name: "api", Algorithm: throttle.SlidingWindow, Limit: throttle.PerSecond(10)})
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer lim.Close()
 		if _, err := lim.Allow(ctx, "acme"); err != nil {
 			t.Fatal(err)
 		}
@@ -134,10 +135,15 @@ func TestScriptNames(t *testing.T) {
 		if _, err := lim.Upstream().Depart(ctx, "acme", time.Second); err != nil {
 			t.Fatal(err)
 		}
-		if len(loaded) == 0 {
+		if err := lim.Close(); err != nil {
+			t.Fatal(err)
+		}
+		loaded.mu.Lock()
+		defer loaded.mu.Unlock()
+		if len(loaded.srcs) == 0 {
 			t.Fatal("no script loaded")
 		}
-		for _, src := range loaded {
+		for _, src := range loaded.srcs {
 			sha := redis.NewScript(src).Hash()
 			if scriptName(sha) == "" {
 				t.Errorf("a script loaded (%.60q…) has no name", src)
@@ -146,14 +152,22 @@ func TestScriptNames(t *testing.T) {
 	})
 }
 
+// loads are the texts of the SCRIPT LOADs a loadHook saw.
+type loads struct {
+	mu   sync.Mutex
+	srcs []string
+}
+
 // loadHook notes the text of every SCRIPT LOAD.
-type loadHook struct{ srcs *[]string }
+type loadHook struct{ l *loads }
 
 func (h loadHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h loadHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		if a := cmd.Args(); len(a) == 3 && a[0] == "script" && a[1] == "load" {
-			*h.srcs = append(*h.srcs, a[2].(string))
+			h.l.mu.Lock()
+			h.l.srcs = append(h.l.srcs, a[2].(string))
+			h.l.mu.Unlock()
 		}
 		return next(ctx, cmd)
 	}
