@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -61,10 +60,10 @@ type workerRun struct {
 	// departures, learning, pauses, wake-ups) ÷ Tasks; OtherCallsPerTask
 	// the other commands they sent on jobthrottle's keys (the published
 	// limits). Both are the workers' jobthrottle_redis_calls_total (split);
-	// results before 2026-11-27 23:00 UTC counted them from MONITOR, whose
+	// results of a library before 4d0d261 counted them from MONITOR, whose
 	// other commands also held the scripts' own calls.
 	LimiterCalls        int64            `json:"limiter_calls"`
-	LimiterCallKinds    map[string]int64 `json:"limiter_call_kinds"` // by kind and call (jobthrottle_redis_calls_total); before 2026-11-27 23:00 UTC by SHA, key count, first key, from MONITOR`
+	LimiterCallKinds    map[string]int64 `json:"limiter_call_kinds"` // by kind and call (jobthrottle_redis_calls_total); before 4d0d261 by SHA, key count, first key, from MONITOR`
 	LimiterCallsPerTask float64          `json:"limiter_calls_per_task"`
 	OtherCallsPerTask   float64          `json:"other_calls_per_task"`
 	// DecisionCallsPerTask is the script calls of the decisions alone per
@@ -155,21 +154,28 @@ func runWorkerCase(addr, bin, dir string, cfg learnConfig, c learnCase) (*worker
 	}
 	if dir := os.Getenv("BENCH_LEARN_TRACE"); dir != "" {
 		// A reduced run's log, for reading where the turns and departures
-		// go: the API's answers and the limiter's script calls.
+		// go: the API's answers and, unless BENCH_LEARN_NO_MONITOR is set
+		// (the API's arrivals as an unwatched run has them), the limiter's
+		// script calls.
 		name := filepath.Join(dir, strings.NewReplacer(", ", "-", " ", "").Replace(c.String()))
-		af, err1 := os.Create(name + ".api")
-		mf, err2 := os.Create(name + ".monitor")
-		if err := errors.Join(err1, err2); err != nil {
-			return nil, err
-		}
-		defer af.Close()
-		defer mf.Close()
-		api.trace = af
-		mon, err := startTraceMonitor(ctx, addr, mf)
+		af, err := os.Create(name + ".api")
 		if err != nil {
 			return nil, err
 		}
-		defer mon.stop()
+		defer af.Close()
+		api.trace = af
+		if os.Getenv("BENCH_LEARN_NO_MONITOR") == "" {
+			mf, err := os.Create(name + ".monitor")
+			if err != nil {
+				return nil, err
+			}
+			defer mf.Close()
+			mon, err := startTraceMonitor(ctx, addr, mf)
+			if err != nil {
+				return nil, err
+			}
+			defer mon.stop()
+		}
 	}
 	procs, err := startWorkers(bin, rules, addr, c.Workers)
 	defer stopWorkers(procs)
