@@ -192,9 +192,11 @@ const (
 	confirmLead  = 5 * time.Millisecond
 )
 
-// probePoll bounds how long a departure waiting for the first answer
-// sleeps before it asks again.
-const probePoll = 20 * time.Millisecond
+// comeBackMax bounds how long a departure that Redis tells to come back
+// sleeps before it asks again: Redis says when (lua/upstream_state.lua:
+// within 20 ms while the first answer is awaited; while a limit is
+// discovered, at the departure's place in line), this only bounds it.
+const comeBackMax = probeWait
 
 // operations of the upstream scripts (lua/upstream_<op>.lua), named in
 // errors
@@ -564,19 +566,27 @@ func (u *Upstream) depart(ctx context.Context, subject string, maxWait time.Dura
 const maxLate = 3
 
 // book books a departure, waiting while the first departure's answer is
-// awaited. If claim, the departure may be one Admit booked for the
+// awaited, or, while a limit is discovered, until the place in line
+// Redis gives a departure it may not book yet (lua/upstream_state.lua:
+// disc_ahead_wait). If claim, the departure may be one Admit booked for the
 // caller's turn near now (lua/upstream_rate.lua: up_claim): a request
 // sent on its turn from a process that did not know yet that the turn
 // was its departure. Not after waiting for the first answer: the turn
 // was then not at a learned rate.
 func (u *Upstream) book(ctx context.Context, keys []string, maxWait time.Duration, claim, near bool) (*Departure, error) {
+	place := "0" // where it comes back in the line while a limit is discovered
 	for {
 		bound, byDeadline := u.bound(ctx, maxWait)
-		raw, recv, err := u.call(ctx, keys, u.args(opDepart, micros(bound), probeWait.Microseconds(), boolArg(claim), boolArg(near)))
+		raw, recv, err := u.call(ctx, keys, u.args(opDepart, micros(bound), probeWait.Microseconds(), boolArg(claim), boolArg(near), place))
 		if err != nil {
 			return u.failed(ctx, opDepart, err)
 		}
 		d, wait, err := u.departure(raw, recv, byDeadline)
+		if d == nil && err == nil {
+			if p := replyText(raw[2]); p != "" {
+				place = p
+			}
+		}
 		if err != nil || d != nil {
 			return d, err
 		}
@@ -679,7 +689,7 @@ func (u *Upstream) departure(raw []any, recv time.Time, byDeadline bool) (*Depar
 	delay := time.Duration(replyInt(raw[1])) * time.Microsecond
 	switch status {
 	case 2:
-		return nil, min(max(delay, time.Millisecond), probePoll), nil
+		return nil, min(max(delay, time.Millisecond), comeBackMax), nil
 	case 0:
 		return nil, 0, &DelayError{Rule: "upstream", RetryAfter: delay, Deadline: byDeadline}
 	}

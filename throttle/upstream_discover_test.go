@@ -2,8 +2,11 @@ package throttle
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -195,22 +198,10 @@ func TestUpstreamPacedDepartsCloseWhileDiscovering(t *testing.T) {
 		ahead := discoveringAt(t, u, &noBurst{interval: 50 * time.Millisecond})
 		// Twelve turns admitted at the rule's pace ask for their
 		// departures at once.
-		var mu sync.Mutex
 		var far time.Duration
-		var wg sync.WaitGroup
-		for range 12 {
-			wg.Go(func() {
-				d, err := u.DepartPaced(context.Background(), "s", 0)
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				mu.Lock()
-				far = max(far, d.delay)
-				mu.Unlock()
-			})
+		for _, l := range departPacedAtOnce(t, u, 12) {
+			far = max(far, l.d.delay)
 		}
-		wg.Wait()
 		if far > ahead {
 			t.Errorf("paced departures booked up to %v ahead while discovering; want none past %v", far, ahead)
 		}
@@ -243,4 +234,122 @@ func TestUpstreamDiscoveryStepHolds(t *testing.T) {
 			t.Errorf("a second after the step to %.2f/s, with no answer, the rate is %.2f/s; want the step's", l.Rate, d.Learned.Rate)
 		}
 	})
+}
+
+// While a limit is discovered, a paced departure whose slot is further
+// ahead than Admit books turns is given a place in a line and comes back
+// at it, an interval after the one before: at 10 worker processes, the
+// turns admitted before a rate was learned, each asking again every
+// 20 ms, made most of the depart calls of a header-less run (110 of 165),
+// and, asked back all at once, a call of each for every departure booked.
+// Twelve departures asked at once: at most three calls each (the first,
+// the return at its place, and one more if a departure booked meanwhile
+// took its slot); 279 every 20 ms, 79 all at once. And none of them
+// leaves later for it: one leaves every interval.
+func TestUpstreamPacedWaitersComeBackInLine(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		u := mustNew(t, rdb, Options{}, Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(20).WithBurst(1)}).Upstream()
+		discoveringAt(t, u, &noBurst{interval: 150 * time.Millisecond})
+		calls := countScripts(rdb)
+		const n = 12
+		left := departPacedAtOnce(t, u, n)
+		if got, most := calls.Load(), int64(3*n); got > most {
+			t.Errorf("%d paced departures made %d depart calls while discovering; want at most %d", n, got, most)
+		}
+		// And the line keeps the schedule full: one leaves every interval.
+		iv := time.Duration(float64(time.Second) / left[0].d.Learned.Rate)
+		if span := left[n-1].at.Sub(left[0].at); span > time.Duration(n-1)*iv+time.Millisecond {
+			t.Errorf("%d paced departures left over %v; want one every %v, %v", n, span, iv, time.Duration(n-1)*iv)
+		}
+	})
+}
+
+// While a limit is discovered, a departure past its bound fails at once
+// with a *DelayError, as at any other time: it is not given a place in the
+// line of departures coming back (TestUpstreamPacedWaitersComeBackInLine)
+// to be refused when it comes.
+func TestUpstreamDiscoveringPastMaxWaitFailsAtOnce(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		lim := mustNew(t, rdb, Options{}, Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(20).WithBurst(1)})
+		u := lim.Upstream()
+		discoveringAt(t, u, &noBurst{interval: 150 * time.Millisecond})
+		if _, err := lim.PauseFor(context.Background(), "s", time.Second); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		_, err := u.DepartPaced(context.Background(), "s", 200*time.Millisecond)
+		var de *DelayError
+		if !errors.As(err, &de) || de.RetryAfter < 900*time.Millisecond {
+			t.Errorf("a departure bound to 200ms during a 1s pause: %v; want a *DelayError of about 1s", err)
+		}
+		if waited := time.Since(start); waited != 0 {
+			t.Errorf("it was refused after %v; want at once", waited)
+		}
+	})
+}
+
+// Nor is a departure given a place in that line that would make it leave
+// past its bound: of twelve asked at once with a bound of 600 ms, each
+// leaves within it or is refused at once.
+func TestUpstreamLinePastMaxWaitFailsAtOnce(t *testing.T) {
+	virtual(t, func(t *testing.T, rdb *redis.Client, _ *miniredis.Miniredis) {
+		u := mustNew(t, rdb, Options{}, Rule{Name: "api", Algorithm: GCRA, Limit: PerSecond(20).WithBurst(1)}).Upstream()
+		discoveringAt(t, u, &noBurst{interval: 150 * time.Millisecond})
+		const bound = 600 * time.Millisecond
+		var left, refused atomic.Int32
+		var wg sync.WaitGroup
+		for range 12 {
+			wg.Go(func() {
+				start := time.Now()
+				_, err := u.DepartPaced(context.Background(), "s", bound)
+				took := time.Since(start)
+				var de *DelayError
+				switch {
+				case err == nil && took <= bound:
+					left.Add(1)
+				case errors.As(err, &de) && took == 0:
+					refused.Add(1)
+				default:
+					t.Errorf("a departure bound to %v: %v after %v; want it left within the bound or refused at once", bound, err, took)
+				}
+			})
+		}
+		wg.Wait()
+		if left.Load() == 0 || refused.Load() == 0 {
+			t.Errorf("%d left, %d refused; want both", left.Load(), refused.Load())
+		}
+	})
+}
+
+// departed is a departure and when it left.
+type departed struct {
+	d  *Departure
+	at time.Time
+}
+
+// departPacedAtOnce asks n paced departures of subject "s" at once
+// (DepartPaced, no bound) and returns them in the order they left.
+func departPacedAtOnce(t *testing.T, u *Upstream, n int) []departed {
+	t.Helper()
+	var mu sync.Mutex
+	var left []departed
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			d, err := u.DepartPaced(context.Background(), "s", 0)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			left = append(left, departed{d, time.Now()})
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	if len(left) < n {
+		t.FailNow()
+	}
+	slices.SortFunc(left, func(a, b departed) int { return a.at.Compare(b.at) })
+	return left
 }

@@ -55,4 +55,4 @@ end
 -- Void: paused over, slowed down since, too late, or pushed past what the
 -- caller waits: given back, then booked again.
 give_back(tonumber(ARGV[14]), tonumber(ARGV[15]), ARGV[16], ARGV[11])
-return depart(tonumber(ARGV[9]), tonumber(ARGV[10]), false, false)
+return depart(tonumber(ARGV[9]), tonumber(ARGV[10]), false, false, 0)

@@ -10,6 +10,8 @@
 -- ARGV[12] -> 1 if, while a limit is discovered, the caller comes back
 --             for a slot more than an interval away (status 2) rather
 --             than book it, else 0 (a request on a turn admit spaced)
+-- ARGV[13] -> the place the caller was given when told to come back (µs,
+--             the reply's slot), 0 for none
 --
 -- Reply {status, delay, slot, n, g, now, t before, t after, interval, rate,
 -- q, w, probe, ls before, discovering}: status 1 booked (delay µs from now, at slot; n
@@ -19,8 +21,9 @@
 -- one's t before and after are both the schedule's end), 0 too far
 -- (delay: when it would be; nothing booked), 2 come back in delay (the
 -- first departure's answer is awaited, or, while a limit is discovered,
--- the slot is more than an interval away and ARGV[12] is 1; nothing
--- booked); discovering 1
+-- the slot is further ahead than the caller may book (its slot the place
+-- it is given in the line of callers coming back); nothing booked);
+-- discovering 1
 -- while the limit of a resource that announces nothing is being found
 -- (every answer is then worth a learn: upstream_learn.lua).
-return depart(tonumber(ARGV[9]), tonumber(ARGV[10]), ARGV[11] == '1', ARGV[12] == '1')
+return depart(tonumber(ARGV[9]), tonumber(ARGV[10]), ARGV[11] == '1', ARGV[12] == '1', tonumber(ARGV[13]))

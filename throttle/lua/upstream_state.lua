@@ -41,6 +41,9 @@
 --          while it is being discovered, when every answer is learned
 --   ob     while discovering: the answers' leaves and outcomes (read by
 --          upstream_learn.lua only)
+--   cb     while discovering: the latest place (µs) given to a departure
+--          told to come back (disc_ahead_wait); the next is given one an
+--          interval after it
 --   The TTL is ARGV[4] ms from the last call that wrote it. Admit reads r
 --   (upstream_pace.lua).
 -- KEYS[2] -> <prefix>{<subject>}:!pause (read only): the Redis time (µs)
@@ -63,7 +66,7 @@ local key, pkey, dkey = KEYS[1], KEYS[2], KEYS[3]
 local ceil_iv, ceil_b, ttl = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local k_start, k_gentle, k_lower, k_discover = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 
-local names = {'t', 'n', 'ls', 'gap', 'r', 'u', 'hi', 'lone', 'lone2', 'lo', 'd', 'g', 'q', 'w', 'l', 'lw', 'wl', 'wa', 'wb', 'wk', 'p', 'f', 'al', 'dv'}
+local names = {'t', 'n', 'ls', 'gap', 'r', 'u', 'hi', 'lone', 'lone2', 'lo', 'd', 'g', 'q', 'w', 'l', 'lw', 'wl', 'wa', 'wb', 'wk', 'p', 'f', 'al', 'dv', 'cb'}
 local raw = redis.call('HMGET', key, unpack(names))
 local s = {}
 for i, f in ipairs(names) do s[f] = tonumber(raw[i]) end
@@ -173,20 +176,46 @@ end
 
 -- disc_ahead_wait says how long (µs) a caller waits before asking again
 -- for a departure at slot, booked at interval iv, rather than have it
--- booked now; nil to book it. While a limit is discovered
--- (upstream_learn.lua), a departure asked near is booked at most an
--- interval ahead, one asked on a paced turn up_disc_ahead
--- (upstream_rate.lua), as admit books the turns: departures booked further
--- ahead at the interval tried would hold every faster one tried after back
--- until they had left (a fleet of goroutines books one each: 12 of them,
--- 0.7 s; turns admitted at the rules' pace before a rate was learned,
--- their departures booked 0.7 s ahead at the first step's).
-local function disc_ahead_wait(slot, iv, near)
+-- booked now, and the place (µs) it comes back at; nil to book it. While a
+-- limit is discovered (upstream_learn.lua), a departure asked near is
+-- booked at most an interval ahead, one asked on a paced turn
+-- up_disc_ahead (upstream_rate.lua), as admit books the turns: departures
+-- booked further ahead at the interval tried would hold every faster one
+-- tried after back until they had left (a fleet of goroutines books one
+-- each: 12 of them, 0.7 s; turns admitted at the rules' pace before a rate
+-- was learned, their departures booked 0.7 s ahead at the first step's).
+--
+-- Each caller told to come back is given a place in a line, an interval
+-- after the one before it (cb), from when the schedule's end comes near
+-- enough: each comes back when it may book, one an interval, where
+-- coming back all at once (every 20 ms, or when the end came near) cost a
+-- call of every waiting caller for each departure booked (ten worker
+-- processes: 100-150 calls in a run's first second). A caller back from
+-- its place (place, 0 for none) that may not book yet (a departure was
+-- booked meanwhile without a place, or the rate was lowered) takes the
+-- line's head again, not its end; one back before its place (the
+-- caller's own bound) keeps it. A faster step meanwhile is met by the
+-- callers that come, and by the line, as it comes back. A place that
+-- would make a caller's departure later than its bound (max_wait) is not
+-- given: -1 and when the departure would be.
+local function disc_ahead_wait(slot, iv, near, place, max_wait)
   if not s.r or iv <= 0 or disc_flag() ~= 1 then return nil end
   local ahead = up_disc_ahead(iv)
   if near then ahead = iv end
   if slot - now <= ahead then return nil end
-  return math.ceil(math.min(slot - now - ahead, 20000))
+  local at = slot - ahead
+  if place > now then
+    at = math.max(at, place)
+    return math.ceil(at - now), at
+  end
+  if place <= 0 and s.cb and s.cb + iv > at then at = s.cb + iv end
+  at = math.ceil(at)
+  if max_wait >= 0 and at + ahead - now > max_wait then return -1, at + ahead end
+  if not s.cb or at > s.cb then
+    set('cb', at)
+    save()
+  end
+  return math.ceil(at - now), at
 end
 
 -- depart books the next departure: on the learned rate, at the first
@@ -205,7 +234,7 @@ end
 -- after the latest leave (al), which it becomes. A caller that asks near
 -- (near true) is, while a limit is discovered, booked no more than an
 -- interval ahead (below).
-local function depart(max_wait, probe_wait, claim, near)
+local function depart(max_wait, probe_wait, claim, near, place)
   local probe = 0
   if not known then
     probe = 1
@@ -262,10 +291,14 @@ local function depart(max_wait, probe_wait, claim, near)
       end
     end
   end
-  local back = disc_ahead_wait(slot, iv, near)
-  if back then return {2, back, '', 0, 0, now, '', '', 0, '', 0, 0, 0, '', 1} end
   if max_wait >= 0 and slot - now > max_wait then
     return {0, math.ceil(slot - now), '', 0, 0, now, '', '', 0, rate_text(), s.q or 0, s.w or 0, 0, '', disc_flag()}
+  end
+  local back, at = disc_ahead_wait(slot, iv, near, place, max_wait)
+  if back == -1 then
+    return {0, math.ceil(at - now), '', 0, 0, now, '', '', 0, rate_text(), s.q or 0, s.w or 0, 0, '', disc_flag()}
+  elseif back then
+    return {2, back, fmt(at), 0, 0, now, '', '', 0, '', 0, 0, 0, '', 1}
   end
   local ls = s.ls
   set('t', after)
