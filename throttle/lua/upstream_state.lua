@@ -218,6 +218,18 @@ local function disc_ahead_wait(slot, iv, near, place, max_wait)
   return math.ceil(at - now), at
 end
 
+-- too_far is depart's reply when its slot, delay µs away, is past the
+-- caller's bound: nothing booked.
+local function too_far(delay)
+  return {0, math.ceil(delay), '', 0, 0, now, '', '', 0, rate_text(), s.q or 0, s.w or 0, 0, '', disc_flag()}
+end
+
+-- come_back is depart's reply to a caller that asks again in wait µs,
+-- at place (text, '' for none); disc 1 while a limit is discovered.
+local function come_back(wait, place, disc)
+  return {2, math.ceil(wait), place, 0, 0, now, '', '', 0, '', 0, 0, 0, '', disc}
+end
+
 -- depart books the next departure: on the learned rate, at the first
 -- slot at least one interval from every departure booked (up_gap, so a
 -- new rate holds from the next departure on, faster or slower); or
@@ -240,7 +252,7 @@ local function depart(max_wait, probe_wait, claim, near, place)
     probe = 1
     set('p', now + probe_wait)
   elseif s.p and s.p > now and not s.r and not policy() then
-    return {2, math.ceil(math.min(s.p - now, 20000)), '', 0, 0, now, '', '', 0, '', 0, 0, 0, '', 0}
+    return come_back(math.min(s.p - now, 20000), '', 0)
   end
   grow()
   local pause = tonumber(redis.call('GET', pkey)) or 0
@@ -291,15 +303,10 @@ local function depart(max_wait, probe_wait, claim, near, place)
       end
     end
   end
-  if max_wait >= 0 and slot - now > max_wait then
-    return {0, math.ceil(slot - now), '', 0, 0, now, '', '', 0, rate_text(), s.q or 0, s.w or 0, 0, '', disc_flag()}
-  end
+  if max_wait >= 0 and slot - now > max_wait then return too_far(slot - now) end
   local back, at = disc_ahead_wait(slot, iv, near, place, max_wait)
-  if back == -1 then
-    return {0, math.ceil(at - now), '', 0, 0, now, '', '', 0, rate_text(), s.q or 0, s.w or 0, 0, '', disc_flag()}
-  elseif back then
-    return {2, back, fmt(at), 0, 0, now, '', '', 0, '', 0, 0, 0, '', 1}
-  end
+  if back == -1 then return too_far(at - now) end
+  if back then return come_back(back, fmt(at), 1) end
   local ls = s.ls
   set('t', after)
   set('n', s.n + 1)
