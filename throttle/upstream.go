@@ -484,7 +484,10 @@ func DepartureTolerance(interval time.Duration) time.Duration {
 // of a resource that announces nothing is discovered
 // (Learned.Discovering), a departure more than an interval away is not
 // booked: Depart asks again nearer to it, so that each interval tried
-// holds from the next departure on.
+// holds from the next departure on, at a place in line Redis gives it (an
+// interval after the departure given the place before), so that the
+// departures waiting come back one at a time, not all at once; one whose
+// place would make it leave past its bound fails at once.
 //
 // The wait is bounded by ctx's deadline, by the limiter's MaxWait and by
 // maxWait if above zero: a slot past the tightest fails at once with a
