@@ -65,6 +65,12 @@ var impls = []impl{
 // part runs them (batching does not touch Wait).
 var unbatchedImpls = []impl{jtUnbatched(throttle.GCRA), jtUnbatched(throttle.TokenBucket)}
 
+// refImpls are references, not limiters: only the Allow throughput and the
+// server cost run them (floor.go).
+var refImpls = []impl{{Name: floorName, Algorithm: "gcra", Redis: true, New: func(rdb redis.UniversalClient, r, burst int) (Waiter, error) {
+	return newFloor(rdb, r, burst), nil
+}}}
+
 func jtUnbatched(a throttle.Algorithm) impl {
 	return impl{
 		Name:      "jobthrottle/" + string(a) + " (unbatched)",
@@ -94,7 +100,7 @@ var labImpls = []impl{
 var errNoAllow = errors.New("bench: this prototype has no Allow")
 
 func implByName(name string) (impl, error) {
-	for _, im := range slices.Concat(impls, labImpls, unbatchedImpls) {
+	for _, im := range slices.Concat(impls, labImpls, unbatchedImpls, refImpls) {
 		if im.Name == name {
 			return im, nil
 		}

@@ -378,7 +378,7 @@ func run(full bool, only string, dur time.Duration, skip, mdPath string, budget 
 
 	if !skips["throughput"] {
 		d := time.Duration(cfg.TPDurationS * float64(time.Second))
-		names := []string{"jobthrottle/gcra", "jobthrottle/token_bucket", "jobthrottle/gcra (unbatched)", "jobthrottle/token_bucket (unbatched)", "redis_rate", "mennanov/token_bucket", "redis-benchmark"}
+		names := []string{"jobthrottle/gcra", "jobthrottle/token_bucket", "jobthrottle/gcra (unbatched)", "jobthrottle/token_bucket (unbatched)", "redis_rate", "mennanov/token_bucket", floorName, "redis-benchmark"}
 		rounds := map[string][]*throughputResult{}
 		if filter != nil { // -impls: only the implementations it matches
 			names = slices.DeleteFunc(names, func(n string) bool { return !filter.MatchString(n) })

@@ -142,7 +142,7 @@ func serverCostNames() []string {
 			names = append(names, im.Name)
 		}
 	}
-	return names
+	return append(names, floorName)
 }
 
 // errNoValgrind says why the part cannot run.

@@ -40,7 +40,7 @@ const (
 type batchedCall struct {
 	ctx   context.Context
 	line  []any // its script call (run.go)
-	reply []any
+	reply any
 	err   error
 	done  chan struct{} // closed once reply and err are set
 }
@@ -49,9 +49,9 @@ type batchedCall struct {
 // batched with concurrent ones unless Options.NoBatching. Every caller
 // returns when its answer is in or its context ends, whichever comes
 // first.
-func (l *Limiter) runAllow(ctx context.Context, line []any) ([]any, error) {
+func (l *Limiter) runAllow(ctx context.Context, line []any) (any, error) {
 	if l.opts.NoBatching {
-		return l.run(ctx, l.scripts.allow, line).Slice()
+		return l.run(ctx, l.scripts.allow, line).Result()
 	}
 	b := &l.batch
 	b.mu.Lock()
@@ -60,7 +60,7 @@ func (l *Limiter) runAllow(ctx context.Context, line []any) ([]any, error) {
 		// batching, then hand calls queued meanwhile to a sender.
 		b.senders++
 		b.mu.Unlock()
-		reply, err := l.run(ctx, l.scripts.allow, line).Slice()
+		reply, err := l.run(ctx, l.scripts.allow, line).Result()
 		b.mu.Lock()
 		if len(b.pending) == 0 {
 			b.senders--
@@ -131,13 +131,13 @@ func (l *Limiter) sendBatch(calls []*batchedCall) {
 		return
 	case 1:
 		c := live[0]
-		c.finish(l.run(c.ctx, l.scripts.allow, c.line).Slice())
+		c.finish(l.run(c.ctx, l.scripts.allow, c.line).Result())
 		return
 	}
 	ctx, cancel := batchContext(live)
 	defer cancel()
 	for i, cmd := range l.runPipelined(ctx, l.scripts.allow, live) {
-		live[i].finish(cmd.Slice())
+		live[i].finish(cmd.Result())
 	}
 }
 
@@ -160,7 +160,7 @@ func batchContext(calls []*batchedCall) (context.Context, context.CancelFunc) {
 }
 
 // finish sets a call's answer and wakes its caller if it is queued.
-func (c *batchedCall) finish(reply []any, err error) {
+func (c *batchedCall) finish(reply any, err error) {
 	c.reply, c.err = reply, err
 	if c.done != nil {
 		close(c.done)

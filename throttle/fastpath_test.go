@@ -22,7 +22,10 @@ import (
 // tickets are compared as the limiter reads them, and each is then
 // refunded (a Group's undo, or a Cancel) by the general script, which must
 // leave both keys alike again. Both short forms of the state (bucket.lua)
-// must come up, and the fast script must never hand either back.
+// must come up, and the fast script must never hand either back. An
+// allow sent as AllowN sends it (answerOnly) is answered in one integer,
+// from which the limiter must read the Result it reads from the general
+// script's array.
 func TestFastBucketScriptAgreesWithDriver(t *testing.T) {
 	m := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
@@ -32,7 +35,7 @@ func TestFastBucketScriptAgreesWithDriver(t *testing.T) {
 	now := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
 	m.SetTime(now)
 	intervals := []int64{1, 7, 1000, 5000, 333_333, 1_000_000, 432_000_000}
-	decisions, handedBack := 0, 0
+	decisions, handedBack, answers := 0, 0, 0
 	forms := map[string]int{}
 	for trial := range 100 {
 		T := intervals[rng.IntN(len(intervals))]
@@ -44,7 +47,7 @@ func TestFastBucketScriptAgreesWithDriver(t *testing.T) {
 			now = now.Add(step)
 			m.SetTime(now)
 			m.FastForward(step)
-			opName := []string{"allow", "reserve"}[rng.IntN(2)]
+			opName := []string{"allow", "reserve", "a"}[rng.IntN(3)]
 			n := rng.Int64N(burst + 2)
 			maxWait := []int64{-1, 0, rng.Int64N(3 * T * burst)}[rng.IntN(3)]
 			if !fastRule(algo, 1, T, burst) {
@@ -53,18 +56,33 @@ func TestFastBucketScriptAgreesWithDriver(t *testing.T) {
 				}
 				continue
 			}
+			answer := opName == "a" // AllowN's call, answered in one integer
+			if answer {
+				opName = "allow"
+			}
 			line := fastLine(kf, op(opName), int(n), maxWait, T, burst)
 			if fastScript(scripts[algo].allow, line) != fastBucketScript {
 				t.Fatalf("fastScript(%v) did not choose the fast script", line)
 			}
+			if answer {
+				line[lineHead+1] = answerOnly
+			}
 			// allow.lua's form of the same call, as run sends it when
 			// handed back.
 			_, args := lineCall(allowLine(scripts[algo].allow, line))
-			fast, err := fastBucketScript.Run(ctx, rdb, []string{kf}, line[lineHead+1:]...).Slice()
+			if args[0] != "allow" && args[0] != "reserve" {
+				t.Fatalf("allowLine sends op %v to allow.lua", args[0])
+			}
+			got, err := fastBucketScript.Run(ctx, rdb, []string{kf}, line[lineHead+1:]...).Result()
 			if err != nil {
 				t.Fatalf("fast %v: %v", args, err)
 			}
-			if len(fast) == 0 { // handed back, as run does
+			fast, _ := got.([]any)
+			v, answered := got.(int64)
+			if answer && !answered && len(fast) != 0 {
+				t.Fatalf("answer-only allow %v: reply %v, want one integer", args, got)
+			}
+			if !answered && len(fast) == 0 { // handed back, as run does
 				if v := mustGet(m, kf); stateForm(v) != "decimal" {
 					t.Fatalf("%v: the %s state %q was handed back", args, stateForm(v), v)
 				}
@@ -78,7 +96,19 @@ func TestFastBucketScriptAgreesWithDriver(t *testing.T) {
 				t.Fatalf("general %v: %v", args, err)
 			}
 			decisions++
-			if len(fast) != len(gen) || fmt.Sprint(fast[:6]) != fmt.Sprint(gen[:6]) {
+			if answered {
+				// The Result AllowN reads from the one integer must be
+				// the one it reads from the general script's array.
+				p := fastPolicy(t, algo, T, burst)
+				want, err := p.parse(gen)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := p.compactResult(v, int(n)); got != want.Result {
+					t.Fatalf("T=%d burst=%d %v: answer %d reads as\n%+v, the general reply %v as\n%+v", T, burst, args, v, got, gen, want.Result)
+				}
+				answers++
+			} else if len(fast) != len(gen) || fmt.Sprint(fast[:6]) != fmt.Sprint(gen[:6]) {
 				t.Fatalf("T=%d burst=%d %v:\nfast    %v\ngeneral %v", T, burst, args, fast, gen)
 			}
 			if len(fast) == 7 {
@@ -107,10 +137,24 @@ func TestFastBucketScriptAgreesWithDriver(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d decisions alike, %d of them handed back; states after them: %v", decisions, handedBack, forms)
+	t.Logf("%d decisions alike, %d of them handed back, %d answered in one integer; states after them: %v", decisions, handedBack, answers, forms)
 	if forms["integer"] == 0 || forms["12-byte"] == 0 {
 		t.Fatalf("states after the calls: %v; want both short forms", forms)
 	}
+	if answers < decisions/4 {
+		t.Fatalf("%d of %d decisions answered in one integer; want about a third", answers, decisions)
+	}
+}
+
+// fastPolicy is the policy of a one-rule limiter of algorithm a with
+// interval T µs and burst: one whose calls go to the fast script.
+func fastPolicy(t *testing.T, a Algorithm, T, burst int64) policy {
+	t.Helper()
+	p, err := newPolicy("", []Rule{{Name: "r", Algorithm: a, Limit: Limit{Count: 1, Period: time.Duration(T) * time.Microsecond, Burst: int(burst)}}})
+	if err != nil || !p.fast {
+		t.Fatalf("T=%d burst=%d: policy %v, fast %v", T, burst, err, p.fast)
+	}
+	return p
 }
 
 // stateForm names the form of a bucket state (bucket.lua): "integer" (the
@@ -221,7 +265,8 @@ func compactState(tat, d int64) string {
 
 // A batch (runPipelined) sends each call the fast script hands back again,
 // in allow.lua's form, to the limiter's script: every call is decided,
-// and the states it leaves are the short forms.
+// and the states it leaves are the short forms. An answer-only call
+// (AllowN's) handed back is answered with the general script's array.
 func TestFastBucketScriptHandsBackInABatch(t *testing.T) {
 	virtual(t, func(t *testing.T, rdb *redis.Client, m *miniredis.Miniredis) {
 		l := mustNew(t, rdb, Options{}, Rule{Name: "r", Algorithm: TokenBucket, Limit: PerSecond(10).WithBurst(5)})
@@ -237,14 +282,22 @@ func TestFastBucketScriptHandsBackInABatch(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			if i != 1 { // a and c as AllowN sends them (answerOnly), b not
+				line[lineHead+1] = answerOnly
+			}
 			calls = append(calls, &batchedCall{ctx: context.Background(), line: line})
 		}
 		for i, cmd := range l.runPipelined(context.Background(), l.scripts.allow, calls) {
-			raw, err := cmd.Slice()
-			if err != nil || len(raw) != 7 {
-				t.Fatalf("call %d: %v, %v; want an admitted reply", i, raw, err)
+			raw, err := cmd.Result()
+			if err != nil {
+				t.Fatalf("call %d: %v", i, err)
 			}
-			rep, err := l.parse(raw)
+			// a: answered in one integer; b and c, handed back: the
+			// general script's array, whatever the op.
+			if _, answered := raw.(int64); answered != (i == 0) {
+				t.Fatalf("call %d: reply %v", i, raw)
+			}
+			rep, err := l.parseAllow(raw, 1)
 			if want := []int{4, 1, 1}[i]; err != nil || !rep.Allowed || rep.Remaining != want {
 				t.Fatalf("call %d: %+v, %v; want allowed with %d left", i, rep.Result, err, want)
 			}

@@ -438,10 +438,15 @@ func (l *Limiter) askLine(ctx context.Context, o op, subject string, n int, keep
 	var rep reply
 	var recv time.Time
 	if o == opAllow && !keep {
-		var raw []any
+		if fastScript(l.scripts.allow, line) != nil {
+			// The caller keeps only the Result: the fast script answers
+			// in one integer.
+			line[lineHead+1] = answerOnly
+		}
+		var raw any
 		raw, err = l.runAllow(ctx, line)
 		if err = l.result(ctx, o, err); err == nil {
-			rep, err = l.parse(raw)
+			rep, err = l.parseAllow(raw, n)
 		}
 	} else {
 		rep, recv, err = l.callLine(ctx, o, line)

@@ -186,6 +186,12 @@ func boundArg(bound int64) any {
 	return bound
 }
 
+// answerOnly is the op argument (ARGV[1]) of a fast-script allow whose
+// caller keeps only its Result (AllowN): lua/bucket_fast.lua answers it
+// with one integer (compactResult, replies.go) instead of the array, and
+// allowLine (scripts.go) sends it to allow.lua as an allow.
+var answerOnly any = "a"
+
 // arg is o as a script argument (ARGV[1]), boxed without allocating for
 // the hot operations.
 func (o op) arg() any {

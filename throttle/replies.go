@@ -75,6 +75,49 @@ func (p *policy) parse(raw []any) (reply, error) {
 	}, nil
 }
 
+// parseAllow reads the reply to a plain allow of n permits (AllowN, which
+// keeps only the Result): the fast bucket script's one integer
+// (compactResult) or, from the general script, the array.
+func (p *policy) parseAllow(raw any, n int) (reply, error) {
+	switch v := raw.(type) {
+	case int64:
+		res := p.compactResult(v, n)
+		var status int64
+		if res.Allowed {
+			status = 1
+		}
+		return reply{Result: res, status: status}, nil
+	case []any:
+		return p.parse(v)
+	}
+	return reply{}, fmt.Errorf("throttle: unexpected script reply %v", raw)
+}
+
+// compactResult is the Result of lua/bucket_fast.lua's answer v to an
+// allow of n permits sent as answerOnly: v = dw if admitted, -1 - dw if
+// not, where dw is the time from Redis's now to the bucket's TAT (after
+// the request if admitted, before it if not). The rest follows as the
+// script computes it in its array reply: with T the interval and B =
+// burst·T the bucket's depth, both in µs, remaining is ⌊(B - dw)/T⌋ (0 in
+// debt) and a refusal's delay, until the request's time to act, is
+// dw + n·T - B.
+func (p *policy) compactResult(v int64, n int) Result {
+	r := p.rules[0]
+	T, burst := p.ruleArgs[2].(int64), p.ruleArgs[3].(int64) // fastLine's
+	B := burst * T
+	res := Result{Allowed: v >= 0, Rule: r.Name, Limit: r.Limit}
+	dw := v
+	if !res.Allowed {
+		dw = -1 - v
+		res.RetryAfter = time.Duration(dw+int64(n)*T-B) * time.Microsecond
+	}
+	if left := B - dw; left > 0 {
+		res.Remaining = int(left / T)
+	}
+	res.ResetAfter = time.Duration(dw) * time.Microsecond
+	return res
+}
+
 // badReply is the error for a reply the scripts cannot have sent (built only
 // then: formatting a reply costs more than the rest of parsing it).
 func badReply(raw []any) error {

@@ -184,9 +184,13 @@ func allowLine(script *redis.Script, line []any) []any {
 	if len(args) == fastArgs {
 		bound = args[4]
 	}
+	o := args[0]
+	if o == answerOnly {
+		o = opAllow.arg()
+	}
 	d := newLine(1, 8)
 	d[lineHead] = line[lineHead]
-	copy(d[lineHead+1:], []any{args[0], args[1], bound, string(a), int64(1), args[2], args[3], ""})
+	copy(d[lineHead+1:], []any{o, args[1], bound, string(a), int64(1), args[2], args[3], ""})
 	return d
 }
 

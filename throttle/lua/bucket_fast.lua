@@ -5,14 +5,16 @@
 -- those calls here (fastRule, fastScript).
 --
 -- KEYS[1] -> the rule's key (bucket.lua's state)
--- ARGV[1] -> op: 'allow' or 'reserve'
+-- ARGV[1] -> op: 'allow', 'reserve', or 'a': an allow answered in one
+--            integer (below)
 -- ARGV[2] -> n, the permits asked for
 -- ARGV[3] -> T, the rule's interval (its period, count being 1), µs
 -- ARGV[4] -> burst
 -- ARGV[5] -> a reserve's max wait, µs; -1 for none (an allow sends none)
 -- (allow.lua's ARGV less the algorithm, the count and the ticket, and an
 -- allow's unused max wait: each argument costs Redis an object and a Lua
--- string per call.) The reply is allow.lua's but for the ticket (below).
+-- string per call.) The reply is allow.lua's but for the ticket (below),
+-- or, to op 'a', one integer.
 --
 -- Its decisions, state, TTL and reply are those the general script
 -- (bk_check, bk_commit and bk_store in bucket.lua, decide.lua and allow.lua) gives
@@ -68,9 +70,22 @@ end
 -- current one: whole tokens, burst - ceil((TAT - now) / T), 0 in debt.
 local dw = aw - now
 if not ok then dw = tw - now end
-local left = B - dw
-if left < 0 then left = 0 else left = (left - left % T) / T end
+-- An allow whose caller keeps only its Result (op 'a') is answered with
+-- one integer, dw if admitted, -1 - dw if not: remaining and the delay
+-- follow from dw, n, T and the burst (compactResult, replies.go), and an
+-- array of integers costs the server and the client more to write and
+-- read than the decision costs to make (bench/, Allow throughput).
+local answer = A[1] == 'a'
+local left
+if not answer then
+  left = B - dw
+  if left < 0 then left = 0 else left = (left - left % T) / T end
+end
 if not ok or n == 0 then
+  if answer then
+    if ok then return dw end
+    return -1 - dw
+  end
   local r = 1
   if not ok then r = 0 end
   return {r, 1, left, delay, dw, now}
@@ -105,4 +120,5 @@ else
     aw / 16777216 % 256, aw / 65536 % 256, aw / 256 % 256, aw % 256,
     d / 4294967296, d / 16777216 % 256, d / 65536 % 256, d / 256 % 256, d % 256), 'PX', ttl)
 end
+if answer then return dw end
 return {1, 1, left, delay, dw, now, now + delay}
