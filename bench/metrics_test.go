@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -280,5 +281,19 @@ func TestAlignedStart(t *testing.T) {
 		if got := alignedStart(time.Unix(0, c.in)).UnixNano(); got != c.want {
 			t.Errorf("alignedStart(%d) = %d, want %d", c.in, got, c.want)
 		}
+	}
+}
+
+// A report replacing BENCHMARKS.md must not drop a section written into
+// the file by hand: droppedSections names each, and only those.
+func TestDroppedSections(t *testing.T) {
+	old := "# Benchmarks\n\n## Targets\n\n## Analysis\n\n### By hand, in notes.md\n\n## Method\n\n## Written into the file\n\ntext\n\n### Its subsection\n"
+	md := "# Benchmarks\n\n## Targets\n\n## Analysis\n\n### By hand, in notes.md\n\n## Method\n\n## Generated later\n"
+	got := droppedSections(old, md)
+	if want := []string{"## Written into the file", "### Its subsection"}; !slices.Equal(got, want) {
+		t.Fatalf("droppedSections = %q, want %q", got, want)
+	}
+	if got := droppedSections(md, md); len(got) != 0 {
+		t.Fatalf("a report dropping nothing: %q", got)
 	}
 }
