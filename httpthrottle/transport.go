@@ -52,7 +52,10 @@
 // every answer is learned, one more Redis call each, for about a second).
 // The rate then recovers at 10 % of that rate a second to 98 % of it, and
 // grows by 0.02 % a second past it, never above the announced policy: a
-// steady fleet settles where the 429s stop. From an upstream that announces
+// steady fleet settles where the 429s stop. So a limit raised later is
+// followed at once if the upstream announces it, and otherwise only at
+// that pace (a tripled limit in about an hour and a half), or anew after
+// the subject was idle for throttle.UpstreamTTL. From an upstream that announces
 // nothing, once a 429 has lowered the rate, a 429 lowers it again only if
 // another came within 200 requests before it: one alone is a request that
 // arrived late, not a rate too high. An isolated 429 delays only its own
