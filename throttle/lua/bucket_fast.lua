@@ -72,9 +72,9 @@ local dw = aw - now
 if not ok then dw = tw - now end
 -- An allow whose caller keeps only its Result (op 'a') is answered with
 -- one integer, dw if admitted, -1 - dw if not: remaining and the delay
--- follow from dw, n, T and the burst (compactResult, replies.go), and an
--- array of integers costs the server and the client more to write and
--- read than the decision costs to make (bench/, Allow throughput).
+-- follow from dw, n, T and the burst (compactResult, replies.go), and the
+-- array cost a seventh of the server's instructions per call and five of
+-- the client's allocations (BENCHMARKS.md, 2026-11-28).
 local answer = A[1] == 'a'
 local left
 if not answer then
