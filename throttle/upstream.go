@@ -585,13 +585,11 @@ func (u *Upstream) book(ctx context.Context, keys []string, maxWait time.Duratio
 			return u.failed(ctx, opDepart, err)
 		}
 		d, wait, err := u.departure(raw, recv, byDeadline)
-		if d == nil && err == nil {
-			if p := replyText(raw[2]); p != "" {
-				place = p
-			}
-		}
 		if err != nil || d != nil {
 			return d, err
+		}
+		if p := replyText(raw[2]); p != "" {
+			place = p
 		}
 		claim = false
 		if err := sleep(ctx, wait); err != nil {
